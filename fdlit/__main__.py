@@ -1,0 +1,5 @@
+import sys
+
+from fdlit.cli import main
+
+sys.exit(main())

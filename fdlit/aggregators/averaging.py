@@ -1,0 +1,23 @@
+"""Probability averaging (AVG)."""
+
+from __future__ import annotations
+
+import torch
+
+from fdlit.aggregators.base import AggregationResult, Aggregator
+
+
+class ProbabilityAveragingAggregator(Aggregator):
+    """AVG: P(x) = (1/M) sum_i softmax(z_i(x)), W = 1/M.
+
+    Source: 000 App. A.3 ("Simple Averaging"), the FedMD / FedDF family. Upload per client and round:
+    N*C numbers (the public logits).
+    """
+
+    short_name = "avg"
+
+    def aggregate(self, uploads):
+        z = self.stack_logits(uploads)
+        m, n, _ = z.shape
+        weights = torch.full((m, n), 1.0 / m, device=z.device)
+        return AggregationResult(teacher=z.softmax(-1).mean(0), weights=weights)

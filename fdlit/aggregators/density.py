@@ -1,0 +1,95 @@
+"""Per-class diagonal Gaussians on logits: UWA's density model (000 Sec. 4.4, App. A.4).
+
+Computed in torch on the logits' device, in float64 and log space; no scikit-learn on the hot path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DiagonalGaussianMixture:
+    """Equal-weight mixture of diagonal Gaussians, one component per local class.
+
+    means, variances: K x C; classes: K class ids. ``dropped``: local classes that got no component.
+    """
+
+    means: torch.Tensor
+    variances: torch.Tensor
+    classes: torch.Tensor
+    dropped: int = 0
+
+    @classmethod
+    def fit(
+        cls,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        classes: list[int],
+        variance_floor: float = 1e-4,
+        min_samples: int = 2,
+    ) -> "DiagonalGaussianMixture":
+        """Fit one component per class in ``classes`` on the logits of that class's samples.
+
+        Maximum-likelihood mean and variance (as sklearn's GaussianMixture M-step with known
+        responsibilities), variance floored at ``variance_floor`` so a class whose logits barely move
+        cannot produce an infinite density. **choice** (ALGORITHMS.md): a class with fewer than
+        ``min_samples`` (2) calibration samples gets no component, since its variance is undefined;
+        it is counted in ``dropped``. A client left with no component has log-likelihood -inf
+        everywhere, i.e. zero weight (see :func:`mixture_log_likelihood`).
+        """
+        z = logits.double()
+        means, variances, kept = [], [], []
+        for c in classes:
+            zc = z[labels == c]
+            if len(zc) < min_samples:
+                continue
+            means.append(zc.mean(0))
+            variances.append(zc.var(0, unbiased=False).clamp_min(variance_floor))
+            kept.append(c)
+        c_dim = logits.shape[-1]
+        if kept:
+            mu, var = torch.stack(means), torch.stack(variances)
+        else:
+            mu = var = torch.empty(0, c_dim, dtype=torch.float64, device=logits.device)
+        return cls(mu, var, torch.tensor(kept, dtype=torch.long), dropped=len(classes) - len(kept))
+
+    def log_likelihood(self, z: torch.Tensor) -> torch.Tensor:
+        """log( (1/K) sum_k N(z; mu_k, diag var_k) ) for each row of z (N x C) -> N."""
+        return mixture_log_likelihood(
+            z[None], self.means[None], self.variances[None], torch.ones(1, len(self.means), dtype=torch.bool)
+        )[0]
+
+
+def mixture_log_likelihood(
+    z: torch.Tensor, means: torch.Tensor, variances: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    """Batched over clients: z (M x N x C), means/variances (M x K x C, padded), valid (M x K) -> M x N.
+
+    The squared Mahalanobis term is expanded into matrix products,
+    sum_d (z_d - mu_d)^2 / v_d = (z^2) . (1/v) - 2 z . (mu/v) + sum_d mu_d^2 / v_d,
+    so memory is M*N*K, not M*N*K*C (CIFAR-100: K = 90 components of dimension C = 100).
+    Rows of a client with no valid component are -inf.
+    """
+    z = z.double()
+    m, n, c = z.shape
+    if means.shape[1] == 0:
+        return torch.full((m, n), -math.inf, dtype=torch.float64, device=z.device)
+    valid = valid.to(z.device)
+    # padded components get variance 1 so the algebra stays finite; they are masked below
+    var = torch.where(valid[..., None], variances.to(z.device, torch.float64), torch.ones((), dtype=torch.float64, device=z.device))
+    mu = torch.where(valid[..., None], means.to(z.device, torch.float64), torch.zeros((), dtype=torch.float64, device=z.device))
+    inv = 1.0 / var
+    quad = (
+        torch.bmm(z * z, inv.transpose(1, 2))
+        - 2.0 * torch.bmm(z, (mu * inv).transpose(1, 2))
+        + (mu * mu * inv).sum(-1)[:, None, :]
+    )  # M x N x K
+    log_norm = -0.5 * (torch.log(var).sum(-1) + c * math.log(2 * math.pi))  # M x K
+    comp = -0.5 * quad.clamp_min(0.0) + log_norm[:, None, :]
+    comp = comp.masked_fill(~valid[:, None, :], -math.inf)
+    k = valid.sum(1).clamp_min(1).to(torch.float64)  # equal mixture weights 1/|C_i|
+    return torch.logsumexp(comp, dim=-1) - torch.log(k)[:, None]

@@ -1,0 +1,121 @@
+"""Uncertainty-weighted averaging (UWA) and its smoothed form (sUWA)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+
+from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.aggregators.density import DiagonalGaussianMixture, mixture_log_likelihood
+from fdlit.errors import ConfigError
+
+
+class UncertaintyWeightedAggregator(Aggregator):
+    """UWA (Kovalchuk et al., *Who to Trust?*, arXiv 2509.15147, Sec. 4.4 and App. A.4).
+
+    After its private phase, client i fits a diagonal Gaussian per local class k in C_i on its
+    calibration logits z_i(x) = f_i(x) (mean mu_ik, std sigma_ik per logit dimension, equal weights):
+
+        l_i(x) = log( (1/|C_i|) sum_{k in C_i} N(z_i(x); mu_ik, diag sigma_ik^2) )
+        W[i, x] = softmax_i( tau * l_i(x) ),   P(x) = sum_i W[i, x] softmax(z_i(x))
+
+    with tau = 1 for UWA (see :class:`SmoothedUncertaintyWeightedAggregator` for tau != 1).
+    tau = 0 is AVG; tau -> infinity gives all weight to the client with the highest l_i(x).
+
+    Args:
+        tau: temperature on the log-likelihoods, >= 0.
+        upload: what a client sends besides its logits. ``density`` (000 Algorithm 1, line 7: the
+            GMM itself, 2*|C_i|*C numbers; the server evaluates l_i) or ``scores`` (l_i on the public
+            set, N numbers, computed on the client).
+        variance_floor: lower bound on every sigma^2.
+        min_calibration_samples: a class with fewer calibration samples gets no component (>= 2).
+
+    Numerics: float64, log space, logsumexp over components and softmax over clients; a sample for
+    which every client has l = -inf (no components) falls back to uniform weights.
+    """
+
+    short_name = "uwa"
+
+    def __init__(
+        self,
+        tau: float = 1.0,
+        upload: Literal["density", "scores"] = "density",
+        variance_floor: float = 1e-4,
+        min_calibration_samples: int = 2,
+    ):
+        if not (tau >= 0 and math.isfinite(tau)):
+            raise ConfigError("aggregator.tau", f"must be a finite number >= 0, got {tau}")
+        if upload not in ("density", "scores"):
+            raise ConfigError("aggregator.upload", f"allowed: 'density', 'scores'; got {upload!r}")
+        if not variance_floor > 0:
+            raise ConfigError("aggregator.variance_floor", f"must be > 0, got {variance_floor}")
+        if min_calibration_samples < 2:
+            raise ConfigError("aggregator.min_calibration_samples", f"must be >= 2, got {min_calibration_samples}")
+        self.tau = tau
+        self.upload = upload
+        self.variance_floor = variance_floor
+        self.min_calibration_samples = min_calibration_samples
+
+    def on_client_private_end(self, loop, client, data, public_logits):
+        cal_logits = client.predict_logits(data.calibration.x.to(public_logits.device))
+        gmm = DiagonalGaussianMixture.fit(
+            cal_logits, data.calibration.y.to(cal_logits.device), client.classes,
+            self.variance_floor, self.min_calibration_samples,
+        )
+        dropped = torch.tensor([gmm.dropped])
+        if self.upload == "scores":
+            return {"log_likelihood": gmm.log_likelihood(public_logits).float(), "_dropped_components": dropped}
+        return {
+            "gmm_means": gmm.means.float(),
+            "gmm_stds": gmm.variances.sqrt().float(),
+            "gmm_classes": gmm.classes.to(torch.int16),
+            "_dropped_components": dropped,
+        }
+
+    def log_likelihoods(self, uploads, z: torch.Tensor) -> torch.Tensor:
+        """l_i(x) for every client: M x N (float64)."""
+        if "log_likelihood" in uploads[0]:
+            return torch.stack([u["log_likelihood"].double() for u in uploads])
+        k_max = max(len(u["gmm_means"]) for u in uploads)
+        m, _, c = z.shape
+        means = torch.zeros(m, k_max, c, dtype=torch.float64, device=z.device)
+        variances = torch.ones(m, k_max, c, dtype=torch.float64, device=z.device)
+        valid = torch.zeros(m, k_max, dtype=torch.bool, device=z.device)
+        for i, u in enumerate(uploads):
+            k = len(u["gmm_means"])
+            means[i, :k] = u["gmm_means"].double()
+            variances[i, :k] = u["gmm_stds"].double().pow(2)
+            valid[i, :k] = True
+        return mixture_log_likelihood(z, means, variances, valid)
+
+    def aggregate(self, uploads):
+        z = self.stack_logits(uploads)
+        ll = self.log_likelihoods(uploads, z)
+        scaled = self.tau * ll if self.tau > 0 else torch.zeros_like(ll)  # tau = 0: AVG, even where l = -inf
+        hopeless = torch.isneginf(scaled).all(0)  # no client has a density here: uniform
+        scaled = torch.where(hopeless[None], torch.zeros_like(scaled), scaled)
+        weights = torch.softmax(scaled, dim=0).float()
+        teacher = self.mix(weights, z.softmax(-1))
+        finite = ll[torch.isfinite(ll)]
+        stats = {
+            "density/dropped_components": float(sum(int(u["_dropped_components"].sum()) for u in uploads)),
+            "density/uniform_fallback_samples": float(hopeless.sum()),
+            "density/log_likelihood_mean": float(finite.mean()) if finite.numel() else float("nan"),
+        }
+        return AggregationResult(teacher=teacher, weights=weights, stats=stats)
+
+
+class SmoothedUncertaintyWeightedAggregator(UncertaintyWeightedAggregator):
+    """sUWA (000 Sec. 4.4, "Smoothed UWA"): W[i, x] = softmax_i(tau * l_i(x)), paper default tau = 0.25.
+
+    Lower tau lowers the weight concentration chi (more variance reduction) at the price of more
+    bias from uninformed clients. tau is fdlit's main sweep knob (``--aggregator.tau``).
+    """
+
+    short_name = "suwa"
+
+    def __init__(self, tau: float = 0.25, upload: Literal["density", "scores"] = "density",
+                 variance_floor: float = 1e-4, min_calibration_samples: int = 2):
+        super().__init__(tau, upload, variance_floor, min_calibration_samples)

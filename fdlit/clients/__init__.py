@@ -1,0 +1,3 @@
+from fdlit.clients.client import ClientModule, ClientOptimization
+
+__all__ = ["ClientModule", "ClientOptimization"]

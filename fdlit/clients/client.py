@@ -1,0 +1,134 @@
+"""A federated-distillation client: one LightningModule, two phases, persistent optimizer state."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fdlit.errors import ConfigError
+
+Phase = Literal["private", "public"]
+OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+
+
+class ClientOptimization:
+    """How every client trains: optimizer, learning rate, batch size (000 Table 2 per dataset).
+
+    Args:
+        optimizer: ``adam``, ``adamw`` or ``sgd``.
+        lr: learning rate of both phases.
+        public_lr: learning rate of the public (KD) phase; null uses ``lr`` (000's eta_pub).
+        weight_decay: decoupled for adamw, L2 otherwise.
+        momentum: for sgd.
+        batch_size: private-phase batch size.
+        public_batch_size: public-phase batch size; null uses ``batch_size``.
+    """
+
+    def __init__(
+        self,
+        optimizer: Literal["adam", "adamw", "sgd"] = "adam",
+        lr: float = 1e-3,
+        public_lr: Optional[float] = None,
+        weight_decay: float = 0.0,
+        momentum: float = 0.0,
+        batch_size: int = 32,
+        public_batch_size: Optional[int] = None,
+    ):
+        if optimizer not in OPTIMIZERS:
+            raise ConfigError("client.optimizer", f"allowed: {sorted(OPTIMIZERS)}; got {optimizer!r}")
+        for name, value in (("lr", lr), ("public_lr", public_lr)):
+            if value is not None and not value > 0:
+                raise ConfigError(f"client.{name}", f"must be > 0, got {value}")
+        if batch_size < 1 or (public_batch_size is not None and public_batch_size < 1):
+            raise ConfigError("client.batch_size", f"must be >= 1, got {batch_size} / {public_batch_size}")
+        self.optimizer = optimizer
+        self.lr = lr
+        self.public_lr = public_lr if public_lr is not None else lr
+        self.weight_decay = weight_decay
+        self.momentum = momentum
+        self.batch_size = batch_size
+        self.public_batch_size = public_batch_size or batch_size
+
+    def build(self, params) -> torch.optim.Optimizer:
+        kwargs = {"lr": self.lr, "weight_decay": self.weight_decay}
+        if self.optimizer == "sgd":
+            kwargs["momentum"] = self.momentum
+        return OPTIMIZERS[self.optimizer](params, **kwargs)
+
+
+class ClientModule(L.LightningModule):
+    """Client i of the federation (000 Algorithm 1, lines 4-5 and 14).
+
+    ``phase = "private"``: cross-entropy on the client's labelled data.
+    ``phase = "public"``: distillation, CE(P(x) || softmax(f_i(x))) against the teacher P on X_pub.
+    ``predict_step`` returns logits. The optimizer is built once and reused every round, so Adam's
+    moments persist across rounds and phases (only the learning rate changes between phases).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        client_id: int,
+        classes: list[int],
+        optimization: ClientOptimization,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.model = model
+        self.client_id = client_id
+        self.classes = list(classes)
+        self.optimization = optimization
+        self.phase: Phase = "private"
+        # each client's own random stream (batch order, augmentation): reproducible and checkpointable
+        self.generator = torch.Generator().manual_seed(seed * 1_000_003 + client_id)
+        self._optimizer: Optional[torch.optim.Optimizer] = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # private: integer labels; public: teacher probabilities (soft targets, F.cross_entropy accepts both)
+        return F.cross_entropy(logits.float(), target)
+
+    def training_step(self, batch, batch_idx: int = 0) -> torch.Tensor:
+        x, target = batch
+        return self.loss(self(x), target)
+
+    def predict_step(self, batch, batch_idx: int = 0) -> torch.Tensor:
+        return self(batch)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            self._optimizer = self.optimization.build(self.parameters())
+        return self._optimizer
+
+    def set_phase(self, phase: Phase) -> None:
+        self.phase = phase
+        lr = self.optimization.lr if phase == "private" else self.optimization.public_lr
+        for group in self.configure_optimizers().param_groups:
+            group["lr"] = lr
+
+    @torch.inference_mode()
+    def predict_logits(self, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+        was_training = self.training
+        self.eval()
+        out = torch.cat([self(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+        self.train(was_training)
+        return out.float()
+
+    # --- state that must move with the client (checkpoints, other executors) ---------------------
+    def client_state(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.configure_optimizers().state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_client_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.configure_optimizers().load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])

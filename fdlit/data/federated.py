@@ -1,0 +1,170 @@
+"""One object that turns (dataset, seed) into a federation's data.
+
+Pools are disjoint: global test set | public set (labels kept for diagnostics only) | private pool.
+Each client gets, from the private pool, a training split and a calibration split (never trained
+on; UWA fits its density model there, 000 Sec. 4.4) and its class set C_i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+
+from fdlit.data.datasets import TensorDataset, augment_images, load_dataset
+from fdlit.data.partition import (
+    assign_k_classes,
+    dirichlet_partition,
+    sample_k_class_clients,
+    stratified_holdout,
+)
+from fdlit.errors import ConfigError
+
+
+@dataclass
+class ClientData:
+    client_id: int
+    classes: list[int]
+    train: TensorDataset
+    calibration: TensorDataset
+    pool_index: np.ndarray  # indices of this client's samples (train + calibration) in the private pool
+
+
+class FederatedData:
+    """Builds test, public and per-client private/calibration splits from a dataset and a seed.
+
+    Args:
+        dataset: name of a registered dataset (``digits`` ships inside scikit-learn).
+        num_clients: M, the number of clients.
+        partition: ``classes`` (k classes per client, 000/004) or ``dirichlet`` (001, FedGO).
+        classes_per_client: k, for ``partition=classes``.
+        dirichlet_alpha: concentration alpha, for ``partition=dirichlet``.
+        samples_per_client: private samples per client (train + calibration) for ``partition=classes``;
+            null gives every pool sample of the client's classes.
+        public_size: N, size of the shared unlabelled public set.
+        test_fraction: share of the dataset held out as the global test set when the dataset has no
+            official test split.
+        calibration_fraction: share of each client's private data kept for calibration (000: 0.2).
+        calibration: ``split`` (a held-out calibration split, 000 Sec. 4.4) or ``augmented`` (the
+            training data, augmented; 000 Table 2 note). With ``augmented`` nothing is held out.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "digits",
+        num_clients: int = 10,
+        partition: Literal["classes", "dirichlet"] = "classes",
+        classes_per_client: int = 2,
+        dirichlet_alpha: float = 0.5,
+        samples_per_client: Optional[int] = None,
+        public_size: int = 500,
+        test_fraction: float = 0.2,
+        calibration_fraction: float = 0.2,
+        calibration: Literal["split", "augmented"] = "split",
+    ):
+        if num_clients < 1:
+            raise ConfigError("data.num_clients", f"must be >= 1, got {num_clients}")
+        if partition not in ("classes", "dirichlet"):
+            raise ConfigError("data.partition", f"allowed: 'classes', 'dirichlet'; got {partition!r}")
+        if classes_per_client < 1:
+            raise ConfigError("data.classes_per_client", f"must be >= 1, got {classes_per_client}")
+        if dirichlet_alpha <= 0:
+            raise ConfigError("data.dirichlet_alpha", f"must be > 0, got {dirichlet_alpha}")
+        if samples_per_client is not None and samples_per_client < 2:
+            raise ConfigError("data.samples_per_client", f"must be >= 2 or null, got {samples_per_client}")
+        if public_size < 1:
+            raise ConfigError("data.public_size", f"must be >= 1, got {public_size}")
+        if not 0 < test_fraction < 1:
+            raise ConfigError("data.test_fraction", f"must be in (0, 1), got {test_fraction}")
+        if not 0 < calibration_fraction < 1:
+            raise ConfigError("data.calibration_fraction", f"must be in (0, 1), got {calibration_fraction}")
+        if calibration not in ("split", "augmented"):
+            raise ConfigError("data.calibration", f"allowed: 'split', 'augmented'; got {calibration!r}")
+        self.dataset = dataset
+        self.num_clients = num_clients
+        self.partition = partition
+        self.classes_per_client = classes_per_client
+        self.dirichlet_alpha = dirichlet_alpha
+        self.samples_per_client = samples_per_client
+        self.public_size = public_size
+        self.test_fraction = test_fraction
+        self.calibration_fraction = calibration_fraction
+        self.calibration = calibration
+        self.is_setup = False
+
+    def setup(self, seed: int) -> "FederatedData":
+        """Load the dataset and build every split; raises ConfigError before any training."""
+        rng = np.random.default_rng([seed, 0xFD])
+        loaded = load_dataset(self.dataset)
+        full, test = (loaded if isinstance(loaded, tuple) else (loaded, None))
+        labels = full.y.numpy()
+        if test is None:
+            rest, test_pos = stratified_holdout(labels, self.test_fraction, rng)
+            test = full.subset(torch.from_numpy(test_pos), f"{full.name}/test")
+        else:
+            rest = np.arange(len(full))
+        if self.public_size >= len(rest):
+            raise ConfigError(
+                "data.public_size",
+                f"must be smaller than the {len(rest)} non-test samples of {self.dataset!r}, got {self.public_size}",
+            )
+        # public set: a stratified draw of public_size samples; the remainder is the private pool
+        pub_frac = self.public_size / len(rest)
+        pool_pos, pub_pos = stratified_holdout(labels[rest], pub_frac, rng)
+        # rounding per class can miss public_size by a few; trim/top up from the pool deterministically
+        pub_pos, pool_pos = _fix_size(pub_pos, pool_pos, self.public_size, rng)
+        self.num_classes = full.num_classes
+        self.test = test
+        self.public = full.subset(torch.from_numpy(rest[pub_pos]), f"{full.name}/public")
+        self.pool = full.subset(torch.from_numpy(rest[pool_pos]), f"{full.name}/private_pool")
+        self.input_shape = full.input_shape
+        self._pool_source_index = rest[pool_pos]  # positions in the source dataset, for overlap checks
+        self._public_source_index = rest[pub_pos]
+
+        pool_labels = self.pool.y.numpy()
+        if self.partition == "classes":
+            class_sets = assign_k_classes(self.num_clients, self.num_classes, self.classes_per_client, rng)
+            parts = sample_k_class_clients(pool_labels, class_sets, self.samples_per_client, rng)
+        else:
+            parts = dirichlet_partition(pool_labels, self.num_clients, self.dirichlet_alpha, rng)
+        self.clients = [self._client(i, idx, rng, seed) for i, idx in enumerate(parts)]
+        self.is_setup = True
+        return self
+
+    def _client(self, i: int, pool_idx: np.ndarray, rng: np.random.Generator, seed: int) -> ClientData:
+        labels = self.pool.y.numpy()[pool_idx]
+        classes = sorted(int(c) for c in np.unique(labels))
+        if self.calibration == "split":
+            tr, cal = stratified_holdout(labels, self.calibration_fraction, rng)
+            train = self.pool.subset(torch.from_numpy(pool_idx[tr]), f"client{i}/train")
+            calibration = self.pool.subset(torch.from_numpy(pool_idx[cal]), f"client{i}/calibration")
+        else:
+            train = self.pool.subset(torch.from_numpy(pool_idx), f"client{i}/train")
+            g = torch.Generator().manual_seed(int(rng.integers(2**62)))
+            x = augment_images(train.x, g) if train.x.dim() == 4 else train.x
+            calibration = TensorDataset(x, train.y.clone(), train.num_classes, f"client{i}/calibration_augmented")
+        if len(train) < 2 or len(calibration) < 1:
+            raise ConfigError(
+                "data.num_clients",
+                f"client {i} got {len(train)} training and {len(calibration)} calibration samples; "
+                "the private pool cannot serve this many clients with this partition",
+            )
+        return ClientData(i, classes, train, calibration, pool_idx)
+
+    def local_test_mask(self, classes: list[int]) -> torch.Tensor:
+        """Test samples whose label is one of ``classes`` (for local accuracy)."""
+        return torch.isin(self.test.y, torch.tensor(classes))
+
+
+def _fix_size(take: np.ndarray, rest: np.ndarray, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    if len(take) > n:
+        drop = rng.choice(len(take), size=len(take) - n, replace=False)
+        rest = np.sort(np.concatenate([rest, take[drop]]))
+        take = np.delete(take, drop)
+    elif len(take) < n:
+        add = rng.choice(len(rest), size=n - len(take), replace=False)
+        take = np.sort(np.concatenate([take, rest[add]]))
+        rest = np.delete(rest, add)
+    return take, rest

@@ -1,0 +1,15 @@
+from fdlit.callbacks import FederationCallback
+from fdlit.federation.communication import CommunicationLedger
+from fdlit.federation.executor import ClientExecutor, SequentialExecutor
+from fdlit.federation.loop import FederationLoop, NumericalFault, build_model, format_summary
+
+__all__ = [
+    "ClientExecutor",
+    "CommunicationLedger",
+    "FederationCallback",
+    "FederationLoop",
+    "NumericalFault",
+    "SequentialExecutor",
+    "build_model",
+    "format_summary",
+]

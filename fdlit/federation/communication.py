@@ -1,0 +1,71 @@
+"""Communication accounting: every message, in the dtype actually sent."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+
+Direction = Literal["up", "down"]
+
+
+@dataclass(frozen=True)
+class Message:
+    round: int
+    client: int
+    direction: Direction  # up: client -> server, down: server -> client
+    kind: str  # e.g. "logits", "gmm_means", "teacher"
+    dtype: str
+    shape: tuple[int, ...]
+    bytes: int
+
+
+class CommunicationLedger:
+    """Records messages and answers: bytes per round, per client, per kind, per direction, cumulative."""
+
+    def __init__(self):
+        self.messages: list[Message] = []
+
+    def send(self, round: int, client: int, direction: Direction, kind: str, payload: torch.Tensor) -> torch.Tensor:
+        """Count ``payload`` as sent and return it (so call sites read as sending)."""
+        nbytes = payload.numel() * payload.element_size()
+        if payload.dtype == torch.bool:  # masks travel as bits
+            nbytes = (payload.numel() + 7) // 8
+        self.messages.append(
+            Message(round, client, direction, kind, str(payload.dtype).removeprefix("torch."), tuple(payload.shape), nbytes)
+        )
+        return payload
+
+    def total(self, direction: Direction | None = None, round: int | None = None, client: int | None = None) -> int:
+        return sum(
+            m.bytes
+            for m in self.messages
+            if (direction is None or m.direction == direction)
+            and (round is None or m.round == round)
+            and (client is None or m.client == client)
+        )
+
+    def round_metrics(self, round: int, num_clients: int) -> dict[str, float]:
+        """Per-round bytes by direction and kind, per-client mean, and cumulative totals."""
+        out: dict[str, float] = defaultdict(float)
+        for m in self.messages:
+            if m.round == round:
+                out[f"comm/{m.direction}_bytes"] += m.bytes
+                out[f"comm/{m.direction}/{m.kind}"] += m.bytes
+        out.setdefault("comm/up_bytes", 0.0)
+        out.setdefault("comm/down_bytes", 0.0)
+        out["comm/up_bytes_per_client"] = out["comm/up_bytes"] / num_clients
+        out["comm/up_bytes_total"] = self.total("up")
+        out["comm/down_bytes_total"] = self.total("down")
+        return dict(out)
+
+    def rows(self) -> list[dict]:
+        return [asdict(m) for m in self.messages]
+
+    def state_dict(self) -> dict:
+        return {"messages": self.rows()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.messages = [Message(**{**m, "shape": tuple(m["shape"])}) for m in state["messages"]]

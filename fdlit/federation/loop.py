@@ -1,0 +1,322 @@
+"""FederationLoop: runs the rounds of 000 Algorithm 1 and calls callbacks at named hooks.
+
+Read top to bottom: ``fit`` sets up, ``run_round`` is one round exactly as in ALGORITHMS.md
+("The round"), ``evaluate`` measures every client, ``summary`` condenses the history.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional, Union
+
+import lightning as L
+import torch
+from lightning.fabric import Fabric
+from torchmetrics.functional.classification import multiclass_accuracy
+
+from fdlit.aggregators.base import Aggregator, weight_concentration, weight_entropy
+from fdlit.clients import ClientModule, ClientOptimization
+from fdlit.data import FederatedData
+from fdlit.errors import ConfigError
+from fdlit.callbacks import FederationCallback
+from fdlit.federation.communication import CommunicationLedger
+from fdlit.federation.executor import ClientExecutor, SequentialExecutor
+from fdlit.loggers import LoggerConfig, ProgressBar, RunDirectory, WandbLogger
+
+MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "64-true")
+ModelSpec = Union[dict, Callable[..., torch.nn.Module]]
+
+
+class NumericalFault(RuntimeError):
+    """A client produced NaN or inf; names the client, round and phase."""
+
+
+def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+    """Instantiate a client network from ``{"class_path": ..., "init_args": {...}}`` or a callable.
+
+    ``input_shape`` and ``num_classes`` come from the data unless the config sets them.
+    """
+    if callable(spec):
+        return spec(input_shape=input_shape, num_classes=num_classes)
+    class_path = spec["class_path"]
+    module_name, _, cls_name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError("model.class_path", f"cannot import {class_path!r} ({exc})") from None
+    kwargs = dict(spec.get("init_args") or {})
+    kwargs["input_shape"] = tuple(kwargs.get("input_shape") or input_shape)
+    kwargs["num_classes"] = kwargs.get("num_classes") or num_classes
+    return cls(**kwargs)
+
+
+class FederationLoop:
+    """Federated distillation, round by round.
+
+    Args:
+        rounds: R, communication rounds.
+        private_epochs_first: private-phase epochs in round 1 (000 Table 2 "first round epochs").
+        private_epochs: private-phase epochs in later rounds.
+        public_epochs_first: public (distillation) epochs in round 1.
+        public_epochs: public epochs in later rounds.
+        executor: how clients run; null picks the sequential executor.
+        accelerator: Lightning accelerator (``auto``, ``cpu``, ``cuda``, ``mps``).
+        precision: Lightning precision: ``32-true``, ``bf16-mixed``, ``16-mixed`` or ``64-true``.
+        message_dtype: dtype of logits sent up and of the teacher sent down (counted as sent).
+        callbacks: extra :class:`FederationCallback` objects.
+    """
+
+    def __init__(
+        self,
+        rounds: int = 20,
+        private_epochs_first: int = 10,
+        private_epochs: int = 2,
+        public_epochs_first: int = 2,
+        public_epochs: int = 2,
+        executor: Optional[ClientExecutor] = None,
+        accelerator: str = "auto",
+        precision: str = "32-true",
+        message_dtype: Literal["float32", "float16", "bfloat16"] = "float32",
+        callbacks: list[FederationCallback] = [],
+        *,
+        data: Optional[FederatedData] = None,
+        model: Optional[ModelSpec] = None,
+        client: Optional[ClientOptimization] = None,
+        aggregator: Optional[Aggregator] = None,
+        logger: Optional[LoggerConfig] = None,
+        seed: int = 0,
+        config: Optional[dict[str, Any]] = None,
+        config_yaml: str = "",
+    ):
+        if rounds < 1:
+            raise ConfigError("federation.rounds", f"must be >= 1, got {rounds}")
+        for name, value in (("private_epochs_first", private_epochs_first), ("private_epochs", private_epochs),
+                            ("public_epochs_first", public_epochs_first), ("public_epochs", public_epochs)):
+            if value < 0:
+                raise ConfigError(f"federation.{name}", f"must be >= 0, got {value}")
+        if precision not in PRECISIONS:
+            raise ConfigError("federation.precision", f"allowed: {', '.join(PRECISIONS)}; got {precision!r}")
+        if message_dtype not in MESSAGE_DTYPES:
+            raise ConfigError("federation.message_dtype", f"allowed: {sorted(MESSAGE_DTYPES)}; got {message_dtype!r}")
+        if aggregator is not None and not isinstance(aggregator, Aggregator):
+            raise ConfigError("aggregator", f"must be an fdlit Aggregator, got {type(aggregator).__name__}")
+        self.rounds = rounds
+        self.private_epochs_first, self.private_epochs = private_epochs_first, private_epochs
+        self.public_epochs_first, self.public_epochs = public_epochs_first, public_epochs
+        self.executor = executor or SequentialExecutor()
+        self.accelerator, self.precision = accelerator, precision
+        self.message_dtype = MESSAGE_DTYPES[message_dtype]
+        self.user_callbacks = list(callbacks)
+        self.data = data or FederatedData()
+        self.model_spec = model or {"class_path": "fdlit.models.SmallCNN"}
+        self.optimization = client or ClientOptimization()
+        if aggregator is None:
+            from fdlit.aggregators import SmoothedUncertaintyWeightedAggregator
+
+            aggregator = SmoothedUncertaintyWeightedAggregator()
+        self.aggregator = aggregator
+        self.logger_config = logger or LoggerConfig()
+        self.seed = seed
+        self.config = config or {}
+        self.config_yaml = config_yaml
+        self.round = 0  # last completed round
+        self.history: list[dict[str, Any]] = []
+        self.ledger = CommunicationLedger()
+        self.wall_time = 0.0
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        """Everything that can fail on bad input happens here, before any training."""
+        L.seed_everything(self.seed, verbose=False)
+        if not self.data.is_setup:
+            self.data.setup(self.seed)
+        self.fabric = Fabric(accelerator=self.accelerator, devices=1, precision=self.precision)
+        device = self.fabric.device
+        self.clients = [
+            ClientModule(build_model(self.model_spec, self.data.input_shape, self.data.num_classes),
+                         cd.client_id, cd.classes, self.optimization, self.seed)
+            for cd in self.data.clients
+        ]
+        self.test_x, self.test_y = self.data.test.x.to(device), self.data.test.y.to(device)
+        self.public_x, self.public_y = self.data.public.x.to(device), self.data.public.y.to(device)
+        self.private = [(cd.train.x.to(device), cd.train.y.to(device)) for cd in self.data.clients]
+        self.local_masks = [self.data.local_test_mask(cd.classes).to(device) for cd in self.data.clients]
+        self.executor.setup(self.fabric, self.clients)
+        self.run_name = self.logger_config.name or (
+            f"{getattr(self.aggregator, 'short_name', type(self.aggregator).__name__)}"
+            f"-{self._heterogeneity_tag()}-seed{self.seed}"
+        )
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        self.run_path = Path(self.logger_config.run_dir) / f"{stamp}-{self.run_name}"
+        self.callbacks: list[FederationCallback] = [
+            self.aggregator,
+            RunDirectory(self.run_path, self.config_yaml),
+            WandbLogger(self.logger_config, self.config, self.run_path, self.run_name),
+            *([ProgressBar()] if self.logger_config.progress else []),
+            *self.user_callbacks,
+        ]
+
+    def _heterogeneity_tag(self) -> str:
+        d = self.data
+        return f"k{d.classes_per_client}" if d.partition == "classes" else f"dir{d.dirichlet_alpha}"
+
+    # ------------------------------------------------------------------ the run
+    def fit(self) -> dict[str, Any]:
+        self.setup()
+        start = time.perf_counter()
+        for cb in self.callbacks:
+            cb.on_fit_start(self)
+        for r in range(self.round + 1, self.rounds + 1):
+            self.run_round(r)
+            self.wall_time = time.perf_counter() - start
+        summary = self.summary()
+        for cb in self.callbacks:
+            cb.on_fit_end(self, summary)
+        return summary
+
+    def run_round(self, r: int) -> dict[str, Any]:
+        """One round of 000 Algorithm 1 (ALGORITHMS.md "The round")."""
+        t0 = time.perf_counter()
+        first = r == 1
+        for cb in self.callbacks:
+            cb.on_round_start(self, r)
+
+        # Stage 1: private phase, public inference, client statistics, upload
+        private_losses = self.executor.train(
+            self.clients, "private", self.private,
+            self.private_epochs_first if first else self.private_epochs, self.optimization.batch_size,
+        )
+        self._check_finite(private_losses, r, "private")
+        public_logits = self.executor.predict(self.clients, self.public_x)  # M x N x C
+        self._check_finite([public_logits[i] for i in range(len(self.clients))], r, "public inference")
+        after_private = self.evaluate()
+        uploads = []
+        for i, (client, cdata) in enumerate(zip(self.clients, self.data.clients)):
+            payload = {"logits": public_logits[i].to(self.message_dtype)}
+            for cb in self.callbacks:
+                extra = cb.on_client_private_end(self, client, cdata, public_logits[i])
+                if extra:
+                    payload.update(extra)
+            uploads.append({kind: t if kind.startswith("_") else self.ledger.send(r, i, "up", kind, t)
+                            for kind, t in payload.items()})
+
+        # Stage 2: server aggregates, broadcasts, clients distil
+        result = self.aggregator.aggregate(uploads)
+        keep = result.keep
+        teacher_sent = (result.teacher if keep is None else result.teacher[keep]).to(self.message_dtype)
+        for i in range(len(self.clients)):
+            self.ledger.send(r, i, "down", "teacher", teacher_sent)
+            if keep is not None:
+                self.ledger.send(r, i, "down", "keep_mask", keep)
+        public_x = self.public_x if keep is None else self.public_x[keep]
+        targets = teacher_sent.float()
+        public_losses = [math.nan] * len(self.clients)
+        if len(public_x):
+            public_losses = self.executor.train(
+                self.clients, "public", [(public_x, targets)] * len(self.clients),
+                self.public_epochs_first if first else self.public_epochs, self.optimization.public_batch_size,
+            )
+            self._check_finite(public_losses, r, "public")
+        after_public = self.evaluate()
+
+        metrics = {"round": r}
+        for phase, accs in (("after_private", after_private), ("after_public", after_public)):
+            for name, values in accs.items():
+                metrics[f"{phase}/{name}_mean"] = float(values.mean())
+                metrics[f"{phase}/{name}_min"] = float(values.min())
+                metrics[f"{phase}/{name}_max"] = float(values.max())
+        metrics.update(self._teacher_metrics(result))
+        metrics["train/private_loss_mean"] = float(torch.tensor(private_losses).mean())
+        metrics["train/public_loss_mean"] = float(torch.tensor(public_losses).mean())
+        metrics.update(self.ledger.round_metrics(r, len(self.clients)))
+        metrics.update(result.stats)
+        metrics["time/round_s"] = time.perf_counter() - t0
+        metrics["clients/after_private/global_acc"] = after_private["global_acc"].tolist()
+        metrics["clients/after_private/local_acc"] = after_private["local_acc"].tolist()
+        metrics["clients/after_public/global_acc"] = after_public["global_acc"].tolist()
+        metrics["clients/after_public/local_acc"] = after_public["local_acc"].tolist()
+        self.round = r
+        self.history.append(metrics)
+        for cb in self.callbacks:
+            cb.on_round_end(self, r, metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ measurement
+    def evaluate(self) -> dict[str, torch.Tensor]:
+        """Global accuracy (whole test set) and local accuracy (test samples of the client's own
+        classes), micro-averaged, for every client (000 App. B)."""
+        preds = self.executor.predict(self.clients, self.test_x).argmax(-1)  # M x T
+        c = self.data.num_classes
+        global_acc = torch.stack([multiclass_accuracy(p, self.test_y, c, average="micro") for p in preds])
+        local_acc = torch.stack([
+            multiclass_accuracy(p[mask], self.test_y[mask], c, average="micro")
+            for p, mask in zip(preds, self.local_masks)
+        ])
+        return {"global_acc": global_acc.cpu(), "local_acc": local_acc.cpu()}
+
+    def _teacher_metrics(self, result) -> dict[str, float]:
+        """Teacher quality against the public labels (diagnostic only; never used for training)."""
+        p, y = result.teacher, self.public_y
+        if result.keep is not None:
+            p, y = p[result.keep], y[result.keep]
+        out = {"teacher/kept_fraction": float(len(y) / len(self.public_y))}
+        if len(y):
+            out["teacher/acc"] = float((p.argmax(-1) == y).float().mean())
+            out["teacher/nll"] = float(-torch.log(p.gather(1, y[:, None]).clamp_min(1e-12)).mean())
+        else:
+            out["teacher/acc"] = out["teacher/nll"] = math.nan
+        if result.weights is not None:
+            out["weights/chi"] = float(weight_concentration(result.weights))
+            out["weights/entropy"] = float(weight_entropy(result.weights))
+        return out
+
+    def _check_finite(self, values, r: int, phase: str) -> None:
+        for i, v in enumerate(values):
+            bad = not torch.isfinite(v).all() if isinstance(v, torch.Tensor) else not math.isfinite(v)
+            if bad:
+                raise NumericalFault(
+                    f"client {i} produced NaN/inf in round {r}, phase '{phase}'; "
+                    f"metrics of rounds before {r} are in {self.run_path}"
+                )
+
+    def summary(self) -> dict[str, Any]:
+        if not self.history:
+            return {}
+        key = "after_public/global_acc_mean"
+        best = max(self.history, key=lambda m: m[key])
+        best_private = max(self.history, key=lambda m: m["after_private/global_acc_mean"])
+        last = self.history[-1]
+        return {
+            "run": self.run_name,
+            "run_dir": str(self.run_path),
+            "rounds": self.round,
+            "best_global_acc_mean": best[key],
+            "best_round": best["round"],
+            "best_global_acc_mean_after_private": best_private["after_private/global_acc_mean"],
+            "final_global_acc_mean": last[key],
+            "final_local_acc_mean_after_private": last["after_private/local_acc_mean"],
+            "final_local_acc_mean_after_public": last["after_public/local_acc_mean"],
+            "final_teacher_acc": last["teacher/acc"],
+            "bytes_up_total": self.ledger.total("up"),
+            "bytes_down_total": self.ledger.total("down"),
+            "wall_time_s": self.wall_time,
+        }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    mb = 1024**2
+    return "\n".join([
+        f"fdlit summary: {summary['run']}  ({summary['rounds']} rounds, {summary['wall_time_s']:.1f} s)",
+        f"  best mean global accuracy : {summary['best_global_acc_mean']:.4f} (round {summary['best_round']})",
+        f"  final mean local accuracy : {summary['final_local_acc_mean_after_private']:.4f} after private phase, "
+        f"{summary['final_local_acc_mean_after_public']:.4f} after public phase",
+        f"  final teacher accuracy    : {summary['final_teacher_acc']:.4f} (public labels, diagnostic)",
+        f"  bytes up / down           : {summary['bytes_up_total'] / mb:.2f} MiB / {summary['bytes_down_total'] / mb:.2f} MiB",
+        f"  run directory             : {summary['run_dir']}",
+    ])

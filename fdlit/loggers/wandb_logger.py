@@ -1,0 +1,136 @@
+"""Weights & Biases, isolated here: nothing else in fdlit imports wandb.
+
+One W&B run per experiment, owned by the loop. ``mode=auto`` logs online when credentials are
+configured (WANDB_API_KEY or a netrc entry for the W&B host) and offline otherwise, with a one-line
+hint on how to sync. ``disabled`` never imports wandb. A tracker failure never stops training.
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+import sys
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from fdlit.errors import ConfigError
+from fdlit.callbacks import FederationCallback
+
+Mode = Literal["auto", "online", "offline", "disabled"]
+
+
+class LoggerConfig:
+    """Where a run's results go.
+
+    Args:
+        mode: W&B mode: ``auto`` (online if credentials are configured, else offline), ``online``,
+            ``offline`` or ``disabled``. The local run directory is written in every mode.
+        project: W&B project.
+        entity: W&B entity (team or user); null uses your default.
+        name: run name; null gives ``<aggregator>-k<k>-seed<seed>``.
+        group: W&B group (seeds of one setting share a group).
+        tags: W&B tags.
+        run_dir: parent folder of local run directories.
+        progress: show a progress bar over rounds and clients.
+    """
+
+    def __init__(
+        self,
+        mode: Mode = "auto",
+        project: str = "fdlit",
+        entity: Optional[str] = None,
+        name: Optional[str] = None,
+        group: Optional[str] = None,
+        tags: list[str] = [],
+        run_dir: str = "runs",
+        progress: bool = True,
+    ):
+        if mode not in ("auto", "online", "offline", "disabled"):
+            raise ConfigError("logger.mode", f"allowed: auto, online, offline, disabled; got {mode!r}")
+        self.mode = mode
+        self.project = project
+        self.entity = entity
+        self.name = name
+        self.group = group
+        self.tags = list(tags)
+        self.run_dir = run_dir
+        self.progress = progress
+
+
+def has_wandb_credentials() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("//")[-1].split("/")[0]
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def resolve_mode(mode: Mode) -> str:
+    env = os.environ.get("WANDB_MODE")
+    if mode == "auto" and env in ("online", "offline", "disabled"):
+        return env
+    if mode == "auto":
+        return "online" if has_wandb_credentials() else "offline"
+    return mode
+
+
+class WandbLogger(FederationCallback):
+    """Logs per-round metrics with ``round`` as the x-axis; best accuracies as max summaries."""
+
+    def __init__(self, config: LoggerConfig, run_config: dict[str, Any], directory: Path, default_name: str):
+        self.config = config
+        self.mode = resolve_mode(config.mode)
+        self.run_config = run_config
+        self.directory = Path(directory)
+        self.name = config.name or default_name
+        self.run = None
+
+    def on_fit_start(self, loop):
+        if self.mode == "disabled":
+            return
+        try:
+            import wandb
+
+            self.run = wandb.init(
+                project=self.config.project, entity=self.config.entity, name=self.name,
+                group=self.config.group, tags=self.config.tags or None, config=self.run_config,
+                dir=str(self.directory), mode=self.mode, reinit="finish_previous",
+            )
+        except Exception as exc:  # tracker faults never kill training
+            if self.mode != "online":
+                print(f"fdlit: W&B unavailable ({exc}); continuing with the local run directory only", file=sys.stderr)
+                return
+            print(f"fdlit: W&B online init failed ({exc}); continuing offline", file=sys.stderr)
+            self.mode = "offline"
+            return self.on_fit_start(loop)
+        self.run.define_metric("round")
+        self.run.define_metric("*", step_metric="round")
+        for phase in ("after_private", "after_public"):
+            for metric in ("global_acc_mean", "local_acc_mean"):
+                self.run.define_metric(f"{phase}/{metric}", step_metric="round", summary="max")
+        self.run.define_metric("teacher/acc", step_metric="round", summary="max")
+
+    def on_round_end(self, loop, round, metrics):
+        if self.run is None:
+            return
+        try:
+            self.run.log(metrics)
+        except Exception as exc:
+            print(f"fdlit: W&B log failed ({exc}); metrics stay in {loop.run_path}", file=sys.stderr)
+
+    def on_fit_end(self, loop, summary):
+        if self.run is None:
+            return
+        try:
+            for key, value in summary.items():
+                if isinstance(value, (int, float, str)):
+                    self.run.summary[f"final/{key}"] = value
+            directory = self.run.dir
+            self.run.finish()
+            if self.mode == "offline":
+                sync_dir = Path(directory).parent
+                print(f"fdlit: W&B run saved offline; upload it with: wandb sync {sync_dir}")
+        except Exception as exc:
+            print(f"fdlit: W&B finish failed ({exc})", file=sys.stderr)
