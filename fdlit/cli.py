@@ -78,6 +78,12 @@ def _rewrite_config_args(argv: list[str]) -> list[str]:
     return out
 
 
+def parse_fit(argv: list[str]) -> tuple[ArgumentParser, Namespace]:
+    """Parse ``fit`` arguments (without the subcommand word), resolving bare config names."""
+    parser = fit_parser()
+    return parser, parser.parse_args(_rewrite_config_args(argv))
+
+
 def build_loop(cfg: Namespace, parser: Optional[ArgumentParser] = None) -> FederationLoop:
     """Instantiate every object of a parsed ``fit`` config; raises ConfigError before training."""
     parser = parser or fit_parser()

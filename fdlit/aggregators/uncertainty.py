@@ -21,11 +21,12 @@ class UncertaintyWeightedAggregator(Aggregator):
         l_i(x) = log( (1/|C_i|) sum_{k in C_i} N(z_i(x); mu_ik, diag sigma_ik^2) )
         W[i, x] = softmax_i( tau * l_i(x) ),   P(x) = sum_i W[i, x] softmax(z_i(x))
 
-    with tau = 1 for UWA (see :class:`SmoothedUncertaintyWeightedAggregator` for tau != 1).
-    tau = 0 is AVG; tau -> infinity gives all weight to the client with the highest l_i(x).
+    with tau = 1 for UWA. UWA has no ``tau`` argument on purpose: switching a config from sUWA to
+    UWA with ``--aggregator ...UncertaintyWeightedAggregator`` must not carry sUWA's tau along.
+    :class:`SmoothedUncertaintyWeightedAggregator` adds tau (0 is AVG; infinity gives all weight to
+    the client with the highest l_i(x)).
 
     Args:
-        tau: temperature on the log-likelihoods, >= 0.
         upload: what a client sends besides its logits. ``density`` (000 Algorithm 1, line 7: the
             GMM itself, 2*|C_i|*C numbers; the server evaluates l_i) or ``scores`` (l_i on the public
             set, N numbers, computed on the client).
@@ -40,20 +41,17 @@ class UncertaintyWeightedAggregator(Aggregator):
 
     def __init__(
         self,
-        tau: float = 1.0,
         upload: Literal["density", "scores"] = "density",
         variance_floor: float = 1e-4,
         min_calibration_samples: int = 2,
     ):
-        if not (tau >= 0 and math.isfinite(tau)):
-            raise ConfigError("aggregator.tau", f"must be a finite number >= 0, got {tau}")
         if upload not in ("density", "scores"):
             raise ConfigError("aggregator.upload", f"allowed: 'density', 'scores'; got {upload!r}")
         if not variance_floor > 0:
             raise ConfigError("aggregator.variance_floor", f"must be > 0, got {variance_floor}")
         if min_calibration_samples < 2:
             raise ConfigError("aggregator.min_calibration_samples", f"must be >= 2, got {min_calibration_samples}")
-        self.tau = tau
+        self.tau = 1.0
         self.upload = upload
         self.variance_floor = variance_floor
         self.min_calibration_samples = min_calibration_samples
@@ -116,6 +114,15 @@ class SmoothedUncertaintyWeightedAggregator(UncertaintyWeightedAggregator):
 
     short_name = "suwa"
 
-    def __init__(self, tau: float = 0.25, upload: Literal["density", "scores"] = "density",
-                 variance_floor: float = 1e-4, min_calibration_samples: int = 2):
-        super().__init__(tau, upload, variance_floor, min_calibration_samples)
+    def __init__(
+        self,
+        tau: float = 0.25,
+        upload: Literal["density", "scores"] = "density",
+        variance_floor: float = 1e-4,
+        min_calibration_samples: int = 2,
+    ):
+        """Args: tau, the temperature on the log-likelihoods (finite, >= 0); the rest as UWA."""
+        if not (tau >= 0 and math.isfinite(tau)):
+            raise ConfigError("aggregator.tau", f"must be a finite number >= 0, got {tau}")
+        super().__init__(upload, variance_floor, min_calibration_samples)
+        self.tau = tau

@@ -103,8 +103,10 @@ class FederatedData:
         if test is None:
             rest, test_pos = stratified_holdout(labels, self.test_fraction, rng)
             test = full.subset(torch.from_numpy(test_pos), f"{full.name}/test")
+            self._test_source_index = test_pos
         else:
             rest = np.arange(len(full))
+            self._test_source_index = None  # an official test split: a different source, disjoint by construction
         if self.public_size >= len(rest):
             raise ConfigError(
                 "data.public_size",

@@ -36,6 +36,19 @@ class ClientExecutor:
         """Logits of every client on x: M x N x C (float32)."""
         raise NotImplementedError
 
+    def client_uploads(self, loop, callbacks, clients, client_data, public_logits) -> list[dict[str, torch.Tensor]]:
+        """Run every callback's ``on_client_private_end`` where the client lives and collect what
+        each client uploads: its public logits plus the callbacks' payloads (000 Algorithm 1, 6-7)."""
+        uploads = []
+        for i, (client, data) in enumerate(zip(clients, client_data)):
+            payload = {"logits": public_logits[i]}
+            for cb in callbacks:
+                extra = cb.on_client_private_end(loop, client, data, public_logits[i])
+                if extra:
+                    payload.update(extra)
+            uploads.append(payload)
+        return uploads
+
 
 class SequentialExecutor(ClientExecutor):
     """One client at a time on the Fabric device.

@@ -197,12 +197,10 @@ class FederationLoop:
         self._check_finite([public_logits[i] for i in range(len(self.clients))], r, "public inference")
         after_private = self.evaluate()
         uploads = []
-        for i, (client, cdata) in enumerate(zip(self.clients, self.data.clients)):
-            payload = {"logits": public_logits[i].to(self.message_dtype)}
-            for cb in self.callbacks:
-                extra = cb.on_client_private_end(self, client, cdata, public_logits[i])
-                if extra:
-                    payload.update(extra)
+        raw = self.executor.client_uploads(self, self.callbacks, self.clients, self.data.clients, public_logits)
+        for i, payload in enumerate(raw):
+            payload["logits"] = payload["logits"].to(self.message_dtype)
+            # keys starting with "_" are in-process diagnostics, not messages
             uploads.append({kind: t if kind.startswith("_") else self.ledger.send(r, i, "up", kind, t)
                             for kind, t in payload.items()})
 

@@ -1,0 +1,20 @@
+import os
+import warnings
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
+warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
+
+
+@pytest.fixture
+def fast_args(tmp_path):
+    """CLI flags for a tiny, fast digits run writing into tmp_path."""
+    return [
+        "--config", "digits.yaml",
+        "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", str(tmp_path / "runs"),
+        "--federation.rounds", "2", "--federation.private_epochs_first", "2", "--federation.private_epochs", "1",
+        "--federation.public_epochs_first", "1", "--federation.public_epochs", "1",
+        "--data.num_clients", "4", "--data.classes_per_client", "3", "--data.public_size", "200",
+    ]

@@ -1,0 +1,140 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn.mixture import GaussianMixture
+
+from fdlit.aggregators import (
+    DiagonalGaussianMixture,
+    ProbabilityAveragingAggregator,
+    SmoothedUncertaintyWeightedAggregator,
+    UncertaintyWeightedAggregator,
+    weight_concentration,
+)
+from fdlit.errors import ConfigError
+
+M, N, C = 5, 64, 10
+
+
+def gmm_uploads(seed=0, k=3):
+    """Clients with logits and density models fitted on their own (synthetic) calibration logits."""
+    g = torch.Generator().manual_seed(seed)
+    uploads = []
+    for i in range(M):
+        classes = sorted(torch.randperm(C, generator=g)[:k].tolist())
+        cal_y = torch.tensor(classes).repeat(20)
+        cal_z = torch.randn(len(cal_y), C, generator=g) + 4 * torch.nn.functional.one_hot(cal_y, C)
+        gmm = DiagonalGaussianMixture.fit(cal_z, cal_y, classes)
+        uploads.append({
+            "logits": torch.randn(N, C, generator=g) * 2,
+            "gmm_means": gmm.means.float(), "gmm_stds": gmm.variances.sqrt().float(),
+            "gmm_classes": gmm.classes, "_dropped_components": torch.tensor([0]),
+        })
+    return uploads
+
+
+@pytest.mark.parametrize("agg", [ProbabilityAveragingAggregator(), UncertaintyWeightedAggregator(),
+                                 SmoothedUncertaintyWeightedAggregator(tau=0.25)])
+def test_weights_are_a_distribution_and_teacher_is_probability(agg):
+    r = agg.aggregate(gmm_uploads())
+    assert (r.weights >= 0).all()
+    torch.testing.assert_close(r.weights.sum(0), torch.ones(N))
+    torch.testing.assert_close(r.teacher.sum(-1), torch.ones(N))
+    z = torch.stack([u["logits"] for u in gmm_uploads()])
+    torch.testing.assert_close(r.teacher, torch.einsum("mn,mnc->nc", r.weights, z.softmax(-1)))
+
+
+def test_avg_is_mean_of_probabilities_and_chi_is_one_over_m():
+    ups = gmm_uploads()
+    r = ProbabilityAveragingAggregator().aggregate(ups)
+    z = torch.stack([u["logits"] for u in ups])
+    torch.testing.assert_close(r.teacher, z.softmax(-1).mean(0))
+    assert float(weight_concentration(r.weights)) == pytest.approx(1 / M)
+
+
+def test_tau_zero_is_avg_and_tau_one_is_uwa():
+    ups = gmm_uploads()
+    avg = ProbabilityAveragingAggregator().aggregate(ups)
+    s0 = SmoothedUncertaintyWeightedAggregator(tau=0.0).aggregate(ups)
+    torch.testing.assert_close(s0.teacher, avg.teacher)
+    torch.testing.assert_close(s0.weights, avg.weights)
+    uwa = UncertaintyWeightedAggregator().aggregate(ups)
+    s1 = SmoothedUncertaintyWeightedAggregator(tau=1.0).aggregate(ups)
+    torch.testing.assert_close(s1.weights, uwa.weights)
+    assert not torch.allclose(uwa.weights, avg.weights)
+    # smoothing lowers concentration between the two extremes
+    chi = [float(weight_concentration(SmoothedUncertaintyWeightedAggregator(tau=t).aggregate(ups).weights))
+           for t in (0.0, 0.25, 1.0)]
+    assert chi[0] == pytest.approx(1 / M) and chi[0] < chi[1] < chi[2] <= 1
+
+
+def test_large_tau_picks_the_most_likely_client():
+    ups = gmm_uploads()
+    agg = SmoothedUncertaintyWeightedAggregator(tau=1e4)
+    z = torch.stack([u["logits"] for u in ups])
+    ll = agg.log_likelihoods(ups, z)
+    r = agg.aggregate(ups)
+    best = ll.argmax(0)
+    assert (r.weights.argmax(0) == best).all()
+    assert float(r.weights.max(0).values.min()) > 0.99
+    torch.testing.assert_close(r.teacher, z.softmax(-1)[best, torch.arange(N)], atol=1e-3, rtol=0)
+
+
+def test_uwa_log_likelihood_matches_sklearn_gaussian_mixture():
+    g = torch.Generator().manual_seed(3)
+    classes = [1, 4, 7]
+    y = torch.tensor(classes).repeat(30)
+    z_cal = torch.randn(len(y), C, generator=g, dtype=torch.float64) * 1.5 + 3 * torch.nn.functional.one_hot(y, C)
+    gmm = DiagonalGaussianMixture.fit(z_cal, y, classes)
+    z = torch.randn(200, C, generator=g, dtype=torch.float64) * 3
+    ours = gmm.log_likelihood(z).numpy()
+
+    sk = GaussianMixture(n_components=3, covariance_type="diag")
+    sk.weights_ = np.full(3, 1 / 3)
+    sk.means_ = np.stack([z_cal[y == c].mean(0).numpy() for c in classes])
+    sk.covariances_ = np.stack([z_cal[y == c].var(0, unbiased=False).numpy() for c in classes])
+    sk.precisions_cholesky_ = 1 / np.sqrt(sk.covariances_)
+    np.testing.assert_allclose(ours, sk.score_samples(z.numpy()), rtol=1e-9, atol=1e-7)
+
+
+def test_density_rules_floor_and_dropped_components():
+    z = torch.zeros(10, C)
+    y = torch.tensor([0] * 9 + [1])  # class 0 constant logits, class 1 a single sample, class 2 absent
+    gmm = DiagonalGaussianMixture.fit(z, y, [0, 1, 2], variance_floor=1e-3)
+    assert gmm.classes.tolist() == [0] and gmm.dropped == 2
+    assert torch.all(gmm.variances == 1e-3)
+    assert torch.isfinite(gmm.log_likelihood(torch.randn(4, C))).all()
+    empty = DiagonalGaussianMixture.fit(z, y, [5])
+    assert torch.isneginf(empty.log_likelihood(torch.randn(4, C))).all()
+
+
+def test_client_without_components_gets_zero_weight_and_all_empty_falls_back_to_uniform():
+    ups = gmm_uploads()
+    ups[0]["gmm_means"] = ups[0]["gmm_means"][:0]
+    ups[0]["gmm_stds"] = ups[0]["gmm_stds"][:0]
+    r = UncertaintyWeightedAggregator().aggregate(ups)
+    assert torch.all(r.weights[0] == 0)
+    for u in ups:
+        u["gmm_means"], u["gmm_stds"] = u["gmm_means"][:0], u["gmm_stds"][:0]
+    r = UncertaintyWeightedAggregator().aggregate(ups)
+    torch.testing.assert_close(r.weights, torch.full((M, N), 1 / M))
+    assert r.stats["density/uniform_fallback_samples"] == N
+
+
+def test_scores_upload_gives_the_same_teacher_as_density_upload():
+    ups = gmm_uploads()
+    agg = UncertaintyWeightedAggregator()
+    z = torch.stack([u["logits"] for u in ups])
+    ll = agg.log_likelihoods(ups, z)
+    score_ups = [{"logits": u["logits"], "log_likelihood": ll[i].float(), "_dropped_components": torch.tensor([0])}
+                 for i, u in enumerate(ups)]
+    torch.testing.assert_close(UncertaintyWeightedAggregator(upload="scores").aggregate(score_ups).teacher,
+                               agg.aggregate(ups).teacher, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [{"tau": -0.1}, {"tau": math.inf}, {"upload": "weights"}, {"variance_floor": 0},
+                                    {"min_calibration_samples": 1}])
+def test_bad_uwa_arguments(kwargs):
+    with pytest.raises(ConfigError):
+        SmoothedUncertaintyWeightedAggregator(**kwargs)

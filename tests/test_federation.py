@@ -1,0 +1,141 @@
+"""The loop, the client and the communication accounting, on small digits federations."""
+
+import pytest
+import torch
+
+from fdlit.aggregators import ProbabilityAveragingAggregator, UncertaintyWeightedAggregator
+from fdlit.callbacks import FederationCallback
+from fdlit.clients import ClientModule, ClientOptimization
+from fdlit.data import FederatedData
+from fdlit.federation import FederationLoop, NumericalFault
+from fdlit.loggers import LoggerConfig
+from fdlit.models import MLP
+
+
+def small_loop(tmp_path, aggregator, rounds=2, **kw):
+    return FederationLoop(
+        rounds=rounds, private_epochs_first=2, private_epochs=1, public_epochs_first=1, public_epochs=1,
+        data=FederatedData(num_clients=4, classes_per_client=3, public_size=200),
+        model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32]}},
+        aggregator=aggregator, logger=LoggerConfig(mode="disabled", progress=False, run_dir=str(tmp_path)), **kw,
+    )
+
+
+def test_avg_upload_is_n_c_4_bytes_per_client_per_round(tmp_path):
+    loop = small_loop(tmp_path, ProbabilityAveragingAggregator())
+    loop.fit()
+    n, c, m = 200, 10, 4
+    for r in (1, 2):
+        for i in range(m):
+            assert loop.ledger.total("up", round=r, client=i) == n * c * 4
+            assert loop.ledger.total("down", round=r, client=i) == n * c * 4  # the teacher, broadcast
+    assert loop.history[-1]["comm/up_bytes_total"] == 2 * m * n * c * 4
+    assert loop.history[-1]["weights/chi"] == pytest.approx(1 / m)
+
+
+def test_uwa_counts_its_density_model_and_half_precision_halves_logits(tmp_path):
+    loop = small_loop(tmp_path, UncertaintyWeightedAggregator(), rounds=1, message_dtype="float16")
+    loop.fit()
+    for i, cd in enumerate(loop.data.clients):
+        k = len(cd.classes)  # every class has >= 2 calibration samples here
+        expected = 200 * 10 * 2 + 2 * k * 10 * 4 + k * 2  # fp16 logits + fp32 means/stds + int16 class ids
+        assert loop.ledger.total("up", client=i) == expected
+    kinds = {m.kind for m in loop.ledger.messages}
+    assert kinds == {"logits", "gmm_means", "gmm_stds", "gmm_classes", "teacher"}
+
+
+def test_scores_upload_sends_n_floats(tmp_path):
+    loop = small_loop(tmp_path, UncertaintyWeightedAggregator(upload="scores"), rounds=1)
+    loop.fit()
+    assert loop.ledger.total("up", client=0) == 200 * 10 * 4 + 200 * 4
+
+
+def test_hooks_are_called_in_order_and_optimizer_state_persists(tmp_path):
+    calls = []
+
+    class Recorder(FederationCallback):
+        def on_fit_start(self, loop):
+            calls.append("fit_start")
+
+        def on_round_start(self, loop, round):
+            calls.append(f"round_start{round}")
+
+        def on_client_private_end(self, loop, client, data, public_logits):
+            calls.append(f"client{client.client_id}")
+            assert public_logits.shape == (200, 10)
+            return {"extra_stat": torch.zeros(3)}  # uploaded and counted
+
+        def on_round_end(self, loop, round, metrics):
+            calls.append(f"round_end{round}")
+
+        def on_fit_end(self, loop, summary):
+            calls.append("fit_end")
+
+    loop = small_loop(tmp_path, ProbabilityAveragingAggregator(), callbacks=[Recorder()])
+    loop.fit()
+    assert calls == ["fit_start", "round_start1", "client0", "client1", "client2", "client3", "round_end1",
+                     "round_start2", "client0", "client1", "client2", "client3", "round_end2", "fit_end"]
+    assert loop.ledger.total("up", client=0, round=1) == 200 * 10 * 4 + 3 * 4
+    # Adam's step counter keeps counting across rounds and phases: state persists
+    opt = loop.clients[0].configure_optimizers()
+    steps = next(iter(opt.state.values()))["step"]
+    n_train = len(loop.data.clients[0].train)
+    per_epoch = -(-n_train // 32) - (1 if n_train % 32 == 1 else 0)
+    public = -(-200 // 32)
+    assert int(steps) == 3 * per_epoch + 2 * public
+
+
+def test_first_round_epochs_differ(tmp_path):
+    loop = small_loop(tmp_path, ProbabilityAveragingAggregator(), rounds=1)
+    loop.private_epochs_first, loop.public_epochs_first = 3, 0
+    loop.fit()
+    steps = int(next(iter(loop.clients[0].configure_optimizers().state.values()))["step"])
+    n_train = len(loop.data.clients[0].train)
+    assert steps == 3 * (-(-n_train // 32) - (1 if n_train % 32 == 1 else 0))
+
+
+def test_kd_loss_is_cross_entropy_against_teacher_probabilities():
+    client = ClientModule(MLP((1, 8, 8), 10, hidden=[8]), 0, [0, 1], ClientOptimization())
+    x = torch.randn(5, 1, 8, 8)
+    p = torch.softmax(torch.randn(5, 10), -1)
+    logits = client(x)
+    expected = -(p * torch.log_softmax(logits, -1)).sum(-1).mean()
+    torch.testing.assert_close(client.training_step((x, p)), expected)
+    y = torch.tensor([0, 1, 1, 0, 1])
+    torch.testing.assert_close(client.training_step((x, y)), torch.nn.functional.cross_entropy(logits, y))
+
+
+def test_client_state_moves_between_clients():
+    opt = ClientOptimization()
+    a = ClientModule(MLP((1, 8, 8), 10, hidden=[8]), 0, [0], opt)
+    b = ClientModule(MLP((1, 8, 8), 10, hidden=[8]), 0, [0], opt)
+    loss = a.training_step((torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])))
+    loss.backward()
+    a.configure_optimizers().step()
+    torch.randperm(10, generator=a.generator)
+    b.load_client_state(a.client_state())
+    x = torch.randn(3, 1, 8, 8)
+    torch.testing.assert_close(a(x), b(x))
+    assert torch.equal(torch.randperm(10, generator=a.generator), torch.randperm(10, generator=b.generator))
+
+
+def test_nan_in_a_client_stops_with_client_round_and_phase(tmp_path):
+    class Poison(FederationCallback):
+        def on_round_start(self, loop, round):
+            if round == 2:
+                with torch.no_grad():
+                    next(loop.clients[1].parameters()).fill_(float("nan"))
+
+    loop = small_loop(tmp_path, ProbabilityAveragingAggregator(), callbacks=[Poison()])
+    with pytest.raises(NumericalFault, match="client 1 .* round 2, phase 'private'"):
+        loop.fit()
+    assert loop.round == 1  # round 1 completed and was written
+    assert (loop.run_path / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def test_same_seed_same_metrics(tmp_path):
+    a = small_loop(tmp_path / "a", UncertaintyWeightedAggregator(), seed=5)
+    b = small_loop(tmp_path / "b", UncertaintyWeightedAggregator(), seed=5)
+    a.fit(), b.fit()
+    strip = lambda h: [{k: v for k, v in m.items() if not k.startswith("time/")} for m in h]
+    assert strip(a.history) == strip(b.history)

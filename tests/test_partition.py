@@ -1,0 +1,78 @@
+import numpy as np
+import pytest
+import torch
+
+from fdlit.data import FederatedData
+from fdlit.data.partition import assign_k_classes, dirichlet_partition
+from fdlit.errors import ConfigError
+
+
+@pytest.mark.parametrize("m,k", [(10, 1), (10, 2), (5, 2), (20, 3), (7, 9), (3, 10)])
+def test_k_classes_cover_every_class_and_each_client_has_k(m, k):
+    sets = assign_k_classes(m, 10, k, np.random.default_rng(0))
+    assert all(len(s) == k and len(set(s)) == k for s in sets)
+    assert set().union(*map(set, sets)) == set(range(10))
+    counts = np.bincount(np.concatenate(sets), minlength=10)
+    assert counts.max() - counts.min() <= 1  # balanced
+
+
+def test_k_classes_are_seeded():
+    a = assign_k_classes(10, 10, 2, np.random.default_rng(1))
+    assert a == assign_k_classes(10, 10, 2, np.random.default_rng(1))
+    assert a != assign_k_classes(10, 10, 2, np.random.default_rng(2))
+
+
+@pytest.mark.parametrize("k", [2, 5, 9])
+def test_federated_splits_are_disjoint_and_clients_hold_their_classes(k):
+    d = FederatedData(num_clients=10, classes_per_client=k, public_size=300).setup(0)
+    test = set(d._test_source_index.tolist())
+    pub = set(d._public_source_index.tolist())
+    pool = set(d._pool_source_index.tolist())
+    assert not pub & pool and not test & pool and not test & pub
+    assert len(test) + len(pub) + len(pool) == 1797
+    assert len(d.public) == 300
+    for c in d.clients:
+        assert len(c.classes) == k
+        assert set(c.train.y.tolist()) <= set(c.classes) and set(c.calibration.y.tolist()) <= set(c.classes)
+        # calibration never trained on: disjoint pool indices, about 20 %
+        tr = set(torch.isin(torch.arange(len(d.pool)), torch.from_numpy(c.pool_index)).nonzero().flatten().tolist())
+        assert len(tr) == len(c.train) + len(c.calibration)
+        assert 0.15 < len(c.calibration) / (len(c.train) + len(c.calibration)) < 0.25
+    held = set().union(*[set(c.classes) for c in d.clients])
+    assert held == set(range(10))
+
+
+def test_clients_sharing_a_class_may_share_samples():
+    d = FederatedData(num_clients=10, classes_per_client=5).setup(0)
+    overlaps = [len(set(a.pool_index) & set(b.pool_index)) for a in d.clients for b in d.clients if a is not b]
+    assert max(overlaps) > 0
+
+
+def test_samples_per_client_and_dirichlet():
+    d = FederatedData(num_clients=5, classes_per_client=3, samples_per_client=100).setup(0)
+    assert all(len(c.train) + len(c.calibration) == 100 for c in d.clients)
+    parts = dirichlet_partition(np.repeat(np.arange(10), 50), 5, 0.1, np.random.default_rng(0))
+    allidx = np.concatenate(parts)
+    assert len(allidx) == len(set(allidx.tolist())) == 500  # disjoint and complete
+    d = FederatedData(num_clients=5, partition="dirichlet", dirichlet_alpha=0.1).setup(0)
+    assert max(len(c.classes) for c in d.clients) < 10 or min(len(c.classes) for c in d.clients) < 10
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"classes_per_client": 0}, "data.classes_per_client"),
+        ({"classes_per_client": 11}, "data.classes_per_client"),
+        ({"num_clients": 2, "classes_per_client": 2}, "data.classes_per_client"),  # 4 < 10 classes
+        ({"calibration_fraction": 1.0}, "data.calibration_fraction"),
+        ({"calibration_fraction": 0.0}, "data.calibration_fraction"),
+        ({"samples_per_client": 10_000}, "data.samples_per_client"),
+        ({"partition": "dirichlet", "num_clients": 500}, "data.num_clients"),
+        ({"public_size": 5000}, "data.public_size"),
+        ({"dataset": "imagenet"}, "data.dataset"),
+    ],
+)
+def test_bad_data_config_names_the_field(kwargs, field):
+    with pytest.raises(ConfigError) as err:
+        FederatedData(**kwargs).setup(0)
+    assert err.value.field == field
