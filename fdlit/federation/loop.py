@@ -294,6 +294,7 @@ class FederationLoop:
             "run": self.run_name,
             "run_dir": str(self.run_path),
             "rounds": self.round,
+            "finished": self.round == self.rounds,
             "best_global_acc_mean": best[key],
             "best_round": best["round"],
             "best_global_acc_mean_after_private": best_private["after_private/global_acc_mean"],
