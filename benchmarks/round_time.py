@@ -1,8 +1,8 @@
 """Time per round: fdlit's FederationLoop vs a plain PyTorch loop doing the same work.
 
-    python benchmarks/round_time.py [--rounds 6] [--repeats 3] [--clients 10] [--k 2]
+    python benchmarks/round_time.py [--model mlp|cnn] [--rounds 6] [--repeats 3] [--clients 10] [--k 2]
 
-Same data split, same SmallCNN clients, same optimizer steps (same batch sizes and epochs per
+Same data split, same client networks (MLP or SmallCNN), same optimizer steps (same batch sizes and epochs per
 phase), the same evaluations (test-set inference after each phase, public inference) and the same
 AVG aggregation. Round 1 (longer first-round epochs) is excluded; the ratio is on steady-state
 rounds. A third variant runs each client's phases through a fresh ``lightning.Trainer`` (what a
@@ -26,9 +26,10 @@ from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.federation import FederationLoop
 from fdlit.loggers import LoggerConfig
-from fdlit.models import SmallCNN
+from fdlit.models import MLP, SmallCNN
 
 warnings.filterwarnings("ignore")
+MODELS = {"mlp": MLP, "cnn": SmallCNN}
 EPOCHS = dict(private_epochs_first=5, private_epochs=5, public_epochs_first=2, public_epochs=2)
 BATCH = 32
 
@@ -40,7 +41,7 @@ def make_data(args) -> FederatedData:
 def plain_round_times(args, trainer: bool = False) -> list[float]:
     data = make_data(args)
     torch.manual_seed(args.seed)
-    models = [SmallCNN(data.input_shape, data.num_classes) for _ in data.clients]
+    models = [MODELS[args.model](data.input_shape, data.num_classes) for _ in data.clients]
     opts = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in models]
     gens = [torch.Generator().manual_seed(i) for i in range(len(models))]
     test_x, pub_x = data.test.x, data.public.x
@@ -102,6 +103,7 @@ def fdlit_round_times(args) -> list[float]:
 
     loop = FederationLoop(
         rounds=args.rounds, **EPOCHS, callbacks=[RoundClock()], data=make_data(args),
+        model={"class_path": f"fdlit.models.{MODELS[args.model].__name__}"},
         aggregator=ProbabilityAveragingAggregator(), client=ClientOptimization(batch_size=BATCH), seed=args.seed,
         logger=LoggerConfig(mode="disabled", progress=False, run_dir=args.run_dir),
     )
@@ -115,6 +117,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--k", type=int, default=2)
+    p.add_argument("--model", choices=sorted(MODELS), default="mlp")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run_dir", default="/tmp/fdlit-bench-runs")
     p.add_argument("--no_trainer", action="store_true", help="skip the Trainer-per-phase variant")
@@ -126,7 +129,7 @@ def main() -> None:
         if not args.no_trainer:
             results["Trainer per phase"] += plain_round_times(args, trainer=True)
     base = statistics.median(results["plain PyTorch"])
-    print(f"digits, {args.clients} clients, k={args.k}, torch threads={torch.get_num_threads()}, "
+    print(f"digits, {args.model}, {args.clients} clients, k={args.k}, torch threads={torch.get_num_threads()}, "
           f"median of {args.repeats}x{args.rounds - 1} steady-state rounds")
     print("| variant | s / round | ratio to plain |")
     print("|---|---|---|")

@@ -289,6 +289,7 @@ class FederationLoop:
         key = "after_public/global_acc_mean"
         best = max(self.history, key=lambda m: m[key])
         best_private = max(self.history, key=lambda m: m["after_private/global_acc_mean"])
+        # both phases are reported: 000 does not say after which phase Table 1's accuracy is taken
         last = self.history[-1]
         return {
             "run": self.run_name,
@@ -298,6 +299,7 @@ class FederationLoop:
             "best_global_acc_mean": best[key],
             "best_round": best["round"],
             "best_global_acc_mean_after_private": best_private["after_private/global_acc_mean"],
+            "best_round_after_private": best_private["round"],
             "final_global_acc_mean": last[key],
             "final_local_acc_mean_after_private": last["after_private/local_acc_mean"],
             "final_local_acc_mean_after_public": last["after_public/local_acc_mean"],
@@ -312,7 +314,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     mb = 1024**2
     return "\n".join([
         f"fdlit summary: {summary['run']}  ({summary['rounds']} rounds, {summary['wall_time_s']:.1f} s)",
-        f"  best mean global accuracy : {summary['best_global_acc_mean']:.4f} (round {summary['best_round']})",
+        f"  best mean global accuracy : {summary['best_global_acc_mean']:.4f} after public phase (round "
+        f"{summary['best_round']}), {summary['best_global_acc_mean_after_private']:.4f} after private phase "
+        f"(round {summary['best_round_after_private']})",
         f"  final mean local accuracy : {summary['final_local_acc_mean_after_private']:.4f} after private phase, "
         f"{summary['final_local_acc_mean_after_public']:.4f} after public phase",
         f"  final teacher accuracy    : {summary['final_teacher_acc']:.4f} (public labels, diagnostic)",
