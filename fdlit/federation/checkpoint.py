@@ -23,6 +23,7 @@ import json
 import os
 import pickle
 import random
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,8 +165,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
-def restore_checkpoint(loop: "FederationLoop", state: dict[str, Any]) -> None:
-    """Load ``state`` into a set-up loop (clients built, callbacks created, nothing trained)."""
+def check_resumable(loop: "FederationLoop", state: dict[str, Any]) -> None:
+    """Refuse a checkpoint that does not fit the loop, before anything is written."""
     if state["config_sha256"] != config_fingerprint(loop.config):
         raise CheckpointError(
             "the checkpoint was written by a different config; only "
@@ -177,6 +178,12 @@ def restore_checkpoint(loop: "FederationLoop", state: dict[str, Any]) -> None:
         raise CheckpointError(
             f"checkpoint is at round {state['round']}, beyond federation.rounds = {loop.rounds}"
         )
+
+
+def restore_checkpoint(loop: "FederationLoop", state: dict[str, Any]) -> None:
+    """Load ``state`` into a set-up loop (clients built, callbacks created, nothing trained)."""
+    check_resumable(loop, state)
+    print(f"fdlit: resuming {loop.run_path} after round {state['round']} of {loop.rounds}", file=sys.stderr)
     for client, client_state in zip(loop.clients, state["clients"]):
         client.load_client_state(client_state)
     if state["aggregator"] is not None:
@@ -212,15 +219,14 @@ class Checkpointer(FederationCallback):
         save_checkpoint(loop, Path(loop.run_path) / CHECKPOINT_NAME)
 
 
-def resume_state(run_dir: Path) -> dict[str, Any]:
-    """Check a run directory can be resumed and read its checkpoint (before building anything)."""
-    run_dir = Path(run_dir)
+def resume_state(loop: "FederationLoop") -> dict[str, Any]:
+    """Read ``loop.resume_from``'s checkpoint and check it fits the loop (before anything is written)."""
+    run_dir = Path(loop.resume_from)
     if not run_dir.is_dir():
         raise CheckpointError(f"no run directory {str(run_dir)!r}")
-    if not (run_dir / "config.yaml").exists():
-        raise CheckpointError(f"{run_dir} has no config.yaml; is it an fdlit run directory?")
-    return load_checkpoint(run_dir / CHECKPOINT_NAME)
-
+    state = load_checkpoint(run_dir / CHECKPOINT_NAME)
+    check_resumable(loop, state)
+    return state
 
 # ---------------------------------------------------------------------------------- command line
 # flags that may accompany --resume: more rounds, and how to log; everything else comes from the run

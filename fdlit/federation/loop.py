@@ -159,7 +159,7 @@ class FederationLoop:
         self.run_path = Path(self.logger_config.run_dir) / f"{stamp}-{self.run_name}"
         state = None
         if self.resume_from is not None:  # read and check the checkpoint before touching anything
-            state = resume_state(self.resume_from)
+            state = resume_state(self)
             self.run_path = Path(self.resume_from)
         self.callbacks: list[FederationCallback] = [
             self.aggregator,
