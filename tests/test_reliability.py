@@ -377,3 +377,15 @@ def test_degenerate_density_fits_follow_the_rule_and_are_counted():
                 "_dropped_components": torch.tensor([gmm.dropped]), "_floored_variances": torch.tensor([gmm.floored])}]
     stats = agg.aggregate(uploads).stats
     assert stats["density/dropped_components"] == 2 and stats["density/floored_variances"] == 1
+
+
+def test_every_torch_load_in_fdlit_is_weights_only():
+    """Guards future code: loading a file must never be able to run code."""
+    offenders = []
+    for path in (REPO / "fdlit").rglob("*.py"):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if "torch.load(" in line and "weights_only=True" not in line and not line.lstrip().startswith(("#", "`")):
+                offenders.append(f"{path.relative_to(REPO)}:{n}")
+            if "pickle.load" in line or "weights_only=False" in line:
+                offenders.append(f"{path.relative_to(REPO)}:{n}")
+    assert not offenders, offenders
