@@ -389,3 +389,17 @@ def test_every_torch_load_in_fdlit_is_weights_only():
             if "pickle.load" in line or "weights_only=False" in line:
                 offenders.append(f"{path.relative_to(REPO)}:{n}")
     assert not offenders, offenders
+
+
+def test_global_random_states_survive_a_weights_only_round_trip(tmp_path):
+    import random
+
+    import numpy as np
+
+    from fdlit.federation.checkpoint import rng_state, set_rng_state
+
+    torch.save(rng_state(), tmp_path / "rng.pt")
+    draw = lambda: (random.random(), float(np.random.rand()), float(np.random.randn()), torch.rand(3).tolist())
+    first = draw()
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert draw() == first
