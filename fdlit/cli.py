@@ -18,6 +18,7 @@ from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
+from fdlit.federation.checkpoint import resume_hint, resume_loop, split_resume
 from fdlit.loggers import LoggerConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
@@ -40,7 +41,8 @@ def resolve_config_path(value: str) -> str:
 
 
 def fit_parser() -> ArgumentParser:
-    parser = ArgumentParser(description="Run one federated-distillation experiment.", env_prefix="FDLIT",
+    parser = ArgumentParser(description="Run one federated-distillation experiment. Continue a killed run with "
+                            "`fdlit fit --resume RUN_DIR` (config and seed come from RUN_DIR).", env_prefix="FDLIT",
                             default_env=False)
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config file (path, or a name in configs/)")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the partition, models and batch order.")
@@ -105,8 +107,14 @@ def build_loop(cfg: Namespace, parser: Optional[ArgumentParser] = None) -> Feder
 
 
 def fit(cfg: Namespace, parser: ArgumentParser) -> dict:
-    loop = build_loop(cfg, parser)
-    summary = loop.fit()
+    return run_loop(build_loop(cfg, parser))
+
+
+def run_loop(loop: FederationLoop) -> dict:
+    try:
+        summary = loop.fit()
+    except NumericalFault as exc:
+        raise NumericalFault(f"{exc}\n{resume_hint(loop)}") from None
     print(format_summary(summary))
     return summary
 
@@ -114,6 +122,11 @@ def fit(cfg: Namespace, parser: ArgumentParser) -> dict:
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["fit"]:
+            run_dir, rest = split_resume(argv[1:])
+            if run_dir is not None:  # fit --resume RUN_DIR [allowed overrides]
+                run_loop(resume_loop(run_dir, rest))
+                return 0
         argv = _rewrite_config_args(argv)
         parser = build_parser()
         cfg = parser.parse_args(argv)

@@ -22,6 +22,7 @@ class DiagonalGaussianMixture:
     variances: torch.Tensor
     classes: torch.Tensor
     dropped: int = 0
+    floored: int = 0  # variance entries raised to the floor (zero or tiny variance)
 
     @classmethod
     def fit(
@@ -38,24 +39,29 @@ class DiagonalGaussianMixture:
         responsibilities), variance floored at ``variance_floor`` so a class whose logits barely move
         cannot produce an infinite density. **choice** (ALGORITHMS.md): a class with fewer than
         ``min_samples`` (2) calibration samples gets no component, since its variance is undefined;
-        it is counted in ``dropped``. A client left with no component has log-likelihood -inf
+        it is counted in ``dropped``; variance entries raised to the floor (a logit that does not
+        move within a class) are counted in ``floored``. A client left with no component has log-likelihood -inf
         everywhere, i.e. zero weight (see :func:`mixture_log_likelihood`).
         """
         z = logits.double()
         means, variances, kept = [], [], []
+        floored = 0
         for c in classes:
             zc = z[labels == c]
             if len(zc) < min_samples:
                 continue
             means.append(zc.mean(0))
-            variances.append(zc.var(0, unbiased=False).clamp_min(variance_floor))
+            var = zc.var(0, unbiased=False)
+            floored += int((var < variance_floor).sum())
+            variances.append(var.clamp_min(variance_floor))
             kept.append(c)
         c_dim = logits.shape[-1]
         if kept:
             mu, var = torch.stack(means), torch.stack(variances)
         else:
             mu = var = torch.empty(0, c_dim, dtype=torch.float64, device=logits.device)
-        return cls(mu, var, torch.tensor(kept, dtype=torch.long), dropped=len(classes) - len(kept))
+        return cls(mu, var, torch.tensor(kept, dtype=torch.long), dropped=len(classes) - len(kept),
+                   floored=floored)
 
     def log_likelihood(self, z: torch.Tensor) -> torch.Tensor:
         """log( (1/K) sum_k N(z; mu_k, diag var_k) ) for each row of z (N x C) -> N."""

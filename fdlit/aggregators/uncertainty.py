@@ -63,13 +63,16 @@ class UncertaintyWeightedAggregator(Aggregator):
             self.variance_floor, self.min_calibration_samples,
         )
         dropped = torch.tensor([gmm.dropped])
+        floored = torch.tensor([gmm.floored])  # degenerate fits are counted in the logs (issue 6)
         if self.upload == "scores":
-            return {"log_likelihood": gmm.log_likelihood(public_logits).float(), "_dropped_components": dropped}
+            return {"log_likelihood": gmm.log_likelihood(public_logits).float(), "_dropped_components": dropped,
+                    "_floored_variances": floored}
         return {
             "gmm_means": gmm.means.float(),
             "gmm_stds": gmm.variances.sqrt().float(),
             "gmm_classes": gmm.classes.to(torch.int16),
             "_dropped_components": dropped,
+            "_floored_variances": floored,
         }
 
     def log_likelihoods(self, uploads, z: torch.Tensor) -> torch.Tensor:
@@ -99,6 +102,8 @@ class UncertaintyWeightedAggregator(Aggregator):
         finite = ll[torch.isfinite(ll)]
         stats = {
             "density/dropped_components": float(sum(int(u["_dropped_components"].sum()) for u in uploads)),
+            "density/floored_variances": float(sum(int(u["_floored_variances"].sum()) for u in uploads
+                                                   if "_floored_variances" in u)),
             "density/uniform_fallback_samples": float(hopeless.sum()),
             "density/log_likelihood_mean": float(finite.mean()) if finite.numel() else float("nan"),
         }

@@ -24,6 +24,7 @@ from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.callbacks import FederationCallback
+from fdlit.federation.checkpoint import Checkpointer, restore_checkpoint, resume_state
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.executor import ClientExecutor, SequentialExecutor
 from fdlit.loggers import LoggerConfig, ProgressBar, RunDirectory, WandbLogger
@@ -129,6 +130,8 @@ class FederationLoop:
         self.history: list[dict[str, Any]] = []
         self.ledger = CommunicationLedger()
         self.wall_time = 0.0
+        self.resume_from: Optional[Path] = None  # a run directory to continue (fdlit fit --resume)
+        self.wandb_run_id: Optional[str] = None  # set from the checkpoint on resume
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -154,13 +157,20 @@ class FederationLoop:
         )
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         self.run_path = Path(self.logger_config.run_dir) / f"{stamp}-{self.run_name}"
+        state = None
+        if self.resume_from is not None:  # read and check the checkpoint before touching anything
+            state = resume_state(self)
+            self.run_path = Path(self.resume_from)
         self.callbacks: list[FederationCallback] = [
             self.aggregator,
             RunDirectory(self.run_path, self.config_yaml),
             WandbLogger(self.logger_config, self.config, self.run_path, self.run_name),
             *([ProgressBar()] if self.logger_config.progress else []),
             *self.user_callbacks,
+            Checkpointer(),  # last: it saves the random state the next round starts from
         ]
+        if state is not None:
+            restore_checkpoint(self, state)
 
     def _heterogeneity_tag(self) -> str:
         d = self.data
@@ -169,7 +179,8 @@ class FederationLoop:
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
         self.setup()
-        start = time.perf_counter()
+        # a resumed run continues its wall time; checkpoints read it from _fit_start
+        self._fit_start = start = time.perf_counter() - self.wall_time
         for cb in self.callbacks:
             cb.on_fit_start(self)
         for r in range(self.round + 1, self.rounds + 1):

@@ -76,6 +76,12 @@ def resolve_mode(mode: Mode) -> str:
     return mode
 
 
+def redact(text: str) -> str:
+    """Remove the W&B API key from text that may reach a terminal or a log."""
+    key = os.environ.get("WANDB_API_KEY")
+    return text.replace(key, "<WANDB_API_KEY>") if key and len(key) >= 4 else text
+
+
 class WandbLogger(FederationCallback):
     """Logs per-round metrics with ``round`` as the x-axis; best accuracies as max summaries."""
 
@@ -86,39 +92,62 @@ class WandbLogger(FederationCallback):
         self.directory = Path(directory)
         self.name = config.name or default_name
         self.run = None
+        self._said: set[str] = set()
+
+    def _say(self, message: str) -> None:
+        """Print a tracker problem once per kind of problem; never echo a secret."""
+        kind = message.split("(")[0]
+        if kind in self._said:
+            return
+        self._said.add(kind)
+        print(redact(message), file=sys.stderr)
+
+    def _init(self, mode: str, run_id: Optional[str]):
+        import wandb
+
+        # on resume, continue the same W&B run (id from the checkpoint)
+        resume = {"id": run_id, "resume": "allow"} if run_id else {}
+        return wandb.init(
+            project=self.config.project, entity=self.config.entity, name=self.name,
+            group=self.config.group, tags=self.config.tags or None, config=self.run_config,
+            dir=str(self.directory), mode=mode, reinit="finish_previous", **resume,
+        )
 
     def on_fit_start(self, loop):
         if self.mode == "disabled":
             return
+        run_id = getattr(loop, "wandb_run_id", None)
         try:
-            import wandb
-
-            self.run = wandb.init(
-                project=self.config.project, entity=self.config.entity, name=self.name,
-                group=self.config.group, tags=self.config.tags or None, config=self.run_config,
-                dir=str(self.directory), mode=self.mode, reinit="finish_previous",
-            )
-        except Exception as exc:  # tracker faults never kill training
-            if self.mode != "online":
-                print(f"fdlit: W&B unavailable ({exc}); continuing with the local run directory only", file=sys.stderr)
+            self.run = self._init(self.mode, run_id)
+        except Exception as exc:  # tracker faults (network, authentication) never kill training
+            self.run = None
+            if self.mode == "online":
+                try:
+                    self.run = self._init("offline", run_id)
+                    self.mode = "offline"
+                    self._say(f"fdlit: W&B online init failed ({exc}); continuing offline")
+                except Exception:
+                    pass
+            if self.run is None:
+                self._say(f"fdlit: W&B unavailable ({exc}); continuing with the local run directory only")
                 return
-            print(f"fdlit: W&B online init failed ({exc}); continuing offline", file=sys.stderr)
-            self.mode = "offline"
-            return self.on_fit_start(loop)
-        self.run.define_metric("round")
-        self.run.define_metric("*", step_metric="round")
-        for phase in ("after_private", "after_public"):
-            for metric in ("global_acc_mean", "local_acc_mean"):
-                self.run.define_metric(f"{phase}/{metric}", step_metric="round", summary="max")
-        self.run.define_metric("teacher/acc", step_metric="round", summary="max")
+        try:
+            self.run.define_metric("round")
+            self.run.define_metric("*", step_metric="round")
+            for phase in ("after_private", "after_public"):
+                for metric in ("global_acc_mean", "local_acc_mean"):
+                    self.run.define_metric(f"{phase}/{metric}", step_metric="round", summary="max")
+            self.run.define_metric("teacher/acc", step_metric="round", summary="max")
+        except Exception as exc:
+            self._say(f"fdlit: W&B setup failed ({exc}); metrics stay in {loop.run_path}")
 
     def on_round_end(self, loop, round, metrics):
         if self.run is None:
             return
         try:
             self.run.log(metrics)
-        except Exception as exc:
-            print(f"fdlit: W&B log failed ({exc}); metrics stay in {loop.run_path}", file=sys.stderr)
+        except Exception as exc:  # keep trying next round (transient), but say it once
+            self._say(f"fdlit: W&B log failed ({exc}); continuing, every metric is in {loop.run_path}")
 
     def on_fit_end(self, loop, summary):
         if self.run is None:
@@ -133,4 +162,4 @@ class WandbLogger(FederationCallback):
                 sync_dir = Path(directory).parent
                 print(f"fdlit: W&B run saved offline; upload it with: wandb sync {sync_dir}")
         except Exception as exc:
-            print(f"fdlit: W&B finish failed ({exc})", file=sys.stderr)
+            self._say(f"fdlit: W&B finish failed ({exc}); every metric is in {loop.run_path}")

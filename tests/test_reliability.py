@@ -1,0 +1,405 @@
+"""Issue 6: checkpoints and resume, determinism, numerical faults, bad input, tracker faults."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fdlit.aggregators import UncertaintyWeightedAggregator
+from fdlit.aggregators.density import DiagonalGaussianMixture
+from fdlit.callbacks import FederationCallback
+from fdlit.cli import build_loop, main, parse_fit, run_loop
+from fdlit.federation import NumericalFault
+from fdlit.federation.checkpoint import (
+    CHECKPOINT_NAME,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
+from fdlit.loggers import read_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def strip_timing(rows):
+    """Everything except wall-clock measurements must match exactly."""
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def only_run(parent: Path) -> Path:
+    (run,) = [p for p in Path(parent).iterdir() if p.is_dir()]
+    return run
+
+
+# ---------------------------------------------------------------------------------- SIGKILL + resume
+def test_sigkill_mid_round_then_resume_matches_uninterrupted(tmp_path):
+    rounds = 5
+    args = [
+        "fit", "--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+        "--federation.rounds", str(rounds), "--federation.private_epochs_first", "2",
+        "--federation.private_epochs", "4", "--federation.public_epochs_first", "1", "--federation.public_epochs", "2",
+        "--data.num_clients", "4", "--data.classes_per_client", "3", "--data.public_size", "200", "--seed", "7",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "fdlit"]
+    victim = subprocess.Popen([*cmd, *args, "--logger.run_dir", str(tmp_path / "victim")], cwd=REPO, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    run = None
+    while time.time() < deadline and victim.poll() is None:
+        found = list((tmp_path / "victim").glob("*/checkpoint.pt"))
+        # round 2 is checkpointed (renames are atomic, so reading is safe): the victim is in round 3
+        if found and load_checkpoint(found[0])["round"] >= 2:
+            run = found[0].parent
+            break
+        time.sleep(0.005)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=30)
+    assert run is not None, "victim never finished round 2"
+    killed_at = load_checkpoint(run)["round"]
+    rows_at_kill = len(read_jsonl(run / "metrics.jsonl"))
+    assert 2 <= killed_at < rounds and rows_at_kill < rounds, "the kill must land before the run finished"
+    assert not json.loads((run / "summary.json").read_text())["finished"]
+
+    resume = subprocess.Popen([*cmd, "fit", "--resume", str(run)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    # the uninterrupted reference runs in this process meanwhile, on one thread like the subprocesses
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main([*args, "--logger.run_dir", str(tmp_path / "ref")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    ref_run = only_run(tmp_path / "ref")
+    out, err = resume.communicate(timeout=240)
+    assert resume.returncode == 0, err
+    print(f"killed after round {killed_at} with {rows_at_kill} metric rows written")
+    assert f"resuming {run} after round {killed_at}" in err
+
+    resumed, reference = read_jsonl(run / "metrics.jsonl"), read_jsonl(ref_run / "metrics.jsonl")
+    assert [r["round"] for r in resumed] == list(range(1, rounds + 1))
+    assert strip_timing(resumed) == strip_timing(reference)
+    assert read_jsonl(run / "communication.jsonl") == read_jsonl(ref_run / "communication.jsonl")
+    final = json.loads((run / "summary.json").read_text())
+    final_ref = json.loads((ref_run / "summary.json").read_text())
+    assert final["finished"] and final["final_global_acc_mean"] == final_ref["final_global_acc_mean"]
+    a, b = load_checkpoint(run), load_checkpoint(ref_run)
+    for ca, cb in zip(a["clients"], b["clients"]):
+        for key in ca["model"]:
+            assert torch.equal(ca["model"][key], cb["model"][key])
+
+
+# ---------------------------------------------------------------------------------- numerical faults
+class PoisonClient1Round2(FederationCallback):
+    def on_round_start(self, loop, round):
+        if round == 2:
+            with torch.no_grad():
+                next(loop.clients[1].parameters()).fill_(float("nan"))
+
+
+def test_nan_in_one_client_names_it_and_the_previous_checkpoint_resumes(fast_args, tmp_path, capsys):
+    parser, cfg = parse_fit(fast_args)
+    loop = build_loop(cfg, parser)
+    loop.user_callbacks.append(PoisonClient1Round2())
+    with pytest.raises(NumericalFault) as info:
+        run_loop(loop)
+    text = str(info.value)
+    assert "client 1" in text and "round 2" in text and "phase 'private'" in text
+    assert f"fit --resume {loop.run_path}" in text and "checkpoint of round 1 is intact" in text
+    run = loop.run_path
+    assert load_checkpoint(run)["round"] == 1
+    # a kill between the metrics write and the checkpoint write leaves a later row and a torn line
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"round": 2, "after_public/global_acc_mean": 0.0}) + "\n" + '{"round": 3, "tor')
+    with open(run / "communication.jsonl", "a") as f:
+        f.write(json.dumps({"round": 2, "client": 0, "direction": "up", "kind": "logits", "bytes": 1}) + "\n")
+
+    assert main(["fit", "--resume", str(run)]) == 0
+    assert main(["fit", *fast_args, "--logger.run_dir", str(tmp_path / "ref")]) == 0
+    ref = only_run(tmp_path / "ref")
+    assert strip_timing(read_jsonl(run / "metrics.jsonl")) == strip_timing(read_jsonl(ref / "metrics.jsonl"))
+    assert read_jsonl(run / "communication.jsonl") == read_jsonl(ref / "communication.jsonl")
+
+
+def test_nan_through_the_cli_exits_3_and_says_where_to_resume(fast_args, tmp_path, capsys, monkeypatch):
+    original = build_loop
+
+    def poisoned(cfg, parser=None):
+        loop = original(cfg, parser)
+        loop.user_callbacks.append(PoisonClient1Round2())
+        return loop
+
+    monkeypatch.setattr("fdlit.cli.build_loop", poisoned)
+    assert main(["fit", *fast_args]) == 3
+    err = capsys.readouterr().err
+    assert "numerical fault: client 1 produced NaN/inf in round 2, phase 'private'" in err
+    assert "fit --resume" in err
+
+
+# ---------------------------------------------------------------------------------- safe loading
+class RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_checkpoint_with_a_pickled_object_is_refused_and_runs_no_code(tmp_path):
+    marker = tmp_path / "code-ran"
+    path = tmp_path / CHECKPOINT_NAME
+    torch.save({"format": "fdlit-checkpoint", "version": 1, "payload": RunsCode(marker)}, path)
+    with pytest.raises(CheckpointError, match="refusing to load .* contains a pickled object"):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_a_failed_write_leaves_the_last_good_checkpoint(fast_args, tmp_path, monkeypatch):
+    parser, cfg = parse_fit(fast_args)
+    loop = build_loop(cfg, parser)
+    loop.fit()
+    path = loop.run_path / CHECKPOINT_NAME
+    before = path.read_bytes()
+
+    def dies_mid_write(obj, f, *a, **k):
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt  # stands in for a kill during the write
+
+    monkeypatch.setattr(torch, "save", dies_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(loop, path)
+    assert path.read_bytes() == before
+    assert load_checkpoint(loop.run_path)["round"] == 2
+
+
+# ---------------------------------------------------------------------------------- bad input table
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished 2-round run to copy and damage."""
+    parent = tmp_path_factory.mktemp("finished")
+    args = ["fit", "--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+            "--logger.run_dir", str(parent / "runs"), "--federation.rounds", "2",
+            "--federation.private_epochs_first", "1", "--federation.private_epochs", "1",
+            "--federation.public_epochs_first", "1", "--federation.public_epochs", "1",
+            "--data.num_clients", "3", "--data.classes_per_client", "4", "--data.public_size", "100"]
+    assert main(args) == 0
+    return only_run(parent / "runs")
+
+
+def _pickled(run):
+    torch.save({"format": "fdlit-checkpoint", "version": 1, "x": RunsCode(run / "code-ran")}, run / CHECKPOINT_NAME)
+
+
+def _truncated(run):
+    data = (run / CHECKPOINT_NAME).read_bytes()
+    (run / CHECKPOINT_NAME).write_bytes(data[: len(data) // 3])
+
+
+def _other_config(run):
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text.replace("tau: 0.25", "tau: 0.5"))
+
+
+def _not_fdlit(run):
+    torch.save({"weights": torch.ones(2)}, run / CHECKPOINT_NAME)
+
+
+# (extra argv, expected error text); RUN stands for a copy of a finished run directory
+BAD = [
+    (["--data.classes_per_client", "0"], "data.classes_per_client: must be >= 1, got 0"),
+    (["--data.classes_per_client", "11"], "data.classes_per_client"),
+    (["--aggregator.tau", "-1"], "aggregator.tau: must be a finite number >= 0, got -1.0"),
+    (["--data.calibration_fraction", "1.5"], "data.calibration_fraction: must be in (0, 1), got 1.5"),
+    (["--data.test_fraction", "1"], "data.test_fraction: must be in (0, 1)"),
+    (["--data.dirichlet_alpha", "0"], "data.dirichlet_alpha: must be > 0"),
+    (["--data.samples_per_client", "1"], "data.samples_per_client: must be >= 2 or null, got 1"),
+    (["--data.public_size", "5000"], "data.public_size: must be smaller than the 1438 non-test samples"),
+    (["--data.dataset", "nosuch"], "data.dataset: unknown dataset 'nosuch'; allowed: ['digits']"),
+    (["--federation.rounds", "0"], "federation.rounds: must be >= 1, got 0"),
+    (["--federation.private_epochs", "-1"], "federation.private_epochs: must be >= 0, got -1"),
+    (["--federation.precision", "8-bit"], "federation.precision: allowed: 32-true, bf16-mixed, 16-mixed, 64-true"),
+    (["--client.lr", "0"], "client.lr: must be > 0"),
+    (["--client.batch_size", "0"], "client.batch_size: must be >= 1"),
+    (["--client.optimizer", "lbfgs"], "client.optimizer"),
+    (["--logger.mode", "sometimes"], "logger.mode"),
+    (["--aggregator.variance_floor", "0"], "aggregator.variance_floor: must be > 0"),
+    (["--aggregator.min_calibration_samples", "1"], "aggregator.min_calibration_samples: must be >= 2"),
+    (["--model", "fdlit.models.NoSuchNet"], "model"),
+    # resuming
+    (["--resume"], "resume: --resume needs a run directory"),
+    (["--resume", "/no/such/run"], "resume: no run directory '/no/such/run'"),
+    (["--resume", "RUN", "--seed", "3"], "resume: --seed cannot be changed when resuming"),
+    (["--resume", "RUN", "--config", "digits.yaml"], "resume: --config cannot be changed when resuming"),
+    (["--resume", "RUN", "--federation.rounds", "1"], "resume: checkpoint is at round 2, beyond federation.rounds = 1"),
+    (["--resume", "RUN:missing"], "has no checkpoint.pt: no round of that run completed"),
+    (["--resume", "RUN:pickled"], "refusing to load"),
+    (["--resume", "RUN:truncated"], "is not a readable fdlit checkpoint"),
+    (["--resume", "RUN:not_fdlit"], "is not an fdlit checkpoint"),
+    (["--resume", "RUN:other_config"], "resume: the checkpoint was written by a different config"),
+]
+DAMAGE = {"missing": lambda run: (run / CHECKPOINT_NAME).unlink(), "pickled": _pickled, "truncated": _truncated,
+          "not_fdlit": _not_fdlit, "other_config": _other_config}
+
+
+@pytest.mark.parametrize("args,expected", BAD, ids=[" ".join(a)[:40] for a, _ in BAD])
+def test_bad_input_is_refused_with_a_clear_error(args, expected, tmp_path, capsys, finished_run):
+    assert len(BAD) >= 15
+    argv = list(args)
+    if "--resume" not in argv:
+        argv = ["--config", "digits.yaml", "--logger.mode", "disabled", "--logger.run_dir", str(tmp_path / "runs"),
+                *argv]
+    for i, arg in enumerate(argv):
+        if arg.startswith("RUN"):
+            run = tmp_path / "run"
+            shutil.copytree(finished_run, run)
+            if ":" in arg:
+                DAMAGE[arg.split(":")[1]](run)
+            argv[i] = str(run)
+            before = {p.name: p.read_bytes() for p in run.iterdir()}
+    try:
+        code = main(["fit", *argv])
+    except SystemExit as exc:  # jsonargparse's own type errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expected in err
+    assert not (tmp_path / "runs").exists()  # nothing started
+    if (tmp_path / "run").exists():  # a refused resume leaves the run directory as it was
+        assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
+        assert not (tmp_path / "run" / "code-ran").exists()
+
+
+# ---------------------------------------------------------------------------------- tracker faults
+class FakeRun:
+    id = "fake-run-id"
+    dir = "."
+
+    def __init__(self, fail_log):
+        self.fail_log = fail_log
+        self.logged = []
+        self.summary = {}
+
+    def define_metric(self, *a, **k):
+        pass
+
+    def log(self, metrics):
+        if self.fail_log:
+            raise ConnectionError("network unreachable")
+        self.logged.append(metrics["round"])
+
+    def finish(self):
+        pass
+
+
+def test_wandb_auth_and_network_failures_never_stop_training(fast_args, tmp_path, capsys, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    secret = "sk-test-0123456789abcdef"
+    monkeypatch.setenv("WANDB_API_KEY", secret)
+    calls = []
+
+    def fake_init(**kwargs):
+        calls.append(kwargs)
+        if kwargs["mode"] == "online":
+            raise PermissionError(f"401 unauthorized: api key {secret} rejected")
+        return FakeRun(fail_log=True)
+
+    monkeypatch.setattr(wandb, "init", fake_init)
+    args = [*fast_args, "--logger.mode", "online", "--federation.rounds", "3"]
+    assert main(["fit", *args]) == 0
+    err = capsys.readouterr().err
+    assert [c["mode"] for c in calls] == ["online", "offline"]
+    assert err.count("W&B online init failed") == 1 and "continuing offline" in err
+    assert err.count("W&B log failed") == 1  # three failing rounds, said once
+    assert secret not in err and "<WANDB_API_KEY>" in err
+    run = only_run(tmp_path / "runs")
+    assert [r["round"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
+    assert json.loads((run / "summary.json").read_text())["finished"]
+    state = load_checkpoint(run)
+    assert state["wandb_run_id"] == "fake-run-id"
+    for path in run.rglob("*"):  # no secret in config, logs or checkpoint
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_resume_continues_the_same_wandb_run(fast_args, tmp_path, capsys, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    calls = []
+
+    def fake_init(**kwargs):
+        calls.append(kwargs)
+        return FakeRun(fail_log=False)
+
+    monkeypatch.setattr(wandb, "init", fake_init)
+    assert main(["fit", *fast_args, "--logger.mode", "offline"]) == 0
+    run = only_run(tmp_path / "runs")
+    assert main(["fit", "--resume", str(run), "--federation.rounds", "3"]) == 0
+    assert "id" not in calls[0]
+    assert calls[1]["id"] == "fake-run-id" and calls[1]["resume"] == "allow"
+    assert [r["round"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_wandb_import_or_init_failure_in_offline_mode_keeps_the_run_directory(fast_args, tmp_path, capsys,
+                                                                               monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setattr(wandb, "init", lambda **k: (_ for _ in ()).throw(OSError("disk full")))
+    assert main(["fit", *fast_args, "--logger.mode", "offline"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("W&B unavailable (disk full)") == 1
+    run = only_run(tmp_path / "runs")
+    assert {"config.yaml", "metrics.jsonl", "communication.jsonl", "summary.json", CHECKPOINT_NAME} <= {
+        p.name for p in run.iterdir()}
+
+
+# ---------------------------------------------------------------------------------- determinism, density
+def test_same_config_and_seed_identical_metrics_through_the_cli(fast_args, tmp_path):
+    for name in ("a", "b"):
+        assert main(["fit", *fast_args, "--seed", "11", "--logger.run_dir", str(tmp_path / name)]) == 0
+    a, b = (read_jsonl(only_run(tmp_path / n) / "metrics.jsonl") for n in "ab")
+    assert strip_timing(a) == strip_timing(b) and len(a) == 2
+
+
+def test_degenerate_density_fits_follow_the_rule_and_are_counted():
+    logits = torch.tensor([[1.0, 2.0], [1.0, 3.0], [5.0, 5.0]])
+    labels = torch.tensor([0, 0, 1])
+    # class 0: first logit constant (zero variance, floored); class 1: one sample; class 2: no sample
+    gmm = DiagonalGaussianMixture.fit(logits, labels, [0, 1, 2], variance_floor=1e-4)
+    assert gmm.classes.tolist() == [0] and gmm.dropped == 2 and gmm.floored == 1
+    assert gmm.variances[0, 0].item() == pytest.approx(1e-4)
+    agg = UncertaintyWeightedAggregator()
+    uploads = [{"logits": logits, "gmm_means": gmm.means.float(), "gmm_stds": gmm.variances.sqrt().float(),
+                "_dropped_components": torch.tensor([gmm.dropped]), "_floored_variances": torch.tensor([gmm.floored])}]
+    stats = agg.aggregate(uploads).stats
+    assert stats["density/dropped_components"] == 2 and stats["density/floored_variances"] == 1
+
+
+def test_every_torch_load_in_fdlit_is_weights_only():
+    """Guards future code: loading a file must never be able to run code."""
+    offenders = []
+    for path in (REPO / "fdlit").rglob("*.py"):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if "torch.load(" in line and "weights_only=True" not in line and not line.lstrip().startswith(("#", "`")):
+                offenders.append(f"{path.relative_to(REPO)}:{n}")
+            if "pickle.load" in line or "weights_only=False" in line:
+                offenders.append(f"{path.relative_to(REPO)}:{n}")
+    assert not offenders, offenders
+
+
+def test_global_random_states_survive_a_weights_only_round_trip(tmp_path):
+    import random
+
+    import numpy as np
+
+    from fdlit.federation.checkpoint import rng_state, set_rng_state
+
+    torch.save(rng_state(), tmp_path / "rng.pt")
+    draw = lambda: (random.random(), float(np.random.rand()), float(np.random.randn()), torch.rand(3).tolist())
+    first = draw()
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert draw() == first
