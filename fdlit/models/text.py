@@ -44,7 +44,8 @@ class BertClassifier(nn.Module):
 
         try:
             if pretrained:
-                self.bert = BertForSequenceClassification.from_pretrained(model_name, num_labels=num_classes or 10)
+                self.bert = BertForSequenceClassification.from_pretrained(
+                    model_name, num_labels=num_classes or 10, ignore_mismatched_sizes=True)
             else:
                 cfg = AutoConfig.from_pretrained(model_name, num_labels=num_classes or 10)
                 self.bert = BertForSequenceClassification(cfg)
