@@ -27,6 +27,10 @@ PAPER = {
     "yahoo.yaml": dict(source=["000", "arXiv 2509.15147", "Table 2"], M=20, k=2, k_sweep=[2, 3, 4, 5, 7, 9], private=1500, public=2000, model="BertClassifier",
                        pretrained=True, optimizer="adamw", lr=2e-5, batch=32, first=3, later=1, rounds=50,
                        aggregator="SmoothedUncertaintyWeightedAggregator", tau=0.25, dataset="yahoo_answers"),
+    "cifar10_004.yaml": dict(source=["004"], M=20, k=5, k_sweep=[2, 5, 8], private=10000, public=5000,
+                             model="ResNet18", pretrained=False, optimizer="adam", lr=1e-3, batch=128, first=20,
+                             later=5, rounds=50, aggregator="UncertaintyWeightedAggregator", tau=None,
+                             dataset="cifar10"),
     "mnist.yaml": dict(source=["004"], M=20, k=2, k_sweep=[2, 5, 8], private=10000, public=5000, model="LeNet5",
                        pretrained=None, optimizer="adam", lr=1e-3, batch=128, first=10, later=1, rounds=50,
                        aggregator="UncertaintyWeightedAggregator", tau=None, dataset="mnist"),
@@ -77,3 +81,41 @@ def test_paper_run_without_data_exits_nonzero_before_any_run(tmp_path):
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "runs").exists()  # no run directory
     assert not (tmp_path / "wandb").exists() and not (tmp_path / "wandb-dir").exists()  # no W&B run
+
+
+# training-split class counts of the real datasets (Yahoo: after the config's max_train_samples cap)
+CLASS_COUNTS = {
+    "cifar10": [5000] * 10,
+    "cifar100": [500] * 100,
+    "mnist": [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949],
+    "yahoo_answers": [10000] * 10,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_config_partition_is_feasible_on_the_real_split_sizes(name, monkeypatch):
+    """The paper's k / private / public sizes fit the real datasets (labels only, no pixels)."""
+    import numpy as np
+    import torch
+
+    from fdlit.data import DATASETS, TensorDataset
+
+    _, cfg = parse_fit(["--config", name])
+    counts = CLASS_COUNTS[cfg.data.dataset]
+    if cfg.data.dataset == "yahoo_answers":
+        assert cfg.data.max_train_samples == sum(counts)
+    y = torch.from_numpy(np.repeat(np.arange(len(counts)), counts))
+    fake = lambda **_: (TensorDataset(torch.zeros(len(y), 1), y, len(counts), "train"),  # noqa: E731
+                        TensorDataset(torch.zeros(10, 1), torch.arange(10) % len(counts), len(counts), "test"))
+    monkeypatch.setitem(DATASETS, cfg.data.dataset, fake)
+    from fdlit.data import FederatedData
+
+    d = cfg.data
+    data = FederatedData(d.dataset, d.num_clients, d.partition, d.classes_per_client, d.dirichlet_alpha,
+                         d.samples_per_client, d.public_size, d.test_fraction, d.calibration_fraction,
+                         d.calibration).setup(0)
+    assert len(data.public) == d.public_size and len(data.clients) == 20
+    for c in data.clients:
+        assert len(c.classes) == d.classes_per_client
+        assert len(c.train) + len(c.calibration) == d.samples_per_client
+        assert abs(len(c.calibration) - 0.2 * d.samples_per_client) <= d.classes_per_client
