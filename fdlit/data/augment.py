@@ -59,10 +59,14 @@ class ImageInput(nn.Module):
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         self.augment, self.padding, self.seed = augment, padding, seed
         self._generator: Optional[torch.Generator] = None
+        self._generator_device: Optional[torch.device] = None
 
     def _gen(self, device: torch.device) -> torch.Generator:
-        if self._generator is None or self._generator.device != device:
+        # compared with the device it was made for (a CUDA generator may report "cuda" for "cuda:0"),
+        # so the stream is created once per device and never silently reset to the seed
+        if self._generator is None or self._generator_device != device:
             self._generator = torch.Generator(device=device).manual_seed(self.seed)
+            self._generator_device = device
         return self._generator
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
