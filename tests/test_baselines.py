@@ -65,3 +65,25 @@ def test_fd_on_local_cifar_copy_with_heterogeneous_clients(tmp_path):
     assert summary["bytes_up_total"] > 0 and summary["finished"]
     # every client gets its own augmentation stream
     assert len({n.input.seed for n in nets}) == 4
+
+
+def test_fd_on_local_yahoo_copy_with_a_local_bert(tmp_path):
+    from paper_fixtures import local_bert, yahoo_dataset_dict
+
+    yahoo_dataset_dict().save_to_disk(str(tmp_path / "yahoo"))
+    bert = local_bert(tmp_path / "bert")
+    parser, cfg = parse_fit([
+        "--config", "yahoo.yaml", "--data.data_dir", str(tmp_path / "yahoo"), "--data.tokenizer", str(bert),
+        "--data.max_length", "16", "--data.max_train_samples", "null",
+        "--data.num_clients", "5", "--data.classes_per_client", "2", "--data.samples_per_client", "10",
+        "--data.public_size", "10", "--model.model_name", str(bert),
+        "--federation.rounds", "1", "--federation.private_epochs_first", "1", "--federation.public_epochs_first", "1",
+        "--federation.accelerator", "cpu",
+        "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", str(tmp_path / "runs"),
+    ])
+    loop = build_loop(cfg, parser)
+    summary = loop.fit()
+    assert type(loop.clients[0].model).__name__ == "BertClassifier"  # text: no input module in front
+    assert loop.public_x.shape == (10, 2, 16) and loop.public_x.dtype == torch.int64
+    assert summary["finished"] and summary["bytes_up_total"] > 0
+    assert 0.0 <= summary["best_global_acc_mean"] <= 1.0
