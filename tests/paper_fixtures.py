@@ -5,13 +5,23 @@ Imported by the paper tests; sets the Hugging Face libraries offline with an emp
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
+
+
+def _scratch(prefix: str) -> str:
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="fdlit-test-hf-"))
+os.environ.setdefault("HF_HOME", _scratch("fdlit-test-hf-"))  # an empty cache: nothing is "already downloaded"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ["FDLIT_CACHE"] = _scratch("fdlit-test-cache-")  # never the user's ~/.cache/fdlit
 
 from pathlib import Path  # noqa: E402
 
