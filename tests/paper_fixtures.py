@@ -19,7 +19,7 @@ def _scratch(prefix: str) -> str:
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ.setdefault("HF_HOME", _scratch("fdlit-test-hf-"))  # an empty cache: nothing is "already downloaded"
+os.environ["HF_HOME"] = _scratch("fdlit-test-hf-")  # an empty cache: nothing is "already downloaded"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["FDLIT_CACHE"] = _scratch("fdlit-test-cache-")  # never the user's ~/.cache/fdlit
 
