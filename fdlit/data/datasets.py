@@ -6,7 +6,9 @@ Every dataset fdlit trains on is small enough to live as one tensor on the train
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
@@ -21,6 +23,9 @@ class TensorDataset:
     y: torch.Tensor
     num_classes: int
     name: str = ""
+    # factory of the module that turns stored inputs into network inputs (e.g. uint8 -> normalised
+    # float + augmentation, fdlit.data.augment.ImageInput); the loop puts it in front of each model
+    input_transform: Optional[Callable[..., torch.nn.Module]] = None
 
     def __post_init__(self):
         if len(self.x) != len(self.y):
@@ -34,7 +39,7 @@ class TensorDataset:
         return tuple(self.x.shape[1:])
 
     def subset(self, index: torch.Tensor, name: str | None = None) -> "TensorDataset":
-        return TensorDataset(self.x[index], self.y[index], self.num_classes, name or self.name)
+        return TensorDataset(self.x[index], self.y[index], self.num_classes, name or self.name, self.input_transform)
 
 
 def load_digits() -> TensorDataset:
@@ -54,10 +59,13 @@ def load_digits() -> TensorDataset:
 DATASETS = {"digits": load_digits}
 
 
-def load_dataset(name: str) -> TensorDataset:
+def load_dataset(name: str, **options):
+    """Load a registered dataset; ``options`` (data_dir, augment, ...) reach loaders that accept them."""
     if name not in DATASETS:
         raise ConfigError("data.dataset", f"unknown dataset {name!r}; allowed: {sorted(DATASETS)}")
-    return DATASETS[name]()
+    loader = DATASETS[name]
+    accepted = inspect.signature(loader).parameters
+    return loader(**{k: v for k, v in options.items() if k in accepted})
 
 
 def augment_images(x: torch.Tensor, generator: torch.Generator, max_shift: int = 1) -> torch.Tensor:
@@ -74,3 +82,9 @@ def augment_images(x: torch.Tensor, generator: torch.Generator, max_shift: int =
     idx_n = torch.arange(n, device=x.device)[:, None, None]
     out = padded.permute(0, 2, 3, 1)[idx_n, rows[:, :, None], cols[:, None, :]]
     return out.permute(0, 3, 1, 2).contiguous()
+
+
+# paper datasets (CIFAR-10/100, MNIST, Fashion-MNIST, Yahoo Answers) via Hugging Face datasets
+from fdlit.data import hub as _hub  # noqa: E402  (after TensorDataset: hub imports it)
+
+_hub.register(DATASETS)

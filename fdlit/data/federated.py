@@ -49,6 +49,14 @@ class FederatedData:
         calibration_fraction: share of each client's private data kept for calibration (000: 0.2).
         calibration: ``split`` (a held-out calibration split, 000 Sec. 4.4) or ``augmented`` (the
             training data, augmented; 000 Table 2 note). With ``augmented`` nothing is held out.
+        data_dir: local copy of a hub dataset (save_to_disk folder, hub-layout parquet snapshot, or a
+            Hugging Face cache dir); null uses the Hugging Face cache / hub (``fdlit.data.hub``).
+        augment: CIFAR augmentation (random crop pad 4 + flip, batched on the device) while training;
+            null uses the dataset's default (on for CIFAR, off otherwise).
+        max_train_samples: class-balanced, seed-independent cap on the training split read before
+            splitting (Yahoo Answers has 1.4 M rows; the paper needs ~32 k); null reads all.
+        tokenizer: hub id or local folder of the tokenizer for text datasets (BERT-tiny's).
+        max_length: tokens per text sample (padded/truncated) for text datasets.
     """
 
     def __init__(
@@ -63,6 +71,11 @@ class FederatedData:
         test_fraction: float = 0.2,
         calibration_fraction: float = 0.2,
         calibration: Literal["split", "augmented"] = "split",
+        data_dir: Optional[str] = None,
+        augment: Optional[bool] = None,
+        max_train_samples: Optional[int] = None,
+        tokenizer: str = "prajjwal1/bert-tiny",
+        max_length: int = 256,
     ):
         if num_clients < 1:
             raise ConfigError("data.num_clients", f"must be >= 1, got {num_clients}")
@@ -92,12 +105,20 @@ class FederatedData:
         self.test_fraction = test_fraction
         self.calibration_fraction = calibration_fraction
         self.calibration = calibration
+        if max_train_samples is not None and max_train_samples < 2:
+            raise ConfigError("data.max_train_samples", f"must be >= 2 or null, got {max_train_samples}")
+        if max_length < 2:
+            raise ConfigError("data.max_length", f"must be >= 2, got {max_length}")
+        self.data_dir, self.augment, self.max_train_samples = data_dir, augment, max_train_samples
+        self.tokenizer, self.max_length = tokenizer, max_length
         self.is_setup = False
 
     def setup(self, seed: int) -> "FederatedData":
         """Load the dataset and build every split; raises ConfigError before any training."""
         rng = np.random.default_rng([seed, 0xFD])
-        loaded = load_dataset(self.dataset)
+        loaded = load_dataset(self.dataset, data_dir=self.data_dir, augment=self.augment,
+                              max_train_samples=self.max_train_samples, tokenizer=self.tokenizer,
+                              max_length=self.max_length)
         full, test = (loaded if isinstance(loaded, tuple) else (loaded, None))
         labels = full.y.numpy()
         if test is None:
@@ -122,6 +143,7 @@ class FederatedData:
         self.public = full.subset(torch.from_numpy(rest[pub_pos]), f"{full.name}/public")
         self.pool = full.subset(torch.from_numpy(rest[pool_pos]), f"{full.name}/private_pool")
         self.input_shape = full.input_shape
+        self.input_transform = full.input_transform  # prepended to every client network by the loop
         self._pool_source_index = rest[pool_pos]  # positions in the source dataset, for overlap checks
         self._public_source_index = rest[pub_pos]
 

@@ -25,6 +25,7 @@ from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.callbacks import FederationCallback
 from fdlit.federation.checkpoint import Checkpointer, restore_checkpoint, resume_state
+from fdlit.federation.baselines import MODES, reference_client
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.executor import ClientExecutor, SequentialExecutor
 from fdlit.loggers import LoggerConfig, ProgressBar, RunDirectory, WandbLogger
@@ -38,10 +39,12 @@ class NumericalFault(RuntimeError):
     """A client produced NaN or inf; names the client, round and phase."""
 
 
-def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int,
+                client_id: int = 0, num_clients: int = 1) -> torch.nn.Module:
     """Instantiate a client network from ``{"class_path": ..., "init_args": {...}}`` or a callable.
 
-    ``input_shape`` and ``num_classes`` come from the data unless the config sets them.
+    ``input_shape`` and ``num_classes`` come from the data unless the config sets them. A
+    ``fdlit.models.PerClient`` spec (heterogeneous federation) is resolved to client ``client_id``'s group.
     """
     if callable(spec):
         return spec(input_shape=input_shape, num_classes=num_classes)
@@ -52,6 +55,11 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigError("model.class_path", f"cannot import {class_path!r} ({exc})") from None
     kwargs = dict(spec.get("init_args") or {})
+    from fdlit.models.hetero import PerClient
+
+    if isinstance(cls, type) and issubclass(cls, PerClient):
+        own = PerClient.assign(kwargs.get("groups") or [], num_clients)[client_id]
+        return build_model(own, input_shape, num_classes)
     kwargs["input_shape"] = tuple(kwargs.get("input_shape") or input_shape)
     kwargs["num_classes"] = kwargs.get("num_classes") or num_classes
     return cls(**kwargs)
@@ -71,6 +79,9 @@ class FederationLoop:
         precision: Lightning precision: ``32-true``, ``bf16-mixed``, ``16-mixed`` or ``64-true``.
         message_dtype: dtype of logits sent up and of the teacher sent down (counted as sent).
         callbacks: extra :class:`FederationCallback` objects.
+        mode: ``fd`` (federated distillation), ``local_only`` (private phase only, no communication) or
+            ``reference`` (one model on all classes with |D_pub| + |D_i| labelled samples); see
+            :mod:`fdlit.federation.baselines`.
     """
 
     def __init__(
@@ -85,6 +96,7 @@ class FederationLoop:
         precision: str = "32-true",
         message_dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         callbacks: list[FederationCallback] = [],
+        mode: Literal["fd", "local_only", "reference"] = "fd",
         *,
         data: Optional[FederatedData] = None,
         model: Optional[ModelSpec] = None,
@@ -107,6 +119,9 @@ class FederationLoop:
             raise ConfigError("federation.message_dtype", f"allowed: {sorted(MESSAGE_DTYPES)}; got {message_dtype!r}")
         if aggregator is not None and not isinstance(aggregator, Aggregator):
             raise ConfigError("aggregator", f"must be an fdlit Aggregator, got {type(aggregator).__name__}")
+        if mode not in MODES:
+            raise ConfigError("federation.mode", f"allowed: {', '.join(MODES)}; got {mode!r}")
+        self.mode = mode
         self.rounds = rounds
         self.private_epochs_first, self.private_epochs = private_epochs_first, private_epochs
         self.public_epochs_first, self.public_epochs = public_epochs_first, public_epochs
@@ -141,20 +156,19 @@ class FederationLoop:
             self.data.setup(self.seed)
         self.fabric = Fabric(accelerator=self.accelerator, devices=1, precision=self.precision)
         device = self.fabric.device
+        client_data = [reference_client(self.data, self.seed)] if self.mode == "reference" else self.data.clients
         self.clients = [
-            ClientModule(build_model(self.model_spec, self.data.input_shape, self.data.num_classes),
-                         cd.client_id, cd.classes, self.optimization, self.seed)
-            for cd in self.data.clients
+            ClientModule(self._client_network(cd.client_id), cd.client_id, cd.classes, self.optimization, self.seed)
+            for cd in client_data
         ]
         self.test_x, self.test_y = self.data.test.x.to(device), self.data.test.y.to(device)
         self.public_x, self.public_y = self.data.public.x.to(device), self.data.public.y.to(device)
-        self.private = [(cd.train.x.to(device), cd.train.y.to(device)) for cd in self.data.clients]
-        self.local_masks = [self.data.local_test_mask(cd.classes).to(device) for cd in self.data.clients]
+        self.private = [(cd.train.x.to(device), cd.train.y.to(device)) for cd in client_data]
+        self.local_masks = [self.data.local_test_mask(cd.classes).to(device) for cd in client_data]
         self.executor.setup(self.fabric, self.clients)
-        self.run_name = self.logger_config.name or (
-            f"{getattr(self.aggregator, 'short_name', type(self.aggregator).__name__)}"
-            f"-{self._heterogeneity_tag()}-seed{self.seed}"
-        )
+        method = getattr(self.aggregator, "short_name", type(self.aggregator).__name__)
+        method = {"fd": method, "local_only": "local", "reference": "reference"}[self.mode]
+        self.run_name = self.logger_config.name or f"{method}-{self._heterogeneity_tag()}-seed{self.seed}"
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         self.run_path = Path(self.logger_config.run_dir) / f"{stamp}-{self.run_name}"
         state = None
@@ -171,6 +185,18 @@ class FederationLoop:
         ]
         if state is not None:
             restore_checkpoint(self, state)
+
+    def _client_network(self, client_id: int) -> torch.nn.Module:
+        """The client's network; the dataset's input module (uint8 -> normalised float, batched
+        augmentation in training mode; fdlit.data.augment) goes first when the dataset has one."""
+        net = build_model(self.model_spec, self.data.input_shape, self.data.num_classes,
+                          client_id, len(self.data.clients))
+        make_input = getattr(self.data, "input_transform", None)
+        if make_input is None:
+            return net
+        from fdlit.data.augment import WithInput
+
+        return WithInput(make_input(seed=self.seed * 1_000_003 + client_id), net)
 
     def _heterogeneity_tag(self) -> str:
         d = self.data
@@ -191,22 +217,10 @@ class FederationLoop:
             cb.on_fit_end(self, summary)
         return summary
 
-    def run_round(self, r: int) -> dict[str, Any]:
-        """One round of 000 Algorithm 1 (ALGORITHMS.md "The round")."""
-        t0 = time.perf_counter()
-        first = r == 1
-        for cb in self.callbacks:
-            cb.on_round_start(self, r)
-
-        # Stage 1: private phase, public inference, client statistics, upload
-        private_losses = self.executor.train(
-            self.clients, "private", self.private,
-            self.private_epochs_first if first else self.private_epochs, self.optimization.batch_size,
-        )
-        self._check_finite(private_losses, r, "private")
+    def _communicate_and_distil(self, r: int, first: bool):
+        """Public inference, uploads, aggregation, broadcast and public phase (FD mode)."""
         public_logits = self.executor.predict(self.clients, self.public_x)  # M x N x C
         self._check_finite([public_logits[i] for i in range(len(self.clients))], r, "public inference")
-        after_private = self.evaluate()
         uploads = []
         raw = self.executor.client_uploads(self, self.callbacks, self.clients, self.data.clients, public_logits)
         for i, payload in enumerate(raw):
@@ -233,6 +247,26 @@ class FederationLoop:
             )
             self._check_finite(public_losses, r, "public")
         after_public = self.evaluate()
+        return result, public_losses, after_public
+
+    def run_round(self, r: int) -> dict[str, Any]:
+        """One round of 000 Algorithm 1 (ALGORITHMS.md "The round")."""
+        t0 = time.perf_counter()
+        first = r == 1
+        for cb in self.callbacks:
+            cb.on_round_start(self, r)
+
+        # Stage 1: private phase, public inference, client statistics, upload
+        private_losses = self.executor.train(
+            self.clients, "private", self.private,
+            self.private_epochs_first if first else self.private_epochs, self.optimization.batch_size,
+        )
+        self._check_finite(private_losses, r, "private")
+        after_private = self.evaluate()
+        if self.mode == "fd":
+            result, public_losses, after_public = self._communicate_and_distil(r, first)
+        else:  # baselines: no communication, no public phase (fdlit.federation.baselines)
+            result, public_losses, after_public = None, [math.nan] * len(self.clients), after_private
 
         metrics = {"round": r}
         for phase, accs in (("after_private", after_private), ("after_public", after_public)):
@@ -244,7 +278,7 @@ class FederationLoop:
         metrics["train/private_loss_mean"] = float(torch.tensor(private_losses).mean())
         metrics["train/public_loss_mean"] = float(torch.tensor(public_losses).mean())
         metrics.update(self.ledger.round_metrics(r, len(self.clients)))
-        metrics.update(result.stats)
+        metrics.update(result.stats if result is not None else {})
         metrics["time/round_s"] = time.perf_counter() - t0
         metrics["clients/after_private/global_acc"] = after_private["global_acc"].tolist()
         metrics["clients/after_private/local_acc"] = after_private["local_acc"].tolist()
@@ -271,6 +305,8 @@ class FederationLoop:
 
     def _teacher_metrics(self, result) -> dict[str, float]:
         """Teacher quality against the public labels (diagnostic only; never used for training)."""
+        if result is None:  # baselines have no teacher
+            return {"teacher/kept_fraction": math.nan, "teacher/acc": math.nan, "teacher/nll": math.nan}
         p, y = result.teacher, self.public_y
         if result.keep is not None:
             p, y = p[result.keep], y[result.keep]

@@ -1,0 +1,230 @@
+"""Paper datasets through one loading path: Hugging Face ``datasets``.
+
+CIFAR-10/100, MNIST, Fashion-MNIST and Yahoo Answers Topics all come from the Hugging Face hub
+(``datasets`` caches them and reads the cache offline). ``data_dir`` points at a local copy instead:
+
+* a folder written by ``DatasetDict.save_to_disk`` (has ``dataset_dict.json``), or
+* a local snapshot of the hub repository (parquet files in the hub's layout, e.g. from
+  ``hf download --repo-type dataset uoft-cs/cifar10 --local-dir DIR``), or
+* otherwise: a Hugging Face cache directory (``cache_dir`` of ``load_dataset``).
+
+Images are stored as uint8 tensors (N x C x H x W); conversion to float, normalisation and the CIFAR
+augmentation happen batched on the training device in :mod:`fdlit.data.augment`. Text is tokenised
+once (fast tokenizer) into ``x`` of shape N x 2 x L int64 (token ids, attention mask) and cached, so
+index slicing still works. Decoded/tokenised tensors are cached under ``$FDLIT_CACHE`` (default
+``~/.cache/fdlit``), keyed by the source's fingerprint.
+
+Offline and not cached, loading raises :class:`DatasetUnavailable` (a ConfigError on ``data.dataset``:
+the CLI exits non-zero before any run directory or W&B run exists) naming the dataset, its source and
+the command that fetches it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from fdlit.data.augment import ImageInput
+from fdlit.data.datasets import TensorDataset
+from fdlit.errors import ConfigError
+
+
+class DatasetUnavailable(ConfigError):
+    """A dataset (or pretrained weights) is neither cached nor reachable; says how to fetch it."""
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    """Where a dataset lives on the hub and which columns hold inputs and labels."""
+
+    name: str
+    repo_id: str
+    label: str
+    num_classes: int
+    image: Optional[str] = None  # image column (datasets.Image)
+    text: tuple[str, ...] = ()  # text columns, concatenated with " " (000 App. A.2)
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+    augment: bool = False  # default of data.augment: random crop (pad 4) + horizontal flip
+    splits: tuple[str, str] = ("train", "test")
+
+
+HUB_DATASETS: dict[str, HubSpec] = {
+    # CIFAR (Krizhevsky 2009); 000 Sec. 5, 004. Channel statistics of the CIFAR training sets.
+    "cifar10": HubSpec("cifar10", "uoft-cs/cifar10", "label", 10, image="img",
+                       mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616), augment=True),
+    "cifar100": HubSpec("cifar100", "uoft-cs/cifar100", "fine_label", 100, image="img",
+                        mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762), augment=True),
+    # MNIST (LeCun 1998); 004 with LeNet-5. Fashion-MNIST (Xiao 2017), same format.
+    "mnist": HubSpec("mnist", "ylecun/mnist", "label", 10, image="image", mean=(0.1307,), std=(0.3081,)),
+    "fashion_mnist": HubSpec("fashion_mnist", "zalando-datasets/fashion_mnist", "label", 10, image="image",
+                             mean=(0.2860,), std=(0.3530,)),
+    # Yahoo! Answers Topics (Zhang et al. 2015), 10 topics; 000 App. A.2: title + content + best answer.
+    "yahoo_answers": HubSpec("yahoo_answers", "community-datasets/yahoo_answers_topics", "topic", 10,
+                             text=("question_title", "question_content", "best_answer")),
+}
+
+
+def fetch_hint(spec: HubSpec) -> str:
+    return (
+        f"dataset {spec.name!r} comes from the Hugging Face hub ({spec.repo_id}) and is not in the local cache "
+        f"(offline or unreachable). Fetch it once on a machine with network:\n"
+        f"    python -c \"from datasets import load_dataset; load_dataset('{spec.repo_id}')\"\n"
+        f"or download a copy and point fdlit at it:\n"
+        f"    hf download --repo-type dataset {spec.repo_id} --local-dir DIR   # then --data.data_dir DIR\n"
+        f"(--data.data_dir also accepts a DatasetDict.save_to_disk folder or a Hugging Face cache directory)"
+    )
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("FDLIT_CACHE", Path.home() / ".cache" / "fdlit"))
+
+
+def load_hub_splits(spec: HubSpec, data_dir: Optional[str] = None):
+    """Return ``{"train": datasets.Dataset, "test": datasets.Dataset}`` from data_dir, the cache or the hub."""
+    try:
+        import datasets as hf
+    except ImportError:  # pragma: no cover - datasets is a dependency of the paper extra
+        raise ConfigError("data.dataset", f"{spec.name!r} needs Hugging Face `datasets`: pip install 'fdlit[paper]'")
+    hf.disable_progress_bars()
+    if data_dir is not None:
+        path = Path(data_dir).expanduser()
+        if not path.exists():
+            raise DatasetUnavailable("data.data_dir", f"{path} does not exist.\n" + fetch_hint(spec))
+        try:
+            if (path / "dataset_dict.json").exists():
+                dd = hf.load_from_disk(str(path))
+            elif any(path.rglob("*.parquet")):  # a snapshot of the hub repository
+                dd = hf.load_dataset(str(path))
+            else:
+                dd = hf.load_dataset(spec.repo_id, cache_dir=str(path))
+        except Exception as exc:
+            raise DatasetUnavailable(
+                "data.data_dir", f"cannot read {spec.name!r} from {path} ({type(exc).__name__}: {exc}).\n" + fetch_hint(spec)
+            ) from None
+    else:
+        try:
+            dd = hf.load_dataset(spec.repo_id)
+        except Exception as exc:
+            raise DatasetUnavailable(
+                "data.dataset", f"{fetch_hint(spec)}\n(datasets said: {type(exc).__name__}: {str(exc)[:300]})"
+            ) from None
+    missing = [s for s in spec.splits if s not in dd]
+    if missing:
+        raise ConfigError("data.data_dir", f"{spec.name!r}: splits {missing} missing; found {sorted(dd)}")
+    return {s: dd[s] for s in spec.splits}
+
+
+def _cached(key: str, build):
+    """Memoise an expensive tensor dict (decoded images, token ids) on disk under $FDLIT_CACHE."""
+    path = _cache_root() / f"{key}.pt"
+    if path.exists():
+        try:
+            return torch.load(path, weights_only=True)
+        except Exception:
+            pass  # a broken cache file is rebuilt
+    out = build()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(out, tmp)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # read-only home: no cache, still correct
+    return out
+
+
+def _fingerprint(ds) -> str:
+    return getattr(ds, "_fingerprint", None) or hashlib.sha1(repr(ds).encode()).hexdigest()
+
+
+def _images_to_uint8(ds, column: str) -> torch.Tensor:
+    arrays = [np.asarray(im.convert("RGB") if im.mode not in ("L", "RGB") else im) for im in ds[column]]
+    x = torch.from_numpy(np.stack(arrays))
+    return (x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2)).contiguous()
+
+
+def _stratified_limit(labels: np.ndarray, limit: Optional[int], num_classes: int) -> Optional[np.ndarray]:
+    """A fixed (seed-independent), class-balanced subset of at most ``limit`` rows, sorted."""
+    if limit is None or limit >= len(labels):
+        return None
+    rng = np.random.default_rng(0xFD17)
+    per_class = limit // num_classes
+    keep = []
+    for c in range(num_classes):
+        idx = np.flatnonzero(labels == c)
+        keep.append(rng.permutation(idx)[:per_class])
+    return np.sort(np.concatenate(keep))
+
+
+def load_hub_dataset(
+    name: str,
+    data_dir: Optional[str] = None,
+    augment: Optional[bool] = None,
+    max_train_samples: Optional[int] = None,
+    tokenizer: str = "prajjwal1/bert-tiny",
+    max_length: int = 256,
+) -> tuple[TensorDataset, TensorDataset]:
+    """(train, test) of a paper dataset as tensors; see the module docstring."""
+    spec = HUB_DATASETS[name]
+    splits = load_hub_splits(spec, data_dir)
+    out = []
+    for split_name in spec.splits:
+        ds = splits[split_name]
+        labels = np.asarray(ds[spec.label], dtype=np.int64)
+        keep = _stratified_limit(labels, max_train_samples, spec.num_classes) if split_name == "train" else None
+        if keep is not None:
+            ds = ds.select(keep)
+            labels = labels[keep]
+        y = torch.from_numpy(labels)
+        if spec.image:
+            x = _cached(f"{name}-{split_name}-{_fingerprint(ds)}", lambda ds=ds: {"x": _images_to_uint8(ds, spec.image)})["x"]
+            transform = partial(ImageInput, mean=spec.mean, std=spec.std,
+                                augment=spec.augment if augment is None else augment)
+        else:
+            key = hashlib.sha1(f"{_fingerprint(ds)}|{tokenizer}|{max_length}".encode()).hexdigest()[:16]
+            x = _cached(f"{name}-{split_name}-tok-{key}", lambda ds=ds: {"x": tokenize(ds, spec.text, tokenizer, max_length)})["x"]
+            transform = None
+        out.append(TensorDataset(x, y, spec.num_classes, f"{name}/{split_name}", input_transform=transform))
+    return out[0], out[1]
+
+
+def concat_text(ds, columns: tuple[str, ...]) -> list[str]:
+    """Title + content + best answer, joined with spaces (000 App. A.2); missing fields are empty."""
+    cols = [ds[c] for c in columns]
+    return [" ".join(s.strip() for s in parts if s and s.strip()) for parts in zip(*cols)]
+
+
+def load_tokenizer(name_or_path: str):
+    """A fast tokenizer from the hub cache or a local folder, with the fetch hint when missing."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except Exception as exc:
+        raise DatasetUnavailable(
+            "data.tokenizer",
+            f"tokenizer {name_or_path!r} is not cached and cannot be downloaded ({type(exc).__name__}). Fetch it once:\n"
+            f"    hf download {name_or_path}\n"
+            f"or pass a local folder holding tokenizer files with --data.tokenizer DIR",
+        ) from None
+
+
+def tokenize(ds, columns: tuple[str, ...], tokenizer: str, max_length: int) -> torch.Tensor:
+    """N x 2 x L int64: token ids and attention mask, padded/truncated to ``max_length``."""
+    tok = load_tokenizer(tokenizer)
+    texts = concat_text(ds, columns)
+    enc = tok(texts, padding="max_length", truncation=True, max_length=max_length, return_tensors="pt")
+    return torch.stack([enc["input_ids"].long(), enc["attention_mask"].long()], dim=1)
+
+
+def register(registry: dict) -> None:
+    for name in HUB_DATASETS:
+        registry[name] = partial(load_hub_dataset, name)

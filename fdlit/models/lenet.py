@@ -1,0 +1,34 @@
+"""LeNet-5 (LeCun et al. 1998) for MNIST / Fashion-MNIST, as in 004.
+
+Classic layout: conv 5x5 (6) -> pool -> conv 5x5 (16) -> pool -> fc 120 -> fc 84 -> fc C. 28x28
+inputs are zero-padded by 2 in the first convolution (the original took 32x32). **choice** (004 only
+names "LeNet architectures"): ReLU and max-pooling, the common modern form, instead of the original
+scaled tanh and subsampling.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from torch import nn
+
+
+class LeNet5(nn.Module):
+    def __init__(self, input_shape: Optional[tuple[int, ...]] = None, num_classes: Optional[int] = None):
+        super().__init__()
+        c, h, w = input_shape or (1, 28, 28)
+        pad = 2 if h < 32 else 0
+        self.features = nn.Sequential(
+            nn.Conv2d(c, 6, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        fh, fw = ((h + 2 * pad - 4) // 2 - 4) // 2, ((w + 2 * pad - 4) // 2 - 4) // 2
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(16 * fh * fw, 120), nn.ReLU(),
+            nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(84, num_classes or 10),
+        )
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
