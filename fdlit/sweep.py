@@ -87,10 +87,18 @@ def agent_flags(values: dict[str, Any]) -> list[str]:
     return [f"--{k}={v}" for k, v in values.items()]
 
 
+KEY_ALIASES = {"classes_per_client": "k", "dirichlet_alpha": "alpha", "num_clients": "M"}
+CLASS_ALIASES = {"ProbabilityAveragingAggregator": "avg", "UncertaintyWeightedAggregator": "uwa",
+                 "SmoothedUncertaintyWeightedAggregator": "suwa"}
+
+
 def _short(key: str, value: Any) -> str:
-    # readable run names: "tau0.5", "classes_per_client3", "aggregatorProbabilityAveragingAggregator"
-    v = str(value).rsplit(".", 1)[-1] if isinstance(value, str) else str(value)
-    return f"{key.rsplit('.', 1)[-1]}{v}"
+    """Readable name parts: ``tau0.5``, ``k3``, ``avg`` (a class path is named by its class)."""
+    if isinstance(value, str) and "." in value and not value.replace(".", "").isdigit():
+        cls = value.rsplit(".", 1)[-1]
+        return CLASS_ALIASES.get(cls, cls)
+    last = key.rsplit(".", 1)[-1]
+    return f"{KEY_ALIASES.get(last, last)}{value}"
 
 
 def plan(spec: dict[str, Any], extra: list[str] = ()) -> list[SweepRun]:
