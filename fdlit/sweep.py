@@ -119,13 +119,17 @@ def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
     """Parse every combination before anything runs: a bad flag or value stops the whole sweep."""
     from fdlit.cli import _rewrite_config_args
 
+    parser = parser_factory()
+    parser.exit_on_error = False  # raise instead of exiting so the combination can be named
     for run in runs:
-        parser = parser_factory()
-        parser.exit_on_error = False  # raise instead of exiting so the combination can be named
         try:
             cfg = parser.parse_args(_rewrite_config_args(run.argv))
         except (argparse.ArgumentError, ValueError, TypeError) as exc:
             raise ConfigError("parameters", f"combination {run.values} is not a valid fit config: {exc}") from None
+        try:  # constructors check value ranges (k in [1, C], tau >= 0, ...): cheap, nothing is trained
+            parser.instantiate_classes(cfg)
+        except ConfigError as exc:
+            raise ConfigError(exc.field, f"{str(exc).split(': ', 1)[-1]} (sweep combination {run.values})") from None
         run.config = {"cfg": cfg, "parser": parser,
                       "resolved": yaml.safe_load(parser.dump(cfg, skip_none=False))}
 
@@ -146,7 +150,7 @@ def finished_runs(run_dir: Path) -> list[tuple[Path, dict]]:
 
 def lookup(config: dict, dotted: str) -> Any:
     """Value of a dotted fit flag in a saved config; ``aggregator.tau`` lives at
-    ``aggregator.init_args.tau`` (jsonargparse subclass arguments)."""
+    ``aggregator.init_args.tau`` and ``aggregator`` means its class_path (jsonargparse subclasses)."""
     node: Any = config
     for part in dotted.split("."):
         if isinstance(node, dict) and part in node:
@@ -155,7 +159,8 @@ def lookup(config: dict, dotted: str) -> Any:
             node = node["init_args"][part]
         else:
             raise KeyError(dotted)
-    return node
+    # ``--aggregator=<class path>`` sets the class: compare against class_path, not the whole dict
+    return node["class_path"] if isinstance(node, dict) and "class_path" in node else node
 
 
 def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
