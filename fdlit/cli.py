@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespace
 
 from fdlit.aggregators import Aggregator
 from fdlit.clients import ClientOptimization
@@ -74,7 +74,7 @@ def sweep_parser() -> ArgumentParser:
     parser = ArgumentParser(description="Run every combination of a W&B sweep file locally, no W&B server needed. "
                             "Extra fit flags go after '--' (e.g. -- --federation.rounds 2).")
     parser.add_argument("file", type=str, help="Sweep YAML (W&B sweep format), e.g. sweeps/tau.yaml.")
-    parser.add_argument("--dry_run", type=bool, default=False, help="List the combinations and their state; run nothing.")
+    parser.add_argument("--dry_run", action=ActionYesNo, default=False, help="List the combinations and their state; run nothing.")
     return parser
 
 
@@ -82,7 +82,7 @@ def report_parser() -> ArgumentParser:
     parser = ArgumentParser(description="Write Table 1, Figure 2, App. B curves, chi and bytes figures from local runs.")
     parser.add_argument("runs", type=str, help="Folder holding run directories (searched recursively).")
     parser.add_argument("--out", type=Optional[str], default=None, help="Output folder; null gives <runs>/report.")
-    parser.add_argument("--include_unfinished", type=bool, default=False,
+    parser.add_argument("--include_unfinished", action=ActionYesNo, default=False,
                         help="Also use runs that did not finish (crashed or still running).")
     return parser
 

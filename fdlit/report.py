@@ -108,7 +108,7 @@ def load_runs(root: str | Path, include_unfinished: bool = False) -> tuple[list[
     if not runs:
         raise ConfigError("runs", f"no {'' if include_unfinished else 'finished '}run directories "
                           f"(config.yaml + metrics.jsonl) under {str(root)!r}"
-                          + ("" if include_unfinished else "; --include_unfinished true uses unfinished ones"))
+                          + ("" if include_unfinished else "; --include_unfinished uses unfinished ones"))
     if len({r.dataset for r in runs}) > 1:  # keep datasets apart in every table and figure
         for r in runs:
             r.method = f"{r.dataset} {r.method}"
@@ -336,7 +336,7 @@ def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include
         f"<figcaption>{html.escape(caption)} <code>figures/{html.escape(name)}</code></figcaption></figure>"
         for name, caption, png in figures)
     note = (f"<p>{len(skipped)} unfinished or unreadable run(s) left out "
-            f"(<code>--include_unfinished true</code> uses unfinished ones).</p>" if skipped else "")
+            f"(<code>--include_unfinished</code> uses unfinished ones).</p>" if skipped else "")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>fdlit report: {html.escape(str(runs_dir))}</title>
 <style>{CSS}</style></head><body>

@@ -73,7 +73,9 @@ def test_unfinished_runs_join_on_request(runs_dir):
 
 def test_report_cli_and_empty_folder(tmp_path, runs_dir, capsys):
     assert main(["report", str(runs_dir), "--out", str(tmp_path / "out")]) == 0
-    assert (tmp_path / "out" / "index.html").exists()
+    assert "8 run(s)" in (tmp_path / "out" / "index.html").read_text()
+    assert main(["report", str(runs_dir), "--out", str(tmp_path / "all"), "--include_unfinished"]) == 0
+    assert "9 run(s)" in (tmp_path / "all" / "index.html").read_text()
     (tmp_path / "empty").mkdir()
     assert main(["report", str(tmp_path / "empty")]) == 2
     assert "runs: no finished run directories" in capsys.readouterr().err

@@ -102,7 +102,7 @@ def test_dry_run_lists_and_runs_nothing(tmp_path, capsys):
     path = write_sweep(tmp_path, {"aggregator": {"values": ["fdlit.aggregators.ProbabilityAveragingAggregator",
                                                             "fdlit.aggregators.UncertaintyWeightedAggregator"]},
                                   "data.classes_per_client": {"values": [2, 5]}})
-    code = main(["sweep", str(path), "--dry_run", "true", "--", *TINY, "--logger.run_dir", str(tmp_path / "runs")])
+    code = main(["sweep", str(path), "--dry_run", "--", *TINY, "--logger.run_dir", str(tmp_path / "runs")])
     assert code == 0
     out = capsys.readouterr().out
     assert "4 combinations, 0 finished, 4 to run" in out
