@@ -90,6 +90,21 @@ def chromium_path():
     return None
 
 
+def open_in_browser(browser, url):
+    """(problems, images, Table 1 rows, Table 1 header) of a page as a real browser shows it."""
+    problems = []
+    page = browser.new_page()
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url[:80]}"))
+    page.goto(url, wait_until="load")
+    images = page.evaluate("[...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight])")
+    rows = page.evaluate("document.querySelectorAll('#table1 tbody tr').length")
+    header = page.evaluate("[...document.querySelectorAll('#table1 thead th')].map(t => t.textContent)")
+    page.close()
+    return problems, images, rows, header
+
+
 def test_report_renders_in_headless_chromium(runs_dir, tmp_path):
     """The page in a real browser: every figure decoded, the table present, no console errors."""
     executable = chromium_path()
@@ -100,22 +115,21 @@ def test_report_renders_in_headless_chromium(runs_dir, tmp_path):
     from playwright.sync_api import sync_playwright
 
     index = write_report(runs_dir)
-    problems = []
+    # negative control: the same page with a broken figure and a script error must be caught
+    broken = index.with_name("broken.html")
+    broken.write_text(index.read_text().replace(
+        "</body>", '<img src="missing.png"><script>console.error("boom")</script></body>'))
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
             "--disable-sync", "--no-first-run"])
         try:
-            page = browser.new_page()
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
-            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-            page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url[:80]}"))
-            page.goto(index.as_uri(), wait_until="load")
-            images = page.evaluate("[...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight])")
-            rows = page.evaluate("document.querySelectorAll('#table1 tbody tr').length")
-            header = page.evaluate("[...document.querySelectorAll('#table1 thead th')].map(t => t.textContent)")
+            problems, images, rows, header = open_in_browser(browser, index.as_uri())
+            bad_problems, bad_images, _, _ = open_in_browser(browser, broken.as_uri())
         finally:
             browser.close()
     assert problems == []
     assert len(images) == 5 and all(done and w > 100 and h > 100 for done, w, h in images)
     assert rows == 2 and header == ["method", "k=2", "k=5"]
+    assert any("boom" in p for p in bad_problems) and any("missing.png" in p or "ERR_FILE" in p for p in bad_problems)
+    assert bad_images[-1][1] == 0  # the broken image did not decode

@@ -6,6 +6,7 @@ import yaml
 
 from fdlit.cli import fit_parser, main
 from fdlit.errors import ConfigError
+from fdlit.report import write_report
 from fdlit.sweep import agent_flags, expand_grid, load_sweep, lookup, plan, resolve, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,6 +84,12 @@ def test_tiny_grid_runs_every_combination_once_and_resumes(tmp_path, capsys):
             if trust[0][c] is not None:
                 assert sum(row[c] for row in trust) == pytest.approx(1.0, abs=1e-6)
     assert seen == {(0.0, 0), (0.0, 1), (0.5, 0), (0.5, 1)}
+
+    # the report reads these real run directories (the keys the loop writes are the keys it uses)
+    index = write_report(tmp_path / "runs")
+    table = (index.parent / "table1.md").read_text()
+    assert "| sUWA τ=0 |" in table and "| sUWA τ=0.5 |" in table and "k=4" in table
+    assert index.read_text().count("data:image/png;base64,") == 6  # Fig. 2, App. B, chi, bytes, 2 trust
 
     capsys.readouterr()
     assert main(["sweep", str(path), "--", *extra]) == 0  # second invocation runs nothing new
