@@ -51,7 +51,6 @@ class Run:
     method: str = ""
     k: Any = None  # classes per client (int) or a label such as "dir0.1"
     seed: int = 0
-    dataset: str = ""
 
     @property
     def finished(self) -> bool:
@@ -103,16 +102,32 @@ def load_runs(root: str | Path, include_unfinished: bool = False) -> tuple[list[
         run.k = (data.get("classes_per_client") if data.get("partition", "classes") == "classes"
                  else f"dir{data.get('dirichlet_alpha')}")
         run.seed = config.get("seed", 0)
-        run.dataset = data.get("dataset", "")
         runs.append(run)
     if not runs:
         raise ConfigError("runs", f"no {'' if include_unfinished else 'finished '}run directories "
                           f"(config.yaml + metrics.jsonl) under {str(root)!r}"
                           + ("" if include_unfinished else "; --include_unfinished uses unfinished ones"))
-    if len({r.dataset for r in runs}) > 1:  # keep datasets apart in every table and figure
-        for r in runs:
-            r.method = f"{r.dataset} {r.method}"
+    # runs that differ in anything but the studied knobs (e.g. two sweeps with different rounds in
+    # one folder) are never pooled: the differing settings become part of the row label
+    flat = [_flatten(r.config) for r in runs]
+    differing = sorted(k for k in set().union(*flat)
+                       if not k.startswith(STUDIED) and len({repr(f.get(k)) for f in flat}) > 1)
+    for r, f in zip(runs, flat):
+        if differing:
+            r.method = "[" + ", ".join(f"{k.rsplit('.', 1)[-1]}={f.get(k)}" for k in differing) + "] " + r.method
     return runs, skipped
+
+
+STUDIED = ("seed", "logger.", "aggregator", "data.classes_per_client", "data.dirichlet_alpha")
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: node}
 
 
 def _k_sort(k: Any) -> tuple:
@@ -120,8 +135,9 @@ def _k_sort(k: Any) -> tuple:
 
 
 def _method_sort(m: str) -> tuple:
-    base = m.split(" τ=")[0].split(" ")[-1]  # AVG, UWA, sUWA first, in the paper's order
-    return (ORDER.get(base, 9), m)
+    prefix, _, label = m.rpartition("] ")
+    base = label.split(" τ=")[0]  # AVG, UWA, sUWA first, in the paper's order
+    return (prefix, ORDER.get(base, 9), m)
 
 
 def table1(runs: list[Run]) -> tuple[list[str], list, dict]:

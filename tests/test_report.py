@@ -83,6 +83,17 @@ def test_report_cli_and_empty_folder(tmp_path, runs_dir, capsys):
         load_runs(tmp_path / "missing")
 
 
+def test_runs_of_different_settings_are_never_pooled(tmp_path):
+    root = tmp_path / "runs"
+    short = fake_run(root, "AVG", 2, 0, 0.2, rounds=3)
+    fake_run(root / "long", "AVG", 2, 0, 0.6, rounds=5)
+    runs, _ = load_runs(root)
+    assert sorted(r.method for r in runs) == ["[rounds=3] AVG", "[rounds=5] AVG"]
+    md = (write_report(root).parent / "table1.md").read_text()
+    assert "| [rounds=3] AVG | 20.00 ± 0.00 |" in md and "| [rounds=5] AVG | **60.00 ± 0.00** |" in md
+    assert short.exists()
+
+
 def chromium_path():
     for name in ("chromium", "chromium-browser"):
         if shutil.which(name):
