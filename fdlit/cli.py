@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespace
 
 from fdlit.aggregators import Aggregator
 from fdlit.clients import ClientOptimization
@@ -67,6 +67,25 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="fdlit", description="fdlit: federated distillation experiments.")
     sub = parser.add_subcommands(required=True, dest="command")
     sub.add_subcommand("fit", fit_parser(), help="Run one experiment.")
+    sub.add_subcommand("sweep", sweep_parser(), help="Run a W&B sweep file locally (grid, grouped, resumable).")
+    sub.add_subcommand("report", report_parser(), help="Tables and figures (HTML, PNG, Markdown) from run directories.")
+    return parser
+
+
+def sweep_parser() -> ArgumentParser:
+    parser = ArgumentParser(description="Run every combination of a W&B sweep file locally, no W&B server needed. "
+                            "Extra fit flags go after '--' (e.g. -- --federation.rounds 2).")
+    parser.add_argument("file", type=str, help="Sweep YAML (W&B sweep format), e.g. sweeps/tau.yaml.")
+    parser.add_argument("--dry_run", action=ActionYesNo, default=False, help="List the combinations and their state; run nothing.")
+    return parser
+
+
+def report_parser() -> ArgumentParser:
+    parser = ArgumentParser(description="Write Table 1, Figure 2, App. B curves, chi and bytes figures from local runs.")
+    parser.add_argument("runs", type=str, help="Folder holding run directories (searched recursively).")
+    parser.add_argument("--out", type=Optional[str], default=None, help="Output folder; null gives <runs>/report.")
+    parser.add_argument("--include_unfinished", action=ActionYesNo, default=False,
+                        help="Also use runs that did not finish (crashed or still running).")
     return parser
 
 
@@ -127,11 +146,27 @@ def main(argv: Optional[list[str]] = None) -> int:
             if run_dir is not None:  # fit --resume RUN_DIR [allowed overrides]
                 run_loop(resume_loop(run_dir, rest))
                 return 0
+        extra: list[str] = []
+        if argv[:1] == ["sweep"] and "--" in argv:  # fit flags for every sweep run follow "--"
+            at = argv.index("--")
+            argv, extra = argv[:at], argv[at + 1:]
         argv = _rewrite_config_args(argv)
         parser = build_parser()
         cfg = parser.parse_args(argv)
         if cfg.command == "fit":
             fit(cfg.fit, parser._subcommands_action._name_parser_map["fit"])
+        elif cfg.command == "sweep":
+            from fdlit.sweep import run_sweep
+
+            result = run_sweep(cfg.sweep.file, extra, dry_run=cfg.sweep.dry_run)
+            if result["failed"]:
+                print(f"fdlit sweep: {len(result['failed'])} runs failed: {', '.join(result['failed'])}", file=sys.stderr)
+                return 1
+        elif cfg.command == "report":
+            from fdlit.report import write_report
+
+            index = write_report(cfg.report.runs, cfg.report.out, include_unfinished=cfg.report.include_unfinished)
+            print(f"fdlit report: {index}")
         return 0
     except ConfigError as exc:
         print(f"fdlit: error: {exc}", file=sys.stderr)

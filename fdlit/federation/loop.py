@@ -27,6 +27,7 @@ from fdlit.callbacks import FederationCallback
 from fdlit.federation.checkpoint import Checkpointer, restore_checkpoint, resume_state
 from fdlit.federation.baselines import MODES, reference_client
 from fdlit.federation.communication import CommunicationLedger
+from fdlit.federation.diagnostics import trust_matrix
 from fdlit.federation.executor import ClientExecutor, SequentialExecutor
 from fdlit.loggers import LoggerConfig, ProgressBar, RunDirectory, WandbLogger
 
@@ -284,6 +285,8 @@ class FederationLoop:
         metrics["clients/after_private/local_acc"] = after_private["local_acc"].tolist()
         metrics["clients/after_public/global_acc"] = after_public["global_acc"].tolist()
         metrics["clients/after_public/local_acc"] = after_public["local_acc"].tolist()
+        if result.weights is not None:  # M x C who-to-trust matrix (public labels: diagnostic only)
+            metrics["clients/trust_matrix"] = trust_matrix(result.weights, self.public_y, self.data.num_classes)
         self.round = r
         self.history.append(metrics)
         for cb in self.callbacks:

@@ -15,6 +15,7 @@ from typing import Any, Literal, Optional
 
 from fdlit.errors import ConfigError
 from fdlit.callbacks import FederationCallback
+from fdlit.loggers.dashboards import SUMMARIES, wandb_round_payload
 
 Mode = Literal["auto", "online", "offline", "disabled"]
 
@@ -134,10 +135,8 @@ class WandbLogger(FederationCallback):
         try:
             self.run.define_metric("round")
             self.run.define_metric("*", step_metric="round")
-            for phase in ("after_private", "after_public"):
-                for metric in ("global_acc_mean", "local_acc_mean"):
-                    self.run.define_metric(f"{phase}/{metric}", step_metric="round", summary="max")
-            self.run.define_metric("teacher/acc", step_metric="round", summary="max")
+            for metric, summary in SUMMARIES:  # best accuracies as max, chi as mean, bytes as last
+                self.run.define_metric(metric, step_metric="round", summary=summary)
         except Exception as exc:
             self._say(f"fdlit: W&B setup failed ({exc}); metrics stay in {loop.run_path}")
 
@@ -145,7 +144,10 @@ class WandbLogger(FederationCallback):
         if self.run is None:
             return
         try:
-            self.run.log(metrics)
+            import wandb
+
+            classes = [cd.classes for cd in loop.data.clients]
+            self.run.log(wandb_round_payload(wandb, metrics, classes))
         except Exception as exc:  # keep trying next round (transient), but say it once
             self._say(f"fdlit: W&B log failed ({exc}); continuing, every metric is in {loop.run_path}")
 

@@ -1,0 +1,140 @@
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fdlit.cli import fit_parser, main
+from fdlit.errors import ConfigError
+from fdlit.report import write_report
+from fdlit.sweep import agent_flags, expand_grid, load_sweep, lookup, plan, resolve, run_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
+TINY = [  # a few seconds per run on one CPU core
+    "--logger.mode", "disabled", "--logger.progress", "false",
+    "--federation.rounds", "1", "--federation.private_epochs_first", "1", "--federation.public_epochs_first", "1",
+    "--data.num_clients", "3", "--data.public_size", "100", "--model.hidden", "[16]",
+]
+
+
+def test_shipped_sweeps_exist():
+    names = {p.name for p in SWEEP_FILES}
+    assert {"tau.yaml", "classes_per_client.yaml", "tau_x_classes.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.name)
+def test_sweep_file_parameters_are_valid_fit_flags(path):
+    """Parse (never run) every combination exactly as wandb agent would pass it."""
+    from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
+
+    spec = load_sweep(path)
+    assert spec["method"] == "grid" and spec["metric"]["goal"] == "maximize"
+    tail = spec["_fit_tail"]
+    assert tail.index("${args}") > tail.index("--config")  # sweep values override the config
+    runs = plan(spec)
+    assert len(runs) == len(expand_grid(spec)) > 1
+    resolve(runs, fit_parser)
+    for run in runs:
+        # our ${args} is the agent's own expansion, so local and W&B runs get identical flags
+        command = {"args": {k: {"value": v} for k, v in run.values.items()}}
+        assert agent_flags(run.values) == create_sweep_command_args(command)["args"]
+        resolved = run.config["resolved"]
+        for key, value in run.values.items():
+            assert lookup(resolved, key) == value, (path.name, key)
+        assert resolved["logger"]["group"] == run.group
+    if "seed" in spec["parameters"]:  # seeds of one setting share a group
+        groups = {r.group for r in runs}
+        assert len(groups) == len(runs) // len(spec["parameters"]["seed"]["values"])
+
+
+def write_sweep(tmp_path, parameters, command=None, name="tiny"):
+    spec = {"name": name, "method": "grid", "parameters": parameters,
+            "command": command or ["${env}", "${interpreter}", "-m", "fdlit", "fit", "--config", "digits.yaml",
+                                   "${args}"]}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def finished_dirs(run_dir):
+    return sorted(p.parent for p in Path(run_dir).glob("*/summary.json")
+                  if json.loads(p.read_text()).get("finished"))
+
+
+def test_tiny_grid_runs_every_combination_once_and_resumes(tmp_path, capsys):
+    path = write_sweep(tmp_path, {"aggregator.tau": {"values": [0.0, 0.5]}, "seed": {"values": [0, 1]},
+                                  "data.classes_per_client": {"value": 4}})
+    extra = [*TINY, "--logger.run_dir", str(tmp_path / "runs")]
+    assert main(["sweep", str(path), "--", *extra]) == 0
+    dirs = finished_dirs(tmp_path / "runs")
+    assert len(dirs) == 4
+    seen = set()
+    for d in dirs:
+        config = yaml.safe_load((d / "config.yaml").read_text())
+        tau, seed = lookup(config, "aggregator.tau"), config["seed"]
+        assert lookup(config, "data.classes_per_client") == 4 and config["federation"]["rounds"] == 1
+        assert config["logger"]["group"] == f"tiny-tau{tau}-k4"  # seeds of one setting share it
+        assert config["logger"]["name"] == f"tiny-tau{tau}-k4-seed{seed}"
+        seen.add((tau, seed))
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        trust = rows[-1]["clients/trust_matrix"]  # M x C; each class's column sums to 1 over clients
+        assert len(trust) == 3 and len(trust[0]) == 10
+        for c in range(10):
+            if trust[0][c] is not None:
+                assert sum(row[c] for row in trust) == pytest.approx(1.0, abs=1e-6)
+    assert seen == {(0.0, 0), (0.0, 1), (0.5, 0), (0.5, 1)}
+
+    # the report reads these real run directories (the keys the loop writes are the keys it uses)
+    index = write_report(tmp_path / "runs")
+    table = (index.parent / "table1.md").read_text()
+    assert "| sUWA τ=0 |" in table and "| sUWA τ=0.5 |" in table and "k=4" in table
+    assert index.read_text().count("data:image/png;base64,") == 6  # Fig. 2, App. B, chi, bytes, 2 trust
+
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--", *extra]) == 0  # second invocation runs nothing new
+    assert "4 finished, 0 to run" in capsys.readouterr().out
+    assert finished_dirs(tmp_path / "runs") == dirs
+
+    # a run killed mid-way (summary not finished) is the only one repeated
+    summary_path = dirs[0] / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary_path.write_text(json.dumps({**summary, "finished": False}))
+    result = run_sweep(path, extra, out=lambda s: None)
+    assert (result["skipped"], result["ran"]) == (3, 1)
+    assert len(finished_dirs(tmp_path / "runs")) == 4
+
+
+def test_dry_run_lists_and_runs_nothing(tmp_path, capsys):
+    path = write_sweep(tmp_path, {"aggregator": {"values": ["fdlit.aggregators.ProbabilityAveragingAggregator",
+                                                            "fdlit.aggregators.UncertaintyWeightedAggregator"]},
+                                  "data.classes_per_client": {"values": [2, 5]}})
+    code = main(["sweep", str(path), "--dry_run", "--", *TINY, "--logger.run_dir", str(tmp_path / "runs")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "4 combinations, 0 finished, 4 to run" in out
+    for group in ("tiny-avg-k2", "tiny-avg-k5", "tiny-uwa-k2", "tiny-uwa-k5"):
+        assert f"group={group} " in out
+    assert "--data.classes_per_client=5" in out
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("parameters,command,field", [
+    ({"data.no_such_key": {"values": [1]}}, None, "no_such_key"),
+    ({"data.classes_per_client": {"values": [0]}}, None, "data.classes_per_client"),
+    ({"aggregator.tau": {"min": 0.0, "max": 1.0}}, None, "parameters.aggregator.tau"),
+    ({"seed": {"values": []}}, None, "parameters.seed.values"),
+    ({"seed": {"values": [0]}}, ["python", "-m", "fdlit", "fit", "--config", "digits.yaml"], "command"),
+    ({"seed": {"values": [0]}}, ["python", "-m", "fdlit", "fit", "${args}", "--config", "digits.yaml"], "${args}"),
+])
+def test_bad_sweep_files_name_the_field(tmp_path, parameters, command, field):
+    path = write_sweep(tmp_path, parameters, command)
+    with pytest.raises(ConfigError) as info:
+        run_sweep(path, [*TINY, "--logger.run_dir", str(tmp_path / "runs")], dry_run=True, out=lambda s: None)
+    assert field in str(info.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_sweep_file_is_a_clean_cli_error(tmp_path, capsys):
+    assert main(["sweep", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in capsys.readouterr().err
