@@ -221,7 +221,7 @@ BAD = [
     (["--data.dirichlet_alpha", "0"], "data.dirichlet_alpha: must be > 0"),
     (["--data.samples_per_client", "1"], "data.samples_per_client: must be >= 2 or null, got 1"),
     (["--data.public_size", "5000"], "data.public_size: must be smaller than the 1438 non-test samples"),
-    (["--data.dataset", "nosuch"], "data.dataset: unknown dataset 'nosuch'; allowed: ['digits']"),
+    (["--data.dataset", "nosuch"], "data.dataset: unknown dataset 'nosuch'; allowed: ['cifar10', 'cifar100', 'digits', 'fashion_mnist', 'mnist', 'yahoo_answers']"),
     (["--federation.rounds", "0"], "federation.rounds: must be >= 1, got 0"),
     (["--federation.private_epochs", "-1"], "federation.private_epochs: must be >= 0, got -1"),
     (["--federation.precision", "8-bit"], "federation.precision: allowed: 32-true, bf16-mixed, 16-mixed, 64-true"),
