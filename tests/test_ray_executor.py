@@ -1,0 +1,138 @@
+"""The Ray executor: same metrics as the sequential executor, resource planning, the CLI knob.
+
+One local Ray (2 CPUs) for the whole module; every federation here is tiny.
+"""
+
+import sys
+
+import pytest
+import torch
+
+from fdlit.aggregators import SmoothedUncertaintyWeightedAggregator
+from fdlit.callbacks import FederationCallback
+from fdlit.cli import build_loop, parse_fit
+from fdlit.data import FederatedData
+from fdlit.errors import ConfigError
+from fdlit.federation import FederationLoop, RayExecutor, SequentialExecutor
+from fdlit.federation.ray_executor import plan_actors
+from fdlit.loggers import LoggerConfig
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+class NoisyLogits(FederationCallback):
+    """A client hook that replaces the uploaded logits and adds a statistic (runs in the actor)."""
+
+    def on_client_private_end(self, loop, client, data, public_logits):
+        g = torch.Generator().manual_seed(1000 * loop.round + client.client_id)
+        noise = 0.01 * torch.randn(public_logits.shape, generator=g).to(public_logits.device)
+        return {"logits": public_logits + noise, "n_calibration": torch.tensor([float(len(data.calibration))])}
+
+
+def tiny_loop(tmp_path, executor, callbacks=()):
+    return FederationLoop(
+        rounds=2, private_epochs_first=2, private_epochs=1, public_epochs_first=1, public_epochs=1,
+        executor=executor, callbacks=list(callbacks),
+        data=FederatedData(num_clients=4, classes_per_client=3, public_size=200),
+        model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32]}},
+        aggregator=SmoothedUncertaintyWeightedAggregator(tau=0.25),
+        logger=LoggerConfig(mode="disabled", progress=False, run_dir=str(tmp_path)), seed=3,
+    )
+
+
+def comparable(history):
+    return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in history]
+
+
+@pytest.mark.parametrize("callbacks", [(), (NoisyLogits(),)], ids=["suwa", "suwa+hook"])
+def test_ray_reproduces_sequential_metrics_and_final_state(tmp_path, ray_local, callbacks):
+    seq = tiny_loop(tmp_path / "seq", SequentialExecutor(), callbacks)
+    seq.fit()
+    executor = RayExecutor()  # Ray is already up: 2 CPUs -> 2 actors of 2 clients each
+    ray_loop = tiny_loop(tmp_path / "ray", executor, callbacks)
+    ray_loop.fit()
+    assert executor.plan == (2, 2, 0.0)
+    assert comparable(ray_loop.history) == comparable(seq.history)  # exact, every metric but time/*
+    assert ray_loop.history[-1]["density/log_likelihood_mean"] == seq.history[-1]["density/log_likelihood_mean"]
+    assert [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in ray_loop.ledger.messages] == \
+        [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in seq.ledger.messages]
+    # teardown handed the actors' final clients back to the driver: weights, Adam state, generators
+    for a, b in zip(seq.clients, ray_loop.clients):
+        sa, sb = a.client_state(), b.client_state()
+        assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
+        assert torch.equal(sa["generator"], sb["generator"])
+        assert sa["optimizer"]["state"][0]["step"] == sb["optimizer"]["state"][0]["step"]
+    assert not executor.actors and ray_local.is_initialized()  # actors freed; a Ray it did not start stays up
+
+
+def test_state_round_trip_and_actors_run_this_checkout(tmp_path, ray_local):
+    import fdlit
+
+    loop = tiny_loop(tmp_path, RayExecutor(clients_per_actor=4))
+    loop.setup()
+    executor = loop.executor
+    try:
+        assert len(executor.actors) == 1
+        where = ray_local.get(executor.actors[0].where.remote())
+        assert where["fdlit"] == fdlit.__file__ and where["threads"] == 1
+        before = executor.predict(loop.clients, loop.test_x)
+        executor.train(loop.clients, "private", loop.private, 1, 32)
+        after = executor.predict(loop.clients, loop.test_x)
+        assert not torch.equal(before, after)  # training happened in the actor ...
+        driver_logits = torch.stack([c.predict_logits(loop.test_x) for c in loop.clients])
+        assert torch.equal(driver_logits, before)  # ... not on the driver's copies
+        executor.fetch_states(loop.clients)
+        assert torch.equal(torch.stack([c.predict_logits(loop.test_x) for c in loop.clients]), after)
+        # push: reset client 0 on the driver, send it, and the actor predicts with the reset weights
+        for p in loop.clients[0].model.parameters():
+            torch.nn.init.zeros_(p)
+        executor.push_states(loop.clients)
+        assert torch.equal(executor.predict(loop.clients, loop.test_x)[0], torch.zeros_like(after[0]))
+    finally:
+        executor.teardown([])
+    assert not executor.actors
+
+
+def test_plan_groups_clients_and_fractional_gpus():
+    assert plan_actors(4, 2, 0) == (2, 2, 0.0)
+    assert plan_actors(5, 2, 0) == (3, 2, 0.0)
+    assert plan_actors(100, 16, 4, num_gpus_per_client=0.04) == (7, 15, 0.28)
+    # an actor's clients share one device: at most 1 / share clients per actor
+    assert plan_actors(8, 64, 2, num_gpus_per_client=0.25) == (4, 2, 1.0)
+    assert plan_actors(100, 16, 4, num_gpus_per_actor=0.25) == (7, 15, 0.25)
+    assert plan_actors(4, 8, 0, clients_per_actor=1) == (1, 4, 0.0)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_clients=4, cluster_cpus=2, cluster_gpus=0, clients_per_actor=1), "need 4 CPUs"),
+    (dict(num_clients=100, cluster_cpus=64, cluster_gpus=4, num_gpus_per_client=0.25), "need 25 CPUs and 25 GPUs"),
+    (dict(num_clients=8, cluster_cpus=2, cluster_gpus=8, num_gpus_per_client=0.3, clients_per_actor=4), "Ray needs a fraction"),
+    (dict(num_clients=8, cluster_cpus=2, cluster_gpus=8, num_gpus_per_client=0.3, num_gpus_per_actor=1), "not both"),
+])
+def test_plans_the_cluster_cannot_hold_fail_before_starting(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        plan_actors(**kwargs)
+
+
+def test_cli_knob_selects_the_ray_executor(fast_args):
+    parser, cfg = parse_fit(fast_args + [
+        "--federation.executor", "fdlit.federation.RayExecutor",
+        "--federation.executor.num_gpus_per_client", "0.25", "--federation.executor.address", "auto",
+        "--federation.executor.clients_per_actor", "2",
+    ])
+    loop = build_loop(cfg, parser)
+    assert isinstance(loop.executor, RayExecutor)
+    assert (loop.executor.address, loop.executor.num_gpus_per_client, loop.executor.clients_per_actor) == ("auto", 0.25, 2)
+
+
+def test_missing_ray_names_the_package_and_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    executor = RayExecutor()  # constructing (and importing fdlit) needs no ray
+    with pytest.raises(ImportError, match=r"needs the 'ray' package.*pip install"):
+        executor.setup(None, [])
