@@ -25,6 +25,9 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import site
+import sys
+import sysconfig
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
@@ -68,35 +71,40 @@ def plan_actors(
     Every actor must be placed at once (clients live in them for the whole run), so a plan the
     cluster cannot hold is an error here rather than a run that waits forever for resources.
     Default grouping: as many actors as the cluster's CPUs allow (``num_cpus_per_actor`` each),
-    clients split evenly; with ``num_gpus_per_client`` an actor holds at most ``1 / num_gpus_per_client``
-    clients, since its clients share one device.
+    clients split evenly; if that does not fit the GPUs, fewer, larger actors. An actor asks for
+    ``num_gpus_per_actor``, or ``num_gpus_per_client`` times its clients; a fractional ask must fit
+    within one GPU, so a GPU holds ``floor(1 / ask)`` actors.
     """
     if num_gpus_per_actor is not None and num_gpus_per_client:
         raise ConfigError("federation.executor", "set num_gpus_per_client or num_gpus_per_actor, not both")
-    if clients_per_actor is None:
-        actors = max(1, min(num_clients, int(cluster_cpus // num_cpus_per_actor) if num_cpus_per_actor > 0 else num_clients))
-        clients_per_actor = math.ceil(num_clients / actors)
-        if num_gpus_per_client > 0:
-            clients_per_actor = max(1, min(clients_per_actor, int(1 / num_gpus_per_client + 1e-9)))
-    actors = math.ceil(num_clients / clients_per_actor)
-    clients_per_actor = math.ceil(num_clients / actors)  # even groups: 4 clients on 3 slots -> 2 + 2
-    gpus = num_gpus_per_actor if num_gpus_per_actor is not None else num_gpus_per_client * clients_per_actor
-    gpus = round(gpus, 4)  # Ray's resolution is 1e-4
-    if gpus > 1 and gpus != int(gpus):
-        raise ConfigError(
-            "federation.executor.num_gpus_per_client",
-            f"an actor of {clients_per_actor} clients would ask for {gpus} GPUs; Ray needs a fraction <= 1 "
-            "or a whole number (lower clients_per_actor or set num_gpus_per_actor)",
-        )
-    need_cpus, need_gpus = actors * num_cpus_per_actor, actors * gpus
-    if need_cpus > cluster_cpus + 1e-9 or need_gpus > cluster_gpus + 1e-9:
-        raise ConfigError(
-            "federation.executor",
-            f"{actors} actors x ({num_cpus_per_actor} CPU, {gpus} GPU) need {need_cpus:g} CPUs and {need_gpus:g} GPUs; "
-            f"the Ray cluster has {cluster_cpus:g} CPUs and {cluster_gpus:g} GPUs "
-            "(raise clients_per_actor, lower num_cpus_per_actor / num_gpus_per_client)",
-        )
-    return clients_per_actor, actors, gpus
+    eps = 1e-9
+    if clients_per_actor is not None:
+        candidates = [clients_per_actor]
+    else:
+        slots = int(cluster_cpus // num_cpus_per_actor + eps) if num_cpus_per_actor > 0 else num_clients
+        candidates = range(math.ceil(num_clients / max(1, min(num_clients, slots))), num_clients + 1)
+    for size in candidates:
+        actors = math.ceil(num_clients / size)
+        size = math.ceil(num_clients / actors)  # even groups: 4 clients on 3 slots -> 2 + 2
+        actors = math.ceil(num_clients / size)
+        gpus = num_gpus_per_actor if num_gpus_per_actor is not None else num_gpus_per_client * size
+        gpus = round(gpus, 4)  # Ray's resolution is 1e-4
+        if gpus > 1 and gpus != int(gpus):
+            continue  # Ray accepts fractions <= 1 or whole numbers
+        if actors * num_cpus_per_actor > cluster_cpus + eps:
+            continue
+        whole_gpus = int(cluster_gpus + eps)
+        if gpus == 0 or (gpus <= 1 and actors <= int(1 / gpus + eps) * whole_gpus) or (
+                gpus > 1 and actors * gpus <= cluster_gpus + eps):
+            return size, actors, gpus
+    raise ConfigError(
+        "federation.executor",
+        f"no grouping of {num_clients} clients"
+        + (f" into actors of {clients_per_actor}" if clients_per_actor is not None else "")
+        + f" fits the Ray cluster ({cluster_cpus:g} CPUs, {cluster_gpus:g} GPUs) with {num_cpus_per_actor:g} CPU "
+        f"per actor and {num_gpus_per_actor if num_gpus_per_actor is not None else num_gpus_per_client:g} GPU per "
+        f"{'actor' if num_gpus_per_actor is not None else 'client'}; Ray accepts GPU fractions <= 1 or whole numbers",
+    )
 
 
 class ClientWorker:
@@ -178,6 +186,21 @@ def _to_cpu(obj):
     return obj
 
 
+def _ship_code_by_value(ray, classes) -> None:
+    """Classes from the user's own modules (a test file, a folder of scripts) are pickled by value,
+    so actors need not be able to import them; fdlit and installed packages travel by name."""
+    installed = [Path(p).resolve() for p in (*site.getsitepackages(), sysconfig.get_paths()["stdlib"])]
+    for cls in classes:
+        name = cls.__module__
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
+        if name == "__main__" or name.split(".")[0] == "fdlit" or file is None:
+            continue  # __main__ is pickled by value anyway
+        path = Path(file).resolve()
+        if not any(path.is_relative_to(p) for p in installed):
+            ray.cloudpickle.register_pickle_by_value(module)
+
+
 def _overrides_client_hook(cb: FederationCallback) -> bool:
     return type(cb).on_client_private_end is not FederationCallback.on_client_private_end
 
@@ -200,6 +223,8 @@ class RayExecutor(ClientExecutor):
         runtime_env: extra Ray runtime environment of the actors (e.g. ``{"py_modules": [...]}``
             when the cluster's nodes do not have fdlit installed). ``PYTHONPATH`` always starts with
             the folder the driver imported fdlit from, so actors on this machine run the same code.
+        startup_timeout_s: how long to wait for every actor to start (resources, imports) before
+            giving up with an error instead of waiting forever.
     """
 
     def __init__(
@@ -212,6 +237,7 @@ class RayExecutor(ClientExecutor):
         clients_per_actor: Optional[int] = None,
         eval_batch_size: int = 1024,
         runtime_env: Optional[dict] = None,
+        startup_timeout_s: float = 600.0,
     ):
         if num_cpus_per_actor < 0 or num_gpus_per_client < 0 or (num_gpus_per_actor or 0) < 0:
             raise ConfigError("federation.executor", "resource amounts must be >= 0")
@@ -227,6 +253,7 @@ class RayExecutor(ClientExecutor):
         self.clients_per_actor = clients_per_actor
         self.eval_batch_size = eval_batch_size
         self.runtime_env = dict(runtime_env or {})
+        self.startup_timeout_s = startup_timeout_s
         self.actors: list = []
         self._started_ray = False
 
@@ -262,6 +289,7 @@ class RayExecutor(ClientExecutor):
         precision = fabric.strategy.precision.precision
         threads = max(1, int(self.num_cpus_per_actor))
         groups = [list(clients[a * per_actor:(a + 1) * per_actor]) for a in range(n_actors)]
+        _ship_code_by_value(ray, {type(m) for c in clients for m in c.modules()})
         # the driver built the clients (same init as a sequential run) and ships them once, whole
         self.actors = [actor_cls.remote(g, precision, threads, self.eval_batch_size) for g in groups]
         self._actor_of = {c.client_id: a for a, g in enumerate(groups) for c in g}
@@ -269,7 +297,16 @@ class RayExecutor(ClientExecutor):
         self._counter = itertools.count()
         self._has: list[set[int]] = [set() for _ in self.actors]
         self._latest_prediction: dict[int, weakref.ref] = {}  # input token -> latest predict output
-        ray.get([a.where.remote() for a in self.actors])  # fail here, not mid-round, if an actor cannot start
+        # fail here, not mid-round, if an actor cannot start (no resources, cannot import fdlit)
+        pending = [a.where.remote() for a in self.actors]
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=self.startup_timeout_s)
+        if len(ready) < len(pending):
+            self.teardown([])
+            raise RuntimeError(
+                f"only {len(ready)} of {n_actors} Ray actors started within {self.startup_timeout_s:g} s "
+                f"(each asks for {self.num_cpus_per_actor:g} CPU, {gpus:g} GPU; `ray status` shows what is free)"
+            )
+        ray.get(ready)  # an actor that failed to start raises here
 
     def teardown(self, clients: Sequence[ClientModule]) -> None:
         """Copy the final client state into ``clients`` (the driver's), free the actors, and stop
@@ -386,6 +423,7 @@ class RayExecutor(ClientExecutor):
         groups = self._groups(clients)
         # only hooks that do client-side work travel; loggers (which hold files, W&B runs) stay here
         hooks = [cb for cb in callbacks if _overrides_client_hook(cb)]
+        _ship_code_by_value(ray, {type(cb) for cb in hooks})
         view = SimpleNamespace(**{k: getattr(loop, k) for k in LOOP_VIEW_ATTRIBUTES if hasattr(loop, k)})
         # logits the actors computed themselves need not travel back down
         x_token = next((t for t, ref in self._latest_prediction.items() if ref() is public_logits), None)
