@@ -71,7 +71,7 @@ def plan_actors(
     Every actor must be placed at once (clients live in them for the whole run), so a plan the
     cluster cannot hold is an error here rather than a run that waits forever for resources.
     Default grouping: as many actors as the cluster's CPUs allow (``num_cpus_per_actor`` each),
-    clients split evenly; if that does not fit the GPUs, fewer, larger actors. An actor asks for
+    clients split evenly (``size`` is the largest group; sizes differ by at most one); if that does not fit the GPUs, fewer, larger actors. An actor asks for
     ``num_gpus_per_actor``, or ``num_gpus_per_client`` times its clients; a fractional ask must fit
     within one GPU, so a GPU holds ``floor(1 / ask)`` actors.
     """
@@ -274,7 +274,7 @@ class RayExecutor(ClientExecutor):
             len(clients), resources.get("CPU", 0.0), resources.get("GPU", 0.0), self.num_cpus_per_actor,
             self.num_gpus_per_client, self.num_gpus_per_actor, self.clients_per_actor,
         )
-        per_actor, n_actors, gpus = self.plan
+        _, n_actors, gpus = self.plan
         env = dict(self.runtime_env)
         env_vars = dict(env.get("env_vars") or {})
         import fdlit
@@ -288,7 +288,10 @@ class RayExecutor(ClientExecutor):
         )
         precision = fabric.strategy.precision.precision
         threads = max(1, int(self.num_cpus_per_actor))
-        groups = [list(clients[a * per_actor:(a + 1) * per_actor]) for a in range(n_actors)]
+        # group sizes differ by at most one (100 clients on 15 actors: 10 of 7, 5 of 6)
+        base, extra = divmod(len(clients), n_actors)
+        bounds = list(itertools.accumulate([0] + [base + (a < extra) for a in range(n_actors)]))
+        groups = [list(clients[bounds[a]:bounds[a + 1]]) for a in range(n_actors)]
         _ship_code_by_value(ray, {type(m) for c in clients for m in c.modules()})
         # the driver built the clients (same init as a sequential run) and ships them once, whole
         self.actors = [actor_cls.remote(g, precision, threads, self.eval_batch_size) for g in groups]
