@@ -50,15 +50,44 @@ def comparable(history):
     return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in history]
 
 
+class StateRoundTrip(FederationCallback):
+    """After round 1 (driver side): fetch the actors' clients, push altered ones, check the actors
+    use them, push the originals back. The run must still match the sequential one afterwards."""
+
+    checked = False
+
+    def on_round_end(self, loop, round, metrics):
+        import fdlit
+        import ray
+
+        executor = loop.executor
+        if round != 1 or not isinstance(executor, RayExecutor):
+            return
+        where = ray.get([a.where.remote() for a in executor.actors])
+        assert {w["fdlit"] for w in where} == {fdlit.__file__}  # actors run this checkout
+        assert {w["threads"] for w in where} == {1}
+        trained = executor.predict(loop.clients, loop.test_x)
+        initial = torch.stack([c.predict_logits(loop.test_x) for c in loop.clients])
+        assert not torch.equal(trained, initial)  # the driver's copies were not trained ...
+        states = executor.fetch_states(loop.clients)
+        assert torch.equal(torch.stack([c.predict_logits(loop.test_x) for c in loop.clients]), trained)  # ... now fetched
+        for p in loop.clients[0].model.parameters():
+            torch.nn.init.zeros_(p)
+        executor.push_states(loop.clients)
+        assert torch.equal(executor.predict(loop.clients, loop.test_x)[0], torch.zeros_like(trained[0]))
+        loop.clients[0].load_client_state(states[0])
+        executor.push_states(loop.clients)
+        self.checked = True
+
+
 def test_ray_reproduces_sequential_metrics_and_final_state(tmp_path, ray_local):
     # sUWA fits its mixtures in the actors; NoisyLogits (defined here, pickled by value) replaces logits
-    callbacks = [NoisyLogits()]
-    seq = tiny_loop(tmp_path / "seq", SequentialExecutor(), callbacks)
+    seq = tiny_loop(tmp_path / "seq", SequentialExecutor(), [NoisyLogits()])
     seq.fit()
-    executor = RayExecutor()  # Ray is already up: 2 CPUs -> 2 actors of 2 clients each
-    ray_loop = tiny_loop(tmp_path / "ray", executor, callbacks)
+    executor, round_trip = RayExecutor(), StateRoundTrip()  # Ray is up: 2 CPUs -> 2 actors of 2 clients
+    ray_loop = tiny_loop(tmp_path / "ray", executor, [NoisyLogits(), round_trip])
     ray_loop.fit()
-    assert executor.plan == (2, 2, 0.0)
+    assert executor.plan == (2, 2, 0.0) and round_trip.checked
     assert comparable(ray_loop.history) == comparable(seq.history)  # exact, every metric but time/*
     assert ray_loop.history[-1]["density/log_likelihood_mean"] == seq.history[-1]["density/log_likelihood_mean"]
     assert [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in ray_loop.ledger.messages] == \
@@ -70,34 +99,6 @@ def test_ray_reproduces_sequential_metrics_and_final_state(tmp_path, ray_local):
         assert torch.equal(sa["generator"], sb["generator"])
         assert sa["optimizer"]["state"][0]["step"] == sb["optimizer"]["state"][0]["step"]
     assert not executor.actors and ray_local.is_initialized()  # actors freed; a Ray it did not start stays up
-
-
-def test_state_round_trip_and_actors_run_this_checkout(tmp_path, ray_local):
-    import fdlit
-
-    loop = tiny_loop(tmp_path, RayExecutor(clients_per_actor=4))
-    loop.setup()
-    executor = loop.executor
-    try:
-        assert len(executor.actors) == 1
-        where = ray_local.get(executor.actors[0].where.remote())
-        assert where["fdlit"] == fdlit.__file__ and where["threads"] == 1
-        before = executor.predict(loop.clients, loop.test_x)
-        executor.train(loop.clients, "private", loop.private, 1, 32)
-        after = executor.predict(loop.clients, loop.test_x)
-        assert not torch.equal(before, after)  # training happened in the actor ...
-        driver_logits = torch.stack([c.predict_logits(loop.test_x) for c in loop.clients])
-        assert torch.equal(driver_logits, before)  # ... not on the driver's copies
-        executor.fetch_states(loop.clients)
-        assert torch.equal(torch.stack([c.predict_logits(loop.test_x) for c in loop.clients]), after)
-        # push: reset client 0 on the driver, send it, and the actor predicts with the reset weights
-        for p in loop.clients[0].model.parameters():
-            torch.nn.init.zeros_(p)
-        executor.push_states(loop.clients)
-        assert torch.equal(executor.predict(loop.clients, loop.test_x)[0], torch.zeros_like(after[0]))
-    finally:
-        executor.teardown([])
-    assert not executor.actors
 
 
 def test_plan_groups_clients_and_fractional_gpus():
