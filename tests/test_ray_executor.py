@@ -3,6 +3,7 @@
 One local Ray (2 CPUs) for the whole module; every federation here is tiny.
 """
 
+import importlib.util
 import sys
 
 import pytest
@@ -14,6 +15,7 @@ from fdlit.cli import build_loop, parse_fit
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop, RayExecutor, SequentialExecutor
+from fdlit.federation import ray_executor as ray_executor_module
 from fdlit.federation.ray_executor import plan_actors
 from fdlit.loggers import LoggerConfig
 
@@ -137,6 +139,9 @@ def test_cli_knob_selects_the_ray_executor(fast_args):
 
 def test_missing_ray_names_the_package_and_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    # the module imports without ray: run its top level again in a fresh module object
+    spec = importlib.util.spec_from_file_location("ray_executor_without_ray", ray_executor_module.__file__)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
     executor = RayExecutor()  # constructing (and importing fdlit) needs no ray
     with pytest.raises(ImportError, match=r"needs the 'ray' package.*pip install"):
         executor.setup(None, [])

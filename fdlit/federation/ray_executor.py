@@ -28,6 +28,7 @@ import os
 import site
 import sys
 import sysconfig
+import warnings
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
@@ -317,9 +318,15 @@ class RayExecutor(ClientExecutor):
         if not self.actors:
             return
         ray = import_ray()
+        run_failed = sys.exc_info()[0] is not None  # called from the loop's `finally` while an error propagates
         try:
             if clients:
                 self.fetch_states(clients)
+        except Exception as exc:
+            if not run_failed:
+                raise
+            # do not hide the run's own error (e.g. an actor that died) behind this one
+            warnings.warn(f"RayExecutor: could not fetch the client state after the run failed: {exc!r}")
         finally:
             for actor in self.actors:
                 ray.kill(actor)
