@@ -126,6 +126,13 @@ def test_plans_the_cluster_cannot_hold_fail_before_starting(kwargs, message):
         plan_actors(**kwargs)
 
 
+def test_a_plan_the_running_ray_cannot_hold_stops_before_any_actor(tmp_path, ray_local):
+    executor = RayExecutor(clients_per_actor=1)  # 4 actors of 1 CPU on a 2-CPU Ray
+    with pytest.raises(ConfigError, match="into actors of 1 fits the Ray cluster"):
+        tiny_loop(tmp_path, executor).fit()
+    assert not executor.actors and ray_local.is_initialized()  # a Ray it did not start stays up
+
+
 def test_cli_knob_selects_the_ray_executor(fast_args):
     parser, cfg = parse_fit(fast_args + [
         "--federation.executor", "fdlit.federation.RayExecutor",

@@ -271,10 +271,14 @@ class RayExecutor(ClientExecutor):
             self._started_ray = True
         self.device = fabric.device
         resources = ray.cluster_resources()
-        self.plan = plan_actors(
-            len(clients), resources.get("CPU", 0.0), resources.get("GPU", 0.0), self.num_cpus_per_actor,
-            self.num_gpus_per_client, self.num_gpus_per_actor, self.clients_per_actor,
-        )
+        try:
+            self.plan = plan_actors(
+                len(clients), resources.get("CPU", 0.0), resources.get("GPU", 0.0), self.num_cpus_per_actor,
+                self.num_gpus_per_client, self.num_gpus_per_actor, self.clients_per_actor,
+            )
+        except ConfigError:
+            self.teardown([])  # stop a Ray this executor started
+            raise
         _, n_actors, gpus = self.plan
         env = dict(self.runtime_env)
         env_vars = dict(env.get("env_vars") or {})
@@ -310,17 +314,21 @@ class RayExecutor(ClientExecutor):
                 f"only {len(ready)} of {n_actors} Ray actors started within {self.startup_timeout_s:g} s "
                 f"(each asks for {self.num_cpus_per_actor:g} CPU, {gpus:g} GPU; `ray status` shows what is free)"
             )
-        ray.get(ready)  # an actor that failed to start raises here
+        try:
+            ray.get(ready)  # an actor that failed to start raises here
+        except Exception:
+            self.teardown([])
+            raise
 
     def teardown(self, clients: Sequence[ClientModule]) -> None:
         """Copy the final client state into ``clients`` (the driver's), free the actors, and stop
         the Ray that this executor started."""
-        if not self.actors:
+        if not self.actors and not self._started_ray:
             return
         ray = import_ray()
         run_failed = sys.exc_info()[0] is not None  # called from the loop's `finally` while an error propagates
         try:
-            if clients:
+            if clients and self.actors:
                 self.fetch_states(clients)
         except Exception as exc:
             if not run_failed:
