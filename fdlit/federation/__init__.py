@@ -1,6 +1,7 @@
 from fdlit.callbacks import FederationCallback
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.executor import ClientExecutor, SequentialExecutor
+from fdlit.federation.ray_executor import RayExecutor
 from fdlit.federation.loop import FederationLoop, NumericalFault, build_model, format_summary
 
 __all__ = [
@@ -9,6 +10,7 @@ __all__ = [
     "FederationCallback",
     "FederationLoop",
     "NumericalFault",
+    "RayExecutor",
     "SequentialExecutor",
     "build_model",
     "format_summary",

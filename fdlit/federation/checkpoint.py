@@ -110,7 +110,8 @@ def checkpoint_state(loop: "FederationLoop") -> dict[str, Any]:
         "seed": loop.seed,
         "num_clients": len(loop.clients),
         "config_sha256": config_fingerprint(loop.config),
-        "clients": [c.client_state() for c in loop.clients],
+        # the executor knows where client state lives (in-process, or in Ray actors)
+        "clients": loop.executor.fetch_states(loop.clients),
         "aggregator": aggregator_state,
         "rng": rng_state(),
         "ledger": loop.ledger.state_dict(),
@@ -186,6 +187,7 @@ def restore_checkpoint(loop: "FederationLoop", state: dict[str, Any]) -> None:
     print(f"fdlit: resuming {loop.run_path} after round {state['round']} of {loop.rounds}", file=sys.stderr)
     for client, client_state in zip(loop.clients, state["clients"]):
         client.load_client_state(client_state)
+    loop.executor.push_states(loop.clients)
     if state["aggregator"] is not None:
         loop.aggregator.load_state_dict(state["aggregator"])
     loop.ledger.load_state_dict(state["ledger"])

@@ -36,6 +36,17 @@ class ClientExecutor:
         """Logits of every client on x: M x N x C (float32)."""
         raise NotImplementedError
 
+    def fetch_states(self, clients: Sequence[ClientModule]) -> list[dict]:
+        """Bring the executor's client state into ``clients`` (the loop's); returns the states.
+        Executors that train ``clients`` in place (the sequential one) have nothing to bring."""
+        return [c.client_state() for c in clients]
+
+    def push_states(self, clients: Sequence[ClientModule]) -> None:
+        """Make the executor's clients match ``clients`` (e.g. after loading a checkpoint)."""
+
+    def teardown(self, clients: Sequence[ClientModule]) -> None:
+        """End of a run: hand the final client state back into ``clients`` and free workers."""
+
     def client_uploads(self, loop, callbacks, clients, client_data, public_logits) -> list[dict[str, torch.Tensor]]:
         """Run every callback's ``on_client_private_end`` where the client lives and collect what
         each client uploads: its public logits plus the callbacks' payloads (000 Algorithm 1, 6-7)."""

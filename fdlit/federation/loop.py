@@ -210,9 +210,12 @@ class FederationLoop:
         self._fit_start = start = time.perf_counter() - self.wall_time
         for cb in self.callbacks:
             cb.on_fit_start(self)
-        for r in range(self.round + 1, self.rounds + 1):
-            self.run_round(r)
-            self.wall_time = time.perf_counter() - start
+        try:
+            for r in range(self.round + 1, self.rounds + 1):
+                self.run_round(r)
+                self.wall_time = time.perf_counter() - start
+        finally:
+            self.executor.teardown(self.clients)  # remote executors: final state back into self.clients
         summary = self.summary()
         for cb in self.callbacks:
             cb.on_fit_end(self, summary)

@@ -1,0 +1,461 @@
+"""Clients in long-lived Ray actors (issue 7, "scale").
+
+Each actor (:class:`ClientWorker`) holds a group of clients for the whole run: their modules,
+optimizers and generators never leave it between rounds. Every call goes to all actors at once and
+the driver waits for all of them; what comes back is small: training losses, logits, and the
+payloads of ``on_client_private_end`` (e.g. UWA's Gaussian mixtures). The aggregator runs on the
+driver. Inside an actor the clients run exactly as in :class:`SequentialExecutor` (the actor holds
+one), so a Ray run reproduces a sequential run with the same seed (tests/test_ray_executor.py).
+
+Data goes down to the actors once per tensor: the driver hands each distinct tensor (a client's
+training split, the public set, this round's teacher) to an actor the first time the actor needs it
+and afterwards names it by a token; the actor keeps it on its device until the driver no longer
+holds the tensor. Public logits that an actor computed stay there for the client hooks.
+
+Client state: the authoritative copy lives in the actors during a run. :meth:`RayExecutor.fetch_states`
+copies it into the driver's ``ClientModule`` objects (``loop.clients``), :meth:`push_states` copies
+the driver's into the actors; :meth:`teardown` (called by ``FederationLoop.fit`` at the end) fetches,
+then frees the actors, so ``loop.clients`` hold the final clients after ``fit``.
+
+``ray`` is imported only when a RayExecutor is set up: fdlit works without it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import site
+import sys
+import sysconfig
+import warnings
+import weakref
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional, Sequence
+
+import torch
+from lightning.fabric import Fabric
+
+from fdlit.callbacks import FederationCallback
+from fdlit.clients import ClientModule
+from fdlit.errors import ConfigError
+from fdlit.federation.executor import ClientExecutor, SequentialExecutor
+
+INSTALL_HINT = "pip install 'fdlit[ray]'  (or: pip install ray)"
+# what the client hooks see of the loop inside an actor (the loop itself stays on the driver)
+LOOP_VIEW_ATTRIBUTES = ("round", "rounds", "seed", "accelerator", "precision", "message_dtype")
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            f"fdlit.federation.RayExecutor needs the 'ray' package, which is not installed ({exc}). "
+            f"Install it with: {INSTALL_HINT}"
+        ) from None
+    return ray
+
+
+def plan_actors(
+    num_clients: int,
+    cluster_cpus: float,
+    cluster_gpus: float,
+    num_cpus_per_actor: float = 1.0,
+    num_gpus_per_client: float = 0.0,
+    num_gpus_per_actor: Optional[float] = None,
+    clients_per_actor: Optional[int] = None,
+) -> tuple[int, int, float]:
+    """How many clients each actor holds, how many actors, and the GPUs each actor asks for.
+
+    Every actor must be placed at once (clients live in them for the whole run), so a plan the
+    cluster cannot hold is an error here rather than a run that waits forever for resources.
+    Default grouping: as many actors as the cluster's CPUs allow (``num_cpus_per_actor`` each),
+    clients split evenly (``size`` is the largest group; sizes differ by at most one); if that does not fit the GPUs, fewer, larger actors. An actor asks for
+    ``num_gpus_per_actor``, or ``num_gpus_per_client`` times its clients; a fractional ask must fit
+    within one GPU, so a GPU holds ``floor(1 / ask)`` actors.
+    """
+    if num_gpus_per_actor is not None and num_gpus_per_client:
+        raise ConfigError("federation.executor", "set num_gpus_per_client or num_gpus_per_actor, not both")
+    eps = 1e-9
+    if clients_per_actor is not None:
+        candidates = [clients_per_actor]
+    else:
+        slots = int(cluster_cpus // num_cpus_per_actor + eps) if num_cpus_per_actor > 0 else num_clients
+        candidates = range(math.ceil(num_clients / max(1, min(num_clients, slots))), num_clients + 1)
+    for size in candidates:
+        actors = math.ceil(num_clients / size)
+        size = math.ceil(num_clients / actors)  # even groups: 4 clients on 3 slots -> 2 + 2
+        actors = math.ceil(num_clients / size)
+        gpus = num_gpus_per_actor if num_gpus_per_actor is not None else num_gpus_per_client * size
+        gpus = round(gpus, 4)  # Ray's resolution is 1e-4
+        if gpus > 1 and gpus != int(gpus):
+            continue  # Ray accepts fractions <= 1 or whole numbers
+        if actors * num_cpus_per_actor > cluster_cpus + eps:
+            continue
+        whole_gpus = int(cluster_gpus + eps)
+        if gpus == 0 or (gpus <= 1 and actors <= int(1 / gpus + eps) * whole_gpus) or (
+                gpus > 1 and actors * gpus <= cluster_gpus + eps):
+            return size, actors, gpus
+    raise ConfigError(
+        "federation.executor",
+        f"no grouping of {num_clients} clients"
+        + (f" into actors of {clients_per_actor}" if clients_per_actor is not None else "")
+        + f" fits the Ray cluster ({cluster_cpus:g} CPUs, {cluster_gpus:g} GPUs) with {num_cpus_per_actor:g} CPU "
+        f"per actor and {num_gpus_per_actor if num_gpus_per_actor is not None else num_gpus_per_client:g} GPU per "
+        f"{'actor' if num_gpus_per_actor is not None else 'client'}; Ray accepts GPU fractions <= 1 or whole numbers",
+    )
+
+
+class ClientWorker:
+    """One actor's clients. Plain class: :class:`RayExecutor` turns it into a Ray actor."""
+
+    def __init__(self, clients: list[ClientModule], precision: str, num_threads: int, eval_batch_size: int):
+        import ray
+
+        torch.set_num_threads(num_threads)
+        gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
+        self.fabric = Fabric(accelerator="cuda" if gpu else "cpu", devices=1, precision=precision)
+        self.clients = {c.client_id: c for c in clients}
+        self.executor = SequentialExecutor(eval_batch_size)  # the same per-client code as a sequential run
+        self.executor.setup(self.fabric, clients)
+        self.objects: dict[int, Any] = {}  # token -> tensor on this device, or ClientData
+        self.logits: dict[int, dict[int, torch.Tensor]] = {}  # input token -> client id -> logits
+
+    def _receive(self, new: dict[int, Any], live: Sequence[int]) -> None:
+        import ray
+
+        for token, ref in new.items():
+            obj = ray.get(ref)
+            # a copy on this device: the object-store buffer may be freed once the driver drops it
+            self.objects[token] = obj.to(self.fabric.device, copy=True) if isinstance(obj, torch.Tensor) else obj
+        live = set(live)
+        for store in (self.objects, self.logits):
+            for token in [t for t in store if t not in live]:
+                del store[token]
+
+    def train(self, ids, phase, data_tokens, epochs, batch_size, new, live) -> list[float]:
+        self._receive(new, live)
+        return [
+            self.executor._train_one(self.clients[i], phase, self.objects[x], self.objects[t], epochs, batch_size)
+            for i, (x, t) in zip(ids, data_tokens)
+        ]
+
+    def predict(self, ids, x_token, new, live) -> torch.Tensor:
+        self._receive(new, live)
+        out = self.executor.predict([self.clients[i] for i in ids], self.objects[x_token])
+        self.logits.setdefault(x_token, {}).update(zip(ids, out))
+        return out.cpu()
+
+    def uploads(self, ids, loop_view, callbacks, data_tokens, x_token, public_logits, new, live) -> list[dict]:
+        self._receive(new, live)
+        if public_logits is None:  # the logits this actor computed in the last predict on these inputs
+            public_logits = [self.logits[x_token][i] for i in ids]
+        else:
+            public_logits = [z.to(self.fabric.device) for z in public_logits]
+        payloads = self.executor.client_uploads(
+            loop_view, callbacks, [self.clients[i] for i in ids],
+            [self.objects[d] for d in data_tokens], public_logits,
+        )
+        # the driver has the logits already, unless a hook replaced them (e.g. added noise)
+        return [{k: v.cpu() for k, v in p.items() if not (k == "logits" and v is z)}
+                for p, z in zip(payloads, public_logits)]
+
+    def get_states(self, ids) -> list[dict]:
+        return [_to_cpu(self.clients[i].client_state()) for i in ids]
+
+    def set_states(self, ids, states) -> None:
+        for i, state in zip(ids, states):
+            self.clients[i].load_client_state(state)
+
+    def where(self) -> dict:
+        """Diagnostics: which fdlit this process imported, its device and threads."""
+        import fdlit
+
+        return {"fdlit": fdlit.__file__, "device": str(self.fabric.device), "threads": torch.get_num_threads(),
+                "pid": os.getpid()}
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def _ship_code_by_value(ray, classes) -> None:
+    """Classes from the user's own modules (a test file, a folder of scripts) are pickled by value,
+    so actors need not be able to import them; fdlit and installed packages travel by name."""
+    installed = [Path(p).resolve() for p in (*site.getsitepackages(), sysconfig.get_paths()["stdlib"])]
+    for cls in classes:
+        name = cls.__module__
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
+        if name == "__main__" or name.split(".")[0] == "fdlit" or file is None:
+            continue  # __main__ is pickled by value anyway
+        path = Path(file).resolve()
+        if not any(path.is_relative_to(p) for p in installed):
+            ray.cloudpickle.register_pickle_by_value(module)
+
+
+def _overrides_client_hook(cb: FederationCallback) -> bool:
+    return type(cb).on_client_private_end is not FederationCallback.on_client_private_end
+
+
+class RayExecutor(ClientExecutor):
+    """Clients in long-lived Ray actors, a group of clients per actor, on fractional GPUs.
+
+    Args:
+        address: null starts a local Ray with ``num_cpus`` CPUs (stopped again at the end of the
+            run); ``auto`` joins the cluster started on this machine with ``ray start --head``;
+            ``ray://host:10001`` joins a remote cluster (Ray Client). An already initialised Ray
+            (``ray.init`` in the calling program) is used as it is.
+        num_cpus: CPUs of the local Ray started when ``address`` is null; null: all of this machine's.
+        num_cpus_per_actor: CPUs each actor reserves; also its torch thread count.
+        num_gpus_per_client: GPU share of one client; an actor asks for this times its clients.
+        num_gpus_per_actor: GPU share of one actor regardless of its clients (instead of the above).
+        clients_per_actor: clients per actor; null spreads the clients over as many actors as the
+            cluster's CPUs allow (``num_cpus_per_actor`` each).
+        eval_batch_size: batch size of inference (as SequentialExecutor).
+        runtime_env: extra Ray runtime environment of the actors (e.g. ``{"py_modules": [...]}``
+            when the cluster's nodes do not have fdlit installed). ``PYTHONPATH`` always starts with
+            the folder the driver imported fdlit from, so actors on this machine run the same code.
+        startup_timeout_s: how long to wait for every actor to start (resources, imports) before
+            giving up with an error instead of waiting forever.
+    """
+
+    def __init__(
+        self,
+        address: Optional[str] = None,
+        num_cpus: Optional[int] = None,
+        num_cpus_per_actor: float = 1.0,
+        num_gpus_per_client: float = 0.0,
+        num_gpus_per_actor: Optional[float] = None,
+        clients_per_actor: Optional[int] = None,
+        eval_batch_size: int = 1024,
+        runtime_env: Optional[dict] = None,
+        startup_timeout_s: float = 600.0,
+    ):
+        if num_cpus_per_actor < 0 or num_gpus_per_client < 0 or (num_gpus_per_actor or 0) < 0:
+            raise ConfigError("federation.executor", "resource amounts must be >= 0")
+        if clients_per_actor is not None and clients_per_actor < 1:
+            raise ConfigError("federation.executor.clients_per_actor", f"must be >= 1, got {clients_per_actor}")
+        if num_gpus_per_actor is not None and num_gpus_per_client:
+            raise ConfigError("federation.executor", "set num_gpus_per_client or num_gpus_per_actor, not both")
+        self.address = address
+        self.num_cpus = num_cpus
+        self.num_cpus_per_actor = num_cpus_per_actor
+        self.num_gpus_per_client = num_gpus_per_client
+        self.num_gpus_per_actor = num_gpus_per_actor
+        self.clients_per_actor = clients_per_actor
+        self.eval_batch_size = eval_batch_size
+        self.runtime_env = dict(runtime_env or {})
+        self.startup_timeout_s = startup_timeout_s
+        self.actors: list = []
+        self._started_ray = False
+
+    # ------------------------------------------------------------------ set-up and teardown
+    def setup(self, fabric: Fabric, clients: Sequence[ClientModule]) -> None:
+        ray = import_ray()
+        if self.actors:  # a second fit with the same executor: start over
+            self.teardown([])
+        if not ray.is_initialized():
+            if self.address is None:
+                ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=self.address, log_to_driver=False)
+            self._started_ray = True
+        self.device = fabric.device
+        resources = ray.cluster_resources()
+        try:
+            self.plan = plan_actors(
+                len(clients), resources.get("CPU", 0.0), resources.get("GPU", 0.0), self.num_cpus_per_actor,
+                self.num_gpus_per_client, self.num_gpus_per_actor, self.clients_per_actor,
+            )
+        except ConfigError:
+            self.teardown([])  # stop a Ray this executor started
+            raise
+        _, n_actors, gpus = self.plan
+        env = dict(self.runtime_env)
+        env_vars = dict(env.get("env_vars") or {})
+        import fdlit
+
+        code_root = str(Path(fdlit.__file__).resolve().parent.parent)
+        # actors import the same fdlit as the driver (not e.g. another checkout installed in the venv)
+        env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (code_root, env_vars.get("PYTHONPATH"), "${PYTHONPATH}") if p)
+        env["env_vars"] = env_vars
+        actor_cls = ray.remote(ClientWorker).options(
+            num_cpus=self.num_cpus_per_actor, num_gpus=gpus, runtime_env=env,
+        )
+        precision = fabric.strategy.precision.precision
+        threads = max(1, int(self.num_cpus_per_actor))
+        # group sizes differ by at most one (100 clients on 15 actors: 10 of 7, 5 of 6)
+        base, extra = divmod(len(clients), n_actors)
+        bounds = list(itertools.accumulate([0] + [base + (a < extra) for a in range(n_actors)]))
+        groups = [list(clients[bounds[a]:bounds[a + 1]]) for a in range(n_actors)]
+        _ship_code_by_value(ray, {type(m) for c in clients for m in c.modules()})
+        # the driver built the clients (same init as a sequential run) and ships them once, whole
+        self.actors = [actor_cls.remote(g, precision, threads, self.eval_batch_size) for g in groups]
+        self._actor_of = {c.client_id: a for a, g in enumerate(groups) for c in g}
+        self._tokens: dict[int, tuple[weakref.ref, int]] = {}  # id(object) -> (weakref, token)
+        self._counter = itertools.count()
+        self._has: list[set[int]] = [set() for _ in self.actors]
+        self._latest_prediction: dict[int, weakref.ref] = {}  # input token -> latest predict output
+        # fail here, not mid-round, if an actor cannot start (no resources, cannot import fdlit)
+        pending = [a.where.remote() for a in self.actors]
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=self.startup_timeout_s)
+        if len(ready) < len(pending):
+            self.teardown([])
+            raise RuntimeError(
+                f"only {len(ready)} of {n_actors} Ray actors started within {self.startup_timeout_s:g} s "
+                f"(each asks for {self.num_cpus_per_actor:g} CPU, {gpus:g} GPU; `ray status` shows what is free)"
+            )
+        try:
+            ray.get(ready)  # an actor that failed to start raises here
+        except Exception:
+            self.teardown([])
+            raise
+
+    def teardown(self, clients: Sequence[ClientModule]) -> None:
+        """Copy the final client state into ``clients`` (the driver's), free the actors, and stop
+        the Ray that this executor started."""
+        if not self.actors and not self._started_ray:
+            return
+        ray = import_ray()
+        run_failed = sys.exc_info()[0] is not None  # called from the loop's `finally` while an error propagates
+        try:
+            if clients and self.actors:
+                self.fetch_states(clients)
+        except Exception as exc:
+            if not run_failed:
+                raise
+            # do not hide the run's own error (e.g. an actor that died) behind this one
+            warnings.warn(f"RayExecutor: could not fetch the client state after the run failed: {exc!r}")
+        finally:
+            for actor in self.actors:
+                ray.kill(actor)
+            self.actors = []
+            if self._started_ray:
+                ray.shutdown()
+                self._started_ray = False
+
+    def fetch_states(self, clients: Sequence[ClientModule]) -> list[dict]:
+        """Load the actors' client state into the driver's ``clients``; returns the states."""
+        ray = import_ray()
+        groups = self._groups(clients)
+        results = ray.get([self.actors[a].get_states.remote([clients[j].client_id for j in idx])
+                           for a, idx in groups.items()])
+        states: list[Optional[dict]] = [None] * len(clients)
+        for idx, got in zip(groups.values(), results):
+            for j, state in zip(idx, got):
+                clients[j].load_client_state(state)
+                states[j] = state
+        return states
+
+    def push_states(self, clients: Sequence[ClientModule]) -> None:
+        """Load the driver's client state (e.g. from a checkpoint) into the actors."""
+        ray = import_ray()
+        groups = self._groups(clients)
+        ray.get([self.actors[a].set_states.remote([clients[j].client_id for j in idx],
+                                                   [_to_cpu(clients[j].client_state()) for j in idx])
+                 for a, idx in groups.items()])
+
+    # ------------------------------------------------------------------ shipping data down once
+    def _token(self, obj) -> int:
+        entry = self._tokens.get(id(obj))
+        if entry is not None and entry[0]() is obj:
+            return entry[1]
+        token = next(self._counter)
+        self._tokens[id(obj)] = (weakref.ref(obj), token)
+        return token
+
+    def _shipment(self, objects_by_actor: dict[int, list]) -> dict[int, tuple[dict, list[int]]]:
+        """Per actor: the objects it lacks (as object refs, each put once) and the live tokens."""
+        ray = import_ray()
+        for key in [k for k, (ref, _) in self._tokens.items() if ref() is None]:
+            del self._tokens[key]  # the driver dropped it: actors may drop it too
+        tokens = {a: [(self._token(obj), obj) for obj in objects] for a, objects in objects_by_actor.items()}
+        live = sorted(token for _, token in self._tokens.values())
+        put: dict[int, Any] = {}
+        out = {}
+        for a, pairs in tokens.items():
+            self._has[a].intersection_update(live)
+            new = {}
+            for token, obj in pairs:
+                if token not in self._has[a]:
+                    if token not in put:
+                        put[token] = ray.put(obj.detach().cpu() if isinstance(obj, torch.Tensor) else obj)
+                    new[token] = put[token]
+                    self._has[a].add(token)
+            out[a] = (new, live)
+        return out
+
+    def _groups(self, clients: Sequence[ClientModule]) -> dict[int, list[int]]:
+        """Positions in ``clients`` grouped by the actor holding each client (order kept)."""
+        groups: dict[int, list[int]] = {}
+        for j, c in enumerate(clients):
+            groups.setdefault(self._actor_of[c.client_id], []).append(j)
+        return groups
+
+    # ------------------------------------------------------------------ the executor interface
+    def train(self, clients, phase, datasets, epochs, batch_size):
+        ray = import_ray()
+        groups = self._groups(clients)
+        ship = self._shipment({a: [t for j in idx for t in datasets[j]] for a, idx in groups.items()})
+        calls = [
+            self.actors[a].train.remote(
+                [clients[j].client_id for j in idx], phase,
+                [(self._token(datasets[j][0]), self._token(datasets[j][1])) for j in idx],
+                epochs, batch_size, *ship[a],
+            )
+            for a, idx in groups.items()
+        ]
+        losses = [math.nan] * len(clients)
+        for idx, got in zip(groups.values(), ray.get(calls)):
+            for j, loss in zip(idx, got):
+                losses[j] = loss
+        return losses
+
+    def predict(self, clients, x):
+        ray = import_ray()
+        groups = self._groups(clients)
+        ship = self._shipment({a: [x] for a in groups})
+        token = self._token(x)
+        calls = [self.actors[a].predict.remote([clients[j].client_id for j in idx], token, *ship[a])
+                 for a, idx in groups.items()]
+        out: list[Optional[torch.Tensor]] = [None] * len(clients)
+        for idx, got in zip(groups.values(), ray.get(calls)):
+            for j, z in zip(idx, got):
+                out[j] = z
+        result = torch.stack(out).to(x.device)
+        # actors keep these logits (the latest per input) for the client hooks; remember which output that is
+        self._latest_prediction[token] = weakref.ref(result)
+        return result
+
+    def client_uploads(self, loop, callbacks, clients, client_data, public_logits):
+        ray = import_ray()
+        groups = self._groups(clients)
+        # only hooks that do client-side work travel; loggers (which hold files, W&B runs) stay here
+        hooks = [cb for cb in callbacks if _overrides_client_hook(cb)]
+        _ship_code_by_value(ray, {type(cb) for cb in hooks})
+        view = SimpleNamespace(**{k: getattr(loop, k) for k in LOOP_VIEW_ATTRIBUTES if hasattr(loop, k)})
+        # logits the actors computed themselves need not travel back down
+        x_token = next((t for t, ref in self._latest_prediction.items() if ref() is public_logits), None)
+        cached = x_token is not None
+        ship = self._shipment({a: [client_data[j] for j in idx] for a, idx in groups.items()})
+        calls = [
+            self.actors[a].uploads.remote(
+                [clients[j].client_id for j in idx], view, hooks, [self._token(client_data[j]) for j in idx],
+                x_token, None if cached else [public_logits[j].cpu() for j in idx], *ship[a],
+            )
+            for a, idx in groups.items()
+        ]
+        uploads: list[Optional[dict]] = [None] * len(clients)
+        for idx, got in zip(groups.values(), ray.get(calls)):
+            for j, payload in zip(idx, got):
+                uploads[j] = {"logits": public_logits[j], **{k: v.to(self.device) for k, v in payload.items()}}
+        return uploads

@@ -1,0 +1,154 @@
+"""The Ray executor: same metrics as the sequential executor, resource planning, the CLI knob.
+
+One local Ray (2 CPUs) for the whole module; every federation here is tiny.
+"""
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from fdlit.aggregators import SmoothedUncertaintyWeightedAggregator
+from fdlit.callbacks import FederationCallback
+from fdlit.cli import build_loop, parse_fit
+from fdlit.data import FederatedData
+from fdlit.errors import ConfigError
+from fdlit.federation import FederationLoop, RayExecutor, SequentialExecutor
+from fdlit.federation import ray_executor as ray_executor_module
+from fdlit.federation.ray_executor import plan_actors
+from fdlit.loggers import LoggerConfig
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+class NoisyLogits(FederationCallback):
+    """A client hook that replaces the uploaded logits and adds a statistic (runs in the actor)."""
+
+    def on_client_private_end(self, loop, client, data, public_logits):
+        g = torch.Generator().manual_seed(1000 * loop.round + client.client_id)
+        noise = 0.01 * torch.randn(public_logits.shape, generator=g).to(public_logits.device)
+        return {"logits": public_logits + noise, "n_calibration": torch.tensor([float(len(data.calibration))])}
+
+
+def tiny_loop(tmp_path, executor, callbacks=()):
+    return FederationLoop(
+        rounds=2, private_epochs_first=2, private_epochs=1, public_epochs_first=1, public_epochs=1,
+        executor=executor, callbacks=list(callbacks),
+        data=FederatedData(num_clients=4, classes_per_client=3, public_size=200),
+        model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32]}},
+        aggregator=SmoothedUncertaintyWeightedAggregator(tau=0.25),
+        logger=LoggerConfig(mode="disabled", progress=False, run_dir=str(tmp_path)), seed=3,
+    )
+
+
+def comparable(history):
+    return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in history]
+
+
+class StateRoundTrip(FederationCallback):
+    """After round 1 (driver side): fetch the actors' clients, push altered ones, check the actors
+    use them, push the originals back. The run must still match the sequential one afterwards."""
+
+    checked = False
+
+    def on_round_end(self, loop, round, metrics):
+        import fdlit
+        import ray
+
+        executor = loop.executor
+        if round != 1 or not isinstance(executor, RayExecutor):
+            return
+        where = ray.get([a.where.remote() for a in executor.actors])
+        assert {w["fdlit"] for w in where} == {fdlit.__file__}  # actors run this checkout
+        assert {w["threads"] for w in where} == {1}
+        trained = executor.predict(loop.clients, loop.test_x)
+        initial = torch.stack([c.predict_logits(loop.test_x) for c in loop.clients])
+        assert not torch.equal(trained, initial)  # the driver's copies were not trained ...
+        states = executor.fetch_states(loop.clients)
+        assert torch.equal(torch.stack([c.predict_logits(loop.test_x) for c in loop.clients]), trained)  # ... now fetched
+        for p in loop.clients[0].model.parameters():
+            torch.nn.init.zeros_(p)
+        executor.push_states(loop.clients)
+        assert torch.equal(executor.predict(loop.clients, loop.test_x)[0], torch.zeros_like(trained[0]))
+        loop.clients[0].load_client_state(states[0])
+        executor.push_states(loop.clients)
+        self.checked = True
+
+
+def test_ray_reproduces_sequential_metrics_and_final_state(tmp_path, ray_local):
+    # sUWA fits its mixtures in the actors; NoisyLogits (defined here, pickled by value) replaces logits
+    seq = tiny_loop(tmp_path / "seq", SequentialExecutor(), [NoisyLogits()])
+    seq.fit()
+    executor, round_trip = RayExecutor(), StateRoundTrip()  # Ray is up: 2 CPUs -> 2 actors of 2 clients
+    ray_loop = tiny_loop(tmp_path / "ray", executor, [NoisyLogits(), round_trip])
+    ray_loop.fit()
+    assert executor.plan == (2, 2, 0.0) and round_trip.checked
+    assert comparable(ray_loop.history) == comparable(seq.history)  # exact, every metric but time/*
+    assert ray_loop.history[-1]["density/log_likelihood_mean"] == seq.history[-1]["density/log_likelihood_mean"]
+    assert [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in ray_loop.ledger.messages] == \
+        [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in seq.ledger.messages]
+    # teardown handed the actors' final clients back to the driver: weights, Adam state, generators
+    for a, b in zip(seq.clients, ray_loop.clients):
+        sa, sb = a.client_state(), b.client_state()
+        assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
+        assert torch.equal(sa["generator"], sb["generator"])
+        assert sa["optimizer"]["state"][0]["step"] == sb["optimizer"]["state"][0]["step"]
+    assert not executor.actors and ray_local.is_initialized()  # actors freed; a Ray it did not start stays up
+
+
+def test_plan_groups_clients_and_fractional_gpus():
+    assert plan_actors(4, 2, 0) == (2, 2, 0.0)
+    assert plan_actors(5, 2, 0) == (3, 2, 0.0)
+    assert plan_actors(100, 16, 4, num_gpus_per_client=0.02) == (7, 15, 0.14)
+    # 15 actors of 0.28 GPU do not pack into 4 GPUs (3 per GPU): fewer, larger actors, 1 per GPU
+    assert plan_actors(100, 16, 4, num_gpus_per_client=0.04) == (25, 4, 1.0)
+    assert plan_actors(8, 64, 2, num_gpus_per_client=0.25) == (1, 8, 0.25)  # 4 actors per GPU
+    assert plan_actors(8, 2, 2, num_gpus_per_client=0.25) == (4, 2, 1.0)  # 2 CPUs: 2 actors of 4 clients
+    assert plan_actors(100, 16, 4, num_gpus_per_actor=0.25) == (7, 15, 0.25)
+    assert plan_actors(4, 8, 0, clients_per_actor=1) == (1, 4, 0.0)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_clients=4, cluster_cpus=2, cluster_gpus=0, clients_per_actor=1), "into actors of 1 fits"),
+    (dict(num_clients=100, cluster_cpus=64, cluster_gpus=4, num_gpus_per_client=0.25), "0.25 GPU per client"),
+    (dict(num_clients=8, cluster_cpus=2, cluster_gpus=8, num_gpus_per_client=0.3, clients_per_actor=4), "fractions <= 1"),
+    (dict(num_clients=8, cluster_cpus=2, cluster_gpus=8, num_gpus_per_client=0.3, num_gpus_per_actor=1), "not both"),
+])
+def test_plans_the_cluster_cannot_hold_fail_before_starting(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        plan_actors(**kwargs)
+
+
+def test_a_plan_the_running_ray_cannot_hold_stops_before_any_actor(tmp_path, ray_local):
+    executor = RayExecutor(clients_per_actor=1)  # 4 actors of 1 CPU on a 2-CPU Ray
+    with pytest.raises(ConfigError, match="into actors of 1 fits the Ray cluster"):
+        tiny_loop(tmp_path, executor).fit()
+    assert not executor.actors and ray_local.is_initialized()  # a Ray it did not start stays up
+
+
+def test_cli_knob_selects_the_ray_executor(fast_args):
+    parser, cfg = parse_fit(fast_args + [
+        "--federation.executor", "fdlit.federation.RayExecutor",
+        "--federation.executor.num_gpus_per_client", "0.25", "--federation.executor.address", "auto",
+        "--federation.executor.clients_per_actor", "2",
+    ])
+    loop = build_loop(cfg, parser)
+    assert isinstance(loop.executor, RayExecutor)
+    assert (loop.executor.address, loop.executor.num_gpus_per_client, loop.executor.clients_per_actor) == ("auto", 0.25, 2)
+
+
+def test_missing_ray_names_the_package_and_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    # the module imports without ray: run its top level again in a fresh module object
+    spec = importlib.util.spec_from_file_location("ray_executor_without_ray", ray_executor_module.__file__)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    executor = RayExecutor()  # constructing (and importing fdlit) needs no ray
+    with pytest.raises(ImportError, match=r"needs the 'ray' package.*pip install"):
+        executor.setup(None, [])
