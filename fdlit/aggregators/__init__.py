@@ -2,6 +2,11 @@
 
 from fdlit.aggregators.averaging import ProbabilityAveragingAggregator
 from fdlit.aggregators.base import AggregationResult, Aggregator, weight_concentration, weight_entropy
+from fdlit.aggregators.entropy import EntropyWeightedAggregator
+from fdlit.aggregators.era import EntropyReductionAggregator
+from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
+from fdlit.aggregators.oracle import OracleAggregator
+from fdlit.aggregators.variance import LogitVarianceAggregator
 from fdlit.aggregators.density import DiagonalGaussianMixture, mixture_log_likelihood
 from fdlit.aggregators.uncertainty import SmoothedUncertaintyWeightedAggregator, UncertaintyWeightedAggregator
 
@@ -9,6 +14,11 @@ __all__ = [
     "AggregationResult",
     "Aggregator",
     "DiagonalGaussianMixture",
+    "EntropyReductionAggregator",
+    "EntropyWeightedAggregator",
+    "LogitAveragingAggregator",
+    "LogitVarianceAggregator",
+    "OracleAggregator",
     "ProbabilityAveragingAggregator",
     "SmoothedUncertaintyWeightedAggregator",
     "UncertaintyWeightedAggregator",
