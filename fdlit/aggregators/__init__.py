@@ -5,7 +5,9 @@ from fdlit.aggregators.base import AggregationResult, Aggregator, weight_concent
 from fdlit.aggregators.entropy import EntropyWeightedAggregator
 from fdlit.aggregators.era import EntropyReductionAggregator
 from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
+from fdlit.aggregators.kulsif import KuLSIF
 from fdlit.aggregators.oracle import OracleAggregator
+from fdlit.aggregators.selective import SelectiveFDAggregator
 from fdlit.aggregators.variance import LogitVarianceAggregator
 from fdlit.aggregators.density import DiagonalGaussianMixture, mixture_log_likelihood
 from fdlit.aggregators.uncertainty import SmoothedUncertaintyWeightedAggregator, UncertaintyWeightedAggregator
@@ -18,7 +20,9 @@ __all__ = [
     "EntropyWeightedAggregator",
     "LogitAveragingAggregator",
     "LogitVarianceAggregator",
+    "KuLSIF",
     "OracleAggregator",
+    "SelectiveFDAggregator",
     "ProbabilityAveragingAggregator",
     "SmoothedUncertaintyWeightedAggregator",
     "UncertaintyWeightedAggregator",

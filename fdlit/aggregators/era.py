@@ -19,6 +19,9 @@ class EntropyReductionAggregator(Aggregator):
     The softmax is applied to the *averaged probabilities* (values in [0, 1]), not to logits: with
     T < 1 this lowers the teacher's entropy while keeping AVG's argmax; T = 1 still differs from AVG
     (softmax of probabilities is flatter than the probabilities). Weights over clients are 1/M.
+    It sharpens a flat AVG teacher (disagreeing clients, the non-IID case DS-FL targets). It is not a
+    monotone sharpening: the ratio of two teacher probabilities becomes exp((p_a - p_b) / T) <=
+    exp(1 / T), so next to a mid-sized probability a tiny one can be lifted (tests/test_aggregator_zoo).
 
     Args:
         temperature: T > 0 (DS-FL: 0.1).
