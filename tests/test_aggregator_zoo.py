@@ -9,6 +9,7 @@ from scipy.stats import norm, spearmanr
 from fdlit.aggregators import (
     EntropyReductionAggregator,
     EntropyWeightedAggregator,
+    FedGOAggregator,
     KuLSIF,
     LogitAveragingAggregator,
     LogitVarianceAggregator,
@@ -16,6 +17,7 @@ from fdlit.aggregators import (
     ProbabilityAveragingAggregator,
     SelectiveFDAggregator,
 )
+from fdlit.aggregators.fedgo import train_discriminator
 from fdlit.errors import ConfigError
 
 M, N, C = 5, 64, 10
@@ -229,3 +231,48 @@ def test_selective_fd_rejects_bad_arguments(kwargs, field):
 def test_simple_rules_reject_bad_arguments(cls, kwargs, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         cls(**kwargs)
+
+
+# ---------------------------------------------------------------- FedGO
+def test_fedgo_with_equal_odds_and_equal_counts_is_avg():
+    ups = logit_uploads()
+    agg = FedGOAggregator()
+    agg.set_discriminator_scores(torch.full((M, N), 0.7), torch.full((M,), 100))
+    r = agg.aggregate(ups)
+    avg = ProbabilityAveragingAggregator().aggregate(ups)
+    torch.testing.assert_close(r.teacher, avg.teacher)
+    torch.testing.assert_close(r.weights, avg.weights)
+
+
+def test_fedgo_weights_are_n_times_odds_normalised():
+    g = torch.Generator().manual_seed(2)
+    d = torch.rand(M, N, generator=g) * 0.98 + 0.01  # discriminator outputs in (0, 1)
+    n_k = torch.tensor([10, 20, 30, 40, 50])
+    agg = FedGOAggregator()
+    agg.set_discriminator_scores(torch.logit(d.double()), n_k)
+    r = agg.aggregate(logit_uploads())
+    odds = d.double() / (1 - d.double())
+    expected = n_k[:, None] * odds / (n_k[:, None] * odds).sum(0)
+    torch.testing.assert_close(r.weights, expected.float())
+    assert_distribution(r)
+
+
+def test_fedgo_discriminator_separates_own_data_from_reference():
+    g = torch.Generator().manual_seed(0)
+    own = torch.randn(200, 4, generator=g) + 2.0
+    ref = torch.cat([torch.randn(100, 4, generator=g) + 2.0, torch.randn(100, 4, generator=g) - 2.0])
+    net = train_discriminator(own, ref, epochs=20, seed=0)
+    with torch.no_grad():
+        s = net(ref)[:, 0]
+    # odds ~ p_own / p_ref: about 2 on the shared half (own density twice the reference's), ~0 elsewhere
+    assert abs(float(s[:100].mean()) - math.log(2.0)) < 0.35
+    assert float(s[100:].mean()) < float(s[:100].mean()) - 3.0
+
+
+def test_fedgo_rejects_bad_arguments_and_needs_discriminators():
+    for kwargs, field in (({"hidden": 0}, "hidden"), ({"epochs": 0}, "epochs"), ({"lr": 0.0}, "lr"),
+                          ({"upload": "model"}, "upload")):
+        with pytest.raises(ConfigError, match=f"aggregator\\.{field}"):
+            FedGOAggregator(**kwargs)
+    with pytest.raises(RuntimeError, match="discriminators"):
+        FedGOAggregator().aggregate(logit_uploads())

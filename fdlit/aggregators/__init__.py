@@ -5,6 +5,7 @@ from fdlit.aggregators.base import AggregationResult, Aggregator, weight_concent
 from fdlit.aggregators.entropy import EntropyWeightedAggregator
 from fdlit.aggregators.era import EntropyReductionAggregator
 from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
+from fdlit.aggregators.fedgo import FedGOAggregator
 from fdlit.aggregators.kulsif import KuLSIF
 from fdlit.aggregators.oracle import OracleAggregator
 from fdlit.aggregators.selective import SelectiveFDAggregator
@@ -20,6 +21,7 @@ __all__ = [
     "EntropyWeightedAggregator",
     "LogitAveragingAggregator",
     "LogitVarianceAggregator",
+    "FedGOAggregator",
     "KuLSIF",
     "OracleAggregator",
     "SelectiveFDAggregator",
