@@ -11,6 +11,7 @@ from fdlit.aggregators import (
     EntropyWeightedAggregator,
     FedGOAggregator,
     KuLSIF,
+    LKDAggregator,
     LogitAveragingAggregator,
     LogitVarianceAggregator,
     OracleAggregator,
@@ -18,6 +19,7 @@ from fdlit.aggregators import (
     SelectiveFDAggregator,
 )
 from fdlit.aggregators.fedgo import train_discriminator
+from fdlit.aggregators.lkd import one_vs_rest_auc
 from fdlit.errors import ConfigError
 
 M, N, C = 5, 64, 10
@@ -276,3 +278,56 @@ def test_fedgo_rejects_bad_arguments_and_needs_discriminators():
             FedGOAggregator(**kwargs)
     with pytest.raises(RuntimeError, match="discriminators"):
         FedGOAggregator().aggregate(logit_uploads())
+
+
+# ---------------------------------------------------------------- LKD
+def test_one_vs_rest_auc_matches_sklearn():
+    from sklearn.metrics import roc_auc_score
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 4, (60,), generator=g)
+    s = torch.randn(60, 4, generator=g) + torch.nn.functional.one_hot(y, 4)
+    s[:10, 0] = 0.25  # ties
+    auc = one_vs_rest_auc(s, y, 4)
+    for c in range(4):
+        assert float(auc[c]) == pytest.approx(roc_auc_score((y == c).numpy(), s[:, c].numpy()), abs=1e-6)
+    batched = one_vs_rest_auc(torch.stack([s, -s]), y, 4)
+    torch.testing.assert_close(batched[0], auc)
+    torch.testing.assert_close(batched[1], 1 - auc)
+
+
+def test_lkd_trusts_each_client_on_the_classes_it_is_reliable_for():
+    # client i is perfect (AUC 1) on class i and useless (AUC 0.5) elsewhere
+    auc = torch.full((M, C), 0.5)
+    auc[torch.arange(M), torch.arange(M)] = 1.0
+    ups = logit_uploads()
+    for u, a in zip(ups, auc):
+        u["class_auc"] = a
+    r = LKDAggregator(temperature=20.0).aggregate(ups)
+    assert_distribution(r)
+    beta = torch.softmax(20 * auc, 0)
+    pred = stacked(ups).argmax(-1)
+    w = beta[torch.arange(M)[:, None], pred]
+    torch.testing.assert_close(r.weights, w / w.sum(0))
+    # sample 0: client 0 predicts class 0 (its reliable class, beta ~ 1); the others predict class 9,
+    # on which all are equally reliable (beta = 1/M each): client 0 gets 1 / (1 + (M-1)/M)
+    for u in ups:
+        u["logits"][0] = torch.nn.functional.one_hot(torch.tensor(9), C).float() * 5
+    ups[0]["logits"][0] = torch.nn.functional.one_hot(torch.tensor(0), C).float() * 5
+    r = LKDAggregator(temperature=20.0).aggregate(ups)
+    assert float(r.weights[0, 0]) == pytest.approx(1 / (1 + (M - 1) / M), rel=1e-4)
+
+
+def test_lkd_client_auc_marks_unseen_classes_lowest():
+    probs = torch.tensor([[0.9, 0.1, 0.0], [0.2, 0.8, 0.0], [0.7, 0.3, 0.0]])
+    auc = LKDAggregator.client_auc(probs, torch.tensor([0, 1, 0]), [0, 1], 3)
+    torch.testing.assert_close(auc, torch.tensor([1.0, 1.0, 0.0]))
+    single = LKDAggregator.client_auc(probs[:1], torch.tensor([0]), [0], 3)  # k = 1: undefined -> 1
+    torch.testing.assert_close(single, torch.tensor([1.0, 0.0, 0.0]))
+
+
+def test_lkd_rejects_bad_arguments():
+    for kwargs, field in (({"temperature": 0.0}, "temperature"), ({"scoring": "labels"}, "scoring"),
+                          ({"server_labelled_size": 1}, "server_labelled_size")):
+        with pytest.raises(ConfigError, match=f"aggregator\\.{field}"):
+            LKDAggregator(**kwargs)

@@ -7,6 +7,7 @@ from fdlit.aggregators.era import EntropyReductionAggregator
 from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
 from fdlit.aggregators.fedgo import FedGOAggregator
 from fdlit.aggregators.kulsif import KuLSIF
+from fdlit.aggregators.lkd import LKDAggregator
 from fdlit.aggregators.oracle import OracleAggregator
 from fdlit.aggregators.selective import SelectiveFDAggregator
 from fdlit.aggregators.variance import LogitVarianceAggregator
@@ -23,6 +24,7 @@ __all__ = [
     "LogitVarianceAggregator",
     "FedGOAggregator",
     "KuLSIF",
+    "LKDAggregator",
     "OracleAggregator",
     "SelectiveFDAggregator",
     "ProbabilityAveragingAggregator",
