@@ -14,6 +14,7 @@ from fdlit.aggregators import (
     LKDAggregator,
     LogitAveragingAggregator,
     LogitVarianceAggregator,
+    MetaModelAggregator,
     OracleAggregator,
     ProbabilityAveragingAggregator,
     SelectiveFDAggregator,
@@ -331,3 +332,40 @@ def test_lkd_rejects_bad_arguments():
                           ({"server_labelled_size": 1}, "server_labelled_size")):
         with pytest.raises(ConfigError, match=f"aggregator\\.{field}"):
             LKDAggregator(**kwargs)
+
+
+# ---------------------------------------------------------------- Meta-Model
+def expert_logits(y, m, c, g):
+    """Client i is an expert for class i only: a large logit i when y == i, noise elsewhere; every
+    client otherwise votes for a random class with confidence, so averaging is fooled."""
+    z = torch.randn(m, len(y), c, generator=g)
+    wrong = torch.randint(0, c, (m, len(y)), generator=g)
+    z += 4 * torch.nn.functional.one_hot(wrong, c)
+    for i in range(m):
+        z[i, y == i] = 0.3 * torch.randn(int((y == i).sum()), c, generator=g)
+        z[i, y == i, i] += 8
+    return z
+
+
+def test_meta_model_recovers_the_true_label_on_a_separable_toy_problem():
+    g = torch.Generator().manual_seed(0)
+    m = c = 4
+    y_lab, y_pub = torch.randint(0, c, (200,), generator=g), torch.randint(0, c, (300,), generator=g)
+    z_lab, z_pub = expert_logits(y_lab, m, c, g), expert_logits(y_pub, m, c, g)
+    ups = [{"logits": z_pub[i], "mm_logits": z_lab[i]} for i in range(m)]
+    agg = MetaModelAggregator(steps=200)
+    agg.set_labels(y_lab)
+    r = agg.aggregate(ups)
+    torch.testing.assert_close(r.teacher.sum(-1), torch.ones(300))
+    acc = float((r.teacher.argmax(-1) == y_pub).float().mean())
+    avg_acc = float((ProbabilityAveragingAggregator().aggregate(ups).teacher.argmax(-1) == y_pub).float().mean())
+    assert acc > 0.95 and acc > avg_acc + 0.2
+
+
+def test_meta_model_rejects_bad_arguments_and_needs_labels():
+    for kwargs, field in (({"labelled_per_client": 0}, "labelled_per_client"), ({"hidden": -1}, "hidden"),
+                          ({"steps": 0}, "steps"), ({"lr": -1.0}, "lr")):
+        with pytest.raises(ConfigError, match=f"aggregator\\.{field}"):
+            MetaModelAggregator(**kwargs)
+    with pytest.raises(RuntimeError, match="labelled set"):
+        MetaModelAggregator().aggregate(logit_uploads())

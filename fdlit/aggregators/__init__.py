@@ -8,6 +8,7 @@ from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
 from fdlit.aggregators.fedgo import FedGOAggregator
 from fdlit.aggregators.kulsif import KuLSIF
 from fdlit.aggregators.lkd import LKDAggregator
+from fdlit.aggregators.meta_model import MetaModelAggregator
 from fdlit.aggregators.oracle import OracleAggregator
 from fdlit.aggregators.selective import SelectiveFDAggregator
 from fdlit.aggregators.variance import LogitVarianceAggregator
@@ -25,6 +26,7 @@ __all__ = [
     "FedGOAggregator",
     "KuLSIF",
     "LKDAggregator",
+    "MetaModelAggregator",
     "OracleAggregator",
     "SelectiveFDAggregator",
     "ProbabilityAveragingAggregator",
