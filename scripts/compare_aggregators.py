@@ -7,6 +7,10 @@ seeds, and total bytes (up + down, mean over seeds), for k classes per client.
 Each run is a normal ``fit`` of the rule's config under ``configs/`` with W&B disabled, one thread
 per run; finished runs (their summary.json says ``finished``) are reused, so the script can be
 re-run to fill in a grid. The table is printed as Markdown; ``--json`` also writes the raw numbers.
+
+Runs execute in ``--jobs`` forked worker processes that import fdlit once: on a loaded 2-core
+machine starting a fresh interpreter per run (torch, Lightning, scikit-learn imports) cost ~40 s,
+several times a small digits run itself.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
+import contextlib
+import multiprocessing
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import traceback
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 # rule name -> config (each config is configs/digits.yaml with its own aggregator block)
@@ -42,22 +48,34 @@ def slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_").lower()
 
 
-def run_one(out: Path, name: str, k: int, seed: int, extra: list[str]) -> dict | None:
-    run_dir = out / f"{slug(name)}-k{k}-seed{seed}"
-    done = [p for p in run_dir.glob("*/summary.json") if json.loads(p.read_text()).get("finished")]
-    if not done:
-        cmd = [sys.executable, "-m", "fdlit", "fit", "--config", RULES[name],
-               "--data.classes_per_client", str(k), "--seed", str(seed),
-               "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", str(run_dir), *extra]
-        # one thread per run: parallel runs of these small models oversubscribe 2 cores otherwise
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        res = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        if res.returncode != 0:
-            print(f"FAILED {name} k={k} seed={seed}: {res.stderr[-2000:]}", file=sys.stderr, flush=True)
-            return None
-        done = [p for p in run_dir.glob("*/summary.json") if json.loads(p.read_text()).get("finished")]
-    print(f"done {name} k={k} seed={seed}", file=sys.stderr, flush=True)
-    return json.loads(sorted(done)[-1].read_text()) if done else None
+def _worker_init() -> None:
+    # one thread per run: parallel runs of these small models oversubscribe 2 cores otherwise
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+    import fdlit.cli  # noqa: F401  (imported once per worker, before the first run)
+
+
+def _fit(argv: list[str]) -> str:
+    from fdlit.cli import main
+
+    try:
+        with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+            code = main(["fit", *argv])
+        return "" if code == 0 else f"exit code {code}"
+    except Exception:  # report and go on with the grid
+        return traceback.format_exc()[-2000:]
+
+
+def finished(run_dir: Path) -> list[Path]:
+    return sorted(p for p in run_dir.glob("*/summary.json") if json.loads(p.read_text()).get("finished"))
+
+
+def fit_args(out: Path, name: str, k: int, seed: int, extra: list[str]) -> list[str]:
+    return ["--config", RULES[name], "--data.classes_per_client", str(k), "--seed", str(seed),
+            "--logger.mode", "disabled", "--logger.progress", "false",
+            "--logger.run_dir", str(out / f"{slug(name)}-k{k}-seed{seed}"), *extra]
 
 
 def table(results: dict, rules: list[str], ks: list[int]) -> str:
@@ -93,8 +111,17 @@ def main() -> None:
         p.error(f"unknown rules {unknown}; known: {list(RULES)}")
     # seed-major order: a grid cut short still has every rule and k for the first seeds
     grid = [(name, k, seed) for seed, name, k in itertools.product(a.seeds, a.rules, a.ks)]
-    with ThreadPoolExecutor(a.jobs) as pool:
-        summaries = list(pool.map(lambda g: run_one(a.out, *g, a.extra), grid))
+    todo = [g for g in grid if not finished(a.out / f"{slug(g[0])}-k{g[1]}-seed{g[2]}")]
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(a.jobs, mp_context=ctx, initializer=_worker_init) as pool:
+        futures = [(g, pool.submit(_fit, fit_args(a.out, *g, a.extra))) for g in todo]
+        for (name, k, seed), fut in futures:
+            err = fut.result()
+            print(f"{'FAILED' if err else 'done'} {name} k={k} seed={seed} {err}", file=sys.stderr, flush=True)
+    summaries = []
+    for name, k, seed in grid:
+        done = finished(a.out / f"{slug(name)}-k{k}-seed{seed}")
+        summaries.append(json.loads(done[-1].read_text()) if done else None)
     results: dict = {}
     for (name, k, _), s in zip(grid, summaries):  # noqa: B007
         if s is not None:
