@@ -68,7 +68,8 @@ class MetaModelAggregator(Aggregator):
             g = torch.Generator().manual_seed(loop.seed * 1_000_003 + cd.client_id)
             take = torch.randperm(len(cd.calibration.x), generator=g)[: self.labelled_per_client]
             xs.append(loop.ledger.send(0, i, "up", "mm_inputs", cd.calibration.x[take].to(device)))
-            ys.append(loop.ledger.send(0, i, "up", "mm_labels", cd.calibration.y[take].to(torch.uint8).to(device)))
+            label_dtype = torch.uint8 if loop.data.num_classes <= 256 else torch.int16
+            ys.append(loop.ledger.send(0, i, "up", "mm_labels", cd.calibration.y[take].to(label_dtype).to(device)))
         self.labelled_x, self.labelled_y = torch.cat(xs), torch.cat(ys).long()
         for i in range(len(loop.clients)):
             loop.ledger.send(0, i, "down", "mm_inputs", self.labelled_x)

@@ -99,6 +99,9 @@ class SelectiveFDAggregator(Aggregator):
         self._masks: dict[int, torch.Tensor] = {}  # client-side state: each client's fixed mask
 
     # ------------------------------------------------------------------ client side
+    def on_fit_start(self, loop):
+        self._masks = {}  # a new federation: masks of a previous fit with this object do not apply
+
     def client_mask(self, train_x, train_y, cal_x, cal_y, classes, public_x, seed: int = 0) -> torch.Tensor:
         """Mask over the public samples for one client: OR over its (per-class) KuLSIF selectors."""
         public = public_x.flatten(1).double()
