@@ -51,3 +51,21 @@ def test_selective_fd_hard_labels_send_fewer_bytes_than_soft(tmp_path):
         totals[config] = loop.fit()["bytes_up_total"]
     # one uint8 class id per kept row instead of C float32 logits
     assert totals["digits_selective_fd_hard.yaml"] * 10 < totals["digits_selective_fd.yaml"]
+
+
+@pytest.mark.parametrize("config, flags, up, down", [
+    ("digits_fedgo.yaml", ["--aggregator.upload", "parameters"], "discriminator/0.weight", None),
+    ("digits_lkd.yaml", ["--aggregator.scoring", "server", "--aggregator.server_labelled_size", "40"],
+     "lkd_logits", "lkd_labelled_inputs"),
+])
+def test_alternative_upload_modes_are_counted(config, flags, up, down, tmp_path):
+    argv = ["--config", config, "--logger.mode", "disabled", "--logger.progress", "false",
+            "--logger.run_dir", str(tmp_path), "--federation.rounds", "1", "--federation.private_epochs_first", "1",
+            "--federation.public_epochs_first", "0", "--data.num_clients", "4", "--data.classes_per_client", "3",
+            "--data.public_size", "150", *flags]
+    loop = build_loop(parse_fit(argv)[1])
+    loop.fit()
+    kinds = {(m.direction, m.kind): m for m in loop.ledger.messages}
+    assert ("up", up) in kinds
+    if down:
+        assert kinds[("down", down)].shape[0] == 40
