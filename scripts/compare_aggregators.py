@@ -40,6 +40,7 @@ RULES = {
     "Selective-FD hard": "configs/digits_selective_fd_hard.yaml",
     "FedGO": "configs/digits_fedgo.yaml",
     "LKD": "configs/digits_lkd.yaml",
+    "LKD server-scored (100 public labels)": "configs/digits_lkd_server.yaml",
     "Oracle (uses labels)": "configs/digits_oracle.yaml",
 }
 
@@ -79,7 +80,7 @@ def fit_args(out: Path, name: str, k: int, seed: int, extra: list[str]) -> list[
 
 
 def table(results: dict, rules: list[str], ks: list[int]) -> str:
-    lines = ["| rule | " + " | ".join(f"k={k}" for k in ks) + " | MiB up+down (k=2) |",
+    lines = ["| rule | " + " | ".join(f"k={k}" for k in ks) + " | MiB up / down (k=2) |",
              "|---|" + "---|" * (len(ks) + 1)]
     for name in rules:
         cells = []
@@ -90,8 +91,13 @@ def table(results: dict, rules: list[str], ks: list[int]) -> str:
                 continue
             sd = statistics.stdev(v) if len(v) > 1 else 0.0
             cells.append(f"{statistics.mean(v):.1f} ± {sd:.1f}" + ("" if len(v) == 3 else f" (n={len(v)})"))
-        b = [(s["bytes_up_total"] + s["bytes_down_total"]) / 2**20 for s in results.get((name, 2), [])]
-        cells.append(f"{statistics.mean(b):.2f}" if b else "–")
+        runs = results.get((name, 2), [])
+        if runs:
+            up = statistics.mean(s["bytes_up_total"] for s in runs) / 2**20
+            down = statistics.mean(s["bytes_down_total"] for s in runs) / 2**20
+            cells.append(f"{up:.2f} / {down:.2f}")
+        else:
+            cells.append("–")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
