@@ -2,6 +2,16 @@
 
 from fdlit.aggregators.averaging import ProbabilityAveragingAggregator
 from fdlit.aggregators.base import AggregationResult, Aggregator, weight_concentration, weight_entropy
+from fdlit.aggregators.entropy import EntropyWeightedAggregator
+from fdlit.aggregators.era import EntropyReductionAggregator
+from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
+from fdlit.aggregators.fedgo import FedGOAggregator
+from fdlit.aggregators.kulsif import KuLSIF
+from fdlit.aggregators.lkd import LKDAggregator
+from fdlit.aggregators.meta_model import MetaModelAggregator
+from fdlit.aggregators.oracle import OracleAggregator
+from fdlit.aggregators.selective import SelectiveFDAggregator
+from fdlit.aggregators.variance import LogitVarianceAggregator
 from fdlit.aggregators.density import DiagonalGaussianMixture, mixture_log_likelihood
 from fdlit.aggregators.uncertainty import SmoothedUncertaintyWeightedAggregator, UncertaintyWeightedAggregator
 
@@ -9,6 +19,16 @@ __all__ = [
     "AggregationResult",
     "Aggregator",
     "DiagonalGaussianMixture",
+    "EntropyReductionAggregator",
+    "EntropyWeightedAggregator",
+    "LogitAveragingAggregator",
+    "LogitVarianceAggregator",
+    "FedGOAggregator",
+    "KuLSIF",
+    "LKDAggregator",
+    "MetaModelAggregator",
+    "OracleAggregator",
+    "SelectiveFDAggregator",
     "ProbabilityAveragingAggregator",
     "SmoothedUncertaintyWeightedAggregator",
     "UncertaintyWeightedAggregator",

@@ -1,0 +1,127 @@
+"""FedGO: client-discriminator odds weighting (001, Theorem 4)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import nn
+
+from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.errors import ConfigError
+
+
+def train_discriminator(own: torch.Tensor, reference: torch.Tensor, hidden: int = 64, epochs: int = 30,
+                        lr: float = 1e-3, weight_decay: float = 1e-4, batch_size: int = 128,
+                        seed: int = 0) -> nn.Module:
+    """D(x) = sigmoid(net(x)): ``own`` inputs (label 1) vs ``reference`` inputs (label 0).
+
+    Class-balanced binary cross-entropy (each side weighs 1/2 whatever its size), so the optimum is
+    D = p_k / (p_k + p_ref) and the odds D / (1 - D) = p_k / p_ref, as Theorem 4 of 001 needs; an
+    unbalanced loss would scale client k's odds by its own |own| / |reference| and bias the weights.
+    """
+    x = torch.cat([own.flatten(1), reference.flatten(1)]).float()
+    y = torch.cat([torch.ones(len(own)), torch.zeros(len(reference))]).to(x.device)
+    w = torch.where(y > 0, 0.5 / len(own), 0.5 / len(reference)) * len(x)
+    g = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # seeded initialisation without touching the global stream
+        torch.manual_seed(seed)
+        net = nn.Sequential(nn.Linear(x.shape[1], hidden), nn.ReLU(), nn.Linear(hidden, 1)).to(x.device)
+    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+    with torch.enable_grad():
+        for _ in range(epochs):
+            order = torch.randperm(len(x), generator=g).to(x.device)
+            for start in range(0, len(x), batch_size):
+                idx = order[start : start + batch_size]
+                loss = nn.functional.binary_cross_entropy_with_logits(net(x[idx])[:, 0], y[idx], weight=w[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+    return net.eval()
+
+
+class FedGOAggregator(Aggregator):
+    """FedGO (Jang, Park, Lee, *Provably Near-Optimal Federated Ensemble Distillation with Negligible
+    Overhead*, ICML 2025; seed 001, Theorem 4):
+
+        Phi_k(x) = D_k(x) / (1 - D_k(x)),   W[k, x] = n_k Phi_k(x) / sum_i n_i Phi_i(x),
+        P(x) = sum_k W[k, x] Q_k(x)
+
+    computed in log space: W[:, x] = softmax_k( log n_k + logit D_k(x) ). With equal odds and equal
+    n_k it is AVG. Theorem 4: for optimal discriminators against a common reference p_g, W is the
+    optimal n_k p_k(x) / sum_i n_i p_i(x).
+
+    Before federation (``on_fit_start``, once), client k trains D_k on its training inputs (label 1)
+    against the public inputs (label 0), class-balanced; it uploads n_k and either D_k evaluated on
+    the public set (``upload: scores``, N numbers: logit D_k(x) = log Phi_k(x)) or D_k's parameters
+    (``upload: parameters``; the server evaluates them). Both are counted at round 0.
+
+    Choices (ALGORITHMS.md **unclear** / **choice**):
+      - reference distribution: the public inputs (001 uses a generator; with a public set its inputs
+        serve, as ALGORITHMS.md says);
+      - discriminator: MLP on flattened inputs, one hidden ReLU layer of ``hidden`` units, Adam,
+        ``epochs`` epochs, batch 128, weight decay ``weight_decay``; balanced BCE (see
+        :func:`train_discriminator`); its initialisation and batch order seeded by (seed, client);
+      - n_k = the client's training-split size (the calibration split is not trained on);
+      - D_k is evaluated on the same public inputs it saw as negatives; no held-out split is used.
+
+    Args:
+        hidden: hidden units of the discriminator (>= 1).
+        epochs: training epochs (>= 1).
+        lr: Adam learning rate (> 0).
+        weight_decay: Adam L2 (>= 0).
+        upload: ``scores`` or ``parameters``.
+    """
+
+    short_name = "fedgo"
+
+    def __init__(self, hidden: int = 64, epochs: int = 30, lr: float = 1e-3, weight_decay: float = 1e-4,
+                 upload: Literal["scores", "parameters"] = "scores"):
+        if hidden < 1:
+            raise ConfigError("aggregator.hidden", f"must be >= 1, got {hidden}")
+        if epochs < 1:
+            raise ConfigError("aggregator.epochs", f"must be >= 1, got {epochs}")
+        if not (lr > 0 and math.isfinite(lr)):
+            raise ConfigError("aggregator.lr", f"must be a finite number > 0, got {lr}")
+        if not (weight_decay >= 0 and math.isfinite(weight_decay)):
+            raise ConfigError("aggregator.weight_decay", f"must be a finite number >= 0, got {weight_decay}")
+        if upload not in ("scores", "parameters"):
+            raise ConfigError("aggregator.upload", f"allowed: 'scores', 'parameters'; got {upload!r}")
+        self.hidden, self.epochs, self.lr, self.weight_decay = hidden, epochs, lr, weight_decay
+        self.upload = upload
+        self.log_odds: torch.Tensor | None = None  # M x N, logit D_k(x) on the public set
+        self.log_counts: torch.Tensor | None = None  # M, log n_k
+
+    def on_fit_start(self, loop):
+        public = loop.public_x
+        log_odds, counts = [], []
+        for i, (client, cd) in enumerate(zip(loop.clients, loop.data.clients)):
+            # client side, once: train D_k on local data vs public inputs
+            net = train_discriminator(cd.train.x.to(public.device), public, self.hidden, self.epochs, self.lr,
+                                      self.weight_decay, seed=loop.seed * 1_000_003 + client.client_id)
+            with torch.no_grad():
+                scores = net(public.flatten(1).float())[:, 0]
+            if self.upload == "scores":
+                loop.ledger.send(0, i, "up", "discriminator_log_odds", scores)
+            else:
+                for name, p in net.named_parameters():
+                    loop.ledger.send(0, i, "up", f"discriminator/{name}", p.detach())
+            n_k = torch.tensor([len(cd.train)], dtype=torch.int64)
+            counts.append(int(loop.ledger.send(0, i, "up", "num_samples", n_k)))
+            log_odds.append(scores)
+        self.set_discriminator_scores(torch.stack(log_odds), torch.tensor(counts, device=public.device))
+
+    def set_discriminator_scores(self, log_odds: torch.Tensor, counts: torch.Tensor) -> None:
+        """log_odds: M x N, logit D_k(x) = log Phi_k(x) on the public set; counts: M sample counts n_k."""
+        self.log_odds = log_odds.double()
+        self.log_counts = torch.log(counts.double().to(log_odds.device))
+
+    def aggregate(self, uploads):
+        if self.log_odds is None:
+            raise RuntimeError("FedGOAggregator has no discriminators: call on_fit_start or set_discriminator_scores")
+        z = self.stack_logits(uploads)
+        score = self.log_odds.to(z.device) + self.log_counts.to(z.device)[:, None]
+        weights = torch.softmax(score, dim=0).float()
+        return AggregationResult(teacher=self.mix(weights, z.softmax(-1)), weights=weights,
+                                 stats={"fedgo/log_odds_mean": float(self.log_odds.mean())})

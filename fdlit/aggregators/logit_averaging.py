@@ -1,0 +1,38 @@
+"""Logit averaging (004 Eq. 1-2; FedDF)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.errors import ConfigError
+
+
+class LogitAveragingAggregator(Aggregator):
+    """Logit averaging: P(x) = softmax( (1/M) sum_i z_i(x) / T ), W = 1/M.
+
+    Source: 004 Sec. 3.1.1, Eq. 1-2 (Kovalchuk et al., workshop version of *Who to Trust?*); the
+    same rule as FedDF's logit ensemble. Upload per client and round: N*C numbers (the logits).
+
+    Args:
+        temperature: T > 0 (004: T = 1).
+
+    ``weights`` are the uniform 1/M because every client's logits enter the mean equally; note that
+    unlike AVG the teacher is *not* sum_i W[i] Q[i] (the mean is taken before the softmax), so a
+    very confident client moves the teacher more than under probability averaging.
+    """
+
+    short_name = "logitavg"
+
+    def __init__(self, temperature: float = 1.0):
+        if not (temperature > 0 and math.isfinite(temperature)):
+            raise ConfigError("aggregator.temperature", f"must be a finite number > 0, got {temperature}")
+        self.temperature = temperature
+
+    def aggregate(self, uploads):
+        z = self.stack_logits(uploads)
+        m, n, _ = z.shape
+        weights = torch.full((m, n), 1.0 / m, device=z.device)
+        return AggregationResult(teacher=torch.softmax(z.mean(0) / self.temperature, -1), weights=weights)

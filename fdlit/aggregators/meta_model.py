@@ -1,0 +1,118 @@
+"""Meta-Model aggregator, MM (004 Sec. 3.1.2)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.errors import ConfigError
+
+
+class MetaModelAggregator(Aggregator):
+    """MM (Kovalchuk et al., workshop version of *Who to Trust?*; seed 004, Sec. 3.1.2, Eq. 3-4):
+
+        h(x) = [z_1(x), ..., z_M(x)] in R^{M*C},   P(x) = softmax( A(h(x)) )
+
+    A is a small MLP trained with cross-entropy on a labelled set on which every client computed its
+    logits. It learns *which client to trust where*; it must be retrained whenever the clients
+    change, i.e. every round here (from scratch, seeded). No per-client weights W exist.
+
+    The labelled set (**choice**; 004: 3,000 images "constructed from images available in local
+    datasets"): in ``on_fit_start`` every client contributes up to ``labelled_per_client`` samples of
+    its *calibration* split (never trained on, so its own logits on them are not overfitted), sending
+    inputs and labels to the server (round 0, counted); the server broadcasts the pooled inputs to
+    every client (round 0, counted down). Each round every client uploads its logits on the pooled set
+    (L x C, counted as ``mm_logits``). NB: this shares private images with everyone, as 004 does.
+
+    Other choices: A = Linear(M*C, hidden) - ReLU - Linear(hidden, C) (hidden = 0: linear);
+    features standardised with the labelled set's mean and std; full-batch Adam for ``steps`` steps
+    with weight decay; labelled samples a client contributes are drawn at random (seeded).
+
+    Args:
+        labelled_per_client: samples each client contributes (>= 1).
+        hidden: hidden units of A (0 = a linear model).
+        steps: full-batch training steps per round (>= 1).
+        lr: Adam learning rate (> 0).
+        weight_decay: Adam L2 (>= 0).
+    """
+
+    short_name = "mm"
+
+    def __init__(self, labelled_per_client: int = 15, hidden: int = 64, steps: int = 300, lr: float = 1e-2,
+                 weight_decay: float = 1e-3):
+        if labelled_per_client < 1:
+            raise ConfigError("aggregator.labelled_per_client", f"must be >= 1, got {labelled_per_client}")
+        if hidden < 0:
+            raise ConfigError("aggregator.hidden", f"must be >= 0, got {hidden}")
+        if steps < 1:
+            raise ConfigError("aggregator.steps", f"must be >= 1, got {steps}")
+        if not (lr > 0 and math.isfinite(lr)):
+            raise ConfigError("aggregator.lr", f"must be a finite number > 0, got {lr}")
+        if not (weight_decay >= 0 and math.isfinite(weight_decay)):
+            raise ConfigError("aggregator.weight_decay", f"must be a finite number >= 0, got {weight_decay}")
+        self.labelled_per_client = labelled_per_client
+        self.hidden, self.steps, self.lr, self.weight_decay = hidden, steps, lr, weight_decay
+        self.labelled_x: torch.Tensor | None = None
+        self.labelled_y: torch.Tensor | None = None
+        self.seed = 0
+        self.round = 0
+
+    def on_fit_start(self, loop):
+        device = loop.public_x.device
+        xs, ys = [], []
+        for i, cd in enumerate(loop.data.clients):
+            # client side, once: pick samples of the calibration split and send them with labels
+            g = torch.Generator().manual_seed(loop.seed * 1_000_003 + cd.client_id)
+            take = torch.randperm(len(cd.calibration.x), generator=g)[: self.labelled_per_client]
+            xs.append(loop.ledger.send(0, i, "up", "mm_inputs", cd.calibration.x[take].to(device)))
+            label_dtype = torch.uint8 if loop.data.num_classes <= 256 else torch.int16
+            ys.append(loop.ledger.send(0, i, "up", "mm_labels", cd.calibration.y[take].to(label_dtype).to(device)))
+        self.labelled_x, self.labelled_y = torch.cat(xs), torch.cat(ys).long()
+        for i in range(len(loop.clients)):
+            loop.ledger.send(0, i, "down", "mm_inputs", self.labelled_x)
+        self.seed = loop.seed
+
+    def on_round_start(self, loop, round):
+        self.round = round
+
+    def on_client_private_end(self, loop, client, data, public_logits):
+        return {"mm_logits": client.predict_logits(self.labelled_x.to(public_logits.device)).float()}
+
+    def set_labels(self, labels: torch.Tensor) -> None:
+        """Labels of the pooled labelled set (for unit tests; ``on_fit_start`` sets them in a run)."""
+        self.labelled_y = labels.long()
+
+    def fit_meta_model(self, features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> nn.Module:
+        with torch.random.fork_rng(devices=[]):  # seeded initialisation, global stream untouched
+            torch.manual_seed(self.seed * 1_000_003 + self.round)
+            d = features.shape[1]
+            body = [nn.Linear(d, self.hidden), nn.ReLU(), nn.Linear(self.hidden, num_classes)] if self.hidden else [
+                nn.Linear(d, num_classes)]
+            net = nn.Sequential(*body).to(features.device)
+        opt = torch.optim.Adam(net.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        with torch.enable_grad():
+            for _ in range(self.steps):
+                loss = nn.functional.cross_entropy(net(features), labels)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        return net.eval()
+
+    def aggregate(self, uploads):
+        if self.labelled_y is None:
+            raise RuntimeError("MetaModelAggregator has no labelled set: call on_fit_start or set_labels")
+        z = self.stack_logits(uploads)  # M x N x C
+        m, n, c = z.shape
+        h_lab = torch.stack([u["mm_logits"].float() for u in uploads]).permute(1, 0, 2).reshape(-1, m * c)
+        h_pub = z.permute(1, 0, 2).reshape(n, m * c)  # h(x) = concat_i z_i(x)
+        mean, std = h_lab.mean(0), h_lab.std(0).clamp_min(1e-6)
+        labels = self.labelled_y.to(z.device)
+        net = self.fit_meta_model((h_lab - mean) / std, labels, c)
+        with torch.no_grad():
+            teacher = net((h_pub - mean) / std).softmax(-1)
+            train_acc = float((net((h_lab - mean) / std).argmax(-1) == labels).float().mean())
+        return AggregationResult(teacher=teacher, stats={"mm/labelled_acc": train_acc,
+                                                         "mm/labelled_size": float(len(labels))})
