@@ -44,7 +44,12 @@ def plain_round_times(args, trainer: bool = False) -> list[float]:
     models = [MODELS[args.model](data.input_shape, data.num_classes) for _ in data.clients]
     opts = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in models]
     gens = [torch.Generator().manual_seed(i) for i in range(len(models))]
-    test_x, pub_x = data.test.x, data.public.x
+    test_x, pub_x, test_y = data.test.x, data.public.x, data.test.y
+    local = torch.stack([torch.isin(test_y, torch.tensor(c.classes)) for c in data.clients]).float()
+
+    def accuracies():  # what fdlit logs: global and local micro accuracy of every client
+        correct = (predict(test_x).argmax(-1) == test_y).float()
+        return correct.mean(1), (correct * local).sum(1) / local.sum(1)
 
     def train(i, x, t, epochs):
         m, opt = models[i], opts[i]
@@ -83,11 +88,11 @@ def plain_round_times(args, trainer: bool = False) -> list[float]:
         for i, c in enumerate(data.clients):
             step(i, c.train.x, c.train.y, EPOCHS["private_epochs_first" if first else "private_epochs"])
         z = predict(pub_x)
-        predict(test_x).argmax(-1)
+        accuracies()
         teacher = z.softmax(-1).mean(0)
         for i in range(len(models)):
             step(i, pub_x, teacher, EPOCHS["public_epochs_first" if first else "public_epochs"])
-        predict(test_x).argmax(-1)
+        accuracies()
         times.append(time.perf_counter() - t0)
     return times[1:]
 

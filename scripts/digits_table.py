@@ -28,7 +28,7 @@ AGGREGATORS = {
 
 def run_one(out: Path, name: str, k: int, seed: int, extra: list[str]) -> dict:
     run_dir = out / f"{name}-k{k}-seed{seed}"
-    done = list(run_dir.glob("*/summary.json"))
+    done = [p for p in run_dir.glob("*/summary.json") if json.loads(p.read_text()).get("finished")]
     if not done:
         cmd = [sys.executable, "-m", "fdlit", "fit", "--config", "configs/digits.yaml",
                "--aggregator", AGGREGATORS[name], "--data.classes_per_client", str(k), "--seed", str(seed),
@@ -46,6 +46,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--ks", type=int, nargs="+", default=[2, 9])
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--budgets", type=int, nargs="*", default=[5, 10],
+                   help="also report the best after-public accuracy within the first R rounds (a run's first R "
+                        "rounds are exactly an R-round run: no schedule depends on the total)")
     p.add_argument("extra", nargs="*", help="extra fit flags, after --")
     a = p.parse_args()
     grid = list(itertools.product(AGGREGATORS, a.ks, a.seeds))
@@ -61,6 +64,25 @@ def main() -> None:
                 v = [100 * s[key] for (n, kk, _), s in zip(grid, results) if n == name and kk == k]
                 cells.append(f"{statistics.mean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0:.2f}")
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if not a.budgets:
+        return
+    print()
+    print("Best mean global accuracy after the public phase within the first R rounds:")
+    print("| method | " + " | ".join(f"k={k}, R={r}" for k in a.ks for r in a.budgets) + " |")
+    print("|---|" + "---|" * (len(a.ks) * len(a.budgets)))
+    for name in AGGREGATORS:
+        cells = []
+        for k in a.ks:
+            for budget in a.budgets:
+                v = [100 * best_within(s["run_dir"], budget) for (n, kk, _), s in zip(grid, results)
+                     if n == name and kk == k]
+                cells.append(f"{statistics.mean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0:.2f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def best_within(run_dir: str, budget: int) -> float:
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return max(r["after_public/global_acc_mean"] for r in rows if r["round"] <= budget)
 
 
 if __name__ == "__main__":

@@ -139,3 +139,18 @@ def test_same_seed_same_metrics(tmp_path):
     a.fit(), b.fit()
     strip = lambda h: [{k: v for k, v in m.items() if not k.startswith("time/")} for m in h]
     assert strip(a.history) == strip(b.history)
+
+
+def test_accuracies_are_micro_and_match_torchmetrics(tmp_path):
+    from torchmetrics.functional.classification import multiclass_accuracy
+
+    loop = small_loop(tmp_path, ProbabilityAveragingAggregator(), rounds=1)
+    loop.fit()
+    acc = loop.evaluate()
+    preds = loop.executor.predict(loop.clients, loop.test_x).argmax(-1)
+    for i, cd in enumerate(loop.data.clients):
+        mask = torch.isin(loop.test_y, torch.tensor(cd.classes))
+        assert float(acc["global_acc"][i]) == pytest.approx(
+            float(multiclass_accuracy(preds[i], loop.test_y, 10, average="micro")))
+        assert float(acc["local_acc"][i]) == pytest.approx(
+            float(multiclass_accuracy(preds[i][mask], loop.test_y[mask], 10, average="micro")))
