@@ -288,7 +288,7 @@ class FederationLoop:
         metrics["clients/after_private/local_acc"] = after_private["local_acc"].tolist()
         metrics["clients/after_public/global_acc"] = after_public["global_acc"].tolist()
         metrics["clients/after_public/local_acc"] = after_public["local_acc"].tolist()
-        if result.weights is not None:  # M x C who-to-trust matrix (public labels: diagnostic only)
+        if result is not None and result.weights is not None:  # M x C who-to-trust matrix (public labels: diagnostic only)
             metrics["clients/trust_matrix"] = trust_matrix(result.weights, self.public_y, self.data.num_classes)
         self.round = r
         self.history.append(metrics)
