@@ -1,6 +1,7 @@
 from fdlit.callbacks import FederationCallback
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.executor import ClientExecutor, SequentialExecutor
+from fdlit.federation.vectorized import VectorizedExecutor, select_executor
 from fdlit.federation.loop import FederationLoop, NumericalFault, build_model, format_summary
 
 __all__ = [
@@ -10,6 +11,8 @@ __all__ = [
     "FederationLoop",
     "NumericalFault",
     "SequentialExecutor",
+    "VectorizedExecutor",
     "build_model",
     "format_summary",
+    "select_executor",
 ]

@@ -110,6 +110,7 @@ class VectorizedExecutor(ClientExecutor):
         self.fabric: Optional[Fabric] = None
         self.fallback = SequentialExecutor(eval_batch_size)
         self._vectorized: set[int] = set()
+        self._cache = None
 
     def setup(self, fabric: Fabric, clients: Sequence[ClientModule]) -> None:
         self.fabric = fabric
@@ -158,75 +159,57 @@ class VectorizedExecutor(ClientExecutor):
         opt = _StackedOptimizer(clients, stack)
         device, dtype = stack.flat.device, stack.flat.dtype
 
-        # One shared (x, t) for every client (public phase) is indexed directly; private sets are
-        # concatenated and addressed through per-client offsets.
-        shared = all(d[0] is datasets[0][0] and d[1] is datasets[0][1] for d in datasets)
-        if shared:
-            x_all, t_all = datasets[0]
-            offsets = [0] * m
-        else:
-            x_all = torch.cat([d[0] for d in datasets])
-            t_all = torch.cat([d[1] for d in datasets])
-            offsets = torch.tensor([0] + [len(d[0]) for d in datasets]).cumsum(0).tolist()
+        x_all, t_all, offsets = self._concat(datasets)
         if x_all.is_floating_point() and x_all.dtype != dtype and dtype == torch.float64:
             x_all = x_all.to(dtype)  # 64-true: Fabric converts inputs of the sequential path alike
-
-        # Batch plan, consuming each generator exactly like SequentialExecutor._train_one.
-        plans: list[list[torch.Tensor]] = []
-        for c, (x, _), off in zip(clients, datasets, offsets):
-            n, batches = len(x), []
-            for _ in range(epochs):
-                order = torch.randperm(n, generator=c.generator)
-                for start in range(0, n, batch_size):
-                    idx = order[start : start + batch_size]
-                    if len(idx) < 2 and n > 1:
-                        continue
-                    batches.append(idx + off)
-            plans.append(batches)
-        steps = max((len(p) for p in plans), default=0)
+        index, weight, counts = _batch_plan(clients, [len(d[0]) for d in datasets], offsets, epochs, batch_size)
+        steps = index.shape[0]
         if steps == 0:
             return [0.0] * m
-        width = max(len(b) for p in plans for b in p)
-        index = torch.zeros(steps, m, width, dtype=torch.long)
-        weight = torch.zeros(steps, m, width, dtype=torch.float32)
-        for j, batches in enumerate(plans):
-            for s, idx in enumerate(batches):
-                index[s, j, : len(idx)] = idx
-                index[s, j, len(idx) :] = idx[0]  # padding: a real sample with weight 0
-                weight[s, j, : len(idx)] = 1.0
-        counts = torch.tensor([len(p) for p in plans])
         index, weight = index.to(device), weight.to(device)
 
-        def client_loss(params, x, t, w):
-            logits = functional_call(template, params, (x,))
-            per_sample = F.cross_entropy(logits.float(), t, reduction="none")
-            return (per_sample * w).sum() / w.sum()
+        def client_loss(row, x, t, w):
+            # gradient w.r.t. the client's flat parameter row: comes out M x D, ready for the update
+            logits = functional_call(template, dict(zip(stack.names, stack.unflatten(row))), (x,))
+            return (_cross_entropy(logits.float(), t) * w).sum() / w.sum()
 
         step_fn = vmap(grad_and_value(client_loss), randomness="different")
         total = torch.zeros(m, device=device)
+        all_active = (counts[None, :] > torch.arange(steps)[:, None]).all(1).tolist()
         for s in range(steps):
-            active = counts > s
-            if bool(active.all()):
-                rows = None
-                flat, params = stack.flat, stack.views
-                idx, w = index[s], weight[s]
+            if all_active[s]:
+                rows, flat, idx, w = None, stack.flat, index[s], weight[s]
             else:
-                rows = active.nonzero().squeeze(1).to(device)
-                flat = stack.flat.index_select(0, rows)
-                params = stack.views_of(flat)
-                idx, w = index[s].index_select(0, rows), weight[s].index_select(0, rows)
+                rows = (counts > s).nonzero().squeeze(1)  # CPU; the optimizer's bookkeeping is there
+                dev_rows = rows.to(device)
+                flat = stack.flat.index_select(0, dev_rows)
+                idx, w = index[s].index_select(0, dev_rows), weight[s].index_select(0, dev_rows)
             with self.fabric.autocast():
-                grads, loss = step_fn(params, x_all[idx], t_all[idx], w)
-            g = torch.cat([grads[n].reshape(len(flat), -1) for n in stack.names], 1).to(dtype)
-            opt.step(flat, g, rows)
+                g, loss = step_fn(flat, x_all[idx], t_all[idx], w)
+            opt.step(flat, g.to(dtype), rows)
             if rows is None:
                 total += loss.detach()
             else:
-                stack.flat.index_copy_(0, rows, flat)
-                total.index_add_(0, rows, loss.detach().float())
+                stack.flat.index_copy_(0, dev_rows, flat)
+                total.index_add_(0, dev_rows, loss.detach().float())
         stack.write_back()
         opt.write_back()
         return (total.cpu() / counts.clamp_min(1)).tolist()
+
+    def _concat(self, datasets):
+        """One tensor of inputs and one of targets for the whole group, and each client's offset.
+        One shared (x, t) (the public phase) is used as is; private sets are concatenated once and
+        cached while the loop passes the same tensors."""
+        if all(d[0] is datasets[0][0] and d[1] is datasets[0][1] for d in datasets):
+            return datasets[0][0], datasets[0][1], [0] * len(datasets)
+        key = tuple((id(x), id(t)) for x, t in datasets)
+        if self._cache is None or self._cache[0] != key:
+            x_all = torch.cat([d[0] for d in datasets])
+            t_all = torch.cat([d[1] for d in datasets])
+            offsets = torch.tensor([0] + [len(d[0]) for d in datasets]).cumsum(0).tolist()
+            # the datasets are kept so their ids cannot be reused by other tensors
+            self._cache = (key, list(datasets), (x_all, t_all, offsets))
+        return self._cache[2]
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
@@ -252,6 +235,48 @@ class VectorizedExecutor(ClientExecutor):
             for j, i in enumerate(rest):
                 out[i] = logits[j]
         return torch.stack(out)
+
+
+def _batch_plan(clients, sizes, offsets, epochs: int, batch_size: int):
+    """Batches of every client for a whole phase as padded tensors.
+
+    Consumes each client's generator exactly like ``SequentialExecutor._train_one`` (one
+    ``randperm(n)`` per epoch) and keeps its batch boundaries, including skipping a final batch of
+    one sample. Returns index (S x M x W, global rows of the concatenated data), weight (S x M x W,
+    1 for real samples, 0 for padding) and the number of steps of each client (M).
+    """
+    width = max(1, min(batch_size, max(sizes)))
+    plans = []
+    for c, n, off in zip(clients, sizes, offsets):
+        rows_idx, rows_w = [], []
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=c.generator)
+            nb = -(-n // batch_size)
+            pad = nb * width - n
+            idx = torch.cat([order, order[:1].expand(pad)]).view(nb, width)  # padding: a real sample
+            w = torch.cat([torch.ones(n), torch.zeros(pad)]).view(nb, width)
+            if n > 1 and n % batch_size == 1:  # final batch of one sample: skipped
+                idx, w = idx[:-1], w[:-1]
+            rows_idx.append(idx + off)
+            rows_w.append(w)
+        plans.append((torch.cat(rows_idx), torch.cat(rows_w)))
+    counts = torch.tensor([len(p[0]) for p in plans])
+    steps = int(counts.max()) if len(plans) else 0
+    index = torch.zeros(steps, len(plans), width, dtype=torch.long)
+    weight = torch.zeros(steps, len(plans), width)
+    for j, (idx, w) in enumerate(plans):
+        index[: len(idx), j] = idx
+        weight[: len(w), j] = w
+    return index, weight, counts
+
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-sample ``F.cross_entropy`` (integer labels or probabilities), written as
+    log_softmax + gather / sum: the same arithmetic, and nll_loss has no fast batching rule."""
+    logp = logits.log_softmax(-1)
+    if target.is_floating_point():
+        return -(target * logp).sum(-1)
+    return -logp.gather(-1, target[..., None])[..., 0]
 
 
 class _ParamStack:
@@ -296,12 +321,10 @@ class _StackedOptimizer:
         self.weight_decay = group["weight_decay"]
         flat = stack.flat
         m = len(clients)
-        self.lr = torch.tensor([o.param_groups[0]["lr"] for o in self.optimizers], dtype=torch.float64,
-                               device=flat.device)
-        self.has_state = torch.zeros(m, dtype=torch.bool, device=flat.device)
+        # learning rates, step counts and "has state" live on the CPU: known without a device sync
+        self.lr = torch.tensor([o.param_groups[0]["lr"] for o in self.optimizers], dtype=torch.float64)
         states = [[o.state.get(p, {}) for p in c.model.parameters()] for o, c in zip(self.optimizers, clients)]
-        for i, st in enumerate(states):
-            self.has_state[i] = bool(st[0])
+        self.has_state = torch.tensor([bool(st[0]) for st in states])
 
         def gather(key: str) -> torch.Tensor:
             rows = [torch.cat([s[key].reshape(-1) for s in st]) if st[0] and st[0].get(key) is not None
@@ -313,49 +336,74 @@ class _StackedOptimizer:
             self.eps = group["eps"]
             self.exp_avg, self.exp_avg_sq = gather("exp_avg"), gather("exp_avg_sq")
             self.step_count = torch.tensor([float(st[0]["step"]) if st[0] else 0.0 for st in states],
-                                           dtype=torch.float64, device=flat.device)
+                                           dtype=torch.float64)
             self.step_dtype = states[0][0]["step"].dtype if states[0][0] else _scalar_dtype()
         else:
             self.momentum = group["momentum"]
             self.buf = gather("momentum_buffer") if self.momentum else None
 
     def step(self, p: torch.Tensor, g: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
-        """Update p (the rows ``rows`` of the stack, or all of it) in place with gradients g."""
-        pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))
-        lr = pick(self.lr)
+        """Update p (the rows ``rows`` (CPU indices) of the stack, or all of it) in place with
+        gradients g. When the updated clients share learning rate and step count (the usual case)
+        this is torch.optim's own scalar arithmetic; otherwise per-client scalars are broadcast."""
+        dev_rows = None if rows is None else rows.to(p.device)
+        pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, dev_rows))
+        lr = self.lr if rows is None else self.lr[rows]
+        uniform_lr = bool((lr == lr[0]).all())
         dt = p.dtype
+
+        def per_client(values: torch.Tensor) -> torch.Tensor:  # M float64 -> M x 1 on the device
+            return values.to(device=p.device, dtype=dt)[:, None]
+
         wd = self.weight_decay
         if self.kind == "sgd":
             if wd != 0:
                 g = g.add(p, alpha=wd)
             if self.momentum != 0:
-                buf, has = pick(self.buf), pick(self.has_state)
-                # first step: buf = grad (torch.optim clones the gradient)
-                buf = torch.where(has[:, None], buf.mul(self.momentum).add_(g), g)
-                self._put(self.buf, buf, rows)
+                has = self.has_state if rows is None else self.has_state[rows]
+                buf = pick(self.buf)
+                if bool(has.all()):
+                    buf.mul_(self.momentum).add_(g)
+                else:  # first step of a client: buf = grad (torch.optim clones the gradient)
+                    buf = torch.where(has.to(p.device)[:, None], buf.mul(self.momentum).add_(g), g)
+                self._put(self.buf, buf, dev_rows)
                 g = buf
-            p.add_((-lr).to(dt)[:, None] * g)
-            self._put_flag(rows)
+            if uniform_lr:
+                p.add_(g, alpha=-float(lr[0]))
+            else:
+                p.add_(per_client(-lr) * g)
+            self._mark(rows)
             return
-        exp_avg, exp_avg_sq, step = pick(self.exp_avg), pick(self.exp_avg_sq), pick(self.step_count) + 1
+        step = (self.step_count if rows is None else self.step_count[rows]) + 1
+        uniform = uniform_lr and bool((step == step[0]).all())
+        exp_avg, exp_avg_sq = pick(self.exp_avg), pick(self.exp_avg_sq)
         if wd != 0:
             if self.decoupled:
-                p.mul_((1 - lr * wd).to(dt)[:, None])
+                p.mul_(1 - float(lr[0]) * wd if uniform else per_client(1 - lr * wd))
             else:
                 g = g.add(p, alpha=wd)
         exp_avg.lerp_(g, 1 - self.beta1)
         exp_avg_sq.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
-        # bias corrections in double, as torch.optim computes them on Python floats
-        bias_correction1 = 1 - self.beta1**step
-        bias_correction2 = 1 - self.beta2**step
-        neg_step_size = (-(lr / bias_correction1)).to(dt)[:, None]
-        denom = (exp_avg_sq.sqrt() / (bias_correction2**0.5).to(dt)[:, None]).add_(self.eps)
-        p.add_(neg_step_size * exp_avg / denom)  # addcdiv_(exp_avg, denom, value=-step_size)
-        if rows is not None:
-            self._put(self.exp_avg, exp_avg, rows)
-            self._put(self.exp_avg_sq, exp_avg_sq, rows)
-        self._put(self.step_count, step, rows)
-        self._put_flag(rows)
+        if uniform:
+            n = float(step[0])
+            bias_correction1 = 1 - self.beta1**n
+            bias_correction2 = 1 - self.beta2**n
+            step_size = float(lr[0]) / bias_correction1
+            denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(self.eps)
+            p.addcdiv_(exp_avg, denom, value=-step_size)
+        else:
+            # per-client bias corrections, in double like torch.optim's Python floats
+            bias_correction1 = 1 - self.beta1**step
+            bias_correction2 = 1 - self.beta2**step
+            denom = (exp_avg_sq.sqrt() / per_client(bias_correction2**0.5)).add_(self.eps)
+            p.add_(per_client(-(lr / bias_correction1)) * exp_avg / denom)  # = addcdiv_ with value
+        if rows is None:
+            self.step_count = step
+        else:
+            self.step_count[rows] = step
+            self._put(self.exp_avg, exp_avg, dev_rows)
+            self._put(self.exp_avg_sq, exp_avg_sq, dev_rows)
+        self._mark(rows)
 
     @staticmethod
     def _put(target: torch.Tensor, value: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
@@ -365,7 +413,7 @@ class _StackedOptimizer:
         else:
             target.index_copy_(0, rows, value)
 
-    def _put_flag(self, rows: Optional[torch.Tensor]) -> None:
+    def _mark(self, rows: Optional[torch.Tensor]) -> None:
         if rows is None:
             self.has_state.fill_(True)
         else:
