@@ -15,12 +15,15 @@ Same computation as :class:`~fdlit.federation.executor.SequentialExecutor`:
 * different private-set sizes: batches are padded to a common length with zero-weight samples and
   the loss is ``sum(w * ce) / sum(w)`` (= the batch mean); a client that has run out of batches is
   left out of the step, so its parameters, moments and step count do not move;
+* BatchNorm: running statistics are stacked per client and updated in place under vmap; padding
+  would enter the batch statistics, so models with BatchNorm are not padded: clients whose
+  batches differ in length at a step run as separate vmapped calls (only at epoch ends);
 * per-client Adam step counts (bias correction) and learning rates.
 
-Not supported (``unsupported_reason`` says why, and the automatic choice falls back to sequential):
-modules with buffers (BatchNorm running statistics: zero-weight padding would also enter the batch
-statistics), a ``loss`` other than ``ClientModule.loss``, optimizer options other than lr /
-weight_decay / momentum, ``16-mixed`` precision (needs a grad scaler). Dropout works
+Not supported (``unsupported_reason`` says why; those clients run sequentially inside this
+executor, and the automatic choice picks the sequential executor): buffers other than BatchNorm's,
+BatchNorm with ``momentum=None``, a ``loss`` other than ``ClientModule.loss``, optimizer options
+other than lr / weight_decay / momentum, ``16-mixed`` precision (needs a grad scaler). Dropout works
 (``randomness="different"``) but draws from the global RNG in another order than the sequential
 executor, so runs with dropout > 0 are not bit-comparable between executors.
 """
@@ -33,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from lightning.fabric import Fabric
 from torch.func import functional_call, grad_and_value, vmap
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from fdlit.clients import ClientModule
 from fdlit.errors import ConfigError
@@ -53,9 +57,14 @@ def unsupported_reason(client: ClientModule, precision: str = "32-true") -> Opti
         return f"precision {precision!r} (needs a grad scaler)"
     if type(client).loss is not ClientModule.loss:
         return f"{type(client).__name__} overrides loss()"
-    buffers = [n for n, _ in client.model.named_buffers()]
-    if buffers:
-        return f"module has buffers ({', '.join(buffers[:3])}...): BatchNorm-style state is not vectorized"
+    for name, module in client.model.named_modules():
+        own = [n for n, _ in module.named_buffers(recurse=False)]
+        if not own:
+            continue
+        if not isinstance(module, _BatchNorm):
+            return f"module {name or 'model'} ({type(module).__name__}) has buffers {own}"
+        if module.momentum is None:
+            return f"BatchNorm {name} with momentum=None (cumulative average)"
     if not all(p.requires_grad for p in client.model.parameters()):
         return "frozen parameters"
     opt = client.configure_optimizers()
@@ -165,35 +174,43 @@ class VectorizedExecutor(ClientExecutor):
         if x_all.is_floating_point() and x_all.dtype != dtype and dtype == torch.float64:
             x_all = x_all.to(dtype)  # 64-true: Fabric converts inputs of the sequential path alike
         index, weight, counts = _batch_plan(clients, [len(d[0]) for d in datasets], offsets, epochs, batch_size)
+        lengths = weight.sum(-1).long()  # S x M real samples per batch
         steps = index.shape[0]
         if steps == 0:
             return [0.0] * m
         index, weight = index.to(device), weight.to(device)
 
-        def client_loss(row, x, t, w):
-            # gradient w.r.t. the client's flat parameter row: comes out M x D, ready for the update
-            logits = functional_call(template, dict(zip(stack.names, stack.unflatten(row))), (x,))
-            return (_cross_entropy(logits.float(), t) * w).sum() / w.sum()
+        def client_loss(row, buffers, x, t, w):
+            # gradient w.r.t. the client's flat parameter row: comes out M x D, ready for the update;
+            # BatchNorm updates its (per-client, stacked) running statistics in place
+            params = dict(zip(stack.names, stack.unflatten(row)))
+            logits = functional_call(template, (params, buffers), (x,))
+            return (_cross_entropy(logits.float(), t) * w).sum() / w.sum(), buffers
 
-        step_fn = vmap(grad_and_value(client_loss), randomness="different")
+        step_fn = vmap(grad_and_value(client_loss, has_aux=True), randomness="different")
         total = torch.zeros(m, device=device)
-        all_active = (counts[None, :] > torch.arange(steps)[:, None]).all(1).tolist()
-        for s in range(steps):
-            if all_active[s]:
-                rows, flat, idx, w = None, stack.flat, index[s], weight[s]
-            else:
-                rows = (counts > s).nonzero().squeeze(1)  # CPU; the optimizer's bookkeeping is there
-                dev_rows = rows.to(device)
-                flat = stack.flat.index_select(0, dev_rows)
-                idx, w = index[s].index_select(0, dev_rows), weight[s].index_select(0, dev_rows)
-            with self.fabric.autocast():
-                g, loss = step_fn(flat, x_all[idx], t_all[idx], w)
-            opt.step(flat, g.to(dtype), rows)
-            if rows is None:
-                total += loss.detach()
-            else:
-                stack.flat.index_copy_(0, dev_rows, flat)
-                total.index_add_(0, dev_rows, loss.detach().float())
+        for s, substeps in enumerate(_substeps(counts, lengths, batch_dependent=bool(stack.buffers))):
+            for rows, width in substeps:
+                if rows is None:
+                    flat, bufs, idx, w = stack.flat, stack.buffers, index[s], weight[s]
+                else:
+                    dev_rows = rows.to(device)
+                    flat = stack.flat.index_select(0, dev_rows)
+                    bufs = {n: b.index_select(0, dev_rows) for n, b in stack.buffers.items()}
+                    idx, w = index[s].index_select(0, dev_rows), weight[s].index_select(0, dev_rows)
+                idx, w = idx[:, :width], w[:, :width]
+                with self.fabric.autocast():
+                    g, (loss, new_bufs) = step_fn(flat, bufs, x_all[idx], t_all[idx], w)
+                opt.step(flat, g.to(dtype), rows)
+                if rows is None:
+                    total += loss.detach()
+                    for n, b in new_bufs.items():
+                        stack.buffers[n].copy_(b)
+                else:
+                    stack.flat.index_copy_(0, dev_rows, flat)
+                    for n, b in new_bufs.items():
+                        stack.buffers[n].index_copy_(0, dev_rows, b)
+                    total.index_add_(0, dev_rows, loss.detach().float())
         stack.write_back()
         opt.write_back()
         return (total.cpu() / counts.clamp_min(1)).tolist()
@@ -225,9 +242,9 @@ class VectorizedExecutor(ClientExecutor):
             template.eval()
             stack = _ParamStack(group)
             xx = x.to(stack.flat.dtype) if x.is_floating_point() and stack.flat.dtype == torch.float64 else x
-            fn = vmap(lambda p, xb: functional_call(template, p, (xb,)), in_dims=(0, None))
+            fn = vmap(lambda p, b, xb: functional_call(template, (p, b), (xb,)), in_dims=(0, 0, None))
             with self.fabric.autocast():
-                logits = torch.cat([fn(stack.views, xx[i : i + self.eval_batch_size]).float()
+                logits = torch.cat([fn(stack.views, stack.buffers, xx[i : i + self.eval_batch_size]).float()
                                     for i in range(0, len(xx), self.eval_batch_size)], 1)
             template.train(was_training)
             for j, i in enumerate(members):
@@ -272,6 +289,26 @@ def _batch_plan(clients, sizes, offsets, epochs: int, batch_size: int):
     return index, weight, counts
 
 
+def _substeps(counts: torch.Tensor, lengths: torch.Tensor, batch_dependent: bool):
+    """Per step, the vmapped calls to make: (rows or None for all clients, batch width).
+
+    Clients that ran out of batches are left out. Without batch-dependent layers one call covers
+    every active client (short batches are zero-weight padded). With BatchNorm, padding would enter
+    the batch statistics, so active clients are split by their batch length and nothing is padded.
+    """
+    m, width = len(counts), int(lengths.max()) if lengths.numel() else 0
+    for s in range(lengths.shape[0]):
+        active = counts > s
+        if not batch_dependent:
+            yield [(None if bool(active.all()) else active.nonzero().squeeze(1), width)]
+            continue
+        out = []
+        for length in lengths[s][active].unique().tolist():
+            rows = (active & (lengths[s] == length)).nonzero().squeeze(1)
+            out.append((None if len(rows) == m else rows, int(length)))
+        yield out
+
+
 def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per-sample ``F.cross_entropy`` (integer labels or probabilities), written as
     log_softmax + gather / sum: the same arithmetic, and nll_loss has no fast batching rule."""
@@ -293,6 +330,9 @@ class _ParamStack:
             torch.cat([p.detach().reshape(-1) for p in c.model.parameters()]) for c in clients
         ])
         self.views = self.views_of(self.flat)
+        # BatchNorm running statistics, one stacked tensor per buffer name
+        self.buffers = {n: torch.stack([dict(c.model.named_buffers())[n].detach() for c in clients])
+                        for n, _ in clients[0].model.named_buffers()}
 
     def views_of(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         parts = flat.split(self.sizes, dim=1)
@@ -303,9 +343,11 @@ class _ParamStack:
 
     def write_back(self) -> None:
         with torch.no_grad():
-            for c, row in zip(self.clients, self.flat):
+            for i, (c, row) in enumerate(zip(self.clients, self.flat)):
                 for p, value in zip(c.model.parameters(), self.unflatten(row)):
                     p.copy_(value)
+                for n, b in c.model.named_buffers():
+                    b.copy_(self.buffers[n][i])
 
 
 class _StackedOptimizer:
