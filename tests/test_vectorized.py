@@ -191,3 +191,16 @@ def test_federation_metrics_match_sequential(tmp_path, model, aggregator):
                 assert value == pytest.approx(b[key], abs=1e-6), key
             else:
                 assert value == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
+
+
+def test_cli_knob_chooses_the_executor():
+    from fdlit.cli import build_loop, parse_fit
+
+    base = ["--config", "digits.yaml", "--logger.mode", "disabled"]
+    chosen = {}
+    for name in ("VectorizedExecutor", "SequentialExecutor"):
+        parser, cfg = parse_fit(base + ["--federation.executor", f"fdlit.federation.{name}"])
+        chosen[name] = type(build_loop(cfg, parser).executor).__name__
+    assert chosen == {"VectorizedExecutor": "VectorizedExecutor", "SequentialExecutor": "SequentialExecutor"}
+    parser, cfg = parse_fit(base)
+    assert build_loop(cfg, parser).executor is None  # null: select_executor decides in setup
