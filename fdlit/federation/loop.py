@@ -28,6 +28,7 @@ from fdlit.federation.baselines import MODES, reference_client
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.diagnostics import trust_matrix
 from fdlit.federation.executor import ClientExecutor, SequentialExecutor
+from fdlit.federation.vectorized import select_executor
 from fdlit.loggers import LoggerConfig, ProgressBar, RunDirectory, WandbLogger
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -74,7 +75,8 @@ class FederationLoop:
         private_epochs: private-phase epochs in later rounds.
         public_epochs_first: public (distillation) epochs in round 1.
         public_epochs: public epochs in later rounds.
-        executor: how clients run; null picks the sequential executor.
+        executor: how clients run; null picks the fastest that applies (``select_executor``:
+            vectorized when all clients share a supported architecture, else sequential).
         accelerator: Lightning accelerator (``auto``, ``cpu``, ``cuda``, ``mps``).
         precision: Lightning precision: ``32-true``, ``bf16-mixed``, ``16-mixed`` or ``64-true``.
         message_dtype: dtype of logits sent up and of the teacher sent down (counted as sent).
@@ -125,7 +127,7 @@ class FederationLoop:
         self.rounds = rounds
         self.private_epochs_first, self.private_epochs = private_epochs_first, private_epochs
         self.public_epochs_first, self.public_epochs = public_epochs_first, public_epochs
-        self.executor = executor or SequentialExecutor()
+        self.executor = executor  # null: chosen in setup, once the clients exist
         self.accelerator, self.precision = accelerator, precision
         self.message_dtype = MESSAGE_DTYPES[message_dtype]
         self.user_callbacks = list(callbacks)
@@ -166,6 +168,8 @@ class FederationLoop:
         self.private = [(cd.train.x.to(device), cd.train.y.to(device)) for cd in client_data]
         self.local_mask_matrix = torch.stack(  # M x T: test samples of each client's own classes
             [self.data.local_test_mask(cd.classes) for cd in client_data]).float().to(device)
+        if self.executor is None:  # null: the fastest executor that applies (fdlit.federation.vectorized)
+            self.executor = select_executor(self.clients, self.precision)
         self.executor.setup(self.fabric, self.clients)
         method = getattr(self.aggregator, "short_name", type(self.aggregator).__name__)
         method = {"fd": method, "local_only": "local", "reference": "reference"}[self.mode]

@@ -1,0 +1,480 @@
+"""Vectorized executor: clients that share an architecture train together in one batched step.
+
+Per group of same-architecture clients, the parameters are stacked into one ``M x D`` tensor for
+the length of a phase. Every step runs ``torch.func.vmap(grad_and_value(loss))`` over the stack, so
+each client computes its own forward/backward on its own batch, and the optimizer update (Adam,
+AdamW or SGD, written out to follow ``torch.optim``'s single-tensor code) runs once on the stack.
+At the end of the phase parameters and optimizer state are written back into each
+:class:`~fdlit.clients.ClientModule` in ``torch.optim``'s own format, so ``client_state()``,
+checkpoints and the sequential executor stay interchangeable with this one.
+
+Same computation as :class:`~fdlit.federation.executor.SequentialExecutor`:
+
+* batch order: each client's generator gets the same ``randperm`` calls in the same order, and the
+  same batch boundaries are used (a final batch of one sample is skipped);
+* different private-set sizes: batches are padded to a common length with zero-weight samples and
+  the loss is ``sum(w * ce) / sum(w)`` (= the batch mean); a client that has run out of batches is
+  left out of the step, so its parameters, moments and step count do not move;
+* BatchNorm: running statistics are stacked per client and updated in place under vmap; padding
+  would enter the batch statistics, so models with BatchNorm are not padded: clients whose
+  batches differ in length at a step run as separate vmapped calls (only at epoch ends);
+* per-client Adam step counts (bias correction) and learning rates.
+
+Not supported (``unsupported_reason`` says why; those clients run sequentially inside this
+executor, and the automatic choice picks the sequential executor): buffers other than BatchNorm's,
+BatchNorm with ``momentum=None``, a ``loss`` other than ``ClientModule.loss``, optimizer options
+other than lr / weight_decay / momentum, ``16-mixed`` precision (needs a grad scaler). Dropout works
+(``randomness="different"``) but draws from the global RNG in another order than the sequential
+executor, so runs with dropout > 0 are not bit-comparable between executors.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from lightning.fabric import Fabric
+from torch.func import functional_call, grad_and_value, vmap
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from fdlit.clients import ClientModule
+from fdlit.errors import ConfigError
+from fdlit.federation.executor import ClientExecutor, SequentialExecutor
+
+SUPPORTED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+UNSUPPORTED_PRECISIONS = ("16-mixed", "16-true", "transformer-engine")
+
+
+def _scalar_dtype() -> torch.dtype:
+    # dtype torch.optim gives a fresh "step" tensor
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def unsupported_reason(client: ClientModule, precision: str = "32-true") -> Optional[str]:
+    """Why ``client`` cannot be trained by :class:`VectorizedExecutor`; None when it can."""
+    if precision in UNSUPPORTED_PRECISIONS:
+        return f"precision {precision!r} (needs a grad scaler)"
+    if type(client).loss is not ClientModule.loss:
+        return f"{type(client).__name__} overrides loss()"
+    for name, module in client.model.named_modules():
+        own = [n for n, _ in module.named_buffers(recurse=False)]
+        if not own:
+            continue
+        if not isinstance(module, _BatchNorm):
+            return f"module {name or 'model'} ({type(module).__name__}) has buffers {own}"
+        if module.momentum is None:
+            return f"BatchNorm {name} with momentum=None (cumulative average)"
+    if not all(p.requires_grad for p in client.model.parameters()):
+        return "frozen parameters"
+    opt = client.configure_optimizers()
+    if type(opt) not in SUPPORTED_OPTIMIZERS:
+        return f"optimizer {type(opt).__name__}"
+    if len(opt.param_groups) != 1:
+        return "more than one parameter group"
+    group = opt.param_groups[0]
+    if [id(p) for p in group["params"]] != [id(p) for p in client.model.parameters()]:
+        return "optimizer parameters are not the model's parameters"
+    # options the stacked update does not implement (all off in ClientOptimization.build)
+    for key in ("amsgrad", "maximize", "nesterov", "dampening", "differentiable", "fused", "capturable"):
+        if group.get(key):
+            return f"optimizer option {key}={group[key]!r}"
+    return None
+
+
+def architecture_key(client: ClientModule) -> tuple:
+    """Clients with equal keys can share one vmapped step: same module (repr covers layer options
+    such as dropout rate and padding), same parameter shapes, same optimizer hyper-parameters
+    except the learning rate (which may differ per client)."""
+    opt = client.configure_optimizers()
+    hyper = tuple(sorted((k, repr(v)) for k, v in opt.param_groups[0].items() if k not in ("params", "lr", "initial_lr")))
+    shapes = tuple((n, tuple(p.shape), p.dtype, p.device) for n, p in client.model.named_parameters())
+    return (type(client.model), repr(client.model), shapes, type(opt), hyper)
+
+
+def select_executor(clients: Sequence[ClientModule], precision: str = "32-true") -> ClientExecutor:
+    """The fastest executor that applies (``federation.executor: null``): vectorized when there are
+    at least two clients, all vectorizable and all of one architecture; sequential otherwise."""
+    if len(clients) >= 2 and all(unsupported_reason(c, precision) is None for c in clients):
+        if len({architecture_key(c) for c in clients}) == 1:
+            return VectorizedExecutor()
+    return SequentialExecutor()
+
+
+class VectorizedExecutor(ClientExecutor):
+    """Trains and evaluates same-architecture clients together with ``torch.func.vmap``.
+
+    Clients are grouped by :func:`architecture_key` (a heterogeneous federation runs one batched
+    step per architecture); clients that cannot be vectorized (:func:`unsupported_reason`) run
+    through an internal :class:`SequentialExecutor` unless ``strict`` is set, which raises instead.
+
+    Args:
+        eval_batch_size: samples per vmapped inference call.
+        strict: raise a ConfigError for unsupported clients instead of running them sequentially.
+    """
+
+    def __init__(self, eval_batch_size: int = 1024, strict: bool = False):
+        self.eval_batch_size = eval_batch_size
+        self.strict = strict
+        self.fabric: Optional[Fabric] = None
+        self.fallback = SequentialExecutor(eval_batch_size)
+        self._vectorized: set[int] = set()
+        self._cache = None
+
+    def setup(self, fabric: Fabric, clients: Sequence[ClientModule]) -> None:
+        self.fabric = fabric
+        precision = str(getattr(fabric.strategy.precision, "precision", "32-true"))
+        # same device / dtype conversion as the sequential executor, so both see identical clients
+        self.fallback.setup(fabric, clients)
+        for c in clients:
+            reason = unsupported_reason(c, precision)
+            if reason is None:
+                self._vectorized.add(c.client_id)
+            elif self.strict:
+                raise ConfigError("federation.executor", f"client {c.client_id} cannot be vectorized: {reason}")
+
+    def _groups(self, clients: Sequence[ClientModule]) -> tuple[list[list[int]], list[int]]:
+        groups: dict[tuple, list[int]] = {}
+        rest = []
+        for i, c in enumerate(clients):
+            if c.client_id in self._vectorized:
+                groups.setdefault(architecture_key(c), []).append(i)
+            else:
+                rest.append(i)
+        return list(groups.values()), rest
+
+    # ------------------------------------------------------------------ training
+    def train(self, clients, phase, datasets, epochs, batch_size):
+        losses = [float("nan")] * len(clients)
+        groups, rest = self._groups(clients)
+        for members in groups:
+            out = self._train_group([clients[i] for i in members], phase, [datasets[i] for i in members],
+                                    epochs, batch_size)
+            for i, loss in zip(members, out):
+                losses[i] = loss
+        if rest:
+            out = self.fallback.train([clients[i] for i in rest], phase, [datasets[i] for i in rest], epochs, batch_size)
+            for i, loss in zip(rest, out):
+                losses[i] = loss
+        return losses
+
+    def _train_group(self, clients, phase, datasets, epochs, batch_size) -> list[float]:
+        m = len(clients)
+        for c in clients:
+            c.set_phase(phase)
+            c.train()
+        if epochs == 0:
+            return [0.0] * m  # what the sequential executor reports for no steps
+        template = clients[0].model
+        stack = _ParamStack(clients)
+        opt = _StackedOptimizer(clients, stack)
+        device, dtype = stack.flat.device, stack.flat.dtype
+
+        x_all, t_all, offsets = self._concat(datasets)
+        if x_all.is_floating_point() and x_all.dtype != dtype and dtype == torch.float64:
+            x_all = x_all.to(dtype)  # 64-true: Fabric converts inputs of the sequential path alike
+        index, weight, counts = _batch_plan(clients, [len(d[0]) for d in datasets], offsets, epochs, batch_size)
+        lengths = weight.sum(-1).long()  # S x M real samples per batch
+        steps = index.shape[0]
+        if steps == 0:
+            return [0.0] * m
+        index, weight = index.to(device), weight.to(device)
+
+        def client_loss(row, buffers, x, t, w):
+            # gradient w.r.t. the client's flat parameter row: comes out M x D, ready for the update;
+            # BatchNorm updates its (per-client, stacked) running statistics in place
+            params = dict(zip(stack.names, stack.unflatten(row)))
+            logits = functional_call(template, (params, buffers), (x,))
+            return (_cross_entropy(logits.float(), t) * w).sum() / w.sum(), buffers
+
+        step_fn = vmap(grad_and_value(client_loss, has_aux=True), randomness="different")
+        total = torch.zeros(m, device=device)
+        for s, substeps in enumerate(_substeps(counts, lengths, batch_dependent=bool(stack.buffers))):
+            for rows, width in substeps:
+                if rows is None:
+                    flat, bufs, idx, w = stack.flat, stack.buffers, index[s], weight[s]
+                else:
+                    dev_rows = rows.to(device)
+                    flat = stack.flat.index_select(0, dev_rows)
+                    bufs = {n: b.index_select(0, dev_rows) for n, b in stack.buffers.items()}
+                    idx, w = index[s].index_select(0, dev_rows), weight[s].index_select(0, dev_rows)
+                idx, w = idx[:, :width], w[:, :width]
+                with self.fabric.autocast():
+                    g, (loss, new_bufs) = step_fn(flat, bufs, x_all[idx], t_all[idx], w)
+                opt.step(flat, g.to(dtype), rows)
+                if rows is None:
+                    total += loss.detach()
+                    for n, b in new_bufs.items():
+                        stack.buffers[n].copy_(b)
+                else:
+                    stack.flat.index_copy_(0, dev_rows, flat)
+                    for n, b in new_bufs.items():
+                        stack.buffers[n].index_copy_(0, dev_rows, b)
+                    total.index_add_(0, dev_rows, loss.detach().float())
+        stack.write_back()
+        opt.write_back()
+        return (total.cpu() / counts.clamp_min(1)).tolist()
+
+    def _concat(self, datasets):
+        """One tensor of inputs and one of targets for the whole group, and each client's offset.
+        One shared (x, t) (the public phase) is used as is; private sets are concatenated once and
+        cached while the loop passes the same tensors."""
+        if all(d[0] is datasets[0][0] and d[1] is datasets[0][1] for d in datasets):
+            return datasets[0][0], datasets[0][1], [0] * len(datasets)
+        key = tuple((id(x), id(t)) for x, t in datasets)
+        if self._cache is None or self._cache[0] != key:
+            x_all = torch.cat([d[0] for d in datasets])
+            t_all = torch.cat([d[1] for d in datasets])
+            offsets = torch.tensor([0] + [len(d[0]) for d in datasets]).cumsum(0).tolist()
+            # the datasets are kept so their ids cannot be reused by other tensors
+            self._cache = (key, list(datasets), (x_all, t_all, offsets))
+        return self._cache[2]
+
+    # ------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def predict(self, clients, x):
+        out: list[Optional[torch.Tensor]] = [None] * len(clients)
+        groups, rest = self._groups(clients)
+        for members in groups:
+            group = [clients[i] for i in members]
+            template = group[0].model
+            was_training = template.training
+            template.eval()
+            stack = _ParamStack(group)
+            xx = x.to(stack.flat.dtype) if x.is_floating_point() and stack.flat.dtype == torch.float64 else x
+            fn = vmap(lambda p, b, xb: functional_call(template, (p, b), (xb,)), in_dims=(0, 0, None))
+            with self.fabric.autocast():
+                logits = torch.cat([fn(stack.views, stack.buffers, xx[i : i + self.eval_batch_size]).float()
+                                    for i in range(0, len(xx), self.eval_batch_size)], 1)
+            template.train(was_training)
+            for j, i in enumerate(members):
+                out[i] = logits[j]
+        if rest:
+            logits = self.fallback.predict([clients[i] for i in rest], x)
+            for j, i in enumerate(rest):
+                out[i] = logits[j]
+        return torch.stack(out)
+
+
+def _batch_plan(clients, sizes, offsets, epochs: int, batch_size: int):
+    """Batches of every client for a whole phase as padded tensors.
+
+    Consumes each client's generator exactly like ``SequentialExecutor._train_one`` (one
+    ``randperm(n)`` per epoch) and keeps its batch boundaries, including skipping a final batch of
+    one sample. Returns index (S x M x W, global rows of the concatenated data), weight (S x M x W,
+    1 for real samples, 0 for padding) and the number of steps of each client (M).
+    """
+    width = max(1, min(batch_size, max(sizes)))
+    plans = []
+    for c, n, off in zip(clients, sizes, offsets):
+        rows_idx, rows_w = [], []
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=c.generator)
+            nb = -(-n // batch_size)
+            pad = nb * width - n
+            idx = torch.cat([order, order[:1].expand(pad)]).view(nb, width)  # padding: a real sample
+            w = torch.cat([torch.ones(n), torch.zeros(pad)]).view(nb, width)
+            if n > 1 and n % batch_size == 1:  # final batch of one sample: skipped
+                idx, w = idx[:-1], w[:-1]
+            rows_idx.append(idx + off)
+            rows_w.append(w)
+        plans.append((torch.cat(rows_idx), torch.cat(rows_w)))
+    counts = torch.tensor([len(p[0]) for p in plans])
+    steps = int(counts.max()) if len(plans) else 0
+    index = torch.zeros(steps, len(plans), width, dtype=torch.long)
+    weight = torch.zeros(steps, len(plans), width)
+    for j, (idx, w) in enumerate(plans):
+        index[: len(idx), j] = idx
+        weight[: len(w), j] = w
+    return index, weight, counts
+
+
+def _substeps(counts: torch.Tensor, lengths: torch.Tensor, batch_dependent: bool):
+    """Per step, the vmapped calls to make: (rows or None for all clients, batch width).
+
+    Clients that ran out of batches are left out. Without batch-dependent layers one call covers
+    every active client (short batches are zero-weight padded). With BatchNorm, padding would enter
+    the batch statistics, so active clients are split by their batch length and nothing is padded.
+    """
+    m, width = len(counts), int(lengths.max()) if lengths.numel() else 0
+    for s in range(lengths.shape[0]):
+        active = counts > s
+        if not batch_dependent:
+            yield [(None if bool(active.all()) else active.nonzero().squeeze(1), width)]
+            continue
+        out = []
+        for length in lengths[s][active].unique().tolist():
+            rows = (active & (lengths[s] == length)).nonzero().squeeze(1)
+            out.append((None if len(rows) == m else rows, int(length)))
+        yield out
+
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-sample ``F.cross_entropy`` (integer labels or probabilities), written as
+    log_softmax + gather / sum: the same arithmetic, and nll_loss has no fast batching rule."""
+    logp = logits.log_softmax(-1)
+    if target.is_floating_point():
+        return -(target * logp).sum(-1)
+    return -logp.gather(-1, target[..., None])[..., 0]
+
+
+class _ParamStack:
+    """Parameters of M same-shaped models as one M x D tensor, with per-name views into it."""
+
+    def __init__(self, clients: Sequence[ClientModule]):
+        self.clients = clients
+        self.names = [n for n, _ in clients[0].model.named_parameters()]
+        self.shapes = [p.shape for _, p in clients[0].model.named_parameters()]
+        self.sizes = [p.numel() for _, p in clients[0].model.named_parameters()]
+        self.flat = torch.stack([
+            torch.cat([p.detach().reshape(-1) for p in c.model.parameters()]) for c in clients
+        ])
+        self.views = self.views_of(self.flat)
+        # BatchNorm running statistics, one stacked tensor per buffer name
+        self.buffers = {n: torch.stack([dict(c.model.named_buffers())[n].detach() for c in clients])
+                        for n, _ in clients[0].model.named_buffers()}
+
+    def views_of(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        parts = flat.split(self.sizes, dim=1)
+        return {n: part.view(len(flat), *shape) for n, part, shape in zip(self.names, parts, self.shapes)}
+
+    def unflatten(self, row: torch.Tensor) -> list[torch.Tensor]:
+        return [part.view(shape) for part, shape in zip(row.split(self.sizes), self.shapes)]
+
+    def write_back(self) -> None:
+        with torch.no_grad():
+            for i, (c, row) in enumerate(zip(self.clients, self.flat)):
+                for p, value in zip(c.model.parameters(), self.unflatten(row)):
+                    p.copy_(value)
+                for n, b in c.model.named_buffers():
+                    b.copy_(self.buffers[n][i])
+
+
+class _StackedOptimizer:
+    """Adam / AdamW / SGD of M clients on stacked M x D tensors, the same arithmetic as
+    ``torch.optim``'s single-tensor implementation, with per-client step counts and learning rates.
+    State is read from and written back to each client's own optimizer."""
+
+    def __init__(self, clients: Sequence[ClientModule], stack: _ParamStack):
+        self.clients, self.stack = clients, stack
+        self.optimizers = [c.configure_optimizers() for c in clients]
+        opt = self.optimizers[0]
+        group = opt.param_groups[0]
+        self.kind = "sgd" if isinstance(opt, torch.optim.SGD) else "adam"
+        self.decoupled = isinstance(opt, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay"))
+        self.weight_decay = group["weight_decay"]
+        flat = stack.flat
+        m = len(clients)
+        # learning rates, step counts and "has state" live on the CPU: known without a device sync
+        self.lr = torch.tensor([o.param_groups[0]["lr"] for o in self.optimizers], dtype=torch.float64)
+        states = [[o.state.get(p, {}) for p in c.model.parameters()] for o, c in zip(self.optimizers, clients)]
+        self.has_state = torch.tensor([bool(st[0]) for st in states])
+
+        def gather(key: str) -> torch.Tensor:
+            rows = [torch.cat([s[key].reshape(-1) for s in st]) if st[0] and st[0].get(key) is not None
+                    else torch.zeros(flat.shape[1], dtype=flat.dtype, device=flat.device) for st in states]
+            return torch.stack(rows).to(flat.dtype)
+
+        if self.kind == "adam":
+            self.beta1, self.beta2 = group["betas"]
+            self.eps = group["eps"]
+            self.exp_avg, self.exp_avg_sq = gather("exp_avg"), gather("exp_avg_sq")
+            self.step_count = torch.tensor([float(st[0]["step"]) if st[0] else 0.0 for st in states],
+                                           dtype=torch.float64)
+            self.step_dtype = states[0][0]["step"].dtype if states[0][0] else _scalar_dtype()
+        else:
+            self.momentum = group["momentum"]
+            self.buf = gather("momentum_buffer") if self.momentum else None
+
+    def step(self, p: torch.Tensor, g: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
+        """Update p (the rows ``rows`` (CPU indices) of the stack, or all of it) in place with
+        gradients g. When the updated clients share learning rate and step count (the usual case)
+        this is torch.optim's own scalar arithmetic; otherwise per-client scalars are broadcast."""
+        dev_rows = None if rows is None else rows.to(p.device)
+        pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, dev_rows))
+        lr = self.lr if rows is None else self.lr[rows]
+        uniform_lr = bool((lr == lr[0]).all())
+        dt = p.dtype
+
+        def per_client(values: torch.Tensor) -> torch.Tensor:  # M float64 -> M x 1 on the device
+            return values.to(device=p.device, dtype=dt)[:, None]
+
+        wd = self.weight_decay
+        if self.kind == "sgd":
+            if wd != 0:
+                g = g.add(p, alpha=wd)
+            if self.momentum != 0:
+                has = self.has_state if rows is None else self.has_state[rows]
+                buf = pick(self.buf)
+                if bool(has.all()):
+                    buf.mul_(self.momentum).add_(g)
+                else:  # first step of a client: buf = grad (torch.optim clones the gradient)
+                    buf = torch.where(has.to(p.device)[:, None], buf.mul(self.momentum).add_(g), g)
+                self._put(self.buf, buf, dev_rows)
+                g = buf
+            if uniform_lr:
+                p.add_(g, alpha=-float(lr[0]))
+            else:
+                p.add_(per_client(-lr) * g)
+            self._mark(rows)
+            return
+        step = (self.step_count if rows is None else self.step_count[rows]) + 1
+        uniform = uniform_lr and bool((step == step[0]).all())
+        exp_avg, exp_avg_sq = pick(self.exp_avg), pick(self.exp_avg_sq)
+        if wd != 0:
+            if self.decoupled:
+                p.mul_(1 - float(lr[0]) * wd if uniform else per_client(1 - lr * wd))
+            else:
+                g = g.add(p, alpha=wd)
+        exp_avg.lerp_(g, 1 - self.beta1)
+        exp_avg_sq.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
+        if uniform:
+            n = float(step[0])
+            bias_correction1 = 1 - self.beta1**n
+            bias_correction2 = 1 - self.beta2**n
+            step_size = float(lr[0]) / bias_correction1
+            denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(self.eps)
+            p.addcdiv_(exp_avg, denom, value=-step_size)
+        else:
+            # per-client bias corrections, in double like torch.optim's Python floats
+            bias_correction1 = 1 - self.beta1**step
+            bias_correction2 = 1 - self.beta2**step
+            denom = (exp_avg_sq.sqrt() / per_client(bias_correction2**0.5)).add_(self.eps)
+            p.add_(per_client(-(lr / bias_correction1)) * exp_avg / denom)  # = addcdiv_ with value
+        if rows is None:
+            self.step_count = step
+        else:
+            self.step_count[rows] = step
+            self._put(self.exp_avg, exp_avg, dev_rows)
+            self._put(self.exp_avg_sq, exp_avg_sq, dev_rows)
+        self._mark(rows)
+
+    @staticmethod
+    def _put(target: torch.Tensor, value: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
+        if rows is None:
+            if value is not target:
+                target.copy_(value)
+        else:
+            target.index_copy_(0, rows, value)
+
+    def _mark(self, rows: Optional[torch.Tensor]) -> None:
+        if rows is None:
+            self.has_state.fill_(True)
+        else:
+            self.has_state[rows] = True
+
+    def write_back(self) -> None:
+        """Optimizer state in torch.optim's per-parameter format (clients that never stepped keep
+        an empty state, as in torch.optim)."""
+        for i, (c, o) in enumerate(zip(self.clients, self.optimizers)):
+            if not bool(self.has_state[i]):
+                continue
+            params = list(c.model.parameters())
+            if self.kind == "adam":
+                step = torch.tensor(float(self.step_count[i]), dtype=self.step_dtype)
+                for p, m1, m2 in zip(params, self.stack.unflatten(self.exp_avg[i]),
+                                     self.stack.unflatten(self.exp_avg_sq[i])):
+                    o.state[p] = {"step": step.clone(), "exp_avg": m1.clone(), "exp_avg_sq": m2.clone()}
+            elif self.momentum != 0:
+                for p, b in zip(params, self.stack.unflatten(self.buf[i])):
+                    o.state[p] = {"momentum_buffer": b.clone()}

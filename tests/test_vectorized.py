@@ -1,0 +1,206 @@
+"""VectorizedExecutor computes what SequentialExecutor computes (issue 7), on tiny CPU federations."""
+
+import pytest
+import torch
+from lightning.fabric import Fabric
+from torch import nn
+
+from fdlit.aggregators import ProbabilityAveragingAggregator, SmoothedUncertaintyWeightedAggregator
+from fdlit.clients import ClientModule, ClientOptimization
+from fdlit.data import FederatedData
+from fdlit.errors import ConfigError
+from fdlit.federation import FederationLoop, SequentialExecutor, VectorizedExecutor, select_executor
+from fdlit.loggers import LoggerConfig
+from fdlit.models import MLP, SmallCNN
+
+# sizes chosen so clients have different numbers of batches and one ends an epoch with a single
+# sample (33 % 16 == 1: that batch is skipped), exercising masking and the skip rule
+SIZES = [33, 50, 7, 20]
+
+
+class TinyBN(nn.Module):
+    # no conv bias before BatchNorm (as in ResNets): its true gradient is 0, so Adam would amplify
+    # float noise in it (sign of ~1e-9) into +-lr steps that differ between any two kernels
+    def __init__(self, momentum=0.1):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4, momentum=momentum), nn.ReLU(),
+                                 nn.Flatten(), nn.Linear(4 * 64, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def make_clients(model_fn, opt, sizes=SIZES):
+    torch.manual_seed(0)  # identical initial weights for every executor under test
+    return [ClientModule(model_fn(i), i, [0, 1], opt, seed=3) for i in range(len(sizes))]
+
+
+def make_data(sizes=SIZES):
+    g = torch.Generator().manual_seed(1)
+    private = [(torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)) for n in sizes]
+    pub_x = torch.randn(40, 1, 8, 8, generator=g)
+    pub_p = torch.softmax(torch.randn(40, 10, generator=g), -1)
+    return private, (pub_x, pub_p)
+
+
+def run_phases(executor, clients, phases=("private", "public", "private")):
+    executor.setup(Fabric(accelerator="cpu", devices=1, precision="32-true"), clients)
+    private, public = make_data()
+    losses = []
+    for phase in phases:
+        data = private if phase == "private" else [public] * len(clients)
+        losses.append(executor.train(clients, phase, data, epochs=2, batch_size=16))
+    return losses, executor.predict(clients, public[0])
+
+
+def assert_same_clients(a, b, atol=1e-5):
+    for ca, cb in zip(a, b):
+        for (name, pa), pb in zip(ca.model.named_parameters(), cb.model.parameters()):
+            torch.testing.assert_close(pa, pb, atol=atol, rtol=1e-4, msg=f"client {ca.client_id} {name}")
+        for (name, ba), bb in zip(ca.model.named_buffers(), cb.model.buffers()):  # BatchNorm statistics
+            torch.testing.assert_close(ba, bb, atol=atol, rtol=1e-4, msg=f"client {ca.client_id} {name}")
+        sa, sb = ca.configure_optimizers().state_dict(), cb.configure_optimizers().state_dict()
+        assert sa["state"].keys() == sb["state"].keys()
+        for k in sa["state"]:
+            assert sa["state"][k].keys() == sb["state"][k].keys()
+            for key, va in sa["state"][k].items():
+                torch.testing.assert_close(va, sb["state"][k][key], atol=atol, rtol=1e-4)
+                assert va.dtype == sb["state"][k][key].dtype and va.device == sb["state"][k][key].device
+        assert torch.equal(ca.generator.get_state(), cb.generator.get_state())  # same randperm calls
+
+
+@pytest.mark.parametrize("optimizer,kw", [
+    ("adam", {}),
+    ("adam", {"weight_decay": 1e-2, "public_lr": 3e-3}),
+    ("adamw", {"weight_decay": 1e-2}),
+    ("sgd", {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}),
+    ("sgd", {"lr": 0.05}),
+])
+def test_phases_match_sequential_per_optimizer(optimizer, kw):
+    opt = ClientOptimization(optimizer=optimizer, **kw)
+    model_fn = lambda i: MLP((1, 8, 8), 10, hidden=[24])  # noqa: E731
+    seq_clients, vec_clients = make_clients(model_fn, opt), make_clients(model_fn, opt)
+    seq_losses, seq_pred = run_phases(SequentialExecutor(), seq_clients)
+    vec_losses, vec_pred = run_phases(VectorizedExecutor(), vec_clients)
+    for a, b in zip(seq_losses, vec_losses):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(seq_pred, vec_pred, atol=1e-4, rtol=1e-4)
+    assert_same_clients(seq_clients, vec_clients)
+    if optimizer.startswith("adam"):  # per-client step counts differ (different batch counts)
+        steps = [float(next(iter(c.configure_optimizers().state.values()))["step"]) for c in vec_clients]
+        assert len(set(steps)) > 1
+
+
+def test_state_moves_between_executors():
+    """A phase on the vectorized executor, then phases on the sequential one: same as all
+    sequential, so write-back uses torch.optim's own state format."""
+    opt = ClientOptimization(optimizer="adam")
+    model_fn = lambda i: SmallCNN((1, 8, 8), 10, channels=4, hidden=16)  # noqa: E731
+    ref, mixed = make_clients(model_fn, opt), make_clients(model_fn, opt)
+    run_phases(SequentialExecutor(), ref, phases=("private", "public", "private"))
+    run_phases(VectorizedExecutor(), mixed, phases=("private",))
+    run_phases(SequentialExecutor(), mixed, phases=("public", "private"))
+    assert_same_clients(ref, mixed)
+
+
+def test_batchnorm_statistics_stay_per_client():
+    """BatchNorm clients with different private sizes (different last-batch lengths): same weights,
+    running statistics and predictions as sequential training."""
+    opt = ClientOptimization(optimizer="adam")
+    seq_clients = make_clients(lambda i: TinyBN(), opt)
+    vec_clients = make_clients(lambda i: TinyBN(), opt)
+    seq_losses, seq_pred = run_phases(SequentialExecutor(), seq_clients)
+    vec_losses, vec_pred = run_phases(VectorizedExecutor(), vec_clients)
+    for a, b in zip(seq_losses, vec_losses):
+        assert a == pytest.approx(b, rel=1e-5)
+    torch.testing.assert_close(seq_pred, vec_pred, atol=1e-4, rtol=1e-4)
+    assert_same_clients(seq_clients, vec_clients)
+    means = torch.stack([c.model.net[1].running_mean for c in vec_clients])
+    assert len({tuple(m.tolist()) for m in means}) == len(vec_clients)  # each client its own statistics
+    assert [int(c.model.net[1].num_batches_tracked) for c in vec_clients] == \
+        [int(c.model.net[1].num_batches_tracked) for c in seq_clients]
+
+
+def test_heterogeneous_groups_and_fallback():
+    """Three architectures train as three vmapped groups; clients that cannot be vectorized
+    (BatchNorm with momentum=None) fall back to sequential inside the same executor."""
+    opt = ClientOptimization(optimizer="adam")
+
+    def model_fn(i):
+        return [MLP((1, 8, 8), 10, hidden=[16]), MLP((1, 8, 8), 10, hidden=[8]), TinyBN(), TinyBN(None)][i % 4]
+
+    sizes = [33, 50, 7, 20, 12, 9, 16, 40]
+    seq_clients, vec_clients = make_clients(model_fn, opt, sizes), make_clients(model_fn, opt, sizes)
+    fabric = Fabric(accelerator="cpu", devices=1)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)) for n in sizes]
+    results = []
+    for ex, clients in ((SequentialExecutor(), seq_clients), (VectorizedExecutor(), vec_clients)):
+        ex.setup(fabric, clients)
+        results.append((ex.train(clients, "private", data, 2, 16), ex.predict(clients, data[0][0])))
+    vec = results[1]
+    groups, rest = ex._groups(vec_clients)
+    assert sorted(map(sorted, groups)) == [[0, 4], [1, 5], [2, 6]] and rest == [3, 7]
+    assert results[0][0] == pytest.approx(vec[0], rel=1e-5)
+    torch.testing.assert_close(results[0][1], vec[1], atol=1e-4, rtol=1e-4)
+    assert_same_clients(seq_clients, vec_clients)
+    with pytest.raises(ConfigError, match="cannot be vectorized"):
+        VectorizedExecutor(strict=True).setup(fabric, make_clients(model_fn, opt, sizes))
+
+
+def test_select_executor_picks_vectorized_only_when_it_applies():
+    opt = ClientOptimization()
+    mlp = make_clients(lambda i: MLP((1, 8, 8), 10, hidden=[8]), opt)
+    assert isinstance(select_executor(mlp), VectorizedExecutor)
+    assert isinstance(select_executor(mlp, "16-mixed"), SequentialExecutor)
+    assert isinstance(select_executor(mlp[:1]), SequentialExecutor)
+    assert isinstance(select_executor(make_clients(lambda i: TinyBN(), opt)), VectorizedExecutor)
+    assert isinstance(select_executor(make_clients(lambda i: TinyBN(None), opt)), SequentialExecutor)
+    mixed = make_clients(lambda i: MLP((1, 8, 8), 10, hidden=[8 if i else 16]), opt)
+    assert isinstance(select_executor(mixed), SequentialExecutor)
+
+
+@pytest.mark.parametrize("model,aggregator", [
+    ("MLP", ProbabilityAveragingAggregator()),
+    ("SmallCNN", SmoothedUncertaintyWeightedAggregator()),
+])
+def test_federation_metrics_match_sequential(tmp_path, model, aggregator):
+    """Two rounds of a digits federation with unequal private sets: same metrics either way, and
+    ``executor: null`` picks the vectorized executor."""
+    init = {"hidden": [32]} if model == "MLP" else {"channels": 4, "hidden": 16}
+    histories, loops = [], []
+    for executor in (SequentialExecutor(), None):
+        loop = FederationLoop(
+            rounds=2, private_epochs_first=2, private_epochs=1, public_epochs_first=1, public_epochs=1,
+            executor=executor,
+            data=FederatedData(num_clients=5, partition="dirichlet", dirichlet_alpha=0.5, public_size=100),
+            model={"class_path": f"fdlit.models.{model}", "init_args": init}, aggregator=aggregator,
+            client=ClientOptimization(batch_size=16),
+            logger=LoggerConfig(mode="disabled", progress=False, run_dir=str(tmp_path)),
+        )
+        loop.fit()
+        histories.append(loop.history)
+        loops.append(loop)
+    assert isinstance(loops[1].executor, VectorizedExecutor)
+    assert len({len(cd.train.x) for cd in loops[0].data.clients}) > 1
+    for a, b in zip(*histories):
+        for key, value in a.items():
+            if key.startswith(("time/", "comm/")):
+                continue
+            if isinstance(value, list):
+                assert value == pytest.approx(b[key], abs=1e-6), key
+            else:
+                assert value == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
+
+
+def test_cli_knob_chooses_the_executor():
+    from fdlit.cli import build_loop, parse_fit
+
+    base = ["--config", "digits.yaml", "--logger.mode", "disabled"]
+    chosen = {}
+    for name in ("VectorizedExecutor", "SequentialExecutor"):
+        parser, cfg = parse_fit(base + ["--federation.executor", f"fdlit.federation.{name}"])
+        chosen[name] = type(build_loop(cfg, parser).executor).__name__
+    assert chosen == {"VectorizedExecutor": "VectorizedExecutor", "SequentialExecutor": "SequentialExecutor"}
+    parser, cfg = parse_fit(base)
+    assert build_loop(cfg, parser).executor is None  # null: select_executor decides in setup
