@@ -7,3 +7,14 @@ class ConfigError(ValueError):
     def __init__(self, field: str, message: str):
         self.field = field
         super().__init__(f"{field}: {message}")
+
+
+def check_number(field: str, value: float, *, minimum: float = 0.0, inclusive: bool = False) -> float:
+    """Raise ConfigError unless ``value`` is finite and > minimum (>= with ``inclusive``)."""
+    import math
+
+    ok = math.isfinite(value) and (value >= minimum if inclusive else value > minimum)
+    if not ok:
+        relation = ">=" if inclusive else ">"
+        raise ConfigError(field, f"must be a finite number {relation} {minimum:g}, got {value}")
+    return value

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.aggregators.base import AggregationResult, Aggregator, uniform_weights
 
 
 class ProbabilityAveragingAggregator(Aggregator):
@@ -19,5 +18,5 @@ class ProbabilityAveragingAggregator(Aggregator):
     def aggregate(self, uploads):
         z = self.stack_logits(uploads)
         m, n, _ = z.shape
-        weights = torch.full((m, n), 1.0 / m, device=z.device)
+        weights = uniform_weights(m, n, z.device)
         return AggregationResult(teacher=z.softmax(-1).mean(0), weights=weights)

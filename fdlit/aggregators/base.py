@@ -44,6 +44,11 @@ class Aggregator(FederationCallback):
         return torch.einsum("mn,mnc->nc", weights, probs)
 
 
+def uniform_weights(m: int, n: int, device=None) -> torch.Tensor:
+    """W = 1/M for every client and public sample (rules that trust every client equally)."""
+    return torch.full((m, n), 1.0 / m, device=device)
+
+
 def weight_concentration(weights: torch.Tensor) -> torch.Tensor:
     """chi = E_x sum_i W[i,x]^2 in [1/M, 1] (000 Sec. 4, Lemma 4.1). AVG has chi = 1/M exactly."""
     return weights.pow(2).sum(0).mean()

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 
 import torch
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
-from fdlit.errors import ConfigError
+from fdlit.errors import check_number
 
 
 class EntropyWeightedAggregator(Aggregator):
@@ -29,8 +28,7 @@ class EntropyWeightedAggregator(Aggregator):
     short_name = "entropy"
 
     def __init__(self, temperature: float = 1.0):
-        if not (temperature > 0 and math.isfinite(temperature)):
-            raise ConfigError("aggregator.temperature", f"must be a finite number > 0, got {temperature}")
+        check_number("aggregator.temperature", temperature)
         self.temperature = temperature
 
     def aggregate(self, uploads):

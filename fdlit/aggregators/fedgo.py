@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
 from torch import nn
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, check_number
 
 
 def train_discriminator(own: torch.Tensor, reference: torch.Tensor, hidden: int = 64, epochs: int = 30,
@@ -82,10 +81,8 @@ class FedGOAggregator(Aggregator):
             raise ConfigError("aggregator.hidden", f"must be >= 1, got {hidden}")
         if epochs < 1:
             raise ConfigError("aggregator.epochs", f"must be >= 1, got {epochs}")
-        if not (lr > 0 and math.isfinite(lr)):
-            raise ConfigError("aggregator.lr", f"must be a finite number > 0, got {lr}")
-        if not (weight_decay >= 0 and math.isfinite(weight_decay)):
-            raise ConfigError("aggregator.weight_decay", f"must be a finite number >= 0, got {weight_decay}")
+        check_number("aggregator.lr", lr)
+        check_number("aggregator.weight_decay", weight_decay, inclusive=True)
         if upload not in ("scores", "parameters"):
             raise ConfigError("aggregator.upload", f"allowed: 'scores', 'parameters'; got {upload!r}")
         self.hidden, self.epochs, self.lr, self.weight_decay = hidden, epochs, lr, weight_decay

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, check_number
 
 
 def one_vs_rest_auc(scores: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -61,8 +61,7 @@ class LKDAggregator(Aggregator):
 
     def __init__(self, temperature: float = 20.0, scoring: Literal["calibration", "server"] = "calibration",
                  server_labelled_size: int = 100):
-        if not (temperature > 0 and math.isfinite(temperature)):
-            raise ConfigError("aggregator.temperature", f"must be a finite number > 0, got {temperature}")
+        check_number("aggregator.temperature", temperature)
         if scoring not in ("calibration", "server"):
             raise ConfigError("aggregator.scoring", f"allowed: 'calibration', 'server'; got {scoring!r}")
         if server_labelled_size < 2:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator
-from fdlit.errors import ConfigError
+from fdlit.aggregators.base import AggregationResult, Aggregator, uniform_weights
+from fdlit.errors import check_number
 
 
 class LogitAveragingAggregator(Aggregator):
@@ -27,12 +26,11 @@ class LogitAveragingAggregator(Aggregator):
     short_name = "logitavg"
 
     def __init__(self, temperature: float = 1.0):
-        if not (temperature > 0 and math.isfinite(temperature)):
-            raise ConfigError("aggregator.temperature", f"must be a finite number > 0, got {temperature}")
+        check_number("aggregator.temperature", temperature)
         self.temperature = temperature
 
     def aggregate(self, uploads):
         z = self.stack_logits(uploads)
         m, n, _ = z.shape
-        weights = torch.full((m, n), 1.0 / m, device=z.device)
+        weights = uniform_weights(m, n, z.device)
         return AggregationResult(teacher=torch.softmax(z.mean(0) / self.temperature, -1), weights=weights)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, check_number
 
 
 class MetaModelAggregator(Aggregator):
@@ -49,10 +48,8 @@ class MetaModelAggregator(Aggregator):
             raise ConfigError("aggregator.hidden", f"must be >= 0, got {hidden}")
         if steps < 1:
             raise ConfigError("aggregator.steps", f"must be >= 1, got {steps}")
-        if not (lr > 0 and math.isfinite(lr)):
-            raise ConfigError("aggregator.lr", f"must be a finite number > 0, got {lr}")
-        if not (weight_decay >= 0 and math.isfinite(weight_decay)):
-            raise ConfigError("aggregator.weight_decay", f"must be a finite number >= 0, got {weight_decay}")
+        check_number("aggregator.lr", lr)
+        check_number("aggregator.weight_decay", weight_decay, inclusive=True)
         self.labelled_per_client = labelled_per_client
         self.hidden, self.steps, self.lr, self.weight_decay = hidden, steps, lr, weight_decay
         self.labelled_x: torch.Tensor | None = None

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Literal, Optional
 
 import torch
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
 from fdlit.aggregators.kulsif import KuLSIF
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, check_number
 
 
 class SelectiveFDAggregator(Aggregator):
@@ -83,10 +82,10 @@ class SelectiveFDAggregator(Aggregator):
             raise ConfigError("aggregator.auxiliary", f"allowed: 'uniform', 'public'; got {auxiliary!r}")
         if aux_samples < 2:
             raise ConfigError("aggregator.aux_samples", f"must be >= 2, got {aux_samples}")
-        if sigma is not None and not (sigma > 0 and math.isfinite(sigma)):
-            raise ConfigError("aggregator.sigma", f"must be a finite number > 0 or null, got {sigma}")
-        if lam is not None and not (lam > 0 and math.isfinite(lam)):
-            raise ConfigError("aggregator.lam", f"must be a finite number > 0 or null, got {lam}")
+        if sigma is not None:
+            check_number("aggregator.sigma", sigma)
+        if lam is not None:
+            check_number("aggregator.lam", lam)
         self.labels = labels
         self.client_quantile = client_quantile
         self.server_threshold = server_threshold

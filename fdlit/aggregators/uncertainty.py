@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
 from fdlit.aggregators.density import DiagonalGaussianMixture, mixture_log_likelihood
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, check_number
 
 
 class UncertaintyWeightedAggregator(Aggregator):
@@ -127,7 +126,6 @@ class SmoothedUncertaintyWeightedAggregator(UncertaintyWeightedAggregator):
         min_calibration_samples: int = 2,
     ):
         """Args: tau, the temperature on the log-likelihoods (finite, >= 0); the rest as UWA."""
-        if not (tau >= 0 and math.isfinite(tau)):
-            raise ConfigError("aggregator.tau", f"must be a finite number >= 0, got {tau}")
+        check_number("aggregator.tau", tau, inclusive=True)
         super().__init__(upload, variance_floor, min_calibration_samples)
         self.tau = tau

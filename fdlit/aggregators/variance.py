@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 
 import torch
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
-from fdlit.errors import ConfigError
+from fdlit.errors import check_number
 
 
 class LogitVarianceAggregator(Aggregator):
@@ -29,8 +28,7 @@ class LogitVarianceAggregator(Aggregator):
     short_name = "logitvar"
 
     def __init__(self, eps: float = 1e-8):
-        if not (eps >= 0 and math.isfinite(eps)):
-            raise ConfigError("aggregator.eps", f"must be a finite number >= 0, got {eps}")
+        check_number("aggregator.eps", eps, inclusive=True)
         self.eps = eps
 
     def aggregate(self, uploads):

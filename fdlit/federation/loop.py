@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +26,7 @@ from fdlit.federation.checkpoint import Checkpointer, restore_checkpoint, resume
 from fdlit.federation.baselines import MODES, reference_client
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.diagnostics import trust_matrix
-from fdlit.federation.executor import ClientExecutor, SequentialExecutor
+from fdlit.federation.executor import ClientExecutor
 from fdlit.federation.vectorized import select_executor
 from fdlit.loggers import LoggerConfig, ProgressBar, RunDirectory, WandbLogger
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from lightning.fabric import Fabric
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -364,7 +363,6 @@ class _StackedOptimizer:
         self.decoupled = isinstance(opt, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay"))
         self.weight_decay = group["weight_decay"]
         flat = stack.flat
-        m = len(clients)
         # learning rates, step counts and "has state" live on the CPU: known without a device sync
         self.lr = torch.tensor([o.param_groups[0]["lr"] for o in self.optimizers], dtype=torch.float64)
         states = [[o.state.get(p, {}) for p in c.model.parameters()] for o, c in zip(self.optimizers, clients)]
