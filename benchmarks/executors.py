@@ -26,6 +26,8 @@ import warnings
 EXECUTORS: dict[str, tuple[str, dict]] = {
     "sequential": ("fdlit.federation.SequentialExecutor", {}),
     "vectorized": ("fdlit.federation.VectorizedExecutor", {}),
+    # actors hold the clients; round 1 (actor start-up) is excluded like every warm-up
+    "ray": ("fdlit.federation.RayExecutor", {"num_cpus": 2}),
 }
 EPOCHS = dict(private_epochs_first=5, private_epochs=5, public_epochs_first=5, public_epochs=5)
 
