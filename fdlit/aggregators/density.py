@@ -75,9 +75,11 @@ def mixture_log_likelihood(
 ) -> torch.Tensor:
     """Batched over clients: z (M x N x C), means/variances (M x K x C, padded), valid (M x K) -> M x N.
 
-    The squared Mahalanobis term is expanded into matrix products,
-    sum_d (z_d - mu_d)^2 / v_d = (z^2) . (1/v) - 2 z . (mu/v) + sum_d mu_d^2 / v_d,
-    so memory is M*N*K, not M*N*K*C (CIFAR-100: K = 90 components of dimension C = 100).
+    The squared Mahalanobis term sum_d (z_d - mu_d)^2 / v_d is computed directly, elementwise and
+    summed, in chunks of public samples so memory stays bounded (CIFAR-100: K = 90 components of
+    dimension C = 100). Not the expanded z^2/v - 2 z mu/v + mu^2/v matrix-product form: that form
+    cancels catastrophically for large logits, and BLAS (MKL adapts its threads to machine load)
+    does not promise the same bits run to run, which broke same-seed-same-metrics on CPU.
     Rows of a client with no valid component are -inf.
     """
     z = z.double()
@@ -88,14 +90,16 @@ def mixture_log_likelihood(
     # padded components get variance 1 so the algebra stays finite; they are masked below
     var = torch.where(valid[..., None], variances.to(z.device, torch.float64), torch.ones((), dtype=torch.float64, device=z.device))
     mu = torch.where(valid[..., None], means.to(z.device, torch.float64), torch.zeros((), dtype=torch.float64, device=z.device))
-    inv = 1.0 / var
-    quad = (
-        torch.bmm(z * z, inv.transpose(1, 2))
-        - 2.0 * torch.bmm(z, (mu * inv).transpose(1, 2))
-        + (mu * mu * inv).sum(-1)[:, None, :]
-    )  # M x N x K
+    inv = (1.0 / var)[:, None]  # M x 1 x K x C
+    mu = mu[:, None]
+    n_comp = mu.shape[2]
+    chunk = max(1, (1 << 24) // max(1, m * n_comp * c))  # ~128 MiB of float64 per chunk
+    quad = torch.cat([
+        ((z[:, i : i + chunk, None, :] - mu).square() * inv).sum(-1)  # M x chunk x K
+        for i in range(0, n, chunk)
+    ], dim=1)
     log_norm = -0.5 * (torch.log(var).sum(-1) + c * math.log(2 * math.pi))  # M x K
-    comp = -0.5 * quad.clamp_min(0.0) + log_norm[:, None, :]
+    comp = -0.5 * quad + log_norm[:, None, :]
     comp = comp.masked_fill(~valid[:, None, :], -math.inf)
     k = valid.sum(1).clamp_min(1).to(torch.float64)  # equal mixture weights 1/|C_i|
     return torch.logsumexp(comp, dim=-1) - torch.log(k)[:, None]
