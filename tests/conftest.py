@@ -3,7 +3,6 @@ import warnings
 
 import pytest
 
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # as fdlit/__init__.py; here before any test imports torch
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")

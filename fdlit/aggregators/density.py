@@ -77,9 +77,8 @@ def mixture_log_likelihood(
 
     The squared Mahalanobis term sum_d (z_d - mu_d)^2 / v_d is computed directly, elementwise and
     summed, in chunks of public samples so memory stays bounded (CIFAR-100: K = 90 components of
-    dimension C = 100). Not the expanded z^2/v - 2 z mu/v + mu^2/v matrix-product form: that form
-    cancels catastrophically for large logits, and BLAS (MKL adapts its threads to machine load)
-    does not promise the same bits run to run, which broke same-seed-same-metrics on CPU.
+    dimension C = 100). Not the expanded z^2/v - 2 z mu/v + mu^2/v matrix-product form, which
+    cancels catastrophically when logits are large relative to their spread.
     Rows of a client with no valid component are -inf.
     """
     z = z.double()
