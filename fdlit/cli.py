@@ -108,10 +108,10 @@ def parse_fit(argv: list[str]) -> tuple[ArgumentParser, Namespace]:
 def build_loop(cfg: Namespace, parser: Optional[ArgumentParser] = None) -> FederationLoop:
     """Instantiate every object of a parsed ``fit`` config; raises ConfigError before training."""
     parser = parser or fit_parser()
-    init = parser.instantiate_classes(cfg)
+    init = parser.instantiate(cfg)
     config_dict = cfg.clone().as_dict()
     config_dict.pop("config", None)
-    config_yaml = parser.dump(cfg, skip_none=False)
+    config_yaml = parser.dump(cfg, skip_unset=False)  # keep null keys: the saved config is complete
     return FederationLoop(
         **vars(init.federation),
         data=init.data,

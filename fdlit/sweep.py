@@ -127,11 +127,11 @@ def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
         except (argparse.ArgumentError, ValueError, TypeError) as exc:
             raise ConfigError("parameters", f"combination {run.values} is not a valid fit config: {exc}") from None
         try:  # constructors check value ranges (k in [1, C], tau >= 0, ...): cheap, nothing is trained
-            parser.instantiate_classes(cfg)
+            parser.instantiate(cfg)
         except ConfigError as exc:
             raise ConfigError(exc.field, f"{str(exc).split(': ', 1)[-1]} (sweep combination {run.values})") from None
         run.config = {"cfg": cfg, "parser": parser,
-                      "resolved": yaml.safe_load(parser.dump(cfg, skip_none=False))}
+                      "resolved": yaml.safe_load(parser.dump(cfg, skip_unset=False))}
 
 
 def finished_runs(run_dir: Path) -> list[tuple[Path, dict]]:
