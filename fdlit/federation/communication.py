@@ -61,8 +61,9 @@ class CommunicationLedger:
         out["comm/down_bytes_total"] = self.total("down")
         return dict(out)
 
-    def rows(self) -> list[dict]:
-        return [asdict(m) for m in self.messages]
+    def rows(self, start: int = 0) -> list[dict]:
+        """Messages from index ``start`` on, as plain dicts (the run directory appends only new ones)."""
+        return [asdict(m) for m in self.messages[start:]]
 
     def state_dict(self) -> dict:
         return {"messages": self.rows()}

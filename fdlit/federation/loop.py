@@ -224,10 +224,51 @@ class FederationLoop:
             cb.on_fit_end(self, summary)
         return summary
 
+    def run_round(self, r: int) -> dict[str, Any]:
+        """One round of 000 Algorithm 1 (ALGORITHMS.md "The round")."""
+        t0 = time.perf_counter()
+        first = r == 1
+        for cb in self.callbacks:
+            cb.on_round_start(self, r)
+
+        # Stage 1 starts: private phase, evaluated; the rest of the round is _communicate_and_distil
+        private_losses = self.executor.train(
+            self.clients, "private", self.private,
+            self.private_epochs_first if first else self.private_epochs, self.optimization.batch_size,
+        )
+        self._check_finite(private_losses, r, "private")
+        after_private = self.evaluate()
+        if self.mode == "fd":
+            result, public_losses, after_public = self._communicate_and_distil(r, first)
+        else:  # baselines: no communication, no public phase (fdlit.federation.baselines)
+            result, public_losses, after_public = None, [math.nan] * len(self.clients), after_private
+
+        metrics = {"round": r}
+        for phase, accs in (("after_private", after_private), ("after_public", after_public)):
+            for name, values in accs.items():
+                metrics[f"{phase}/{name}_mean"] = float(values.mean())
+                metrics[f"{phase}/{name}_min"] = float(values.min())
+                metrics[f"{phase}/{name}_max"] = float(values.max())
+                metrics[f"clients/{phase}/{name}"] = values.tolist()
+        metrics.update(self._teacher_metrics(result))
+        metrics["train/private_loss_mean"] = float(torch.tensor(private_losses).mean())
+        metrics["train/public_loss_mean"] = float(torch.tensor(public_losses).mean())
+        metrics.update(self.ledger.round_metrics(r, len(self.clients)))
+        metrics.update(result.stats if result is not None else {})
+        metrics["time/round_s"] = time.perf_counter() - t0
+        if result is not None and result.weights is not None:  # M x C who-to-trust matrix (public labels: diagnostic only)
+            metrics["clients/trust_matrix"] = trust_matrix(result.weights, self.public_y, self.data.num_classes)
+        self.round = r
+        self.history.append(metrics)
+        for cb in self.callbacks:
+            cb.on_round_end(self, r, metrics)
+        return metrics
+
     def _communicate_and_distil(self, r: int, first: bool):
-        """Public inference, uploads, aggregation, broadcast and public phase (FD mode)."""
+        """The rest of a round in FD mode: public inference, client statistics and upload (end of
+        Stage 1); aggregation, broadcast, public phase and its evaluation (Stage 2)."""
         public_logits = self.executor.predict(self.clients, self.public_x)  # M x N x C
-        self._check_finite([public_logits[i] for i in range(len(self.clients))], r, "public inference")
+        self._check_finite(list(public_logits), r, "public inference")
         uploads = []
         raw = self.executor.client_uploads(self, self.callbacks, self.clients, self.data.clients, public_logits)
         for i, payload in enumerate(raw):
@@ -255,49 +296,6 @@ class FederationLoop:
             self._check_finite(public_losses, r, "public")
         after_public = self.evaluate()
         return result, public_losses, after_public
-
-    def run_round(self, r: int) -> dict[str, Any]:
-        """One round of 000 Algorithm 1 (ALGORITHMS.md "The round")."""
-        t0 = time.perf_counter()
-        first = r == 1
-        for cb in self.callbacks:
-            cb.on_round_start(self, r)
-
-        # Stage 1: private phase, public inference, client statistics, upload
-        private_losses = self.executor.train(
-            self.clients, "private", self.private,
-            self.private_epochs_first if first else self.private_epochs, self.optimization.batch_size,
-        )
-        self._check_finite(private_losses, r, "private")
-        after_private = self.evaluate()
-        if self.mode == "fd":
-            result, public_losses, after_public = self._communicate_and_distil(r, first)
-        else:  # baselines: no communication, no public phase (fdlit.federation.baselines)
-            result, public_losses, after_public = None, [math.nan] * len(self.clients), after_private
-
-        metrics = {"round": r}
-        for phase, accs in (("after_private", after_private), ("after_public", after_public)):
-            for name, values in accs.items():
-                metrics[f"{phase}/{name}_mean"] = float(values.mean())
-                metrics[f"{phase}/{name}_min"] = float(values.min())
-                metrics[f"{phase}/{name}_max"] = float(values.max())
-        metrics.update(self._teacher_metrics(result))
-        metrics["train/private_loss_mean"] = float(torch.tensor(private_losses).mean())
-        metrics["train/public_loss_mean"] = float(torch.tensor(public_losses).mean())
-        metrics.update(self.ledger.round_metrics(r, len(self.clients)))
-        metrics.update(result.stats if result is not None else {})
-        metrics["time/round_s"] = time.perf_counter() - t0
-        metrics["clients/after_private/global_acc"] = after_private["global_acc"].tolist()
-        metrics["clients/after_private/local_acc"] = after_private["local_acc"].tolist()
-        metrics["clients/after_public/global_acc"] = after_public["global_acc"].tolist()
-        metrics["clients/after_public/local_acc"] = after_public["local_acc"].tolist()
-        if result is not None and result.weights is not None:  # M x C who-to-trust matrix (public labels: diagnostic only)
-            metrics["clients/trust_matrix"] = trust_matrix(result.weights, self.public_y, self.data.num_classes)
-        self.round = r
-        self.history.append(metrics)
-        for cb in self.callbacks:
-            cb.on_round_end(self, r, metrics)
-        return metrics
 
     # ------------------------------------------------------------------ measurement
     def evaluate(self) -> dict[str, torch.Tensor]:

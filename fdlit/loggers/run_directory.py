@@ -68,9 +68,8 @@ class RunDirectory(FederationCallback):
 
     def on_round_end(self, loop, round, metrics):
         append_jsonl(self.path / "metrics.jsonl", [metrics])
-        rows = loop.ledger.rows()
-        append_jsonl(self.path / "communication.jsonl", rows[self._messages_written :])
-        self._messages_written = len(rows)
+        append_jsonl(self.path / "communication.jsonl", loop.ledger.rows(self._messages_written))
+        self._messages_written = len(loop.ledger.messages)
         write_atomic(self.path / "summary.json", json.dumps(loop.summary(), indent=2, default=_jsonable))
 
     def on_fit_end(self, loop, summary):
