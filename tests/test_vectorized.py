@@ -75,9 +75,12 @@ def assert_same_clients(a, b, atol=1e-5):
     ("adamw", {"weight_decay": 1e-2}),
     ("sgd", {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}),
     ("sgd", {"lr": 0.05}),
+    ("adam", {"fused": True}),  # torch.optim's fused kernel in the sequential reference too
+    ("sgd", {"lr": 0.05, "momentum": 0.9, "fused": True}),
 ])
 def test_phases_match_sequential_per_optimizer(optimizer, kw):
     opt = ClientOptimization(optimizer=optimizer, **kw)
+    assert bool(opt.build([nn.Parameter(torch.zeros(1))]).param_groups[0].get("fused")) == kw.get("fused", False)
     model_fn = lambda i: MLP((1, 8, 8), 10, hidden=[24])  # noqa: E731
     seq_clients, vec_clients = make_clients(model_fn, opt), make_clients(model_fn, opt)
     seq_losses, seq_pred = run_phases(SequentialExecutor(), seq_clients)
@@ -119,6 +122,30 @@ def test_per_client_learning_rates_and_steps_match_sequential(optimizer, kernel,
     assert_same_clients(seq_clients, vec_clients)
     # the other clients moved: a wrong learning rate would show in their weights
     assert not torch.allclose(next(seq_clients[1].model.parameters()), next(seq_clients[0].model.parameters()))
+
+
+class TiedLayers(nn.Module):
+    """Two layers sharing one weight (as tied embeddings do): functional_call must tie them."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 10)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.head(torch.relu(self.b(torch.relu(self.a(x.flatten(1))))))
+
+
+def test_tied_weights_match_sequential():
+    opt = ClientOptimization(optimizer="adam")
+    seq_clients, vec_clients = make_clients(lambda i: TiedLayers(), opt), make_clients(lambda i: TiedLayers(), opt)
+    seq_losses, seq_pred = run_phases(SequentialExecutor(), seq_clients)
+    vec_losses, vec_pred = run_phases(VectorizedExecutor(), vec_clients)
+    for a, b in zip(seq_losses, vec_losses):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(seq_pred, vec_pred, atol=1e-4, rtol=1e-4)
+    assert_same_clients(seq_clients, vec_clients)
+    assert all(c.model.b.weight is c.model.a.weight for c in vec_clients)
 
 
 def test_state_moves_between_executors():
