@@ -67,6 +67,35 @@ def test_fd_on_local_cifar_copy_with_heterogeneous_clients(tmp_path):
     assert len({n.input.seed for n in nets}) == 4
 
 
+def test_image_dataset_clients_are_vectorized_by_default_and_match_sequential(tmp_path):
+    """CIFAR clients carry the ImageInput module (uint8 -> float, crop + flip): the default executor
+    still vectorizes them (issue 7's GPU case) and the run equals the sequential one."""
+    dd, _ = image_dataset_dict(n_train_per_class=12, n_test_per_class=3)
+    dd.save_to_disk(str(tmp_path / "c10"))
+    history = {}
+    for executor in ("null", "fdlit.federation.SequentialExecutor"):
+        parser, cfg = parse_fit([
+            "--config", "cifar10.yaml", "--data.data_dir", str(tmp_path / "c10"),
+            "--data.num_clients", "4", "--data.classes_per_client", "3", "--data.samples_per_client", "10",
+            "--data.public_size", "16", "--model", "fdlit.models.SmallCNN", "--model.channels", "4",
+            "--model.hidden", "8", "--client.batch_size", "4", "--federation.rounds", "2",
+            "--federation.private_epochs_first", "1", "--federation.public_epochs_first", "1",
+            "--federation.private_epochs", "1", "--federation.public_epochs", "1",
+            "--federation.accelerator", "cpu", "--federation.executor", executor,
+            "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", str(tmp_path / executor),
+        ])
+        loop = build_loop(cfg, parser)
+        loop.fit()
+        history[executor] = loop.history
+        if executor == "null":
+            assert type(loop.executor).__name__ == "VectorizedExecutor"
+            assert loop.executor._vectorized == {c.client_id for c in loop.clients}  # no fallback
+    for vec, seq in zip(history["null"], history["fdlit.federation.SequentialExecutor"]):
+        for key in ("after_private/global_acc_mean", "after_public/global_acc_mean", "teacher/acc"):
+            assert math.isclose(vec[key], seq[key], abs_tol=1e-6), key
+        assert math.isclose(vec["train/public_loss_mean"], seq["train/public_loss_mean"], rel_tol=1e-4)
+
+
 def test_fd_on_local_yahoo_copy_with_a_local_bert(tmp_path):
     from paper_fixtures import local_bert, yahoo_dataset_dict
 

@@ -148,6 +148,61 @@ def test_tied_weights_match_sequential():
     assert all(c.model.b.weight is c.model.a.weight for c in vec_clients)
 
 
+class SmallImageNet(nn.Module):
+    """A conv + BatchNorm net on 3 x 8 x 8 images (ResNet-like layer types, CPU-sized)."""
+
+    def __init__(self, bn: bool):
+        super().__init__()
+        norm = nn.BatchNorm2d(4) if bn else nn.Identity()
+        self.net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=not bn), norm, nn.ReLU(),
+                                 nn.Flatten(), nn.Linear(4 * 64, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+# float64 shows the computation is the same to the last bits; in float32 Adam amplifies BatchNorm's
+# float noise on the 2-sample final batch to ~1e-4, beyond the shared tolerance
+@pytest.mark.parametrize("bn,precision", [(True, "64-true"), (False, "64-true"), (False, "32-true")])
+def test_image_input_module_runs_per_client_and_matches_sequential(bn, precision):
+    """Image datasets put ImageInput (uint8 -> normalised float, random crop + flip from the
+    client's own generator) in front of every network. The vectorized executor runs it per client
+    outside vmap: same augmentation draws, same weights, same generator states as sequential;
+    unequal private sizes pad (no BatchNorm) or split (BatchNorm) the batches."""
+    from fdlit.data.augment import ImageInput, WithInput
+
+    opt = ClientOptimization(optimizer="adam")
+
+    def clients():
+        torch.manual_seed(0)
+        return [ClientModule(WithInput(ImageInput(mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3), augment=True,
+                                                  padding=2, seed=10 + i), SmallImageNet(bn)),
+                             i, [0, 1], opt, seed=3) for i in range(len(SIZES))]
+
+    g = torch.Generator().manual_seed(1)
+    private = [(torch.randint(0, 256, (n, 3, 8, 8), generator=g, dtype=torch.uint8),
+                torch.randint(0, 10, (n,), generator=g)) for n in SIZES]
+    public = (torch.randint(0, 256, (40, 3, 8, 8), generator=g, dtype=torch.uint8),
+              torch.softmax(torch.randn(40, 10, generator=g), -1))
+    fabric = Fabric(accelerator="cpu", devices=1, precision=precision)
+    atol = 1e-12 if precision == "64-true" else 1e-5
+    results = []
+    for executor, cs in ((SequentialExecutor(), clients()), (VectorizedExecutor(strict=True), clients())):
+        executor.setup(fabric, cs)
+        losses = [executor.train(cs, phase, private if phase == "private" else [public] * len(cs), 2, 16)
+                  for phase in ("private", "public", "private")]
+        results.append((cs, losses, executor.predict(cs, public[0])))
+    (seq, seq_losses, seq_pred), (vec, vec_losses, vec_pred) = results
+    assert select_executor(vec).__class__ is VectorizedExecutor
+    for a, b in zip(seq_losses, vec_losses):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(seq_pred, vec_pred, atol=max(atol, 1e-6), rtol=1e-4)
+    assert_same_clients(seq, vec, atol=atol)
+    for a, b in zip(seq, vec):  # the augmentation streams advanced identically
+        assert torch.equal(a.model.input._generator.get_state(), b.model.input._generator.get_state())
+    assert all(c.model.training for c in vec)  # predict restored the training mode
+
+
 def test_state_moves_between_executors():
     """A phase on the vectorized executor, then phases on the sequential one: same as all
     sequential, so write-back uses torch.optim's own state format."""

@@ -18,7 +18,11 @@ Same computation as :class:`~fdlit.federation.executor.SequentialExecutor`:
 * BatchNorm: running statistics are stacked per client and updated in place under vmap; padding
   would enter the batch statistics, so models with BatchNorm are not padded: clients whose
   batches differ in length at a step run as separate vmapped calls (only at epoch ends);
-* per-client Adam step counts (bias correction) and learning rates.
+* per-client Adam step counts (bias correction) and learning rates;
+* image datasets: the parameter-free input module the loop puts in front of every network
+  (``WithInput(ImageInput, net)``: uint8 -> normalised float, crop + flip from the client's own
+  generator) runs per client on its real samples, outside vmap and in the same precision context,
+  so augmentation draws are the sequential executor's; only ``net`` is vmapped.
 
 Not supported (``unsupported_reason`` says why; those clients run sequentially inside this
 executor, and the automatic choice picks the sequential executor): buffers other than BatchNorm's,
@@ -38,6 +42,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fdlit.clients import ClientModule
+from fdlit.data.augment import WithInput
 from fdlit.errors import ConfigError
 from fdlit.federation.executor import ClientExecutor, SequentialExecutor
 
@@ -56,7 +61,8 @@ def unsupported_reason(client: ClientModule, precision: str = "32-true") -> Opti
         return f"precision {precision!r} (needs a grad scaler)"
     if type(client).loss is not ClientModule.loss:
         return f"{type(client).__name__} overrides loss()"
-    for name, module in client.model.named_modules():
+    _, net, prefix = split_input(client.model)
+    for name, module in net.named_modules(prefix=prefix.rstrip(".")):
         own = [n for n, _ in module.named_buffers(recurse=False)]
         if not own:
             continue
@@ -80,6 +86,16 @@ def unsupported_reason(client: ClientModule, precision: str = "32-true") -> Opti
         if group.get(key):
             return f"optimizer option {key}={group[key]!r}"
     return None
+
+
+def split_input(model: torch.nn.Module) -> tuple[Optional[torch.nn.Module], torch.nn.Module, str]:
+    """(input module, network, parameter-name prefix of the network). A parameter-free input module
+    in front of the network (``WithInput``: uint8 -> normalised float, augmentation with its own
+    generator, as the loop builds for image datasets) is run per client outside vmap, exactly as the
+    sequential executor runs it; only the network is vmapped."""
+    if isinstance(model, WithInput) and next(model.input.parameters(), None) is None:
+        return model.input, model.net, "net."
+    return None, model, ""
 
 
 def architecture_key(client: ClientModule) -> tuple:
@@ -183,39 +199,53 @@ class VectorizedExecutor(ClientExecutor):
             return [0.0] * m
         index, weight = index.to(device), weight.to(device)
 
-        tied = _has_tied_tensors(template)
+        _, net, prefix = split_input(template)
+        inputs = [split_input(c.model)[0] for c in clients]
+        names = [n.removeprefix(prefix) for n in stack.names]
+        buffer_names = [n for n in stack.buffers if n.startswith(prefix)]  # BatchNorm's, not the input's
+        tied = _has_tied_tensors(net)
 
         def client_loss(params, buffers, x, t, w):
             # gradients come out per parameter as M x shape, the stack's own layout (no copy into
             # one flat vector: that concatenation was 13 % of a step);
             # BatchNorm updates its (per-client, stacked) running statistics in place
-            logits = functional_call(template, (dict(zip(stack.names, params)), buffers), (x,), tie_weights=tied)
+            logits = functional_call(net, (dict(zip(names, params)), buffers), (x,), tie_weights=tied)
             return (_cross_entropy(logits.float(), t) * w).sum() / w.sum(), buffers
 
         step_fn = vmap(grad_and_value(client_loss, has_aux=True), randomness="different")
         total = torch.zeros(m, device=device)
-        for s, substeps in enumerate(_substeps(counts, lengths, batch_dependent=bool(stack.buffers))):
+        for s, substeps in enumerate(_substeps(counts, lengths, batch_dependent=bool(buffer_names))):
             for rows, width in substeps:
+                members = range(m) if rows is None else rows.tolist()
                 if rows is None:
-                    params, bufs, idx, w = stack.params, stack.buffers, index[s], weight[s]
+                    params, idx, w = stack.params, index[s], weight[s]
+                    bufs = {n.removeprefix(prefix): stack.buffers[n] for n in buffer_names}
                 else:
                     dev_rows = rows.to(device)
                     params = [p.index_select(0, dev_rows) for p in stack.params]
-                    bufs = {n: b.index_select(0, dev_rows) for n, b in stack.buffers.items()}
+                    bufs = {n.removeprefix(prefix): stack.buffers[n].index_select(0, dev_rows) for n in buffer_names}
                     idx, w = index[s].index_select(0, dev_rows), weight[s].index_select(0, dev_rows)
                 idx, w = idx[:, :width], w[:, :width]
+                # the input modules run in the precision context the sequential executor runs them
+                # in (64-true makes float64 the default dtype, which changes how many random bits
+                # torch.rand draws from the augmentation generator)
                 with self.fabric.autocast():
-                    g, (loss, new_bufs) = step_fn(params, bufs, x_all[idx], t_all[idx], w)
+                    if inputs[0] is None:
+                        x = x_all[idx]
+                    else:
+                        x = _client_inputs([inputs[j] for j in members], x_all, idx,
+                                           [int(lengths[s, j]) for j in members])
+                    g, (loss, new_bufs) = step_fn(params, bufs, x, t_all[idx], w)
                 opt.step(params, [gk.to(dtype) for gk in g], rows)
                 if rows is None:
                     total += loss.detach()
                     for n, b in new_bufs.items():
-                        stack.buffers[n].copy_(b)
+                        stack.buffers[prefix + n].copy_(b)
                 else:
                     for target, p in zip(stack.params, params):
                         target.index_copy_(0, dev_rows, p)
                     for n, b in new_bufs.items():
-                        stack.buffers[n].index_copy_(0, dev_rows, b)
+                        stack.buffers[prefix + n].index_copy_(0, dev_rows, b)
                     total.index_add_(0, dev_rows, loss.detach().float())
         stack.write_back()
         opt.write_back()
@@ -243,18 +273,31 @@ class VectorizedExecutor(ClientExecutor):
         groups, rest = self._groups(clients)
         for members in groups:
             group = [clients[i] for i in members]
-            template = group[0].model
-            was_training = template.training
-            template.eval()
+            modes = [c.model.training for c in group]
+            for c in group:
+                c.model.eval()
             stack = _ParamStack(group)
+            _, net, prefix = split_input(group[0].model)
+            inputs = [split_input(c.model)[0] for c in group]
             xx = x.to(stack.dtype) if x.is_floating_point() and stack.dtype == torch.float64 else x
-            tied = _has_tied_tensors(template)
-            fn = vmap(lambda p, b, xb: functional_call(template, (p, b), (xb,), tie_weights=tied), in_dims=(0, 0, None))
-            params = dict(zip(stack.names, stack.params))
-            with self.fabric.autocast():
-                logits = torch.cat([fn(params, stack.buffers, xx[i : i + self.eval_batch_size]).float()
-                                    for i in range(0, len(xx), self.eval_batch_size)], 1)
-            template.train(was_training)
+            tied = _has_tied_tensors(net)
+            params = {n.removeprefix(prefix): p for n, p in zip(stack.names, stack.params)}
+            bufs = {n.removeprefix(prefix): b for n, b in stack.buffers.items() if n.startswith(prefix)}
+            # one input pass for the whole group when every client's input module is the same
+            # function in eval mode (the usual case: the dataset's normalisation); else one per client
+            shared = inputs[0] is None or _same_module_state(inputs)
+            fn = vmap(lambda p, b, xb: functional_call(net, (p, b), (xb,), tie_weights=tied),
+                      in_dims=(0, 0, None if shared else 0))
+            chunks = []
+            for i in range(0, len(xx), self.eval_batch_size):
+                xb = xx[i : i + self.eval_batch_size]
+                with self.fabric.autocast():
+                    if inputs[0] is not None:
+                        xb = inputs[0](xb) if shared else torch.stack([mod(xb) for mod in inputs])
+                    chunks.append(fn(params, bufs, xb).float())
+            logits = torch.cat(chunks, 1)
+            for c, mode in zip(group, modes):
+                c.model.train(mode)
             for j, i in enumerate(members):
                 out[i] = logits[j]
         if rest:
@@ -315,6 +358,27 @@ def _substeps(counts: torch.Tensor, lengths: torch.Tensor, batch_dependent: bool
             rows = (active & (lengths[s] == length)).nonzero().squeeze(1)
             out.append((None if len(rows) == m else rows, int(length)))
         yield out
+
+
+def _client_inputs(modules, x_all: torch.Tensor, idx: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """Each client's input module on its own batch (real samples only, so its augmentation
+    generator draws exactly what it draws in the sequential executor); zero-weight padding rows
+    repeat the first sample."""
+    out = []
+    for module, rows, n in zip(modules, idx, lengths):
+        y = module(x_all[rows[:n]])
+        if n < len(rows):
+            y = torch.cat([y, y[:1].expand(len(rows) - n, *y.shape[1:])])
+        out.append(y)
+    return torch.stack(out)
+
+
+def _same_module_state(modules) -> bool:
+    """Same type, options and buffers: the modules compute the same function in eval mode."""
+    first = modules[0]
+    ref = list(first.buffers())
+    return all(type(m) is type(first) and repr(m) == repr(first)
+               and all(torch.equal(a, b) for a, b in zip(ref, m.buffers())) for m in modules[1:])
 
 
 def _has_tied_tensors(module: torch.nn.Module) -> bool:
