@@ -24,7 +24,7 @@ from fdlit.aggregators import ProbabilityAveragingAggregator
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
-from fdlit.federation import FederationLoop
+from fdlit.federation import FederationLoop, SequentialExecutor
 from fdlit.loggers import LoggerConfig
 from fdlit.models import MLP, SmallCNN
 
@@ -106,8 +106,11 @@ def fdlit_round_times(args) -> list[float]:
         def on_round_end(self, loop, round, metrics):
             stamps.append(time.perf_counter())
 
+    # one client at a time, like the plain loop: this measures the loop's own overhead (the
+    # default executor would vectorize; benchmarks/executors.py compares executors)
     loop = FederationLoop(
         rounds=args.rounds, **EPOCHS, callbacks=[RoundClock()], data=make_data(args),
+        executor=SequentialExecutor(),
         model={"class_path": f"fdlit.models.{MODELS[args.model].__name__}"},
         aggregator=ProbabilityAveragingAggregator(), client=ClientOptimization(batch_size=BATCH), seed=args.seed,
         logger=LoggerConfig(mode="disabled", progress=False, run_dir=args.run_dir),
