@@ -154,3 +154,21 @@ def test_accuracies_are_micro_and_match_torchmetrics(tmp_path):
             float(multiclass_accuracy(preds[i], loop.test_y, 10, average="micro")))
         assert float(acc["local_acc"][i]) == pytest.approx(
             float(multiclass_accuracy(preds[i][mask], loop.test_y[mask], 10, average="micro")))
+
+
+def test_float64_precision_runs_with_the_uwa_calibration_hook(fast_args):
+    """64-true: the sUWA hook calls predict_logits on float32 calibration data outside Fabric; the
+    client casts to its parameters' dtype (it used to stop with a Float/Double matmul error). Both
+    executors end at the same metrics."""
+    from fdlit.cli import build_loop, parse_fit
+
+    histories = []
+    for executor in ("fdlit.federation.SequentialExecutor", "fdlit.federation.VectorizedExecutor"):
+        parser, cfg = parse_fit(fast_args + ["--federation.precision", "64-true", "--federation.executor", executor])
+        loop = build_loop(cfg, parser)
+        loop.fit()
+        assert next(loop.clients[0].model.parameters()).dtype == torch.float64
+        histories.append(loop.history)
+    for a, b in zip(*histories):
+        assert a["after_public/global_acc_mean"] == pytest.approx(b["after_public/global_acc_mean"], abs=1e-9)
+        assert a["teacher/acc"] == pytest.approx(b["teacher/acc"], abs=1e-9)

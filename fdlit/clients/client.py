@@ -124,7 +124,12 @@ class ClientModule(L.LightningModule):
     def predict_logits(self, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
         was_training = self.training
         self.eval()
-        out = torch.cat([self(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+        # float inputs in the parameters' dtype, as Fabric converts them on the training path
+        # (64-true / bf16-true); callbacks call this outside Fabric (e.g. on calibration data)
+        p = next(self.model.parameters(), None)
+        cast = p is not None and x.is_floating_point() and p.is_floating_point() and x.dtype != p.dtype
+        out = torch.cat([self(x[i : i + batch_size].to(p.dtype) if cast else x[i : i + batch_size])
+                         for i in range(0, len(x), batch_size)])
         self.train(was_training)
         return out.float()
 
