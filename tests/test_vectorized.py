@@ -272,6 +272,23 @@ def test_select_executor_picks_vectorized_only_when_it_applies():
     assert isinstance(select_executor(mixed), SequentialExecutor)
 
 
+def test_select_executor_keeps_large_models_sequential_on_cpu():
+    """On a CPU, a model above CPU_MAX_FLOPS_PER_SAMPLE (ResNet-18 on CIFAR: 1.1 GFLOP) trains one
+    client at a time (vectorized was 0.58x there); small ones are vectorized."""
+    from fdlit.federation.vectorized import CPU_MAX_FLOPS_PER_SAMPLE, forward_flops_per_sample
+
+    opt = ClientOptimization()
+    sample = torch.zeros(1, 1, 8, 8)
+    small = make_clients(lambda i: MLP((1, 8, 8), 10, hidden=[128, 128]), opt)
+    large = make_clients(lambda i: MLP((1, 8, 8), 10, hidden=[4096, 4096]), opt)
+    assert forward_flops_per_sample(small[0].model, sample) < CPU_MAX_FLOPS_PER_SAMPLE
+    assert forward_flops_per_sample(large[0].model, sample) > CPU_MAX_FLOPS_PER_SAMPLE
+    assert isinstance(select_executor(small, sample=sample), VectorizedExecutor)
+    assert isinstance(select_executor(large, sample=sample), SequentialExecutor)
+    assert isinstance(select_executor(large), VectorizedExecutor)  # no sample: no FLOP rule
+    assert all(c.model.training for c in large)  # counting ran in eval mode and restored the mode
+
+
 @pytest.mark.parametrize("model,aggregator", [
     ("MLP", ProbabilityAveragingAggregator()),
     ("SmallCNN", SmoothedUncertaintyWeightedAggregator()),

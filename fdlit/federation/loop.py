@@ -75,7 +75,8 @@ class FederationLoop:
         public_epochs_first: public (distillation) epochs in round 1.
         public_epochs: public epochs in later rounds.
         executor: how clients run; null picks the fastest that applies (``select_executor``:
-            vectorized when all clients share a supported architecture, else sequential).
+            vectorized when all clients share a supported architecture, except large models
+            (ResNet-sized) on a CPU; else sequential).
         accelerator: Lightning accelerator (``auto``, ``cpu``, ``cuda``, ``mps``).
         precision: Lightning precision: ``32-true``, ``bf16-mixed``, ``16-mixed`` or ``64-true``.
         message_dtype: dtype of logits sent up and of the teacher sent down (counted as sent).
@@ -168,7 +169,7 @@ class FederationLoop:
         self.local_mask_matrix = torch.stack(  # M x T: test samples of each client's own classes
             [self.data.local_test_mask(cd.classes) for cd in client_data]).float().to(device)
         if self.executor is None:  # null: the fastest executor that applies (fdlit.federation.vectorized)
-            self.executor = select_executor(self.clients, self.precision)
+            self.executor = select_executor(self.clients, self.precision, sample=self.public_x[:1])
         self.executor.setup(self.fabric, self.clients)
         method = getattr(self.aggregator, "short_name", type(self.aggregator).__name__)
         method = {"fd": method, "local_only": "local", "reference": "reference"}[self.mode]
