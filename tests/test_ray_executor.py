@@ -14,7 +14,7 @@ from fdlit.callbacks import FederationCallback
 from fdlit.cli import build_loop, parse_fit
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
-from fdlit.federation import FederationLoop, RayExecutor, SequentialExecutor
+from fdlit.federation import FederationLoop, RayExecutor, SequentialExecutor, VectorizedExecutor
 from fdlit.federation import ray_executor as ray_executor_module
 from fdlit.federation.ray_executor import plan_actors
 from fdlit.loggers import LoggerConfig
@@ -93,7 +93,8 @@ def test_ray_reproduces_sequential_metrics_and_final_state(tmp_path, ray_local):
         seq.fit()
     finally:
         torch.set_num_threads(threads)
-    executor, round_trip = RayExecutor(), StateRoundTrip()  # Ray is up: 2 CPUs -> 2 actors of 2 clients
+    # Ray is up: 2 CPUs -> 2 actors of 2 clients, each running its clients one at a time
+    executor, round_trip = RayExecutor(actor_executor="sequential"), StateRoundTrip()
     ray_loop = tiny_loop(tmp_path / "ray", executor, [NoisyLogits(), round_trip])
     ray_loop.fit()
     assert executor.plan == (2, 2, 0.0) and round_trip.checked
@@ -108,6 +109,22 @@ def test_ray_reproduces_sequential_metrics_and_final_state(tmp_path, ray_local):
         assert torch.equal(sa["generator"], sb["generator"])
         assert sa["optimizer"]["state"][0]["step"] == sb["optimizer"]["state"][0]["step"]
     assert not executor.actors and ray_local.is_initialized()  # actors freed; a Ray it did not start stays up
+
+    # the default: each actor trains its clients together (VectorizedExecutor): same run within float noise
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        vec = tiny_loop(tmp_path / "vec", VectorizedExecutor(), [NoisyLogits()])
+        vec.fit()
+    finally:
+        torch.set_num_threads(threads)
+    executor = RayExecutor()
+    ray_vec = tiny_loop(tmp_path / "ray-vec", executor, [NoisyLogits(), StateRoundTrip()])
+    ray_vec.fit()
+    assert executor.actor_executor == "vectorized"
+    assert comparable(ray_vec.history) == comparable(vec.history)  # exact: the same vectorized code
+    for a, b in zip(ray_vec.history, seq.history):
+        assert a["after_public/global_acc_mean"] == pytest.approx(b["after_public/global_acc_mean"], abs=0.02)
 
 
 def test_plan_groups_clients_and_fractional_gpus():

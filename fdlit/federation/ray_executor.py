@@ -4,8 +4,10 @@ Each actor (:class:`ClientWorker`) holds a group of clients for the whole run: t
 optimizers and generators never leave it between rounds. Every call goes to all actors at once and
 the driver waits for all of them; what comes back is small: training losses, logits, and the
 payloads of ``on_client_private_end`` (e.g. UWA's Gaussian mixtures). The aggregator runs on the
-driver. Inside an actor the clients run exactly as in :class:`SequentialExecutor` (the actor holds
-one), so a Ray run reproduces a sequential run with the same seed (tests/test_ray_executor.py).
+driver. Inside an actor the clients train together with a :class:`VectorizedExecutor` (default) or
+one at a time with a :class:`SequentialExecutor` (``actor_executor``); with the sequential one a Ray
+run reproduces a sequential run with the same seed exactly, with the vectorized one within float
+tolerance (tests/test_ray_executor.py).
 
 Data goes down to the actors once per tensor: the driver hands each distinct tensor (a client's
 training split, the public set, this round's teacher) to an actor the first time the actor needs it
@@ -32,7 +34,7 @@ import warnings
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import torch
 from lightning.fabric import Fabric
@@ -41,6 +43,7 @@ from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientModule
 from fdlit.errors import ConfigError
 from fdlit.federation.executor import ClientExecutor, SequentialExecutor
+from fdlit.federation.vectorized import VectorizedExecutor
 
 INSTALL_HINT = "pip install 'fdlit[ray]'  (or: pip install ray)"
 # what the client hooks see of the loop inside an actor (the loop itself stays on the driver)
@@ -111,14 +114,17 @@ def plan_actors(
 class ClientWorker:
     """One actor's clients. Plain class: :class:`RayExecutor` turns it into a Ray actor."""
 
-    def __init__(self, clients: list[ClientModule], precision: str, num_threads: int, eval_batch_size: int):
+    def __init__(self, clients: list[ClientModule], precision: str, num_threads: int, eval_batch_size: int,
+                 actor_executor: str = "vectorized"):
         import ray
 
         torch.set_num_threads(num_threads)
         gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
         self.fabric = Fabric(accelerator="cuda" if gpu else "cpu", devices=1, precision=precision)
         self.clients = {c.client_id: c for c in clients}
-        self.executor = SequentialExecutor(eval_batch_size)  # the same per-client code as a sequential run
+        # the same code as an in-process run of that executor
+        executor_cls = VectorizedExecutor if actor_executor == "vectorized" else SequentialExecutor
+        self.executor = executor_cls(eval_batch_size)
         self.executor.setup(self.fabric, clients)
         self.objects: dict[int, Any] = {}  # token -> tensor on this device, or ClientData
         self.logits: dict[int, dict[int, torch.Tensor]] = {}  # input token -> client id -> logits
@@ -137,10 +143,8 @@ class ClientWorker:
 
     def train(self, ids, phase, data_tokens, epochs, batch_size, new, live) -> list[float]:
         self._receive(new, live)
-        return [
-            self.executor._train_one(self.clients[i], phase, self.objects[x], self.objects[t], epochs, batch_size)
-            for i, (x, t) in zip(ids, data_tokens)
-        ]
+        datasets = [(self.objects[x], self.objects[t]) for x, t in data_tokens]
+        return self.executor.train([self.clients[i] for i in ids], phase, datasets, epochs, batch_size)
 
     def predict(self, ids, x_token, new, live) -> torch.Tensor:
         self._receive(new, live)
@@ -221,6 +225,9 @@ class RayExecutor(ClientExecutor):
         clients_per_actor: clients per actor; null spreads the clients over as many actors as the
             cluster's CPUs allow (``num_cpus_per_actor`` each).
         eval_batch_size: batch size of inference (as SequentialExecutor).
+        actor_executor: how an actor runs its clients: ``vectorized`` (together, as
+            :class:`VectorizedExecutor`; clients it cannot vectorize run one at a time) or
+            ``sequential`` (one at a time: bit-identical to an in-process sequential run).
         runtime_env: extra Ray runtime environment of the actors (e.g. ``{"py_modules": [...]}``
             when the cluster's nodes do not have fdlit installed). ``PYTHONPATH`` always starts with
             the folder the driver imported fdlit from, so actors on this machine run the same code.
@@ -239,7 +246,11 @@ class RayExecutor(ClientExecutor):
         eval_batch_size: int = 1024,
         runtime_env: Optional[dict] = None,
         startup_timeout_s: float = 600.0,
+        actor_executor: Literal["vectorized", "sequential"] = "vectorized",
     ):
+        if actor_executor not in ("vectorized", "sequential"):
+            raise ConfigError("federation.executor.actor_executor",
+                              f"allowed: 'vectorized', 'sequential'; got {actor_executor!r}")
         if num_cpus_per_actor < 0 or num_gpus_per_client < 0 or (num_gpus_per_actor or 0) < 0:
             raise ConfigError("federation.executor", "resource amounts must be >= 0")
         if clients_per_actor is not None and clients_per_actor < 1:
@@ -255,6 +266,7 @@ class RayExecutor(ClientExecutor):
         self.eval_batch_size = eval_batch_size
         self.runtime_env = dict(runtime_env or {})
         self.startup_timeout_s = startup_timeout_s
+        self.actor_executor = actor_executor
         self.actors: list = []
         self._started_ray = False
 
@@ -299,7 +311,8 @@ class RayExecutor(ClientExecutor):
         groups = [list(clients[bounds[a]:bounds[a + 1]]) for a in range(n_actors)]
         _ship_code_by_value(ray, {type(m) for c in clients for m in c.modules()})
         # the driver built the clients (same init as a sequential run) and ships them once, whole
-        self.actors = [actor_cls.remote(g, precision, threads, self.eval_batch_size) for g in groups]
+        self.actors = [actor_cls.remote(g, precision, threads, self.eval_batch_size, self.actor_executor)
+                       for g in groups]
         self._actor_of = {c.client_id: a for a, g in enumerate(groups) for c in g}
         self._tokens: dict[int, tuple[weakref.ref, int]] = {}  # id(object) -> (weakref, token)
         self._counter = itertools.count()
