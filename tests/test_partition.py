@@ -76,3 +76,17 @@ def test_bad_data_config_names_the_field(kwargs, field):
     with pytest.raises(ConfigError) as err:
         FederatedData(**kwargs).setup(0)
     assert err.value.field == field
+
+
+def test_class_coverage_is_checked_when_the_config_is_built():
+    """num_clients x classes_per_client must cover the dataset's classes; checked in the constructor
+    (a sweep's up-front check builds every config) for datasets whose class count is known."""
+
+    with pytest.raises(ConfigError, match="3x2 < 10"):
+        FederatedData(num_clients=3, classes_per_client=2)
+    with pytest.raises(ConfigError, match="20x2 < 100"):
+        FederatedData(dataset="cifar100", num_clients=20, classes_per_client=2)
+    with pytest.raises(ConfigError, match=r"must be in \[1, 10\]"):
+        FederatedData(num_clients=20, classes_per_client=11)
+    FederatedData(num_clients=3, partition="dirichlet")  # no class assignment: nothing to cover
+    FederatedData(dataset="cifar100", num_clients=20, classes_per_client=5)

@@ -14,7 +14,7 @@ SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
 TINY = [  # a few seconds per run on one CPU core
     "--logger.mode", "disabled", "--logger.progress", "false",
     "--federation.rounds", "1", "--federation.private_epochs_first", "1", "--federation.public_epochs_first", "1",
-    "--data.num_clients", "3", "--data.public_size", "100", "--model.hidden", "[16]",
+    "--data.num_clients", "5", "--data.public_size", "100", "--model.hidden", "[16]",
 ]
 
 
@@ -79,7 +79,7 @@ def test_tiny_grid_runs_every_combination_once_and_resumes(tmp_path, capsys):
         seen.add((tau, seed))
         rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
         trust = rows[-1]["clients/trust_matrix"]  # M x C; each class's column sums to 1 over clients
-        assert len(trust) == 3 and len(trust[0]) == 10
+        assert len(trust) == 5 and len(trust[0]) == 10
         for c in range(10):
             if trust[0][c] is not None:
                 assert sum(row[c] for row in trust) == pytest.approx(1.0, abs=1e-6)
@@ -122,6 +122,8 @@ def test_dry_run_lists_and_runs_nothing(tmp_path, capsys):
 @pytest.mark.parametrize("parameters,command,field", [
     ({"data.no_such_key": {"values": [1]}}, None, "no_such_key"),
     ({"data.classes_per_client": {"values": [0]}}, None, "data.classes_per_client"),
+    # 3 clients x 2 classes cannot cover digits' 10 classes: found before any run starts
+    ({"data.num_clients": {"values": [5, 3]}}, None, "data.classes_per_client"),
     ({"aggregator.tau": {"min": 0.0, "max": 1.0}}, None, "parameters.aggregator.tau"),
     ({"seed": {"values": []}}, None, "parameters.seed.values"),
     ({"seed": {"values": [0]}}, ["python", "-m", "fdlit", "fit", "--config", "digits.yaml"], "command"),

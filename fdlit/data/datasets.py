@@ -57,6 +57,8 @@ def load_digits() -> TensorDataset:
 
 # name -> loader returning the full labelled pool; paper datasets register here as they are added.
 DATASETS = {"digits": load_digits}
+# name -> number of classes, known without loading (checks of a config before any work)
+NUM_CLASSES = {"digits": 10}
 
 
 def load_dataset(name: str, **options):
@@ -88,3 +90,4 @@ def augment_images(x: torch.Tensor, generator: torch.Generator, max_shift: int =
 from fdlit.data import hub as _hub  # noqa: E402  (after TensorDataset: hub imports it)
 
 _hub.register(DATASETS)
+NUM_CLASSES.update({name: spec.num_classes for name, spec in _hub.HUB_DATASETS.items()})

@@ -13,9 +13,10 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
-from fdlit.data.datasets import TensorDataset, augment_images, load_dataset
+from fdlit.data.datasets import NUM_CLASSES, TensorDataset, augment_images, load_dataset
 from fdlit.data.partition import (
     assign_k_classes,
+    check_k_classes,
     dirichlet_partition,
     sample_k_class_clients,
     stratified_holdout,
@@ -95,6 +96,10 @@ class FederatedData:
             raise ConfigError("data.calibration_fraction", f"must be in (0, 1), got {calibration_fraction}")
         if calibration not in ("split", "augmented"):
             raise ConfigError("data.calibration", f"allowed: 'split', 'augmented'; got {calibration!r}")
+        known = NUM_CLASSES.get(dataset)
+        if partition == "classes" and known is not None:
+            # here, not only in setup: a sweep's up-front check instantiates every config
+            check_k_classes(num_clients, known, classes_per_client)
         self.dataset = dataset
         self.num_clients = num_clients
         self.partition = partition

@@ -11,14 +11,8 @@ import numpy as np
 from fdlit.errors import ConfigError
 
 
-def assign_k_classes(num_clients: int, num_classes: int, k: int, rng: np.random.Generator) -> list[list[int]]:
-    """Give each client k distinct classes so that every class is held by at least one client.
-
-    **choice** (ALGORITHMS.md leaves it open): balanced random draw. Clients are served in a random
-    order; each takes, among the classes held by the fewest clients so far, k at random (ties broken
-    by a random permutation). With M*k >= C this covers every class and keeps class popularity within
-    one of M*k/C, which the purely random draw of k-subsets does not guarantee.
-    """
+def check_k_classes(num_clients: int, num_classes: int, k: int) -> None:
+    """k classes per client must exist and cover every class."""
     if not 1 <= k <= num_classes:
         raise ConfigError("data.classes_per_client", f"must be in [1, {num_classes}] (number of classes), got {k}")
     if num_clients * k < num_classes:
@@ -27,6 +21,17 @@ def assign_k_classes(num_clients: int, num_classes: int, k: int, rng: np.random.
             f"num_clients x classes_per_client = {num_clients}x{k} < {num_classes} classes: "
             "some class would be held by no client; raise data.num_clients or data.classes_per_client",
         )
+
+
+def assign_k_classes(num_clients: int, num_classes: int, k: int, rng: np.random.Generator) -> list[list[int]]:
+    """Give each client k distinct classes so that every class is held by at least one client.
+
+    **choice** (ALGORITHMS.md leaves it open): balanced random draw. Clients are served in a random
+    order; each takes, among the classes held by the fewest clients so far, k at random (ties broken
+    by a random permutation). With M*k >= C this covers every class and keeps class popularity within
+    one of M*k/C, which the purely random draw of k-subsets does not guarantee.
+    """
+    check_k_classes(num_clients, num_classes, k)
     counts = np.zeros(num_classes, dtype=np.int64)
     sets: list[list[int]] = [[] for _ in range(num_clients)]
     for client in rng.permutation(num_clients):
