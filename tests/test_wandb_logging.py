@@ -10,16 +10,21 @@ from fdlit.cli import main
 wandb = pytest.importorskip("wandb")
 
 
-def test_offline_run_saves_config_and_prints_sync_hint(fast_args, tmp_path, capsys, monkeypatch):
+# "": an exported but empty WANDB_MODE, which wandb.init itself rejects; fdlit drops it and says so
+@pytest.mark.parametrize("env_mode", ["offline", ""])
+def test_offline_run_saves_config_and_prints_sync_hint(fast_args, tmp_path, capsys, monkeypatch, env_mode):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_MODE", env_mode)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))  # no stored credentials either
     monkeypatch.setenv("HOME", str(tmp_path))
     args = [a for a in fast_args]
     args[args.index("--logger.mode") + 1] = "auto"  # auto + no credentials -> offline
     assert main(["fit", *args, "--aggregator.tau", "0.4"]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "wandb sync" in out
+    assert ("ignoring WANDB_MODE=''" in captured.err) == (env_mode == "")
+    assert "W&B unavailable" not in captured.err
     (run_dir,) = list((tmp_path / "runs").iterdir())
     offline = [p for p in (run_dir / "wandb").iterdir() if p.name.startswith("offline-run-")]
     assert len(offline) == 1

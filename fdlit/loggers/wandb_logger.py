@@ -68,6 +68,9 @@ def has_wandb_credentials() -> bool:
         return False
 
 
+WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # what wandb accepts
+
+
 def resolve_mode(mode: Mode) -> str:
     env = os.environ.get("WANDB_MODE")
     if mode == "auto" and env in ("online", "offline", "disabled"):
@@ -105,6 +108,13 @@ class WandbLogger(FederationCallback):
 
     def _init(self, mode: str, run_id: Optional[str]):
         import wandb
+
+        # wandb validates WANDB_MODE even when mode= is given: an empty or unknown value (e.g. an
+        # exported but unset variable) would fail init; fdlit already resolved the mode
+        env = os.environ.get("WANDB_MODE")
+        if env is not None and env not in WANDB_MODES:
+            self._say(f"fdlit: ignoring WANDB_MODE={env!r} (allowed: {', '.join(WANDB_MODES)}); using mode {mode}")
+            del os.environ["WANDB_MODE"]
 
         # on resume, continue the same W&B run (id from the checkpoint)
         resume = {"id": run_id, "resume": "allow"} if run_id else {}
