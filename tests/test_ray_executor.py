@@ -82,17 +82,22 @@ class StateRoundTrip(FederationCallback):
         self.checked = True
 
 
+def fit_with_one_thread(loop):
+    """Fit in-process with the actors' thread count (1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        loop.fit()
+    finally:
+        torch.set_num_threads(threads)
+    return loop
+
+
 def test_ray_reproduces_sequential_metrics_and_final_state(tmp_path, ray_local):
     # sUWA fits its mixtures in the actors; NoisyLogits (defined here, pickled by value) replaces logits
     # exact parity holds for equal thread counts (reductions split by thread): actors run 1 thread,
     # so the reference does too, whatever the machine's default (CI: 2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        seq = tiny_loop(tmp_path / "seq", SequentialExecutor(), [NoisyLogits()])
-        seq.fit()
-    finally:
-        torch.set_num_threads(threads)
+    seq = fit_with_one_thread(tiny_loop(tmp_path / "seq", SequentialExecutor(), [NoisyLogits()]))
     # Ray is up: 2 CPUs -> 2 actors of 2 clients, each running its clients one at a time
     executor, round_trip = RayExecutor(actor_executor="sequential"), StateRoundTrip()
     ray_loop = tiny_loop(tmp_path / "ray", executor, [NoisyLogits(), round_trip])
@@ -111,13 +116,7 @@ def test_ray_reproduces_sequential_metrics_and_final_state(tmp_path, ray_local):
     assert not executor.actors and ray_local.is_initialized()  # actors freed; a Ray it did not start stays up
 
     # the default: each actor trains its clients together (VectorizedExecutor): same run within float noise
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        vec = tiny_loop(tmp_path / "vec", VectorizedExecutor(), [NoisyLogits()])
-        vec.fit()
-    finally:
-        torch.set_num_threads(threads)
+    vec = fit_with_one_thread(tiny_loop(tmp_path / "vec", VectorizedExecutor(), [NoisyLogits()]))
     executor = RayExecutor()
     ray_vec = tiny_loop(tmp_path / "ray-vec", executor, [NoisyLogits(), StateRoundTrip()])
     ray_vec.fit()

@@ -69,6 +69,16 @@ def assert_same_clients(a, b, atol=1e-5):
         assert torch.equal(ca.generator.get_state(), cb.generator.get_state())  # same randperm calls
 
 
+def assert_executors_agree(seq_clients, vec_clients):
+    """Train the same phases on both executors: same losses, predictions and client state."""
+    seq_losses, seq_pred = run_phases(SequentialExecutor(), seq_clients)
+    vec_losses, vec_pred = run_phases(VectorizedExecutor(), vec_clients)
+    for a, b in zip(seq_losses, vec_losses):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(seq_pred, vec_pred, atol=1e-4, rtol=1e-4)
+    assert_same_clients(seq_clients, vec_clients)
+
+
 @pytest.mark.parametrize("optimizer,kw", [
     ("adam", {}),
     ("adam", {"weight_decay": 1e-2, "public_lr": 3e-3}),
@@ -83,12 +93,7 @@ def test_phases_match_sequential_per_optimizer(optimizer, kw):
     assert bool(opt.build([nn.Parameter(torch.zeros(1))]).param_groups[0].get("fused")) == kw.get("fused", False)
     model_fn = lambda i: MLP((1, 8, 8), 10, hidden=[24])  # noqa: E731
     seq_clients, vec_clients = make_clients(model_fn, opt), make_clients(model_fn, opt)
-    seq_losses, seq_pred = run_phases(SequentialExecutor(), seq_clients)
-    vec_losses, vec_pred = run_phases(VectorizedExecutor(), vec_clients)
-    for a, b in zip(seq_losses, vec_losses):
-        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
-    torch.testing.assert_close(seq_pred, vec_pred, atol=1e-4, rtol=1e-4)
-    assert_same_clients(seq_clients, vec_clients)
+    assert_executors_agree(seq_clients, vec_clients)
     if optimizer.startswith("adam"):  # per-client step counts differ (different batch counts)
         steps = [float(next(iter(c.configure_optimizers().state.values()))["step"]) for c in vec_clients]
         assert len(set(steps)) > 1
@@ -114,12 +119,7 @@ def test_per_client_learning_rates_and_steps_match_sequential(optimizer, kernel,
         return [ClientModule(model_fn(i), i, [0, 1], o, seed=3) for i, o in enumerate(opts)]
 
     seq_clients, vec_clients = clients(), clients()
-    seq_losses, seq_pred = run_phases(SequentialExecutor(), seq_clients)
-    vec_losses, vec_pred = run_phases(VectorizedExecutor(), vec_clients)
-    for a, b in zip(seq_losses, vec_losses):
-        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
-    torch.testing.assert_close(seq_pred, vec_pred, atol=1e-4, rtol=1e-4)
-    assert_same_clients(seq_clients, vec_clients)
+    assert_executors_agree(seq_clients, vec_clients)
     # the other clients moved: a wrong learning rate would show in their weights
     assert not torch.allclose(next(seq_clients[1].model.parameters()), next(seq_clients[0].model.parameters()))
 
@@ -139,12 +139,7 @@ class TiedLayers(nn.Module):
 def test_tied_weights_match_sequential():
     opt = ClientOptimization(optimizer="adam")
     seq_clients, vec_clients = make_clients(lambda i: TiedLayers(), opt), make_clients(lambda i: TiedLayers(), opt)
-    seq_losses, seq_pred = run_phases(SequentialExecutor(), seq_clients)
-    vec_losses, vec_pred = run_phases(VectorizedExecutor(), vec_clients)
-    for a, b in zip(seq_losses, vec_losses):
-        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
-    torch.testing.assert_close(seq_pred, vec_pred, atol=1e-4, rtol=1e-4)
-    assert_same_clients(seq_clients, vec_clients)
+    assert_executors_agree(seq_clients, vec_clients)
     assert all(c.model.b.weight is c.model.a.weight for c in vec_clients)
 
 
