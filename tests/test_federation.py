@@ -172,3 +172,25 @@ def test_float64_precision_runs_with_the_uwa_calibration_hook(fast_args):
     for a, b in zip(*histories):
         assert a["after_public/global_acc_mean"] == pytest.approx(b["after_public/global_acc_mean"], abs=1e-9)
         assert a["teacher/acc"] == pytest.approx(b["teacher/acc"], abs=1e-9)
+
+
+def test_ledger_state_round_trips_in_columns_and_reads_the_row_format():
+    """The checkpoint keeps the ledger as one list per field (every round saves the whole run's
+    messages); loading gives the same messages, and checkpoints with per-message rows still load."""
+    from fdlit.federation.communication import CommunicationLedger
+
+    ledger = CommunicationLedger()
+    ledger.send(1, 0, "up", "logits", torch.zeros(5, 10))
+    ledger.send(1, 1, "up", "mask", torch.zeros(17, dtype=torch.bool))
+    ledger.send(2, 0, "down", "teacher", torch.zeros(4, 10, dtype=torch.float16))
+    state = ledger.state_dict()
+    assert state["columns"]["bytes"] == [200, 3, 80] and state["columns"]["shape"][2] == (4, 10)
+    for source in (state, {"messages": ledger.rows()}):  # columnar, and the earlier row format
+        restored = CommunicationLedger()
+        restored.load_state_dict(source)
+        assert restored.messages == ledger.messages
+    empty = CommunicationLedger()
+    empty.load_state_dict(CommunicationLedger().state_dict())
+    assert empty.messages == []
+    assert ledger.rows(2) == [{"round": 2, "client": 0, "direction": "down", "kind": "teacher",
+                               "dtype": "float16", "shape": (4, 10), "bytes": 80}]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Literal
 
 import torch
@@ -20,6 +21,10 @@ class Message:
     dtype: str
     shape: tuple[int, ...]
     bytes: int
+
+
+FIELDS = tuple(f.name for f in fields(Message))
+_values = attrgetter(*FIELDS)  # dataclasses.astuple/asdict deep-copy every field: ~10x slower
 
 
 class CommunicationLedger:
@@ -63,10 +68,18 @@ class CommunicationLedger:
 
     def rows(self, start: int = 0) -> list[dict]:
         """Messages from index ``start`` on, as plain dicts (the run directory appends only new ones)."""
-        return [asdict(m) for m in self.messages[start:]]
+        return [dict(zip(FIELDS, _values(m))) for m in self.messages[start:]]
 
     def state_dict(self) -> dict:
-        return {"messages": self.rows()}
+        # one list per field: the checkpoint holds every message of the run and is written every
+        # round, and a list of per-message dicts made saving grow ~10x faster with the run's length
+        columns = list(zip(*map(_values, self.messages))) or [()] * len(FIELDS)
+        return {"columns": {name: list(col) for name, col in zip(FIELDS, columns)}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.messages = [Message(**{**m, "shape": tuple(m["shape"])}) for m in state["messages"]]
+        if "columns" in state:
+            columns = state["columns"]
+            rows = [dict(zip(FIELDS, values)) for values in zip(*(columns[name] for name in FIELDS))]
+        else:  # checkpoints written before the columnar format
+            rows = state["messages"]
+        self.messages = [Message(**{**m, "shape": tuple(m["shape"])}) for m in rows]
