@@ -41,7 +41,7 @@ def test_rule_runs_end_to_end_and_counts_what_clients_send(config, tmp_path):
 
 
 def test_selective_fd_hard_labels_send_fewer_bytes_than_soft(tmp_path):
-    totals = {}
+    totals, teachers = {}, {}
     for config in ("digits_selective_fd.yaml", "digits_selective_fd_hard.yaml"):
         argv = ["--config", config, "--logger.mode", "disabled", "--logger.progress", "false",
                 "--logger.run_dir", str(tmp_path), "--federation.rounds", "1", "--federation.private_epochs_first", "1",
@@ -49,8 +49,28 @@ def test_selective_fd_hard_labels_send_fewer_bytes_than_soft(tmp_path):
                 "--data.public_size", "150"]
         loop = build_loop(parse_fit(argv)[1])
         totals[config] = loop.fit()["bytes_up_total"]
-    # one uint8 class id per kept row instead of C float32 logits
+        teachers[config] = [m for m in loop.ledger.messages if m.kind == "teacher"]
+    # one uint8 class id per kept row instead of C float32 logits, up and down
     assert totals["digits_selective_fd_hard.yaml"] * 10 < totals["digits_selective_fd.yaml"]
+    hard, soft = teachers["digits_selective_fd_hard.yaml"], teachers["digits_selective_fd.yaml"]
+    assert len(hard) == 4 and all(m.dtype == "uint8" and m.bytes == m.shape[0] and len(m.shape) == 1 for m in hard)
+    assert all(m.dtype == "float32" and m.shape[1:] == (10,) and m.bytes == 40 * m.shape[0] for m in soft)
+
+
+def test_one_hot_teachers_travel_as_class_ids_and_rebuild_exactly():
+    import torch
+
+    from fdlit.federation.loop import encode_teacher
+
+    ids = torch.tensor([3, 0, 9, 3])
+    sent, targets = encode_teacher(torch.nn.functional.one_hot(ids, 10).float(), torch.float16)
+    assert sent.dtype == torch.uint8 and torch.equal(sent.long(), ids)
+    assert torch.equal(targets, torch.nn.functional.one_hot(ids, 10).float())
+    sent, _ = encode_teacher(torch.nn.functional.one_hot(torch.tensor([299]), 300).float(), torch.float32)
+    assert sent.dtype == torch.int16 and int(sent[0]) == 299
+    soft = torch.softmax(torch.randn(4, 10), -1)
+    sent, targets = encode_teacher(soft, torch.float16)
+    assert sent.dtype == torch.float16 and torch.equal(targets, soft.half().float())
 
 
 @pytest.mark.parametrize("config, flags, up, down", [

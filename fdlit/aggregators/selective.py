@@ -43,8 +43,8 @@ class SelectiveFDAggregator(Aggregator):
         round) and reuses its mask; nothing about them is uploaded except the per-round mask;
       - tau_server default 1.0 (keep a sample when the ensemble's top probability >= 0.5); 003's
         ablation (Fig. 6) sweeps it and uses 2 (no server filtering) when varying tau_client;
-      - hard labels travel as uint8 class ids (int16 for C > 256); the broadcast teacher is counted by
-        the loop as N_kept x C floats like every teacher, although one-hot rows could be sent as ids.
+      - hard labels travel as uint8 class ids (int16 for C > 256), up and down: the loop sends any
+        one-hot teacher as class ids (``fdlit.federation.loop.encode_teacher``).
 
     Args:
         labels: ``soft`` (kept logits) or ``hard`` (kept predicted classes).

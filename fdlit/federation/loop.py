@@ -65,6 +65,18 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int,
     return cls(**kwargs)
 
 
+def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """What goes down the wire for the teacher, and the targets clients rebuild from it. One-hot
+    rows (hard labels, e.g. Selective-FD ``labels: hard``) travel as class ids (uint8, int16 above
+    256 classes), losslessly; anything else as N x C numbers in the message dtype."""
+    c = teacher.shape[-1]
+    if len(teacher) and c > 1 and bool(((teacher == 0) | (teacher == 1)).all()) and bool((teacher.sum(-1) == 1).all()):
+        ids = teacher.argmax(-1).to(torch.uint8 if c <= 256 else torch.int16)
+        return ids, torch.nn.functional.one_hot(ids.long(), c).float()
+    sent = teacher.to(dtype)
+    return sent, sent.float()
+
+
 class FederationLoop:
     """Federated distillation, round by round.
 
@@ -281,13 +293,13 @@ class FederationLoop:
         # Stage 2: server aggregates, broadcasts, clients distil
         result = self.aggregator.aggregate(uploads)
         keep = result.keep
-        teacher_sent = (result.teacher if keep is None else result.teacher[keep]).to(self.message_dtype)
+        teacher = result.teacher if keep is None else result.teacher[keep]
+        teacher_sent, targets = encode_teacher(teacher, self.message_dtype)
         for i in range(len(self.clients)):
             self.ledger.send(r, i, "down", "teacher", teacher_sent)
             if keep is not None:
                 self.ledger.send(r, i, "down", "keep_mask", keep)
         public_x = self.public_x if keep is None else self.public_x[keep]
-        targets = teacher_sent.float()
         public_losses = [math.nan] * len(self.clients)
         if len(public_x):
             public_losses = self.executor.train(
