@@ -1,6 +1,6 @@
 """Vectorized executor: clients that share an architecture train together in one batched step.
 
-Per group of same-architecture clients, the parameters are stacked into one ``M x D`` tensor for
+Per group of same-architecture clients, each parameter is stacked into one ``M x shape`` tensor for
 the length of a phase. Every step runs ``torch.func.vmap(grad_and_value(loss))`` over the stack, so
 each client computes its own forward/backward on its own batch, and the optimizer update runs
 once on the stack (Adam/AdamW: ``torch.optim``'s fused kernel; SGD: its single-tensor arithmetic).
