@@ -18,3 +18,10 @@ def check_number(field: str, value: float, *, minimum: float = 0.0, inclusive: b
         relation = ">=" if inclusive else ">"
         raise ConfigError(field, f"must be a finite number {relation} {minimum:g}, got {value}")
     return value
+
+
+def check_at_least(field: str, value: int, minimum: int) -> int:
+    """Raise ConfigError unless ``value >= minimum`` (counts: clients, epochs, sizes)."""
+    if value < minimum:
+        raise ConfigError(field, f"must be >= {minimum}, got {value}")
+    return value

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
-from fdlit.errors import ConfigError, check_number
+from fdlit.errors import ConfigError, check_at_least, check_number
 
 
 def train_discriminator(own: torch.Tensor, reference: torch.Tensor, hidden: int = 64, epochs: int = 30,
@@ -77,10 +77,8 @@ class FedGOAggregator(Aggregator):
 
     def __init__(self, hidden: int = 64, epochs: int = 30, lr: float = 1e-3, weight_decay: float = 1e-4,
                  upload: Literal["scores", "parameters"] = "scores"):
-        if hidden < 1:
-            raise ConfigError("aggregator.hidden", f"must be >= 1, got {hidden}")
-        if epochs < 1:
-            raise ConfigError("aggregator.epochs", f"must be >= 1, got {epochs}")
+        check_at_least("aggregator.hidden", hidden, 1)
+        check_at_least("aggregator.epochs", epochs, 1)
         check_number("aggregator.lr", lr)
         check_number("aggregator.weight_decay", weight_decay, inclusive=True)
         if upload not in ("scores", "parameters"):

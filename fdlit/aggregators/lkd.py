@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
-from fdlit.errors import ConfigError, check_number
+from fdlit.errors import ConfigError, check_at_least, check_number
 
 
 def one_vs_rest_auc(scores: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -64,8 +64,7 @@ class LKDAggregator(Aggregator):
         check_number("aggregator.temperature", temperature)
         if scoring not in ("calibration", "server"):
             raise ConfigError("aggregator.scoring", f"allowed: 'calibration', 'server'; got {scoring!r}")
-        if server_labelled_size < 2:
-            raise ConfigError("aggregator.server_labelled_size", f"must be >= 2, got {server_labelled_size}")
+        check_at_least("aggregator.server_labelled_size", server_labelled_size, 2)
         self.temperature = temperature
         self.scoring = scoring
         self.server_labelled_size = server_labelled_size

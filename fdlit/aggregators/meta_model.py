@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
-from fdlit.errors import ConfigError, check_number
+from fdlit.errors import check_at_least, check_number
 
 
 class MetaModelAggregator(Aggregator):
@@ -42,12 +42,9 @@ class MetaModelAggregator(Aggregator):
 
     def __init__(self, labelled_per_client: int = 15, hidden: int = 64, steps: int = 300, lr: float = 1e-2,
                  weight_decay: float = 1e-3):
-        if labelled_per_client < 1:
-            raise ConfigError("aggregator.labelled_per_client", f"must be >= 1, got {labelled_per_client}")
-        if hidden < 0:
-            raise ConfigError("aggregator.hidden", f"must be >= 0, got {hidden}")
-        if steps < 1:
-            raise ConfigError("aggregator.steps", f"must be >= 1, got {steps}")
+        check_at_least("aggregator.labelled_per_client", labelled_per_client, 1)
+        check_at_least("aggregator.hidden", hidden, 0)
+        check_at_least("aggregator.steps", steps, 1)
         check_number("aggregator.lr", lr)
         check_number("aggregator.weight_decay", weight_decay, inclusive=True)
         self.labelled_per_client = labelled_per_client

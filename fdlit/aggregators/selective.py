@@ -8,7 +8,7 @@ import torch
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
 from fdlit.aggregators.kulsif import KuLSIF
-from fdlit.errors import ConfigError, check_number
+from fdlit.errors import ConfigError, check_at_least, check_number
 
 
 class SelectiveFDAggregator(Aggregator):
@@ -80,8 +80,7 @@ class SelectiveFDAggregator(Aggregator):
             raise ConfigError("aggregator.server_threshold", f"must be in (0, 2], got {server_threshold}")
         if auxiliary not in ("uniform", "public"):
             raise ConfigError("aggregator.auxiliary", f"allowed: 'uniform', 'public'; got {auxiliary!r}")
-        if aux_samples < 2:
-            raise ConfigError("aggregator.aux_samples", f"must be >= 2, got {aux_samples}")
+        check_at_least("aggregator.aux_samples", aux_samples, 2)
         if sigma is not None:
             check_number("aggregator.sigma", sigma)
         if lam is not None:

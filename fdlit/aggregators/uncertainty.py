@@ -8,7 +8,7 @@ import torch
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
 from fdlit.aggregators.density import DiagonalGaussianMixture, mixture_log_likelihood
-from fdlit.errors import ConfigError, check_number
+from fdlit.errors import ConfigError, check_at_least, check_number
 
 
 class UncertaintyWeightedAggregator(Aggregator):
@@ -48,8 +48,7 @@ class UncertaintyWeightedAggregator(Aggregator):
             raise ConfigError("aggregator.upload", f"allowed: 'density', 'scores'; got {upload!r}")
         if not variance_floor > 0:
             raise ConfigError("aggregator.variance_floor", f"must be > 0, got {variance_floor}")
-        if min_calibration_samples < 2:
-            raise ConfigError("aggregator.min_calibration_samples", f"must be >= 2, got {min_calibration_samples}")
+        check_at_least("aggregator.min_calibration_samples", min_calibration_samples, 2)
         self.tau = 1.0
         self.upload = upload
         self.variance_floor = variance_floor

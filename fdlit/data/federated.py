@@ -21,7 +21,7 @@ from fdlit.data.partition import (
     sample_k_class_clients,
     stratified_holdout,
 )
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, check_at_least
 
 
 @dataclass
@@ -78,18 +78,15 @@ class FederatedData:
         tokenizer: str = "prajjwal1/bert-tiny",
         max_length: int = 256,
     ):
-        if num_clients < 1:
-            raise ConfigError("data.num_clients", f"must be >= 1, got {num_clients}")
+        check_at_least("data.num_clients", num_clients, 1)
         if partition not in ("classes", "dirichlet"):
             raise ConfigError("data.partition", f"allowed: 'classes', 'dirichlet'; got {partition!r}")
-        if classes_per_client < 1:
-            raise ConfigError("data.classes_per_client", f"must be >= 1, got {classes_per_client}")
+        check_at_least("data.classes_per_client", classes_per_client, 1)
         if dirichlet_alpha <= 0:
             raise ConfigError("data.dirichlet_alpha", f"must be > 0, got {dirichlet_alpha}")
         if samples_per_client is not None and samples_per_client < 2:
             raise ConfigError("data.samples_per_client", f"must be >= 2 or null, got {samples_per_client}")
-        if public_size < 1:
-            raise ConfigError("data.public_size", f"must be >= 1, got {public_size}")
+        check_at_least("data.public_size", public_size, 1)
         if not 0 < test_fraction < 1:
             raise ConfigError("data.test_fraction", f"must be in (0, 1), got {test_fraction}")
         if not 0 < calibration_fraction < 1:
@@ -112,8 +109,7 @@ class FederatedData:
         self.calibration = calibration
         if max_train_samples is not None and max_train_samples < 2:
             raise ConfigError("data.max_train_samples", f"must be >= 2 or null, got {max_train_samples}")
-        if max_length < 2:
-            raise ConfigError("data.max_length", f"must be >= 2, got {max_length}")
+        check_at_least("data.max_length", max_length, 2)
         self.data_dir, self.augment, self.max_train_samples = data_dir, augment, max_train_samples
         self.tokenizer, self.max_length = tokenizer, max_length
         self.is_setup = False

@@ -20,7 +20,7 @@ from lightning.fabric import Fabric
 from fdlit.aggregators.base import Aggregator, weight_concentration, weight_entropy
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, check_at_least
 from fdlit.callbacks import FederationCallback
 from fdlit.federation.checkpoint import Checkpointer, restore_checkpoint, resume_state
 from fdlit.federation.baselines import MODES, reference_client
@@ -121,12 +121,10 @@ class FederationLoop:
         config: Optional[dict[str, Any]] = None,
         config_yaml: str = "",
     ):
-        if rounds < 1:
-            raise ConfigError("federation.rounds", f"must be >= 1, got {rounds}")
+        check_at_least("federation.rounds", rounds, 1)
         for name, value in (("private_epochs_first", private_epochs_first), ("private_epochs", private_epochs),
                             ("public_epochs_first", public_epochs_first), ("public_epochs", public_epochs)):
-            if value < 0:
-                raise ConfigError(f"federation.{name}", f"must be >= 0, got {value}")
+            check_at_least(f"federation.{name}", value, 0)
         if precision not in PRECISIONS:
             raise ConfigError("federation.precision", f"allowed: {', '.join(PRECISIONS)}; got {precision!r}")
         if message_dtype not in MESSAGE_DTYPES:
