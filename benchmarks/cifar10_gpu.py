@@ -109,7 +109,6 @@ def worker(args) -> None:
     from fdlit.data import FederatedData
     from fdlit.data.datasets import DATASETS
     from fdlit.federation import FederationLoop
-    from fdlit.loggers import LoggerConfig
 
     dataset = "cifar10"
     if args.data_dir is None:
@@ -146,7 +145,6 @@ def worker(args) -> None:
                "init_args": {"stem": "cifar", "pretrained": False} if args.model == "ResNet18" else {}},
         client=ClientOptimization(optimizer="adam", lr=1e-3, batch_size=args.batch_size),
         aggregator=SmoothedUncertaintyWeightedAggregator(tau=0.25),
-        logger=LoggerConfig(mode="disabled", progress=False, run_dir=args.run_dir),
     )
     loop.fit()
     times = [b - a for a, b in zip(stamps[:-1], stamps[1:])]

@@ -56,7 +56,6 @@ def worker(args) -> None:
     from fdlit.clients import ClientOptimization
     from fdlit.data import FederatedData
     from fdlit.federation import FederationLoop
-    from fdlit.loggers import LoggerConfig
 
     module, _, cls = EXECUTORS[args.executor][0].rpartition(".")
     executor = getattr(importlib.import_module(module), cls)(**EXECUTORS[args.executor][1])
@@ -77,7 +76,6 @@ def worker(args) -> None:
                "init_args": {"hidden": [128, 128]} if args.model == "MLP" else {}},
         client=ClientOptimization(optimizer="adam", lr=1e-3, batch_size=32, **EXECUTORS[args.executor][2]),
         aggregator=ProbabilityAveragingAggregator(),
-        logger=LoggerConfig(mode="disabled", progress=False, run_dir=args.run_dir),
     )
     rss_before = _vm("VmRSS")
     loop.fit()

@@ -25,7 +25,6 @@ from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.federation import FederationLoop, SequentialExecutor
-from fdlit.loggers import LoggerConfig
 from fdlit.models import MLP, SmallCNN
 
 warnings.filterwarnings("ignore")
@@ -113,7 +112,6 @@ def fdlit_round_times(args) -> list[float]:
         executor=SequentialExecutor(),
         model={"class_path": f"fdlit.models.{MODELS[args.model].__name__}"},
         aggregator=ProbabilityAveragingAggregator(), client=ClientOptimization(batch_size=BATCH), seed=args.seed,
-        logger=LoggerConfig(mode="disabled", progress=False, run_dir=args.run_dir),
     )
     loop.fit()
     return [b - a for a, b in zip(stamps[:-1], stamps[1:])]

@@ -1,20 +1,16 @@
-"""The hooks of a federation run. Aggregators, loggers and user callbacks all implement these.
+"""The hooks of a federation run: how run bookkeeping (run directory, W&B, checkpoints, progress)
+and user code observe the loop. Methods do not implement these: they have their own client and
+server parts (fdlit.aggregators.base).
 
-Order within one round (000 Algorithm 1):
-  on_round_start -> [private phase; public inference; on_client_private_end per client]
-  -> aggregate (aggregator only) -> [broadcast; public phase] -> on_round_end
-Whatever ``on_client_private_end`` returns is uploaded by that client and counted in the bytes.
+Order: on_fit_start -> [method set-up, round 0] -> per round: on_round_start -> [private phase;
+public inference; client uploads; aggregation; broadcast; public phase] -> on_round_end -> on_fit_end.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fdlit.clients import ClientModule
-    from fdlit.data import ClientData
     from fdlit.federation.loop import FederationLoop
 
 
@@ -26,21 +22,6 @@ class FederationCallback:
 
     def on_round_start(self, loop: "FederationLoop", round: int) -> None:
         pass
-
-    def on_client_private_end(
-        self,
-        loop: "FederationLoop",
-        client: "ClientModule",
-        data: "ClientData",
-        public_logits: torch.Tensor,
-    ) -> Optional[dict[str, torch.Tensor]]:
-        """Runs on the client after its private phase and public inference.
-
-        Return tensors the client uploads besides its public logits (e.g. density-model parameters).
-        Keys starting with ``_`` are local diagnostics handed to the aggregator in-process: they are
-        not part of the protocol and are not counted as sent.
-        """
-        return None
 
     def on_round_end(self, loop: "FederationLoop", round: int, metrics: dict[str, Any]) -> None:
         pass

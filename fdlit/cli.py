@@ -1,66 +1,20 @@
 """Command line: ``python -m fdlit fit --config configs/digits.yaml [--dotted.flag value ...]``.
 
-Built on jsonargparse: every constructor argument of the configured classes is a dotted flag and a
-YAML key; aggregators, models and executors are chosen with ``class_path`` / ``init_args``.
+Parses and dispatches only: the ``fit`` schema is :mod:`fdlit.config`, a run is assembled (and
+resumed) by :mod:`fdlit.runs.experiment`.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Optional
 
-import torch
-from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespace
+from jsonargparse import ActionYesNo, ArgumentParser
 
-from fdlit.aggregators import Aggregator
-from fdlit.clients import ClientOptimization
-from fdlit.data import FederatedData
+from fdlit.config import fit_parser, rewrite_config_args
 from fdlit.errors import ConfigError
-from fdlit.federation import FederationLoop, NumericalFault, format_summary
-from fdlit.federation.checkpoint import resume_hint, resume_loop, split_resume
-from fdlit.loggers import LoggerConfig
-
-PACKAGE_ROOT = Path(__file__).resolve().parent
-CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")
-LOOP_OBJECTS = {"data", "model", "client", "aggregator", "logger", "seed", "config", "config_yaml"}
-
-
-def resolve_config_path(value: str) -> str:
-    """``--config cifar100.yaml`` or ``--config cifar100`` finds ``configs/cifar100.yaml``."""
-    path = Path(value)
-    if path.exists():
-        return value
-    names = [value] if value.endswith((".yaml", ".yml")) else [value, value + ".yaml"]
-    for folder in CONFIG_DIRS:
-        for name in names:
-            if (folder / name).exists():
-                return str(folder / name)
-    shipped = sorted({p.name for folder in CONFIG_DIRS if folder.exists() for p in folder.glob("*.yaml")})
-    raise ConfigError("config", f"no config file {value!r}; shipped configs: {', '.join(shipped) or 'none'}")
-
-
-def fit_parser() -> ArgumentParser:
-    parser = ArgumentParser(description="Run one federated-distillation experiment. Continue a killed run with "
-                            "`fdlit fit --resume RUN_DIR` (config and seed come from RUN_DIR).", env_prefix="FDLIT",
-                            default_env=False)
-    parser.add_argument("--config", action=ActionConfigFile, help="YAML config file (path, or a name in configs/)")
-    parser.add_argument("--seed", type=int, default=0, help="Seed of the partition, models and batch order.")
-    parser.add_class_arguments(FederatedData, "data")
-    parser.add_subclass_arguments(
-        torch.nn.Module, "model", instantiate=False, required=False,
-        default={"class_path": "fdlit.models.SmallCNN"},
-        help="Client network (class_path/init_args); input_shape and num_classes come from the data.",
-    )
-    parser.add_class_arguments(ClientOptimization, "client")
-    parser.add_subclass_arguments(
-        Aggregator, "aggregator", required=False,
-        default={"class_path": "fdlit.aggregators.SmoothedUncertaintyWeightedAggregator"},
-        help="Aggregation rule (class_path/init_args), e.g. fdlit.aggregators.ProbabilityAveragingAggregator.",
-    )
-    parser.add_class_arguments(FederationLoop, "federation", skip=LOOP_OBJECTS, instantiate=False)
-    parser.add_class_arguments(LoggerConfig, "logger")
-    return parser
+from fdlit.federation import NumericalFault
+from fdlit.runs.experiment import Experiment, resume_experiment
 
 
 def build_parser() -> ArgumentParser:
@@ -89,53 +43,22 @@ def report_parser() -> ArgumentParser:
     return parser
 
 
-def _rewrite_config_args(argv: list[str]) -> list[str]:
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == "--config" and i + 1 < len(out):
-            out[i + 1] = resolve_config_path(out[i + 1])
-        elif arg.startswith("--config="):
-            out[i] = "--config=" + resolve_config_path(arg.split("=", 1)[1])
-    return out
-
-
-def parse_fit(argv: list[str]) -> tuple[ArgumentParser, Namespace]:
-    """Parse ``fit`` arguments (without the subcommand word), resolving bare config names."""
-    parser = fit_parser()
-    return parser, parser.parse_args(_rewrite_config_args(argv))
-
-
-def build_loop(cfg: Namespace, parser: Optional[ArgumentParser] = None) -> FederationLoop:
-    """Instantiate every object of a parsed ``fit`` config; raises ConfigError before training."""
-    parser = parser or fit_parser()
-    init = parser.instantiate(cfg)
-    config_dict = cfg.clone().as_dict()
-    config_dict.pop("config", None)
-    config_yaml = parser.dump(cfg, skip_unset=False)  # keep null keys: the saved config is complete
-    return FederationLoop(
-        **vars(init.federation),
-        data=init.data,
-        model=cfg.model.as_dict(),
-        client=init.client,
-        aggregator=init.aggregator,
-        logger=init.logger,
-        seed=cfg.seed,
-        config=config_dict,
-        config_yaml=config_yaml,
-    )
-
-
-def fit(cfg: Namespace, parser: ArgumentParser) -> dict:
-    return run_loop(build_loop(cfg, parser))
-
-
-def run_loop(loop: FederationLoop) -> dict:
-    try:
-        summary = loop.fit()
-    except NumericalFault as exc:
-        raise NumericalFault(f"{exc}\n{resume_hint(loop)}") from None
-    print(format_summary(summary))
-    return summary
+def split_resume(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Take ``--resume RUN_DIR`` (or ``--resume=RUN_DIR``) out of ``fit``'s arguments."""
+    rest, run_dir = [], None
+    it = iter(range(len(argv)))
+    for i in it:
+        arg = argv[i]
+        if arg == "--resume":
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise ConfigError("resume", "--resume needs a run directory, e.g. --resume runs/<timestamp>-<name>")
+            run_dir = argv[i + 1]
+            next(it, None)
+        elif arg.startswith("--resume="):
+            run_dir = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return run_dir, rest
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -144,17 +67,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         if argv[:1] == ["fit"]:
             run_dir, rest = split_resume(argv[1:])
             if run_dir is not None:  # fit --resume RUN_DIR [allowed overrides]
-                run_loop(resume_loop(run_dir, rest))
+                resume_experiment(run_dir, rest).run()
                 return 0
         extra: list[str] = []
         if argv[:1] == ["sweep"] and "--" in argv:  # fit flags for every sweep run follow "--"
             at = argv.index("--")
             argv, extra = argv[:at], argv[at + 1:]
-        argv = _rewrite_config_args(argv)
+        argv = rewrite_config_args(argv)
         parser = build_parser()
         cfg = parser.parse_args(argv)
         if cfg.command == "fit":
-            fit(cfg.fit, parser._subcommands_action._name_parser_map["fit"])
+            Experiment(cfg.fit, parser._subcommands_action._name_parser_map["fit"]).run()
         elif cfg.command == "sweep":
             from fdlit.sweep import run_sweep
 

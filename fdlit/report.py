@@ -29,8 +29,8 @@ import numpy as np
 import yaml
 
 from fdlit.errors import ConfigError
-from fdlit.loggers import read_jsonl
-from fdlit.loggers.dashboards import TRUST_KEY, trust_heatmap_png
+from fdlit.runs.dashboards import TRUST_KEY, trust_heatmap_png
+from fdlit.runs.directory import METRICS, read_config, read_jsonl, read_summary
 
 ACC = "after_public/global_acc_mean"
 LOCAL = "after_public/local_acc_mean"
@@ -82,18 +82,17 @@ def load_runs(root: str | Path, include_unfinished: bool = False) -> tuple[list[
     if not root.is_dir():
         raise ConfigError("runs", f"{str(root)!r} is not a folder")
     runs, skipped = [], []
-    for metrics_path in sorted(root.rglob("metrics.jsonl")):
-        path = metrics_path.parent
+    for path in sorted(p.parent for p in root.rglob(METRICS)):
         try:
-            config = yaml.safe_load((path / "config.yaml").read_text()) or {}
+            config = read_config(path)
         except (OSError, yaml.YAMLError):
             skipped.append(path)
             continue
         try:
-            summary = json.loads((path / "summary.json").read_text())
+            summary = read_summary(path)
         except (OSError, json.JSONDecodeError):
             summary = {}
-        run = Run(path, config, read_jsonl(metrics_path), summary)
+        run = Run(path, config, read_jsonl(path / METRICS), summary)
         if not run.metrics or not (run.finished or include_unfinished):
             skipped.append(path)
             continue

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from fdlit.errors import ConfigError
+from fdlit.runs.directory import read_config, read_summary
 
 METHODS = ("grid", "random", "bayes")
 ARGS_MACRO = "${args}"
@@ -117,13 +118,13 @@ def plan(spec: dict[str, Any], extra: list[str] = ()) -> list[SweepRun]:
 
 def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
     """Parse every combination before anything runs: a bad flag or value stops the whole sweep."""
-    from fdlit.cli import _rewrite_config_args
+    from fdlit.config import rewrite_config_args
 
     parser = parser_factory()
     parser.exit_on_error = False  # raise instead of exiting so the combination can be named
     for run in runs:
         try:
-            cfg = parser.parse_args(_rewrite_config_args(run.argv))
+            cfg = parser.parse_args(rewrite_config_args(run.argv))
         except (argparse.ArgumentError, ValueError, TypeError) as exc:
             raise ConfigError("parameters", f"combination {run.values} is not a valid fit config: {exc}") from None
         try:  # constructors check value ranges (k in [1, C], tau >= 0, ...): cheap, nothing is trained
@@ -137,14 +138,13 @@ def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
 def finished_runs(run_dir: Path) -> list[tuple[Path, dict]]:
     """(run directory, saved config) of every finished run under ``run_dir``."""
     out = []
-    for summary_path in sorted(Path(run_dir).glob("*/summary.json")):
+    for path in sorted(p for p in Path(run_dir).glob("*") if p.is_dir()):
         try:
-            summary = json.loads(summary_path.read_text())
-            config = yaml.safe_load((summary_path.parent / "config.yaml").read_text())
+            summary, config = read_summary(path), read_config(path)
         except (OSError, json.JSONDecodeError, yaml.YAMLError):
             continue  # a run killed before writing these is not finished
         if summary.get("finished"):
-            out.append((summary_path.parent, config))
+            out.append((path, config))
     return out
 
 
@@ -166,8 +166,9 @@ def lookup(config: dict, dotted: str) -> Any:
 def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
               out: Callable[[str], None] = print) -> dict[str, Any]:
     """Run (or list) every combination; returns counts and the run directories."""
-    from fdlit.cli import build_loop, fit_parser
+    from fdlit.config import fit_parser
     from fdlit.federation import NumericalFault, format_summary
+    from fdlit.runs.experiment import Experiment
 
     spec = load_sweep(path)
     runs = plan(spec, list(extra))
@@ -191,10 +192,10 @@ def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
     for i, run in enumerate(todo, 1):
         out(f"fdlit sweep: [{i}/{len(todo)}] {run.name}")
         try:
-            loop = build_loop(run.config["cfg"], run.config["parser"])
-            summary = loop.fit()
+            experiment = Experiment(run.config["cfg"], run.config["parser"])
+            summary = experiment.fit()
             out(format_summary(summary))
-            run_dirs.append(loop.run_path)
+            run_dirs.append(experiment.run_path)
         except (ConfigError, NumericalFault) as exc:  # one bad combination does not stop the others
             print(f"fdlit sweep: {run.name} failed: {exc}", file=sys.stderr)
             failed.append(run.name)

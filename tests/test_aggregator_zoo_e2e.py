@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from fdlit.cli import build_loop, parse_fit
+from fdlit.config import parse_fit
+from fdlit.runs.experiment import Experiment
 
 CONFIGS = {
     "digits_logit_averaging.yaml": [],
@@ -28,8 +29,9 @@ def test_rule_runs_end_to_end_and_counts_what_clients_send(config, tmp_path):
             "--federation.private_epochs_first", "1", "--federation.public_epochs_first", "1",
             "--data.num_clients", "4", "--data.classes_per_client", "3", "--data.public_size", "150"]
     parser, cfg = parse_fit(argv)
-    loop = build_loop(cfg, parser)
-    summary = loop.fit()
+    experiment = Experiment(cfg, parser)
+    loop = experiment.loop
+    summary = experiment.fit()
     assert summary["finished"] and 0.0 <= summary["best_global_acc_mean"] <= 1.0
     kinds = {(m.direction, m.kind) for m in loop.ledger.messages}
     for kind in CONFIGS[config]:
@@ -47,8 +49,9 @@ def test_selective_fd_hard_labels_send_fewer_bytes_than_soft(tmp_path):
                 "--logger.run_dir", str(tmp_path), "--federation.rounds", "1", "--federation.private_epochs_first", "1",
                 "--federation.public_epochs_first", "0", "--data.num_clients", "4", "--data.classes_per_client", "3",
                 "--data.public_size", "150"]
-        loop = build_loop(parse_fit(argv)[1])
-        totals[config] = loop.fit()["bytes_up_total"]
+        experiment = Experiment(parse_fit(argv)[1])
+        loop = experiment.loop
+        totals[config] = experiment.fit()["bytes_up_total"]
         teachers[config] = [m for m in loop.ledger.messages if m.kind == "teacher"]
     # one uint8 class id per kept row instead of C float32 logits, up and down
     assert totals["digits_selective_fd_hard.yaml"] * 10 < totals["digits_selective_fd.yaml"]
@@ -83,8 +86,9 @@ def test_alternative_upload_modes_are_counted(config, flags, up, down, tmp_path)
             "--logger.run_dir", str(tmp_path), "--federation.rounds", "1", "--federation.private_epochs_first", "1",
             "--federation.public_epochs_first", "0", "--data.num_clients", "4", "--data.classes_per_client", "3",
             "--data.public_size", "150", *flags]
-    loop = build_loop(parse_fit(argv)[1])
-    loop.fit()
+    experiment = Experiment(parse_fit(argv)[1])
+    loop = experiment.loop
+    experiment.fit()
     kinds = {(m.direction, m.kind): m for m in loop.ledger.messages}
     assert ("up", up) in kinds
     if down:

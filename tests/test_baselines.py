@@ -7,16 +7,18 @@ import math
 
 import torch
 
-from fdlit.cli import build_loop, parse_fit
+from fdlit.config import parse_fit
+from fdlit.runs.experiment import Experiment
 from fdlit.data.augment import ImageInput, WithInput
 from paper_fixtures import image_dataset_dict
 
 
 def test_local_only_trains_privately_and_sends_nothing(fast_args):
     parser, cfg = parse_fit(fast_args + ["--federation.mode", "local_only"])
-    loop = build_loop(cfg, parser)
-    summary = loop.fit()
-    assert loop.run_name.startswith("local-k3-seed0")
+    experiment = Experiment(cfg, parser)
+    loop = experiment.loop
+    summary = experiment.fit()
+    assert summary["run"].startswith("local-k3-seed0")
     assert summary["bytes_up_total"] == 0 and summary["bytes_down_total"] == 0
     for m in loop.history:
         assert m["after_public/global_acc_mean"] == m["after_private/global_acc_mean"]
@@ -29,14 +31,15 @@ def test_local_only_trains_privately_and_sends_nothing(fast_args):
 
 def test_reference_is_one_model_on_all_classes_with_public_plus_private_size(fast_args):
     parser, cfg = parse_fit(fast_args + ["--federation.mode", "reference"])
-    loop = build_loop(cfg, parser)
-    summary = loop.fit()
+    experiment = Experiment(cfg, parser)
+    loop = experiment.loop
+    summary = experiment.fit()
     assert len(loop.clients) == 1 and loop.clients[0].classes == list(range(10))
     mean_private = round(sum(len(cd.train) for cd in loop.data.clients) / len(loop.data.clients))
     assert len(loop.private[0][0]) == len(loop.data.public) + mean_private
     m = loop.history[-1]
     assert m["after_private/local_acc_mean"] == m["after_private/global_acc_mean"]
-    assert summary["bytes_up_total"] == 0 and loop.run_name.startswith("reference-")
+    assert summary["bytes_up_total"] == 0 and summary["run"].startswith("reference-")
     # labelled, all classes: better than a 3-class client can be on the 10-class test set (<= 0.3 + noise)
     assert summary["best_global_acc_mean"] > 0.5
 
@@ -54,8 +57,9 @@ def test_fd_on_local_cifar_copy_with_heterogeneous_clients(tmp_path):
         "--federation.public_epochs_first", "1", "--federation.accelerator", "cpu",
         "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", str(tmp_path / "runs"),
     ])
-    loop = build_loop(cfg, parser)
-    summary = loop.fit()
+    experiment = Experiment(cfg, parser)
+    loop = experiment.loop
+    summary = experiment.fit()
     nets = [c.model for c in loop.clients]
     assert all(isinstance(n, WithInput) and isinstance(n.input, ImageInput) and n.input.augment for n in nets)
     assert [type(n.net).__name__ for n in nets] == ["SmallCNN", "SmallCNN", "MLP", "MLP"]
@@ -84,8 +88,9 @@ def test_image_dataset_clients_are_vectorized_by_default_and_match_sequential(tm
             "--federation.accelerator", "cpu", "--federation.executor", executor,
             "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", str(tmp_path / executor),
         ])
-        loop = build_loop(cfg, parser)
-        loop.fit()
+        experiment = Experiment(cfg, parser)
+        loop = experiment.loop
+        experiment.fit()
         history[executor] = loop.history
         if executor == "null":
             assert type(loop.executor).__name__ == "VectorizedExecutor"
@@ -110,8 +115,9 @@ def test_fd_on_local_yahoo_copy_with_a_local_bert(tmp_path):
         "--federation.accelerator", "cpu",
         "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", str(tmp_path / "runs"),
     ])
-    loop = build_loop(cfg, parser)
-    summary = loop.fit()
+    experiment = Experiment(cfg, parser)
+    loop = experiment.loop
+    summary = experiment.fit()
     assert type(loop.clients[0].model).__name__ == "BertClassifier"  # text: no input module in front
     assert loop.public_x.shape == (10, 2, 16) and loop.public_x.dtype == torch.int64
     assert summary["finished"] and summary["bytes_up_total"] > 0

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from fdlit.cli import build_loop, main, parse_fit, resolve_config_path
+from fdlit.cli import main
+from fdlit.config import parse_fit, resolve_config_path
+from fdlit.runs.experiment import Experiment
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -17,26 +19,28 @@ def test_bare_config_name_resolves_to_configs_folder():
 
 def test_dotted_flags_reach_the_objects(fast_args):
     parser, cfg = parse_fit(fast_args + ["--aggregator.tau", "0.5", "--seed", "3", "--client.lr", "0.01"])
-    loop = build_loop(cfg, parser)
+    experiment = Experiment(cfg, parser)
+    loop = experiment.loop
     assert loop.aggregator.tau == 0.5
     assert loop.seed == 3
     assert loop.optimization.lr == 0.01
     assert loop.data.classes_per_client == 3 and loop.data.num_clients == 4
     assert loop.rounds == 2
     # the full resolved config is kept for W&B and the run directory
-    assert loop.config["aggregator"]["init_args"]["tau"] == 0.5
-    assert "tau: 0.5" in loop.config_yaml
+    assert experiment.config["aggregator"]["init_args"]["tau"] == 0.5
+    assert "tau: 0.5" in experiment.config_yaml
 
 
 def test_switching_to_uwa_does_not_inherit_suwa_tau(fast_args):
     parser, cfg = parse_fit(fast_args + ["--aggregator", "fdlit.aggregators.UncertaintyWeightedAggregator"])
-    assert build_loop(cfg, parser).aggregator.tau == 1.0
+    assert Experiment(cfg, parser).loop.aggregator.tau == 1.0
 
 
 def test_class_path_picks_aggregator_and_model(fast_args):
     parser, cfg = parse_fit(fast_args + ["--aggregator", "fdlit.aggregators.ProbabilityAveragingAggregator",
                                          "--model", "fdlit.models.MLP", "--model.hidden", "[32]"])
-    loop = build_loop(cfg, parser)
+    experiment = Experiment(cfg, parser)
+    loop = experiment.loop
     assert type(loop.aggregator).__name__ == "ProbabilityAveragingAggregator"
     assert loop.model_spec["class_path"] == "fdlit.models.MLP"
     assert loop.model_spec["init_args"]["hidden"] == [32]

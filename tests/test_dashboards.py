@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fdlit.federation.diagnostics import trust_matrix
-from fdlit.loggers import LoggerConfig, WandbLogger
-from fdlit.loggers.dashboards import client_rows, png_to_array, trust_heatmap_png, wandb_round_payload
+from fdlit.runs import LoggerConfig, WandbLogger
+from fdlit.runs.dashboards import client_rows, png_to_array, trust_heatmap_png, wandb_round_payload
 
 METRICS = {
     "round": 3, "after_public/global_acc_mean": 0.5, "weights/chi": 0.4, "teacher/acc": 0.7,
@@ -68,9 +68,7 @@ def test_wandb_logger_dashboard_wiring(monkeypatch, tmp_path):
                                  Image=lambda array, caption: ("image", array.shape, caption))
     monkeypatch.setitem(sys.modules, "wandb", fake)
     logger = WandbLogger(LoggerConfig(mode="offline"), {}, tmp_path, "run")
-    loop = types.SimpleNamespace(data=types.SimpleNamespace(clients=[types.SimpleNamespace(classes=[0, 1]),
-                                                                     types.SimpleNamespace(classes=[2])]),
-                                 run_path=tmp_path)
+    loop = types.SimpleNamespace(client_data=[types.SimpleNamespace(classes=[0, 1]), types.SimpleNamespace(classes=[2])])
     logger.on_fit_start(loop)
     assert run.defined["*"] == ("round", None)  # round is the x-axis of everything
     assert run.defined["after_public/global_acc_mean"] == ("round", "max")

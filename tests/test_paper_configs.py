@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fdlit.cli import parse_fit
+from fdlit.config import parse_fit
 
 REPO = Path(__file__).resolve().parents[1]
 

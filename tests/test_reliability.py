@@ -1,4 +1,4 @@
-"""Issue 6: checkpoints and resume, determinism, numerical faults, bad input, tracker faults."""
+"""Checkpoints and resume, determinism, numerical faults, bad input, tracker faults."""
 
 import json
 import os
@@ -15,15 +15,13 @@ import torch
 from fdlit.aggregators import UncertaintyWeightedAggregator
 from fdlit.aggregators.density import DiagonalGaussianMixture
 from fdlit.callbacks import FederationCallback
-from fdlit.cli import build_loop, main, parse_fit, run_loop
+from fdlit.cli import main
+from fdlit.config import parse_fit
 from fdlit.federation import NumericalFault
-from fdlit.federation.checkpoint import (
-    CHECKPOINT_NAME,
-    CheckpointError,
-    load_checkpoint,
-    save_checkpoint,
-)
-from fdlit.loggers import read_jsonl
+from fdlit.runs import read_jsonl
+from fdlit.runs.checkpoint import CheckpointError, checkpoint_state, load_checkpoint, save_checkpoint
+from fdlit.runs.directory import CHECKPOINT as CHECKPOINT_NAME
+from fdlit.runs.experiment import Experiment
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,14 +54,14 @@ def test_sigkill_mid_round_then_resume_matches_uninterrupted(tmp_path):
     while time.time() < deadline and victim.poll() is None:
         found = list((tmp_path / "victim").glob("*/checkpoint.pt"))
         # round 2 is checkpointed (renames are atomic, so reading is safe): the victim is in round 3
-        if found and load_checkpoint(found[0])["round"] >= 2:
+        if found and load_checkpoint(found[0])["loop"]["round"] >= 2:
             run = found[0].parent
             break
         time.sleep(0.005)
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=30)
     assert run is not None, "victim never finished round 2"
-    killed_at = load_checkpoint(run)["round"]
+    killed_at = load_checkpoint(run)["loop"]["round"]
     rows_at_kill = len(read_jsonl(run / "metrics.jsonl"))
     assert 2 <= killed_at < rounds and rows_at_kill < rounds, "the kill must land before the run finished"
     assert not json.loads((run / "summary.json").read_text())["finished"]
@@ -90,7 +88,7 @@ def test_sigkill_mid_round_then_resume_matches_uninterrupted(tmp_path):
     final = json.loads((run / "summary.json").read_text())
     final_ref = json.loads((ref_run / "summary.json").read_text())
     assert final["finished"] and final["final_global_acc_mean"] == final_ref["final_global_acc_mean"]
-    a, b = load_checkpoint(run), load_checkpoint(ref_run)
+    a, b = load_checkpoint(run)["loop"], load_checkpoint(ref_run)["loop"]
     for ca, cb in zip(a["clients"], b["clients"]):
         for key in ca["model"]:
             assert torch.equal(ca["model"][key], cb["model"][key])
@@ -106,15 +104,16 @@ class PoisonClient1Round2(FederationCallback):
 
 def test_nan_in_one_client_names_it_and_the_previous_checkpoint_resumes(fast_args, tmp_path, capsys):
     parser, cfg = parse_fit(fast_args)
-    loop = build_loop(cfg, parser)
-    loop.user_callbacks.append(PoisonClient1Round2())
+    experiment = Experiment(cfg, parser)
+    loop = experiment.loop
+    loop.callbacks.append(PoisonClient1Round2())
     with pytest.raises(NumericalFault) as info:
-        run_loop(loop)
+        experiment.run()
     text = str(info.value)
     assert "client 1" in text and "round 2" in text and "phase 'private'" in text
-    assert f"fit --resume {loop.run_path}" in text and "checkpoint of round 1 is intact" in text
-    run = loop.run_path
-    assert load_checkpoint(run)["round"] == 1
+    assert f"fit --resume {experiment.run_path}" in text and "checkpoint of round 1 is intact" in text
+    run = experiment.run_path
+    assert load_checkpoint(run)["loop"]["round"] == 1
     # a kill between the metrics write and the checkpoint write leaves a later row and a torn line
     with open(run / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"round": 2, "after_public/global_acc_mean": 0.0}) + "\n" + '{"round": 3, "tor')
@@ -129,14 +128,13 @@ def test_nan_in_one_client_names_it_and_the_previous_checkpoint_resumes(fast_arg
 
 
 def test_nan_through_the_cli_exits_3_and_says_where_to_resume(fast_args, tmp_path, capsys, monkeypatch):
-    original = build_loop
+    original = Experiment.__init__
 
-    def poisoned(cfg, parser=None):
-        loop = original(cfg, parser)
-        loop.user_callbacks.append(PoisonClient1Round2())
-        return loop
+    def poisoned(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.loop.callbacks.append(PoisonClient1Round2())
 
-    monkeypatch.setattr("fdlit.cli.build_loop", poisoned)
+    monkeypatch.setattr(Experiment, "__init__", poisoned)
     assert main(["fit", *fast_args]) == 3
     err = capsys.readouterr().err
     assert "numerical fault: client 1 produced NaN/inf in round 2, phase 'private'" in err
@@ -155,7 +153,7 @@ class RunsCode:
 def test_checkpoint_with_a_pickled_object_is_refused_and_runs_no_code(tmp_path):
     marker = tmp_path / "code-ran"
     path = tmp_path / CHECKPOINT_NAME
-    torch.save({"format": "fdlit-checkpoint", "version": 1, "payload": RunsCode(marker)}, path)
+    torch.save({"format": "fdlit-checkpoint", "version": 2, "payload": RunsCode(marker)}, path)
     with pytest.raises(CheckpointError, match="refusing to load .* contains a pickled object"):
         load_checkpoint(path)
     assert not marker.exists()
@@ -163,9 +161,10 @@ def test_checkpoint_with_a_pickled_object_is_refused_and_runs_no_code(tmp_path):
 
 def test_a_failed_write_leaves_the_last_good_checkpoint(fast_args, tmp_path, monkeypatch):
     parser, cfg = parse_fit(fast_args)
-    loop = build_loop(cfg, parser)
-    loop.fit()
-    path = loop.run_path / CHECKPOINT_NAME
+    experiment = Experiment(cfg, parser)
+    loop = experiment.loop
+    experiment.fit()
+    path = experiment.run_path / CHECKPOINT_NAME
     before = path.read_bytes()
 
     def dies_mid_write(obj, f, *a, **k):
@@ -174,9 +173,9 @@ def test_a_failed_write_leaves_the_last_good_checkpoint(fast_args, tmp_path, mon
 
     monkeypatch.setattr(torch, "save", dies_mid_write)
     with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(loop, path)
+        save_checkpoint(checkpoint_state(loop, experiment.config), path)
     assert path.read_bytes() == before
-    assert load_checkpoint(loop.run_path)["round"] == 2
+    assert load_checkpoint(experiment.run_path)["loop"]["round"] == 2
 
 
 # ---------------------------------------------------------------------------------- bad input table
@@ -396,7 +395,7 @@ def test_global_random_states_survive_a_weights_only_round_trip(tmp_path):
 
     import numpy as np
 
-    from fdlit.federation.checkpoint import rng_state, set_rng_state
+    from fdlit.runs.checkpoint import rng_state, set_rng_state
 
     torch.save(rng_state(), tmp_path / "rng.pt")
     draw = lambda: (random.random(), float(np.random.rand()), float(np.random.randn()), torch.rand(3).tolist())

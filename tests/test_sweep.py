@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fdlit.cli import fit_parser, main
+from fdlit.cli import main
+from fdlit.config import fit_parser
 from fdlit.errors import ConfigError
 from fdlit.report import write_report
 from fdlit.sweep import agent_flags, expand_grid, load_sweep, lookup, plan, resolve, run_sweep

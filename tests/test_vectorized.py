@@ -10,7 +10,6 @@ from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop, SequentialExecutor, VectorizedExecutor, select_executor
-from fdlit.loggers import LoggerConfig
 from fdlit.models import MLP, SmallCNN
 
 # sizes chosen so clients have different numbers of batches and one ends an epoch with a single
@@ -300,7 +299,6 @@ def test_federation_metrics_match_sequential(tmp_path, model, aggregator):
             data=FederatedData(num_clients=5, partition="dirichlet", dirichlet_alpha=0.5, public_size=100),
             model={"class_path": f"fdlit.models.{model}", "init_args": init}, aggregator=aggregator,
             client=ClientOptimization(batch_size=16),
-            logger=LoggerConfig(mode="disabled", progress=False, run_dir=str(tmp_path)),
         )
         loop.fit()
         histories.append(loop.history)
@@ -321,13 +319,14 @@ def test_federation_metrics_match_sequential(tmp_path, model, aggregator):
 
 
 def test_cli_knob_chooses_the_executor():
-    from fdlit.cli import build_loop, parse_fit
+    from fdlit.config import parse_fit
+    from fdlit.runs.experiment import Experiment
 
     base = ["--config", "digits.yaml", "--logger.mode", "disabled"]
     chosen = {}
     for name in ("VectorizedExecutor", "SequentialExecutor"):
         parser, cfg = parse_fit(base + ["--federation.executor", f"fdlit.federation.{name}"])
-        chosen[name] = type(build_loop(cfg, parser).executor).__name__
+        chosen[name] = type(Experiment(cfg, parser).loop.executor).__name__
     assert chosen == {"VectorizedExecutor": "VectorizedExecutor", "SequentialExecutor": "SequentialExecutor"}
     parser, cfg = parse_fit(base)
-    assert build_loop(cfg, parser).executor is None  # null: select_executor decides in setup
+    assert Experiment(cfg, parser).loop.executor is None  # null: select_executor decides in setup

@@ -1,13 +1,76 @@
-"""What every aggregation rule shares: the result type, the interface, weight diagnostics."""
+"""What every method shares: the contexts it is given, the result it returns, its interface.
+
+A method (an aggregation rule) never sees the loop. It is defined by its parts:
+
+* client part, run by the executor wherever the client lives (in-process, vectorized, a Ray actor):
+  ``client_setup`` once before the first round (e.g. FedGO's discriminators) and ``client_upload``
+  every round after the private phase (e.g. UWA's Gaussian mixture). Each gets a
+  :class:`ClientContext` and returns the tensors that client sends up;
+* server part: ``server_setup`` turns the set-up uploads into server state and a broadcast (sent
+  down to every client once, e.g. the Meta-Model's labelled inputs); ``aggregate`` turns a round's
+  uploads into the teacher. Both get a :class:`ServerContext`.
+
+The loop sends every returned tensor through the communication ledger exactly once (set-up
+messages as round 0); keys starting with ``_`` are in-process diagnostics, never sent or counted.
+Server state made in ``server_setup`` is saved with ``state_dict`` and restored on resume, so the
+set-up never runs (or is counted) twice.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from fdlit.callbacks import FederationCallback
+if TYPE_CHECKING:  # pragma: no cover
+    from fdlit.clients import ClientModule
+    from fdlit.data import ClientData
+
+Uploads = list[dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class FederationInfo:
+    """What every participant knows of the federation. ``round`` is 0 during set-up;
+    ``public_x`` (the unlabelled public inputs) is on the reader's device."""
+
+    round: int
+    seed: int
+    num_clients: int
+    num_classes: int
+    public_x: torch.Tensor
+
+    def client_seed(self, client_id: int) -> int:
+        """A seed of the client's own, for seeded client-side work (fdlit's convention)."""
+        return self.seed * 1_000_003 + client_id
+
+
+@dataclass
+class ClientContext:
+    """What a client-side hook sees: the client, its private data, what it received.
+
+    ``public_logits`` are the client's logits on the public set this round (None during set-up);
+    ``received`` is what the server broadcast at set-up; ``state`` is the method's client-side state,
+    which lives and is checkpointed with the client (``ClientModule.method_state``).
+    """
+
+    info: FederationInfo
+    client: "ClientModule"
+    data: "ClientData"
+    public_logits: Optional[torch.Tensor]
+    received: dict[str, torch.Tensor]
+    state: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What the server side sees. ``public_y`` and ``client_classes`` are simulation truth: only
+    rules that say they use labels (the Oracle, server-scored LKD) may read them."""
+
+    info: FederationInfo
+    public_y: Optional[torch.Tensor] = None
+    client_classes: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass
@@ -21,26 +84,56 @@ class AggregationResult:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-class Aggregator(FederationCallback):
-    """An aggregation rule. Client-side work goes in the client hooks (their return values are
-    uploaded and counted); server-side work goes in :meth:`aggregate`.
+class Aggregator:
+    """An aggregation rule as a client part and a server part (see the module docstring).
 
     ``uploads[i]`` is what client i sent this round: always ``"logits"`` (N x C, the logits on the
-    public set, in the dtype they were sent), plus whatever the rule's ``on_client_private_end``
-    returned. The server turns logits into probabilities itself, so Q = softmax(logits) costs the
-    same N*C numbers on the wire as sending Q.
+    public set, in the dtype they were sent), plus whatever ``client_upload`` returned (which may
+    replace ``"logits"``, e.g. with the kept rows only). The server turns logits into
+    probabilities itself, so Q = softmax(logits) costs the same N*C numbers on the wire as Q.
     """
 
-    def aggregate(self, uploads: list[dict[str, torch.Tensor]]) -> AggregationResult:
+    short_name = "rule"
+
+    # ------------------------------------------------------------------ client part
+    def client_setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """Once, before round 1, on the client: what it sends up for the server's set-up."""
+        return {}
+
+    def client_upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """Every round, on the client after its private phase and public inference: what it
+        sends up besides its public logits."""
+        return {}
+
+    # ------------------------------------------------------------------ server part
+    def server_setup(self, uploads: Uploads, ctx: ServerContext) -> dict[str, torch.Tensor]:
+        """Once, on the server: set-up uploads -> server state; returns what goes down to every client."""
+        return {}
+
+    def aggregate(self, uploads: Uploads, ctx: Optional[ServerContext] = None) -> AggregationResult:
         raise NotImplementedError
 
+    def state_dict(self) -> dict[str, Any]:
+        """Server state made by ``server_setup`` (tensors and plain data), for checkpoints."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    @property
+    def has_setup(self) -> bool:
+        """Whether the rule has a set-up stage (the loop skips it otherwise)."""
+        cls = type(self)
+        return cls.client_setup is not Aggregator.client_setup or cls.server_setup is not Aggregator.server_setup
+
+    # ------------------------------------------------------------------ helpers
     @staticmethod
-    def stack_logits(uploads: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    def stack_logits(uploads: Uploads) -> torch.Tensor:
         return torch.stack([u["logits"].float() for u in uploads])  # M x N x C
 
     @staticmethod
     def mix(weights: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-        """P[x] = sum_i W[i, x] Q[i, x] (probability mixing, 000 Definition 3.1)."""
+        """P[x] = sum_i W[i, x] Q[i, x] (probability mixing, Kovalchuk et al. 2026, Definition 3.1)."""
         return torch.einsum("mn,mnc->nc", weights, probs)
 
 
@@ -50,7 +143,7 @@ def uniform_weights(m: int, n: int, device=None) -> torch.Tensor:
 
 
 def weight_concentration(weights: torch.Tensor) -> torch.Tensor:
-    """chi = E_x sum_i W[i,x]^2 in [1/M, 1] (000 Sec. 4, Lemma 4.1). AVG has chi = 1/M exactly."""
+    """chi = E_x sum_i W[i,x]^2 in [1/M, 1] (Kovalchuk et al. 2026, Sec. 4, Lemma 4.1). AVG: chi = 1/M."""
     return weights.pow(2).sum(0).mean()
 
 

@@ -51,10 +51,10 @@ class FedGOAggregator(Aggregator):
     n_k it is AVG. Theorem 4: for optimal discriminators against a common reference p_g, W is the
     optimal n_k p_k(x) / sum_i n_i p_i(x).
 
-    Before federation (``on_fit_start``, once), client k trains D_k on its training inputs (label 1)
+    Before federation (``client_setup``, once, where the client lives), client k trains D_k on its training inputs (label 1)
     against the public inputs (label 0), class-balanced; it uploads n_k and either D_k evaluated on
     the public set (``upload: scores``, N numbers: logit D_k(x) = log Phi_k(x)) or D_k's parameters
-    (``upload: parameters``; the server evaluates them). Both are counted at round 0.
+    (``upload: parameters``; the server rebuilds D_k and evaluates it). Both are counted at round 0.
 
     Choices (ALGORITHMS.md **unclear** / **choice**):
       - reference distribution: the public inputs (001 uses a generator; with a public set its inputs
@@ -88,33 +88,52 @@ class FedGOAggregator(Aggregator):
         self.log_odds: torch.Tensor | None = None  # M x N, logit D_k(x) on the public set
         self.log_counts: torch.Tensor | None = None  # M, log n_k
 
-    def on_fit_start(self, loop):
-        public = loop.public_x
-        log_odds, counts = [], []
-        for i, (client, cd) in enumerate(zip(loop.clients, loop.data.clients)):
-            # client side, once: train D_k on local data vs public inputs
-            net = train_discriminator(cd.train.x.to(public.device), public, self.hidden, self.epochs, self.lr,
-                                      self.weight_decay, seed=loop.seed * 1_000_003 + client.client_id)
+    def discriminator(self, input_dim: int) -> nn.Module:
+        return nn.Sequential(nn.Linear(input_dim, self.hidden), nn.ReLU(), nn.Linear(self.hidden, 1))
+
+    def client_setup(self, ctx):
+        """Client side, once: train D_k on the local training inputs against the public inputs."""
+        public = ctx.info.public_x
+        net = train_discriminator(ctx.data.train.x.to(public.device), public, self.hidden, self.epochs, self.lr,
+                                  self.weight_decay, seed=ctx.info.client_seed(ctx.client.client_id))
+        out = {"num_samples": torch.tensor([len(ctx.data.train)], dtype=torch.int64)}
+        if self.upload == "scores":
             with torch.no_grad():
-                scores = net(public.flatten(1).float())[:, 0]
+                out["discriminator_log_odds"] = net(public.flatten(1).float())[:, 0]
+        else:
+            out.update({f"discriminator/{name}": p.detach() for name, p in net.named_parameters()})
+        return out
+
+    def server_setup(self, uploads, ctx):
+        public = ctx.info.public_x.flatten(1).float()
+        log_odds = []
+        for u in uploads:
             if self.upload == "scores":
-                loop.ledger.send(0, i, "up", "discriminator_log_odds", scores)
-            else:
-                for name, p in net.named_parameters():
-                    loop.ledger.send(0, i, "up", f"discriminator/{name}", p.detach())
-            n_k = torch.tensor([len(cd.train)], dtype=torch.int64)
-            counts.append(int(loop.ledger.send(0, i, "up", "num_samples", n_k)))
-            log_odds.append(scores)
-        self.set_discriminator_scores(torch.stack(log_odds), torch.tensor(counts, device=public.device))
+                log_odds.append(u["discriminator_log_odds"].to(public.device))
+                continue
+            net = self.discriminator(public.shape[1]).to(public.device)  # D_k rebuilt from its parameters
+            net.load_state_dict({k.removeprefix("discriminator/"): v for k, v in u.items()
+                                 if k.startswith("discriminator/")})
+            with torch.no_grad():
+                log_odds.append(net(public)[:, 0])
+        counts = torch.cat([u["num_samples"] for u in uploads])
+        self.set_discriminator_scores(torch.stack(log_odds), counts.to(public.device))
+        return {}
 
     def set_discriminator_scores(self, log_odds: torch.Tensor, counts: torch.Tensor) -> None:
         """log_odds: M x N, logit D_k(x) = log Phi_k(x) on the public set; counts: M sample counts n_k."""
         self.log_odds = log_odds.double()
         self.log_counts = torch.log(counts.double().to(log_odds.device))
 
-    def aggregate(self, uploads):
+    def state_dict(self):
+        return {"log_odds": self.log_odds, "log_counts": self.log_counts}
+
+    def load_state_dict(self, state):
+        self.log_odds, self.log_counts = state["log_odds"], state["log_counts"]
+
+    def aggregate(self, uploads, ctx=None):
         if self.log_odds is None:
-            raise RuntimeError("FedGOAggregator has no discriminators: call on_fit_start or set_discriminator_scores")
+            raise RuntimeError("FedGOAggregator has no discriminators: run its set-up or set_discriminator_scores")
         z = self.stack_logits(uploads)
         score = self.log_odds.to(z.device) + self.log_counts.to(z.device)[:, None]
         weights = torch.softmax(score, dim=0).float()

@@ -68,28 +68,33 @@ class LKDAggregator(Aggregator):
         self.temperature = temperature
         self.scoring = scoring
         self.server_labelled_size = server_labelled_size
-        self.labelled_x: torch.Tensor | None = None
-        self.labelled_y: torch.Tensor | None = None
+        self.labelled_y: torch.Tensor | None = None  # server state (``scoring: server``)
 
-    def on_fit_start(self, loop):
+    def server_setup(self, uploads, ctx):
         if self.scoring != "server":
-            return
-        n = len(loop.public_x)
-        size = min(self.server_labelled_size, n)
-        g = torch.Generator().manual_seed(loop.seed)
-        idx = torch.randperm(n, generator=g)[:size].to(loop.public_x.device)
-        self.labelled_x = loop.public_x[idx]
-        self.labelled_y = loop.data.public.y.to(loop.public_x.device)[idx]  # public labels: server mode only
-        for i in range(len(loop.clients)):
-            loop.ledger.send(0, i, "down", "lkd_labelled_inputs", self.labelled_x)
+            return {}
+        public_x = ctx.info.public_x
+        n = len(public_x)
+        g = torch.Generator().manual_seed(ctx.info.seed)
+        idx = torch.randperm(n, generator=g)[: min(self.server_labelled_size, n)].to(public_x.device)
+        self.labelled_y = ctx.public_y.to(public_x.device)[idx]  # public labels: server mode only
+        return {"lkd_labelled_inputs": public_x[idx]}  # broadcast once
 
-    def on_client_private_end(self, loop, client, data, public_logits):
-        device = public_logits.device
+    def client_upload(self, ctx):
+        device = ctx.public_logits.device
         if self.scoring == "server":
-            return {"lkd_logits": client.predict_logits(self.labelled_x.to(device)).float()}
-        c = public_logits.shape[-1]
-        probs = client.predict_logits(data.calibration.x.to(device)).float().softmax(-1)
-        return {"class_auc": self.client_auc(probs, data.calibration.y.to(device), client.classes, c)}
+            x = ctx.received["lkd_labelled_inputs"].to(device)
+            return {"lkd_logits": ctx.client.predict_logits(x).float()}
+        c = ctx.public_logits.shape[-1]
+        cal = ctx.data.calibration
+        probs = ctx.client.predict_logits(cal.x.to(device)).float().softmax(-1)
+        return {"class_auc": self.client_auc(probs, cal.y.to(device), ctx.client.classes, c)}
+
+    def state_dict(self):
+        return {"labelled_y": self.labelled_y}
+
+    def load_state_dict(self, state):
+        self.labelled_y = state["labelled_y"]
 
     @staticmethod
     def client_auc(probs: torch.Tensor, labels: torch.Tensor, classes: list[int], num_classes: int) -> torch.Tensor:
@@ -110,7 +115,7 @@ class LKDAggregator(Aggregator):
             auc = torch.stack([u["class_auc"].float() for u in uploads])
         return auc, torch.softmax(self.temperature * auc, dim=0)
 
-    def aggregate(self, uploads):
+    def aggregate(self, uploads, ctx=None):
         z = self.stack_logits(uploads)
         q = z.softmax(-1)
         auc, beta = self.class_reliability(uploads, z.shape[-1])

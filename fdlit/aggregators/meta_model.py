@@ -20,7 +20,7 @@ class MetaModelAggregator(Aggregator):
     change, i.e. every round here (from scratch, seeded). No per-client weights W exist.
 
     The labelled set (**choice**; 004: 3,000 images "constructed from images available in local
-    datasets"): in ``on_fit_start`` every client contributes up to ``labelled_per_client`` samples of
+    datasets"): in ``client_setup`` every client contributes up to ``labelled_per_client`` samples of
     its *calibration* split (never trained on, so its own logits on them are not overfitted), sending
     inputs and labels to the server (round 0, counted); the server broadcasts the pooled inputs to
     every client (round 0, counted down). Each round every client uploads its logits on the pooled set
@@ -49,39 +49,38 @@ class MetaModelAggregator(Aggregator):
         check_number("aggregator.weight_decay", weight_decay, inclusive=True)
         self.labelled_per_client = labelled_per_client
         self.hidden, self.steps, self.lr, self.weight_decay = hidden, steps, lr, weight_decay
-        self.labelled_x: torch.Tensor | None = None
-        self.labelled_y: torch.Tensor | None = None
-        self.seed = 0
-        self.round = 0
+        self.labelled_y: torch.Tensor | None = None  # server state: labels of the pooled labelled set
 
-    def on_fit_start(self, loop):
-        device = loop.public_x.device
-        xs, ys = [], []
-        for i, cd in enumerate(loop.data.clients):
-            # client side, once: pick samples of the calibration split and send them with labels
-            g = torch.Generator().manual_seed(loop.seed * 1_000_003 + cd.client_id)
-            take = torch.randperm(len(cd.calibration.x), generator=g)[: self.labelled_per_client]
-            xs.append(loop.ledger.send(0, i, "up", "mm_inputs", cd.calibration.x[take].to(device)))
-            label_dtype = torch.uint8 if loop.data.num_classes <= 256 else torch.int16
-            ys.append(loop.ledger.send(0, i, "up", "mm_labels", cd.calibration.y[take].to(label_dtype).to(device)))
-        self.labelled_x, self.labelled_y = torch.cat(xs), torch.cat(ys).long()
-        for i in range(len(loop.clients)):
-            loop.ledger.send(0, i, "down", "mm_inputs", self.labelled_x)
-        self.seed = loop.seed
+    def client_setup(self, ctx):
+        """Client side, once: pick samples of the calibration split; send them with their labels."""
+        cal = ctx.data.calibration
+        g = torch.Generator().manual_seed(ctx.info.client_seed(ctx.client.client_id))
+        take = torch.randperm(len(cal.x), generator=g)[: self.labelled_per_client]
+        label_dtype = torch.uint8 if ctx.info.num_classes <= 256 else torch.int16
+        return {"mm_inputs": cal.x[take], "mm_labels": cal.y[take].to(label_dtype)}
 
-    def on_round_start(self, loop, round):
-        self.round = round
+    def server_setup(self, uploads, ctx):
+        self.labelled_y = torch.cat([u["mm_labels"] for u in uploads]).long()
+        return {"mm_inputs": torch.cat([u["mm_inputs"] for u in uploads])}  # broadcast to every client
 
-    def on_client_private_end(self, loop, client, data, public_logits):
-        return {"mm_logits": client.predict_logits(self.labelled_x.to(public_logits.device)).float()}
+    def client_upload(self, ctx):
+        x = ctx.received["mm_inputs"].to(ctx.public_logits.device)
+        return {"mm_logits": ctx.client.predict_logits(x).float()}
+
+    def state_dict(self):
+        return {"labelled_y": self.labelled_y}
+
+    def load_state_dict(self, state):
+        self.labelled_y = state["labelled_y"]
 
     def set_labels(self, labels: torch.Tensor) -> None:
-        """Labels of the pooled labelled set (for unit tests; ``on_fit_start`` sets them in a run)."""
+        """Labels of the pooled labelled set (for unit tests; ``server_setup`` sets them in a run)."""
         self.labelled_y = labels.long()
 
-    def fit_meta_model(self, features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> nn.Module:
+    def fit_meta_model(self, features: torch.Tensor, labels: torch.Tensor, num_classes: int,
+                       seed: int = 0) -> nn.Module:
         with torch.random.fork_rng(devices=[]):  # seeded initialisation, global stream untouched
-            torch.manual_seed(self.seed * 1_000_003 + self.round)
+            torch.manual_seed(seed)
             d = features.shape[1]
             body = [nn.Linear(d, self.hidden), nn.ReLU(), nn.Linear(self.hidden, num_classes)] if self.hidden else [
                 nn.Linear(d, num_classes)]
@@ -95,16 +94,18 @@ class MetaModelAggregator(Aggregator):
                 opt.step()
         return net.eval()
 
-    def aggregate(self, uploads):
+    def aggregate(self, uploads, ctx=None):
         if self.labelled_y is None:
-            raise RuntimeError("MetaModelAggregator has no labelled set: call on_fit_start or set_labels")
+            raise RuntimeError("MetaModelAggregator has no labelled set: run its set-up or set_labels")
         z = self.stack_logits(uploads)  # M x N x C
         m, n, c = z.shape
         h_lab = torch.stack([u["mm_logits"].float() for u in uploads]).permute(1, 0, 2).reshape(-1, m * c)
         h_pub = z.permute(1, 0, 2).reshape(n, m * c)  # h(x) = concat_i z_i(x)
         mean, std = h_lab.mean(0), h_lab.std(0).clamp_min(1e-6)
         labels = self.labelled_y.to(z.device)
-        net = self.fit_meta_model((h_lab - mean) / std, labels, c)
+        # retrained from scratch every round, seeded by (run seed, round)
+        seed = ctx.info.seed * 1_000_003 + ctx.info.round if ctx is not None else 0
+        net = self.fit_meta_model((h_lab - mean) / std, labels, c, seed)
         with torch.no_grad():
             teacher = net((h_pub - mean) / std).softmax(-1)
             train_acc = float((net((h_lab - mean) / std).argmax(-1) == labels).float().mean())

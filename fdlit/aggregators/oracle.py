@@ -14,8 +14,8 @@ class OracleAggregator(Aggregator):
 
     where y(x) is the true label of public sample x (known only in simulation) and C_i client i's
     class set. It shows how much a perfect "who to trust" rule could gain over AVG (ALGORITHMS.md,
-    "Oracle"). It is not a federated algorithm: the server reads ``loop.data.public.y`` and every
-    client's class set in ``on_fit_start``; nothing besides the logits is uploaded, so its bytes are
+    "Oracle"). It is not a federated algorithm: the server reads the public labels and every client's class
+    set (``ServerContext.public_y``, ``client_classes``) in ``server_setup``; nothing besides the logits is uploaded, so its bytes are
     AVG's. A public sample whose class no client holds (possible under Dirichlet partitions) gets
     uniform weights (**choice**). Still averages *probabilities* of all holders, so it is an upper
     bound on weighting rules, not on the teacher (the true label itself would be).
@@ -26,21 +26,28 @@ class OracleAggregator(Aggregator):
     def __init__(self):
         self.holds: torch.Tensor | None = None  # M x N bool: client i holds the class of sample x
 
-    def on_fit_start(self, loop):
-        device = loop.public_x.device
-        y = loop.data.public.y.to(device)
-        classes = torch.zeros(len(loop.data.clients), loop.data.num_classes, dtype=torch.bool, device=device)
-        for i, cd in enumerate(loop.data.clients):
-            classes[i, cd.classes] = True
+    def server_setup(self, uploads, ctx):
+        """Reads the simulation truth once: the public labels and every client's class set."""
+        y = ctx.public_y.to(ctx.info.public_x.device)
+        classes = torch.zeros(ctx.info.num_clients, ctx.info.num_classes, dtype=torch.bool, device=y.device)
+        for i, own in enumerate(ctx.client_classes):
+            classes[i, list(own)] = True
         self.set_truth(y, classes)
+        return {}
+
+    def state_dict(self):
+        return {"holds": self.holds}
+
+    def load_state_dict(self, state):
+        self.holds = state["holds"]
 
     def set_truth(self, public_labels: torch.Tensor, client_classes: torch.Tensor) -> None:
         """public_labels: N ints; client_classes: M x C bool (client i holds class c)."""
         self.holds = client_classes[:, public_labels]
 
-    def aggregate(self, uploads):
+    def aggregate(self, uploads, ctx=None):
         if self.holds is None:
-            raise RuntimeError("OracleAggregator needs the public labels: call on_fit_start or set_truth first")
+            raise RuntimeError("OracleAggregator needs the public labels: run its set-up or set_truth first")
         z = self.stack_logits(uploads)
         holds = self.holds.to(z.device).float()
         count = holds.sum(0, keepdim=True)

@@ -15,7 +15,7 @@ class SelectiveFDAggregator(Aggregator):
     """Selective-FD (Shao, Wu, Zhang, *Selective Knowledge Sharing for Privacy-Preserving Federated
     Distillation without a Good Teacher*, Nat. Commun. 2024; seed 003, Methods).
 
-    Client side (``on_client_private_end``): client i estimates r_i(x) = p_i(x) / u(x) with KuLSIF
+    Client side (``client_setup`` once, ``client_upload`` every round): client i estimates r_i(x) = p_i(x) / u(x) with KuLSIF
     (:class:`~fdlit.aggregators.kulsif.KuLSIF`, Gaussian kernel) and keeps public sample x iff
     r_i(x) > tau_client_i, where tau_client_i is the ``client_quantile`` (paper: 0.25) quantile of r_i
     on the client's calibration split (003's "local validation set"). It uploads only the kept rows
@@ -94,12 +94,8 @@ class SelectiveFDAggregator(Aggregator):
         self.aux_samples = aux_samples
         self.sigma = sigma
         self.lam = lam
-        self._masks: dict[int, torch.Tensor] = {}  # client-side state: each client's fixed mask
 
     # ------------------------------------------------------------------ client side
-    def on_fit_start(self, loop):
-        self._masks = {}  # a new federation: masks of a previous fit with this object do not apply
-
     def client_mask(self, train_x, train_y, cal_x, cal_y, classes, public_x, seed: int = 0) -> torch.Tensor:
         """Mask over the public samples for one client: OR over its (per-class) KuLSIF selectors."""
         public = public_x.flatten(1).double()
@@ -124,17 +120,23 @@ class SelectiveFDAggregator(Aggregator):
             mask |= est(public) > threshold
         return mask
 
-    def on_client_private_end(self, loop, client, data, public_logits):
-        device = public_logits.device
+    def client_setup(self, ctx):
+        """Fit the selectors once (inputs never change) and keep the mask in the client's state."""
+        device = ctx.info.public_x.device
         if not self.client_selector:
-            mask = torch.ones(len(public_logits), dtype=torch.bool, device=device)
+            mask = torch.ones(len(ctx.info.public_x), dtype=torch.bool, device=device)
         else:
-            if client.client_id not in self._masks:
-                self._masks[client.client_id] = self.client_mask(
-                    data.train.x.to(device), data.train.y, data.calibration.x.to(device), data.calibration.y,
-                    client.classes, loop.public_x.to(device), seed=loop.seed * 1_000_003 + client.client_id,
-                )
-            mask = self._masks[client.client_id]
+            data = ctx.data
+            mask = self.client_mask(
+                data.train.x.to(device), data.train.y, data.calibration.x.to(device), data.calibration.y,
+                ctx.client.classes, ctx.info.public_x, seed=ctx.info.client_seed(ctx.client.client_id),
+            )
+        ctx.state["selective_mask"] = mask
+        return {}
+
+    def client_upload(self, ctx):
+        public_logits = ctx.public_logits
+        mask = ctx.state["selective_mask"].to(public_logits.device)
         kept = public_logits[mask]
         if self.labels == "soft":
             return {"logits": kept, "mask": mask}
@@ -144,7 +146,7 @@ class SelectiveFDAggregator(Aggregator):
         return {"logits": kept[:0], "labels": kept.argmax(-1).to(label_dtype), "mask": mask}
 
     # ------------------------------------------------------------------ server side
-    def aggregate(self, uploads):
+    def aggregate(self, uploads, ctx=None):
         masks = torch.stack([u["mask"].bool() for u in uploads])  # M x N
         m, n = masks.shape
         device = masks.device

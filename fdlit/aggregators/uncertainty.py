@@ -54,16 +54,17 @@ class UncertaintyWeightedAggregator(Aggregator):
         self.variance_floor = variance_floor
         self.min_calibration_samples = min_calibration_samples
 
-    def on_client_private_end(self, loop, client, data, public_logits):
-        cal_logits = client.predict_logits(data.calibration.x.to(public_logits.device))
+    def client_upload(self, ctx):
+        cal = ctx.data.calibration
+        cal_logits = ctx.client.predict_logits(cal.x.to(ctx.public_logits.device))
         gmm = DiagonalGaussianMixture.fit(
-            cal_logits, data.calibration.y.to(cal_logits.device), client.classes,
+            cal_logits, cal.y.to(cal_logits.device), ctx.client.classes,
             self.variance_floor, self.min_calibration_samples,
         )
         dropped = torch.tensor([gmm.dropped])
-        floored = torch.tensor([gmm.floored])  # degenerate fits are counted in the logs (issue 6)
+        floored = torch.tensor([gmm.floored])  # degenerate fits are counted in the logs
         if self.upload == "scores":
-            return {"log_likelihood": gmm.log_likelihood(public_logits).float(), "_dropped_components": dropped,
+            return {"log_likelihood": gmm.log_likelihood(ctx.public_logits).float(), "_dropped_components": dropped,
                     "_floored_variances": floored}
         return {
             "gmm_means": gmm.means.float(),
@@ -89,7 +90,7 @@ class UncertaintyWeightedAggregator(Aggregator):
             valid[i, :k] = True
         return mixture_log_likelihood(z, means, variances, valid)
 
-    def aggregate(self, uploads):
+    def aggregate(self, uploads, ctx=None):
         z = self.stack_logits(uploads)
         ll = self.log_likelihoods(uploads, z)
         scaled = self.tau * ll if self.tau > 0 else torch.zeros_like(ll)  # tau = 0: AVG, even where l = -inf

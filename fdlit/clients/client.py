@@ -68,13 +68,35 @@ class ClientOptimization:
         return OPTIMIZERS[self.optimizer](params, **kwargs)
 
 
-class ClientModule(L.LightningModule):
-    """Client i of the federation (000 Algorithm 1, lines 4-5 and 14).
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean cross-entropy against integer labels or probabilities (soft targets).
 
-    ``phase = "private"``: cross-entropy on the client's labelled data.
-    ``phase = "public"``: distillation, CE(P(x) || softmax(f_i(x))) against the teacher P on X_pub.
-    ``predict_step`` returns logits. The optimizer is built once and reused every round, so Adam's
-    moments persist across rounds and phases (only the learning rate changes between phases).
+    With ``weight`` (per sample): ``sum(w * ce) / sum(w)``, written as log_softmax + gather / sum so
+    that it batches under ``torch.func.vmap`` (the vectorized executor pads batches with weight-0
+    samples); without, ``F.cross_entropy``, bit for bit what one-at-a-time training has always used.
+    """
+    logits = logits.float()
+    if weight is None:
+        return F.cross_entropy(logits, target)
+    logp = logits.log_softmax(-1)
+    per_sample = -(target * logp).sum(-1) if target.is_floating_point() else -logp.gather(-1, target[..., None])[..., 0]
+    return (per_sample * weight).sum() / weight.sum()
+
+
+class ClientModule(L.LightningModule):
+    """Client i of the federation (Kovalchuk et al. 2026, Algorithm 1, lines 4-5 and 14).
+
+    Two steps, which every executor calls (sequential, vectorized through ``torch.func.functional_call``
+    on this module, Ray), so a subclass that overrides them trains differently everywhere:
+
+    * ``private_loss``: the private step, cross-entropy on the client's labelled data;
+    * ``public_loss``: the public step, distillation CE(P(x) || softmax(f_i(x))) against the teacher P
+      on X_pub (override it for a KD temperature, a proximal term, ...).
+
+    ``training_step`` dispatches on ``phase``; ``predict_step`` returns logits. The optimizer is built
+    once and reused every round, so Adam's moments persist across rounds and phases (only the
+    learning rate changes between phases). ``method_state`` holds a method's client-side state
+    (e.g. Selective-FD's selector mask); it moves and is checkpointed with the client.
     """
 
     def __init__(
@@ -93,18 +115,31 @@ class ClientModule(L.LightningModule):
         self.phase: Phase = "private"
         # each client's own random stream (batch order, augmentation): reproducible and checkpointable
         self.generator = torch.Generator().manual_seed(seed * 1_000_003 + client_id)
+        self.method_state: dict[str, torch.Tensor] = {}
         self._optimizer: Optional[torch.optim.Optimizer] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
-    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        # private: integer labels; public: teacher probabilities (soft targets, F.cross_entropy accepts both)
-        return F.cross_entropy(logits.float(), target)
+    def private_loss(self, logits: torch.Tensor, labels: torch.Tensor,
+                     weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The private step's loss: CE against integer labels (``weight``: see :func:`cross_entropy`)."""
+        return cross_entropy(logits, labels, weight)
+
+    def public_loss(self, logits: torch.Tensor, teacher: torch.Tensor,
+                    weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The public step's loss: CE(P || softmax(logits)) against the teacher's probabilities."""
+        return cross_entropy(logits, teacher, weight)
+
+    def phase_loss(self, logits: torch.Tensor, target: torch.Tensor,
+                   weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        loss = self.private_loss if self.phase == "private" else self.public_loss
+        return loss(logits, target, weight)
 
     def training_step(self, batch, batch_idx: int = 0) -> torch.Tensor:
-        x, target = batch
-        return self.loss(self(x), target)
+        """``batch`` = (inputs, targets) or (inputs, targets, per-sample weights)."""
+        x, target, *weight = batch
+        return self.phase_loss(self(x), target, weight[0] if weight else None)
 
     def predict_step(self, batch, batch_idx: int = 0) -> torch.Tensor:
         return self(batch)
@@ -139,9 +174,11 @@ class ClientModule(L.LightningModule):
             "model": self.model.state_dict(),
             "optimizer": self.configure_optimizers().state_dict(),
             "generator": self.generator.get_state(),
+            "method": dict(self.method_state),
         }
 
     def load_client_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.configure_optimizers().load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
+        self.method_state = dict(state.get("method", {}))

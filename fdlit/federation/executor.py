@@ -7,12 +7,14 @@ executors with ``client_state`` / ``load_client_state``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from lightning.fabric import Fabric
 
+from fdlit.aggregators.base import Aggregator, ClientContext, FederationInfo
 from fdlit.clients import ClientModule
+from fdlit.data import ClientData
 
 
 class ClientExecutor:
@@ -47,18 +49,17 @@ class ClientExecutor:
     def teardown(self, clients: Sequence[ClientModule]) -> None:
         """End of a run: hand the final client state back into ``clients`` and free workers."""
 
-    def client_uploads(self, loop, callbacks, clients, client_data, public_logits) -> list[dict[str, torch.Tensor]]:
-        """Run every callback's ``on_client_private_end`` where the client lives and collect what
-        each client uploads: its public logits plus the callbacks' payloads (000 Algorithm 1, 6-7)."""
-        uploads = []
-        for i, (client, data) in enumerate(zip(clients, client_data)):
-            payload = {"logits": public_logits[i]}
-            for cb in callbacks:
-                extra = cb.on_client_private_end(loop, client, data, public_logits[i])
-                if extra:
-                    payload.update(extra)
-            uploads.append(payload)
-        return uploads
+    def client_hook(self, hook: str, method: Aggregator, info: FederationInfo, clients: Sequence[ClientModule],
+                    client_data: Sequence[ClientData], received: dict[str, torch.Tensor],
+                    public_logits: Optional[torch.Tensor] = None) -> list[dict[str, torch.Tensor]]:
+        """Run ``method.<hook>`` (``client_setup`` or ``client_upload``) for every client where the
+        client lives; returns what each client sends up (Kovalchuk et al. 2026, Algorithm 1, lines 6-7)."""
+        fn = getattr(method, hook)
+        return [
+            dict(fn(ClientContext(info, client, data, None if public_logits is None else public_logits[i],
+                                  received, client.method_state)) or {})
+            for i, (client, data) in enumerate(zip(clients, client_data))
+        ]
 
 
 class SequentialExecutor(ClientExecutor):
@@ -76,18 +77,17 @@ class SequentialExecutor(ClientExecutor):
         self.eval_batch_size = eval_batch_size
         self.fabric: Fabric | None = None
         self._optimizers: dict[int, torch.optim.Optimizer] = {}
-        self._modules: dict[int, torch.nn.Module] = {}
 
     def setup(self, fabric: Fabric, clients: Sequence[ClientModule]) -> None:
         from lightning.fabric.plugins.precision import Precision
 
         self.fabric = fabric
         plain = type(fabric.strategy.precision) is Precision  # 32-true: no autocast, no grad scaler
-        for c in clients:
-            module, optimizer = fabric.setup(c, c.configure_optimizers())
-            if plain:  # same math, without the wrappers' per-call overhead
-                module, optimizer = module.module, optimizer.optimizer
-            self._modules[c.client_id], self._optimizers[c.client_id] = module, optimizer
+        for c in clients:  # Fabric moves the client to its device and dtype and wraps the optimizer
+            _, optimizer = fabric.setup(c, c.configure_optimizers())
+            # 32-true: the same math without the wrapper's per-call overhead
+            self._optimizers[c.client_id] = optimizer.optimizer if plain else optimizer
+        self._plain = plain
         self._backward = (lambda loss: loss.backward()) if plain else fabric.backward
 
     def train(self, clients, phase, datasets, epochs, batch_size):
@@ -97,7 +97,7 @@ class SequentialExecutor(ClientExecutor):
         return losses
 
     def _train_one(self, client: ClientModule, phase: str, x, t, epochs: int, batch_size: int) -> float:
-        module, optimizer = self._modules[client.client_id], self._optimizers[client.client_id]
+        optimizer = self._optimizers[client.client_id]
         client.set_phase(phase)
         client.train()
         n = len(x)
@@ -109,13 +109,23 @@ class SequentialExecutor(ClientExecutor):
                 idx = order[start : start + batch_size]
                 if len(idx) < 2 and n > 1:
                     continue
-                loss = client.loss(module(x[idx]), t[idx])
+                loss = self._step_loss(client, (x[idx], t[idx]), steps)
                 optimizer.zero_grad(set_to_none=True)
                 self._backward(loss)
                 optimizer.step()
                 total += loss.detach()
                 steps += 1
         return float(total / max(steps, 1))
+
+    def _step_loss(self, client: ClientModule, batch, batch_idx: int) -> torch.Tensor:
+        """``client.training_step`` in Fabric's precision: inputs converted and the step run in its
+        forward context (autocast, default dtype), as Fabric's module wrapper does for ``forward``."""
+        if self._plain:
+            return client.training_step(batch, batch_idx)
+        precision = self.fabric.strategy.precision
+        x, t = batch
+        with precision.forward_context():
+            return client.training_step((precision.convert_input(x), t), batch_idx)
 
     def predict(self, clients, x):
         with self.fabric.autocast():

@@ -1,7 +1,9 @@
-"""FederationLoop: runs the rounds of 000 Algorithm 1 and calls callbacks at named hooks.
+"""FederationLoop: runs the rounds of Kovalchuk et al. 2026, Algorithm 1, and calls callbacks at named hooks.
 
-Read top to bottom: ``fit`` sets up, ``run_round`` is one round exactly as in ALGORITHMS.md
-("The round"), ``evaluate`` measures every client, ``summary`` condenses the history.
+Read top to bottom: ``setup`` builds the clients, ``fit`` runs the method's set-up and the rounds,
+``run_round`` is one round exactly as in docs/algorithms.md ("The round"), ``evaluate`` measures
+every client, ``summary`` condenses the history. The loop knows nothing of run directories, W&B or
+checkpoint files: those observe it through callbacks, and a checkpoint is ``state_dict()``.
 """
 
 from __future__ import annotations
@@ -9,26 +11,22 @@ from __future__ import annotations
 import importlib
 import math
 import time
-from datetime import datetime
-from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Union
 
 import lightning as L
 import torch
 from lightning.fabric import Fabric
 
-from fdlit.aggregators.base import Aggregator, weight_concentration, weight_entropy
+from fdlit.aggregators.base import Aggregator, FederationInfo, ServerContext, weight_concentration, weight_entropy
+from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, check_at_least
-from fdlit.callbacks import FederationCallback
-from fdlit.federation.checkpoint import Checkpointer, restore_checkpoint, resume_state
 from fdlit.federation.baselines import MODES, reference_client
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.diagnostics import trust_matrix
 from fdlit.federation.executor import ClientExecutor
 from fdlit.federation.vectorized import select_executor
-from fdlit.loggers import LoggerConfig, ProgressBar, RunDirectory, WandbLogger
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "64-true")
@@ -77,12 +75,24 @@ def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Ten
     return sent, sent.float()
 
 
+def import_client_class(path: str) -> type[ClientModule]:
+    """``federation.client_class``: a ClientModule subclass by import path."""
+    module_name, _, cls_name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError("federation.client_class", f"cannot import {path!r} ({exc})") from None
+    if not (isinstance(cls, type) and issubclass(cls, ClientModule)):
+        raise ConfigError("federation.client_class", f"{path!r} is not a subclass of fdlit.clients.ClientModule")
+    return cls
+
+
 class FederationLoop:
     """Federated distillation, round by round.
 
     Args:
         rounds: R, communication rounds.
-        private_epochs_first: private-phase epochs in round 1 (000 Table 2 "first round epochs").
+        private_epochs_first: private-phase epochs in round 1 ("first round epochs" of the core paper's Table 2).
         private_epochs: private-phase epochs in later rounds.
         public_epochs_first: public (distillation) epochs in round 1.
         public_epochs: public epochs in later rounds.
@@ -96,6 +106,8 @@ class FederationLoop:
         mode: ``fd`` (federated distillation), ``local_only`` (private phase only, no communication) or
             ``reference`` (one model on all classes with |D_pub| + |D_i| labelled samples); see
             :mod:`fdlit.federation.baselines`.
+        client_class: the client, a subclass of ``fdlit.clients.ClientModule`` by import path (e.g.
+            one whose ``public_loss`` uses a KD temperature).
     """
 
     def __init__(
@@ -111,15 +123,13 @@ class FederationLoop:
         message_dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         callbacks: list[FederationCallback] = [],
         mode: Literal["fd", "local_only", "reference"] = "fd",
+        client_class: str = "fdlit.clients.ClientModule",
         *,
         data: Optional[FederatedData] = None,
         model: Optional[ModelSpec] = None,
         client: Optional[ClientOptimization] = None,
         aggregator: Optional[Aggregator] = None,
-        logger: Optional[LoggerConfig] = None,
         seed: int = 0,
-        config: Optional[dict[str, Any]] = None,
-        config_yaml: str = "",
     ):
         check_at_least("federation.rounds", rounds, 1)
         for name, value in (("private_epochs_first", private_epochs_first), ("private_epochs", private_epochs),
@@ -140,7 +150,8 @@ class FederationLoop:
         self.executor = executor  # null: chosen in setup, once the clients exist
         self.accelerator, self.precision = accelerator, precision
         self.message_dtype = MESSAGE_DTYPES[message_dtype]
-        self.user_callbacks = list(callbacks)
+        self.callbacks = list(callbacks)
+        self.client_class = import_client_class(client_class)
         self.data = data or FederatedData()
         self.model_spec = model or {"class_path": "fdlit.models.SmallCNN"}
         self.optimization = client or ClientOptimization()
@@ -149,57 +160,39 @@ class FederationLoop:
 
             aggregator = SmoothedUncertaintyWeightedAggregator()
         self.aggregator = aggregator
-        self.logger_config = logger or LoggerConfig()
         self.seed = seed
-        self.config = config or {}
-        self.config_yaml = config_yaml
-        self.round = 0  # last completed round
+        self.round = 0  # last completed round; 0 before round 1 (the method's set-up is "round 0")
         self.history: list[dict[str, Any]] = []
         self.ledger = CommunicationLedger()
+        self.received: dict[str, torch.Tensor] = {}  # what the server broadcast at set-up
         self.wall_time = 0.0
-        self.resume_from: Optional[Path] = None  # a run directory to continue (fdlit fit --resume)
-        self.wandb_run_id: Optional[str] = None  # set from the checkpoint on resume
+        self.is_setup = False
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
         """Everything that can fail on bad input happens here, before any training."""
+        if self.is_setup:
+            return
         L.seed_everything(self.seed, verbose=False)
         if not self.data.is_setup:
             self.data.setup(self.seed)
         self.fabric = Fabric(accelerator=self.accelerator, devices=1, precision=self.precision)
         device = self.fabric.device
-        client_data = [reference_client(self.data, self.seed)] if self.mode == "reference" else self.data.clients
+        self.client_data = [reference_client(self.data, self.seed)] if self.mode == "reference" else self.data.clients
         self.clients = [
-            ClientModule(self._client_network(cd.client_id), cd.client_id, cd.classes, self.optimization, self.seed)
-            for cd in client_data
+            self.client_class(self._client_network(cd.client_id), cd.client_id, cd.classes, self.optimization,
+                              self.seed)
+            for cd in self.client_data
         ]
         self.test_x, self.test_y = self.data.test.x.to(device), self.data.test.y.to(device)
         self.public_x, self.public_y = self.data.public.x.to(device), self.data.public.y.to(device)
-        self.private = [(cd.train.x.to(device), cd.train.y.to(device)) for cd in client_data]
+        self.private = [(cd.train.x.to(device), cd.train.y.to(device)) for cd in self.client_data]
         self.local_mask_matrix = torch.stack(  # M x T: test samples of each client's own classes
-            [self.data.local_test_mask(cd.classes) for cd in client_data]).float().to(device)
+            [self.data.local_test_mask(cd.classes) for cd in self.client_data]).float().to(device)
         if self.executor is None:  # null: the fastest executor that applies (fdlit.federation.vectorized)
             self.executor = select_executor(self.clients, self.precision, sample=self.public_x[:1])
         self.executor.setup(self.fabric, self.clients)
-        method = getattr(self.aggregator, "short_name", type(self.aggregator).__name__)
-        method = {"fd": method, "local_only": "local", "reference": "reference"}[self.mode]
-        self.run_name = self.logger_config.name or f"{method}-{self._heterogeneity_tag()}-seed{self.seed}"
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-        self.run_path = Path(self.logger_config.run_dir) / f"{stamp}-{self.run_name}"
-        state = None
-        if self.resume_from is not None:  # read and check the checkpoint before touching anything
-            state = resume_state(self)
-            self.run_path = Path(self.resume_from)
-        self.callbacks: list[FederationCallback] = [
-            self.aggregator,
-            RunDirectory(self.run_path, self.config_yaml),
-            WandbLogger(self.logger_config, self.config, self.run_path, self.run_name),
-            *([ProgressBar()] if self.logger_config.progress else []),
-            *self.user_callbacks,
-            Checkpointer(),  # last: it saves the random state the next round starts from
-        ]
-        if state is not None:
-            restore_checkpoint(self, state)
+        self.is_setup = True
 
     def _client_network(self, client_id: int) -> torch.nn.Module:
         """The client's network; the dataset's input module (uint8 -> normalised float, batched
@@ -213,21 +206,23 @@ class FederationLoop:
 
         return WithInput(make_input(seed=self.seed * 1_000_003 + client_id), net)
 
-    def _heterogeneity_tag(self) -> str:
-        d = self.data
-        return f"k{d.classes_per_client}" if d.partition == "classes" else f"dir{d.dirichlet_alpha}"
+    def info(self, round: int) -> FederationInfo:
+        return FederationInfo(round, self.seed, len(self.clients), self.data.num_classes, self.public_x)
+
+    def server_context(self, round: int) -> ServerContext:
+        return ServerContext(self.info(round), self.public_y, tuple(tuple(cd.classes) for cd in self.client_data))
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
         self.setup()
-        # a resumed run continues its wall time; checkpoints read it from _fit_start
-        self._fit_start = start = time.perf_counter() - self.wall_time
+        start = time.perf_counter() - self.wall_time  # a resumed run continues its wall time
         for cb in self.callbacks:
             cb.on_fit_start(self)
         try:
+            if self.round == 0 and self.mode == "fd" and self.aggregator.has_setup:
+                self.method_setup()
             for r in range(self.round + 1, self.rounds + 1):
-                self.run_round(r)
-                self.wall_time = time.perf_counter() - start
+                self.run_round(r, clock=start)
         finally:
             self.executor.teardown(self.clients)  # remote executors: final state back into self.clients
         summary = self.summary()
@@ -235,8 +230,25 @@ class FederationLoop:
             cb.on_fit_end(self, summary)
         return summary
 
-    def run_round(self, r: int) -> dict[str, Any]:
-        """One round of 000 Algorithm 1 (ALGORITHMS.md "The round")."""
+    def method_setup(self) -> None:
+        """Round 0: the method's one-off client work where the clients live, the server's set-up,
+        and its broadcast; every message is counted as round 0."""
+        info = self.info(0)
+        raw = self.executor.client_hook("client_setup", self.aggregator, info, self.clients, self.client_data, {})
+        uploads = [self._send_up(0, i, payload) for i, payload in enumerate(raw)]
+        broadcast = self.aggregator.server_setup(uploads, self.server_context(0)) or {}
+        for i in range(len(self.clients)):
+            for kind, tensor in broadcast.items():
+                self.ledger.send(0, i, "down", kind, tensor)
+        self.received = dict(broadcast)
+
+    def _send_up(self, r: int, client: int, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        # keys starting with "_" are in-process diagnostics, not messages
+        return {kind: t if kind.startswith("_") else self.ledger.send(r, client, "up", kind, t)
+                for kind, t in payload.items()}
+
+    def run_round(self, r: int, clock: Optional[float] = None) -> dict[str, Any]:
+        """One round of Kovalchuk et al. 2026, Algorithm 1 (docs/algorithms.md, "The round")."""
         t0 = time.perf_counter()
         first = r == 1
         for cb in self.callbacks:
@@ -271,6 +283,8 @@ class FederationLoop:
             metrics["clients/trust_matrix"] = trust_matrix(result.weights, self.public_y, self.data.num_classes)
         self.round = r
         self.history.append(metrics)
+        if clock is not None:
+            self.wall_time = time.perf_counter() - clock
         for cb in self.callbacks:
             cb.on_round_end(self, r, metrics)
         return metrics
@@ -280,16 +294,17 @@ class FederationLoop:
         Stage 1); aggregation, broadcast, public phase and its evaluation (Stage 2)."""
         public_logits = self.executor.predict(self.clients, self.public_x)  # M x N x C
         self._check_finite(list(public_logits), r, "public inference")
+        info = self.info(r)
+        extra = self.executor.client_hook("client_upload", self.aggregator, info, self.clients, self.client_data,
+                                          self.received, public_logits)
         uploads = []
-        raw = self.executor.client_uploads(self, self.callbacks, self.clients, self.data.clients, public_logits)
-        for i, payload in enumerate(raw):
+        for i, payload in enumerate(extra):
+            payload = {"logits": public_logits[i], **payload}
             payload["logits"] = payload["logits"].to(self.message_dtype)
-            # keys starting with "_" are in-process diagnostics, not messages
-            uploads.append({kind: t if kind.startswith("_") else self.ledger.send(r, i, "up", kind, t)
-                            for kind, t in payload.items()})
+            uploads.append(self._send_up(r, i, payload))
 
         # Stage 2: server aggregates, broadcasts, clients distil
-        result = self.aggregator.aggregate(uploads)
+        result = self.aggregator.aggregate(uploads, self.server_context(r))
         keep = result.keep
         teacher = result.teacher if keep is None else result.teacher[keep]
         teacher_sent, targets = encode_teacher(teacher, self.message_dtype)
@@ -307,6 +322,36 @@ class FederationLoop:
             self._check_finite(public_losses, r, "public")
         after_public = self.evaluate()
         return result, public_losses, after_public
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue exactly (tensors and plain data)."""
+        return {
+            "round": self.round,
+            "rounds": self.rounds,
+            "seed": self.seed,
+            "num_clients": len(self.clients),
+            # the executor knows where client state lives (in-process, or in Ray actors)
+            "clients": self.executor.fetch_states(self.clients),
+            "method": self.aggregator.state_dict(),
+            "received": dict(self.received),
+            "ledger": self.ledger.state_dict(),
+            "history": [dict(m) for m in self.history],
+            "wall_time": float(self.wall_time),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (after ``setup``, before ``fit``)."""
+        self.setup()
+        for client, client_state in zip(self.clients, state["clients"]):
+            client.load_client_state(client_state)
+        self.executor.push_states(self.clients)
+        self.aggregator.load_state_dict(state["method"] or {})
+        self.received = dict(state["received"])
+        self.ledger.load_state_dict(state["ledger"])
+        self.history = [dict(m) for m in state["history"]]
+        self.round = state["round"]
+        self.wall_time = state["wall_time"]
 
     # ------------------------------------------------------------------ measurement
     def evaluate(self) -> dict[str, torch.Tensor]:
@@ -343,10 +388,7 @@ class FederationLoop:
         for i, v in enumerate(values):
             bad = not torch.isfinite(v).all() if isinstance(v, torch.Tensor) else not math.isfinite(v)
             if bad:
-                raise NumericalFault(
-                    f"client {i} produced NaN/inf in round {r}, phase '{phase}'; "
-                    f"metrics of rounds before {r} are in {self.run_path}"
-                )
+                raise NumericalFault(f"client {i} produced NaN/inf in round {r}, phase '{phase}'")
 
     def summary(self) -> dict[str, Any]:
         if not self.history:
@@ -357,8 +399,6 @@ class FederationLoop:
         # both phases are reported: 000 does not say after which phase Table 1's accuracy is taken
         last = self.history[-1]
         return {
-            "run": self.run_name,
-            "run_dir": str(self.run_path),
             "rounds": self.round,
             "finished": self.round == self.rounds,
             "best_global_acc_mean": best[key],

@@ -24,6 +24,7 @@ then frees the actors, so ``loop.clients`` hold the final clients after ``fit``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -33,21 +34,17 @@ import sysconfig
 import warnings
 import weakref
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Literal, Optional, Sequence
 
 import torch
 from lightning.fabric import Fabric
 
-from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientModule
 from fdlit.errors import ConfigError
 from fdlit.federation.executor import ClientExecutor, SequentialExecutor
 from fdlit.federation.vectorized import VectorizedExecutor
 
 INSTALL_HINT = "pip install 'fdlit[ray]'  (or: pip install ray)"
-# what the client hooks see of the loop inside an actor (the loop itself stays on the driver)
-LOOP_VIEW_ATTRIBUTES = ("round", "rounds", "seed", "accelerator", "precision", "message_dtype")
 
 
 def import_ray():
@@ -152,19 +149,20 @@ class ClientWorker:
         self.logits.setdefault(x_token, {}).update(zip(ids, out))
         return out.cpu()
 
-    def uploads(self, ids, loop_view, callbacks, data_tokens, x_token, public_logits, new, live) -> list[dict]:
+    def client_hook(self, hook, ids, method, info, public_x_token, received_tokens, data_tokens, x_token,
+                    public_logits, new, live) -> list[dict]:
         self._receive(new, live)
-        if public_logits is None:  # the logits this actor computed in the last predict on these inputs
+        if public_logits is None and x_token is not None:  # logits this actor computed in its last predict
             public_logits = [self.logits[x_token][i] for i in ids]
-        else:
+        elif public_logits is not None:
             public_logits = [z.to(self.fabric.device) for z in public_logits]
-        payloads = self.executor.client_uploads(
-            loop_view, callbacks, [self.clients[i] for i in ids],
-            [self.objects[d] for d in data_tokens], public_logits,
+        info = dataclasses.replace(info, public_x=self.objects[public_x_token])
+        received = {k: self.objects[t] for k, t in received_tokens.items()}
+        payloads = self.executor.client_hook(
+            hook, method, info, [self.clients[i] for i in ids], [self.objects[d] for d in data_tokens], received,
+            None if public_logits is None else torch.stack(public_logits),
         )
-        # the driver has the logits already, unless a hook replaced them (e.g. added noise)
-        return [{k: v.cpu() for k, v in p.items() if not (k == "logits" and v is z)}
-                for p, z in zip(payloads, public_logits)]
+        return [{k: v.cpu() for k, v in p.items()} for p in payloads]
 
     def get_states(self, ids) -> list[dict]:
         return [_to_cpu(self.clients[i].client_state()) for i in ids]
@@ -195,7 +193,7 @@ def _ship_code_by_value(ray, classes) -> None:
     """Classes from the user's own modules (a test file, a folder of scripts) are pickled by value,
     so actors need not be able to import them; fdlit and installed packages travel by name."""
     installed = [Path(p).resolve() for p in (*site.getsitepackages(), sysconfig.get_paths()["stdlib"])]
-    for cls in classes:
+    for cls in {base for c in classes for base in c.__mro__}:  # a user's subclass of a user's class, too
         name = cls.__module__
         module = sys.modules.get(name)
         file = getattr(module, "__file__", None)
@@ -204,10 +202,6 @@ def _ship_code_by_value(ray, classes) -> None:
         path = Path(file).resolve()
         if not any(path.is_relative_to(p) for p in installed):
             ray.cloudpickle.register_pickle_by_value(module)
-
-
-def _overrides_client_hook(cb: FederationCallback) -> bool:
-    return type(cb).on_client_private_end is not FederationCallback.on_client_private_end
 
 
 class RayExecutor(ClientExecutor):
@@ -449,26 +443,30 @@ class RayExecutor(ClientExecutor):
         self._latest_prediction[token] = weakref.ref(result)
         return result
 
-    def client_uploads(self, loop, callbacks, clients, client_data, public_logits):
+    def client_hook(self, hook, method, info, clients, client_data, received, public_logits=None):
         ray = import_ray()
         groups = self._groups(clients)
-        # only hooks that do client-side work travel; loggers (which hold files, W&B runs) stay here
-        hooks = [cb for cb in callbacks if _overrides_client_hook(cb)]
-        _ship_code_by_value(ray, {type(cb) for cb in hooks})
-        view = SimpleNamespace(**{k: getattr(loop, k) for k in LOOP_VIEW_ATTRIBUTES if hasattr(loop, k)})
+        _ship_code_by_value(ray, {type(method)})
         # logits the actors computed themselves need not travel back down
-        x_token = next((t for t, ref in self._latest_prediction.items() if ref() is public_logits), None)
+        x_token = None
+        if public_logits is not None:
+            x_token = next((t for t, ref in self._latest_prediction.items() if ref() is public_logits), None)
         cached = x_token is not None
-        ship = self._shipment({a: [client_data[j] for j in idx] for a, idx in groups.items()})
+        # tensors go down once (tokens); the info travels without its public inputs
+        shared = [info.public_x, *received.values()]
+        ship = self._shipment({a: [*shared, *(client_data[j] for j in idx)] for a, idx in groups.items()})
+        bare = dataclasses.replace(info, public_x=torch.empty(0))
+        received_tokens = {k: self._token(v) for k, v in received.items()}
         calls = [
-            self.actors[a].uploads.remote(
-                [clients[j].client_id for j in idx], view, hooks, [self._token(client_data[j]) for j in idx],
-                x_token, None if cached else [public_logits[j].cpu() for j in idx], *ship[a],
+            self.actors[a].client_hook.remote(
+                hook, [clients[j].client_id for j in idx], method, bare, self._token(info.public_x), received_tokens,
+                [self._token(client_data[j]) for j in idx], x_token,
+                None if cached or public_logits is None else [public_logits[j].cpu() for j in idx], *ship[a],
             )
             for a, idx in groups.items()
         ]
-        uploads: list[Optional[dict]] = [None] * len(clients)
+        out: list[Optional[dict]] = [None] * len(clients)
         for idx, got in zip(groups.values(), ray.get(calls)):
             for j, payload in zip(idx, got):
-                uploads[j] = {"logits": public_logits[j], **{k: v.to(self.device) for k, v in payload.items()}}
-        return uploads
+                out[j] = {k: v.to(self.device) for k, v in payload.items()}
+        return out

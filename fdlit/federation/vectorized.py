@@ -26,7 +26,8 @@ Same computation as :class:`~fdlit.federation.executor.SequentialExecutor`:
 
 Not supported (``unsupported_reason`` says why; those clients run sequentially inside this
 executor, and the automatic choice picks the sequential executor): buffers other than BatchNorm's,
-BatchNorm with ``momentum=None``, a ``loss`` other than ``ClientModule.loss``, optimizer options
+BatchNorm with ``momentum=None``, an overridden ``training_step`` (overriding ``private_loss`` /
+``public_loss`` is supported: the step calls them on the client through ``functional_call``), optimizer options
 other than lr / weight_decay / momentum, ``16-mixed`` precision (needs a grad scaler). Dropout works
 (``randomness="different"``) but draws from the global RNG in another order than the sequential
 executor, so runs with dropout > 0 are not bit-comparable between executors.
@@ -59,8 +60,8 @@ def unsupported_reason(client: ClientModule, precision: str = "32-true") -> Opti
     """Why ``client`` cannot be trained by :class:`VectorizedExecutor`; None when it can."""
     if precision in UNSUPPORTED_PRECISIONS:
         return f"precision {precision!r} (needs a grad scaler)"
-    if type(client).loss is not ClientModule.loss:
-        return f"{type(client).__name__} overrides loss()"
+    if type(client).training_step is not ClientModule.training_step:
+        return f"{type(client).__name__} overrides training_step() (override private_loss / public_loss instead)"
     _, net, prefix = split_input(client.model)
     for name, module in net.named_modules(prefix=prefix.rstrip(".")):
         own = [n for n, _ in module.named_buffers(recurse=False)]
@@ -229,7 +230,8 @@ class VectorizedExecutor(ClientExecutor):
 
         _, net, prefix = split_input(template)
         inputs = [split_input(c.model)[0] for c in clients]
-        names = [n.removeprefix(prefix) for n in stack.names]
+        step = _TrainingStep(clients[0], net)
+        names = ["client.model." + n for n in stack.names]
         buffer_names = [n for n in stack.buffers if n.startswith(prefix)]  # BatchNorm's, not the input's
         tied = _has_tied_tensors(net)
 
@@ -237,8 +239,8 @@ class VectorizedExecutor(ClientExecutor):
             # gradients come out per parameter as M x shape, the stack's own layout (no copy into
             # one flat vector: that concatenation was 13 % of a step);
             # BatchNorm updates its (per-client, stacked) running statistics in place
-            logits = functional_call(net, (dict(zip(names, params)), buffers), (x,), tie_weights=tied)
-            return (_cross_entropy(logits.float(), t) * w).sum() / w.sum(), buffers
+            state = {**dict(zip(names, params)), **{"client.model." + n: b for n, b in buffers.items()}}
+            return functional_call(step, state, (x, t, w), tie_weights=tied), buffers
 
         step_fn = vmap(grad_and_value(client_loss, has_aux=True), randomness="different")
         total = torch.zeros(m, device=device)
@@ -247,11 +249,11 @@ class VectorizedExecutor(ClientExecutor):
                 members = range(m) if rows is None else rows.tolist()
                 if rows is None:
                     params, idx, w = stack.params, index[s], weight[s]
-                    bufs = {n.removeprefix(prefix): stack.buffers[n] for n in buffer_names}
+                    bufs = {n: stack.buffers[n] for n in buffer_names}
                 else:
                     dev_rows = rows.to(device)
                     params = [p.index_select(0, dev_rows) for p in stack.params]
-                    bufs = {n.removeprefix(prefix): stack.buffers[n].index_select(0, dev_rows) for n in buffer_names}
+                    bufs = {n: stack.buffers[n].index_select(0, dev_rows) for n in buffer_names}
                     idx, w = index[s].index_select(0, dev_rows), weight[s].index_select(0, dev_rows)
                 idx, w = idx[:, :width], w[:, :width]
                 # the input modules run in the precision context the sequential executor runs them
@@ -268,12 +270,12 @@ class VectorizedExecutor(ClientExecutor):
                 if rows is None:
                     total += loss.detach()
                     for n, b in new_bufs.items():
-                        stack.buffers[prefix + n].copy_(b)
+                        stack.buffers[n].copy_(b)
                 else:
                     for target, p in zip(stack.params, params):
                         target.index_copy_(0, dev_rows, p)
                     for n, b in new_bufs.items():
-                        stack.buffers[prefix + n].index_copy_(0, dev_rows, b)
+                        stack.buffers[n].index_copy_(0, dev_rows, b)
                     total.index_add_(0, dev_rows, loss.detach().float())
         stack.write_back()
         opt.write_back()
@@ -417,13 +419,19 @@ def _has_tied_tensors(module: torch.nn.Module) -> bool:
     return len({id(t) for _, t in named}) != len(named)
 
 
-def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-sample ``F.cross_entropy`` (integer labels or probabilities), written as
-    log_softmax + gather / sum: the same arithmetic, and nll_loss has no fast batching rule."""
-    logp = logits.log_softmax(-1)
-    if target.is_floating_point():
-        return -(target * logp).sum(-1)
-    return -logp.gather(-1, target[..., None])[..., 0]
+class _TrainingStep(torch.nn.Module):
+    """One client's training step on inputs that have been through its input module, for
+    ``functional_call`` under vmap: the template client's parameters are swapped for one client's
+    slice of the stack, so its ``private_loss`` / ``public_loss`` (and any parameter they read, e.g.
+    a proximal term) run exactly as the sequential executor runs them. ``w`` weighs padding out."""
+
+    def __init__(self, client: ClientModule, net: torch.nn.Module):
+        super().__init__()
+        self.client = client
+        object.__setattr__(self, "net", net)  # a part of client.model, not a second registration
+
+    def forward(self, x, t, w):
+        return self.client.phase_loss(self.net(x), t, w)
 
 
 class _ParamStack:

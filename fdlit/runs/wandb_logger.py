@@ -1,6 +1,6 @@
 """Weights & Biases, isolated here: nothing else in fdlit imports wandb.
 
-One W&B run per experiment, owned by the loop. ``mode=auto`` logs online when credentials are
+One W&B run per experiment, owned by this callback. ``mode=auto`` logs online when credentials are
 configured (WANDB_API_KEY or a netrc entry for the W&B host) and offline otherwise, with a one-line
 hint on how to sync. ``disabled`` never imports wandb. A tracker failure never stops training.
 """
@@ -11,51 +11,11 @@ import netrc
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
-from fdlit.errors import ConfigError
 from fdlit.callbacks import FederationCallback
-from fdlit.loggers.dashboards import SUMMARIES, wandb_round_payload
-
-Mode = Literal["auto", "online", "offline", "disabled"]
-
-
-class LoggerConfig:
-    """Where a run's results go.
-
-    Args:
-        mode: W&B mode: ``auto`` (online if credentials are configured, else offline), ``online``,
-            ``offline`` or ``disabled``. The local run directory is written in every mode.
-        project: W&B project.
-        entity: W&B entity (team or user); null uses your default.
-        name: run name; null gives ``<aggregator>-k<k>-seed<seed>``.
-        group: W&B group (seeds of one setting share a group).
-        tags: W&B tags.
-        run_dir: parent folder of local run directories.
-        progress: show a progress bar over rounds and clients.
-    """
-
-    def __init__(
-        self,
-        mode: Mode = "auto",
-        project: str = "fdlit",
-        entity: Optional[str] = None,
-        name: Optional[str] = None,
-        group: Optional[str] = None,
-        tags: list[str] = [],
-        run_dir: str = "runs",
-        progress: bool = True,
-    ):
-        if mode not in ("auto", "online", "offline", "disabled"):
-            raise ConfigError("logger.mode", f"allowed: auto, online, offline, disabled; got {mode!r}")
-        self.mode = mode
-        self.project = project
-        self.entity = entity
-        self.name = name
-        self.group = group
-        self.tags = list(tags)
-        self.run_dir = run_dir
-        self.progress = progress
+from fdlit.runs.dashboards import SUMMARIES, wandb_round_payload
+from fdlit.runs.logger_config import LoggerConfig, Mode
 
 
 def has_wandb_credentials() -> bool:
@@ -89,14 +49,23 @@ def redact(text: str) -> str:
 class WandbLogger(FederationCallback):
     """Logs per-round metrics with ``round`` as the x-axis; best accuracies as max summaries."""
 
-    def __init__(self, config: LoggerConfig, run_config: dict[str, Any], directory: Path, default_name: str):
+    def __init__(self, config: LoggerConfig, run_config: dict[str, Any], directory: Path, default_name: str,
+                 run_id: Optional[str] = None):
         self.config = config
+        self.run_id = run_id  # a resumed run continues its W&B run (id from the checkpoint)
         self.mode = resolve_mode(config.mode)
         self.run_config = run_config
         self.directory = Path(directory)
         self.name = config.name or default_name
         self.run = None
         self._said: set[str] = set()
+
+    def current_run_id(self) -> Optional[str]:
+        """The W&B run id a resumed run continues (None without a W&B run)."""
+        try:
+            return str(self.run.id) if self.run is not None else self.run_id
+        except Exception:  # a broken tracker must not stop a checkpoint
+            return self.run_id
 
     def _say(self, message: str) -> None:
         """Print a tracker problem once per kind of problem; never echo a secret."""
@@ -127,7 +96,7 @@ class WandbLogger(FederationCallback):
     def on_fit_start(self, loop):
         if self.mode == "disabled":
             return
-        run_id = getattr(loop, "wandb_run_id", None)
+        run_id = self.run_id
         try:
             self.run = self._init(self.mode, run_id)
         except Exception as exc:  # tracker faults (network, authentication) never kill training
@@ -148,7 +117,7 @@ class WandbLogger(FederationCallback):
             for metric, summary in SUMMARIES:  # best accuracies as max, chi as mean, bytes as last
                 self.run.define_metric(metric, step_metric="round", summary=summary)
         except Exception as exc:
-            self._say(f"fdlit: W&B setup failed ({exc}); metrics stay in {loop.run_path}")
+            self._say(f"fdlit: W&B setup failed ({exc}); metrics stay in {self.directory}")
 
     def on_round_end(self, loop, round, metrics):
         if self.run is None:
@@ -156,10 +125,10 @@ class WandbLogger(FederationCallback):
         try:
             import wandb
 
-            classes = [cd.classes for cd in loop.data.clients]
+            classes = [cd.classes for cd in loop.client_data]
             self.run.log(wandb_round_payload(wandb, metrics, classes))
         except Exception as exc:  # keep trying next round (transient), but say it once
-            self._say(f"fdlit: W&B log failed ({exc}); continuing, every metric is in {loop.run_path}")
+            self._say(f"fdlit: W&B log failed ({exc}); continuing, every metric is in {self.directory}")
 
     def on_fit_end(self, loop, summary):
         if self.run is None:
@@ -174,4 +143,4 @@ class WandbLogger(FederationCallback):
                 sync_dir = Path(directory).parent
                 print(f"fdlit: W&B run saved offline; upload it with: wandb sync {sync_dir}")
         except Exception as exc:
-            self._say(f"fdlit: W&B finish failed ({exc}); every metric is in {loop.run_path}")
+            self._say(f"fdlit: W&B finish failed ({exc}); every metric is in {self.directory}")

@@ -1,0 +1,75 @@
+"""The ``fit`` config schema: every constructor argument of the configured classes is a dotted flag
+and a YAML key (jsonargparse); aggregators, models and executors are chosen with ``class_path`` /
+``init_args``. Parsing only: :mod:`fdlit.runs.experiment` builds a run from the parsed config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+
+from fdlit.aggregators import Aggregator
+from fdlit.clients import ClientOptimization
+from fdlit.data import FederatedData
+from fdlit.errors import ConfigError
+from fdlit.federation import FederationLoop
+from fdlit.runs.logger_config import LoggerConfig
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")
+LOOP_OBJECTS = {"data", "model", "client", "aggregator", "seed"}
+
+
+def resolve_config_path(value: str) -> str:
+    """``--config cifar100.yaml`` or ``--config cifar100`` finds ``configs/cifar100.yaml``."""
+    path = Path(value)
+    if path.exists():
+        return value
+    names = [value] if value.endswith((".yaml", ".yml")) else [value, value + ".yaml"]
+    for folder in CONFIG_DIRS:
+        for name in names:
+            if (folder / name).exists():
+                return str(folder / name)
+    shipped = sorted({p.name for folder in CONFIG_DIRS if folder.exists() for p in folder.glob("*.yaml")})
+    raise ConfigError("config", f"no config file {value!r}; shipped configs: {', '.join(shipped) or 'none'}")
+
+
+def fit_parser() -> ArgumentParser:
+    parser = ArgumentParser(description="Run one federated-distillation experiment. Continue a killed run with "
+                            "`fdlit fit --resume RUN_DIR` (config and seed come from RUN_DIR).", env_prefix="FDLIT",
+                            default_env=False)
+    parser.add_argument("--config", action=ActionConfigFile, help="YAML config file (path, or a name in configs/)")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the partition, models and batch order.")
+    parser.add_class_arguments(FederatedData, "data")
+    parser.add_subclass_arguments(
+        torch.nn.Module, "model", instantiate=False, required=False,
+        default={"class_path": "fdlit.models.SmallCNN"},
+        help="Client network (class_path/init_args); input_shape and num_classes come from the data.",
+    )
+    parser.add_class_arguments(ClientOptimization, "client")
+    parser.add_subclass_arguments(
+        Aggregator, "aggregator", required=False,
+        default={"class_path": "fdlit.aggregators.SmoothedUncertaintyWeightedAggregator"},
+        help="Aggregation rule (class_path/init_args), e.g. fdlit.aggregators.ProbabilityAveragingAggregator.",
+    )
+    parser.add_class_arguments(FederationLoop, "federation", skip=LOOP_OBJECTS, instantiate=False)
+    parser.add_class_arguments(LoggerConfig, "logger")
+    return parser
+
+
+def rewrite_config_args(argv: list[str]) -> list[str]:
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out):
+            out[i + 1] = resolve_config_path(out[i + 1])
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + resolve_config_path(arg.split("=", 1)[1])
+    return out
+
+
+def parse_fit(argv: list[str]) -> tuple[ArgumentParser, Namespace]:
+    """Parse ``fit`` arguments (without the subcommand word), resolving bare config names."""
+    parser = fit_parser()
+    return parser, parser.parse_args(rewrite_config_args(argv))
