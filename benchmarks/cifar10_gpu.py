@@ -32,8 +32,8 @@ import time
 import warnings
 
 EXECUTORS = {
-    "sequential": "fdlit.federation.SequentialExecutor",
-    "vectorized": "fdlit.federation.VectorizedExecutor",
+    "sequential": "fdlit.execution.SequentialExecutor",
+    "vectorized": "fdlit.execution.VectorizedExecutor",
 }
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 

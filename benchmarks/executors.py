@@ -25,13 +25,13 @@ import time
 import warnings
 
 EXECUTORS: dict[str, tuple[str, dict, dict]] = {  # name -> executor class, its args, client options
-    "sequential": ("fdlit.federation.SequentialExecutor", {}, {}),
+    "sequential": ("fdlit.execution.SequentialExecutor", {}, {}),
     # one client at a time with torch.optim's fused Adam (client.fused): the fastest sequential
     # setting, so the vectorized speed-up is also shown against it
-    "sequential-fused": ("fdlit.federation.SequentialExecutor", {}, {"fused": True}),
-    "vectorized": ("fdlit.federation.VectorizedExecutor", {}, {}),
+    "sequential-fused": ("fdlit.execution.SequentialExecutor", {}, {"fused": True}),
+    "vectorized": ("fdlit.execution.VectorizedExecutor", {}, {}),
     # actors hold the clients; round 1 (actor start-up) is excluded like every warm-up
-    "ray": ("fdlit.federation.RayExecutor", {"num_cpus": 2}, {}),
+    "ray": ("fdlit.execution.RayExecutor", {"num_cpus": 2}, {}),
 }
 EPOCHS = dict(private_epochs_first=5, private_epochs=5, public_epochs_first=5, public_epochs=5)
 

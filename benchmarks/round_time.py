@@ -24,7 +24,8 @@ from fdlit.aggregators import ProbabilityAveragingAggregator
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
-from fdlit.federation import FederationLoop, SequentialExecutor
+from fdlit.execution import SequentialExecutor
+from fdlit.federation import FederationLoop
 from fdlit.models import MLP, SmallCNN
 
 warnings.filterwarnings("ignore")

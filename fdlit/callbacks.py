@@ -8,23 +8,22 @@ public inference; client uploads; aggregation; broadcast; public phase] -> on_ro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fdlit.federation.loop import FederationLoop
+# ``loop`` is the FederationLoop (not imported here: the loop imports this module)
 
 
 class FederationCallback:
     """Base class: every hook is a no-op."""
 
-    def on_fit_start(self, loop: "FederationLoop") -> None:
+    def on_fit_start(self, loop) -> None:
         pass
 
-    def on_round_start(self, loop: "FederationLoop", round: int) -> None:
+    def on_round_start(self, loop, round: int) -> None:
         pass
 
-    def on_round_end(self, loop: "FederationLoop", round: int, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, loop, round: int, metrics: dict[str, Any]) -> None:
         pass
 
-    def on_fit_end(self, loop: "FederationLoop", summary: dict[str, Any]) -> None:
+    def on_fit_end(self, loop, summary: dict[str, Any]) -> None:
         pass

@@ -77,7 +77,7 @@ def test_image_dataset_clients_are_vectorized_by_default_and_match_sequential(tm
     dd, _ = image_dataset_dict(n_train_per_class=12, n_test_per_class=3)
     dd.save_to_disk(str(tmp_path / "c10"))
     history = {}
-    for executor in ("null", "fdlit.federation.SequentialExecutor"):
+    for executor in ("null", "fdlit.execution.SequentialExecutor"):
         parser, cfg = parse_fit([
             "--config", "cifar10.yaml", "--data.data_dir", str(tmp_path / "c10"),
             "--data.num_clients", "4", "--data.classes_per_client", "3", "--data.samples_per_client", "10",
@@ -95,7 +95,7 @@ def test_image_dataset_clients_are_vectorized_by_default_and_match_sequential(tm
         if executor == "null":
             assert type(loop.executor).__name__ == "VectorizedExecutor"
             assert loop.executor._vectorized == {c.client_id for c in loop.clients}  # no fallback
-    for vec, seq in zip(history["null"], history["fdlit.federation.SequentialExecutor"]):
+    for vec, seq in zip(history["null"], history["fdlit.execution.SequentialExecutor"]):
         for key in ("after_private/global_acc_mean", "after_public/global_acc_mean", "teacher/acc"):
             assert math.isclose(vec[key], seq[key], abs_tol=1e-6), key
         assert math.isclose(vec["train/public_loss_mean"], seq["train/public_loss_mean"], rel_tol=1e-4)

@@ -9,8 +9,9 @@ from fdlit.aggregators import ProbabilityAveragingAggregator
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
-from fdlit.federation import FederationLoop, SequentialExecutor, VectorizedExecutor
-from fdlit.federation.vectorized import unsupported_reason
+from fdlit.execution import SequentialExecutor, VectorizedExecutor
+from fdlit.federation import FederationLoop
+from fdlit.execution.vectorized import unsupported_reason
 
 
 class TemperatureKD(ClientModule):
@@ -56,7 +57,8 @@ def test_a_kd_temperature_subclass_trains_the_same_in_both_executors_and_differe
     # round 1's private phase is the same; from the first public phase on the subclass differs
     assert numbers(seq.history)[0][4] == numbers(base.history)[0][4]
     assert numbers(seq.history)[0][2] != pytest.approx(numbers(base.history)[0][2], rel=1e-3)
-    params = lambda run: torch.cat([p.detach().flatten() for p in run.clients[0].parameters()])
+    def params(run):
+        return torch.cat([p.detach().flatten() for p in run.clients[0].parameters()])
     assert not torch.allclose(params(seq), params(base))
     assert torch.allclose(params(seq), params(vec), atol=1e-5)
 

@@ -14,9 +14,9 @@ from fdlit.runs.experiment import Experiment
 
 RULES = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "configs").glob("digits*.yaml"))
 EXECUTORS = {
-    "sequential": "fdlit.federation.SequentialExecutor",
-    "vectorized": "fdlit.federation.VectorizedExecutor",
-    "ray": "fdlit.federation.RayExecutor",
+    "sequential": "fdlit.execution.SequentialExecutor",
+    "vectorized": "fdlit.execution.VectorizedExecutor",
+    "ray": "fdlit.execution.RayExecutor",
 }
 # rules whose set-up sends messages (round 0): the cases where modes and resume went wrong
 SETUP_RULES = ("digits_meta_model.yaml", "digits_fedgo.yaml", "digits_lkd_server.yaml")

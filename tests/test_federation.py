@@ -136,7 +136,8 @@ def test_same_seed_same_metrics(tmp_path):
     a = small_loop(tmp_path / "a", UncertaintyWeightedAggregator(), seed=5)
     b = small_loop(tmp_path / "b", UncertaintyWeightedAggregator(), seed=5)
     a.fit(), b.fit()
-    strip = lambda h: [{k: v for k, v in m.items() if not k.startswith("time/")} for m in h]
+    def strip(h):
+        return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in h]
     assert strip(a.history) == strip(b.history)
 
 
@@ -163,7 +164,7 @@ def test_float64_precision_runs_with_the_uwa_calibration_hook(fast_args):
     from fdlit.runs.experiment import Experiment
 
     histories = []
-    for executor in ("fdlit.federation.SequentialExecutor", "fdlit.federation.VectorizedExecutor"):
+    for executor in ("fdlit.execution.SequentialExecutor", "fdlit.execution.VectorizedExecutor"):
         parser, cfg = parse_fit(fast_args + ["--federation.precision", "64-true", "--federation.executor", executor])
         experiment = Experiment(cfg, parser)
         loop = experiment.loop

@@ -16,9 +16,10 @@ from fdlit.config import parse_fit
 from fdlit.runs.experiment import Experiment
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
-from fdlit.federation import FederationLoop, RayExecutor, SequentialExecutor, VectorizedExecutor
-from fdlit.federation import ray_executor as ray_executor_module
-from fdlit.federation.ray_executor import plan_actors
+from fdlit.execution import RayExecutor, SequentialExecutor, VectorizedExecutor
+from fdlit.execution import ray_executor as ray_executor_module
+from fdlit.federation import FederationLoop
+from fdlit.execution.ray_executor import plan_actors
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +168,7 @@ def test_a_plan_the_running_ray_cannot_hold_stops_before_any_actor(tmp_path, ray
 
 def test_cli_knob_selects_the_ray_executor(fast_args):
     parser, cfg = parse_fit(fast_args + [
-        "--federation.executor", "fdlit.federation.RayExecutor",
+        "--federation.executor", "fdlit.execution.RayExecutor",
         "--federation.executor.num_gpus_per_client", "0.25", "--federation.executor.address", "auto",
         "--federation.executor.clients_per_actor", "2",
     ])

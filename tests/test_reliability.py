@@ -398,7 +398,8 @@ def test_global_random_states_survive_a_weights_only_round_trip(tmp_path):
     from fdlit.runs.checkpoint import rng_state, set_rng_state
 
     torch.save(rng_state(), tmp_path / "rng.pt")
-    draw = lambda: (random.random(), float(np.random.rand()), float(np.random.randn()), torch.rand(3).tolist())
+    def draw():
+        return (random.random(), float(np.random.rand()), float(np.random.randn()), torch.rand(3).tolist())
     first = draw()
     set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert draw() == first

@@ -9,7 +9,8 @@ from fdlit.aggregators import ProbabilityAveragingAggregator, SmoothedUncertaint
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
-from fdlit.federation import FederationLoop, SequentialExecutor, VectorizedExecutor, select_executor
+from fdlit.execution import SequentialExecutor, VectorizedExecutor, select_executor
+from fdlit.federation import FederationLoop
 from fdlit.models import MLP, SmallCNN
 
 # sizes chosen so clients have different numbers of batches and one ends an epoch with a single
@@ -104,7 +105,7 @@ def test_per_client_learning_rates_and_steps_match_sequential(optimizer, kernel,
     """Clients with different learning rates and different step counts in one stack, through the
     fused kernel (one call per learning rate, a step tensor per client) and through the
     single-tensor reference used on devices without a fused kernel."""
-    import fdlit.federation.vectorized as vectorized
+    import fdlit.execution.vectorized as vectorized
 
     if kernel == "reference":
         monkeypatch.setattr(vectorized, "_fused_adam_kernel", lambda decoupled, flat: None)
@@ -269,7 +270,7 @@ def test_select_executor_picks_vectorized_only_when_it_applies():
 def test_select_executor_keeps_large_models_sequential_on_cpu():
     """On a CPU, a model above CPU_MAX_FLOPS_PER_SAMPLE (ResNet-18 on CIFAR: 1.1 GFLOP) trains one
     client at a time (vectorized was 0.58x there); small ones are vectorized."""
-    from fdlit.federation.vectorized import CPU_MAX_FLOPS_PER_SAMPLE, forward_flops_per_sample
+    from fdlit.execution.selection import CPU_MAX_FLOPS_PER_SAMPLE, forward_flops_per_sample
 
     opt = ClientOptimization()
     sample = torch.zeros(1, 1, 8, 8)
@@ -310,7 +311,8 @@ def test_federation_metrics_match_sequential(tmp_path, model, aggregator):
             if key.startswith(("time/", "comm/")):
                 continue
             if isinstance(value, list):  # per-client lists; the trust matrix is nested and may hold None
-                flat = lambda v: [y for x in v for y in (flat(x) if isinstance(x, list) else [x])]
+                def flat(v):
+                    return [y for x in v for y in (flat(x) if isinstance(x, list) else [x])]
                 fa, fb = flat(value), flat(b[key])
                 assert [x is None for x in fa] == [y is None for y in fb], key
                 assert [x for x in fa if x is not None] == pytest.approx([y for y in fb if y is not None], abs=1e-6), key

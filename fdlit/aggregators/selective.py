@@ -44,7 +44,7 @@ class SelectiveFDAggregator(Aggregator):
       - tau_server default 1.0 (keep a sample when the ensemble's top probability >= 0.5); 003's
         ablation (Fig. 6) sweeps it and uses 2 (no server filtering) when varying tau_client;
       - hard labels travel as uint8 class ids (int16 for C > 256), up and down: the loop sends any
-        one-hot teacher as class ids (``fdlit.federation.loop.encode_teacher``).
+        one-hot teacher as class ids (``encode_teacher`` in the federation loop module).
 
     Args:
         labels: ``soft`` (kept logits) or ``hard`` (kept predicted classes).

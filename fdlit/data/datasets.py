@@ -7,39 +7,12 @@ Every dataset fdlit trains on is small enough to live as one tensor on the train
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 
+from fdlit.data import hub as _hub
+from fdlit.data.tensor_dataset import TensorDataset
 from fdlit.errors import ConfigError
-
-
-@dataclass
-class TensorDataset:
-    """Inputs ``x`` (first dim = samples) and integer labels ``y`` of one dataset split."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    num_classes: int
-    name: str = ""
-    # factory of the module that turns stored inputs into network inputs (e.g. uint8 -> normalised
-    # float + augmentation, fdlit.data.augment.ImageInput); the loop puts it in front of each model
-    input_transform: Optional[Callable[..., torch.nn.Module]] = None
-
-    def __post_init__(self):
-        if len(self.x) != len(self.y):
-            raise ValueError(f"{self.name}: {len(self.x)} inputs but {len(self.y)} labels")
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x.shape[1:])
-
-    def subset(self, index: torch.Tensor, name: str | None = None) -> "TensorDataset":
-        return TensorDataset(self.x[index], self.y[index], self.num_classes, name or self.name, self.input_transform)
 
 
 def load_digits() -> TensorDataset:
@@ -87,7 +60,5 @@ def augment_images(x: torch.Tensor, generator: torch.Generator, max_shift: int =
 
 
 # paper datasets (CIFAR-10/100, MNIST, Fashion-MNIST, Yahoo Answers) via Hugging Face datasets
-from fdlit.data import hub as _hub  # noqa: E402  (after TensorDataset: hub imports it)
-
 _hub.register(DATASETS)
 NUM_CLASSES.update({name: spec.num_classes for name, spec in _hub.HUB_DATASETS.items()})

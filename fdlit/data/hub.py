@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from fdlit.data.augment import ImageInput
-from fdlit.data.datasets import TensorDataset
+from fdlit.data.tensor_dataset import TensorDataset
 from fdlit.errors import ConfigError
 
 

@@ -25,8 +25,7 @@ from fdlit.errors import ConfigError, check_at_least
 from fdlit.federation.baselines import MODES, reference_client
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.diagnostics import trust_matrix
-from fdlit.federation.executor import ClientExecutor
-from fdlit.federation.vectorized import select_executor
+from fdlit.execution import ClientExecutor, select_executor
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "64-true")
@@ -189,7 +188,7 @@ class FederationLoop:
         self.private = [(cd.train.x.to(device), cd.train.y.to(device)) for cd in self.client_data]
         self.local_mask_matrix = torch.stack(  # M x T: test samples of each client's own classes
             [self.data.local_test_mask(cd.classes) for cd in self.client_data]).float().to(device)
-        if self.executor is None:  # null: the fastest executor that applies (fdlit.federation.vectorized)
+        if self.executor is None:  # null: the fastest executor that applies (fdlit.execution.vectorized)
             self.executor = select_executor(self.clients, self.precision, sample=self.public_x[:1])
         self.executor.setup(self.fabric, self.clients)
         self.is_setup = True

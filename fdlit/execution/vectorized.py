@@ -8,7 +8,7 @@ At the end of the phase parameters and optimizer state are written back into eac
 :class:`~fdlit.clients.ClientModule` in ``torch.optim``'s own format, so ``client_state()``,
 checkpoints and the sequential executor stay interchangeable with this one.
 
-Same computation as :class:`~fdlit.federation.executor.SequentialExecutor`:
+Same computation as :class:`~fdlit.execution.executor.SequentialExecutor`:
 
 * batch order: each client's generator gets the same ``randperm`` calls in the same order, and the
   same batch boundaries are used (a final batch of one sample is skipped);
@@ -35,6 +35,7 @@ executor, so runs with dropout > 0 are not bit-comparable between executors.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import torch
@@ -45,15 +46,12 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from fdlit.clients import ClientModule
 from fdlit.data.augment import WithInput
 from fdlit.errors import ConfigError
-from fdlit.federation.executor import ClientExecutor, SequentialExecutor
+from fdlit.execution.executor import ClientExecutor, SequentialExecutor
+from fdlit.execution.stacked_optimizer import StackedOptimizer
+from fdlit.execution.stacking import ParamStack
 
 SUPPORTED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 UNSUPPORTED_PRECISIONS = ("16-mixed", "16-true", "transformer-engine")
-
-
-def _scalar_dtype() -> torch.dtype:
-    # dtype torch.optim gives a fresh "step" tensor
-    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
 def unsupported_reason(client: ClientModule, precision: str = "32-true") -> Optional[str]:
@@ -107,43 +105,6 @@ def architecture_key(client: ClientModule) -> tuple:
     hyper = tuple(sorted((k, repr(v)) for k, v in opt.param_groups[0].items() if k not in ("params", "lr", "initial_lr")))
     shapes = tuple((n, tuple(p.shape), p.dtype, p.device) for n, p in client.model.named_parameters())
     return (type(client.model), repr(client.model), shapes, type(opt), hyper)
-
-
-# Above this many forward FLOPs per sample, one client's step already keeps a CPU busy and vmap's
-# batched (grouped) convolutions are slower than one client at a time. Measured on the 2-core CPU
-# machine (benchmarks/executors.py, benchmarks/cifar10_gpu.py --device cpu): digits SmallCNN,
-# 0.7 MFLOP, vectorized 1.48x faster (20 clients); ResNet-18 on 32x32, 1.1 GFLOP, vectorized 0.58x
-# (5 clients, batch 32). The threshold sits between the two; it is not finely tuned.
-CPU_MAX_FLOPS_PER_SAMPLE = 30e6
-
-
-def forward_flops_per_sample(model: torch.nn.Module, sample: torch.Tensor) -> float:
-    """Forward FLOPs of ``model`` on one sample (eval mode: no BatchNorm update, no augmentation)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(sample[:1])
-    finally:
-        model.train(was_training)
-    return float(counter.get_total_flops())
-
-
-def select_executor(clients: Sequence[ClientModule], precision: str = "32-true",
-                    sample: Optional[torch.Tensor] = None) -> ClientExecutor:
-    """The fastest executor that applies (``federation.executor: null``): vectorized when there are
-    at least two clients, all vectorizable and all of one architecture, except on a CPU for models
-    above ``CPU_MAX_FLOPS_PER_SAMPLE`` (checked when a ``sample`` input on the clients' device is
-    given); sequential otherwise."""
-    if len(clients) >= 2 and all(unsupported_reason(c, precision) is None for c in clients):
-        if len({architecture_key(c) for c in clients}) == 1:
-            if sample is not None and sample.device.type == "cpu":
-                if forward_flops_per_sample(clients[0].model, sample) > CPU_MAX_FLOPS_PER_SAMPLE:
-                    return SequentialExecutor()
-            return VectorizedExecutor()
-    return SequentialExecutor()
 
 
 class VectorizedExecutor(ClientExecutor):
@@ -214,8 +175,8 @@ class VectorizedExecutor(ClientExecutor):
         if epochs == 0:
             return [0.0] * m  # what the sequential executor reports for no steps
         template = clients[0].model
-        stack = _ParamStack(clients)
-        opt = _StackedOptimizer(clients, stack)
+        stack = ParamStack(clients)
+        opt = StackedOptimizer(clients, stack)
         device, dtype = stack.device, stack.dtype
 
         x_all, t_all, offsets = self._concat(datasets)
@@ -306,7 +267,7 @@ class VectorizedExecutor(ClientExecutor):
             modes = [c.model.training for c in group]
             for c in group:
                 c.model.eval()
-            stack = _ParamStack(group)
+            stack = ParamStack(group)
             _, net, prefix = split_input(group[0].model)
             inputs = [split_input(c.model)[0] for c in group]
             xx = x.to(stack.dtype) if x.is_floating_point() and stack.dtype == torch.float64 else x
@@ -316,8 +277,7 @@ class VectorizedExecutor(ClientExecutor):
             # one input pass for the whole group when every client's input module is the same
             # function in eval mode (the usual case: the dataset's normalisation); else one per client
             shared = inputs[0] is None or _same_module_state(inputs)
-            fn = vmap(lambda p, b, xb: functional_call(net, (p, b), (xb,), tie_weights=tied),
-                      in_dims=(0, 0, None if shared else 0))
+            fn = vmap(functools.partial(_forward, net, tied), in_dims=(0, 0, None if shared else 0))
             chunks = []
             for i in range(0, len(xx), self.eval_batch_size):
                 xb = xx[i : i + self.eval_batch_size]
@@ -419,6 +379,10 @@ def _has_tied_tensors(module: torch.nn.Module) -> bool:
     return len({id(t) for _, t in named}) != len(named)
 
 
+def _forward(net, tied, params, buffers, x):
+    return functional_call(net, (params, buffers), (x,), tie_weights=tied)
+
+
 class _TrainingStep(torch.nn.Module):
     """One client's training step on inputs that have been through its input module, for
     ``functional_call`` under vmap: the template client's parameters are swapped for one client's
@@ -434,201 +398,3 @@ class _TrainingStep(torch.nn.Module):
         return self.client.phase_loss(self.net(x), t, w)
 
 
-class _ParamStack:
-    """Parameters of M same-shaped models stacked per parameter: ``params[k]`` is M x shape_k."""
-
-    def __init__(self, clients: Sequence[ClientModule]):
-        self.clients = clients
-        self.names = [n for n, _ in clients[0].model.named_parameters()]
-        per_client = [list(c.model.parameters()) for c in clients]
-        self.params = [torch.stack([ps[k].detach() for ps in per_client]) for k in range(len(self.names))]
-        self.device, self.dtype = self.params[0].device, self.params[0].dtype
-        # BatchNorm running statistics, one stacked tensor per buffer name
-        self.buffers = {n: torch.stack([dict(c.model.named_buffers())[n].detach() for c in clients])
-                        for n, _ in clients[0].model.named_buffers()}
-
-    def write_back(self) -> None:
-        with torch.no_grad():
-            for i, c in enumerate(self.clients):
-                for p, stacked in zip(c.model.parameters(), self.params):
-                    p.copy_(stacked[i])
-                for n, b in c.model.named_buffers():
-                    b.copy_(self.buffers[n][i])
-
-
-def _fused_adam_kernel(decoupled: bool, like: torch.Tensor):
-    """``torch._fused_adam(w)_`` when torch has a fused kernel for this device and dtype, else None."""
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
-    if like.device.type not in _get_fused_kernels_supported_devices():
-        return None
-    if like.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        return None
-    return getattr(torch, "_fused_adamw_" if decoupled else "_fused_adam_", None)
-
-
-Stacked = list  # list[torch.Tensor], one M x shape tensor per parameter (or the rows being updated)
-
-
-class _StackedOptimizer:
-    """Adam / AdamW / SGD of M clients on stacked parameters, with per-client step counts and
-    learning rates. Adam uses torch.optim's fused kernel (the arithmetic of ``fused=True``, within
-    a few float ulps of the default single-tensor Adam); SGD, and Adam on devices without a fused
-    kernel, follow torch.optim's single-tensor arithmetic. State is read from and written back to
-    each client's own optimizer."""
-
-    def __init__(self, clients: Sequence[ClientModule], stack: _ParamStack):
-        self.clients, self.stack = clients, stack
-        self.optimizers = [c.configure_optimizers() for c in clients]
-        opt = self.optimizers[0]
-        group = opt.param_groups[0]
-        self.kind = "sgd" if isinstance(opt, torch.optim.SGD) else "adam"
-        self.decoupled = isinstance(opt, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay"))
-        self.weight_decay = group["weight_decay"]
-        # learning rates, step counts and "has state" live on the CPU: known without a device sync
-        self.lr = torch.tensor([o.param_groups[0]["lr"] for o in self.optimizers], dtype=torch.float64)
-        states = [[o.state.get(p, {}) for p in c.model.parameters()] for o, c in zip(self.optimizers, clients)]
-        self.has_state = torch.tensor([bool(st[0]) for st in states])
-
-        def gather(key: str) -> Stacked:
-            return [torch.stack([st[k][key].to(p.dtype) if st[k] and st[k].get(key) is not None
-                                 else torch.zeros_like(p[0]) for st in states])
-                    for k, p in enumerate(stack.params)]
-
-        if self.kind == "adam":
-            self.beta1, self.beta2 = group["betas"]
-            self.eps = group["eps"]
-            self.exp_avg, self.exp_avg_sq = gather("exp_avg"), gather("exp_avg_sq")
-            self.step_count = torch.tensor([float(st[0]["step"]) if st[0] else 0.0 for st in states],
-                                           dtype=torch.float64)
-            self.step_dtype = states[0][0]["step"].dtype if states[0][0] else _scalar_dtype()
-            self.fused = _fused_adam_kernel(self.decoupled, stack.params[0])
-        else:
-            self.momentum = group["momentum"]
-            self.buf = gather("momentum_buffer") if self.momentum else None
-
-    def step(self, p: Stacked, g: Stacked, rows: Optional[torch.Tensor]) -> None:
-        """Update p (the rows ``rows`` (CPU indices) of the stack, or all of it) in place with
-        gradients g. Adam runs torch.optim's fused kernel where the device has one, else
-        torch.optim's single-tensor arithmetic (with per-client scalars broadcast when the updated
-        clients differ in learning rate or step count)."""
-        device, dt = p[0].device, p[0].dtype
-        dev_rows = None if rows is None else rows.to(device)
-        pick = (lambda ts: ts) if rows is None else (lambda ts: [t.index_select(0, dev_rows) for t in ts])
-        lr = self.lr if rows is None else self.lr[rows]
-        uniform_lr = bool((lr == lr[0]).all())
-
-        def per_client(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-            # M float64 scalars -> M x 1 x ... on the device, broadcasting against ``like``
-            return values.to(device=device, dtype=dt).view(-1, *[1] * (like.dim() - 1))
-
-        wd = self.weight_decay
-        if self.kind == "sgd":
-            has = (self.has_state if rows is None else self.has_state[rows]).to(device)
-            bufs = pick(self.buf) if self.momentum != 0 else [None] * len(p)
-            for pk, gk, buf in zip(p, g, bufs):
-                if wd != 0:
-                    gk = gk.add(pk, alpha=wd)
-                if buf is not None:
-                    if bool(has.all()):
-                        buf.mul_(self.momentum).add_(gk)
-                    else:  # first step of a client: buf = grad (torch.optim clones the gradient)
-                        buf.copy_(torch.where(per_client(has, buf).bool(), buf.mul(self.momentum).add_(gk), gk))
-                    gk = buf
-                if uniform_lr:
-                    pk.add_(gk, alpha=-float(lr[0]))
-                else:
-                    pk.add_(per_client(-lr, gk) * gk)
-            if self.momentum != 0:
-                self._put(self.buf, bufs, dev_rows)
-            self._mark(rows)
-            return
-        step = (self.step_count if rows is None else self.step_count[rows]) + 1
-        uniform = uniform_lr and bool((step == step[0]).all())
-        exp_avg, exp_avg_sq = pick(self.exp_avg), pick(self.exp_avg_sq)
-        if self.fused is not None:
-            self._fused_step(p, g, exp_avg, exp_avg_sq, lr, step, uniform)
-        else:
-            for args in zip(p, g, exp_avg, exp_avg_sq):
-                self._reference_step(*args, lr, step, uniform, per_client)
-        if rows is None:
-            self.step_count = step
-        else:
-            self.step_count[rows] = step
-            self._put(self.exp_avg, exp_avg, dev_rows)
-            self._put(self.exp_avg_sq, exp_avg_sq, dev_rows)
-        self._mark(rows)
-
-    def _reference_step(self, p, g, exp_avg, exp_avg_sq, lr, step, uniform, per_client) -> None:
-        """torch.optim's single-tensor Adam arithmetic on one stacked parameter."""
-        wd = self.weight_decay
-        if wd != 0:
-            if self.decoupled:
-                p.mul_(1 - float(lr[0]) * wd if uniform else per_client(1 - lr * wd, p))
-            else:
-                g = g.add(p, alpha=wd)
-        exp_avg.lerp_(g, 1 - self.beta1)
-        exp_avg_sq.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
-        if uniform:
-            n = float(step[0])
-            bias_correction1 = 1 - self.beta1**n
-            bias_correction2 = 1 - self.beta2**n
-            step_size = float(lr[0]) / bias_correction1
-            denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(self.eps)
-            p.addcdiv_(exp_avg, denom, value=-step_size)
-        else:
-            # per-client bias corrections, in double like torch.optim's Python floats
-            bias_correction1 = 1 - self.beta1**step
-            bias_correction2 = 1 - self.beta2**step
-            denom = (exp_avg_sq.sqrt() / per_client(bias_correction2**0.5, p)).add_(self.eps)
-            p.add_(per_client(-(lr / bias_correction1), p) * exp_avg / denom)  # = addcdiv_ with value
-
-    def _fused_step(self, p, g, exp_avg, exp_avg_sq, lr, step, uniform) -> None:
-        """torch.optim's fused Adam/AdamW kernel (``fused=True``): one pass over the stack instead
-        of ~8 (it was 20 % of a vectorized round on CPU). It reads the step count from a tensor
-        per parameter, so clients at different steps or learning rates go in row by row, in one
-        call per learning rate, each row with its client's step."""
-        kwargs = dict(beta1=self.beta1, beta2=self.beta2, weight_decay=self.weight_decay, eps=self.eps,
-                      amsgrad=False, maximize=False)
-        g = [gk.contiguous() for gk in g]
-        device = p[0].device
-        if uniform:
-            steps = [torch.full((), float(step[0]), dtype=torch.float32, device=device)] * len(p)
-            self.fused(p, g, exp_avg, exp_avg_sq, [], steps, lr=float(lr[0]), **kwargs)
-            return
-        for value in lr.unique().tolist():
-            rows = (lr == value).nonzero().squeeze(1).tolist()
-            steps = [torch.full((), float(step[j]), dtype=torch.float32, device=device) for j in rows]
-            self.fused([t[j] for j in rows for t in p], [t[j] for j in rows for t in g],
-                       [t[j] for j in rows for t in exp_avg], [t[j] for j in rows for t in exp_avg_sq], [],
-                       [steps[r] for r in range(len(rows)) for _ in p], lr=value, **kwargs)
-
-    @staticmethod
-    def _put(target: Stacked, value: Stacked, rows: Optional[torch.Tensor]) -> None:
-        for t, v in zip(target, value):
-            if rows is None:
-                if v is not t:
-                    t.copy_(v)
-            else:
-                t.index_copy_(0, rows, v)
-
-    def _mark(self, rows: Optional[torch.Tensor]) -> None:
-        if rows is None:
-            self.has_state.fill_(True)
-        else:
-            self.has_state[rows] = True
-
-    def write_back(self) -> None:
-        """Optimizer state in torch.optim's per-parameter format (clients that never stepped keep
-        an empty state, as in torch.optim)."""
-        for i, (c, o) in enumerate(zip(self.clients, self.optimizers)):
-            if not bool(self.has_state[i]):
-                continue
-            params = list(c.model.parameters())
-            if self.kind == "adam":
-                step = torch.tensor(float(self.step_count[i]), dtype=self.step_dtype)
-                for p, m1, m2 in zip(params, self.exp_avg, self.exp_avg_sq):
-                    o.state[p] = {"step": step.clone(), "exp_avg": m1[i].clone(), "exp_avg_sq": m2[i].clone()}
-            elif self.momentum != 0:
-                for p, b in zip(params, self.buf):
-                    o.state[p] = {"momentum_buffer": b[i].clone()}

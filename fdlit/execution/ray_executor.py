@@ -41,8 +41,8 @@ from lightning.fabric import Fabric
 
 from fdlit.clients import ClientModule
 from fdlit.errors import ConfigError
-from fdlit.federation.executor import ClientExecutor, SequentialExecutor
-from fdlit.federation.vectorized import VectorizedExecutor
+from fdlit.execution.executor import ClientExecutor, SequentialExecutor
+from fdlit.execution.vectorized import VectorizedExecutor
 
 INSTALL_HINT = "pip install 'fdlit[ray]'  (or: pip install ray)"
 
@@ -52,7 +52,7 @@ def import_ray():
         import ray
     except ImportError as exc:
         raise ImportError(
-            f"fdlit.federation.RayExecutor needs the 'ray' package, which is not installed ({exc}). "
+            f"fdlit.execution.RayExecutor needs the 'ray' package, which is not installed ({exc}). "
             f"Install it with: {INSTALL_HINT}"
         ) from None
     return ray

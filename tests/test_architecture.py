@@ -1,0 +1,90 @@
+"""The layout is the architecture: no import cycles inside fdlit, and methods never reach the loop."""
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fdlit"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every fdlit module -> the fdlit modules it imports anywhere (top level, in functions, or under
+    TYPE_CHECKING). ``from fdlit.a import b`` is an edge to ``fdlit.a.b`` when that is a module."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                           for a in node.names]
+            else:
+                continue
+            edges.update(t for t in targets if t in modules and t != name)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_sees_real_imports():
+    graph = import_graph()
+    assert "fdlit.federation" in graph["fdlit.runs.experiment"]
+    assert "fdlit.aggregators.base" in graph["fdlit.execution.executor"]
+
+
+def test_no_import_cycles_inside_fdlit():
+    assert cycles(import_graph()) == []
+
+
+def test_a_cycle_is_found_when_there_is_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_methods_never_import_the_loop_or_execution_or_runs():
+    graph = import_graph()
+    for name, edges in graph.items():
+        if name.startswith("fdlit.aggregators"):
+            bad = {e for e in edges if e.split(".")[:2] in (["fdlit", "federation"], ["fdlit", "execution"],
+                                                          ["fdlit", "runs"], ["fdlit", "cli"])}
+            assert not bad, f"{name} imports {bad}"
+            source = (PACKAGE / Path(*name.split(".")[1:])).with_suffix(".py")
+            source = source if source.exists() else source.with_suffix("") / "__init__.py"
+            text = source.read_text()
+            assert not re.search(r"FederationLoop|\bloop\.[a-z_]", text), name  # nor receives it
