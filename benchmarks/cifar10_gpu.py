@@ -1,10 +1,10 @@
-"""CIFAR-10 / ResNet-18, 20 clients: time per round, GPU utilisation and memory, per executor (issue 7).
+"""CIFAR-10 / ResNet-18, 20 clients: time per round, GPU utilisation and memory, per executor.
 
     python benchmarks/cifar10_gpu.py [--data_dir DIR] [--clients 20] [--rounds 3] [--repeats 1]
                                      [--executors sequential vectorized] [--precision 32-true]
 
-The setting of ``configs/cifar10.yaml`` (000 Table 2: ResNet-18 CIFAR stem, Adam 1e-3, batch 128,
-5,000 private samples per client, 5,000 public, k = 2, crop + flip on the device), with the
+The setting of ``configs/cifar10.yaml`` (Kovalchuk et al. 2026, Table 2: ResNet-18 CIFAR stem, Adam 1e-3,
+batch 128, 5,000 private samples per client, 5,000 public, k = 2, crop + flip on the device), with the
 steady-state schedule of 2 private + 2 public epochs in every round (round 1 included, so the
 first round is not 20 epochs long); round 1 is excluded as warm-up.
 

@@ -1,4 +1,4 @@
-"""Rounds per second of each client executor on digits, for M clients (issue 7).
+"""Rounds per second of each client executor on digits, for M clients.
 
     python benchmarks/executors.py [--clients 5 20 100] [--rounds 3] [--repeats 3] [--model MLP]
 

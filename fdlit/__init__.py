@@ -1,6 +1,7 @@
 """fdlit: federated distillation experiments.
 
-data -> clients -> federation loop -> aggregators -> loggers
+data -> clients -> methods (fdlit.aggregators) -> the round (fdlit.federation) -> execution -> runs
+(docs/design.md)
 """
 
 __version__ = "0.1.0"

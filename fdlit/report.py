@@ -4,9 +4,10 @@ Reads ``config.yaml``, ``metrics.jsonl`` and ``summary.json`` of every run under
 needed) and writes ``<out>/index.html`` (self-contained: figures inlined as PNG data URIs),
 ``<out>/figures/*.png`` and ``<out>/table1.md``:
 
-- Table 1: best mean global accuracy (%) per aggregator x k, mean ± std over seeds (000 Table 1);
-- Figure 2: the same as accuracy vs k, one line per aggregator (000 Fig. 2);
-- App. B curves: mean global and local accuracy vs round, shaded ±1 std over seeds (000 App. B.1);
+- Table 1: best mean global accuracy (%) per aggregator x k, mean ± std over seeds (Kovalchuk et al. 2026, Table 1);
+- Figure 2: the same as accuracy vs k, one line per aggregator (Kovalchuk et al. 2026, Fig. 2);
+- App. B curves: mean global and local accuracy vs round, shaded ±1 std over seeds
+  (Kovalchuk et al. 2026, App. B.1);
 - χ vs round, and accuracy vs cumulative bytes (up + down);
 - the who-to-trust matrix of the last round, where the aggregator has weights.
 

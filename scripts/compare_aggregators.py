@@ -1,4 +1,4 @@
-"""Every aggregation rule side by side on digits (issue 4): best mean global accuracy +- std over
+"""Every aggregation rule side by side on digits: best mean global accuracy +- std over
 seeds, and total bytes (up + down, mean over seeds), for k classes per client.
 
     python scripts/compare_aggregators.py --out runs/compare [--seeds 0 1 2] [--ks 1 2 3 5 9] \

@@ -1,4 +1,4 @@
-"""Defining properties of every issue-4 aggregation rule, on synthetic tensors (fast)."""
+"""Defining properties of every aggregation rule in the zoo, on synthetic tensors (fast)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Every issue-4 rule runs end to end on digits from its shipped config (tiny: 4 clients, 1 round)."""
+"""Every aggregator-zoo rule runs end to end on digits from its shipped config (tiny: 4 clients, 1 round)."""
 
 import json
 from pathlib import Path

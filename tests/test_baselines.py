@@ -73,7 +73,7 @@ def test_fd_on_local_cifar_copy_with_heterogeneous_clients(tmp_path):
 
 def test_image_dataset_clients_are_vectorized_by_default_and_match_sequential(tmp_path):
     """CIFAR clients carry the ImageInput module (uint8 -> float, crop + flip): the default executor
-    still vectorizes them (issue 7's GPU case) and the run equals the sequential one."""
+    still vectorizes them (the GPU case) and the run equals the sequential one."""
     dd, _ = image_dataset_dict(n_train_per_class=12, n_test_per_class=3)
     dd.save_to_disk(str(tmp_path / "c10"))
     history = {}

@@ -1,4 +1,4 @@
-"""The shipped paper configs carry the papers' settings (ALGORITHMS.md "Paper settings to reproduce"),
+"""The shipped paper configs carry the papers' settings (docs/algorithms.md "Paper settings to reproduce"),
 and a paper run without its data fails cleanly before any run directory or W&B run exists."""
 
 import paper_fixtures  # noqa: F401  (offline HF env first)
@@ -14,24 +14,29 @@ from fdlit.config import parse_fit
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Typed from ALGORITHMS.md "Paper settings to reproduce" (000 Table 2, App. A; 004 for MNIST).
+# Typed from docs/algorithms.md "Paper settings to reproduce" (Kovalchuk et al. 2026, Table 2, App. A;
+# Kovalchuk et al. 2025 (workshop) for MNIST).
 # (M, k default [sweep], private samples/client, public size, model class, pretrained, optimizer, lr,
 #  batch, epochs first round, epochs later, rounds, aggregator, tau)
 PAPER = {
-    "cifar10.yaml": dict(source=["000", "arXiv 2509.15147", "Table 2"], M=20, k=2, k_sweep=[2, 3, 4, 5, 7, 9], private=5000, public=5000, model="ResNet18",
+    "cifar10.yaml": dict(source=["Kovalchuk et al. 2026", "arXiv 2509.15147", "Table 2"],
+                         M=20, k=2, k_sweep=[2, 3, 4, 5, 7, 9], private=5000, public=5000, model="ResNet18",
                          pretrained=False, optimizer="adam", lr=1e-3, batch=128, first=20, later=2, rounds=50,
                          aggregator="SmoothedUncertaintyWeightedAggregator", tau=0.25, dataset="cifar10"),
-    "cifar100.yaml": dict(source=["000", "arXiv 2509.15147", "Table 2"], M=20, k=20, k_sweep=[20, 30, 40, 50, 70, 90], private=5000, public=5000, model="ResNet18",
+    "cifar100.yaml": dict(source=["Kovalchuk et al. 2026", "arXiv 2509.15147", "Table 2"],
+                          M=20, k=20, k_sweep=[20, 30, 40, 50, 70, 90], private=5000, public=5000, model="ResNet18",
                           pretrained=True, optimizer="adam", lr=1e-4, batch=128, first=1, later=1, rounds=50,
                           aggregator="SmoothedUncertaintyWeightedAggregator", tau=0.25, dataset="cifar100"),
-    "yahoo.yaml": dict(source=["000", "arXiv 2509.15147", "Table 2"], M=20, k=2, k_sweep=[2, 3, 4, 5, 7, 9], private=1500, public=2000, model="BertClassifier",
+    "yahoo.yaml": dict(source=["Kovalchuk et al. 2026", "arXiv 2509.15147", "Table 2"],
+                       M=20, k=2, k_sweep=[2, 3, 4, 5, 7, 9], private=1500, public=2000, model="BertClassifier",
                        pretrained=True, optimizer="adamw", lr=2e-5, batch=32, first=3, later=1, rounds=50,
                        aggregator="SmoothedUncertaintyWeightedAggregator", tau=0.25, dataset="yahoo_answers"),
-    "cifar10_004.yaml": dict(source=["004"], M=20, k=5, k_sweep=[2, 5, 8], private=10000, public=5000,
+    "cifar10_workshop.yaml": dict(source=["Kovalchuk et al. 2025"], M=20, k=5, k_sweep=[2, 5, 8], private=10000, public=5000,
                              model="ResNet18", pretrained=False, optimizer="adam", lr=1e-3, batch=128, first=20,
                              later=5, rounds=50, aggregator="UncertaintyWeightedAggregator", tau=None,
                              dataset="cifar10"),
-    "mnist.yaml": dict(source=["004"], M=20, k=2, k_sweep=[2, 5, 8], private=10000, public=5000, model="LeNet5",
+    "mnist.yaml": dict(source=["Kovalchuk et al. 2025"],
+                       M=20, k=2, k_sweep=[2, 5, 8], private=10000, public=5000, model="LeNet5",
                        pretrained=None, optimizer="adam", lr=1e-3, batch=128, first=10, later=1, rounds=50,
                        aggregator="UncertaintyWeightedAggregator", tau=None, dataset="mnist"),
 }

@@ -1,4 +1,4 @@
-"""VectorizedExecutor computes what SequentialExecutor computes (issue 7), on tiny CPU federations."""
+"""VectorizedExecutor computes what SequentialExecutor computes, on tiny CPU federations."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Aggregation rules: client predictions on the public set -> teacher P (ALGORITHMS.md)."""
+"""Aggregation rules: client predictions on the public set -> teacher P (docs/algorithms.md)."""
 
 from fdlit.aggregators.averaging import ProbabilityAveragingAggregator
 from fdlit.aggregators.base import AggregationResult, Aggregator, weight_concentration, weight_entropy

@@ -9,8 +9,8 @@ from fdlit.aggregators.base import AggregationResult, Aggregator, uniform_weight
 class ProbabilityAveragingAggregator(Aggregator):
     """AVG: P(x) = (1/M) sum_i softmax(z_i(x)), W = 1/M.
 
-    Source: 000 App. A.3 ("Simple Averaging"), the FedMD / FedDF family. Upload per client and round:
-    N*C numbers (the public logits).
+    Source: Kovalchuk et al. 2026, App. A.3 ("Simple Averaging"), the FedMD / FedDF family. Upload per
+    client and round: N*C numbers (the public logits).
     """
 
     short_name = "avg"

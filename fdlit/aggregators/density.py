@@ -1,4 +1,4 @@
-"""Per-class diagonal Gaussians on logits: UWA's density model (000 Sec. 4.4, App. A.4).
+"""Per-class diagonal Gaussians on logits: UWA's density model (Kovalchuk et al. 2026, Sec. 4.4, App. A.4).
 
 Computed in torch on the logits' device, in float64 and log space; no scikit-learn on the hot path.
 """
@@ -37,7 +37,7 @@ class DiagonalGaussianMixture:
 
         Maximum-likelihood mean and variance (as sklearn's GaussianMixture M-step with known
         responsibilities), variance floored at ``variance_floor`` so a class whose logits barely move
-        cannot produce an infinite density. **choice** (ALGORITHMS.md): a class with fewer than
+        cannot produce an infinite density. **choice** (docs/algorithms.md): a class with fewer than
         ``min_samples`` (2) calibration samples gets no component, since its variance is undefined;
         it is counted in ``dropped``; variance entries raised to the floor (a logit that does not
         move within a class) are counted in ``floored``. A client left with no component has log-likelihood -inf

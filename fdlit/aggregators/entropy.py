@@ -12,12 +12,12 @@ from fdlit.errors import check_number
 class EntropyWeightedAggregator(Aggregator):
     """Entropy weighting: W[:, x] = softmax_i( -H(Q_i(x)) / T ),  P(x) = sum_i W[i, x] Q_i(x).
 
-    Source: the "entropy" row of 001's table of prior weighting rules (FedHKT-style); ALGORITHMS.md,
-    "Confidence and variance weightings". Upload: N*C numbers per client (H is computed on the server
-    from the logits).
+    Source: the "entropy" row of FedGO's (Jang et al. 2025) table of prior weighting rules
+    (FedHKT-style); docs/algorithms.md, "Confidence and variance weightings". Upload: N*C numbers per
+    client (H is computed on the server from the logits).
 
-    **unclear** (ALGORITHMS.md): 001's table writes "proportional to exp(entropy)"; fdlit uses the
-    *negative* entropy, the sign under which more confident clients weigh more, which is the stated
+    **unclear** (docs/algorithms.md): FedGO's table writes "proportional to exp(entropy)"; fdlit uses
+    the *negative* entropy, the sign under which more confident clients weigh more, which is the stated
     intent of the rule. H is in nats, so with T = 1 the weight ratio of two clients is at most
     exp(log C) = C.
 

@@ -1,4 +1,4 @@
-"""FedGO: client-discriminator odds weighting (001, Theorem 4)."""
+"""FedGO: client-discriminator odds weighting (Jang et al. 2025, Theorem 4)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def train_discriminator(own: torch.Tensor, reference: torch.Tensor, hidden: int 
     """D(x) = sigmoid(net(x)): ``own`` inputs (label 1) vs ``reference`` inputs (label 0).
 
     Class-balanced binary cross-entropy (each side weighs 1/2 whatever its size), so the optimum is
-    D = p_k / (p_k + p_ref) and the odds D / (1 - D) = p_k / p_ref, as Theorem 4 of 001 needs; an
+    D = p_k / (p_k + p_ref) and the odds D / (1 - D) = p_k / p_ref, as Theorem 4 of FedGO needs; an
     unbalanced loss would scale client k's odds by its own |own| / |reference| and bias the weights.
     """
     x = torch.cat([own.flatten(1), reference.flatten(1)]).float()
@@ -42,7 +42,7 @@ def train_discriminator(own: torch.Tensor, reference: torch.Tensor, hidden: int 
 
 class FedGOAggregator(Aggregator):
     """FedGO (Jang, Park, Lee, *Provably Near-Optimal Federated Ensemble Distillation with Negligible
-    Overhead*, ICML 2025; seed 001, Theorem 4):
+    Overhead*, ICML 2025; Theorem 4):
 
         Phi_k(x) = D_k(x) / (1 - D_k(x)),   W[k, x] = n_k Phi_k(x) / sum_i n_i Phi_i(x),
         P(x) = sum_k W[k, x] Q_k(x)
@@ -56,9 +56,9 @@ class FedGOAggregator(Aggregator):
     the public set (``upload: scores``, N numbers: logit D_k(x) = log Phi_k(x)) or D_k's parameters
     (``upload: parameters``; the server rebuilds D_k and evaluates it). Both are counted at round 0.
 
-    Choices (ALGORITHMS.md **unclear** / **choice**):
-      - reference distribution: the public inputs (001 uses a generator; with a public set its inputs
-        serve, as ALGORITHMS.md says);
+    Choices (docs/algorithms.md **unclear** / **choice**):
+      - reference distribution: the public inputs (FedGO uses a generator; with a public set its inputs
+        serve, as docs/algorithms.md says);
       - discriminator: MLP on flattened inputs, one hidden ReLU layer of ``hidden`` units, Adam,
         ``epochs`` epochs, batch 128, weight decay ``weight_decay``; balanced BCE (see
         :func:`train_discriminator`); its initialisation and batch order seeded by (seed, client);

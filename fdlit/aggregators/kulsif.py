@@ -26,7 +26,8 @@ def median_bandwidth(x: torch.Tensor, max_points: int = 1000) -> float:
 class KuLSIF:
     """Estimate r(x) = p(x) / u(x) from samples X ~ p (numerator, m) and A ~ u (auxiliary, n).
 
-    Closed form (Kanamori et al. 2012, Theorem 1; 003 Methods; ALGORITHMS.md, Selective-FD):
+    Closed form (Kanamori et al. 2012, Theorem 1; Selective-FD (Shao et al. 2024), Methods;
+    docs/algorithms.md, Selective-FD):
 
         alpha = -(K(A,A)/n + lambda I)^{-1} K(A,X) 1_m / (n m lambda)
         r(x)  = K(x,A) alpha + (1/(m lambda)) sum_j K(x, X_j)
@@ -45,7 +46,7 @@ class KuLSIF:
     def fit(cls, local: torch.Tensor, aux: torch.Tensor, sigma: float | None = None,
             lam: float | None = None) -> "KuLSIF":
         """local: m x d samples of p; aux: n x d samples of u. sigma None: median heuristic on
-        ``local``; lam None: min(n, m)^-0.9, a rate allowed by 003's Theorem 1 (lambda^-1 =
+        ``local``; lam None: min(n, m)^-0.9, a rate allowed by Selective-FD's Theorem 1 (lambda^-1 =
         O(min(n,m)^(1-delta)))."""
         x, a = local.flatten(1).double(), aux.flatten(1).double()
         n, m = len(a), len(x)

@@ -1,4 +1,4 @@
-"""LKD: label-driven class-reliability weighting (002, Sec. 3.2-3.3)."""
+"""LKD: label-driven class-reliability weighting (F2L, Nguyen et al. 2022, Sec. 3.2-3.3)."""
 
 from __future__ import annotations
 
@@ -28,22 +28,22 @@ def one_vs_rest_auc(scores: torch.Tensor, labels: torch.Tensor, num_classes: int
 
 
 class LKDAggregator(Aggregator):
-    """LKD class reliability (Nguyen et al., F2L, *Label-driven Knowledge Aggregator*; seed 002,
-    Sec. 3.3, Eq. 7 and Algorithm 6):
+    """LKD class reliability (Nguyen et al., F2L, *Label-driven Knowledge Aggregator*; Sec. 3.3,
+    Eq. 7 and Algorithm 6):
 
         beta[i, c] = softmax_i( T_w * AUC_{i,c} ),   w_i(x) = beta[i, argmax_c Q_i(x)],
         W[i, x] = w_i(x) / sum_j w_j(x),             P(x) = sum_i W[i, x] Q_i(x)
 
     where AUC_{i,c} is the one-vs-rest ROC-AUC of client i's class-c probability on a labelled set
-    (002: T_w = 20). A client is trusted on x according to how reliable it is on the class it predicts.
+    (F2L: T_w = 20). A client is trusted on x according to how reliable it is on the class it predicts.
 
-    **choice** (ALGORITHMS.md) of the labelled set, ``scoring``:
+    **choice** (docs/algorithms.md) of the labelled set, ``scoring``:
       - ``calibration`` (default, no labels leave the clients): every client scores itself on its own
         calibration split after each private phase and uploads its C AUCs. Classes it never saw get
         AUC 0 (the lowest reliability); a local class whose AUC is undefined because the client has a
         single class (k = 1) gets AUC 1 (its classifier is never wrong on its own data). With
         T_w = 20 this makes beta ~ uniform over the holders of class c: w_i(x) ~ 1[argmax Q_i(x) in C_i].
-      - ``server``: as in 002, the server holds a labelled set: ``server_labelled_size`` samples of
+      - ``server``: as in F2L, the server holds a labelled set: ``server_labelled_size`` samples of
         the public set *with their labels* (this mode uses public labels for training the
         aggregator; say so when reporting it). Their inputs are broadcast once (round 0, counted);
         every round each client uploads its logits on them (L x C, counted) and the server computes
@@ -52,7 +52,7 @@ class LKDAggregator(Aggregator):
     AUCs are computed in torch (:func:`one_vs_rest_auc`), batched over clients in ``server`` mode.
 
     Args:
-        temperature: T_w > 0 (002: 20).
+        temperature: T_w > 0 (F2L: 20).
         scoring: ``calibration`` or ``server``.
         server_labelled_size: L, for ``scoring: server`` (>= 2).
     """

@@ -1,4 +1,4 @@
-"""Logit averaging (004 Eq. 1-2; FedDF)."""
+"""Logit averaging (Kovalchuk et al. 2025 (workshop), Eq. 1-2; FedDF)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from fdlit.errors import check_number
 class LogitAveragingAggregator(Aggregator):
     """Logit averaging: P(x) = softmax( (1/M) sum_i z_i(x) / T ), W = 1/M.
 
-    Source: 004 Sec. 3.1.1, Eq. 1-2 (Kovalchuk et al., workshop version of *Who to Trust?*); the
+    Source: Sec. 3.1.1, Eq. 1-2 (Kovalchuk et al., workshop version of *Who to Trust?*); the
     same rule as FedDF's logit ensemble. Upload per client and round: N*C numbers (the logits).
 
     Args:
-        temperature: T > 0 (004: T = 1).
+        temperature: T > 0 (workshop paper: T = 1).
 
     ``weights`` are the uniform 1/M because every client's logits enter the mean equally; note that
     unlike AVG the teacher is *not* sum_i W[i] Q[i] (the mean is taken before the softmax), so a

@@ -1,4 +1,4 @@
-"""Meta-Model aggregator, MM (004 Sec. 3.1.2)."""
+"""Meta-Model aggregator, MM (Kovalchuk et al. 2025 (workshop), Sec. 3.1.2)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fdlit.errors import check_at_least, check_number
 
 
 class MetaModelAggregator(Aggregator):
-    """MM (Kovalchuk et al., workshop version of *Who to Trust?*; seed 004, Sec. 3.1.2, Eq. 3-4):
+    """MM (Kovalchuk et al., workshop version of *Who to Trust?*; Sec. 3.1.2, Eq. 3-4):
 
         h(x) = [z_1(x), ..., z_M(x)] in R^{M*C},   P(x) = softmax( A(h(x)) )
 
@@ -19,12 +19,13 @@ class MetaModelAggregator(Aggregator):
     logits. It learns *which client to trust where*; it must be retrained whenever the clients
     change, i.e. every round here (from scratch, seeded). No per-client weights W exist.
 
-    The labelled set (**choice**; 004: 3,000 images "constructed from images available in local
-    datasets"): in ``client_setup`` every client contributes up to ``labelled_per_client`` samples of
+    The labelled set (**choice**; the workshop paper: 3,000 images "constructed from images available in
+    local datasets"): in ``client_setup`` every client contributes up to ``labelled_per_client`` samples of
     its *calibration* split (never trained on, so its own logits on them are not overfitted), sending
     inputs and labels to the server (round 0, counted); the server broadcasts the pooled inputs to
     every client (round 0, counted down). Each round every client uploads its logits on the pooled set
-    (L x C, counted as ``mm_logits``). NB: this shares private images with everyone, as 004 does.
+    (L x C, counted as ``mm_logits``). NB: this shares private images with everyone, as the workshop
+    paper does.
 
     Other choices: A = Linear(M*C, hidden) - ReLU - Linear(hidden, C) (hidden = 0: linear);
     features standardised with the labelled set's mean and std; full-batch Adam for ``steps`` steps

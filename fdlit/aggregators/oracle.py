@@ -13,7 +13,7 @@ class OracleAggregator(Aggregator):
     W[i, x] proportional to 1[ y(x) in C_i ],   P(x) = sum_i W[i, x] Q_i(x)
 
     where y(x) is the true label of public sample x (known only in simulation) and C_i client i's
-    class set. It shows how much a perfect "who to trust" rule could gain over AVG (ALGORITHMS.md,
+    class set. It shows how much a perfect "who to trust" rule could gain over AVG (docs/algorithms.md,
     "Oracle"). It is not a federated algorithm: the server reads the public labels and every client's class
     set (``ServerContext.public_y``, ``client_classes``) in ``server_setup``; nothing besides the logits is uploaded, so its bytes are
     AVG's. A public sample whose class no client holds (possible under Dirichlet partitions) gets

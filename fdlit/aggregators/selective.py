@@ -1,4 +1,4 @@
-"""Selective-FD: client-side density-ratio selectors and a server-side ambiguity selector (003)."""
+"""Selective-FD: client-side density-ratio selectors and a server-side ambiguity selector (Shao et al. 2024)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from fdlit.errors import ConfigError, check_at_least, check_number
 
 class SelectiveFDAggregator(Aggregator):
     """Selective-FD (Shao, Wu, Zhang, *Selective Knowledge Sharing for Privacy-Preserving Federated
-    Distillation without a Good Teacher*, Nat. Commun. 2024; seed 003, Methods).
+    Distillation without a Good Teacher*, Nat. Commun. 2024; Methods).
 
     Client side (``client_setup`` once, ``client_upload`` every round): client i estimates r_i(x) = p_i(x) / u(x) with KuLSIF
     (:class:`~fdlit.aggregators.kulsif.KuLSIF`, Gaussian kernel) and keeps public sample x iff
     r_i(x) > tau_client_i, where tau_client_i is the ``client_quantile`` (paper: 0.25) quantile of r_i
-    on the client's calibration split (003's "local validation set"). It uploads only the kept rows
-    and a bit mask: soft labels = kept logits (N_i x C), hard labels = kept predicted classes (N_i
+    on the client's calibration split (Selective-FD's "local validation set"). It uploads only the kept
+    rows and a bit mask: soft labels = kept logits (N_i x C), hard labels = kept predicted classes (N_i
     small ints; the ``logits`` message is then empty).
 
     Server side (``aggregate``): the mean of the kept predictions of each sample,
@@ -28,21 +28,23 @@ class SelectiveFDAggregator(Aggregator):
     2 (1 - max P(x)) > tau_server. With hard labels the teacher sent back is onehot(argmax P) (the
     vote winner), with soft labels it is P. With every mask on and tau_server = 2 the soft rule is AVG.
 
-    Choices where 003 is silent or the setting differs (ALGORITHMS.md **choice**):
-      - feature space: raw inputs, flattened (003 uses raw pixels for MNIST);
-      - one estimator per local class, a sample is kept if any of them keeps it (003 Supplementary,
-        weak non-IID: "we construct two density-ratio estimators for these two classes"); with
-        ``per_class: false`` one estimator on all local data;
+    Choices where Selective-FD is silent or the setting differs (docs/algorithms.md **choice**):
+      - feature space: raw inputs, flattened (Selective-FD uses raw pixels for MNIST);
+      - one estimator per local class, a sample is kept if any of them keeps it (Selective-FD
+        Supplementary, weak non-IID: "we construct two density-ratio estimators for these two
+        classes"); with ``per_class: false`` one estimator on all local data;
       - u: ``auxiliary: uniform`` draws ``aux_samples`` points uniformly from the per-feature box
-        spanned by the client's own and the public inputs (003: uniform over the compact input space);
+        spanned by the client's own and the public inputs (Selective-FD: uniform over the compact input
+        space);
         ``auxiliary: public`` uses the public inputs instead (r then estimates p_i / p_pub);
       - kernel width sigma: median pairwise distance of the local samples (median heuristic);
-        lambda = min(n, m)^-0.9 (a rate allowed by 003's Theorem 1); both overridable;
+        lambda = min(n, m)^-0.9 (a rate allowed by Selective-FD's Theorem 1); both overridable;
       - a class without calibration samples takes its threshold from its training samples;
       - the selectors depend only on inputs, which never change, so each client fits them once (first
         round) and reuses its mask; nothing about them is uploaded except the per-round mask;
-      - tau_server default 1.0 (keep a sample when the ensemble's top probability >= 0.5); 003's
-        ablation (Fig. 6) sweeps it and uses 2 (no server filtering) when varying tau_client;
+      - tau_server default 1.0 (keep a sample when the ensemble's top probability >= 0.5);
+        Selective-FD's ablation (Fig. 6) sweeps it and uses 2 (no server filtering) when varying
+        tau_client;
       - hard labels travel as uint8 class ids (int16 for C > 256), up and down: the loop sends any
         one-hot teacher as class ids (``encode_teacher`` in the federation loop module).
 

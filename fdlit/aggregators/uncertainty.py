@@ -26,9 +26,9 @@ class UncertaintyWeightedAggregator(Aggregator):
     the client with the highest l_i(x)).
 
     Args:
-        upload: what a client sends besides its logits. ``density`` (000 Algorithm 1, line 7: the
-            GMM itself, 2*|C_i|*C numbers; the server evaluates l_i) or ``scores`` (l_i on the public
-            set, N numbers, computed on the client).
+        upload: what a client sends besides its logits. ``density`` (Kovalchuk et al. 2026, Algorithm 1,
+            line 7: the GMM itself, 2*|C_i|*C numbers; the server evaluates l_i) or ``scores`` (l_i on
+            the public set, N numbers, computed on the client).
         variance_floor: lower bound on every sigma^2.
         min_calibration_samples: a class with fewer calibration samples gets no component (>= 2).
 
@@ -110,7 +110,8 @@ class UncertaintyWeightedAggregator(Aggregator):
 
 
 class SmoothedUncertaintyWeightedAggregator(UncertaintyWeightedAggregator):
-    """sUWA (000 Sec. 4.4, "Smoothed UWA"): W[i, x] = softmax_i(tau * l_i(x)), paper default tau = 0.25.
+    """sUWA (Kovalchuk et al. 2026, Sec. 4.4, "Smoothed UWA"): W[i, x] = softmax_i(tau * l_i(x)),
+    paper default tau = 0.25.
 
     Lower tau lowers the weight concentration chi (more variance reduction) at the price of more
     bias from uninformed clients. tau is fdlit's main sweep knob (``--aggregator.tau``).

@@ -12,9 +12,9 @@ from fdlit.errors import check_number
 class LogitVarianceAggregator(Aggregator):
     """Logit-variance weighting: W[i, x] = Var_c z_i(x)_c / sum_j Var_c z_j(x)_c,  P = sum_i W[i] Q_i.
 
-    Source: the "logit variance" row of 001's table of prior weighting rules (Fed-ET, Cho et al.
-    2022); ALGORITHMS.md, "Confidence and variance weightings". A client whose logits spread out
-    over the classes is taken as confident. Upload: N*C numbers per client.
+    Source: the "logit variance" row of FedGO's (Jang et al. 2025) table of prior weighting rules
+    (Fed-ET, Cho et al. 2022); docs/algorithms.md, "Confidence and variance weightings". A client whose
+    logits spread out over the classes is taken as confident. Upload: N*C numbers per client.
 
     **choice**: the variance is the population variance over the C classes (unbiased=False); a sample
     on which every client has zero variance (constant logits) gets uniform weights, and ``eps`` is

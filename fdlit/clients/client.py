@@ -16,12 +16,12 @@ OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch
 
 
 class ClientOptimization:
-    """How every client trains: optimizer, learning rate, batch size (000 Table 2 per dataset).
+    """How every client trains: optimizer, learning rate, batch size (Kovalchuk et al. 2026, Table 2, per dataset).
 
     Args:
         optimizer: ``adam``, ``adamw`` or ``sgd``.
         lr: learning rate of both phases.
-        public_lr: learning rate of the public (KD) phase; null uses ``lr`` (000's eta_pub).
+        public_lr: learning rate of the public (KD) phase; null uses ``lr`` (eta_pub in Kovalchuk et al. 2026).
         weight_decay: decoupled for adamw, L2 otherwise.
         momentum: for sgd.
         batch_size: private-phase batch size.

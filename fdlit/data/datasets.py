@@ -46,7 +46,7 @@ def load_dataset(name: str, **options):
 def augment_images(x: torch.Tensor, generator: torch.Generator, max_shift: int = 1) -> torch.Tensor:
     """Batched random translation by up to ``max_shift`` pixels (zero padding), on x's device.
 
-    Used for the "augmented" calibration set of 000 Table 2 (GMMs fitted on augmented private data).
+    Used for the "augmented" calibration set of Kovalchuk et al. 2026, Table 2 (GMMs fitted on augmented private data).
     """
     n, _, h, w = x.shape
     padded = torch.nn.functional.pad(x, (max_shift,) * 4)

@@ -2,7 +2,7 @@
 
 Pools are disjoint: global test set | public set (labels kept for diagnostics only) | private pool.
 Each client gets, from the private pool, a training split and a calibration split (never trained
-on; UWA fits its density model there, 000 Sec. 4.4) and its class set C_i.
+on; UWA fits its density model there, Kovalchuk et al. 2026, Sec. 4.4) and its class set C_i.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ class FederatedData:
     Args:
         dataset: name of a registered dataset (``digits`` ships inside scikit-learn).
         num_clients: M, the number of clients.
-        partition: ``classes`` (k classes per client, 000/004) or ``dirichlet`` (001, FedGO).
+        partition: ``classes`` (k classes per client, as in Kovalchuk et al. 2026 and the workshop paper
+            (Kovalchuk et al. 2025)) or ``dirichlet`` (FedGO (Jang et al. 2025)).
         classes_per_client: k, for ``partition=classes``.
         dirichlet_alpha: concentration alpha, for ``partition=dirichlet``.
         samples_per_client: private samples per client (train + calibration) for ``partition=classes``;
@@ -47,9 +48,9 @@ class FederatedData:
         public_size: N, size of the shared unlabelled public set.
         test_fraction: share of the dataset held out as the global test set when the dataset has no
             official test split.
-        calibration_fraction: share of each client's private data kept for calibration (000: 0.2).
-        calibration: ``split`` (a held-out calibration split, 000 Sec. 4.4) or ``augmented`` (the
-            training data, augmented; 000 Table 2 note). With ``augmented`` nothing is held out.
+        calibration_fraction: share of each client's private data kept for calibration (Kovalchuk et al. 2026: 0.2).
+        calibration: ``split`` (a held-out calibration split, Kovalchuk et al. 2026, Sec. 4.4) or ``augmented``
+            (the training data, augmented; Kovalchuk et al. 2026, Table 2 note). With ``augmented`` nothing is held out.
         data_dir: local copy of a hub dataset (save_to_disk folder, hub-layout parquet snapshot, or a
             Hugging Face cache dir); null uses the Hugging Face cache / hub (``fdlit.data.hub``).
         augment: CIFAR augmentation (random crop pad 4 + flip, batched on the device) while training;

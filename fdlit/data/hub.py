@@ -49,7 +49,7 @@ class HubSpec:
     label: str
     num_classes: int
     image: Optional[str] = None  # image column (datasets.Image)
-    text: tuple[str, ...] = ()  # text columns, concatenated with " " (000 App. A.2)
+    text: tuple[str, ...] = ()  # text columns, concatenated with " " (Kovalchuk et al. 2026, App. A.2)
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
     augment: bool = False  # default of data.augment: random crop (pad 4) + horizontal flip
@@ -57,16 +57,18 @@ class HubSpec:
 
 
 HUB_DATASETS: dict[str, HubSpec] = {
-    # CIFAR (Krizhevsky 2009); 000 Sec. 5, 004. Channel statistics of the CIFAR training sets.
+    # CIFAR (Krizhevsky 2009); Kovalchuk et al. 2026, Sec. 5; Kovalchuk et al. 2025 (workshop).
+    # Channel statistics of the CIFAR training sets.
     "cifar10": HubSpec("cifar10", "uoft-cs/cifar10", "label", 10, image="img",
                        mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616), augment=True),
     "cifar100": HubSpec("cifar100", "uoft-cs/cifar100", "fine_label", 100, image="img",
                         mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762), augment=True),
-    # MNIST (LeCun 1998); 004 with LeNet-5. Fashion-MNIST (Xiao 2017), same format.
+    # MNIST (LeCun 1998); Kovalchuk et al. 2025 (workshop) with LeNet-5. Fashion-MNIST (Xiao 2017), same format.
     "mnist": HubSpec("mnist", "ylecun/mnist", "label", 10, image="image", mean=(0.1307,), std=(0.3081,)),
     "fashion_mnist": HubSpec("fashion_mnist", "zalando-datasets/fashion_mnist", "label", 10, image="image",
                              mean=(0.2860,), std=(0.3530,)),
-    # Yahoo! Answers Topics (Zhang et al. 2015), 10 topics; 000 App. A.2: title + content + best answer.
+    # Yahoo! Answers Topics (Zhang et al. 2015), 10 topics; Kovalchuk et al. 2026, App. A.2:
+    # title + content + best answer.
     "yahoo_answers": HubSpec("yahoo_answers", "community-datasets/yahoo_answers_topics", "topic", 10,
                              text=("question_title", "question_content", "best_answer")),
 }
@@ -197,7 +199,8 @@ def load_hub_dataset(
 
 
 def concat_text(ds, columns: tuple[str, ...]) -> list[str]:
-    """Title + content + best answer, joined with spaces (000 App. A.2); missing fields are empty."""
+    """Title + content + best answer, joined with spaces (Kovalchuk et al. 2026, App. A.2);
+    missing fields are empty."""
     cols = [ds[c] for c in columns]
     return [" ".join(s.strip() for s in parts if s and s.strip()) for parts in zip(*cols)]
 

@@ -26,7 +26,7 @@ def check_k_classes(num_clients: int, num_classes: int, k: int) -> None:
 def assign_k_classes(num_clients: int, num_classes: int, k: int, rng: np.random.Generator) -> list[list[int]]:
     """Give each client k distinct classes so that every class is held by at least one client.
 
-    **choice** (ALGORITHMS.md leaves it open): balanced random draw. Clients are served in a random
+    **choice** (docs/algorithms.md leaves it open): balanced random draw. Clients are served in a random
     order; each takes, among the classes held by the fewest clients so far, k at random (ties broken
     by a random permutation). With M*k >= C this covers every class and keeps class popularity within
     one of M*k/C, which the purely random draw of k-subsets does not guarantee.
@@ -51,9 +51,10 @@ def sample_k_class_clients(
 ) -> list[np.ndarray]:
     """Private indices for each client: drawn from the pool samples of its classes.
 
-    Clients that share a class may share samples (000, 004 App. A.2): each client draws without
-    replacement from its own classes' pool, independently of the others. ``samples_per_client=None``
-    gives each client every pool sample of its classes.
+    Clients that share a class may share samples (Kovalchuk et al. 2026 and Kovalchuk et al. 2025
+    (workshop), App. A.2): each client draws without replacement from its own classes' pool,
+    independently of the others. ``samples_per_client=None`` gives each client every pool sample of
+    its classes.
     """
     out = []
     for i, classes in enumerate(class_sets):
@@ -81,7 +82,7 @@ def dirichlet_partition(
 ) -> list[np.ndarray]:
     """Disjoint split of the pool with per-class client proportions ~ Dirichlet(alpha * 1_M).
 
-    The usual recipe of FedGO (001) and its predecessors: for each class, draw client proportions and
+    The usual recipe of FedGO (Jang et al. 2025) and its predecessors: for each class, draw client proportions and
     cut that class's shuffled samples accordingly; redraw until every client has ``min_samples``.
     """
     if alpha <= 0:

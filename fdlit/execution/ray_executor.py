@@ -1,4 +1,4 @@
-"""Clients in long-lived Ray actors (issue 7, "scale").
+"""Clients in long-lived Ray actors, for scale.
 
 Each actor (:class:`ClientWorker`) holds a group of clients for the whole run: their modules,
 optimizers and generators never leave it between rounds. Every call goes to all actors at once and

@@ -1,16 +1,16 @@
 """Baselines run by the same loop, logged the same way (``federation.mode``).
 
-* ``fd`` — federated distillation, 000 Algorithm 1 (default).
-* ``local_only`` — "without communication" (000 Sec. 5.2): every client runs only its private phase
-  each round; nothing is uploaded or broadcast (0 bytes), no public phase. "after_public" metrics
-  equal "after_private" ones so summaries and plots line up with FD runs.
-* ``reference`` — the fully-informed reference (004 Sec. 4; 000 Table 1 "Ref."): ONE model of the
-  configured architecture, trained with labels on all classes with |D_pub| + |D_i| samples: the whole
-  public set (with its labels) plus |D_i| samples drawn uniformly from the private pool. **choice**:
-  |D_i| = the mean number of samples a client trains on (its private data minus its calibration
-  split). Its "round" r is the private-phase schedule of the FD run (first-round epochs, then later
-  epochs), evaluated after each, so curves share the x-axis; local accuracy equals global accuracy
-  (it holds every class).
+* ``fd`` — federated distillation, Kovalchuk et al. 2026, Algorithm 1 (default).
+* ``local_only`` — "without communication" (Kovalchuk et al. 2026, Sec. 5.2): every client runs only
+  its private phase each round; nothing is uploaded or broadcast (0 bytes), no public phase.
+  "after_public" metrics equal "after_private" ones so summaries and plots line up with FD runs.
+* ``reference`` — the fully-informed reference (Kovalchuk et al. 2025 (workshop), Sec. 4;
+  Kovalchuk et al. 2026, Table 1 "Ref."): ONE model of the configured architecture, trained with
+  labels on all classes with |D_pub| + |D_i| samples: the whole public set (with its labels) plus
+  |D_i| samples drawn uniformly from the private pool. **choice**: |D_i| = the mean number of samples
+  a client trains on (its private data minus its calibration split). Its "round" r is the
+  private-phase schedule of the FD run (first-round epochs, then later epochs), evaluated after each,
+  so curves share the x-axis; local accuracy equals global accuracy (it holds every class).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Who-to-trust matrix (ALGORITHMS.md "Diagnostics from the theory"): the mean weight each client
+"""Who-to-trust matrix (docs/algorithms.md "Diagnostics from the theory"): the mean weight each client
 receives on the public samples of each true class, M x C. Uses public labels: diagnostic only."""
 
 from __future__ import annotations

@@ -355,7 +355,7 @@ class FederationLoop:
     # ------------------------------------------------------------------ measurement
     def evaluate(self) -> dict[str, torch.Tensor]:
         """Global accuracy (whole test set) and local accuracy (test samples of the client's own
-        classes), micro-averaged, for every client (000 App. B)."""
+        classes), micro-averaged, for every client (Kovalchuk et al. 2026, App. B)."""
         preds = self.executor.predict(self.clients, self.test_x).argmax(-1)  # M x T
         # micro accuracy (correct / total; torchmetrics' MulticlassAccuracy defaults to macro), for
         # all clients in one op: 80 per-client metric calls a round cost more than the predictions
@@ -395,7 +395,7 @@ class FederationLoop:
         key = "after_public/global_acc_mean"
         best = max(self.history, key=lambda m: m[key])
         best_private = max(self.history, key=lambda m: m["after_private/global_acc_mean"])
-        # both phases are reported: 000 does not say after which phase Table 1's accuracy is taken
+        # both phases are reported: Kovalchuk et al. 2026 do not say after which phase Table 1's accuracy is taken
         last = self.history[-1]
         return {
             "rounds": self.round,

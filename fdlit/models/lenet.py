@@ -1,8 +1,9 @@
-"""LeNet-5 (LeCun et al. 1998) for MNIST / Fashion-MNIST, as in 004.
+"""LeNet-5 (LeCun et al. 1998) for MNIST / Fashion-MNIST, as in the workshop paper
+(Kovalchuk et al. 2025).
 
 Classic layout: conv 5x5 (6) -> pool -> conv 5x5 (16) -> pool -> fc 120 -> fc 84 -> fc C. 28x28
-inputs are zero-padded by 2 in the first convolution (the original took 32x32). **choice** (004 only
-names "LeNet architectures"): ReLU and max-pooling, the common modern form, instead of the original
+inputs are zero-padded by 2 in the first convolution (the original took 32x32). **choice** (the workshop
+paper only names "LeNet architectures"): ReLU and max-pooling, the common modern form, instead of the original
 scaled tanh and subsampling.
 """
 

@@ -1,15 +1,16 @@
-"""ResNet-18 (He et al. 2016) for 000's CIFAR experiments, without torchvision.
+"""ResNet-18 (He et al. 2016) for the CIFAR experiments of Kovalchuk et al. 2026, without
+torchvision.
 
 Parameter names follow torchvision's ``resnet18`` (``conv1``, ``bn1``, ``layer1.0.conv1`` ...
 ``fc``), so ImageNet weights published for it load directly:
 
-* ``stem="cifar"`` (CIFAR-10, 000 Table 2: trained from scratch): 3x3 stride-1 first convolution and
+* ``stem="cifar"`` (CIFAR-10, Kovalchuk et al. 2026, Table 2: trained from scratch): 3x3 stride-1 first convolution and
   no max-pool, the usual CIFAR form (32x32 inputs keep a 4x4 map before pooling).
-* ``stem="imagenet"`` + ``pretrained=True`` (CIFAR-100, 000 Table 2: "ResNet-18, ImageNet-1K"): the
-  original 7x7 stride-2 stem and max-pool, initialised from torchvision's ImageNet-1K weights
+* ``stem="imagenet"`` + ``pretrained=True`` (CIFAR-100, Kovalchuk et al. 2026, Table 2: "ResNet-18,
+  ImageNet-1K"): the original 7x7 stride-2 stem and max-pool, initialised from torchvision's ImageNet-1K weights
   (``IMAGENET1K_V1``) as published on the Hugging Face hub by timm (``timm/resnet18.tv_in1k``,
   ``model.safetensors``; cached by ``huggingface_hub``). The 1000-way ``fc`` is replaced by a fresh
-  ``num_classes`` head. **choice** (000 does not say): inputs stay 32x32 unless ``upsample`` is set
+  ``num_classes`` head. **choice** (not stated in Kovalchuk et al. 2026): inputs stay 32x32 unless ``upsample`` is set
   (e.g. 224, bilinear on the device), the classic fine-tuning recipe, at ~49x the compute.
   ``weights_path`` loads a local file instead (a ``.safetensors`` or torchvision ``.pth``).
 """

@@ -1,4 +1,5 @@
-"""BERT-tiny (Turc et al. 2019, "Well-read students learn better") for Yahoo Answers (000 Table 2).
+"""BERT-tiny (Turc et al. 2019, "Well-read students learn better") for Yahoo Answers
+(Kovalchuk et al. 2026, Table 2).
 
 ``prajjwal1/bert-tiny`` on the Hugging Face hub is Google's ``bert_uncased_L-2_H-128_A-2`` (2 layers,
 hidden 128, ~4.4 M parameters), pretrained on Wikipedia + BookCorpus; its tokenizer is the
