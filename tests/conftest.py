@@ -18,3 +18,12 @@ def fast_args(tmp_path):
         "--federation.public_epochs_first", "1", "--federation.public_epochs", "1",
         "--data.num_clients", "4", "--data.classes_per_client", "3", "--data.public_size", "200",
     ]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local 2-CPU Ray for one test module (RayExecutor uses an initialised Ray as it is)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -38,14 +38,6 @@ def fit_loop(argv):
     return loop
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def test_the_matrix_covers_every_shipped_rule():
     assert len(RULES) >= 13 and "digits.yaml" in RULES and "digits_selective_fd.yaml" in RULES
 

@@ -22,14 +22,6 @@ from fdlit.federation import FederationLoop
 from fdlit.execution.ray_executor import plan_actors
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 class NoisyLogits(SmoothedUncertaintyWeightedAggregator):
     """A method defined outside fdlit whose client part replaces the uploaded logits and adds a
     statistic (runs in the actor; pickled by value)."""

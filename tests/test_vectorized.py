@@ -105,10 +105,10 @@ def test_per_client_learning_rates_and_steps_match_sequential(optimizer, kernel,
     """Clients with different learning rates and different step counts in one stack, through the
     fused kernel (one call per learning rate, a step tensor per client) and through the
     single-tensor reference used on devices without a fused kernel."""
-    import fdlit.execution.vectorized as vectorized
+    import fdlit.execution.stacked_optimizer as stacked_optimizer
 
     if kernel == "reference":
-        monkeypatch.setattr(vectorized, "_fused_adam_kernel", lambda decoupled, flat: None)
+        monkeypatch.setattr(stacked_optimizer, "_fused_adam_kernel", lambda decoupled, flat: None)
     model_fn = lambda i: MLP((1, 8, 8), 10, hidden=[24])  # noqa: E731
     extra = {"momentum": 0.9} if optimizer == "sgd" else {}
     opts = [ClientOptimization(optimizer=optimizer, lr=lr * (20 if optimizer == "sgd" else 1), weight_decay=1e-2, **extra)
@@ -327,7 +327,7 @@ def test_cli_knob_chooses_the_executor():
     base = ["--config", "digits.yaml", "--logger.mode", "disabled"]
     chosen = {}
     for name in ("VectorizedExecutor", "SequentialExecutor"):
-        parser, cfg = parse_fit(base + ["--federation.executor", f"fdlit.federation.{name}"])
+        parser, cfg = parse_fit(base + ["--federation.executor", f"fdlit.execution.{name}"])
         chosen[name] = type(Experiment(cfg, parser).loop.executor).__name__
     assert chosen == {"VectorizedExecutor": "VectorizedExecutor", "SequentialExecutor": "SequentialExecutor"}
     parser, cfg = parse_fit(base)
