@@ -189,11 +189,18 @@ def test_selective_fd_hard_labels_vote_and_send_one_hot():
     ups, sel = selective_uploads(masks, hard=True)
     r = SelectiveFDAggregator(labels="hard", server_threshold=2.0).aggregate(sel)
     votes = torch.nn.functional.one_hot(stacked(ups).argmax(-1), C).float().mean(0)
-    assert ((r.teacher == 0) | (r.teacher == 1)).all()
-    assert (r.teacher.argmax(-1) == votes.argmax(-1)).all()
+    tied = (votes == votes.max(-1, keepdim=True).values).sum(-1) > 1
+    assert tied.any() and (~tied).any()  # the synthetic votes have both
+    assert (r.keep == ~tied).all()  # a tied vote is dropped, never given to the lowest class id
+    kept = r.teacher[r.keep]
+    assert ((kept == 0) | (kept == 1)).all()
+    assert (kept.argmax(-1) == votes[r.keep].argmax(-1)).all()
+    soft = SelectiveFDAggregator(labels="hard", server_threshold=2.0, ties="soft").aggregate(sel)
+    assert soft.keep.all()
+    torch.testing.assert_close(soft.teacher[tied], votes[tied])  # the vote fractions themselves
     # a sample where 3 of 5 clients agree survives tau_server = 0.8 (2 * (1 - 0.6)); 2 of 5 does not
     r2 = SelectiveFDAggregator(labels="hard", server_threshold=0.8).aggregate(sel)
-    assert (r2.keep == (votes.max(-1).values >= 0.6 - 1e-6)).all()
+    assert (r2.keep == ((votes.max(-1).values >= 0.6 - 1e-6) & ~tied)).all()
 
 
 def test_selective_fd_client_selector_keeps_in_distribution_public_samples():
@@ -219,6 +226,7 @@ def test_selective_fd_client_selector_keeps_in_distribution_public_samples():
     ({"aux_samples": 1}, "aggregator.aux_samples"),
     ({"sigma": -1.0}, "aggregator.sigma"),
     ({"lam": 0.0}, "aggregator.lam"),
+    ({"ties": "lowest"}, "aggregator.ties"),
 ])
 def test_selective_fd_rejects_bad_arguments(kwargs, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

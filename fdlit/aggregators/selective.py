@@ -58,6 +58,8 @@ class SelectiveFDAggregator(Aggregator):
         aux_samples: n, number of auxiliary samples (>= 2).
         sigma: kernel width; null = median heuristic.
         lam: KuLSIF regulariser lambda > 0; null = min(n, m)^-0.9.
+        ties: hard labels only: a sample whose vote is tied between classes is dropped (``drop``) or
+            keeps the soft vote fractions as its target (``soft``); never given to the lowest class id.
     """
 
     short_name = "selfd"
@@ -73,6 +75,7 @@ class SelectiveFDAggregator(Aggregator):
         aux_samples: int = 1000,
         sigma: Optional[float] = None,
         lam: Optional[float] = None,
+        ties: Literal["drop", "soft"] = "drop",
     ):
         if labels not in ("soft", "hard"):
             raise ConfigError("aggregator.labels", f"allowed: 'soft', 'hard'; got {labels!r}")
@@ -80,6 +83,8 @@ class SelectiveFDAggregator(Aggregator):
             raise ConfigError("aggregator.client_quantile", f"must be in [0, 1), got {client_quantile}")
         if not 0 < server_threshold <= 2:
             raise ConfigError("aggregator.server_threshold", f"must be in (0, 2], got {server_threshold}")
+        if ties not in ("drop", "soft"):
+            raise ConfigError("aggregator.ties", f"allowed: 'drop', 'soft'; got {ties!r}")
         if auxiliary not in ("uniform", "public"):
             raise ConfigError("aggregator.auxiliary", f"allowed: 'uniform', 'public'; got {auxiliary!r}")
         check_at_least("aggregator.aux_samples", aux_samples, 2)
@@ -96,6 +101,7 @@ class SelectiveFDAggregator(Aggregator):
         self.aux_samples = aux_samples
         self.sigma = sigma
         self.lam = lam
+        self.ties = ties
 
     # ------------------------------------------------------------------ client side
     def client_mask(self, train_x, train_y, cal_x, cal_y, classes, public_x, seed: int = 0) -> torch.Tensor:
@@ -166,11 +172,22 @@ class SelectiveFDAggregator(Aggregator):
         top = ensemble.max(-1)
         ambiguity = 2.0 * (1.0 - top.values)  # ||P - onehot(argmax P)||_1 for a probability vector
         keep = (counts > 0) & (ambiguity <= self.server_threshold + 1e-6)
-        teacher = ensemble if self.labels == "soft" else torch.nn.functional.one_hot(top.indices, c).float()
+        # a hard-label vote whose top count is shared has no winner: argmax would hand it to the
+        # lowest class id, so the sample is dropped (or keeps the soft vote, ``ties: soft``)
+        tied = (ensemble >= top.values[:, None] - 1e-6).sum(-1) > 1
+        if self.labels == "soft":
+            teacher = ensemble
+        else:
+            teacher = torch.nn.functional.one_hot(top.indices, c).float()
+            if self.ties == "soft":
+                teacher = torch.where(tied[:, None], ensemble, teacher)
+            else:
+                keep = keep & ~tied
         teacher = torch.where(keep[:, None], teacher, torch.full_like(teacher, 1.0 / c))
         stats = {
             "selective/client_kept_fraction": float(masks.float().mean()),
             "selective/uncovered_fraction": float((counts == 0).float().mean()),
             "selective/ambiguous_fraction": float(((counts > 0) & ~keep).float().mean()),
+            "selective/tied_fraction": float(((counts > 0) & tied).float().mean()) if self.labels == "hard" else 0.0,
         }
         return AggregationResult(teacher=teacher, weights=weights, keep=keep, stats=stats)
