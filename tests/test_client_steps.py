@@ -74,3 +74,16 @@ def test_client_class_must_be_a_client_module():
         loop(None, "torch.nn.Linear")
     with pytest.raises(ConfigError, match="federation.client_class"):
         loop(None, "fdlit.nowhere.Client")
+
+
+def test_augmentation_and_batch_order_draw_from_independent_streams():
+    from fdlit.federation.loop import augmentation_seed
+
+    seeds = {augmentation_seed(s, c) for s in range(3) for c in range(50)}
+    assert len(seeds) == 150  # distinct per (seed, client)
+    batch_order = {s * 1_000_003 + c for s in range(3) for c in range(50)}
+    assert not seeds & batch_order
+    # the first draws of the two streams differ (they were identical when both used one seed)
+    a = torch.Generator().manual_seed(augmentation_seed(0, 7))
+    b = torch.Generator().manual_seed(0 * 1_000_003 + 7)
+    assert not torch.equal(torch.rand(16, generator=a), torch.rand(16, generator=b))

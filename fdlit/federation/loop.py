@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Literal, Optional, Union
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.fabric import Fabric
 
@@ -72,6 +73,13 @@ def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Ten
         return ids, torch.nn.functional.one_hot(ids.long(), c).float()
     sent = teacher.to(dtype)
     return sent, sent.float()
+
+
+def augmentation_seed(seed: int, client_id: int) -> int:
+    """The seed of a client's augmentation stream, independent of its batch-order stream (seeded
+    ``seed * 1_000_003 + client_id``): on a CPU both are torch CPU generators, and one seed would
+    make crops and flips follow the batch order's draws."""
+    return int(np.random.SeedSequence([seed, client_id, 0xA06]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def import_client_class(path: str) -> type[ClientModule]:
@@ -203,7 +211,7 @@ class FederationLoop:
             return net
         from fdlit.data.augment import WithInput
 
-        return WithInput(make_input(seed=self.seed * 1_000_003 + client_id), net)
+        return WithInput(make_input(seed=augmentation_seed(self.seed, client_id)), net)
 
     def info(self, round: int) -> FederationInfo:
         return FederationInfo(round, self.seed, len(self.clients), self.data.num_classes, self.public_x)
