@@ -90,3 +90,22 @@ def test_class_coverage_is_checked_when_the_config_is_built():
         FederatedData(num_clients=20, classes_per_client=11)
     FederatedData(num_clients=3, partition="dirichlet")  # no class assignment: nothing to cover
     FederatedData(dataset="cifar100", num_clients=20, classes_per_client=5)
+
+
+def test_cyclic_assignment_gives_client_i_classes_i_to_i_plus_k_minus_1():
+    data = FederatedData(num_clients=12, classes_per_client=3, class_assignment="cyclic", public_size=100).setup(0)
+    assert [cd.classes for cd in data.clients[:3]] == [[0, 1, 2], [1, 2, 3], [2, 3, 4]]
+    assert data.clients[9].classes == [0, 1, 9]  # wraps around: 9, 10 mod 10, 11 mod 10
+    for i, cd in enumerate(data.clients):
+        assert cd.classes == sorted((i + j) % 10 for j in range(3))
+        assert set(cd.train.y.tolist()) <= set(cd.classes)
+    # the default stays the balanced random draw, which is not cyclic here
+    random = FederatedData(num_clients=12, classes_per_client=3, public_size=100).setup(0)
+    assert [cd.classes for cd in random.clients] != [cd.classes for cd in data.clients]
+
+
+def test_cyclic_assignment_that_cannot_cover_every_class_is_refused():
+    with pytest.raises(ConfigError, match="data.class_assignment"):
+        FederatedData(num_clients=5, classes_per_client=2, class_assignment="cyclic")  # covers 6 of 10
+    with pytest.raises(ConfigError, match="data.class_assignment"):
+        FederatedData(class_assignment="round_robin")

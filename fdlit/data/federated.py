@@ -17,6 +17,7 @@ from fdlit.data.datasets import NUM_CLASSES, TensorDataset, augment_images, load
 from fdlit.data.partition import (
     assign_k_classes,
     check_k_classes,
+    cyclic_k_classes,
     dirichlet_partition,
     sample_k_class_clients,
     stratified_holdout,
@@ -59,6 +60,8 @@ class FederatedData:
             splitting (Yahoo Answers has 1.4 M rows; the paper needs ~32 k); null reads all.
         tokenizer: hub id or local folder of the tokenizer for text datasets (BERT-tiny's).
         max_length: tokens per text sample (padded/truncated) for text datasets.
+        class_assignment: for ``partition=classes``: ``random`` (a balanced random draw of k classes per
+            client, seeded) or ``cyclic`` (client i holds classes i, ..., i+k-1 mod C; needs M + k - 1 >= C).
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class FederatedData:
         max_train_samples: Optional[int] = None,
         tokenizer: str = "prajjwal1/bert-tiny",
         max_length: int = 256,
+        class_assignment: Literal["random", "cyclic"] = "random",
     ):
         check_at_least("data.num_clients", num_clients, 1)
         if partition not in ("classes", "dirichlet"):
@@ -94,10 +98,14 @@ class FederatedData:
             raise ConfigError("data.calibration_fraction", f"must be in (0, 1), got {calibration_fraction}")
         if calibration not in ("split", "augmented"):
             raise ConfigError("data.calibration", f"allowed: 'split', 'augmented'; got {calibration!r}")
+        if class_assignment not in ("random", "cyclic"):
+            raise ConfigError("data.class_assignment", f"allowed: 'random', 'cyclic'; got {class_assignment!r}")
         known = NUM_CLASSES.get(dataset)
         if partition == "classes" and known is not None:
             # here, not only in setup: a sweep's up-front check instantiates every config
             check_k_classes(num_clients, known, classes_per_client)
+            if class_assignment == "cyclic":
+                cyclic_k_classes(num_clients, known, classes_per_client)
         self.dataset = dataset
         self.num_clients = num_clients
         self.partition = partition
@@ -113,6 +121,7 @@ class FederatedData:
         check_at_least("data.max_length", max_length, 2)
         self.data_dir, self.augment, self.max_train_samples = data_dir, augment, max_train_samples
         self.tokenizer, self.max_length = tokenizer, max_length
+        self.class_assignment = class_assignment
         self.is_setup = False
 
     def setup(self, seed: int) -> "FederatedData":
@@ -151,7 +160,10 @@ class FederatedData:
 
         pool_labels = self.pool.y.numpy()
         if self.partition == "classes":
-            class_sets = assign_k_classes(self.num_clients, self.num_classes, self.classes_per_client, rng)
+            if self.class_assignment == "cyclic":
+                class_sets = cyclic_k_classes(self.num_clients, self.num_classes, self.classes_per_client)
+            else:
+                class_sets = assign_k_classes(self.num_clients, self.num_classes, self.classes_per_client, rng)
             parts = sample_k_class_clients(pool_labels, class_sets, self.samples_per_client, rng)
         else:
             parts = dirichlet_partition(pool_labels, self.num_clients, self.dirichlet_alpha, rng)

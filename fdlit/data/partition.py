@@ -43,6 +43,19 @@ def assign_k_classes(num_clients: int, num_classes: int, k: int, rng: np.random.
     return sets
 
 
+def cyclic_k_classes(num_clients: int, num_classes: int, k: int) -> list[list[int]]:
+    """Client i holds classes i, i+1, ..., i+k-1 (mod C): a fixed, seed-free assignment in which
+    neighbouring clients overlap in k-1 classes. Every class is held once M + k - 1 >= C."""
+    check_k_classes(num_clients, num_classes, k)
+    if num_clients + k - 1 < num_classes:
+        raise ConfigError(
+            "data.class_assignment",
+            f"cyclic assignment covers only num_clients + classes_per_client - 1 = {num_clients + k - 1} of "
+            f"{num_classes} classes; use class_assignment: random or more clients / classes per client",
+        )
+    return [sorted((i + j) % num_classes for j in range(k)) for i in range(num_clients)]
+
+
 def sample_k_class_clients(
     pool_labels: np.ndarray,
     class_sets: list[list[int]],
