@@ -1,6 +1,6 @@
 """What every method shares: the contexts it is given, the result it returns, its interface.
 
-A method (an aggregation rule) never sees the loop. It is defined by its parts:
+A method (an aggregation rule) never sees the federation loop; it is defined by its parts:
 
 * client part, run by the executor wherever the client lives (in-process, vectorized, a Ray actor):
   ``client_setup`` once before the first round (e.g. FedGO's discriminators) and ``client_upload``
