@@ -39,7 +39,7 @@ def resolve_config_path(value: str) -> str:
 def fit_parser() -> ArgumentParser:
     parser = ArgumentParser(description="Run one federated-distillation experiment. Continue a killed run with "
                             "`fdlit fit --resume RUN_DIR` (config and seed come from RUN_DIR).", env_prefix="FDLIT",
-                            default_env=False)
+                            default_env=False, allow_abbrev=False)  # --data.num_client must not mean num_clients
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config file (path, or a name in configs/)")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the partition, models and batch order.")
     parser.add_class_arguments(FederatedData, "data")
