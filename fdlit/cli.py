@@ -9,14 +9,12 @@ started), 3 numerical fault, 130 interrupted (Ctrl-C); a stopped run's line says
 from __future__ import annotations
 
 import argparse
-import difflib
-import re
 import sys
 from typing import Optional
 
 from jsonargparse import ActionYesNo, ArgumentParser
 
-from fdlit.config import fit_parser, rewrite_config_args
+from fdlit.config import fit_parser, parse_error, rewrite_config_args
 from fdlit.errors import ConfigError
 from fdlit.federation import NumericalFault
 from fdlit.runs.experiment import Experiment, resume_experiment
@@ -67,24 +65,6 @@ def split_resume(argv: list[str]) -> tuple[str | None, list[str]]:
         else:
             rest.append(arg)
     return run_dir, rest
-
-
-def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: str) -> ConfigError:
-    """A jsonargparse error as a ConfigError naming the field (and the option meant, for a typo)."""
-    text = str(exc).strip()
-    unknown = re.match(r"unrecognized arguments: (\S+)", text, re.IGNORECASE)
-    if unknown:
-        flag = unknown.group(1).split("=", 1)[0]
-        options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-        close = difflib.get_close_matches(flag, options, n=1, cutoff=0.8)
-        hint = f"did you mean {close[0]}? " if close else ""
-        return ConfigError(flag.lstrip("-"), f"no such option ({hint}`fdlit {command} --help` lists every option)")
-    choice = re.match(r"argument command: invalid choice: (\S+)", text)
-    if choice:
-        return ConfigError("command", f"allowed: fit, sweep, report; got {choice.group(1)}")
-    keys = re.findall(r'Parser key "([^"]+)":', text)  # nested for class_path arguments: model, then hidden
-    detail = " ".join(line.strip() for line in re.sub(r'Parser key "[^"]+":', "", text).splitlines() if line.strip())
-    return ConfigError(".".join(keys) if keys else command, detail)
 
 
 def _parse(argv: list[str]):

@@ -136,6 +136,10 @@ CASES = [
     ("resume-name", resume("RUN", "--logger.name", "other"), "resume", "cannot be changed"),
     ("resume-abbreviated", resume("RUN", "--federation.round", "5"), "resume", "cannot be changed"),
     ("resume-fewer-rounds", resume("RUN", "--federation.rounds", "1"), "resume", "beyond federation.rounds = 1"),
+    ("resume-rounds-text", resume("RUN", "--federation.rounds", "abc"), "federation.rounds",
+     "Expected a <class 'int'>"),
+    ("resume-config-not-yaml", resume("RUN:bad_yaml"), "config", "Problems parsing config"),
+    ("resume-config-unknown-key", resume("RUN:unknown_key"), "data.nosuch", "no such key"),
     ("resume-no-checkpoint", resume("RUN:missing"), "resume", "no round of that run completed"),
     ("resume-no-config", resume("RUN:no_config"), "resume", "has no config.yaml"),
     ("resume-pickled", resume("RUN:pickled"), "resume", "refusing to load"),
@@ -195,6 +199,8 @@ DAMAGE = {
     "truncated": lambda run: (run / CHECKPOINT).write_bytes((run / CHECKPOINT).read_bytes()[:1000]),
     "not_fdlit": lambda run: torch.save({"weights": torch.ones(2)}, run / CHECKPOINT),
     "other_config": _other_config,
+    "bad_yaml": lambda run: (run / CONFIG).write_text("seed: [unclosed\n"),
+    "unknown_key": lambda run: (run / CONFIG).write_text((run / CONFIG).read_text() + "data:\n  nosuch: 3\n"),
     "locked": lambda run: None,  # the test holds the run's lock, as a second process would
 }
 

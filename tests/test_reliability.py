@@ -625,3 +625,15 @@ def test_sigint_of_a_real_process_ends_with_one_line_and_exit_130(tmp_path):
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
     assert last.startswith("fdlit: interrupted; run directory") and last.endswith(f"fit --resume {run}")
+
+
+def test_a_run_saved_under_an_unsafe_name_still_resumes(fast_args, tmp_path, capsys):
+    assert main(["fit", *fast_args]) == 0
+    run = only_run(tmp_path / "runs")
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("name: null", "name: team/run 1"))
+    assert main(["fit", "--resume", str(run), "--federation.rounds", "3"]) == 0
+    assert "fdlit: the run's name 'team/run 1' is not one folder name; it continues as 'team_run_1'" in \
+        capsys.readouterr().err
+    assert "name: team_run_1" in config.read_text()
+    assert [r["round"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]

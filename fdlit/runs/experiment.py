@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
 from jsonargparse import ArgumentParser, Namespace
 
 from fdlit.config import fit_parser, parse_fit
@@ -18,8 +19,10 @@ from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.runs.checkpoint import (
     CheckpointError, Checkpointer, check_config, check_resumable, load_checkpoint, restore_checkpoint, resume_hint,
 )
+from fdlit.errors import ConfigError
 from fdlit.runs.directory import (
-    CHECKPOINT, CONFIG, RunDirectory, RunLock, check_run_parent, create_run_dir, rebuild_logs, safe_name,
+    CHECKPOINT, CONFIG, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir, read_config,
+    rebuild_logs, safe_name,
 )
 from fdlit.runs.logger_config import LoggerConfig
 from fdlit.runs.progress import ProgressBar
@@ -148,5 +151,21 @@ def resume_experiment(run_dir: str, overrides: list[str]) -> Experiment:
         raise CheckpointError(f"{run_dir} has no {CONFIG}; is it an fdlit run directory?")
     if not (path / CHECKPOINT).exists():
         raise CheckpointError(f"{run_dir} has no {CHECKPOINT}: no round of that run completed, start it anew")
-    parser, cfg = parse_fit(["--config", str(path / CONFIG), *overrides])
+    parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), *overrides])
     return Experiment(cfg, parser, resume_from=path)
+
+
+def legacy_name(path: Path) -> list[str]:
+    """A run saved with a name that is not folder-safe (allowed before names were checked) resumes
+    under the safe form of it: the name is not part of the config's fingerprint."""
+    try:
+        name = (read_config(path).get("logger") or {}).get("name")
+        if name is not None:
+            check_run_name("logger.name", name)
+    except ConfigError:
+        print(f"fdlit: the run's name {name!r} is not one folder name; it continues as {safe_name(name)!r}",
+              file=sys.stderr)
+        return [f"--logger.name={safe_name(name)}"]
+    except (OSError, yaml.YAMLError, AttributeError):  # an unreadable config.yaml: parse_fit says what is wrong
+        pass
+    return []
