@@ -1,24 +1,29 @@
 """Command line: ``python -m fdlit fit --config configs/digits.yaml [--dotted.flag value ...]``.
 
 Parses and dispatches only: the ``fit`` schema is :mod:`fdlit.config`, a run is assembled (and
-resumed) by :mod:`fdlit.runs.experiment`.
+resumed) by :mod:`fdlit.runs.experiment`. Every way a command ends is one line on stderr and an
+exit status: 0 done, 1 stopped by the system (disk full, read-only, ...), 2 bad input (nothing was
+started), 3 numerical fault, 130 interrupted (Ctrl-C); a stopped run's line says how to resume it.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Optional
 
 from jsonargparse import ActionYesNo, ArgumentParser
 
-from fdlit.config import fit_parser, rewrite_config_args
+from fdlit.config import fit_parser, parse_error, rewrite_config_args
 from fdlit.errors import ConfigError
 from fdlit.federation import NumericalFault
 from fdlit.runs.experiment import Experiment, resume_experiment
 
+EXIT_OS, EXIT_CONFIG, EXIT_NUMERICAL, EXIT_INTERRUPTED = 1, 2, 3, 130
+
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="fdlit", description="fdlit: federated distillation experiments.")
+    parser = ArgumentParser(prog="fdlit", description="fdlit: federated distillation experiments.", allow_abbrev=False)
     sub = parser.add_subcommands(required=True, dest="command")
     sub.add_subcommand("fit", fit_parser(), help="Run one experiment.")
     sub.add_subcommand("sweep", sweep_parser(), help="Run a W&B sweep file locally (grid, grouped, resumable).")
@@ -28,14 +33,15 @@ def build_parser() -> ArgumentParser:
 
 def sweep_parser() -> ArgumentParser:
     parser = ArgumentParser(description="Run every combination of a W&B sweep file locally, no W&B server needed. "
-                            "Extra fit flags go after '--' (e.g. -- --federation.rounds 2).")
+                            "Extra fit flags go after '--' (e.g. -- --federation.rounds 2).", allow_abbrev=False)
     parser.add_argument("file", type=str, help="Sweep YAML (W&B sweep format), e.g. sweeps/tau.yaml.")
     parser.add_argument("--dry_run", action=ActionYesNo, default=False, help="List the combinations and their state; run nothing.")
     return parser
 
 
 def report_parser() -> ArgumentParser:
-    parser = ArgumentParser(description="Write Table 1, Figure 2, App. B curves, chi and bytes figures from local runs.")
+    parser = ArgumentParser(description="Write Table 1, Figure 2, App. B curves, chi and bytes figures from local runs.",
+                            allow_abbrev=False)
     parser.add_argument("runs", type=str, help="Folder holding run directories (searched recursively).")
     parser.add_argument("--out", type=Optional[str], default=None, help="Output folder; null gives <runs>/report.")
     parser.add_argument("--include_unfinished", action=ActionYesNo, default=False,
@@ -61,23 +67,36 @@ def split_resume(argv: list[str]) -> tuple[str | None, list[str]]:
     return run_dir, rest
 
 
+def _parse(argv: list[str]):
+    parser = build_parser()
+    subparsers = parser._subcommands_action._name_parser_map
+    for p in (parser, *subparsers.values()):
+        p.exit_on_error = False  # errors come back as one line naming the field, not a usage dump
+    try:
+        return parser, parser.parse_args(argv)
+    except argparse.ArgumentError as exc:
+        command = argv[0] if argv and argv[0] in subparsers else "fdlit"
+        raise parse_error(exc, subparsers.get(command, parser), command) from None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    experiment: Optional[Experiment] = None
     try:
         if argv[:1] == ["fit"]:
             run_dir, rest = split_resume(argv[1:])
             if run_dir is not None:  # fit --resume RUN_DIR [allowed overrides]
-                resume_experiment(run_dir, rest).run()
+                experiment = resume_experiment(run_dir, rest)
+                experiment.run()
                 return 0
         extra: list[str] = []
         if argv[:1] == ["sweep"] and "--" in argv:  # fit flags for every sweep run follow "--"
             at = argv.index("--")
             argv, extra = argv[:at], argv[at + 1:]
-        argv = rewrite_config_args(argv)
-        parser = build_parser()
-        cfg = parser.parse_args(argv)
+        parser, cfg = _parse(rewrite_config_args(argv))
         if cfg.command == "fit":
-            Experiment(cfg.fit, parser._subcommands_action._name_parser_map["fit"]).run()
+            experiment = Experiment(cfg.fit, parser._subcommands_action._name_parser_map["fit"])
+            experiment.run()
         elif cfg.command == "sweep":
             from fdlit.sweep import run_sweep
 
@@ -93,10 +112,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     except ConfigError as exc:
         print(f"fdlit: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     except NumericalFault as exc:
         print(f"fdlit: numerical fault: {exc}", file=sys.stderr)
-        return 3
+        return EXIT_NUMERICAL
+    except KeyboardInterrupt:
+        print(f"fdlit: interrupted; {_how_to_continue(argv, experiment)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:  # disk full, read-only or vanished folder: the system's words, not a traceback
+        what = exc.strerror or type(exc).__name__
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"fdlit: stopped: {what}{where}; {_how_to_continue(argv, experiment)}", file=sys.stderr)
+        return EXIT_OS
+
+
+def _how_to_continue(argv: list[str], experiment: Optional[Experiment]) -> str:
+    if argv[:1] == ["sweep"]:
+        return ("run the same sweep command again to continue: finished runs are skipped and an unfinished "
+                "one resumes in its own folder")
+    if argv[:1] == ["fit"]:
+        return experiment.stopped_hint() if experiment is not None else "the run had not started; nothing was written"
+    return "nothing was changed"
 
 
 if __name__ == "__main__":

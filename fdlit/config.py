@@ -5,6 +5,9 @@ and a YAML key (jsonargparse); aggregators, models and executors are chosen with
 
 from __future__ import annotations
 
+import argparse
+import difflib
+import re
 from pathlib import Path
 
 import torch
@@ -39,7 +42,7 @@ def resolve_config_path(value: str) -> str:
 def fit_parser() -> ArgumentParser:
     parser = ArgumentParser(description="Run one federated-distillation experiment. Continue a killed run with "
                             "`fdlit fit --resume RUN_DIR` (config and seed come from RUN_DIR).", env_prefix="FDLIT",
-                            default_env=False)
+                            default_env=False, allow_abbrev=False)  # --data.num_client must not mean num_clients
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config file (path, or a name in configs/)")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the partition, models and batch order.")
     parser.add_class_arguments(FederatedData, "data")
@@ -69,7 +72,36 @@ def rewrite_config_args(argv: list[str]) -> list[str]:
     return out
 
 
+def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: str = "fit") -> ConfigError:
+    """A jsonargparse error as a ConfigError naming the field (and the option meant, for a typo)."""
+    text = str(exc).strip()
+    unknown = re.match(r"unrecognized arguments: (\S+)", text, re.IGNORECASE)
+    if unknown:
+        flag = unknown.group(1).split("=", 1)[0]
+        options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+        close = difflib.get_close_matches(flag, options, n=1, cutoff=0.8)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return ConfigError(flag.lstrip("-"), f"no such option ({hint}`fdlit {command} --help` lists every option)")
+    group = re.search(r"Group '([^']+)' does not accept option '([^']+)'", text)
+    if group:  # a key in a config file that does not exist
+        return ConfigError(f"{group.group(1)}.{group.group(2)}",
+                           f"no such key (`fdlit {command} --help` lists every option)")
+    if text.startswith("Problems parsing config"):
+        return ConfigError("config", " ".join(text.split()))
+    choice = re.match(r"argument command: invalid choice: (\S+)", text)
+    if choice:
+        return ConfigError("command", f"allowed: fit, sweep, report; got {choice.group(1)}")
+    keys = re.findall(r'Parser key "([^"]+)":', text)  # nested for class_path arguments: model, then hidden
+    detail = " ".join(line.strip() for line in re.sub(r'Parser key "[^"]+":', "", text).splitlines() if line.strip())
+    return ConfigError(".".join(keys) if keys else command, detail)
+
+
 def parse_fit(argv: list[str]) -> tuple[ArgumentParser, Namespace]:
-    """Parse ``fit`` arguments (without the subcommand word), resolving bare config names."""
+    """Parse ``fit`` arguments (without the subcommand word), resolving bare config names; a parse
+    error is a ConfigError naming the field."""
     parser = fit_parser()
-    return parser, parser.parse_args(rewrite_config_args(argv))
+    parser.exit_on_error = False
+    try:
+        return parser, parser.parse_args(rewrite_config_args(argv))
+    except argparse.ArgumentError as exc:
+        raise parse_error(exc, parser) from None

@@ -12,7 +12,9 @@ needed) and writes ``<out>/index.html`` (self-contained: figures inlined as PNG 
 - the who-to-trust matrix of the last round, where the aggregator has weights.
 
 "Best" is the best round's mean over clients after the public phase, as the loop's summary. Std is
-the sample std over seeds (n-1); a single seed shows ± 0.
+the sample std over seeds (n-1); a single seed shows ± 0. Each (setting, seed) counts once: when
+several run directories hold the same config (a sweep run again, a run copied), the finished one
+with the most rounds is used and the others are listed as left out, with the reason.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import yaml
 
+from fdlit.data.federated import DEFAULT_CLASSES_PER_CLIENT
 from fdlit.errors import ConfigError
 from fdlit.runs.dashboards import TRUST_KEY, trust_heatmap_png
 from fdlit.runs.directory import METRICS, read_config, read_jsonl, read_summary
@@ -77,32 +80,52 @@ def method_label(config: dict) -> str:
     return label
 
 
-def load_runs(root: str | Path, include_unfinished: bool = False) -> tuple[list[Run], list[Path]]:
-    """Runs under ``root`` (any depth) and the unfinished ones left out."""
+def setting_key(config: dict) -> str:
+    """What makes two runs the same experiment: the whole config but the logger (name, folder, W&B)."""
+    return json.dumps({k: v for k, v in config.items() if k not in ("logger", "config")}, sort_keys=True, default=str)
+
+
+def load_runs(root: str | Path, include_unfinished: bool = False) -> tuple[list[Run], list[tuple[Path, str]]]:
+    """Runs under ``root`` (any depth), one per (setting, seed), and the run directories left out
+    with the reason (unreadable, unfinished, or the same setting and seed as a run that is used)."""
     root = Path(root)
     if not root.is_dir():
         raise ConfigError("runs", f"{str(root)!r} is not a folder")
-    runs, skipped = [], []
+    candidates, skipped = [], []
     for path in sorted(p.parent for p in root.rglob(METRICS)):
         try:
             config = read_config(path)
         except (OSError, yaml.YAMLError):
-            skipped.append(path)
+            skipped.append((path, "config.yaml unreadable"))
             continue
         try:
             summary = read_summary(path)
         except (OSError, json.JSONDecodeError):
             summary = {}
-        run = Run(path, config, read_jsonl(path / METRICS), summary)
-        if not run.metrics or not (run.finished or include_unfinished):
-            skipped.append(path)
+        run = Run(path, config if isinstance(config, dict) else {}, read_jsonl(path / METRICS), summary)
+        if not run.metrics:
+            skipped.append((path, "no metrics"))
             continue
-        data = config.get("data") or {}
-        run.method = method_label(config)
-        run.k = (data.get("classes_per_client") if data.get("partition", "classes") == "classes"
-                 else f"dir{data.get('dirichlet_alpha')}")
-        run.seed = config.get("seed", 0)
+        if not (run.finished or include_unfinished):
+            skipped.append((path, "unfinished"))
+            continue
+        candidates.append(run)
+    # one run per (setting, seed): finished first, then the most rounds, then the newest folder
+    runs, used = [], {}
+    newest_first = sorted(candidates, key=lambda r: r.path.name, reverse=True)
+    for run in sorted(newest_first, key=lambda r: (not r.finished, -len(r.metrics))):
+        key = setting_key(run.config)
+        if key in used:
+            skipped.append((run.path, f"same setting and seed as {used[key].name}"))
+            continue
+        used[key] = run.path
+        data = run.config.get("data") or {}
+        run.method = method_label(run.config)
+        run.k = ((data.get("classes_per_client") or DEFAULT_CLASSES_PER_CLIENT)
+                 if data.get("partition", "classes") == "classes" else f"dir{data.get('dirichlet_alpha')}")
+        run.seed = run.config.get("seed", 0)
         runs.append(run)
+    runs.sort(key=lambda r: r.path)
     if not runs:
         raise ConfigError("runs", f"no {'' if include_unfinished else 'finished '}run directories "
                           f"(config.yaml + metrics.jsonl) under {str(root)!r}"
@@ -308,9 +331,16 @@ th:first-child{text-align:left}figure{margin:1.5em 0}img{max-width:100%;border:1
 figcaption{color:#555;font-size:0.9em}code{background:#f4f4f4;padding:0 3px}"""
 
 
-def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include_unfinished: bool = False) -> Path:
-    runs, skipped = load_runs(runs_dir, include_unfinished)
+def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include_unfinished: bool = False,
+                 say: Callable[[str], None] = print) -> Path:
     out = Path(out) if out else Path(runs_dir) / "report"
+    if out.exists() and not out.is_dir():
+        raise ConfigError("out", f"must be a folder (or not exist yet), but {str(out)!r} is a file")
+    runs, skipped = load_runs(runs_dir, include_unfinished)
+    skipped = [(p.relative_to(runs_dir) if p.is_relative_to(runs_dir) else p, why) for p, why in skipped]
+    if skipped:
+        say(f"fdlit report: {len(runs)} run(s) used, {len(skipped)} left out: "
+            + "; ".join(f"{p} ({why})" for p, why in skipped))
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for r in runs:
         bytes_total(r)
@@ -351,13 +381,15 @@ def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include
         f'<figure><img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{html.escape(name)}">'
         f"<figcaption>{html.escape(caption)} <code>figures/{html.escape(name)}</code></figcaption></figure>"
         for name, caption, png in figures)
-    note = (f"<p>{len(skipped)} unfinished or unreadable run(s) left out "
-            f"(<code>--include_unfinished</code> uses unfinished ones).</p>" if skipped else "")
+    note = (f"<p>{len(skipped)} run(s) left out (<code>--include_unfinished</code> uses unfinished ones):</p><ul>"
+            + "".join(f"<li><code>{html.escape(str(p))}</code>: {html.escape(why)}</li>" for p, why in skipped)
+            + "</ul>" if skipped else "")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>fdlit report: {html.escape(str(runs_dir))}</title>
 <style>{CSS}</style></head><body>
 <h1>fdlit report</h1>
-<p>{len(runs)} run(s) from <code>{html.escape(str(runs_dir))}</code>. {note}</p>
+<p>{len(runs)} run(s) from <code>{html.escape(str(runs_dir))}</code>.</p>
+{note}
 <h2>Table 1: best test accuracy (%)</h2>
 <p>Best round's mean global accuracy over clients (after the public phase); mean ± std over seeds; best per column in bold.</p>
 {table1_html(methods, ks, cells)}

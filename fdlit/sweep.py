@@ -6,8 +6,10 @@ tokens after ``fit`` in ``command``, with ``${args}`` replaced by ``--<param>=<v
 format: ``str(value)``). Extra flags after ``--`` go before the swept values, so the sweep wins.
 
 Runs are grouped: every seed of one setting shares ``logger.group``; ``logger.name`` is the group
-plus the seed. A combination is skipped when the run directory already holds a *finished* run with
-the identical resolved config, so an interrupted sweep continues where it stopped.
+plus the seed, made safe for a folder name (a hub id's ``/`` becomes ``_``). Each combination's run
+directory is found again by its resolved config: a *finished* run is skipped, an unfinished one is
+resumed in its own folder (from its checkpoint, or from round 1 if none completed), so a sweep that
+was stopped continues where it stopped when it is run again, and no combination gets two folders.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from fdlit.errors import ConfigError
-from fdlit.runs.directory import read_config, read_summary
+from fdlit.runs.directory import CHECKPOINT, CONFIG, read_config, read_summary, safe_name
 
 METHODS = ("grid", "random", "bayes")
 ARGS_MACRO = "${args}"
@@ -37,6 +39,7 @@ class SweepRun:
     argv: list[str]  # fit arguments (without the word ``fit``)
     config: Optional[dict] = None  # resolved config, filled by ``resolve``
     existing: Optional[Path] = None  # finished run directory with the same config
+    partial: Optional[Path] = None  # unfinished run directory with the same config: resumed
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
@@ -95,11 +98,11 @@ CLASS_ALIASES = {"ProbabilityAveragingAggregator": "avg", "UncertaintyWeightedAg
 
 def _short(key: str, value: Any) -> str:
     """Readable name parts: ``tau0.5``, ``k3``, ``avg`` (a class path is named by its class)."""
-    if isinstance(value, str) and "." in value and not value.replace(".", "").isdigit():
+    if isinstance(value, str) and "." in value and "/" not in value and not value.replace(".", "").isdigit():
         cls = value.rsplit(".", 1)[-1]
-        return CLASS_ALIASES.get(cls, cls)
+        return safe_name(CLASS_ALIASES.get(cls, cls))
     last = key.rsplit(".", 1)[-1]
-    return f"{KEY_ALIASES.get(last, last)}{value}"
+    return safe_name(f"{KEY_ALIASES.get(last, last)}{value}")  # "org/model" must not become a subfolder
 
 
 def plan(spec: dict[str, Any], extra: list[str] = ()) -> list[SweepRun]:
@@ -108,8 +111,8 @@ def plan(spec: dict[str, Any], extra: list[str] = ()) -> list[SweepRun]:
     at = tail.index(ARGS_MACRO)
     for values in expand_grid(spec):
         setting = [_short(k, v) for k, v in values.items() if k != "seed"]
-        group = "-".join([spec["name"], *setting])
-        name = group + (f"-seed{values['seed']}" if "seed" in values else "")
+        group = safe_name("-".join([spec["name"], *setting]))
+        name = safe_name(group + (f"-seed{values['seed']}" if "seed" in values else ""))
         argv = [*tail[:at], f"--logger.group={group}", f"--logger.name={name}", *extra,
                 *agent_flags(values), *tail[at + 1:]]
         runs.append(SweepRun(values, name, group, argv))
@@ -117,8 +120,10 @@ def plan(spec: dict[str, Any], extra: list[str] = ()) -> list[SweepRun]:
 
 
 def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
-    """Parse every combination before anything runs: a bad flag or value stops the whole sweep."""
+    """Parse and check every combination before anything runs: a bad flag or value stops the whole
+    sweep, naming the field and the combination."""
     from fdlit.config import rewrite_config_args
+    from fdlit.runs.experiment import Experiment
 
     parser = parser_factory()
     parser.exit_on_error = False  # raise instead of exiting so the combination can be named
@@ -127,25 +132,43 @@ def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
             cfg = parser.parse_args(rewrite_config_args(run.argv))
         except (argparse.ArgumentError, ValueError, TypeError) as exc:
             raise ConfigError("parameters", f"combination {run.values} is not a valid fit config: {exc}") from None
-        try:  # constructors check value ranges (k in [1, C], tau >= 0, ...): cheap, nothing is trained
-            parser.instantiate(cfg)
+        try:  # constructors check value ranges (k in [1, C], tau >= 0, seed, ...): cheap, nothing is trained
+            Experiment(cfg, parser)
         except ConfigError as exc:
             raise ConfigError(exc.field, f"{str(exc).split(': ', 1)[-1]} (sweep combination {run.values})") from None
         run.config = {"cfg": cfg, "parser": parser,
                       "resolved": yaml.safe_load(parser.dump(cfg, skip_unset=False))}
 
 
-def finished_runs(run_dir: Path) -> list[tuple[Path, dict]]:
-    """(run directory, saved config) of every finished run under ``run_dir``."""
+def same_run(saved: dict, resolved: dict) -> bool:
+    """Whether a saved config is this combination's: equal in everything but the logger settings
+    that do not name the run (mode, progress, W&B start-up), so logging differently reuses it."""
+    def key(config: dict) -> dict:
+        logger = config.get("logger") or {}
+        return {**config, "logger": {k: logger.get(k) for k in ("name", "group", "run_dir")}}
+
+    return isinstance(saved, dict) and key(saved) == key(resolved)
+
+
+def existing_runs(run_dir: Path) -> list[tuple[Path, dict, bool]]:
+    """(run directory, saved config, finished) of every run directory directly under ``run_dir``."""
     out = []
-    for path in sorted(p for p in Path(run_dir).glob("*") if p.is_dir()):
+    for path in sorted(p for p in Path(run_dir).glob("*") if p.is_dir() and (p / CONFIG).exists()):
         try:
-            summary, config = read_summary(path), read_config(path)
-        except (OSError, json.JSONDecodeError, yaml.YAMLError):
-            continue  # a run killed before writing these is not finished
-        if summary.get("finished"):
-            out.append((path, config))
+            config = read_config(path)
+        except (OSError, yaml.YAMLError):
+            continue
+        try:
+            finished = bool(read_summary(path).get("finished"))
+        except (OSError, json.JSONDecodeError):
+            finished = False  # killed before its first round ended
+        out.append((path, config, finished))
     return out
+
+
+def _furthest(paths: list[Path]) -> Optional[Path]:
+    """Of several unfinished directories of one combination, the one with a checkpoint, newest."""
+    return max(paths, key=lambda p: ((p / CHECKPOINT).exists(), p.name), default=None)
 
 
 def lookup(config: dict, dotted: str) -> Any:
@@ -173,26 +196,31 @@ def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
     spec = load_sweep(path)
     runs = plan(spec, list(extra))
     resolve(runs, fit_parser)
-    by_dir: dict[str, list[tuple[Path, dict]]] = {}
+    by_dir: dict[str, list[tuple[Path, dict, bool]]] = {}
     for run in runs:
         run_dir = run.config["resolved"]["logger"]["run_dir"]
         if run_dir not in by_dir:
-            by_dir[run_dir] = finished_runs(Path(run_dir))
-        run.existing = next((p for p, c in by_dir[run_dir] if c == run.config["resolved"]), None)
+            by_dir[run_dir] = existing_runs(Path(run_dir))
+        mine = [(p, finished) for p, c, finished in by_dir[run_dir] if same_run(c, run.config["resolved"])]
+        run.existing = next((p for p, finished in mine if finished), None)
+        run.partial = None if run.existing else _furthest([p for p, _ in mine])
     todo = [r for r in runs if r.existing is None]
+    resumed = sum(r.partial is not None for r in todo)
     if spec.get("method", "grid") != "grid":
         out(f"fdlit sweep: method {spec['method']!r} runs under wandb agent; locally every combination runs (grid)")
-    out(f"fdlit sweep {spec['name']}: {len(runs)} combinations, {len(runs) - len(todo)} finished, {len(todo)} to run")
+    out(f"fdlit sweep {spec['name']}: {len(runs)} combinations, {len(runs) - len(todo)} finished, {len(todo)} to run"
+        + (f" ({resumed} resumed in their own folder)" if resumed else ""))
     if dry_run:
         for i, run in enumerate(runs, 1):
-            state = f"done ({run.existing})" if run.existing else "todo"
+            state = (f"done ({run.existing})" if run.existing else f"resume ({run.partial})" if run.partial
+                     else "todo")
             out(f"  [{i}/{len(runs)}] {state:>5}  group={run.group}  fdlit fit {' '.join(run.argv)}")
         return {"total": len(runs), "skipped": len(runs) - len(todo), "ran": 0, "failed": [], "run_dirs": []}
     failed, run_dirs = [], []
     for i, run in enumerate(todo, 1):
-        out(f"fdlit sweep: [{i}/{len(todo)}] {run.name}")
+        out(f"fdlit sweep: [{i}/{len(todo)}] {run.name}" + (f" (resuming {run.partial})" if run.partial else ""))
         try:
-            experiment = Experiment(run.config["cfg"], run.config["parser"])
+            experiment = Experiment(run.config["cfg"], run.config["parser"], resume_from=run.partial)
             summary = experiment.fit()
             out(format_summary(summary))
             run_dirs.append(experiment.run_path)

@@ -65,7 +65,8 @@ class FakeRun:
 def test_wandb_logger_dashboard_wiring(monkeypatch, tmp_path):
     run = FakeRun()
     fake = types.SimpleNamespace(init=lambda **kw: run, Table=lambda columns, data: ("table", columns, data),
-                                 Image=lambda array, caption: ("image", array.shape, caption))
+                                 Image=lambda array, caption: ("image", array.shape, caption),
+                                 Settings=lambda **kw: types.SimpleNamespace(**kw))
     monkeypatch.setitem(sys.modules, "wandb", fake)
     logger = WandbLogger(LoggerConfig(mode="offline"), {}, tmp_path, "run")
     loop = types.SimpleNamespace(client_data=[types.SimpleNamespace(classes=[0, 1]), types.SimpleNamespace(classes=[2])])

@@ -219,7 +219,7 @@ BAD = [
     (["--data.test_fraction", "1"], "data.test_fraction: must be in (0, 1)"),
     (["--data.dirichlet_alpha", "0"], "data.dirichlet_alpha: must be > 0"),
     (["--data.samples_per_client", "1"], "data.samples_per_client: must be >= 2 or null, got 1"),
-    (["--data.public_size", "5000"], "data.public_size: must be smaller than the 1438 non-test samples"),
+    (["--data.public_size", "5000"], "data.public_size: must be <= 1378: the 1438 non-test samples"),
     (["--data.dataset", "nosuch"], "data.dataset: unknown dataset 'nosuch'; allowed: ['cifar10', 'cifar100', 'digits', 'fashion_mnist', 'mnist', 'yahoo_answers']"),
     (["--federation.rounds", "0"], "federation.rounds: must be >= 1, got 0"),
     (["--federation.private_epochs", "-1"], "federation.private_epochs: must be >= 0, got -1"),
@@ -403,3 +403,237 @@ def test_global_random_states_survive_a_weights_only_round_trip(tmp_path):
     first = draw()
     set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert draw() == first
+
+
+# ---------------------------------------------------------------------------------- damaged logs
+def tiny_args(run_dir, rounds=2):
+    return ["--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+            "--logger.run_dir", str(run_dir), "--federation.rounds", str(rounds),
+            "--federation.private_epochs_first", "1", "--federation.private_epochs", "1",
+            "--federation.public_epochs_first", "1", "--federation.public_epochs", "1",
+            "--data.num_clients", "4", "--data.classes_per_client", "3", "--data.public_size", "100"]
+
+
+@pytest.fixture(scope="module")
+def reference_3_rounds(tmp_path_factory):
+    parent = tmp_path_factory.mktemp("reference")
+    assert main(["fit", *tiny_args(parent / "runs", rounds=3)]) == 0
+    return only_run(parent / "runs")
+
+
+def _lines(path):
+    return path.read_text().splitlines(keepends=True)
+
+
+DAMAGES = {  # what happens to metrics.jsonl / communication.jsonl of a finished 2-round run
+    "garbage-line-in-the-middle": lambda m, c: (m.write_text("{not json\n" + "".join(_lines(m)[1:])),
+                                                c.write_text("".join(_lines(c)[:3]) + "\x00\x00\n" + "".join(_lines(c)[3:]))),
+    "checkpointed-row-deleted": lambda m, c: (m.write_text("".join(_lines(m)[1:])),
+                                              c.write_text("".join(_lines(c)[1:]))),
+    "checkpointed-row-altered": lambda m, c: (m.write_text(_lines(m)[0].replace('"round": 1', '"round": 7') + _lines(m)[1]),
+                                              None),
+    "files-deleted": lambda m, c: (m.unlink(), c.unlink()),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_resume_rebuilds_damaged_logs_from_the_checkpoint_and_keeps_the_damaged_file(damage, tmp_path, capsys,
+                                                                                    reference_3_rounds):
+    assert main(["fit", *tiny_args(tmp_path / "runs")]) == 0
+    run = only_run(tmp_path / "runs")
+    metrics, comm = run / "metrics.jsonl", run / "communication.jsonl"
+    original = {p.name: p.read_bytes() for p in (metrics, comm)}
+    DAMAGES[damage](metrics, comm)
+    damaged = {p.name: p.read_bytes() for p in (metrics, comm) if p.exists() and p.read_bytes() != original[p.name]}
+    capsys.readouterr()
+    assert main(["fit", "--resume", str(run), "--federation.rounds", "3"]) == 0
+    err = capsys.readouterr().err
+    # every round the checkpoint held is back, and round 3 follows: as in an uninterrupted run
+    ref = reference_3_rounds
+    assert strip_timing(read_jsonl(metrics)) == strip_timing(read_jsonl(ref / "metrics.jsonl"))
+    assert read_jsonl(comm) == read_jsonl(ref / "communication.jsonl")
+    copies = {p.name.split(".damaged-")[0]: p.read_bytes() for p in run.glob("*.damaged-*")}
+    assert copies == damaged  # each damaged file is kept, byte for byte
+    for name in damaged:
+        assert f"fdlit: {name} was damaged" in err
+    if damage == "files-deleted":
+        assert "metrics.jsonl was missing; rebuilt from the checkpoint (2 rows up to round 2)" in err
+
+
+def test_rows_after_the_checkpoint_and_a_torn_line_are_dropped_without_a_copy(fast_args, tmp_path, capsys):
+    assert main(["fit", *fast_args]) == 0
+    run = only_run(tmp_path / "runs")
+    rows = read_jsonl(run / "metrics.jsonl")
+    with open(run / "metrics.jsonl", "a") as f:  # a kill between the metrics and the checkpoint write
+        f.write(json.dumps({**rows[-1], "round": 3}) + "\n" + '{"round": 4, "tor')
+    assert main(["fit", "--resume", str(run)]) == 0
+    assert read_jsonl(run / "metrics.jsonl") == rows
+    assert not list(run.glob("*.damaged-*")) and "damaged" not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------- one process per run
+HOLDER = ("import sys, time\nfrom fdlit.runs.directory import RunLock\nlock = RunLock(sys.argv[1]).acquire()\n"
+          "print('held', flush=True)\ntime.sleep(600)\n")
+
+
+def test_a_second_process_on_a_run_gets_an_error_naming_the_holder_until_it_dies(fast_args, tmp_path, capsys):
+    import socket
+
+    assert main(["fit", *fast_args]) == 0
+    run = only_run(tmp_path / "runs")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = {p.name: p.read_bytes() for p in run.iterdir()}
+        capsys.readouterr()
+        assert main(["fit", "--resume", str(run), "--federation.rounds", "3"]) == 2
+        err = capsys.readouterr().err
+        assert f"fdlit: error: resume: {run} is in use by pid {holder.pid} on host {socket.gethostname()}" in err
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    # the holder died without releasing anything: its lock went with it
+    assert main(["fit", "--resume", str(run), "--federation.rounds", "3"]) == 0
+    assert [r["round"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
+
+
+class TryTheLock(FederationCallback):
+    def __init__(self):
+        self.refused = []
+
+    def on_round_end(self, loop, round, metrics):
+        from fdlit.runs.directory import RunInUse, RunLock
+
+        try:
+            RunLock(Path(loop.callbacks[0].path)).acquire().release()
+        except RunInUse as exc:
+            self.refused.append(str(exc))
+
+
+def test_a_run_holds_its_lock_while_it_runs_and_releases_it_after(fast_args):
+    from fdlit.runs.directory import RunLock
+
+    parser, cfg = parse_fit(fast_args)
+    experiment = Experiment(cfg, parser)
+    probe = TryTheLock()
+    experiment.loop.callbacks.append(probe)
+    experiment.fit()
+    assert len(probe.refused) == 2 and f"pid {os.getpid()}" in probe.refused[0]
+    RunLock(experiment.run_path).acquire().release()  # free once fit returned
+
+
+def test_a_new_run_never_reuses_an_existing_folder(tmp_path, monkeypatch):
+    from datetime import datetime
+
+    import fdlit.runs.directory as directory
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 1, 2, 3, 4, 5, 6)
+
+    monkeypatch.setattr(directory, "datetime", Frozen)
+    taken = tmp_path / "20260102-030405-000006-suwa"
+    taken.mkdir()
+    (taken / "metrics.jsonl").write_text("{}\n")
+    made = [directory.create_run_dir(tmp_path, "suwa") for _ in range(2)]
+    assert taken not in made and len(set(made)) == 2 and all(not any(p.iterdir()) for p in made)
+    assert (taken / "metrics.jsonl").read_text() == "{}\n"
+
+
+# ---------------------------------------------------------------------------------- stopped by the system or Ctrl-C
+class StopInRound2(FederationCallback):
+    def on_round_start(self, loop, round):
+        if round == 2:
+            raise KeyboardInterrupt
+
+
+def disk_full_on_second_checkpoint(monkeypatch):
+    import errno
+
+    real, calls = torch.save, []
+
+    def save(obj, f, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            f.write(b"part of a checkpoint")
+            raise OSError(errno.ENOSPC, "No space left on device", str(f.name))
+        return real(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+def read_only_on_round_2(monkeypatch):
+    import errno
+
+    import fdlit.runs.directory as directory
+
+    real = directory.append_jsonl
+
+    def append(path, rows):
+        if rows and rows[0].get("round") == 2 and "after_public/global_acc_mean" in rows[0]:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real(path, rows)
+
+    monkeypatch.setattr(directory, "append_jsonl", append)
+
+
+@pytest.mark.parametrize("how,code,said", [
+    ("ctrl-c", 130, "fdlit: interrupted; "),
+    ("disk-full", 1, "fdlit: stopped: No space left on device: "),
+    ("read-only", 1, "fdlit: stopped: Read-only file system: "),
+])
+def test_disk_full_read_only_and_ctrl_c_end_with_one_line_and_the_resume_command(how, code, said, fast_args,
+                                                                                  tmp_path, capsys, monkeypatch):
+    original = Experiment.__init__
+
+    def stopping(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if how == "ctrl-c":
+            self.loop.callbacks.append(StopInRound2())
+
+    monkeypatch.setattr(Experiment, "__init__", stopping)
+    {"disk-full": disk_full_on_second_checkpoint, "read-only": read_only_on_round_2}.get(how, lambda m: None)(monkeypatch)
+    assert main(["fit", *fast_args]) == code
+    run = only_run(tmp_path / "runs")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines  # no traceback
+    assert lines[0].startswith(said)
+    assert lines[0].endswith(f"run directory {run}: the checkpoint of round 1 is intact; continue with: "
+                             f"python -m fdlit fit --resume {run}")
+    assert not list(run.glob("*.tmp"))  # a failed write leaves no half file
+    monkeypatch.undo()
+    assert main(["fit", "--resume", str(run)]) == 0  # and the lock went with the stopped run
+    assert [r["round"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2]
+
+
+def test_sigint_of_a_real_process_ends_with_one_line_and_exit_130(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    args = tiny_args(tmp_path / "runs", rounds=50)
+    proc = subprocess.Popen([sys.executable, "-m", "fdlit", "fit", *args], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not list((tmp_path / "runs").glob("*/checkpoint.pt")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    run = only_run(tmp_path / "runs")
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("fdlit: interrupted; run directory") and last.endswith(f"fit --resume {run}")
+
+
+def test_a_run_saved_under_an_unsafe_name_still_resumes(fast_args, tmp_path, capsys):
+    assert main(["fit", *fast_args]) == 0
+    run = only_run(tmp_path / "runs")
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("name: null", "name: team/run 1"))
+    assert main(["fit", "--resume", str(run), "--federation.rounds", "3"]) == 0
+    assert "fdlit: the run's name 'team/run 1' is not one folder name; it continues as 'team_run_1'" in \
+        capsys.readouterr().err
+    assert "name: team_run_1" in config.read_text()
+    assert [r["round"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]

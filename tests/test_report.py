@@ -59,7 +59,7 @@ def test_table1_is_mean_and_std_over_seeds(runs_dir):
     assert "**65.00 ± 7.07**" in md  # AVG wins at k=5
     page = index.read_text()
     assert page.count('src="data:image/png;base64,') == 5  # Fig. 2, App. B, chi, bytes, 1 trust matrix
-    assert "1 unfinished or unreadable run(s) left out" in page
+    assert "1 run(s) left out" in page and "-AVG-k2-seed2</code>: unfinished" in page
     for name in ("figure2_accuracy_vs_k.png", "appB_accuracy_curves.png", "chi_vs_round.png",
                  "accuracy_vs_bytes.png", "trust_matrix_0.png"):
         assert (index.parent / "figures" / name).read_bytes()[:4] == b"\x89PNG"
@@ -144,3 +144,34 @@ def test_report_renders_in_headless_chromium(runs_dir, tmp_path):
     assert rows == 2 and header == ["method", "k=2", "k=5"]
     assert any("boom" in p for p in bad_problems) and any("missing.png" in p or "ERR_FILE" in p for p in bad_problems)
     assert bad_images[-1][1] == 0  # the broken image did not decode
+
+
+def test_each_setting_and_seed_counts_once_and_the_rest_is_listed(tmp_path, capsys):
+    root = tmp_path / "runs"
+    kept = fake_run(root, "AVG", 2, 0, 0.20)
+    again = fake_run(root / "again", "AVG", 2, 0, 0.90)  # the same setting and seed, run a second time
+    partial = fake_run(root / "partial", "AVG", 2, 0, 0.95, finished=False)
+    fake_run(root, "AVG", 2, 1, 0.30)
+    runs, skipped = load_runs(root, include_unfinished=True)
+    assert len(runs) == 2 and sorted(r.seed for r in runs) == [0, 1]
+    reasons = {p: why for p, why in skipped}
+    # the finished copy with the newest folder name is kept (same name here: the first in order)
+    used = next(r.path for r in runs if r.seed == 0)
+    assert used in (kept, again) and len(reasons) == 2 and partial in reasons
+    assert all(why == f"same setting and seed as {used.name}" for why in reasons.values())
+    index = write_report(root, include_unfinished=True)
+    out = capsys.readouterr().out
+    assert "fdlit report: 2 run(s) used, 2 left out: " in out and "partial/" in out
+    md = (index.parent / "table1.md").read_text()
+    n = {0: 100 * (0.90 if used == again else 0.20), 1: 30.0}
+    assert f"| AVG | {statistics.mean(n.values()):.2f} ± {statistics.stdev(n.values()):.2f} |" in md
+    assert "2 run(s) left out" in index.read_text()
+
+
+def test_a_run_that_left_k_at_its_default_is_labelled_k2(tmp_path):
+    path = fake_run(tmp_path / "runs", "AVG", 2, 0, 0.5)
+    config = yaml.safe_load((path / "config.yaml").read_text())
+    config["data"]["classes_per_client"] = None  # the saved config of a run that left k at its default
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    (run,), _ = load_runs(tmp_path / "runs")
+    assert run.k == 2

@@ -8,6 +8,7 @@ from fdlit.cli import main
 from fdlit.config import fit_parser
 from fdlit.errors import ConfigError
 from fdlit.report import write_report
+from fdlit.runs import read_jsonl
 from fdlit.sweep import agent_flags, expand_grid, load_sweep, lookup, plan, resolve, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,3 +142,57 @@ def test_bad_sweep_files_name_the_field(tmp_path, parameters, command, field):
 def test_missing_sweep_file_is_a_clean_cli_error(tmp_path, capsys):
     assert main(["sweep", str(tmp_path / "nope.yaml")]) == 2
     assert "nope.yaml" in capsys.readouterr().err
+
+
+class InterruptRound:
+    """Stands in for Ctrl-C / a kill: the first run of the sweep stops when ``round`` starts."""
+
+    def __init__(self, round):
+        self.round, self.done = round, False
+
+    def patch(self, monkeypatch):
+        from fdlit.federation.loop import FederationLoop
+
+        original = FederationLoop.run_round
+
+        def run_round(loop, r, clock=None):
+            if r == self.round and not self.done:
+                self.done = True
+                raise KeyboardInterrupt
+            return original(loop, r, clock)
+
+        monkeypatch.setattr(FederationLoop, "run_round", run_round)
+
+
+@pytest.mark.parametrize("stop_in_round", [2, 1], ids=["after-a-checkpoint", "before-any-checkpoint"])
+def test_a_stopped_sweep_run_again_resumes_the_unfinished_run_in_its_own_folder(stop_in_round, tmp_path, capsys,
+                                                                               monkeypatch):
+    path = write_sweep(tmp_path, {"seed": {"values": [0, 1]}, "data.classes_per_client": {"value": 4}})
+    extra = [*TINY, "--federation.rounds", "2", "--logger.run_dir", str(tmp_path / "runs")]
+    InterruptRound(stop_in_round).patch(monkeypatch)
+    assert main(["sweep", str(path), "--", *extra]) == 130
+    assert "run the same sweep command again to continue" in capsys.readouterr().err
+    (partial,) = list((tmp_path / "runs").iterdir())
+    assert (partial / "checkpoint.pt").exists() == (stop_in_round == 2)
+
+    assert main(["sweep", str(path), "--", *extra]) == 0
+    out = capsys.readouterr().out
+    assert "2 combinations, 0 finished, 2 to run (1 resumed in their own folder)" in out
+    assert f"(resuming {partial})" in out
+    dirs = sorted((tmp_path / "runs").iterdir())
+    assert len(dirs) == 2 and partial in dirs  # no second folder for the stopped combination
+    assert finished_dirs(tmp_path / "runs") == dirs
+    assert [r["round"] for r in read_jsonl(partial / "metrics.jsonl")] == [1, 2]
+    assert main(["sweep", str(path), "--dry_run", "--", *extra]) == 0
+    assert "2 combinations, 2 finished, 0 to run" in capsys.readouterr().out
+
+
+def test_sweep_values_with_a_slash_make_flat_folders(tmp_path, capsys):
+    hub_ids = ["org/model-a", "org/model-b"]
+    path = write_sweep(tmp_path, {"data.tokenizer": {"values": hub_ids}, "data.classes_per_client": {"value": 4}})
+    assert main(["sweep", str(path), "--", *TINY, "--logger.run_dir", str(tmp_path / "runs")]) == 0
+    dirs = list((tmp_path / "runs").iterdir())
+    assert len(dirs) == 2 and all((d / "summary.json").exists() for d in dirs)  # direct children, nothing nested
+    names = {yaml.safe_load((d / "config.yaml").read_text())["logger"]["name"] for d in dirs}
+    assert names == {"tiny-k4-tokenizerorg_model-a", "tiny-k4-tokenizerorg_model-b"}
+    assert {lookup(yaml.safe_load((d / "config.yaml").read_text()), "data.tokenizer") for d in dirs} == set(hub_ids)

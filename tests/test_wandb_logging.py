@@ -39,3 +39,38 @@ def test_offline_run_saves_config_and_prints_sync_hint(fast_args, tmp_path, caps
         time.sleep(0.5)
     assert all(w in record for w in wanted), [w for w in wanted if w not in record]
     assert not os.environ.get("WANDB_API_KEY")
+
+
+def test_wandb_start_up_is_bounded_and_said(fast_args, tmp_path, capsys, monkeypatch):
+    calls = []
+
+    def slow_service(**kwargs):
+        calls.append(kwargs)
+        if kwargs["mode"] == "online":  # what wandb raises when init_timeout passes
+            raise wandb.errors.CommError(f"Run initialization has timed out after {kwargs['settings'].init_timeout} sec.")
+        raise OSError("no offline either")
+
+    monkeypatch.setattr(wandb, "init", slow_service)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert main(["fit", *fast_args, "--logger.mode", "online", "--logger.init_timeout_s", "2.5"]) == 0
+    err = capsys.readouterr().err
+    assert [c["settings"].init_timeout for c in calls] == [2.5, 2.5]
+    assert "fdlit: starting the W&B run (waiting up to 2.5 s, then offline" in err
+    assert "W&B unavailable (Run initialization has timed out after 2.5 sec.)" in err
+
+
+def test_an_unreachable_wandb_server_costs_seconds_not_minutes(fast_args, tmp_path, capsys, monkeypatch):
+    """A real wandb.init against a closed port: without the bound it waits its default 90 s."""
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789" * 4)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    start = time.monotonic()
+    assert main(["fit", *fast_args, "--logger.mode", "online", "--logger.init_timeout_s", "2"]) == 0
+    took = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert "W&B online init failed" in err and "continuing offline" in err
+    (run,) = (tmp_path / "runs").iterdir()
+    assert any(p.name.startswith("offline-run-") for p in (run / "wandb").iterdir())
+    print(f"fit with an unreachable W&B server: {took:.1f} s")
+    assert took < 60

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, check_at_least, check_number
 
 Phase = Literal["private", "public"]
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
@@ -48,8 +48,11 @@ class ClientOptimization:
         for name, value in (("lr", lr), ("public_lr", public_lr)):
             if value is not None and not value > 0:
                 raise ConfigError(f"client.{name}", f"must be > 0, got {value}")
-        if batch_size < 1 or (public_batch_size is not None and public_batch_size < 1):
-            raise ConfigError("client.batch_size", f"must be >= 1, got {batch_size} / {public_batch_size}")
+        check_at_least("client.batch_size", batch_size, 1)
+        if public_batch_size is not None:
+            check_at_least("client.public_batch_size", public_batch_size, 1)
+        for name, value in (("weight_decay", weight_decay), ("momentum", momentum)):
+            check_number(f"client.{name}", value, minimum=0.0, inclusive=True)
         self.optimizer = optimizer
         self.lr = lr
         self.public_lr = public_lr if public_lr is not None else lr

@@ -25,6 +25,10 @@ from fdlit.data.partition import (
 from fdlit.errors import ConfigError, check_at_least
 
 
+DEFAULT_CLASSES_PER_CLIENT = 2
+MIN_PRIVATE_PER_CLIENT = 3  # 2 training samples and 1 calibration sample
+
+
 @dataclass
 class ClientData:
     client_id: int
@@ -39,10 +43,12 @@ class FederatedData:
 
     Args:
         dataset: name of a registered dataset (``digits`` ships inside scikit-learn).
-        num_clients: M, the number of clients.
+        num_clients: M, the number of clients; each needs at least 3 private samples (2 training,
+            1 calibration), so M is at most a third of the private pool.
         partition: ``classes`` (k classes per client, as in Kovalchuk et al. 2026 and the workshop paper
             (Kovalchuk et al. 2025)) or ``dirichlet`` (FedGO (Jang et al. 2025)).
-        classes_per_client: k, for ``partition=classes``.
+        classes_per_client: k, for ``partition=classes``; null gives 2. Leave it null with
+            ``partition=dirichlet`` (there ``dirichlet_alpha`` sets the heterogeneity).
         dirichlet_alpha: concentration alpha, for ``partition=dirichlet``.
         samples_per_client: private samples per client (train + calibration) for ``partition=classes``;
             null gives every pool sample of the client's classes.
@@ -69,7 +75,7 @@ class FederatedData:
         dataset: str = "digits",
         num_clients: int = 10,
         partition: Literal["classes", "dirichlet"] = "classes",
-        classes_per_client: int = 2,
+        classes_per_client: Optional[int] = None,
         dirichlet_alpha: float = 0.5,
         samples_per_client: Optional[int] = None,
         public_size: int = 500,
@@ -86,7 +92,13 @@ class FederatedData:
         check_at_least("data.num_clients", num_clients, 1)
         if partition not in ("classes", "dirichlet"):
             raise ConfigError("data.partition", f"allowed: 'classes', 'dirichlet'; got {partition!r}")
-        check_at_least("data.classes_per_client", classes_per_client, 1)
+        if partition == "dirichlet" and classes_per_client is not None:
+            raise ConfigError("data.classes_per_client", "applies to partition=classes only; with partition=dirichlet "
+                              "data.dirichlet_alpha sets the split: leave it null (--data.classes_per_client null "
+                              f"when the config sets it); got {classes_per_client}")
+        if partition == "classes":
+            classes_per_client = DEFAULT_CLASSES_PER_CLIENT if classes_per_client is None else classes_per_client
+            check_at_least("data.classes_per_client", classes_per_client, 1)
         if dirichlet_alpha <= 0:
             raise ConfigError("data.dirichlet_alpha", f"must be > 0, got {dirichlet_alpha}")
         if samples_per_client is not None and samples_per_client < 2:
@@ -139,10 +151,21 @@ class FederatedData:
         else:
             rest = np.arange(len(full))
             self._test_source_index = None  # an official test split: a different source, disjoint by construction
-        if self.public_size >= len(rest):
+        # sizes first: too many clients or too large a public set must stop here, not minutes into set-up
+        need = MIN_PRIVATE_PER_CLIENT * self.num_clients
+        if need > len(rest) - 1:
+            raise ConfigError(
+                "data.num_clients",
+                f"must be <= {(len(rest) - 1) // MIN_PRIVATE_PER_CLIENT} for {self.dataset!r}: each client needs at "
+                f"least {MIN_PRIVATE_PER_CLIENT} private samples, and {self.dataset!r} has {len(rest)} samples "
+                f"outside the test set (the public set takes at least one); got {self.num_clients}",
+            )
+        if self.public_size > len(rest) - need:
             raise ConfigError(
                 "data.public_size",
-                f"must be smaller than the {len(rest)} non-test samples of {self.dataset!r}, got {self.public_size}",
+                f"must be <= {len(rest) - need}: the {len(rest)} non-test samples of {self.dataset!r} less "
+                f"{MIN_PRIVATE_PER_CLIENT} private samples for each of the {self.num_clients} clients; "
+                f"got {self.public_size}",
             )
         # public set: a stratified draw of public_size samples; the remainder is the private pool
         pub_frac = self.public_size / len(rest)

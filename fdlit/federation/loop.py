@@ -9,6 +9,7 @@ checkpoint files: those observe it through callbacks, and a checkpoint is ``stat
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import time
 from typing import Any, Callable, Literal, Optional, Union
@@ -30,7 +31,33 @@ from fdlit.execution import ClientExecutor, select_executor
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "64-true")
+ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
+MAX_SEED = 2**32 - 1  # numpy's and Lightning's seed range
 ModelSpec = Union[dict, Callable[..., torch.nn.Module]]
+
+
+def available_accelerators() -> list[str]:
+    """The ``federation.accelerator`` values this machine can run."""
+    out = ["auto", "cpu"]
+    if torch.cuda.is_available():
+        out += ["cuda", "gpu"]
+    if torch.backends.mps.is_available():
+        out += ["mps"] + ([] if "gpu" in out else ["gpu"])
+    if importlib.util.find_spec("torch_xla") is not None:
+        out.append("tpu")
+    return out
+
+
+def check_accelerator(accelerator: str) -> str:
+    """Refuse an unknown accelerator, or one this machine does not have, before Fabric is built."""
+    here = available_accelerators()
+    if accelerator not in ACCELERATORS:
+        raise ConfigError("federation.accelerator", f"allowed: {', '.join(ACCELERATORS)} "
+                          f"(on this machine: {', '.join(here)}); got {accelerator!r}")
+    if accelerator not in here:
+        raise ConfigError("federation.accelerator", f"{accelerator!r} needs a device this machine does not have; "
+                          f"allowed on this machine: {', '.join(here)}")
+    return accelerator
 
 
 class NumericalFault(RuntimeError):
@@ -150,6 +177,9 @@ class FederationLoop:
             raise ConfigError("aggregator", f"must be an fdlit Aggregator, got {type(aggregator).__name__}")
         if mode not in MODES:
             raise ConfigError("federation.mode", f"allowed: {', '.join(MODES)}; got {mode!r}")
+        check_accelerator(accelerator)
+        if not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
+            raise ConfigError("seed", f"must be an integer in [0, {MAX_SEED}], got {seed!r}")
         self.mode = mode
         self.rounds = rounds
         self.private_epochs_first, self.private_epochs = private_epochs_first, private_epochs

@@ -11,6 +11,14 @@ from typing import Optional
 
 from torch import nn
 
+from fdlit.errors import ConfigError, check_at_least
+
+
+def check_dropout(dropout: float) -> float:
+    if not 0 <= dropout < 1:
+        raise ConfigError("model.dropout", f"must be in [0, 1), got {dropout}")
+    return dropout
+
 
 class SmallCNN(nn.Module):
     """Two 3x3 conv layers, one 2x2 max-pool and a two-layer head (~30k parameters on digits)."""
@@ -23,6 +31,9 @@ class SmallCNN(nn.Module):
         hidden: int = 64,
         dropout: float = 0.0,
     ):
+        check_at_least("model.channels", channels, 1)
+        check_at_least("model.hidden", hidden, 1)
+        check_dropout(dropout)
         super().__init__()
         c, h, w = input_shape or (1, 8, 8)
         self.features = nn.Sequential(
@@ -51,6 +62,9 @@ class MLP(nn.Module):
         hidden: list[int] = [128, 128],
         dropout: float = 0.0,
     ):
+        if any(not isinstance(h, int) or h < 1 for h in hidden):
+            raise ConfigError("model.hidden", f"every layer width must be an integer >= 1, got {list(hidden)}")
+        check_dropout(dropout)
         super().__init__()
         dims = [math.prod(input_shape or (1, 8, 8)), *hidden]
         layers: list[nn.Module] = [nn.Flatten()]

@@ -12,8 +12,9 @@ ledger; the metrics history; wall time), the python, numpy, torch (and CUDA) ran
 run id, and a fingerprint of the config that produced it.
 
 Resuming (``fdlit fit --resume <run_dir>``, :mod:`fdlit.runs.experiment`) rebuilds the loop from
-``<run_dir>/config.yaml``, loads this file into it after set-up, drops rows of ``metrics.jsonl`` /
-``communication.jsonl`` written after the checkpoint, and continues with round ``round + 1``.
+``<run_dir>/config.yaml``, loads this file into it after set-up, rewrites ``metrics.jsonl`` /
+``communication.jsonl`` from the checkpoint's history and ledger (rows written after the checkpoint
+go, a damaged file is kept beside it), and continues with round ``round + 1``.
 """
 
 from __future__ import annotations
@@ -104,11 +105,15 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
     checkpoint, never a torn one."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # disk full, Ctrl-C: the previous checkpoint stays, and no half-written .tmp
+        tmp.unlink(missing_ok=True)
+        raise
     try:  # make the rename itself durable (power loss); not possible on every filesystem
         fd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -143,18 +148,24 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
-def check_resumable(loop: "FederationLoop", config: dict[str, Any], state: dict[str, Any]) -> None:
-    """Refuse a checkpoint that does not fit the loop, before anything is written."""
+def check_config(config: dict[str, Any], rounds: int, state: dict[str, Any]) -> None:
+    """Refuse a checkpoint of another config, or one beyond ``rounds``; needs no set-up, so it runs
+    before any work and before the run directory is touched."""
     if state["config_sha256"] != config_fingerprint(config):
         raise CheckpointError(
             "the checkpoint was written by a different config; only "
             f"{', '.join(RESUMABLE_CHANGES)} may change when resuming"
         )
+    if state["loop"]["round"] > rounds:
+        raise CheckpointError(f"checkpoint is at round {state['loop']['round']}, beyond federation.rounds = {rounds}")
+
+
+def check_resumable(loop: "FederationLoop", config: dict[str, Any], state: dict[str, Any]) -> None:
+    """Refuse a checkpoint that does not fit the loop, before anything is written."""
+    check_config(config, loop.rounds, state)
     saved = state["loop"]
     if saved["num_clients"] != len(loop.clients):
         raise CheckpointError(f"checkpoint has {saved['num_clients']} clients, the config {len(loop.clients)}")
-    if saved["round"] > loop.rounds:
-        raise CheckpointError(f"checkpoint is at round {saved['round']}, beyond federation.rounds = {loop.rounds}")
 
 
 def restore_checkpoint(loop: "FederationLoop", state: dict[str, Any]) -> None:
@@ -168,17 +179,20 @@ class Checkpointer(FederationCallback):
     so the saved random state is the one the next round starts from. ``wandb_run_id`` is a callable
     giving the run's W&B id (or None)."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any], wandb_run_id=lambda: None):
+    def __init__(self, run_dir: Path, config: dict[str, Any], wandb_run_id=lambda: None, saved_round: int = 0):
         self.path = Path(run_dir) / CHECKPOINT
         self.config = config
         self.wandb_run_id = wandb_run_id
+        self.saved_round = saved_round  # the round the checkpoint on disk holds (0: none yet)
 
     def on_round_end(self, loop, round, metrics):
         save_checkpoint(checkpoint_state(loop, self.config, self.wandb_run_id()), self.path)
+        self.saved_round = round
 
 
 def resume_hint(run_dir: Path | None, round: int) -> str:
-    if run_dir is not None and (Path(run_dir) / CHECKPOINT).exists():
+    """How to continue a stopped run whose checkpoint holds ``round`` (0: none)."""
+    if run_dir is not None and round > 0 and (Path(run_dir) / CHECKPOINT).exists():
         return (f"the checkpoint of round {round} is intact; continue with: "
                 f"python -m fdlit fit --resume {run_dir}")
-    return "no round completed, so there is no checkpoint to resume from"
+    return "no round completed, so there is no checkpoint to resume from; start the run again"

@@ -6,37 +6,106 @@ This module is the only code that knows its file names.
     <run_dir>/communication.jsonl one JSON object per message (round, client, direction, kind, bytes)
     <run_dir>/summary.json        best/final numbers so far, replaced atomically every round
     <run_dir>/checkpoint.pt       the state after the last complete round (fdlit.runs.checkpoint)
+    <run_dir>/run.lock            who holds the directory (pid, host); locked while a process writes it
+    <run_dir>/<log>.damaged-<time> a damaged metrics/communication file, kept when resume rebuilt it
     <run_dir>/wandb/              W&B's own files (offline runs)
 
-A crash or kill leaves every completed round readable.
+A crash or kill leaves every completed round readable. A run directory is created once, for one
+run; only a resume of that run writes into it again, and one process at a time (``RunLock``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
+import shutil
+import socket
+import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from fdlit.callbacks import FederationCallback
+from fdlit.errors import ConfigError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no locking
+    fcntl = None
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 COMMUNICATION = "communication.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
+LOCK = "run.lock"
+
+# a run name becomes one folder name: no separators, no "..", nothing a shell or W&B trips on
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=,-]*")
+NAME_RULE = "letters, digits and . _ - + = , (starting with a letter or digit)"
+MAX_NAME = 120
+
+
+def check_run_name(field: str, name: str) -> str:
+    """Refuse a run name that is not one plain folder name (``../x``, ``a/b``, empty, too long)."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or len(name) > MAX_NAME:
+        raise ConfigError(field, f"must be 1 to {MAX_NAME} characters: {NAME_RULE}, so that it names one "
+                          f"folder; got {name!r}")
+    return name
+
+
+def safe_name(text: str) -> str:
+    """``text`` made into an allowed run name: other characters (``/`` of hub ids, brackets of
+    lists) become ``_``; a long name keeps its start and a hash of the whole."""
+    name = re.sub(r"[^A-Za-z0-9._+=,-]+", "_", str(text)).lstrip("._+=,-") or "run"
+    if len(name) > MAX_NAME:
+        name = name[: MAX_NAME - 9] + "-" + hashlib.sha256(str(text).encode()).hexdigest()[:8]
+    return name
+
+
+def check_run_parent(field: str, value: str) -> Path:
+    """The parent of new run directories must be (or be creatable as) a writable folder."""
+    path = Path(value)
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(field, f"must be a folder (or not exist yet), but {str(probe)!r} is a file; got {value!r}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(field, f"{str(probe)!r} is not writable; choose a folder you can write to")
+    return path
+
+
+def create_run_dir(parent: Path, name: str) -> Path:
+    """A new, empty run directory ``<parent>/<timestamp>-<name>``: never one that exists already."""
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    for attempt in range(100):
+        path = Path(parent) / (f"{stamp}-{name}" if attempt == 0 else f"{stamp}-{name}-{attempt}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a new run directory for {name!r} under {parent}")
 
 
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # disk full, Ctrl-C: the old file stays, no half-written .tmp is left
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _jsonable(value: Any) -> Any:
@@ -55,17 +124,33 @@ def append_jsonl(path: Path, rows: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
+def _row_text(row: dict) -> str:
+    return json.dumps({k: _jsonable(v) for k, v in row.items()})
+
+
 def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSON-lines file; a torn last line (killed mid-write) is ignored."""
-    rows = []
-    if not Path(path).exists():
-        return rows
-    for line in Path(path).read_text().splitlines():
+    """Rows of a JSON-lines file; unreadable lines (a torn last line, a damaged one) are skipped."""
+    return _parse_lines(Path(path))[0]
+
+
+def _parse_lines(path: Path) -> tuple[list[dict], list[int]]:
+    """(every readable row, numbers of the unreadable lines other than a torn last one)."""
+    if not path.exists():
+        return [], []
+    lines = path.read_text(errors="replace").split("\n")
+    rows, bad = [], []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return rows
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not an object")
+            rows.append(row)
+        except ValueError:
+            if n < len(lines) - (lines[-1] == ""):  # the last line may be torn by a kill mid-write
+                bad.append(n)
+    return rows, bad
 
 
 def read_config(run_dir: Path) -> dict:
@@ -76,15 +161,86 @@ def read_summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / SUMMARY).read_text())
 
 
-def truncate_to_round(run_dir: Path, round: int) -> None:
-    """Drop rows written after ``round`` (a kill between the metrics and the checkpoint writes) and a
-    torn last line, so resumed rounds append to exactly the checkpointed history."""
-    for name in (METRICS, COMMUNICATION):
+def rebuild_logs(run_dir: Path, round: int, metrics: list[dict], messages: list[dict]) -> list[str]:
+    """Make metrics.jsonl and communication.jsonl hold exactly the checkpoint's rounds 1..``round``
+    (``metrics``: the loop's history, ``messages``: its ledger rows), so resumed rounds append to
+    them. Rows after ``round`` (a kill between the metrics and the checkpoint writes) and a torn
+    last line are dropped: those rounds run again. A file that is damaged anywhere else (an
+    unreadable line, a checkpointed row missing or different) is kept as ``<name>.damaged-<time>``
+    before it is rewritten. Returns one note per file rebuilt that way."""
+    notes = []
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    for name, rows in ((METRICS, metrics), (COMMUNICATION, messages)):
         path = Path(run_dir) / name
-        if not path.exists():
-            continue
-        rows = [row for row in read_jsonl(path) if row.get("round", 0) <= round]
-        write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
+        expected = [_row_text(row) for row in rows]
+        found, bad = _parse_lines(path)
+        # a row with a round that is not a number is damage too: it stays in `kept` and mismatches
+        kept = [json.dumps(row) for row in found
+                if not (isinstance(row.get("round", 0), int) and row.get("round", 0) > round)]
+        if path.exists() and (bad or kept != expected):
+            copy = path.with_name(f"{name}.damaged-{stamp}")
+            shutil.copy2(path, copy)
+            what = f"unreadable line(s) {', '.join(map(str, bad[:5]))}" if bad else "rows differ from the checkpoint"
+            notes.append(f"{name} was damaged ({what}); rebuilt from the checkpoint ({len(rows)} rows up to "
+                         f"round {round}), the damaged file is kept as {copy.name}")
+        elif not path.exists() and rows:
+            notes.append(f"{name} was missing; rebuilt from the checkpoint ({len(rows)} rows up to round {round})")
+        write_atomic(path, "".join(line + "\n" for line in expected))
+    return notes
+
+
+class RunInUse(ConfigError):
+    """Another live process holds the run directory's lock."""
+
+    def __init__(self, run_dir: Path, holder: str):
+        super().__init__("resume", f"{run_dir} is in use by {holder}; wait for that process to end or stop it "
+                         "(the lock goes with the process, also when it is killed)")
+
+
+class RunLock:
+    """An exclusive lock on a run directory (``flock`` on ``run.lock``), held for the run's life.
+
+    The kernel releases it when the holder exits in any way (including SIGKILL), so a lock is never
+    stale; the file keeps the last holder's pid, host and command only to name it in the error a
+    second process gets."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK
+        self._file = None
+
+    def acquire(self) -> "RunLock":
+        if fcntl is None or self._file is not None:
+            return self
+        f = open(self.path, "a+")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip()
+            f.close()
+            raise RunInUse(self.run_dir, _describe_holder(holder)) from None
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                            "since": datetime.now().isoformat(timespec="seconds"),
+                            "command": " ".join(sys.argv)}) + "\n")
+        f.flush()
+        self._file = f
+        return self
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing the descriptor releases the flock
+            self._file = None
+
+
+def _describe_holder(text: str) -> str:
+    try:
+        h = json.loads(text)
+        return f"pid {h['pid']} on host {h['host']} (since {h['since']}: {h['command']})"
+    except (ValueError, KeyError, TypeError):
+        return "another process"
 
 
 class RunDirectory(FederationCallback):
@@ -92,8 +248,7 @@ class RunDirectory(FederationCallback):
     already in communication.jsonl (a resumed run appends only the new ones)."""
 
     def __init__(self, path: Path, config_yaml: str, identity: dict[str, Any], messages_written: int = 0):
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)  # created by create_run_dir (a new run) or the run being resumed
         write_atomic(self.path / CONFIG, config_yaml)
         self.identity = identity  # run name and directory, first in every summary
         self._messages_written = messages_written

@@ -8,18 +8,22 @@ a checkpoint is the loop's ``state_dict()``.
 from __future__ import annotations
 
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
 from jsonargparse import ArgumentParser, Namespace
 
 from fdlit.config import fit_parser, parse_fit
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.runs.checkpoint import (
-    CheckpointError, Checkpointer, check_resumable, load_checkpoint, restore_checkpoint, resume_hint,
+    CheckpointError, Checkpointer, check_config, check_resumable, load_checkpoint, restore_checkpoint, resume_hint,
 )
-from fdlit.runs.directory import CHECKPOINT, CONFIG, RunDirectory, truncate_to_round
+from fdlit.errors import ConfigError
+from fdlit.runs.directory import (
+    CHECKPOINT, CONFIG, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir, read_config,
+    rebuild_logs, safe_name,
+)
 from fdlit.runs.logger_config import LoggerConfig
 from fdlit.runs.progress import ProgressBar
 from fdlit.runs.wandb_logger import WandbLogger
@@ -33,11 +37,15 @@ def default_run_name(loop: FederationLoop) -> str:
     method = {"fd": method, "local_only": "local", "reference": "reference"}[loop.mode]
     d = loop.data
     heterogeneity = f"k{d.classes_per_client}" if d.partition == "classes" else f"dir{d.dirichlet_alpha}"
-    return f"{method}-{heterogeneity}-seed{loop.seed}"
+    return safe_name(f"{method}-{heterogeneity}-seed{loop.seed}")  # a custom rule's short_name may hold anything
 
 
 class Experiment:
-    """A ``fit`` config made into a run. ``resume_from``: a run directory to continue."""
+    """A ``fit`` config made into a run. ``resume_from``: a run directory to continue (from its
+    checkpoint, or from round 1 in the same directory when no round completed there).
+
+    Constructing it checks the whole config (constructors raise ConfigError) without any work;
+    ``fit`` sets up, takes the run directory's lock and holds it until it returns or raises."""
 
     def __init__(self, cfg: Namespace, parser: Optional[ArgumentParser] = None, resume_from: Optional[Path] = None):
         parser = parser or fit_parser()
@@ -49,41 +57,73 @@ class Experiment:
         self.loop = FederationLoop(**vars(init.federation), data=init.data, model=cfg.model.as_dict(),
                                    client=init.client, aggregator=init.aggregator, seed=cfg.seed)
         self.resume_from = Path(resume_from) if resume_from is not None else None
+        if self.resume_from is None:  # a folder to create the run in, checked before any work
+            check_run_parent("logger.run_dir", self.logger.run_dir)
         self.run_path: Optional[Path] = None
+        self.lock: Optional[RunLock] = None
+        self.checkpointer: Optional[Checkpointer] = None
 
     def setup(self) -> None:
-        """Build the clients, then (and only then, once nothing can fail on bad input) the run
-        directory and the observers; on resume, check and load the checkpoint first."""
+        """On resume: check the checkpoint against the config and take the run directory's lock
+        (a second process stops here, before any work). Then build the clients, and only then, once
+        nothing can fail on bad input, create the run directory (a new run) and the observers."""
         loop = self.loop
         user_callbacks = list(loop.callbacks)
-        loop.setup()
         self.name = self.logger.name or default_run_name(loop)
         state = None
         if self.resume_from is not None:
-            state = load_checkpoint(self.resume_from / CHECKPOINT)
-            check_resumable(loop, self.config, state)
             self.run_path = self.resume_from
-        else:
-            stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-            self.run_path = Path(self.logger.run_dir) / f"{stamp}-{self.name}"
+            if (self.run_path / CHECKPOINT).exists():
+                state = load_checkpoint(self.run_path / CHECKPOINT)
+                check_config(self.config, loop.rounds, state)
+            self.lock = RunLock(self.run_path).acquire()
+        loop.setup()
         if state is not None:
-            print(f"fdlit: resuming {self.run_path} after round {state['loop']['round']} of {loop.rounds}",
-                  file=sys.stderr)
-            truncate_to_round(self.run_path, state["loop"]["round"])
-            restore_checkpoint(loop, state)  # sets the random state round r+1 starts from: nothing below draws
+            check_resumable(loop, self.config, state)
+        if self.resume_from is None:
+            self.run_path = create_run_dir(Path(self.logger.run_dir), self.name)
+            self.lock = RunLock(self.run_path).acquire()
+        saved_round = state["loop"]["round"] if state is not None else 0
+        if self.resume_from is not None:
+            print(f"fdlit: resuming {self.run_path} after round {saved_round} of {loop.rounds}" if state else
+                  f"fdlit: starting {self.run_path} again from round 1 (no round completed there)", file=sys.stderr)
+            if state is not None:
+                restore_checkpoint(loop, state)  # sets the random state round r+1 starts from: nothing below draws
+            for note in rebuild_logs(self.run_path, saved_round, loop.history, loop.ledger.rows()):
+                print(f"fdlit: {note}", file=sys.stderr)
         wandb = WandbLogger(self.logger, self.config, self.run_path, self.name,
                             run_id=state["wandb_run_id"] if state else None)
         self.identity = {"run": self.name, "run_dir": str(self.run_path)}
         directory = RunDirectory(self.run_path, self.config_yaml, self.identity,
                                  messages_written=len(loop.ledger.messages))
-        loop.callbacks = [
-            directory, wandb, *([ProgressBar()] if self.logger.progress else []), *user_callbacks,
-            Checkpointer(self.run_path, self.config, wandb.current_run_id),  # last: saves the next round's RNG
-        ]
+        # last: saves the random state the next round starts from
+        self.checkpointer = Checkpointer(self.run_path, self.config, wandb.current_run_id, saved_round)
+        loop.callbacks = [directory, wandb, *([ProgressBar()] if self.logger.progress else []), *user_callbacks,
+                          self.checkpointer]
+
+    @property
+    def saved_round(self) -> int:
+        """The round the run directory's checkpoint holds (0: none)."""
+        return self.checkpointer.saved_round if self.checkpointer is not None else 0
+
+    def stopped_hint(self) -> str:
+        """What a stopped run left and how to continue it, in one line."""
+        if self.run_path is None:
+            return "the run had not started; nothing was written"
+        return f"run directory {self.run_path}: {resume_hint(self.run_path, self.saved_round)}"
 
     def fit(self) -> dict[str, Any]:
-        self.setup()
-        return {**self.identity, **self.loop.fit()}
+        try:
+            self.setup()
+            return {**self.identity, **self.loop.fit()}
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release the run directory (also done when the process ends in any way)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def run(self) -> dict[str, Any]:
         """``fit`` for the command line: print the summary; a numerical fault says how to resume."""
@@ -91,7 +131,7 @@ class Experiment:
             summary = self.fit()
         except NumericalFault as exc:
             where = f"; metrics of earlier rounds are in {self.run_path}" if self.run_path else ""
-            raise NumericalFault(f"{exc}{where}\n{resume_hint(self.run_path, self.loop.round)}") from None
+            raise NumericalFault(f"{exc}{where}\n{resume_hint(self.run_path, self.saved_round)}") from None
         print(format_summary(summary))
         return summary
 
@@ -106,10 +146,26 @@ def resume_experiment(run_dir: str, overrides: list[str]) -> Experiment:
             )
     path = Path(run_dir)
     if not path.is_dir():
-        raise CheckpointError(f"no run directory {run_dir!r}")
+        raise CheckpointError(f"no run directory {run_dir!r}" + (" (that is a file)" if path.exists() else ""))
     if not (path / CONFIG).exists():
         raise CheckpointError(f"{run_dir} has no {CONFIG}; is it an fdlit run directory?")
     if not (path / CHECKPOINT).exists():
         raise CheckpointError(f"{run_dir} has no {CHECKPOINT}: no round of that run completed, start it anew")
-    parser, cfg = parse_fit(["--config", str(path / CONFIG), *overrides])
+    parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), *overrides])
     return Experiment(cfg, parser, resume_from=path)
+
+
+def legacy_name(path: Path) -> list[str]:
+    """A run saved with a name that is not folder-safe (allowed before names were checked) resumes
+    under the safe form of it: the name is not part of the config's fingerprint."""
+    try:
+        name = (read_config(path).get("logger") or {}).get("name")
+        if name is not None:
+            check_run_name("logger.name", name)
+    except ConfigError:
+        print(f"fdlit: the run's name {name!r} is not one folder name; it continues as {safe_name(name)!r}",
+              file=sys.stderr)
+        return [f"--logger.name={safe_name(name)}"]
+    except (OSError, yaml.YAMLError, AttributeError):  # an unreadable config.yaml: parse_fit says what is wrong
+        pass
+    return []

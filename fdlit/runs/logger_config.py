@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal, Optional
 
 from fdlit.errors import ConfigError
+from fdlit.runs.directory import check_run_name
 
 Mode = Literal["auto", "online", "offline", "disabled"]
+PROJECT_FORBIDDEN = "/\\#?%:"  # what W&B refuses in a project name (wandb.Settings.validate_project)
+MAX_PROJECT = 128
+
+
+def check_project(project: str) -> str:
+    if not project or len(project) > MAX_PROJECT or any(c in project for c in PROJECT_FORBIDDEN):
+        raise ConfigError("logger.project", f"must be 1 to {MAX_PROJECT} characters without any of "
+                          f"{' '.join(PROJECT_FORBIDDEN)} (W&B's rule); got {project!r}")
+    return project
 
 
 class LoggerConfig:
@@ -17,11 +28,14 @@ class LoggerConfig:
             ``offline`` or ``disabled``. The local run directory is written in every mode.
         project: W&B project.
         entity: W&B entity (team or user); null uses your default.
-        name: run name; null gives ``<aggregator>-k<k>-seed<seed>``.
+        name: run name, also part of the run directory's name (letters, digits and ``. _ - + = ,``);
+            null gives ``<aggregator>-k<k>-seed<seed>``.
         group: W&B group (seeds of one setting share a group).
         tags: W&B tags.
         run_dir: parent folder of local run directories.
         progress: show a progress bar over rounds and clients.
+        init_timeout_s: seconds W&B may take to start a run; after that the run logs offline (online
+            mode) or to the run directory only.
     """
 
     def __init__(
@@ -34,14 +48,22 @@ class LoggerConfig:
         tags: list[str] = [],
         run_dir: str = "runs",
         progress: bool = True,
+        init_timeout_s: float = 10.0,
     ):
         if mode not in ("auto", "online", "offline", "disabled"):
             raise ConfigError("logger.mode", f"allowed: auto, online, offline, disabled; got {mode!r}")
+        if name is not None:
+            check_run_name("logger.name", name)
+        if not isinstance(run_dir, str) or not run_dir.strip():
+            raise ConfigError("logger.run_dir", f"must be a folder path (the parent of run directories); got {run_dir!r}")
+        if not (math.isfinite(init_timeout_s) and init_timeout_s > 0):
+            raise ConfigError("logger.init_timeout_s", f"must be a finite number of seconds > 0, got {init_timeout_s}")
         self.mode = mode
-        self.project = project
+        self.project = check_project(project)
         self.entity = entity
         self.name = name
         self.group = group
         self.tags = list(tags)
         self.run_dir = run_dir
         self.progress = progress
+        self.init_timeout_s = float(init_timeout_s)

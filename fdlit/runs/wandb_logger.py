@@ -2,7 +2,9 @@
 
 One W&B run per experiment, owned by this callback. ``mode=auto`` logs online when credentials are
 configured (WANDB_API_KEY or a netrc entry for the W&B host) and offline otherwise, with a one-line
-hint on how to sync. ``disabled`` never imports wandb. A tracker failure never stops training.
+hint on how to sync. ``disabled`` never imports wandb. A tracker failure never stops training, and
+starting a run waits at most ``logger.init_timeout_s`` (wandb's ``init_timeout`` setting) before
+going offline.
 """
 
 from __future__ import annotations
@@ -87,16 +89,21 @@ class WandbLogger(FederationCallback):
 
         # on resume, continue the same W&B run (id from the checkpoint)
         resume = {"id": run_id, "resume": "allow"} if run_id else {}
+        # wandb waits 90 s for its service by default: bounded here, then the caller goes offline
+        settings = wandb.Settings(init_timeout=self.config.init_timeout_s)
         return wandb.init(
             project=self.config.project, entity=self.config.entity, name=self.name,
             group=self.config.group, tags=self.config.tags or None, config=self.run_config,
-            dir=str(self.directory), mode=mode, reinit="finish_previous", **resume,
+            dir=str(self.directory), mode=mode, reinit="finish_previous", settings=settings, **resume,
         )
 
     def on_fit_start(self, loop):
         if self.mode == "disabled":
             return
         run_id = self.run_id
+        if self.mode == "online":
+            print(f"fdlit: starting the W&B run (waiting up to {self.config.init_timeout_s:g} s, then offline; "
+                  "--logger.init_timeout_s changes it)", file=sys.stderr)
         try:
             self.run = self._init(self.mode, run_id)
         except Exception as exc:  # tracker faults (network, authentication) never kill training

@@ -1,0 +1,263 @@
+"""Bad input, one table: every case ends with exit status 2 and a message that starts with the field
+it is about, and leaves the disk exactly as it was (no run directory, no file created, no existing
+run changed). The commands run in-process through ``fdlit.cli.main``.
+
+Placeholders in a case's arguments: NEW is a run_dir that does not exist yet; FILE a plain file;
+EMPTY an empty folder; RUN a copy of a finished run (``RUN:<damage>`` damages it first); SWEEP a
+sweep file made from the case's ``sweep`` parameters.
+"""
+
+import shutil
+
+import pytest
+import torch
+import yaml
+
+from fdlit.cli import main
+from fdlit.federation.loop import available_accelerators
+from fdlit.runs.directory import CHECKPOINT, CONFIG, RunLock
+
+FIT = ["--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", "NEW"]
+SWEEP_TAIL = ["--", "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", "NEW"]
+HERE = available_accelerators()
+
+
+def fit(*args):
+    return ["fit", *FIT, *args]
+
+
+def resume(*args):
+    return ["fit", "--resume", *args]
+
+
+# (id, argv, field the message starts with, text the message must also hold: what is allowed)
+CASES = [
+    # run names and folders: a name is one folder name; run_dir a folder that can be written
+    ("name-parent", fit("--logger.name", "../../x"), "logger.name", "letters, digits"),
+    ("name-slash", fit("--logger.name", "a/b"), "logger.name", "names one folder"),
+    ("name-absolute", fit("--logger.name", "/tmp/x"), "logger.name", "letters, digits"),
+    ("name-dotdot", fit("--logger.name", ".."), "logger.name", "starting with a letter or digit"),
+    ("name-empty", fit("--logger.name", ""), "logger.name", "1 to 120 characters"),
+    ("name-space", fit("--logger.name", "my run"), "logger.name", "letters, digits"),
+    ("name-long", fit("--logger.name", "x" * 121), "logger.name", "1 to 120 characters"),
+    ("name-hidden", fit("--logger.name", ".hidden"), "logger.name", "starting with a letter or digit"),
+    ("run-dir-empty", fit("--logger.run_dir", ""), "logger.run_dir", "must be a folder path"),
+    ("run-dir-file", fit("--logger.run_dir", "FILE"), "logger.run_dir", "is a file"),
+    ("run-dir-under-file", fit("--logger.run_dir", "FILE/runs"), "logger.run_dir", "is a file"),
+    ("project-slash", fit("--logger.project", "team/project"), "logger.project", "W&B's rule"),
+    ("project-hash", fit("--logger.project", "a#b"), "logger.project", "without any of"),
+    ("project-empty", fit("--logger.project", ""), "logger.project", "1 to 128 characters"),
+    ("project-long", fit("--logger.project", "p" * 129), "logger.project", "1 to 128 characters"),
+    ("init-timeout-0", fit("--logger.init_timeout_s", "0"), "logger.init_timeout_s", "> 0"),
+    ("init-timeout-neg", fit("--logger.init_timeout_s", "-3"), "logger.init_timeout_s", "> 0"),
+    ("init-timeout-nan", fit("--logger.init_timeout_s", "nan"), "logger.init_timeout_s", "Expected a <class 'float'>"),
+    ("init-timeout-inf", fit("--logger.init_timeout_s", ".inf"), "logger.init_timeout_s", "finite"),
+    ("logger-mode", fit("--logger.mode", "sometimes"), "logger.mode", "online"),
+    # model
+    ("hidden-0", fit("--model.hidden", "[0]"), "model.hidden", "integer >= 1"),
+    ("hidden-neg", fit("--model.hidden", "[-5]"), "model.hidden", "integer >= 1"),
+    ("hidden-second-0", fit("--model.hidden", "[128, 0]"), "model.hidden", "integer >= 1"),
+    ("hidden-not-list", fit("--model.hidden", "x"), "model.hidden", "Expected"),
+    ("cnn-channels-0", fit("--model", "fdlit.models.SmallCNN", "--model.channels", "0"), "model.channels", ">= 1"),
+    ("cnn-hidden-neg", fit("--model", "fdlit.models.SmallCNN", "--model.hidden", "-1"), "model.hidden", ">= 1"),
+    ("dropout-1.5", fit("--model.dropout", "1.5"), "model.dropout", "[0, 1)"),
+    ("dropout-neg", fit("--model.dropout", "-0.1"), "model.dropout", "[0, 1)"),
+    ("model-unknown", fit("--model", "fdlit.models.NoSuchNet"), "model", "NoSuchNet"),
+    # data
+    ("k-with-dirichlet-from-config", fit("--data.partition", "dirichlet"), "data.classes_per_client",
+     "partition=classes only"),
+    ("k-with-dirichlet", fit("--data.partition", "dirichlet", "--data.classes_per_client", "3"),
+     "data.classes_per_client", "leave it null"),
+    ("num-clients-abbreviated", fit("--data.num_client", "5"), "data.num_client", "did you mean --data.num_clients"),
+    ("public-abbreviated", fit("--data.public", "5"), "data.public", "no such option"),
+    ("num-clients-5000", fit("--data.num_clients", "5000"), "data.num_clients", "must be <= 479"),
+    ("num-clients-0", fit("--data.num_clients", "0"), "data.num_clients", ">= 1"),
+    ("num-clients-text", fit("--data.num_clients", "abc"), "data.num_clients", "Expected a <class 'int'>"),
+    ("public-1437", fit("--data.public_size", "1437"), "data.public_size", "must be <= 1378"),
+    ("public-5000", fit("--data.public_size", "5000"), "data.public_size", "must be <="),
+    ("public-0", fit("--data.public_size", "0"), "data.public_size", ">= 1"),
+    ("k-0", fit("--data.classes_per_client", "0"), "data.classes_per_client", ">= 1"),
+    ("k-11", fit("--data.classes_per_client", "11"), "data.classes_per_client", "[1, 10]"),
+    ("k-no-coverage", fit("--data.num_clients", "5", "--data.classes_per_client", "1"), "data.classes_per_client",
+     "held by no client"),
+    ("calibration-1.5", fit("--data.calibration_fraction", "1.5"), "data.calibration_fraction", "(0, 1)"),
+    ("calibration-0", fit("--data.calibration_fraction", "0"), "data.calibration_fraction", "(0, 1)"),
+    ("test-fraction-1", fit("--data.test_fraction", "1"), "data.test_fraction", "(0, 1)"),
+    ("alpha-0", fit("--data.partition", "dirichlet", "--data.classes_per_client", "null", "--data.dirichlet_alpha",
+                    "0"), "data.dirichlet_alpha", "> 0"),
+    ("samples-1", fit("--data.samples_per_client", "1"), "data.samples_per_client", ">= 2 or null"),
+    ("samples-5000", fit("--data.samples_per_client", "5000"), "data.samples_per_client", "at most"),
+    ("dataset-unknown", fit("--data.dataset", "nosuch"), "data.dataset", "allowed"),
+    ("calibration-mode", fit("--data.calibration", "nope"), "data.calibration", "split"),
+    ("max-length-1", fit("--data.max_length", "1"), "data.max_length", ">= 2"),
+    ("max-train-1", fit("--data.max_train_samples", "1"), "data.max_train_samples", ">= 2 or null"),
+    ("data-unknown-key", fit("--data.no_such_key", "1"), "data.no_such_key", "no such option"),
+    # client
+    ("weight-decay-neg", fit("--client.weight_decay", "-0.1"), "client.weight_decay", ">= 0"),
+    ("momentum-neg", fit("--client.momentum", "-1"), "client.momentum", ">= 0"),
+    ("lr-0", fit("--client.lr", "0"), "client.lr", "> 0"),
+    ("public-lr-neg", fit("--client.public_lr", "-1"), "client.public_lr", "> 0"),
+    ("batch-0", fit("--client.batch_size", "0"), "client.batch_size", ">= 1"),
+    ("public-batch-0", fit("--client.public_batch_size", "0"), "client.public_batch_size", ">= 1"),
+    ("optimizer", fit("--client.optimizer", "lbfgs"), "client.optimizer", "adam"),
+    # aggregator
+    ("tau-neg", fit("--aggregator.tau", "-1"), "aggregator.tau", ">= 0"),
+    ("tau-nan", fit("--aggregator.tau", "nan"), "aggregator.tau", "Expected a <class 'float'>"),
+    ("tau-inf", fit("--aggregator.tau", ".inf"), "aggregator.tau", "finite"),
+    ("aggregator-unknown", fit("--aggregator", "fdlit.aggregators.Nope"), "aggregator", "Nope"),
+    ("variance-floor-0", fit("--aggregator.variance_floor", "0"), "aggregator.variance_floor", "> 0"),
+    ("min-calibration-1", fit("--aggregator.min_calibration_samples", "1"), "aggregator.min_calibration_samples",
+     ">= 2"),
+    # seed, federation, config
+    ("seed-neg", fit("--seed", "-1"), "seed", "[0, 4294967295]"),
+    ("seed-huge", fit("--seed", "99999999999"), "seed", "[0, 4294967295]"),
+    ("seed-text", fit("--seed", "abc"), "seed", "Expected a <class 'int'>"),
+    ("accelerator-unknown", fit("--federation.accelerator", "quantum"), "federation.accelerator", "allowed: auto"),
+    # a device this machine lacks (skipped where it has one)
+    ("accelerator-tpu", fit("--federation.accelerator", "tpu"), "federation.accelerator", "allowed on this machine"),
+    ("accelerator-gpu", fit("--federation.accelerator", "gpu"), "federation.accelerator", "allowed on this machine"),
+    ("accelerator-cuda", fit("--federation.accelerator", "cuda"), "federation.accelerator", "allowed on this machine"),
+    ("rounds-0", fit("--federation.rounds", "0"), "federation.rounds", ">= 1"),
+    ("private-epochs-neg", fit("--federation.private_epochs", "-1"), "federation.private_epochs", ">= 0"),
+    ("public-epochs-first-neg", fit("--federation.public_epochs_first", "-1"), "federation.public_epochs_first",
+     ">= 0"),
+    ("precision", fit("--federation.precision", "8-bit"), "federation.precision", "32-true"),
+    ("message-dtype", fit("--federation.message_dtype", "int8"), "federation.message_dtype", "float32"),
+    ("mode", fit("--federation.mode", "nope"), "federation.mode", "local_only"),
+    ("client-class", fit("--federation.client_class", "collections.OrderedDict"), "federation.client_class",
+     "ClientModule"),
+    ("config-unknown", ["fit", "--config", "nope.yaml"], "config", "digits.yaml"),
+    ("command-unknown", ["train"], "command", "fit, sweep, report"),
+    # resume
+    ("resume-no-dir", resume(), "resume", "needs a run directory"),
+    ("resume-missing", resume("/no/such/run"), "resume", "no run directory"),
+    ("resume-file", resume("FILE"), "resume", "that is a file"),
+    ("resume-seed", resume("RUN", "--seed", "3"), "resume", "--federation.rounds"),
+    ("resume-name", resume("RUN", "--logger.name", "other"), "resume", "cannot be changed"),
+    ("resume-abbreviated", resume("RUN", "--federation.round", "5"), "resume", "cannot be changed"),
+    ("resume-fewer-rounds", resume("RUN", "--federation.rounds", "1"), "resume", "beyond federation.rounds = 1"),
+    ("resume-rounds-text", resume("RUN", "--federation.rounds", "abc"), "federation.rounds",
+     "Expected a <class 'int'>"),
+    ("resume-config-not-yaml", resume("RUN:bad_yaml"), "config", "Problems parsing config"),
+    ("resume-config-unknown-key", resume("RUN:unknown_key"), "data.nosuch", "no such key"),
+    ("resume-no-checkpoint", resume("RUN:missing"), "resume", "no round of that run completed"),
+    ("resume-no-config", resume("RUN:no_config"), "resume", "has no config.yaml"),
+    ("resume-pickled", resume("RUN:pickled"), "resume", "refusing to load"),
+    ("resume-truncated", resume("RUN:truncated"), "resume", "not a readable fdlit checkpoint"),
+    ("resume-foreign", resume("RUN:not_fdlit"), "resume", "not an fdlit checkpoint"),
+    ("resume-other-config", resume("RUN:other_config"), "resume", "different config"),
+    ("resume-in-use", resume("RUN:locked"), "resume", "is in use by pid"),
+    # sweeps: every combination is checked before the first one runs
+    ("sweep-name", ["sweep", "SWEEP", *SWEEP_TAIL], "logger.name", "names one folder",
+     {"logger.name": {"values": ["ok", "../x"]}}),
+    ("sweep-seed", ["sweep", "SWEEP", *SWEEP_TAIL], "seed", "[0, 4294967295]", {"seed": {"values": [0, -1]}}),
+    ("sweep-weight-decay", ["sweep", "SWEEP", *SWEEP_TAIL], "client.weight_decay", ">= 0",
+     {"client.weight_decay": {"values": [0.0, -1.0]}}),
+    ("sweep-dirichlet", ["sweep", "SWEEP", *SWEEP_TAIL], "data.classes_per_client", "partition=classes only",
+     {"data.partition": {"values": ["classes", "dirichlet"]}}),
+    ("sweep-accelerator", ["sweep", "SWEEP", *SWEEP_TAIL], "federation.accelerator", "allowed",
+     {"federation.accelerator": {"values": ["cpu", "quantum"]}}),
+    ("sweep-abbreviated", ["sweep", "SWEEP", *SWEEP_TAIL], "parameters", "data.num_client",
+     {"data.num_client": {"values": [5]}}),
+    ("sweep-distribution", ["sweep", "SWEEP", *SWEEP_TAIL], "parameters.aggregator.tau", "values",
+     {"aggregator.tau": {"min": 0.0, "max": 1.0}}),
+    ("sweep-missing-file", ["sweep", "/no/such/sweep.yaml"], "sweep", "no sweep file"),
+    # reports
+    ("report-missing", ["report", "/no/such/runs"], "runs", "is not a folder"),
+    ("report-empty", ["report", "EMPTY"], "runs", "no finished run directories"),
+    ("report-out-file", ["report", "RUNS", "--out", "FILE"], "out", "is a file"),
+    ("report-abbreviated", ["report", "RUNS", "--include", "true"], "include", "no such option"),
+]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    parent = tmp_path_factory.mktemp("finished")
+    args = ["fit", "--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+            "--logger.run_dir", str(parent / "runs"), "--federation.rounds", "2",
+            "--federation.private_epochs_first", "1", "--federation.private_epochs", "1",
+            "--federation.public_epochs_first", "1", "--federation.public_epochs", "1",
+            "--data.num_clients", "3", "--data.classes_per_client", "4", "--data.public_size", "100"]
+    assert main(args) == 0
+    (run,) = (parent / "runs").iterdir()
+    return run
+
+
+class Pickled:
+    def __reduce__(self):
+        return (print, ("code ran",))
+
+
+def _other_config(run):
+    (run / CONFIG).write_text((run / CONFIG).read_text().replace("tau: 0.25", "tau: 0.5"))
+
+
+DAMAGE = {
+    "missing": lambda run: (run / CHECKPOINT).unlink(),
+    "no_config": lambda run: (run / CONFIG).unlink(),
+    "pickled": lambda run: torch.save({"format": "fdlit-checkpoint", "version": 2, "x": Pickled()}, run / CHECKPOINT),
+    "truncated": lambda run: (run / CHECKPOINT).write_bytes((run / CHECKPOINT).read_bytes()[:1000]),
+    "not_fdlit": lambda run: torch.save({"weights": torch.ones(2)}, run / CHECKPOINT),
+    "other_config": _other_config,
+    "bad_yaml": lambda run: (run / CONFIG).write_text("seed: [unclosed\n"),
+    "unknown_key": lambda run: (run / CONFIG).write_text((run / CONFIG).read_text() + "data:\n  nosuch: 3\n"),
+    "locked": lambda run: None,  # the test holds the run's lock, as a second process would
+}
+
+
+def snapshot(root):
+    """Every path under ``root`` with its bytes and modification time."""
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else None
+            for p in sorted(root.rglob("*"))}
+
+
+def param(case):
+    device = case[0].removeprefix("accelerator-")
+    present = device in ("tpu", "gpu", "cuda") and device in HERE
+    return pytest.param(case, id=case[0], marks=pytest.mark.skipif(present, reason=f"this machine has a {device}"))
+
+
+@pytest.mark.parametrize("case", [param(c) for c in CASES])
+def test_bad_input_exits_2_names_the_field_and_changes_nothing(case, tmp_path, capsys, finished_run):
+    case_id, argv, field, allowed, *sweep = case
+    world = tmp_path / "world"
+    (world / "EMPTY").mkdir(parents=True)
+    (world / "FILE").write_text("not a folder\n")
+    runs = world / "RUNS"
+    run = runs / finished_run.name
+    shutil.copytree(finished_run, run)
+    lock = None
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        if arg.startswith("RUN:"):
+            DAMAGE[arg.split(":", 1)[1]](run)
+            if arg == "RUN:locked":
+                lock = RunLock(run).acquire()
+            argv[i] = str(run)
+        elif arg == "RUN":
+            argv[i] = str(run)
+        elif arg == "SWEEP":
+            spec = {"name": "bad", "method": "grid", "parameters": sweep[0],
+                    "command": ["python", "-m", "fdlit", "fit", "--config", "digits.yaml", "${args}"]}
+            argv[i] = str(world / "bad.yaml")
+            (world / "bad.yaml").write_text(yaml.safe_dump(spec))
+        elif arg.split("/")[0] in ("NEW", "FILE", "EMPTY", "RUNS"):
+            argv[i] = str(world / arg)
+    before = snapshot(world)
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    finally:
+        if lock is not None:
+            lock.release()
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"fdlit: error: {field}: "), err
+    assert allowed in err, err
+    assert len(err.strip().splitlines()) == 1, err  # one line, no traceback or usage dump
+    assert not (world / "NEW").exists()
+    assert snapshot(world) == before  # nothing created, nothing existing changed
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 60
