@@ -5,7 +5,8 @@ This module is the only code that knows its file names.
     <run_dir>/metrics.jsonl       one JSON object per round, appended and fsynced as each round ends
     <run_dir>/communication.jsonl one JSON object per message (round, client, direction, kind, bytes)
     <run_dir>/summary.json        best/final numbers so far, replaced atomically every round
-    <run_dir>/checkpoint.pt       the state after the last complete round (fdlit.runs.checkpoint)
+    <run_dir>/checkpoint.pt       the state after the last checkpointed round (fdlit.runs.checkpoint)
+    <run_dir>/checkpoint-r<N>.pt  earlier checkpoints kept (``checkpoint.keep``)
     <run_dir>/wandb/              W&B's own files (offline runs)
 
 A crash or kill leaves every completed round readable.
@@ -28,6 +29,21 @@ METRICS = "metrics.jsonl"
 COMMUNICATION = "communication.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
+
+
+def round_checkpoint(round: int) -> str:
+    """File name of the kept checkpoint of ``round``."""
+    return f"checkpoint-r{round}.pt"
+
+
+def kept_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(round, path) of the kept checkpoints in ``run_dir``, oldest first."""
+    out = []
+    for path in Path(run_dir).glob("checkpoint-r*.pt"):
+        number = path.name[len("checkpoint-r"):-len(".pt")]
+        if number.isdigit():
+            out.append((int(number), path))
+    return sorted(out)
 
 
 def write_atomic(path: Path, text: str) -> None:

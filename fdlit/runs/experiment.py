@@ -17,7 +17,7 @@ from jsonargparse import ArgumentParser, Namespace
 from fdlit.config import fit_parser, parse_fit
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.runs.checkpoint import (
-    CheckpointError, Checkpointer, check_resumable, load_checkpoint, restore_checkpoint, resume_hint,
+    CheckpointConfig, CheckpointError, Checkpointer, check_resumable, load_checkpoint, restore_checkpoint, resume_hint,
 )
 from fdlit.runs.directory import CHECKPOINT, CONFIG, RunDirectory, truncate_to_round
 from fdlit.runs.logger_config import LoggerConfig
@@ -25,7 +25,8 @@ from fdlit.runs.progress import ProgressBar
 from fdlit.runs.wandb_logger import WandbLogger
 
 # flags that may accompany --resume: more rounds, and how to log; everything else comes from the run
-RESUME_FLAGS = ("--federation.rounds", "--logger.mode", "--logger.progress")
+RESUME_FLAGS = ("--federation.rounds", "--logger.mode", "--logger.progress", "--checkpoint.every_n_rounds",
+                "--checkpoint.keep", "--checkpoint.background")
 
 
 def default_run_name(loop: FederationLoop) -> str:
@@ -46,10 +47,12 @@ class Experiment:
         self.config.pop("config", None)
         self.config_yaml = parser.dump(cfg, skip_unset=False)  # keep null keys: the saved config is complete
         self.logger: LoggerConfig = init.logger
+        self.checkpoint: CheckpointConfig = init.checkpoint
         self.loop = FederationLoop(**vars(init.federation), data=init.data, model=cfg.model.as_dict(),
                                    client=init.client, aggregator=init.aggregator, seed=cfg.seed)
         self.resume_from = Path(resume_from) if resume_from is not None else None
         self.run_path: Optional[Path] = None
+        self.checkpointer: Optional[Checkpointer] = None
 
     def setup(self) -> None:
         """Build the clients, then (and only then, once nothing can fail on bad input) the run
@@ -76,9 +79,11 @@ class Experiment:
         self.identity = {"run": self.name, "run_dir": str(self.run_path)}
         directory = RunDirectory(self.run_path, self.config_yaml, self.identity,
                                  messages_written=len(loop.ledger.messages))
+        self.checkpointer = Checkpointer(self.run_path, self.config, wandb.current_run_id, self.checkpoint,
+                                         saved_round=state["loop"]["round"] if state else None)
         loop.callbacks = [
             directory, wandb, *([ProgressBar()] if self.logger.progress else []), *user_callbacks,
-            Checkpointer(self.run_path, self.config, wandb.current_run_id),  # last: saves the next round's RNG
+            self.checkpointer,  # last: saves the next round's RNG
         ]
 
     def fit(self) -> dict[str, Any]:
@@ -91,7 +96,14 @@ class Experiment:
             summary = self.fit()
         except NumericalFault as exc:
             where = f"; metrics of earlier rounds are in {self.run_path}" if self.run_path else ""
-            raise NumericalFault(f"{exc}{where}\n{resume_hint(self.run_path, self.loop.round)}") from None
+            saved = None
+            if self.checkpointer is not None:
+                try:
+                    self.checkpointer.wait()  # the last checkpoint may still be being written
+                except Exception as write_error:
+                    where += f"; writing the last checkpoint failed too ({type(write_error).__name__}: {write_error})"
+                saved = self.checkpointer.saved_round
+            raise NumericalFault(f"{exc}{where}\n{resume_hint(self.run_path, saved)}") from None
         print(format_summary(summary))
         return summary
 
