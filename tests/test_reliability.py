@@ -346,6 +346,8 @@ BAD = [
     (["--aggregator.variance_floor", "0"], "aggregator.variance_floor: must be > 0"),
     (["--aggregator.min_calibration_samples", "1"], "aggregator.min_calibration_samples: must be >= 2"),
     (["--model", "fdlit.models.NoSuchNet"], "model"),
+    (["--federation.eval_every_n_rounds", "0"], "federation.eval_every_n_rounds: must be >= 1, got 0"),
+    (["--federation.eval_subsample", "0"], "federation.eval_subsample: must be >= 1, got 0"),
     (["--checkpoint.every_n_rounds", "0"], "checkpoint.every_n_rounds: must be >= 1, got 0"),
     (["--checkpoint.keep", "-1"], "checkpoint.keep: must be >= 0, got -1"),
     (["--aggregator.density_method", "float16"], "density_method"),
