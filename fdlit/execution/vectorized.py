@@ -140,6 +140,11 @@ class VectorizedExecutor(ClientExecutor):
         self._keys: dict[int, tuple] = {}
         self._cache: dict = {}
         self._auto_chunks: dict[tuple, int] = {}
+        self._compiled: dict[tuple, tuple] = {}
+
+    def configure(self, compile_backend: Optional[str] = None) -> None:
+        super().configure(compile_backend)
+        self.fallback.configure(compile_backend)
 
     def setup(self, fabric: Fabric, clients: Sequence[ClientModule]) -> None:
         self.fabric = fabric
@@ -222,19 +227,8 @@ class VectorizedExecutor(ClientExecutor):
 
         _, net, prefix = split_input(template)
         inputs = [split_input(c.model)[0] for c in clients]
-        step = _TrainingStep(clients[0], net)
-        names = ["client.model." + n for n in stack.names]
         buffer_names = [n for n in stack.buffers if n.startswith(prefix)]  # BatchNorm's, not the input's
-        tied = _has_tied_tensors(net)
-
-        def client_loss(params, buffers, x, t, w):
-            # gradients come out per parameter as M x shape, the stack's own layout (no copy into
-            # one flat vector: that concatenation was 13 % of a step);
-            # BatchNorm updates its (per-client, stacked) running statistics in place
-            state = {**dict(zip(names, params)), **{"client.model." + n: b for n, b in buffers.items()}}
-            return functional_call(step, state, (x, t, w), tie_weights=tied), buffers
-
-        step_fn = vmap(grad_and_value(client_loss, has_aux=True), randomness="different")
+        step_fn = self._step_function(clients[0], phase, net, stack.names)
         total = torch.zeros(m, device=device)
         for s, substeps in enumerate(_substeps(counts, lengths, bool(buffer_names), index.shape[2])):
             for rows, width in substeps:
@@ -272,6 +266,32 @@ class VectorizedExecutor(ClientExecutor):
         stack.write_back()
         opt.write_back()
         return (total.cpu() / counts.clamp_min(1)).tolist()
+
+    def _step_function(self, client: ClientModule, phase: str, net, names: list[str]):
+        """vmap(grad_and_value(loss)) over a stack, with ``client`` as the template whose parameters
+        are swapped for each client's slice. With ``federation.compile`` it is compiled once per
+        architecture and phase and reused (a new function per call would recompile every phase)."""
+        key = (self._keys[client.client_id], phase)
+        if self.compile_backend is not None and key in self._compiled:
+            step, fn = self._compiled[key]
+            step.client.phase = phase  # the template dispatches on its phase (set_phase does this too)
+            return fn
+        step = _TrainingStep(client, net)
+        names = ["client.model." + n for n in names]
+        tied = _has_tied_tensors(net)
+
+        def client_loss(params, buffers, x, t, w):
+            # gradients come out per parameter as M x shape, the stack's own layout (no copy into
+            # one flat vector: that concatenation was 13 % of a step);
+            # BatchNorm updates its (per-client, stacked) running statistics in place
+            state = {**dict(zip(names, params)), **{"client.model." + n: b for n, b in buffers.items()}}
+            return functional_call(step, state, (x, t, w), tie_weights=tied), buffers
+
+        fn = vmap(grad_and_value(client_loss, has_aux=True), randomness="different")
+        if self.compile_backend is not None:
+            fn = torch.compile(fn, backend=self.compile_backend)
+            self._compiled[key] = (step, fn)
+        return fn
 
     def _concat(self, datasets):
         """One tensor of inputs and one of targets for the whole group, and each client's offset.
