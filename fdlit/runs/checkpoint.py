@@ -155,9 +155,20 @@ def pack_client_states(states: list[dict]) -> dict:
         group["members"].append(tensors)
     packed = []
     for g in groups:
-        stacked = [torch.stack([m[k].detach() for m in g["members"]]).cpu() for k in range(len(g["paths"]))]
+        stacked = [_stack_on_cpu([m[k].detach() for m in g["members"]]) for k in range(len(g["paths"]))]
         packed.append({"clients": g["clients"], "skeleton": g["skeleton"], "paths": g["paths"], "tensors": stacked})
     return {"num_clients": len(states), "groups": packed}
+
+
+def _stack_on_cpu(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.stack on the CPU. Device tensors are copied into the CPU stack one by one, so packing
+    never holds a second copy of every client's state in device memory."""
+    if tensors[0].device.type == "cpu":
+        return torch.stack(tensors)
+    out = torch.empty((len(tensors), *tensors[0].shape), dtype=tensors[0].dtype)
+    for row, t in zip(out, tensors):
+        row.copy_(t)
+    return out
 
 
 def unpack_client_states(packed: dict) -> list[dict]:
@@ -313,8 +324,8 @@ class Checkpointer(FederationCallback):
     def on_round_end(self, loop, round, metrics):
         if not self.due(loop, round):
             return
+        self.wait()  # one write at a time, and at most one snapshot in memory besides the live state
         state = checkpoint_state(loop, self.config, self.wandb_run_id())
-        self.wait()  # one write at a time, in round order
         if self.settings.background:
             self._writer = threading.Thread(target=self._write, args=(state, round), name="fdlit-checkpoint")
             self._writer.start()
