@@ -18,6 +18,7 @@ from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
+from fdlit.runs.checkpoint import CheckpointConfig
 from fdlit.runs.logger_config import LoggerConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
@@ -59,6 +60,7 @@ def fit_parser() -> ArgumentParser:
     )
     parser.add_class_arguments(FederationLoop, "federation", skip=LOOP_OBJECTS, instantiate=False)
     parser.add_class_arguments(LoggerConfig, "logger")
+    parser.add_class_arguments(CheckpointConfig, "checkpoint")
     return parser
 
 

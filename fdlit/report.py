@@ -141,7 +141,7 @@ def load_runs(root: str | Path, include_unfinished: bool = False) -> tuple[list[
     return runs, skipped
 
 
-STUDIED = ("seed", "logger.", "aggregator", "data.classes_per_client", "data.dirichlet_alpha")
+STUDIED = ("seed", "logger.", "checkpoint.", "aggregator", "data.classes_per_client", "data.dirichlet_alpha")
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:

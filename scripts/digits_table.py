@@ -82,7 +82,9 @@ def main() -> None:
 
 def best_within(run_dir: str, budget: int) -> float:
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return max(r["after_public/global_acc_mean"] for r in rows if r["round"] <= budget)
+    # rounds that were not evaluated (federation.eval_every_n_rounds) have null accuracies
+    return max(r["after_public/global_acc_mean"] for r in rows
+               if r["round"] <= budget and r["after_public/global_acc_mean"] is not None)
 
 
 if __name__ == "__main__":

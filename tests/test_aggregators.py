@@ -7,6 +7,7 @@ from sklearn.mixture import GaussianMixture
 
 from fdlit.aggregators import (
     DiagonalGaussianMixture,
+    mixture_log_likelihood,
     ProbabilityAveragingAggregator,
     SmoothedUncertaintyWeightedAggregator,
     UncertaintyWeightedAggregator,
@@ -133,8 +134,61 @@ def test_scores_upload_gives_the_same_teacher_as_density_upload():
                                agg.aggregate(ups).teacher, atol=1e-5, rtol=1e-5)
 
 
+def density_case(scale, var_range, m=3, n=300, k=30, c=100, seed=0):
+    """Mixtures shaped like trained logits: means ~ scale x one-hot + noise, variances log-uniform in
+    var_range (1e-4 is the variance floor), public logits around random components, every 7th far out;
+    one padded component."""
+    g = torch.Generator().manual_seed(seed)
+    classes = torch.stack([torch.randperm(c, generator=g)[:k] for _ in range(m)])
+    means = scale * torch.nn.functional.one_hot(classes, c).double()
+    means += scale / 5 * torch.randn(m, k, c, generator=g, dtype=torch.float64)
+    lo, hi = (math.log(v) for v in var_range)
+    var = torch.exp(torch.empty(m, k, c, dtype=torch.float64).uniform_(lo, hi, generator=g))
+    pick = torch.randint(k, (n,), generator=g)
+    z = means[:, pick] + torch.randn(m, n, c, generator=g, dtype=torch.float64) * var[:, pick].sqrt()
+    z[:, ::7] *= 3
+    valid = torch.ones(m, k, dtype=torch.bool)
+    valid[0, -1] = False
+    return z, means, var, valid
+
+
+@pytest.mark.parametrize("scale, var_range, relative", [
+    (10, (1e-4, 10), 1e-9),  # CIFAR-100-like: K = 30 of C = 100, some variances at the floor
+    (100, (1e-4, 1e-2), 1e-8),
+    (500, (1e-4, 1e-4), 1e-7),  # stress: components 5e4 standard deviations apart
+])
+def test_matmul_density_is_within_the_stated_tolerance_of_the_direct_form(scale, var_range, relative):
+    z, means, var, valid = density_case(scale, var_range)
+    fast = mixture_log_likelihood(z, means, var, valid, "matmul")
+    ref = mixture_log_likelihood(z, means, var, valid, "direct")
+    assert torch.isfinite(ref).all()
+    # the documented bound: 1e-15 x T, T = max_k sum_d ((z - c)^2 + (mu_k - c)^2) / v_k
+    w = valid[..., None].double()
+    center = (means * w).sum(1, keepdim=True) / w.sum(1, keepdim=True)
+    t = (((z - center) ** 2)[:, :, None, :] / var[:, None]).sum(-1) + ((means - center) ** 2 / var).sum(-1)[:, None]
+    t = t.masked_fill(~valid[:, None], 0).amax(-1)
+    diff = (fast - ref).abs()
+    assert bool((diff <= 1e-15 * t).all()), float((diff / t).max())
+    assert float((diff / (1 + ref.abs())).max()) <= relative
+    assert torch.equal(fast, mixture_log_likelihood(z, means, var, valid, "matmul"))  # deterministic
+
+
+def test_both_density_forms_give_the_same_suwa_teacher_and_padding_is_ignored():
+    ups = gmm_uploads(k=3)
+    ups[1]["gmm_means"], ups[1]["gmm_stds"] = ups[1]["gmm_means"][:1], ups[1]["gmm_stds"][:1]  # K differs: padded
+    fast = SmoothedUncertaintyWeightedAggregator(density_method="matmul").aggregate(ups)
+    ref = SmoothedUncertaintyWeightedAggregator(density_method="direct").aggregate(ups)
+    torch.testing.assert_close(fast.weights, ref.weights, atol=1e-7, rtol=0)
+    torch.testing.assert_close(fast.teacher, ref.teacher, atol=1e-7, rtol=0)
+    z = torch.stack([u["logits"] for u in ups])
+    ll = SmoothedUncertaintyWeightedAggregator().log_likelihoods(ups, z)
+    alone = DiagonalGaussianMixture(ups[1]["gmm_means"].double(), ups[1]["gmm_stds"].double() ** 2,
+                                    torch.tensor([0])).log_likelihood(z[1], "direct")
+    torch.testing.assert_close(ll[1], alone, atol=1e-9, rtol=0)
+
+
 @pytest.mark.parametrize("kwargs", [{"tau": -0.1}, {"tau": math.inf}, {"upload": "weights"}, {"variance_floor": 0},
-                                    {"min_calibration_samples": 1}])
+                                    {"min_calibration_samples": 1}, {"density_method": "float16"}])
 def test_bad_uwa_arguments(kwargs):
     with pytest.raises(ConfigError):
         SmoothedUncertaintyWeightedAggregator(**kwargs)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -38,3 +40,23 @@ def test_executors_benchmark_prints_both_ratios(tmp_path):
     rows = table_rows(out)
     assert [r[1] for r in rows] == ["sequential", "sequential-fused", "vectorized"]
     assert rows[0][4].startswith("1.00x") and re.search(r"\(1\.00x\)", rows[1][4])
+
+
+def test_scale_benchmark_times_every_component(tmp_path):
+    out = run("scale.py", "--clients", "5", "--rounds", "2", "--run_dir", str(tmp_path),
+              "--data.public_size", "40", "--federation.private_epochs_first", "1", "--federation.private_epochs", "1",
+              "--federation.public_epochs_first", "1", "--federation.public_epochs", "1")
+    (row,) = table_rows(out)
+    assert row[0] == "5"
+    round_s, parts = float(row[1]), [float(v) for v in row[2:9]]  # train ... other
+    assert all(v >= 0 for v in parts[:-1]) and parts[0] > 0 and parts[5] > 0  # train and checkpoint measured
+    assert sum(parts) == pytest.approx(round_s, abs=0.02)  # "other" is the rest of the round
+    assert row[9].endswith("%") and float(row[10]) > 0 and float(row[11]) > 0 and float(row[12]) > 0  # write, MiB, RSS
+
+
+def test_density_benchmark_reports_speed_up_and_tolerance():
+    out = run("density.py", "--clients", "2", "--public", "50", "--components", "3", "--classes", "10",
+              "--repeats", "1")
+    direct, matmul = [r for r in table_rows(out) if r[0] != "form"]
+    assert direct[0] == "direct" and matmul[0] == "matmul" and matmul[2].endswith("x")
+    assert float(matmul[3]) <= 1e-9 and matmul[4] == "True"

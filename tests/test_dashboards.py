@@ -80,3 +80,15 @@ def test_wandb_logger_dashboard_wiring(monkeypatch, tmp_path):
     assert logged["clients/accuracy"][0] == "table" and len(logged["clients/accuracy"][2]) == 2
     assert logged["clients/trust_matrix"][0] == "image" and "round 3" in logged["clients/trust_matrix"][2]
     assert logged["teacher/acc"] == 0.7 and logged["comm/up_bytes_total"] == 1000
+
+
+def test_a_round_without_evaluation_logs_no_accuracy_points():
+    fake = types.SimpleNamespace(Table=lambda columns, data: ("table", columns, data),
+                                 Image=lambda array, caption: ("image", array.shape, caption))
+    skipped = {"round": 3, "after_public/global_acc_mean": float("nan"), "after_private/local_acc_max": float("nan"),
+               "teacher/acc": 0.7, "eval/test_samples": 0}
+    payload = wandb_round_payload(fake, skipped, [[0, 1], [2]])
+    assert payload == {"round": 3, "teacher/acc": 0.7, "eval/test_samples": 0}
+    evaluated = wandb_round_payload(fake, {**skipped, "after_public/global_acc_mean": 0.5, "eval/test_samples": 100},
+                                    [[0, 1], [2]])
+    assert evaluated["after_public/global_acc_mean"] == 0.5

@@ -196,3 +196,66 @@ def test_ledger_state_round_trips_in_columns_and_reads_the_row_format():
     assert empty.messages == []
     assert ledger.rows(2) == [{"round": 2, "client": 0, "direction": "down", "kind": "teacher",
                                "dtype": "float16", "shape": (4, 10), "bytes": 80}]
+
+
+# ---------------------------------------------------------------------------------- evaluation cadence
+def test_evaluation_every_n_rounds_on_a_fixed_subsample_then_the_full_test_set_last(tmp_path):
+    """Rounds 1, 2, 4 evaluated on the same 50 test samples, round 3 not at all, round 5 (the last)
+    on the whole test set; training is unchanged, so round 5 equals a run evaluated every round."""
+    loop = small_loop(tmp_path, UncertaintyWeightedAggregator(), rounds=5, eval_every_n_rounds=2, eval_subsample=50)
+    loop.fit()
+    ref = small_loop(tmp_path, UncertaintyWeightedAggregator(), rounds=5)
+    ref.fit()
+    total = len(loop.test_y)
+    assert [m["eval/test_samples"] for m in loop.history] == [50, 50, 0, 50, total]
+    assert [m["eval/test_samples"] for m in ref.history] == [total] * 5
+    skipped = loop.history[2]
+    assert all(skipped[f"{p}/{n}_{s}"] != skipped[f"{p}/{n}_{s}"]  # NaN
+               for p in ("after_private", "after_public") for n in ("global_acc", "local_acc") for s in ("mean", "min", "max"))
+    assert not any(k.startswith("clients/after_") for k in skipped)
+    assert skipped["teacher/acc"] == ref.history[2]["teacher/acc"]  # the round itself ran as usual
+    last, ref_last = loop.history[-1], ref.history[-1]
+    assert {k: v for k, v in last.items() if not k.startswith("time/")} == \
+        {k: v for k, v in ref_last.items() if not k.startswith("time/")}
+
+    # the subsample: fixed by the seed, sorted, and the accuracies are those of these rows
+    rows = loop.eval_rows
+    assert len(rows) == 50 and torch.equal(rows, rows.sort().values)
+    assert torch.equal(rows, small_loop(tmp_path, UncertaintyWeightedAggregator(), eval_subsample=50)._eval_rows(total))
+    preds = loop.executor.predict(loop.clients, loop.test_x).argmax(-1)[:, rows]
+    acc = (preds == loop.test_y[rows]).float().mean(1)
+    torch.testing.assert_close(loop.evaluate(rows)["global_acc"], acc)
+
+    summary = loop.summary()
+    evaluated = [m for m in loop.history if m["eval/test_samples"]]
+    assert summary["best_global_acc_mean"] == max(m["after_public/global_acc_mean"] for m in evaluated)
+    assert summary["final_round"] == 5 and summary["final_test_samples"] == total
+    assert summary["final_global_acc_mean"] == ref.summary()["final_global_acc_mean"]
+
+
+def test_summary_uses_only_evaluated_rounds(tmp_path):
+    loop = small_loop(tmp_path, ProbabilityAveragingAggregator(), rounds=3, eval_every_n_rounds=3)
+    loop.setup()
+    nan = float("nan")
+
+    def row(r, acc, n):
+        return {"round": r, "after_public/global_acc_mean": acc, "after_private/global_acc_mean": acc,
+                "after_public/local_acc_mean": acc, "after_private/local_acc_mean": acc, "teacher/acc": 0.5,
+                "eval/test_samples": n}
+
+    loop.history = [row(1, 0.3, 360), row(2, nan, 0)]  # mid-run: the newest round was not evaluated
+    loop.round = 2
+    summary = loop.summary()
+    assert summary["best_global_acc_mean"] == 0.3 and summary["best_round"] == 1
+    assert summary["final_round"] == 1 and summary["final_global_acc_mean"] == 0.3
+    loop.history = [row(1, nan, 0), row(2, 0.2, 360), row(3, 0.1, 360)]  # NaN first must not win max()
+    assert loop.summary()["best_round"] == 2
+
+
+@pytest.mark.parametrize("kwargs, field", [({"eval_every_n_rounds": 0}, "federation.eval_every_n_rounds"),
+                                           ({"eval_subsample": 0}, "federation.eval_subsample")])
+def test_bad_evaluation_settings_name_their_field(tmp_path, kwargs, field):
+    from fdlit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        small_loop(tmp_path, ProbabilityAveragingAggregator(), **kwargs)

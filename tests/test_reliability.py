@@ -19,7 +19,9 @@ from fdlit.cli import main
 from fdlit.config import parse_fit
 from fdlit.federation import NumericalFault
 from fdlit.runs import read_jsonl
-from fdlit.runs.checkpoint import CheckpointError, checkpoint_state, load_checkpoint, save_checkpoint
+from fdlit.runs.checkpoint import (
+    CheckpointError, checkpoint_state, load_checkpoint, pack_client_states, save_checkpoint, unpack_client_states,
+)
 from fdlit.runs.directory import CHECKPOINT as CHECKPOINT_NAME
 from fdlit.runs.experiment import Experiment
 
@@ -178,6 +180,119 @@ def test_a_failed_write_leaves_the_last_good_checkpoint(fast_args, tmp_path, mon
     assert load_checkpoint(experiment.run_path)["loop"]["round"] == 2
 
 
+# ---------------------------------------------------------------------------------- checkpoint format
+def assert_same_state(a, b, where="state"):
+    """Equal structure, container types, plain values, and tensors equal in dtype, shape and bits."""
+    assert type(a) is type(b), where
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        assert getattr(a, "_metadata", None) == getattr(b, "_metadata", None), where
+        for k in a:
+            assert_same_state(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    else:
+        assert a == b or (a != a and b != b), where  # NaN equals NaN here
+
+
+HETERO = ('[{"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}, "fraction": 0.5},'
+          ' {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [8, 8]}, "fraction": 0.5}]')
+
+
+def test_packed_checkpoint_is_a_few_large_tensors_and_loads_bit_identically(fast_args, tmp_path):
+    """Two architectures, six clients: two groups, each state tensor stacked once per group; loading
+    gives the loop's per-client states back exactly (types, metadata, plain values, bits)."""
+    parser, cfg = parse_fit([*fast_args, "--data.num_clients", "6", "--data.classes_per_client", "2",
+                             "--model", "fdlit.models.PerClient", "--model.groups", HETERO, "--federation.rounds", "1",
+                             "--federation.executor", "fdlit.execution.VectorizedExecutor"])
+    experiment = Experiment(cfg, parser)
+    experiment.fit()
+    loop = experiment.loop
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(checkpoint_state(loop, experiment.config), path)
+    raw = torch.load(path, weights_only=True)
+    assert raw["version"] == 3
+    groups = raw["loop"]["clients"]["groups"]
+    assert [g["clients"] for g in groups] == [[0, 1, 2], [3, 4, 5]]
+    per_client = [sum(isinstance(t, torch.Tensor) for t in pack_client_states([st])["groups"][0]["tensors"])
+                  for st in (loop.clients[0].client_state(), loop.clients[3].client_state())]
+    assert [len(g["tensors"]) for g in groups] == per_client  # one stacked tensor per state tensor, not per client
+    assert all(t.shape[0] == 3 for g in groups for t in g["tensors"])
+    assert_same_state(load_checkpoint(path)["loop"]["clients"], loop.state_dict()["clients"])
+
+
+def test_packing_groups_clients_that_differ_and_unpacked_tensors_are_their_own(fast_args):
+    parser, cfg = parse_fit([*fast_args, "--federation.rounds", "1"])
+    loop = Experiment(cfg, parser).loop
+    loop.fit()
+    states = loop.state_dict()["clients"]
+    fresh = type(loop.clients[0])(loop.clients[0].model, 9, [0], loop.optimization)  # no optimizer step yet
+    states.insert(1, fresh.client_state())
+    states[2]["method"] = {"mask": torch.ones(3, dtype=torch.bool)}
+    packed = pack_client_states(states)
+    assert [g["clients"] for g in packed["groups"]] == [[0, 3, 4], [1], [2]]
+    unpacked = unpack_client_states(packed)
+    assert_same_state(unpacked, states)
+    weight = next(iter(unpacked[0]["model"].values()))
+    assert weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()  # not a view of the stack
+
+
+def test_a_version_2_checkpoint_of_per_client_states_still_loads(fast_args, tmp_path):
+    parser, cfg = parse_fit([*fast_args, "--federation.rounds", "1"])
+    experiment = Experiment(cfg, parser)
+    experiment.fit()
+    state = checkpoint_state(experiment.loop, experiment.config)
+    state["version"] = 2
+    state["loop"]["clients"] = unpack_client_states(state["loop"]["clients"])
+    save_checkpoint(state, tmp_path / CHECKPOINT_NAME)
+    assert_same_state(load_checkpoint(tmp_path)["loop"]["clients"], experiment.loop.state_dict()["clients"])
+
+
+def test_every_n_rounds_and_keep_then_resume_from_an_older_checkpoint_is_bit_identical(fast_args, tmp_path,
+                                                                                        monkeypatch):
+    """Checkpoints after rounds 2, 4 and 5 (the last), the last two kept. A kill during round 5's
+    write leaves round 4's: resuming repeats round 5 and ends exactly like a run checkpointed every round."""
+    five = ["--federation.rounds", "5", "--data.public_size", "100"]
+    assert main(["fit", *fast_args, "--logger.run_dir", str(tmp_path / "every"), *five]) == 0
+    import fdlit.runs.checkpoint as ckpt
+
+    saved, original = [], ckpt.save_checkpoint
+    monkeypatch.setattr(ckpt, "save_checkpoint",
+                        lambda state, path: (saved.append(state["loop"]["round"]), original(state, path))[1])
+    assert main(["fit", *fast_args, "--logger.run_dir", str(tmp_path / "sparse"), *five,
+                 "--checkpoint.every_n_rounds", "2", "--checkpoint.keep", "2"]) == 0
+    monkeypatch.undo()
+    assert saved == [2, 4, 5]
+    run = only_run(tmp_path / "sparse")
+    assert sorted(p.name for p in run.glob("checkpoint*.pt")) == ["checkpoint-r4.pt", "checkpoint-r5.pt",
+                                                                  "checkpoint.pt"]
+    assert load_checkpoint(run / "checkpoint-r4.pt")["loop"]["round"] == 4
+    shutil.copyfile(run / "checkpoint-r4.pt", run / CHECKPOINT_NAME)  # round 5 ran, its checkpoint never landed
+    assert main(["fit", "--resume", str(run)]) == 0
+    ref = only_run(tmp_path / "every")
+    assert strip_timing(read_jsonl(run / "metrics.jsonl")) == strip_timing(read_jsonl(ref / "metrics.jsonl"))
+    assert read_jsonl(run / "communication.jsonl") == read_jsonl(ref / "communication.jsonl")
+    a, b = load_checkpoint(run)["loop"], load_checkpoint(ref)["loop"]
+    assert a["round"] == b["round"] == 5
+    assert_same_state(a["clients"], b["clients"])
+
+
+def test_a_failed_background_write_stops_the_run_with_its_error(fast_args, monkeypatch):
+    import fdlit.runs.checkpoint as ckpt
+
+    def disk_full(state, path):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", disk_full)
+    parser, cfg = parse_fit(fast_args)
+    with pytest.raises(OSError, match="No space left"):
+        Experiment(cfg, parser).fit()
+
+
 # ---------------------------------------------------------------------------------- bad input table
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
@@ -231,6 +346,11 @@ BAD = [
     (["--aggregator.variance_floor", "0"], "aggregator.variance_floor: must be > 0"),
     (["--aggregator.min_calibration_samples", "1"], "aggregator.min_calibration_samples: must be >= 2"),
     (["--model", "fdlit.models.NoSuchNet"], "model"),
+    (["--federation.eval_every_n_rounds", "0"], "federation.eval_every_n_rounds: must be >= 1, got 0"),
+    (["--federation.eval_subsample", "0"], "federation.eval_subsample: must be >= 1, got 0"),
+    (["--checkpoint.every_n_rounds", "0"], "checkpoint.every_n_rounds: must be >= 1, got 0"),
+    (["--checkpoint.keep", "-1"], "checkpoint.keep: must be >= 0, got -1"),
+    (["--aggregator.density_method", "float16"], "density_method"),
     # resuming
     (["--resume"], "resume: --resume needs a run directory"),
     (["--resume", "/no/such/run"], "resume: no run directory '/no/such/run'"),

@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
-from fdlit.aggregators.density import DiagonalGaussianMixture, mixture_log_likelihood
+from fdlit.aggregators.density import DENSITY_METHODS, DiagonalGaussianMixture, mixture_log_likelihood
 from fdlit.errors import ConfigError, check_at_least, check_number
 
 
@@ -31,6 +31,10 @@ class UncertaintyWeightedAggregator(Aggregator):
             the public set, N numbers, computed on the client).
         variance_floor: lower bound on every sigma^2.
         min_calibration_samples: a class with fewer calibration samples gets no component (>= 2).
+        density_method: how l_i is computed: ``matmul`` (the Mahalanobis term as two float64 matrix
+            products on centred logits; within 1e-9 (1 + |l|) of ``direct``, ~20x faster on a CPU)
+            or ``direct`` (elementwise float64, the reference form); see
+            :func:`~fdlit.aggregators.density.mixture_log_likelihood`.
 
     Numerics: float64, log space, logsumexp over components and softmax over clients; a sample for
     which every client has l = -inf (no components) falls back to uniform weights.
@@ -43,13 +47,18 @@ class UncertaintyWeightedAggregator(Aggregator):
         upload: Literal["density", "scores"] = "density",
         variance_floor: float = 1e-4,
         min_calibration_samples: int = 2,
+        density_method: Literal["matmul", "direct"] = "matmul",
     ):
         if upload not in ("density", "scores"):
             raise ConfigError("aggregator.upload", f"allowed: 'density', 'scores'; got {upload!r}")
         if not variance_floor > 0:
             raise ConfigError("aggregator.variance_floor", f"must be > 0, got {variance_floor}")
         check_at_least("aggregator.min_calibration_samples", min_calibration_samples, 2)
+        if density_method not in DENSITY_METHODS:
+            raise ConfigError("aggregator.density_method",
+                              f"allowed: {', '.join(DENSITY_METHODS)}; got {density_method!r}")
         self.tau = 1.0
+        self.density_method = density_method
         self.upload = upload
         self.variance_floor = variance_floor
         self.min_calibration_samples = min_calibration_samples
@@ -64,7 +73,7 @@ class UncertaintyWeightedAggregator(Aggregator):
         dropped = torch.tensor([gmm.dropped])
         floored = torch.tensor([gmm.floored])  # degenerate fits are counted in the logs
         if self.upload == "scores":
-            return {"log_likelihood": gmm.log_likelihood(ctx.public_logits).float(), "_dropped_components": dropped,
+            return {"log_likelihood": gmm.log_likelihood(ctx.public_logits, self.density_method).float(), "_dropped_components": dropped,
                     "_floored_variances": floored}
         return {
             "gmm_means": gmm.means.float(),
@@ -88,7 +97,7 @@ class UncertaintyWeightedAggregator(Aggregator):
             means[i, :k] = u["gmm_means"].double()
             variances[i, :k] = u["gmm_stds"].double().pow(2)
             valid[i, :k] = True
-        return mixture_log_likelihood(z, means, variances, valid)
+        return mixture_log_likelihood(z, means, variances, valid, self.density_method)
 
     def aggregate(self, uploads, ctx=None):
         z = self.stack_logits(uploads)
@@ -125,8 +134,9 @@ class SmoothedUncertaintyWeightedAggregator(UncertaintyWeightedAggregator):
         upload: Literal["density", "scores"] = "density",
         variance_floor: float = 1e-4,
         min_calibration_samples: int = 2,
+        density_method: Literal["matmul", "direct"] = "matmul",
     ):
         """Args: tau, the temperature on the log-likelihoods (finite, >= 0); the rest as UWA."""
         check_number("aggregator.tau", tau, inclusive=True)
-        super().__init__(upload, variance_floor, min_calibration_samples)
+        super().__init__(upload, variance_floor, min_calibration_samples, density_method)
         self.tau = tau

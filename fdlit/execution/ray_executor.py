@@ -265,6 +265,11 @@ class RayExecutor(ClientExecutor):
         self._started_ray = False
 
     # ------------------------------------------------------------------ set-up and teardown
+    def configure(self, compile_backend: Optional[str] = None) -> None:
+        if compile_backend is not None:  # the actors build their own executors from pickled clients
+            raise ConfigError("federation.compile", "is not available with RayExecutor; use the sequential or "
+                              "vectorized executor")
+
     def setup(self, fabric: Fabric, clients: Sequence[ClientModule]) -> None:
         ray = import_ray()
         if self.actors:  # a second fit with the same executor: start over

@@ -47,7 +47,7 @@ class StackedOptimizer:
 
         def gather(key: str) -> Stacked:
             return [torch.stack([st[k][key].to(p.dtype) if st[k] and st[k].get(key) is not None
-                                 else torch.zeros_like(p[0]) for st in states])
+                                 else torch.zeros_like(p[0]) for st in states]).contiguous()  # as the params
                     for k, p in enumerate(stack.params)]
 
         if self.kind == "adam":
@@ -183,7 +183,13 @@ class StackedOptimizer:
             if self.kind == "adam":
                 step = torch.tensor(float(self.step_count[i]), dtype=self.step_dtype)
                 for p, m1, m2 in zip(params, self.exp_avg, self.exp_avg_sq):
-                    o.state[p] = {"step": step.clone(), "exp_avg": m1[i].clone(), "exp_avg_sq": m2[i].clone()}
+                    o.state[p] = {"step": step.clone(), "exp_avg": _like(p, m1[i]), "exp_avg_sq": _like(p, m2[i])}
             elif self.momentum != 0:
                 for p, b in zip(params, self.buf):
-                    o.state[p] = {"momentum_buffer": b[i].clone()}
+                    o.state[p] = {"momentum_buffer": _like(p, b[i])}
+
+
+def _like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """A copy of ``value`` in ``param``'s memory layout (channels-last weights keep channels-last
+    state, as torch.optim creates it; its fused kernels need one layout for both)."""
+    return torch.empty_like(param).copy_(value)

@@ -23,7 +23,9 @@ class ParamStack:
         self.clients = clients
         self.names = [n for n, _ in clients[0].model.named_parameters()]
         per_client = [list(c.model.parameters()) for c in clients]
-        self.params = [torch.stack([ps[k].detach() for ps in per_client]) for k in range(len(self.names))]
+        # contiguous: a stack of channels-last weights would keep that layout per slice, which the
+        # stacked optimizer's fused kernel (raw pointers, one layout for weights and gradients) cannot mix
+        self.params = [torch.stack([ps[k].detach() for ps in per_client]).contiguous() for k in range(len(self.names))]
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
         # BatchNorm running statistics, one stacked tensor per buffer name
         self.buffers = {n: torch.stack([dict(c.model.named_buffers())[n].detach() for c in clients])

@@ -24,6 +24,11 @@ Same computation as :class:`~fdlit.execution.executor.SequentialExecutor`:
   generator) runs per client on its real samples, outside vmap and in the same precision context,
   so augmentation draws are the sequential executor's; only ``net`` is vmapped.
 
+Chunks: ``chunk_size`` bounds how many clients are stacked at once (memory grows with the stack:
+parameters, gradients, optimizer moments and activations of every client in it); chunks run one
+after another and compute exactly what one stack computes. On CUDA, without a ``chunk_size``, the
+chunk is chosen from free memory and an estimate per client (:func:`client_memory_bytes`).
+
 Not supported (``unsupported_reason`` says why; those clients run sequentially inside this
 executor, and the automatic choice picks the sequential executor): buffers other than BatchNorm's,
 BatchNorm with ``momentum=None``, an overridden ``training_step`` (overriding ``private_loss`` /
@@ -45,7 +50,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fdlit.clients import ClientModule
 from fdlit.data.augment import WithInput
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, check_at_least
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
 from fdlit.execution.stacked_optimizer import StackedOptimizer
 from fdlit.execution.stacking import ParamStack
@@ -117,16 +122,29 @@ class VectorizedExecutor(ClientExecutor):
     Args:
         eval_batch_size: samples per vmapped inference call.
         strict: raise a ConfigError for unsupported clients instead of running them sequentially.
+        chunk_size: at most this many clients per vmapped step (a group of M clients runs as
+            ceil(M / chunk_size) stacks one after another, with the same results: every client's
+            computation is its own). null: all clients of a group at once, except on a CUDA device,
+            where the chunk is chosen from the device's free memory (:func:`auto_chunk_size`).
     """
 
-    def __init__(self, eval_batch_size: int = 1024, strict: bool = False):
+    def __init__(self, eval_batch_size: int = 1024, strict: bool = False, chunk_size: Optional[int] = None):
+        if chunk_size is not None:
+            check_at_least("federation.executor.chunk_size", chunk_size, 1)
         self.eval_batch_size = eval_batch_size
         self.strict = strict
+        self.chunk_size = chunk_size
         self.fabric: Optional[Fabric] = None
         self.fallback = SequentialExecutor(eval_batch_size)
         self._vectorized: set[int] = set()
         self._keys: dict[int, tuple] = {}
-        self._cache = None
+        self._cache: dict = {}
+        self._auto_chunks: dict[tuple, int] = {}
+        self._compiled: dict[tuple, tuple] = {}
+
+    def configure(self, compile_backend: Optional[str] = None) -> None:
+        super().configure(compile_backend)
+        self.fallback.configure(compile_backend)
 
     def setup(self, fabric: Fabric, clients: Sequence[ClientModule]) -> None:
         self.fabric = fabric
@@ -152,22 +170,39 @@ class VectorizedExecutor(ClientExecutor):
                 rest.append(i)
         return list(groups.values()), rest
 
+    def _chunks(self, clients, members: list[int], sample: torch.Tensor) -> list[list[int]]:
+        """``members`` split into the stacks that run one after another. ``sample``: one batch of
+        inputs, for the memory estimate of the automatic chunk on CUDA."""
+        size = self.chunk_size
+        if size is None and sample.device.type == "cuda":
+            key = (self._keys[clients[members[0]].client_id], tuple(sample.shape))
+            if key not in self._auto_chunks:
+                free, _ = torch.cuda.mem_get_info(sample.device)
+                self._auto_chunks[key] = auto_chunk_size(free, client_memory_bytes(clients[members[0]], sample))
+            size = self._auto_chunks[key]
+        size = size or len(members)
+        return [members[i : i + size] for i in range(0, len(members), size)]
+
     # ------------------------------------------------------------------ training
     def train(self, clients, phase, datasets, epochs, batch_size):
         losses = [float("nan")] * len(clients)
         groups, rest = self._groups(clients)
-        for members in groups:
-            out = self._train_group([clients[i] for i in members], phase, [datasets[i] for i in members],
-                                    epochs, batch_size)
-            for i, loss in zip(members, out):
-                losses[i] = loss
+        for group in groups:
+            # every chunk pads its batches to the group's width: a batch padded to another width
+            # sums its (zero) padding in another order, which changes the last float bits
+            width = max(1, min(batch_size, max(len(datasets[i][0]) for i in group)))
+            for members in self._chunks(clients, group, datasets[group[0]][0][:batch_size]):
+                out = self._train_group([clients[i] for i in members], phase, [datasets[i] for i in members],
+                                        epochs, batch_size, width)
+                for i, loss in zip(members, out):
+                    losses[i] = loss
         if rest:
             out = self.fallback.train([clients[i] for i in rest], phase, [datasets[i] for i in rest], epochs, batch_size)
             for i, loss in zip(rest, out):
                 losses[i] = loss
         return losses
 
-    def _train_group(self, clients, phase, datasets, epochs, batch_size) -> list[float]:
+    def _train_group(self, clients, phase, datasets, epochs, batch_size, width=None) -> list[float]:
         m = len(clients)
         for c in clients:
             c.set_phase(phase)
@@ -182,7 +217,8 @@ class VectorizedExecutor(ClientExecutor):
         x_all, t_all, offsets = self._concat(datasets)
         if x_all.is_floating_point() and x_all.dtype != dtype and dtype == torch.float64:
             x_all = x_all.to(dtype)  # 64-true: Fabric converts inputs of the sequential path alike
-        index, weight, counts = _batch_plan(clients, [len(d[0]) for d in datasets], offsets, epochs, batch_size)
+        index, weight, counts = _batch_plan(clients, [len(d[0]) for d in datasets], offsets, epochs, batch_size,
+                                            width)
         lengths = weight.sum(-1).long()  # S x M real samples per batch
         steps = index.shape[0]
         if steps == 0:
@@ -191,21 +227,10 @@ class VectorizedExecutor(ClientExecutor):
 
         _, net, prefix = split_input(template)
         inputs = [split_input(c.model)[0] for c in clients]
-        step = _TrainingStep(clients[0], net)
-        names = ["client.model." + n for n in stack.names]
         buffer_names = [n for n in stack.buffers if n.startswith(prefix)]  # BatchNorm's, not the input's
-        tied = _has_tied_tensors(net)
-
-        def client_loss(params, buffers, x, t, w):
-            # gradients come out per parameter as M x shape, the stack's own layout (no copy into
-            # one flat vector: that concatenation was 13 % of a step);
-            # BatchNorm updates its (per-client, stacked) running statistics in place
-            state = {**dict(zip(names, params)), **{"client.model." + n: b for n, b in buffers.items()}}
-            return functional_call(step, state, (x, t, w), tie_weights=tied), buffers
-
-        step_fn = vmap(grad_and_value(client_loss, has_aux=True), randomness="different")
+        step_fn = self._step_function(clients[0], phase, net, stack.names)
         total = torch.zeros(m, device=device)
-        for s, substeps in enumerate(_substeps(counts, lengths, batch_dependent=bool(buffer_names))):
+        for s, substeps in enumerate(_substeps(counts, lengths, bool(buffer_names), index.shape[2])):
             for rows, width in substeps:
                 members = range(m) if rows is None else rows.tolist()
                 if rows is None:
@@ -226,7 +251,7 @@ class VectorizedExecutor(ClientExecutor):
                     else:
                         x = _client_inputs([inputs[j] for j in members], x_all, idx,
                                            [int(lengths[s, j]) for j in members])
-                    g, (loss, new_bufs) = step_fn(params, bufs, x, t_all[idx], w)
+                    g, (loss, new_bufs) = _at_least_two(step_fn, params, bufs, x, t_all[idx], w)
                 opt.step(params, [gk.to(dtype) for gk in g], rows)
                 if rows is None:
                     total += loss.detach()
@@ -242,6 +267,32 @@ class VectorizedExecutor(ClientExecutor):
         opt.write_back()
         return (total.cpu() / counts.clamp_min(1)).tolist()
 
+    def _step_function(self, client: ClientModule, phase: str, net, names: list[str]):
+        """vmap(grad_and_value(loss)) over a stack, with ``client`` as the template whose parameters
+        are swapped for each client's slice. With ``federation.compile`` it is compiled once per
+        architecture and phase and reused (a new function per call would recompile every phase)."""
+        key = (self._keys[client.client_id], phase)
+        if self.compile_backend is not None and key in self._compiled:
+            step, fn = self._compiled[key]
+            step.client.phase = phase  # the template dispatches on its phase (set_phase does this too)
+            return fn
+        step = _TrainingStep(client, net)
+        names = ["client.model." + n for n in names]
+        tied = _has_tied_tensors(net)
+
+        def client_loss(params, buffers, x, t, w):
+            # gradients come out per parameter as M x shape, the stack's own layout (no copy into
+            # one flat vector: that concatenation was 13 % of a step);
+            # BatchNorm updates its (per-client, stacked) running statistics in place
+            state = {**dict(zip(names, params)), **{"client.model." + n: b for n, b in buffers.items()}}
+            return functional_call(step, state, (x, t, w), tie_weights=tied), buffers
+
+        fn = vmap(grad_and_value(client_loss, has_aux=True), randomness="different")
+        if self.compile_backend is not None:
+            fn = torch.compile(fn, backend=self.compile_backend)
+            self._compiled[key] = (step, fn)
+        return fn
+
     def _concat(self, datasets):
         """One tensor of inputs and one of targets for the whole group, and each client's offset.
         One shared (x, t) (the public phase) is used as is; private sets are concatenated once and
@@ -249,20 +300,23 @@ class VectorizedExecutor(ClientExecutor):
         if all(d[0] is datasets[0][0] and d[1] is datasets[0][1] for d in datasets):
             return datasets[0][0], datasets[0][1], [0] * len(datasets)
         key = tuple((id(x), id(t)) for x, t in datasets)
-        if self._cache is None or self._cache[0] != key:
+        if key not in self._cache:
+            if len(self._cache) >= 64:  # one entry per chunk of clients; bounded in case inputs change
+                self._cache.clear()
             x_all = torch.cat([d[0] for d in datasets])
             t_all = torch.cat([d[1] for d in datasets])
             offsets = torch.tensor([0] + [len(d[0]) for d in datasets]).cumsum(0).tolist()
             # the datasets are kept so their ids cannot be reused by other tensors
-            self._cache = (key, list(datasets), (x_all, t_all, offsets))
-        return self._cache[2]
+            self._cache[key] = (list(datasets), (x_all, t_all, offsets))
+        return self._cache[key][1]
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
     def predict(self, clients, x):
         out: list[Optional[torch.Tensor]] = [None] * len(clients)
         groups, rest = self._groups(clients)
-        for members in groups:
+        stacks = [members for g in groups for members in self._chunks(clients, g, x[: self.eval_batch_size])]
+        for members in stacks:
             group = [clients[i] for i in members]
             modes = [c.model.training for c in group]
             for c in group:
@@ -277,7 +331,8 @@ class VectorizedExecutor(ClientExecutor):
             # one input pass for the whole group when every client's input module is the same
             # function in eval mode (the usual case: the dataset's normalisation); else one per client
             shared = inputs[0] is None or _same_module_state(inputs)
-            fn = vmap(functools.partial(_forward, net, tied), in_dims=(0, 0, None if shared else 0))
+            vmapped = vmap(functools.partial(_forward, net, tied), in_dims=(0, 0, None if shared else 0))
+            fn = functools.partial(_at_least_two, vmapped, shared_last=shared)
             chunks = []
             for i in range(0, len(xx), self.eval_batch_size):
                 xb = xx[i : i + self.eval_batch_size]
@@ -297,7 +352,41 @@ class VectorizedExecutor(ClientExecutor):
         return torch.stack(out)
 
 
-def _batch_plan(clients, sizes, offsets, epochs: int, batch_size: int):
+def client_memory_bytes(client: ClientModule, batch: torch.Tensor) -> int:
+    """Rough device memory one client takes in a vmapped training step: its parameters four times
+    (weights, gradients, two Adam moments) plus activations, taken as twice the bytes of every
+    leaf module's output on ``batch`` (kept for backward, and their gradients). Measured with one
+    forward pass in eval mode (no BatchNorm update, no augmentation draw)."""
+    model = client.model
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    activations = 0
+
+    def count(module, inputs, output):
+        nonlocal activations
+        outs = output if isinstance(output, (tuple, list)) else (output,)
+        activations += sum(t.numel() * t.element_size() for t in outs if isinstance(t, torch.Tensor))
+
+    leaves = [m for m in model.modules() if next(m.children(), None) is None]
+    handles = [m.register_forward_hook(count) for m in leaves]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(batch)
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    return 4 * params + 2 * activations
+
+
+def auto_chunk_size(free_bytes: int, per_client_bytes: int, fraction: float = 0.7) -> int:
+    """Clients per vmapped step that fit in ``fraction`` of the free device memory (at least 1);
+    the rest is left for the allocator's fragmentation and what the round keeps on the device."""
+    return max(1, int(free_bytes * fraction) // max(1, per_client_bytes))
+
+
+def _batch_plan(clients, sizes, offsets, epochs: int, batch_size: int, width: Optional[int] = None):
     """Batches of every client for a whole phase as padded tensors.
 
     Consumes each client's generator exactly like ``SequentialExecutor._train_one`` (one
@@ -305,7 +394,7 @@ def _batch_plan(clients, sizes, offsets, epochs: int, batch_size: int):
     one sample. Returns index (S x M x W, global rows of the concatenated data), weight (S x M x W,
     1 for real samples, 0 for padding) and the number of steps of each client (M).
     """
-    width = max(1, min(batch_size, max(sizes)))
+    width = width or max(1, min(batch_size, max(sizes)))
     plans = []
     for c, n, off in zip(clients, sizes, offsets):
         rows_idx, rows_w = [], []
@@ -330,14 +419,15 @@ def _batch_plan(clients, sizes, offsets, epochs: int, batch_size: int):
     return index, weight, counts
 
 
-def _substeps(counts: torch.Tensor, lengths: torch.Tensor, batch_dependent: bool):
+def _substeps(counts: torch.Tensor, lengths: torch.Tensor, batch_dependent: bool, width: int):
     """Per step, the vmapped calls to make: (rows or None for all clients, batch width).
 
     Clients that ran out of batches are left out. Without batch-dependent layers one call covers
-    every active client (short batches are zero-weight padded). With BatchNorm, padding would enter
-    the batch statistics, so active clients are split by their batch length and nothing is padded.
+    every active client (short batches are zero-weight padded to the plan's ``width``). With
+    BatchNorm, padding would enter the batch statistics, so active clients are split by their batch
+    length and nothing is padded.
     """
-    m, width = len(counts), int(lengths.max()) if lengths.numel() else 0
+    m = len(counts)
     for s in range(lengths.shape[0]):
         active = counts > s
         if not batch_dependent:
@@ -348,6 +438,32 @@ def _substeps(counts: torch.Tensor, lengths: torch.Tensor, batch_dependent: bool
             rows = (active & (lengths[s] == length)).nonzero().squeeze(1)
             out.append((None if len(rows) == m else rows, int(length)))
         yield out
+
+
+def _at_least_two(fn, params, buffers, *per_client, shared_last: bool = False):
+    """``fn`` (vmapped over clients) on a stack of at least two: a stack of one client runs doubled
+    and the copy is dropped. vmap over a single client takes other kernels (mm instead of bmm), whose
+    results differ in the last bits, so without this a client would compute differently alone (its
+    chunk, or the last client with batches left) than in a stack. ``shared_last``: the last
+    argument is the same for every client (not stacked)."""
+    first = next(iter(params.values())) if isinstance(params, dict) else params[0]
+    if first.shape[0] != 1:
+        return fn(params, buffers, *per_client)
+
+    def two(t):
+        return torch.cat([t, t])
+
+    args = [a if shared_last and i == len(per_client) - 1 else two(a) for i, a in enumerate(per_client)]
+    doubled = {n: two(p) for n, p in params.items()} if isinstance(params, dict) else [two(p) for p in params]
+    return _first(fn(doubled, {n: two(b) for n, b in buffers.items()}, *args))
+
+
+def _first(out):
+    if isinstance(out, torch.Tensor):
+        return out[:1]
+    if isinstance(out, dict):
+        return {k: _first(v) for k, v in out.items()}
+    return type(out)(_first(v) for v in out)
 
 
 def _client_inputs(modules, x_all: torch.Tensor, idx: torch.Tensor, lengths: list[int]) -> torch.Tensor:

@@ -71,9 +71,12 @@ def png_to_array(png: bytes) -> np.ndarray:
 
 
 def wandb_round_payload(wandb: Any, metrics: dict[str, Any], client_classes: Sequence[Sequence[int]]) -> dict[str, Any]:
-    """Scalars as they are; per-client lists as one ``wandb.Table``; the trust matrix as a heatmap
-    ``wandb.Image``. Lists would otherwise be logged as opaque histograms."""
+    """Scalars as they are (accuracies only in rounds that evaluated); per-client lists as one
+    ``wandb.Table``; the trust matrix as a heatmap ``wandb.Image``. Lists would otherwise be logged
+    as opaque histograms."""
     payload = {k: v for k, v in metrics.items() if not isinstance(v, (list, tuple))}
+    if metrics.get("eval/test_samples", 1) == 0:  # a round without evaluation: no accuracy points at all
+        payload = {k: v for k, v in payload.items() if not k.startswith(("after_private/", "after_public/"))}
     columns, rows = client_rows(metrics, client_classes)
     if rows:
         payload["clients/accuracy"] = wandb.Table(columns=columns, data=rows)

@@ -8,6 +8,8 @@ This module is the only code that knows its file names.
     <run_dir>/checkpoint.pt       the state after the last complete round (fdlit.runs.checkpoint)
     <run_dir>/run.lock            who holds the directory (pid, host); locked while a process writes it
     <run_dir>/<log>.damaged-<time> a damaged metrics/communication file, kept when resume rebuilt it
+    <run_dir>/checkpoint.pt       the state after the last checkpointed round (fdlit.runs.checkpoint)
+    <run_dir>/checkpoint-r<N>.pt  earlier checkpoints kept (``checkpoint.keep``)
     <run_dir>/wandb/              W&B's own files (offline runs)
 
 A crash or kill leaves every completed round readable. A run directory is created once, for one
@@ -93,6 +95,21 @@ def create_run_dir(parent: Path, name: str) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(f"could not create a new run directory for {name!r} under {parent}")
+
+
+def round_checkpoint(round: int) -> str:
+    """File name of the kept checkpoint of ``round``."""
+    return f"checkpoint-r{round}.pt"
+
+
+def kept_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(round, path) of the kept checkpoints in ``run_dir``, oldest first."""
+    out = []
+    for path in Path(run_dir).glob("checkpoint-r*.pt"):
+        number = path.name[len("checkpoint-r"):-len(".pt")]
+        if number.isdigit():
+            out.append((int(number), path))
+    return sorted(out)
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -17,7 +17,8 @@ from jsonargparse import ArgumentParser, Namespace
 from fdlit.config import fit_parser, parse_fit
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.runs.checkpoint import (
-    CheckpointError, Checkpointer, check_config, check_resumable, load_checkpoint, restore_checkpoint, resume_hint,
+    CheckpointConfig, CheckpointError, Checkpointer, check_config, check_resumable, load_checkpoint,
+    restore_checkpoint, resume_hint,
 )
 from fdlit.errors import ConfigError
 from fdlit.runs.directory import (
@@ -29,7 +30,8 @@ from fdlit.runs.progress import ProgressBar
 from fdlit.runs.wandb_logger import WandbLogger
 
 # flags that may accompany --resume: more rounds, and how to log; everything else comes from the run
-RESUME_FLAGS = ("--federation.rounds", "--logger.mode", "--logger.progress")
+RESUME_FLAGS = ("--federation.rounds", "--logger.mode", "--logger.progress", "--checkpoint.every_n_rounds",
+                "--checkpoint.keep", "--checkpoint.background")
 
 
 def default_run_name(loop: FederationLoop) -> str:
@@ -54,6 +56,7 @@ class Experiment:
         self.config.pop("config", None)
         self.config_yaml = parser.dump(cfg, skip_unset=False)  # keep null keys: the saved config is complete
         self.logger: LoggerConfig = init.logger
+        self.checkpoint: CheckpointConfig = init.checkpoint
         self.loop = FederationLoop(**vars(init.federation), data=init.data, model=cfg.model.as_dict(),
                                    client=init.client, aggregator=init.aggregator, seed=cfg.seed)
         self.resume_from = Path(resume_from) if resume_from is not None else None
@@ -96,21 +99,34 @@ class Experiment:
         self.identity = {"run": self.name, "run_dir": str(self.run_path)}
         directory = RunDirectory(self.run_path, self.config_yaml, self.identity,
                                  messages_written=len(loop.ledger.messages))
-        # last: saves the random state the next round starts from
-        self.checkpointer = Checkpointer(self.run_path, self.config, wandb.current_run_id, saved_round)
-        loop.callbacks = [directory, wandb, *([ProgressBar()] if self.logger.progress else []), *user_callbacks,
-                          self.checkpointer]
+        self.checkpointer = Checkpointer(self.run_path, self.config, wandb.current_run_id, self.checkpoint,
+                                         saved_round=saved_round)
+        loop.callbacks = [
+            directory, wandb, *([ProgressBar()] if self.logger.progress else []), *user_callbacks,
+            self.checkpointer,  # last: saves the random state the next round starts from
+        ]
 
     @property
     def saved_round(self) -> int:
         """The round the run directory's checkpoint holds (0: none)."""
         return self.checkpointer.saved_round if self.checkpointer is not None else 0
 
+    def finish_checkpoint(self) -> str:
+        """Wait for a checkpoint still being written in the background; '' or what went wrong."""
+        if self.checkpointer is None:
+            return ""
+        try:
+            self.checkpointer.wait()
+        except Exception as write_error:
+            return f"; writing the last checkpoint failed ({type(write_error).__name__}: {write_error})"
+        return ""
+
     def stopped_hint(self) -> str:
         """What a stopped run left and how to continue it, in one line."""
         if self.run_path is None:
             return "the run had not started; nothing was written"
-        return f"run directory {self.run_path}: {resume_hint(self.run_path, self.saved_round)}"
+        failed = self.finish_checkpoint()
+        return f"run directory {self.run_path}{failed}: {resume_hint(self.run_path, self.saved_round)}"
 
     def fit(self) -> dict[str, Any]:
         try:
@@ -131,6 +147,7 @@ class Experiment:
             summary = self.fit()
         except NumericalFault as exc:
             where = f"; metrics of earlier rounds are in {self.run_path}" if self.run_path else ""
+            where += self.finish_checkpoint()
             raise NumericalFault(f"{exc}{where}\n{resume_hint(self.run_path, self.saved_round)}") from None
         print(format_summary(summary))
         return summary

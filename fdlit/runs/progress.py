@@ -18,11 +18,12 @@ class ProgressBar(FederationCallback):
                            file=sys.stderr, dynamic_ncols=True)
 
     def on_round_end(self, loop, round, metrics):
-        self.rounds.set_postfix(
-            acc=f"{metrics['after_public/global_acc_mean']:.3f}",
-            local=f"{metrics['after_private/local_acc_mean']:.3f}",
-            teacher=f"{metrics['teacher/acc']:.3f}",
-        )
+        if metrics.get("eval/test_samples", 1):  # rounds without evaluation keep the last figures
+            self.rounds.set_postfix(
+                acc=f"{metrics['after_public/global_acc_mean']:.3f}",
+                local=f"{metrics['after_private/local_acc_mean']:.3f}",
+                teacher=f"{metrics['teacher/acc']:.3f}",
+            )
         self.rounds.update(1)
 
     def on_fit_end(self, loop, summary):
