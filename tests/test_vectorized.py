@@ -1,5 +1,6 @@
 """VectorizedExecutor computes what SequentialExecutor computes, on tiny CPU federations."""
 
+import math
 import pytest
 import torch
 from lightning.fabric import Fabric
@@ -196,6 +197,34 @@ def test_image_input_module_runs_per_client_and_matches_sequential(bn, precision
     for a, b in zip(seq, vec):  # the augmentation streams advanced identically
         assert torch.equal(a.model.input._generator.get_state(), b.model.input._generator.get_state())
     assert all(c.model.training for c in vec)  # predict restored the training mode
+
+
+def test_batchnorm_networks_train_stacked_under_bf16_autocast():
+    """vmap's batch rule for batch_norm refuses a bf16 input with float32 statistics, so a ResNet
+    under ``bf16-mixed`` could not train stacked; BatchNorm now normalises in float32 there. Same
+    losses and predictions as the sequential executor within bf16's precision."""
+    opt = ClientOptimization(optimizer="adam")
+
+    def clients():
+        torch.manual_seed(0)
+        return [ClientModule(SmallImageNet(True), i, [0, 1], opt, seed=3) for i in range(3)]
+
+    g = torch.Generator().manual_seed(1)
+    private = [(torch.randn(12, 3, 8, 8, generator=g), torch.randint(0, 10, (12,), generator=g)) for _ in range(3)]
+    public = torch.randn(20, 3, 8, 8, generator=g)
+    fabric = Fabric(accelerator="cpu", devices=1, precision="bf16-mixed")
+    results = []
+    for executor, cs in ((SequentialExecutor(), clients()), (VectorizedExecutor(strict=True), clients())):
+        executor.setup(fabric, cs)
+        losses = executor.train(cs, "private", private, 2, 4)
+        results.append((losses, executor.predict(cs, public)))
+    (seq_losses, seq_pred), (vec_losses, vec_pred) = results
+    stacked = cs
+    assert all(math.isfinite(v) for v in vec_losses)
+    assert vec_losses == pytest.approx(seq_losses, rel=0.05)
+    torch.testing.assert_close(vec_pred, seq_pred, atol=0.1, rtol=0.05)
+    for module in (m for c in stacked for m in c.model.modules()):  # the float32 hooks are gone after the step
+        assert not module._forward_pre_hooks and not module._forward_hooks
 
 
 def test_state_moves_between_executors():

@@ -40,8 +40,9 @@ executor, so runs with dropout > 0 are not bit-comparable between executors.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 from lightning.fabric import Fabric
@@ -251,7 +252,8 @@ class VectorizedExecutor(ClientExecutor):
                     else:
                         x = _client_inputs([inputs[j] for j in members], x_all, idx,
                                            [int(lengths[s, j]) for j in members])
-                    g, (loss, new_bufs) = _at_least_two(step_fn, params, bufs, x, t_all[idx], w)
+                    with _batch_norm_in_float32(net, self.fabric.device.type):
+                        g, (loss, new_bufs) = _at_least_two(step_fn, params, bufs, x, t_all[idx], w)
                 opt.step(params, [gk.to(dtype) for gk in g], rows)
                 if rows is None:
                     total += loss.detach()
@@ -339,7 +341,8 @@ class VectorizedExecutor(ClientExecutor):
                 with self.fabric.autocast():
                     if inputs[0] is not None:
                         xb = inputs[0](xb) if shared else torch.stack([mod(xb) for mod in inputs])
-                    chunks.append(fn(params, bufs, xb).float())
+                    with _batch_norm_in_float32(net, self.fabric.device.type):
+                        chunks.append(fn(params, bufs, xb).float())
             logits = torch.cat(chunks, 1)
             for c, mode in zip(group, modes):
                 c.model.train(mode)
@@ -438,6 +441,28 @@ def _substeps(counts: torch.Tensor, lengths: torch.Tensor, batch_dependent: bool
             rows = (active & (lengths[s] == length)).nonzero().squeeze(1)
             out.append((None if len(rows) == m else rows, int(length)))
         yield out
+
+
+@contextlib.contextmanager
+def _batch_norm_in_float32(net: torch.nn.Module, device: str) -> Iterator[None]:
+    """Under bf16/fp16 autocast, BatchNorm layers normalise a float32 copy of their input and hand
+    the autocast dtype on. Autocast leaves batch_norm in its input's dtype, and vmap's batch rule
+    for it refuses a half-precision input with float32 statistics and weights; cuDNN's mixed
+    batch norm computes in float32 internally too. Outside autocast nothing changes."""
+    if not torch.is_autocast_enabled(device):
+        yield
+        return
+    dtype = torch.get_autocast_dtype(device)
+    hooks = []
+    for module in net.modules():
+        if isinstance(module, _BatchNorm):
+            hooks.append(module.register_forward_pre_hook(lambda _, args: (args[0].float(), *args[1:])))
+            hooks.append(module.register_forward_hook(lambda _, args, out: out.to(dtype)))
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def _at_least_two(fn, params, buffers, *per_client, shared_last: bool = False):

@@ -136,7 +136,9 @@ class Experiment:
             self.close()
 
     def close(self) -> None:
-        """Release the run directory (also done when the process ends in any way)."""
+        """Release the run directory (also done when the process ends in any way), once the
+        checkpoint being written in the background is on disk: the next holder must find it."""
+        self.finish_checkpoint()
         if self.lock is not None:
             self.lock.release()
             self.lock = None
