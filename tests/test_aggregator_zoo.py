@@ -377,3 +377,33 @@ def test_meta_model_rejects_bad_arguments_and_needs_labels():
             MetaModelAggregator(**kwargs)
     with pytest.raises(RuntimeError, match="labelled set"):
         MetaModelAggregator().aggregate(logit_uploads())
+
+
+def test_meta_model_labelled_size_is_a_total_split_over_the_clients():
+    agg = MetaModelAggregator(labelled_size=3000)
+    assert [agg.client_share(i, 20) for i in range(20)] == [150] * 20  # the workshop paper's 3,000 at M = 20
+    agg = MetaModelAggregator(labelled_size=7)
+    assert [agg.client_share(i, 3) for i in range(3)] == [3, 2, 2]
+    assert [MetaModelAggregator().client_share(i, 4) for i in range(4)] == [15] * 4  # neither given: 15 each
+    assert MetaModelAggregator(labelled_per_client=4).client_share(0, 20) == 4
+    with pytest.raises(ConfigError, match=r"aggregator\.labelled_size: give the total .* not both"):
+        MetaModelAggregator(labelled_per_client=15, labelled_size=3000)
+    with pytest.raises(ConfigError, match=r"aggregator\.labelled_size: must be >= 1"):
+        MetaModelAggregator(labelled_size=0)
+
+
+def test_meta_model_labelled_size_sets_the_pooled_set_in_a_run(tmp_path):
+    from fdlit.config import parse_fit
+    from fdlit.runs.experiment import Experiment
+
+    argv = ["--config", "digits_meta_model.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+            "--logger.run_dir", str(tmp_path), "--federation.rounds", "1", "--federation.private_epochs_first", "1",
+            "--federation.public_epochs_first", "0", "--data.num_clients", "4", "--data.classes_per_client", "3",
+            "--data.public_size", "120", "--model.hidden", "[16]",
+            "--aggregator.labelled_per_client", "null", "--aggregator.labelled_size", "30"]
+    experiment = Experiment(parse_fit(argv)[1])
+    experiment.fit()
+    loop = experiment.loop
+    sent = [m.shape[0] for m in loop.ledger.messages if m.kind == "mm_labels"]
+    assert sent == [8, 8, 7, 7]
+    assert loop.history[-1]["mm/labelled_size"] == 30.0

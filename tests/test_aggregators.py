@@ -138,3 +138,39 @@ def test_scores_upload_gives_the_same_teacher_as_density_upload():
 def test_bad_uwa_arguments(kwargs):
     with pytest.raises(ConfigError):
         SmoothedUncertaintyWeightedAggregator(**kwargs)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.25])
+def test_logit_mix_is_softmax_of_the_weighted_logit_sum(tau):
+    """mix: logits is the workshop paper's Eq. 7 (Kovalchuk et al. 2025): p = softmax(sum_i w_i z_i)."""
+    ups = gmm_uploads()
+    z = torch.stack([u["logits"] for u in ups]).double()
+    # weights computed here, one client at a time, from each client's own mixture
+    ll = torch.stack([DiagonalGaussianMixture(u["gmm_means"].double(), u["gmm_stds"].double().pow(2),
+                                              u["gmm_classes"]).log_likelihood(z[i]) for i, u in enumerate(ups)])
+    w = torch.softmax(tau * ll, dim=0)
+    expected = torch.einsum("mn,mnc->nc", w, z).softmax(-1)
+
+    logit_mix = SmoothedUncertaintyWeightedAggregator(tau=tau, mix="logits").aggregate(ups)
+    prob_mix = SmoothedUncertaintyWeightedAggregator(tau=tau).aggregate(ups)
+    torch.testing.assert_close(logit_mix.teacher.double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logit_mix.weights, prob_mix.weights)  # same weights, other space
+    torch.testing.assert_close(logit_mix.teacher.sum(-1), torch.ones(N))
+    assert (logit_mix.teacher - prob_mix.teacher).abs().max() > 0.05
+    if tau == 1.0:
+        torch.testing.assert_close(UncertaintyWeightedAggregator(mix="logits").aggregate(ups).teacher,
+                                   logit_mix.teacher)
+
+
+def test_logit_mix_with_tau_zero_is_logit_averaging():
+    from fdlit.aggregators import LogitAveragingAggregator
+
+    ups = gmm_uploads()
+    torch.testing.assert_close(SmoothedUncertaintyWeightedAggregator(tau=0.0, mix="logits").aggregate(ups).teacher,
+                               LogitAveragingAggregator().aggregate(ups).teacher)
+
+
+@pytest.mark.parametrize("cls", [UncertaintyWeightedAggregator, SmoothedUncertaintyWeightedAggregator])
+def test_bad_mix_is_refused_at_construction_naming_the_field_and_the_choices(cls):
+    with pytest.raises(ConfigError, match=r"aggregator\.mix: allowed: 'probabilities', 'logits'; got 'logit'"):
+        cls(mix="logit")

@@ -10,6 +10,8 @@ from fdlit.aggregators.base import AggregationResult, Aggregator
 from fdlit.aggregators.density import DiagonalGaussianMixture, mixture_log_likelihood
 from fdlit.errors import ConfigError, check_at_least, check_number
 
+MIXES = ("probabilities", "logits")  # what UWA's weights average (``mix``)
+
 
 class UncertaintyWeightedAggregator(Aggregator):
     """UWA (Kovalchuk et al., *Who to Trust?*, arXiv 2509.15147, Sec. 4.4 and App. A.4).
@@ -20,7 +22,15 @@ class UncertaintyWeightedAggregator(Aggregator):
         l_i(x) = log( (1/|C_i|) sum_{k in C_i} N(z_i(x); mu_ik, diag sigma_ik^2) )
         W[i, x] = softmax_i( tau * l_i(x) ),   P(x) = sum_i W[i, x] softmax(z_i(x))
 
-    with tau = 1 for UWA. UWA has no ``tau`` argument on purpose: switching a config from sUWA to
+    with tau = 1 for UWA. ``mix`` says what the weights average:
+
+      - ``probabilities`` (default): P(x) = sum_i W[i, x] softmax(z_i(x)), the probability mixture of
+        Kovalchuk et al. 2026 (Definition 3.1, Sec. 4.4);
+      - ``logits``: P(x) = softmax( sum_i W[i, x] z_i(x) ), the workshop paper's Eq. 7 (Kovalchuk et
+        al. 2025, Sec. 3.1.3: "the final aggregated logits are then a confidence-weighted average").
+        With uniform weights (tau = 0) this is logit averaging.
+
+     UWA has no ``tau`` argument on purpose: switching a config from sUWA to
     UWA with ``--aggregator ...UncertaintyWeightedAggregator`` must not carry sUWA's tau along.
     :class:`SmoothedUncertaintyWeightedAggregator` adds tau (0 is AVG; infinity gives all weight to
     the client with the highest l_i(x)).
@@ -31,6 +41,7 @@ class UncertaintyWeightedAggregator(Aggregator):
             the public set, N numbers, computed on the client).
         variance_floor: lower bound on every sigma^2.
         min_calibration_samples: a class with fewer calibration samples gets no component (>= 2).
+        mix: ``probabilities`` or ``logits`` (see above).
 
     Numerics: float64, log space, logsumexp over components and softmax over clients; a sample for
     which every client has l = -inf (no components) falls back to uniform weights.
@@ -43,13 +54,17 @@ class UncertaintyWeightedAggregator(Aggregator):
         upload: Literal["density", "scores"] = "density",
         variance_floor: float = 1e-4,
         min_calibration_samples: int = 2,
+        mix: Literal["probabilities", "logits"] = "probabilities",
     ):
         if upload not in ("density", "scores"):
             raise ConfigError("aggregator.upload", f"allowed: 'density', 'scores'; got {upload!r}")
         if not variance_floor > 0:
             raise ConfigError("aggregator.variance_floor", f"must be > 0, got {variance_floor}")
         check_at_least("aggregator.min_calibration_samples", min_calibration_samples, 2)
+        if mix not in MIXES:
+            raise ConfigError("aggregator.mix", f"allowed: {', '.join(repr(m) for m in MIXES)}; got {mix!r}")
         self.tau = 1.0
+        self.mixing = mix  # not ``self.mix``: that is Aggregator.mix, the probability mixture
         self.upload = upload
         self.variance_floor = variance_floor
         self.min_calibration_samples = min_calibration_samples
@@ -97,7 +112,10 @@ class UncertaintyWeightedAggregator(Aggregator):
         hopeless = torch.isneginf(scaled).all(0)  # no client has a density here: uniform
         scaled = torch.where(hopeless[None], torch.zeros_like(scaled), scaled)
         weights = torch.softmax(scaled, dim=0).float()
-        teacher = self.mix(weights, z.softmax(-1))
+        if self.mixing == "logits":  # the workshop paper's Eq. 7: softmax of the weighted logits
+            teacher = torch.einsum("mn,mnc->nc", weights, z).softmax(-1)
+        else:
+            teacher = self.mix(weights, z.softmax(-1))
         finite = ll[torch.isfinite(ll)]
         stats = {
             "density/dropped_components": float(sum(int(u["_dropped_components"].sum()) for u in uploads)),
@@ -125,8 +143,9 @@ class SmoothedUncertaintyWeightedAggregator(UncertaintyWeightedAggregator):
         upload: Literal["density", "scores"] = "density",
         variance_floor: float = 1e-4,
         min_calibration_samples: int = 2,
+        mix: Literal["probabilities", "logits"] = "probabilities",
     ):
         """Args: tau, the temperature on the log-likelihoods (finite, >= 0); the rest as UWA."""
         check_number("aggregator.tau", tau, inclusive=True)
-        super().__init__(upload, variance_floor, min_calibration_samples)
+        super().__init__(upload, variance_floor, min_calibration_samples, mix)
         self.tau = tau
