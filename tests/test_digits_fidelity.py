@@ -2,10 +2,17 @@
 what a rule's weights measure once clients differ. One private phase is trained once for the module
 (about 10 s on a CPU); every test aggregates the clients' real uploads."""
 
+import warnings
+
 import pytest
 import torch
 
-from fdlit.aggregators import LKDAggregator, ProbabilityAveragingAggregator
+from fdlit.aggregators import (
+    LKDAggregator,
+    ProbabilityAveragingAggregator,
+    SmoothedUncertaintyWeightedAggregator,
+    UncertaintyWeightedAggregator,
+)
 from fdlit.config import parse_fit
 from fdlit.runs.experiment import Experiment
 
@@ -79,3 +86,52 @@ def test_lkd_scored_on_own_calibration_only_is_avg_when_every_class_has_as_many_
           "holder weight", holder_weight(r.weights, loop))
     assert float((r.weights - 1 / len(loop.clients)).abs().max()) < 0.005
     assert holder_weight(r.weights, loop) == pytest.approx(4 / len(loop.clients), abs=1e-3)
+
+
+# ---------------------------------------------------------------- UWA / sUWA (Kovalchuk et al. 2026): degenerate fits
+def collapse(monkeypatch, client, row):
+    """The client's model ignores its input: every logit row it produces (calibration and public) is ``row``."""
+    monkeypatch.setattr(client, "predict_logits", lambda x, batch_size=1024: row.to(x.device).expand(len(x), -1).clone())
+
+
+@pytest.mark.parametrize("upload", ["density", "scores"])
+@pytest.mark.parametrize("make", [lambda **kw: UncertaintyWeightedAggregator(**kw),
+                                  lambda **kw: SmoothedUncertaintyWeightedAggregator(tau=0.25, **kw)],
+                         ids=["uwa", "suwa-0.25"])
+def test_a_collapsed_client_no_longer_takes_the_weight(digits_k2, monkeypatch, make, upload):
+    loop = digits_k2
+    m = len(loop.clients)
+    own = loop.client_data[0].classes[0]
+    collapse(monkeypatch, loop.clients[0], 8.0 * torch.nn.functional.one_hot(torch.tensor(own), 10).float())
+    z = public_logits(loop)
+    assert (z[0] == z[0, :1]).all()  # identical rows
+
+    paper = make(upload=upload, robust=False)  # the rule as written: its floored density spikes everywhere
+    r = paper.aggregate(uploads(loop, paper, z))
+    assert float(r.weights[0].mean()) > 0.99
+
+    agg = make(upload=upload)  # robust (default)
+    with pytest.warns(RuntimeWarning, match="1 collapsed clients"):
+        r = agg.aggregate(uploads(loop, agg, z))
+    assert float(r.weights[0].mean()) < 2 / m
+    assert r.stats["density/collapsed_clients"] == 1.0 and r.stats["density/dropped_components"] == 2.0
+    torch.testing.assert_close(r.weights.sum(0), torch.ones(len(loop.public_y)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once: the next round is only counted
+        assert agg.aggregate(uploads(loop, agg, z)).stats["density/collapsed_clients"] == 1.0
+
+
+@pytest.mark.parametrize("mix", ["probabilities", "logits"])
+@pytest.mark.parametrize("tau", [1.0, 0.25])
+def test_robust_rule_changes_nothing_when_no_fit_is_degenerate(digits_k2, tau, mix):
+    loop = digits_k2
+    z = public_logits(loop)
+    before = SmoothedUncertaintyWeightedAggregator(tau=tau, mix=mix, robust=False)
+    after = SmoothedUncertaintyWeightedAggregator(tau=tau, mix=mix)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to repair, nothing said
+        r = after.aggregate(uploads(loop, after, z))
+    r0 = before.aggregate(uploads(loop, before, z))
+    assert torch.equal(r.teacher, r0.teacher) and torch.equal(r.weights, r0.weights)
+    assert all(r.stats[f"density/{k}"] == 0 for k in ("collapsed_clients", "degenerate_components",
+                                                       "shrunk_components", "dropped_components"))
