@@ -20,7 +20,7 @@ from fdlit.aggregators import (
     SelectiveFDAggregator,
 )
 from fdlit.aggregators.fedgo import train_discriminator
-from fdlit.aggregators.lkd import one_vs_rest_auc
+from fdlit.aggregators.lkd import auc_against_unlabelled, one_vs_rest_auc
 from fdlit.errors import ConfigError
 
 M, N, C = 5, 64, 10
@@ -335,11 +335,38 @@ def test_lkd_client_auc_marks_unseen_classes_lowest():
     torch.testing.assert_close(single, torch.tensor([1.0, 0.0, 0.0]))
 
 
+def test_auc_against_unlabelled_is_an_affine_map_of_the_true_auc():
+    """Positives against an unlabelled set that holds a copy of them (fraction pi) and the negatives:
+    AUC_PU = pi / 2 + (1 - pi) * AUC (the identity behind LKD's calibration_vs_public scoring)."""
+    from sklearn.metrics import roc_auc_score
+
+    g = torch.Generator().manual_seed(0)
+    pos = torch.randn(40, generator=g, dtype=torch.float64) + 1.0
+    neg = torch.randn(160, generator=g, dtype=torch.float64)
+    neg[:5] = pos[:5]  # ties count 1/2
+    true_auc = roc_auc_score([1] * 40 + [0] * 160, torch.cat([pos, neg]).numpy())
+    pi = 40 / 200
+    pu = float(auc_against_unlabelled(pos, torch.cat([pos, neg])[torch.randperm(200, generator=g)]))
+    assert pu == pytest.approx(pi / 2 + (1 - pi) * true_auc, abs=1e-12)
+    assert float(auc_against_unlabelled(pos, neg)) == pytest.approx(true_auc, abs=1e-12)
+
+
+def test_lkd_public_scoring_marks_unseen_classes_zero_and_classes_without_samples_half():
+    g = torch.Generator().manual_seed(1)
+    cal, pub = torch.randn(6, 4, generator=g), torch.randn(30, 4, generator=g)
+    cal[:3, 0] += 10  # class 0 calibration samples score above every public sample on output 0
+    auc = LKDAggregator.client_auc_vs_public(cal, torch.tensor([0, 0, 0, 1, 1, 1]), pub, [0, 1, 2], 4)
+    assert float(auc[0]) == 1.0 and 0 < float(auc[1]) < 1
+    assert float(auc[2]) == 0.5 and float(auc[3]) == 0.0  # local without samples; never seen
+
+
 def test_lkd_rejects_bad_arguments():
     for kwargs, field in (({"temperature": 0.0}, "temperature"), ({"scoring": "labels"}, "scoring"),
                           ({"server_labelled_size": 1}, "server_labelled_size")):
         with pytest.raises(ConfigError, match=f"aggregator\\.{field}"):
             LKDAggregator(**kwargs)
+    with pytest.raises(ConfigError, match="allowed: 'calibration_vs_public', 'calibration', 'server'"):
+        LKDAggregator(scoring="public")
 
 
 # ---------------------------------------------------------------- Meta-Model
@@ -377,3 +404,33 @@ def test_meta_model_rejects_bad_arguments_and_needs_labels():
             MetaModelAggregator(**kwargs)
     with pytest.raises(RuntimeError, match="labelled set"):
         MetaModelAggregator().aggregate(logit_uploads())
+
+
+def test_meta_model_labelled_size_is_a_total_split_over_the_clients():
+    agg = MetaModelAggregator(labelled_size=3000)
+    assert [agg.client_share(i, 20) for i in range(20)] == [150] * 20  # the workshop paper's 3,000 at M = 20
+    agg = MetaModelAggregator(labelled_size=7)
+    assert [agg.client_share(i, 3) for i in range(3)] == [3, 2, 2]
+    assert [MetaModelAggregator().client_share(i, 4) for i in range(4)] == [15] * 4  # neither given: 15 each
+    assert MetaModelAggregator(labelled_per_client=4).client_share(0, 20) == 4
+    with pytest.raises(ConfigError, match=r"aggregator\.labelled_size: give the total .* not both"):
+        MetaModelAggregator(labelled_per_client=15, labelled_size=3000)
+    with pytest.raises(ConfigError, match=r"aggregator\.labelled_size: must be >= 1"):
+        MetaModelAggregator(labelled_size=0)
+
+
+def test_meta_model_labelled_size_sets_the_pooled_set_in_a_run(tmp_path):
+    from fdlit.config import parse_fit
+    from fdlit.runs.experiment import Experiment
+
+    argv = ["--config", "digits_meta_model.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+            "--logger.run_dir", str(tmp_path), "--federation.rounds", "1", "--federation.private_epochs_first", "1",
+            "--federation.public_epochs_first", "0", "--data.num_clients", "4", "--data.classes_per_client", "3",
+            "--data.public_size", "120", "--model.hidden", "[16]",
+            "--aggregator.labelled_per_client", "null", "--aggregator.labelled_size", "30"]
+    experiment = Experiment(parse_fit(argv)[1])
+    experiment.fit()
+    loop = experiment.loop
+    sent = [m.shape[0] for m in loop.ledger.messages if m.kind == "mm_labels"]
+    assert sent == [8, 8, 7, 7]
+    assert loop.history[-1]["mm/labelled_size"] == 30.0

@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -192,3 +193,106 @@ def test_both_density_forms_give_the_same_suwa_teacher_and_padding_is_ignored():
 def test_bad_uwa_arguments(kwargs):
     with pytest.raises(ConfigError):
         SmoothedUncertaintyWeightedAggregator(**kwargs)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.25])
+def test_logit_mix_is_softmax_of_the_weighted_logit_sum(tau):
+    """mix: logits is the workshop paper's Eq. 7 (Kovalchuk et al. 2025): p = softmax(sum_i w_i z_i)."""
+    ups = gmm_uploads()
+    z = torch.stack([u["logits"] for u in ups]).double()
+    # weights computed here, one client at a time, from each client's own mixture
+    ll = torch.stack([DiagonalGaussianMixture(u["gmm_means"].double(), u["gmm_stds"].double().pow(2),
+                                              u["gmm_classes"]).log_likelihood(z[i]) for i, u in enumerate(ups)])
+    w = torch.softmax(tau * ll, dim=0)
+    expected = torch.einsum("mn,mnc->nc", w, z).softmax(-1)
+
+    logit_mix = SmoothedUncertaintyWeightedAggregator(tau=tau, mix="logits").aggregate(ups)
+    prob_mix = SmoothedUncertaintyWeightedAggregator(tau=tau).aggregate(ups)
+    torch.testing.assert_close(logit_mix.teacher.double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logit_mix.weights, prob_mix.weights)  # same weights, other space
+    torch.testing.assert_close(logit_mix.teacher.sum(-1), torch.ones(N))
+    assert (logit_mix.teacher - prob_mix.teacher).abs().max() > 0.05
+    if tau == 1.0:
+        torch.testing.assert_close(UncertaintyWeightedAggregator(mix="logits").aggregate(ups).teacher,
+                                   logit_mix.teacher)
+
+
+def test_logit_mix_with_tau_zero_is_logit_averaging():
+    from fdlit.aggregators import LogitAveragingAggregator
+
+    ups = gmm_uploads()
+    torch.testing.assert_close(SmoothedUncertaintyWeightedAggregator(tau=0.0, mix="logits").aggregate(ups).teacher,
+                               LogitAveragingAggregator().aggregate(ups).teacher)
+
+
+@pytest.mark.parametrize("cls", [UncertaintyWeightedAggregator, SmoothedUncertaintyWeightedAggregator])
+def test_bad_mix_is_refused_at_construction_naming_the_field_and_the_choices(cls):
+    with pytest.raises(ConfigError, match=r"aggregator\.mix: allowed: 'probabilities', 'logits'; got 'logit'"):
+        cls(mix="logit")
+
+
+# ---------------------------------------------------------------- degenerate density fits (robust)
+def test_robust_fit_drops_a_collapsed_client():
+    z = torch.tensor([[3.0, -1.0, 0.5]]).repeat(12, 1)  # identical rows: the model ignores its input
+    y = torch.tensor([0] * 6 + [2] * 6)
+    plain = DiagonalGaussianMixture.fit(z, y, [0, 2])
+    assert plain.classes.tolist() == [0, 2] and plain.floored == 6  # the paper's rule: all at the floor
+    assert float(plain.log_likelihood(z[:1])) > 10  # a density spike wherever its logits land: everywhere
+    gmm = DiagonalGaussianMixture.fit(z, y, [0, 2], robust=True)
+    assert gmm.collapsed and gmm.dropped == 2 and len(gmm.means) == 0
+    assert torch.isneginf(gmm.log_likelihood(z[:3])).all()  # weight 0
+
+
+def test_robust_fit_gives_a_zero_spread_class_the_pooled_variance():
+    g = torch.Generator().manual_seed(0)
+    z = torch.cat([torch.randn(20, C, generator=g, dtype=torch.float64) * 2,
+                   torch.randn(30, C, generator=g, dtype=torch.float64),
+                   torch.full((15, C), 4.0, dtype=torch.float64)])  # class 7's logits never move
+    y = torch.tensor([1] * 20 + [4] * 30 + [7] * 15)
+    gmm = DiagonalGaussianMixture.fit(z, y, [1, 4, 7], robust=True)
+    v1, v4 = z[:20].var(0, unbiased=False), z[20:50].var(0, unbiased=False)
+    assert gmm.degenerate == 1 and gmm.shrunk == 0 and not gmm.collapsed and gmm.floored == 0
+    torch.testing.assert_close(gmm.variances[2], (20 * v1 + 30 * v4) / 50)
+    torch.testing.assert_close(gmm.variances[:2], torch.stack([v1, v4]))  # the others untouched
+    torch.testing.assert_close(gmm.means[2], torch.full((C,), 4.0, dtype=torch.float64))
+
+
+def test_robust_fit_shrinks_a_class_with_few_samples_toward_the_pooled_variance():
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(34, C, generator=g, dtype=torch.float64)
+    y = torch.tensor([0] * 30 + [5] * 4)
+    gmm = DiagonalGaussianMixture.fit(z, y, [0, 5], robust=True, shrinkage_samples=10)
+    v0, v5 = z[:30].var(0, unbiased=False), z[30:].var(0, unbiased=False)
+    pooled = (30 * v0 + 4 * v5) / 34
+    assert gmm.shrunk == 1 and gmm.degenerate == 0
+    torch.testing.assert_close(gmm.variances[1], (4 * v5 + 10 * pooled) / 14)
+    torch.testing.assert_close(gmm.variances[0], v0)
+    off = DiagonalGaussianMixture.fit(z, y, [0, 5], robust=True, shrinkage_samples=0)
+    torch.testing.assert_close(off.variances, DiagonalGaussianMixture.fit(z, y, [0, 5]).variances)
+
+
+def test_robust_fit_is_the_plain_fit_when_nothing_is_degenerate():
+    g = torch.Generator().manual_seed(2)
+    y = torch.tensor([0, 3, 8]).repeat(20)
+    z = torch.randn(60, C, generator=g) + 4 * torch.nn.functional.one_hot(y, C)
+    a = DiagonalGaussianMixture.fit(z, y, [0, 3, 8, 9], robust=True)  # class 9: no sample, dropped as before
+    b = DiagonalGaussianMixture.fit(z, y, [0, 3, 8, 9])
+    assert torch.equal(a.means, b.means) and torch.equal(a.variances, b.variances) and a.dropped == b.dropped == 1
+    assert (a.degenerate, a.shrunk, a.collapsed) == (0, 0, False)
+
+
+def test_robust_uwa_counts_repairs_and_warns_once():
+    ups = gmm_uploads()
+    for u in ups:
+        u.update(_collapsed=torch.tensor([0]), _degenerate_components=torch.tensor([0]),
+                 _shrunk_components=torch.tensor([0]))
+    ups[1]["_degenerate_components"] = torch.tensor([2])
+    agg = UncertaintyWeightedAggregator()
+    with pytest.warns(RuntimeWarning, match="2 degenerate components"):
+        stats = agg.aggregate(ups).stats
+    assert stats["density/degenerate_components"] == 2 and stats["density/collapsed_clients"] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        agg.aggregate(ups)
+    with pytest.raises(ConfigError, match=r"aggregator\.shrinkage_samples"):
+        UncertaintyWeightedAggregator(shrinkage_samples=-1)

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Typed from docs/algorithms.md "Paper settings to reproduce" (Kovalchuk et al. 2026, Table 2, App. A;
 # Kovalchuk et al. 2025 (workshop) for MNIST).
 # (M, k default [sweep], private samples/client, public size, model class, pretrained, optimizer, lr,
-#  batch, epochs first round, epochs later, rounds, aggregator, tau)
+#  batch, epochs first round, epochs later, rounds, aggregator, tau, other aggregator arguments)
 PAPER = {
     "cifar10.yaml": dict(source=["Kovalchuk et al. 2026", "arXiv 2509.15147", "Table 2"],
                          M=20, k=2, k_sweep=[2, 3, 4, 5, 7, 9], private=5000, public=5000, model="ResNet18",
@@ -34,12 +34,17 @@ PAPER = {
     "cifar10_workshop.yaml": dict(source=["Kovalchuk et al. 2025"], M=20, k=5, k_sweep=[2, 5, 8], private=10000, public=5000,
                              model="ResNet18", pretrained=False, optimizer="adam", lr=1e-3, batch=128, first=20,
                              later=5, rounds=50, aggregator="UncertaintyWeightedAggregator", tau=None,
-                             dataset="cifar10"),
+                             dataset="cifar10", init_args={"mix": "logits"}),
     "mnist.yaml": dict(source=["Kovalchuk et al. 2025"],
                        M=20, k=2, k_sweep=[2, 5, 8], private=10000, public=5000, model="LeNet5",
                        pretrained=None, optimizer="adam", lr=1e-3, batch=128, first=10, later=1, rounds=50,
-                       aggregator="UncertaintyWeightedAggregator", tau=None, dataset="mnist"),
+                       aggregator="UncertaintyWeightedAggregator", tau=None, dataset="mnist",
+                       init_args={"mix": "logits"}),
 }
+# the workshop paper's Meta-Model aggregator in the same two settings: 3,000 labelled images (App. A.2)
+for _name in ("mnist", "cifar10_workshop"):
+    PAPER[f"{_name}_meta_model.yaml"] = {**PAPER[f"{_name}.yaml"], "aggregator": "MetaModelAggregator",
+                                         "init_args": {"labelled_size": 3000, "labelled_per_client": None}}
 
 
 @pytest.mark.parametrize("name", sorted(PAPER))
@@ -63,6 +68,8 @@ def test_config_matches_the_paper(name):
     assert cfg.aggregator.class_path.rsplit(".", 1)[1] == want["aggregator"]
     if want["tau"] is not None:
         assert cfg.aggregator.init_args.tau == want["tau"]
+    for key, value in want.get("init_args", {}).items():
+        assert cfg.aggregator.init_args[key] == value, key
     text = (REPO / "configs" / name).read_text()
     assert all(src in text for src in want["source"])  # names its source in a comment
 

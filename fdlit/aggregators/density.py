@@ -19,6 +19,8 @@ class DiagonalGaussianMixture:
     """Equal-weight mixture of diagonal Gaussians, one component per local class.
 
     means, variances: K x C; classes: K class ids. ``dropped``: local classes that got no component.
+    The weights are 1/K over the K fitted components: 1/|C_i| when none was dropped, and with dropped
+    components the mixture is renormalised over the ones that exist, so l_i stays a log-density.
     """
 
     means: torch.Tensor
@@ -26,6 +28,9 @@ class DiagonalGaussianMixture:
     classes: torch.Tensor
     dropped: int = 0
     floored: int = 0  # variance entries raised to the floor (zero or tiny variance)
+    degenerate: int = 0  # zero-spread components given the pooled variance (``robust``)
+    shrunk: int = 0  # components with few samples shrunk toward the pooled variance (``robust``)
+    collapsed: bool = False  # no component spreads: no components at all (``robust``)
 
     @classmethod
     def fit(
@@ -35,6 +40,9 @@ class DiagonalGaussianMixture:
         classes: list[int],
         variance_floor: float = 1e-4,
         min_samples: int = 2,
+        *,
+        robust: bool = False,
+        shrinkage_samples: int = 10,
     ) -> "DiagonalGaussianMixture":
         """Fit one component per class in ``classes`` on the logits of that class's samples.
 
@@ -45,26 +53,57 @@ class DiagonalGaussianMixture:
         it is counted in ``dropped``; variance entries raised to the floor (a logit that does not
         move within a class) are counted in ``floored``. A client left with no component has log-likelihood -inf
         everywhere, i.e. zero weight (see :func:`mixture_log_likelihood`).
+
+        ``robust`` (**choice**, docs/algorithms.md "UWA: degenerate density fits") repairs the fits whose
+        variance says nothing about the data, before the floor:
+
+        * a *zero-spread* component (its class's logits do not move: every variance below the floor)
+          takes the client's pooled within-class variance, sum_k n_k var_k / sum_k n_k over its
+          components that do spread (the "tied" estimate); counted in ``degenerate``;
+        * a component fitted on fewer than ``shrinkage_samples`` samples is shrunk toward that pooled
+          variance with ``shrinkage_samples`` pseudo-samples, (n var + nu var_pool) / (n + nu);
+          counted in ``shrunk``;
+        * a *collapsed* client (no component spreads: its logits do not depend on its input, e.g.
+          identical rows) gets no component at all (``collapsed``; every class counted in
+          ``dropped``), so its weight is 0. Its floored density would otherwise be the floor's, not
+          the data's, and peak exactly where all its logits land: on every public sample.
+
+        A fit with every component spread and fitted on at least ``shrinkage_samples`` samples is
+        the same with or without ``robust``.
         """
         z = logits.double()
-        means, variances, kept = [], [], []
-        floored = 0
+        fits = []  # (class, n, mean, ML variance) of every class with enough samples
         for c in classes:
             zc = z[labels == c]
             if len(zc) < min_samples:
                 continue
-            means.append(zc.mean(0))
-            var = zc.var(0, unbiased=False)
-            floored += int((var < variance_floor).sum())
-            variances.append(var.clamp_min(variance_floor))
-            kept.append(c)
+            fits.append((c, len(zc), zc.mean(0), zc.var(0, unbiased=False)))
+        degenerate = shrunk = 0
+        collapsed = False
+        if robust and fits:
+            spread = [(n, var) for _, n, _, var in fits if not bool((var < variance_floor).all())]
+            if not spread:
+                collapsed, fits = True, []
+            else:
+                pooled = sum(n * var for n, var in spread) / sum(n for n, _ in spread)
+                repaired = []
+                for c, n, mu, var in fits:
+                    if bool((var < variance_floor).all()):
+                        var, degenerate = pooled, degenerate + 1
+                    elif n < shrinkage_samples:
+                        var, shrunk = (n * var + shrinkage_samples * pooled) / (n + shrinkage_samples), shrunk + 1
+                    repaired.append((c, n, mu, var))
+                fits = repaired
+        floored = sum(int((var < variance_floor).sum()) for _, _, _, var in fits)
         c_dim = logits.shape[-1]
-        if kept:
-            mu, var = torch.stack(means), torch.stack(variances)
+        if fits:
+            mu = torch.stack([f[2] for f in fits])
+            var = torch.stack([f[3] for f in fits]).clamp_min(variance_floor)
         else:
             mu = var = torch.empty(0, c_dim, dtype=torch.float64, device=logits.device)
-        return cls(mu, var, torch.tensor(kept, dtype=torch.long), dropped=len(classes) - len(kept),
-                   floored=floored)
+        return cls(mu, var, torch.tensor([f[0] for f in fits], dtype=torch.long),
+                   dropped=len(classes) - len(fits), floored=floored, degenerate=degenerate, shrunk=shrunk,
+                   collapsed=collapsed)
 
     def log_likelihood(self, z: torch.Tensor, method: str = "matmul") -> torch.Tensor:
         """log( (1/K) sum_k N(z; mu_k, diag var_k) ) for each row of z (N x C) -> N."""
@@ -116,7 +155,7 @@ def mixture_log_likelihood(
     comp = (_components_matmul if method == "matmul" else _components_direct)(z, mu, var, valid, log_norm)
     if not bool(valid.all()):
         comp = comp.masked_fill(~valid[:, None, :], -math.inf)
-    k = valid.sum(1).clamp_min(1).to(torch.float64)  # equal mixture weights 1/|C_i|
+    k = valid.sum(1).clamp_min(1).to(torch.float64)  # equal weights 1/K over the K fitted components
     return torch.logsumexp(comp, dim=-1) - torch.log(k)[:, None]
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Optional
 
 import torch
 from torch import nn
 
 from fdlit.aggregators.base import AggregationResult, Aggregator
-from fdlit.errors import check_at_least, check_number
+from fdlit.errors import ConfigError, check_at_least, check_number
 
 
 class MetaModelAggregator(Aggregator):
@@ -19,20 +20,27 @@ class MetaModelAggregator(Aggregator):
     logits. It learns *which client to trust where*; it must be retrained whenever the clients
     change, i.e. every round here (from scratch, seeded). No per-client weights W exist.
 
-    The labelled set (**choice**; the workshop paper: 3,000 images "constructed from images available in
-    local datasets"): in ``client_setup`` every client contributes up to ``labelled_per_client`` samples of
-    its *calibration* split (never trained on, so its own logits on them are not overfitted), sending
-    inputs and labels to the server (round 0, counted); the server broadcasts the pooled inputs to
-    every client (round 0, counted down). Each round every client uploads its logits on the pooled set
-    (L x C, counted as ``mm_logits``). NB: this shares private images with everyone, as the workshop
-    paper does.
+    The labelled set (**choice**; the workshop paper, App. A.2: "an additional set of 3,000 images is
+    reserved specifically for training the auxiliary model in MM Aggregator", "constructed using images
+    from private datasets"): in ``client_setup`` every client contributes samples of its *calibration*
+    split (never trained on, so its own logits on them are not overfitted), sending inputs and labels
+    to the server (round 0, counted); the server broadcasts the pooled inputs to every client (round
+    0, counted down). Each round every client uploads its logits on the pooled set (L x C, counted as
+    ``mm_logits``). NB: this shares private images with everyone, as the workshop
+    paper does. Its size is set either per client (``labelled_per_client``, 15 when neither is given)
+    or in total (``labelled_size``: L split as evenly as possible over the M clients, client i taking
+    L // M, plus one for the first L mod M clients; 3,000 in the workshop paper's setting, i.e. 150
+    per client at M = 20). A client whose calibration split is smaller than its share sends all of
+    it, so the set can come out smaller than asked; its real size is logged as ``mm/labelled_size``.
 
     Other choices: A = Linear(M*C, hidden) - ReLU - Linear(hidden, C) (hidden = 0: linear);
     features standardised with the labelled set's mean and std; full-batch Adam for ``steps`` steps
     with weight decay; labelled samples a client contributes are drawn at random (seeded).
 
     Args:
-        labelled_per_client: samples each client contributes (>= 1).
+        labelled_per_client: samples each client contributes (>= 1; default 15).
+        labelled_size: total labelled-set size L, split over the clients (>= 1); give this or
+            ``labelled_per_client``, not both.
         hidden: hidden units of A (0 = a linear model).
         steps: full-batch training steps per round (>= 1).
         lr: Adam learning rate (> 0).
@@ -41,14 +49,24 @@ class MetaModelAggregator(Aggregator):
 
     short_name = "mm"
 
-    def __init__(self, labelled_per_client: int = 15, hidden: int = 64, steps: int = 300, lr: float = 1e-2,
-                 weight_decay: float = 1e-3):
-        check_at_least("aggregator.labelled_per_client", labelled_per_client, 1)
+    def __init__(self, labelled_per_client: Optional[int] = None, hidden: int = 64, steps: int = 300,
+                 lr: float = 1e-2, weight_decay: float = 1e-3, labelled_size: Optional[int] = None):
+        if labelled_per_client is not None and labelled_size is not None:
+            raise ConfigError("aggregator.labelled_size",
+                              f"give the total (labelled_size) or the per-client count (labelled_per_client), "
+                              f"not both; set the other to null (got {labelled_size} and {labelled_per_client})")
+        if labelled_size is not None:
+            check_at_least("aggregator.labelled_size", labelled_size, 1)
+        elif labelled_per_client is None:
+            labelled_per_client = 15
+        if labelled_per_client is not None:
+            check_at_least("aggregator.labelled_per_client", labelled_per_client, 1)
         check_at_least("aggregator.hidden", hidden, 0)
         check_at_least("aggregator.steps", steps, 1)
         check_number("aggregator.lr", lr)
         check_number("aggregator.weight_decay", weight_decay, inclusive=True)
         self.labelled_per_client = labelled_per_client
+        self.labelled_size = labelled_size
         self.hidden, self.steps, self.lr, self.weight_decay = hidden, steps, lr, weight_decay
         self.labelled_y: torch.Tensor | None = None  # server state: labels of the pooled labelled set
 
@@ -56,9 +74,17 @@ class MetaModelAggregator(Aggregator):
         """Client side, once: pick samples of the calibration split; send them with their labels."""
         cal = ctx.data.calibration
         g = torch.Generator().manual_seed(ctx.info.client_seed(ctx.client.client_id))
-        take = torch.randperm(len(cal.x), generator=g)[: self.labelled_per_client]
+        share = self.client_share(ctx.client.client_id, ctx.info.num_clients)
+        take = torch.randperm(len(cal.x), generator=g)[:share]
         label_dtype = torch.uint8 if ctx.info.num_classes <= 256 else torch.int16
         return {"mm_inputs": cal.x[take], "mm_labels": cal.y[take].to(label_dtype)}
+
+    def client_share(self, client_id: int, num_clients: int) -> int:
+        """How many labelled samples client ``client_id`` contributes (before its calibration size caps it)."""
+        if self.labelled_size is None:
+            return self.labelled_per_client
+        base, extra = divmod(self.labelled_size, num_clients)
+        return base + (1 if client_id < extra else 0)
 
     def server_setup(self, uploads, ctx):
         self.labelled_y = torch.cat([u["mm_labels"] for u in uploads]).long()

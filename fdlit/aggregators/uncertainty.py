@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 import torch
@@ -9,6 +10,8 @@ import torch
 from fdlit.aggregators.base import AggregationResult, Aggregator
 from fdlit.aggregators.density import DENSITY_METHODS, DiagonalGaussianMixture, mixture_log_likelihood
 from fdlit.errors import ConfigError, check_at_least, check_number
+
+MIXES = ("probabilities", "logits")  # what UWA's weights average (``mix``)
 
 
 class UncertaintyWeightedAggregator(Aggregator):
@@ -20,8 +23,20 @@ class UncertaintyWeightedAggregator(Aggregator):
         l_i(x) = log( (1/|C_i|) sum_{k in C_i} N(z_i(x); mu_ik, diag sigma_ik^2) )
         W[i, x] = softmax_i( tau * l_i(x) ),   P(x) = sum_i W[i, x] softmax(z_i(x))
 
-    with tau = 1 for UWA. UWA has no ``tau`` argument on purpose: switching a config from sUWA to
-    UWA with ``--aggregator ...UncertaintyWeightedAggregator`` must not carry sUWA's tau along.
+    with tau = 1 for UWA. ``mix`` says what the weights average:
+
+      - ``probabilities`` (default): P(x) = sum_i W[i, x] softmax(z_i(x)), the probability mixture of
+        Kovalchuk et al. 2026 (Definition 3.1, Sec. 4.4);
+      - ``logits``: P(x) = softmax( sum_i W[i, x] z_i(x) ), the workshop paper's Eq. 7 (Kovalchuk et
+        al. 2025, Sec. 3.1.3: "the final aggregated logits are then a confidence-weighted average").
+        With uniform weights (tau = 0) this is logit averaging.
+
+    When a class gets no component (too few calibration samples, or ``robust`` below), the mixture
+    is renormalised over the K components that exist: weights 1/K instead of 1/|C_i|, so l_i stays a
+    log-density. A client with no component has l_i = -inf: weight 0.
+
+    UWA has no ``tau`` argument on purpose: switching a config from sUWA to UWA with
+    ``--aggregator ...UncertaintyWeightedAggregator`` must not carry sUWA's tau along.
     :class:`SmoothedUncertaintyWeightedAggregator` adds tau (0 is AVG; infinity gives all weight to
     the client with the highest l_i(x)).
 
@@ -35,6 +50,19 @@ class UncertaintyWeightedAggregator(Aggregator):
             products on centred logits; within 1e-9 (1 + |l|) of ``direct``, ~20x faster on a CPU)
             or ``direct`` (elementwise float64, the reference form); see
             :func:`~fdlit.aggregators.density.mixture_log_likelihood`.
+        mix: ``probabilities`` or ``logits`` (see above).
+        robust: repair degenerate density fits (default True; False is the paper's rule as written).
+            A client whose logits do not move (a collapsed model, e.g. identical rows) would get a
+            density bounded only by the floor, peaking on every public sample, and take all the weight
+            (UWA and sUWA tau = 0.25 alike). With ``robust`` a collapsed client gets no component
+            (weight 0), a zero-spread class takes the client's pooled within-class variance, and a
+            class fitted on few samples is shrunk toward it (:meth:`DiagonalGaussianMixture.fit`).
+            Fits where every class spreads and has >= ``shrinkage_samples`` samples are unchanged.
+            Counted per round in ``density/collapsed_clients``, ``density/degenerate_components``,
+            ``density/shrunk_components`` (with ``density/floored_variances``, the variance entries
+            still at the floor); the first round with any of the first three warns once.
+        shrinkage_samples: nu, the pseudo-samples of that shrinkage, and the sample count below which
+            a class is shrunk (>= 0; 0: no shrinkage).
 
     Numerics: float64, log space, logsumexp over components and softmax over clients; a sample for
     which every client has l = -inf (no components) falls back to uniform weights.
@@ -48,6 +76,9 @@ class UncertaintyWeightedAggregator(Aggregator):
         variance_floor: float = 1e-4,
         min_calibration_samples: int = 2,
         density_method: Literal["matmul", "direct"] = "matmul",
+        mix: Literal["probabilities", "logits"] = "probabilities",
+        robust: bool = True,
+        shrinkage_samples: int = 10,
     ):
         if upload not in ("density", "scores"):
             raise ConfigError("aggregator.upload", f"allowed: 'density', 'scores'; got {upload!r}")
@@ -57,8 +88,15 @@ class UncertaintyWeightedAggregator(Aggregator):
         if density_method not in DENSITY_METHODS:
             raise ConfigError("aggregator.density_method",
                               f"allowed: {', '.join(DENSITY_METHODS)}; got {density_method!r}")
-        self.tau = 1.0
         self.density_method = density_method
+        if mix not in MIXES:
+            raise ConfigError("aggregator.mix", f"allowed: {', '.join(repr(m) for m in MIXES)}; got {mix!r}")
+        self.tau = 1.0
+        check_at_least("aggregator.shrinkage_samples", shrinkage_samples, 0)
+        self.mixing = mix  # not ``self.mix``: that is Aggregator.mix, the probability mixture
+        self.robust = bool(robust)
+        self.shrinkage_samples = shrinkage_samples
+        self._warned = False
         self.upload = upload
         self.variance_floor = variance_floor
         self.min_calibration_samples = min_calibration_samples
@@ -69,18 +107,23 @@ class UncertaintyWeightedAggregator(Aggregator):
         gmm = DiagonalGaussianMixture.fit(
             cal_logits, cal.y.to(cal_logits.device), ctx.client.classes,
             self.variance_floor, self.min_calibration_samples,
+            robust=self.robust, shrinkage_samples=self.shrinkage_samples,
         )
-        dropped = torch.tensor([gmm.dropped])
-        floored = torch.tensor([gmm.floored])  # degenerate fits are counted in the logs
+        diagnostics = {  # degenerate fits are counted in the logs ("_": not sent, not counted)
+            "_dropped_components": torch.tensor([gmm.dropped]),
+            "_floored_variances": torch.tensor([gmm.floored]),
+            "_degenerate_components": torch.tensor([gmm.degenerate]),
+            "_shrunk_components": torch.tensor([gmm.shrunk]),
+            "_collapsed": torch.tensor([int(gmm.collapsed)]),
+        }
         if self.upload == "scores":
-            return {"log_likelihood": gmm.log_likelihood(ctx.public_logits, self.density_method).float(), "_dropped_components": dropped,
-                    "_floored_variances": floored}
+            return {"log_likelihood": gmm.log_likelihood(ctx.public_logits, self.density_method).float(),
+                    **diagnostics}
         return {
             "gmm_means": gmm.means.float(),
             "gmm_stds": gmm.variances.sqrt().float(),
             "gmm_classes": gmm.classes.to(torch.int16),
-            "_dropped_components": dropped,
-            "_floored_variances": floored,
+            **diagnostics,
         }
 
     def log_likelihoods(self, uploads, z: torch.Tensor) -> torch.Tensor:
@@ -106,16 +149,39 @@ class UncertaintyWeightedAggregator(Aggregator):
         hopeless = torch.isneginf(scaled).all(0)  # no client has a density here: uniform
         scaled = torch.where(hopeless[None], torch.zeros_like(scaled), scaled)
         weights = torch.softmax(scaled, dim=0).float()
-        teacher = self.mix(weights, z.softmax(-1))
+        if self.mixing == "logits":  # the workshop paper's Eq. 7: softmax of the weighted logits
+            teacher = torch.einsum("mn,mnc->nc", weights, z).softmax(-1)
+        else:
+            teacher = self.mix(weights, z.softmax(-1))
         finite = ll[torch.isfinite(ll)]
+
+        def total(key):
+            return float(sum(int(u[key].sum()) for u in uploads if key in u))
+
         stats = {
-            "density/dropped_components": float(sum(int(u["_dropped_components"].sum()) for u in uploads)),
-            "density/floored_variances": float(sum(int(u["_floored_variances"].sum()) for u in uploads
-                                                   if "_floored_variances" in u)),
+            "density/dropped_components": total("_dropped_components"),
+            "density/floored_variances": total("_floored_variances"),
+            "density/collapsed_clients": total("_collapsed"),
+            "density/degenerate_components": total("_degenerate_components"),
+            "density/shrunk_components": total("_shrunk_components"),
             "density/uniform_fallback_samples": float(hopeless.sum()),
             "density/log_likelihood_mean": float(finite.mean()) if finite.numel() else float("nan"),
         }
+        self._warn_once(stats)
         return AggregationResult(teacher=teacher, weights=weights, stats=stats)
+
+    def _warn_once(self, stats: dict[str, float]) -> None:
+        """One warning per aggregator the first time a density fit was repaired (the counts go to
+        the metrics every round)."""
+        found = {k.split("/")[1]: int(v) for k, v in stats.items()
+                 if k in ("density/collapsed_clients", "density/degenerate_components", "density/shrunk_components")
+                 and v > 0}
+        if found and not self._warned:
+            self._warned = True
+            what = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in found.items())
+            warnings.warn(f"{type(self).__name__}: degenerate density fits this round ({what}); repaired as "
+                          "aggregator.robust says (collapsed clients get weight 0). Counted every round in "
+                          "density/* metrics; this warning is not repeated.", RuntimeWarning, stacklevel=3)
 
 
 class SmoothedUncertaintyWeightedAggregator(UncertaintyWeightedAggregator):
@@ -135,8 +201,12 @@ class SmoothedUncertaintyWeightedAggregator(UncertaintyWeightedAggregator):
         variance_floor: float = 1e-4,
         min_calibration_samples: int = 2,
         density_method: Literal["matmul", "direct"] = "matmul",
+        mix: Literal["probabilities", "logits"] = "probabilities",
+        robust: bool = True,
+        shrinkage_samples: int = 10,
     ):
         """Args: tau, the temperature on the log-likelihoods (finite, >= 0); the rest as UWA."""
         check_number("aggregator.tau", tau, inclusive=True)
-        super().__init__(upload, variance_floor, min_calibration_samples, density_method)
+        super().__init__(upload=upload, variance_floor=variance_floor, min_calibration_samples=min_calibration_samples,
+                         density_method=density_method, mix=mix, robust=robust, shrinkage_samples=shrinkage_samples)
         self.tau = tau
