@@ -416,3 +416,15 @@ def test_automatic_chunk_from_free_memory():
     assert auto_chunk_size(per_client // 2, per_client) == 1  # never 0
     with pytest.raises(ConfigError, match="federation.executor.chunk_size"):
         VectorizedExecutor(chunk_size=0)
+
+
+def test_free_device_memory_counts_the_allocators_cache_as_free(monkeypatch):
+    """After a phase PyTorch's cache holds memory the driver reports as taken; the automatic chunk
+    must see it as free, or every later phase runs in stacks of one client."""
+    from fdlit.execution import vectorized
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 50 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10 * gib)
+    assert vectorized.free_device_memory(torch.device("cuda", 0)) == 42 * gib
