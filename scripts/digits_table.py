@@ -1,4 +1,4 @@
-"""Reproduce the README's digits table: AVG vs UWA vs sUWA at k=2 and k=9, 3 seeds.
+"""Reproduce the digits tables (README, docs/digits-results.md): AVG vs UWA vs sUWA at k=2 and k=9, 3 seeds.
 
     python scripts/digits_table.py --out runs/digits_table [--seeds 0 1 2] [--ks 2 9] [--jobs 2]
 

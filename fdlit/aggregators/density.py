@@ -133,7 +133,7 @@ def mixture_log_likelihood(
       relative terms, |l_matmul - l_direct| / (1 + |l_direct|) is ~1e-14 on CIFAR-100-shaped
       synthetic logits and stays below 1e-7 even with components 5e4 standard deviations apart
       (tests/test_aggregators.py). About 20x faster on a CPU at the CIFAR-100 shape
-      (``benchmarks/density.py``; README, "Aggregators").
+      (``benchmarks/density.py``; docs/algorithms.md, "In fdlit").
     * ``direct``: the elementwise sum of (z - mu)^2 / v in float64, the reference form; O(M N K C)
       elementwise work and memory traffic.
 

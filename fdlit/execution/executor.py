@@ -75,7 +75,7 @@ class SequentialExecutor(ClientExecutor):
     Batches are index slices of on-device tensors, shuffled by the client's own generator; a final
     batch of a single sample is skipped (BatchNorm cannot train on it). Lightning Fabric supplies the
     device, the precision (``bf16-mixed`` autocast, ``16-mixed`` grad scaling) and backward; a
-    Trainer per phase was measured to cost more than the work itself on small clients (README).
+    Trainer per phase was measured to cost more than the work itself on small clients (docs/speed-and-scale.md).
     With plain 32-bit precision Fabric's per-step wrappers do nothing, but cost ~60 us a step
     (measured: 1.26x a plain loop on 20 digits clients), so that case steps the raw module.
     """
