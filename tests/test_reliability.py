@@ -733,8 +733,11 @@ def test_disk_full_read_only_and_ctrl_c_end_with_one_line_and_the_resume_command
 def test_sigint_of_a_real_process_ends_with_one_line_and_exit_130(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
     args = tiny_args(tmp_path / "runs", rounds=50)
+    # a suite started in the background (`make test &`) hands its children SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt handler: give the child the default disposition
     proc = subprocess.Popen([sys.executable, "-m", "fdlit", "fit", *args], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None and not list((tmp_path / "runs").glob("*/checkpoint.pt")):
         time.sleep(0.05)
