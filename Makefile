@@ -3,19 +3,27 @@ PY      ?= python3
 VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 TORCH   ?= torch==2.13.0
+# CPU wheels where no NVIDIA GPU answers `nvidia-smi -L`: pip's default index would pull the CUDA build
+# plus ~20 nvidia packages (GBs) onto a laptop. Override either way: make run TORCH_INDEX=<url> (empty: default).
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+TORCH_INDEX ?= $(if $(HAS_GPU),,https://download.pytorch.org/whl/cpu)
+TORCH_PIP := $(TORCH)$(if $(TORCH_INDEX), --index-url $(TORCH_INDEX))
 CONFIG  ?= configs/digits.yaml
 ARGS    ?=
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench clean torch-choice
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
-	# torch first: with it present, pip keeps the local CPU build instead of pulling a CUDA one.
-	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q $(TORCH)
+	# torch first, from the index chosen above: with it present, pip keeps that build for fdlit's deps.
+	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q $(TORCH_PIP)
 	$(VPY) -m pip install -q -e ".[dev]"
 	touch $@
 
 install: $(VENV)/.installed
+
+torch-choice:  # what `make install` would install, and why
+	@echo "torch: $(TORCH_PIP) (NVIDIA GPU: $(if $(HAS_GPU),yes,no))"
 
 run: install
 	$(VPY) -m fdlit fit --config $(CONFIG) $(ARGS)
