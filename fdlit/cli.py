@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from jsonargparse import ActionYesNo, ArgumentParser
 
 from fdlit.config import fit_parser, parse_error, rewrite_config_args
 from fdlit.errors import ConfigError
 from fdlit.federation import NumericalFault
-from fdlit.runs.experiment import Experiment, resume_experiment
+
+if TYPE_CHECKING:  # the run machinery (Lightning) is imported when a run starts, not for --help
+    from fdlit.runs.experiment import Experiment
 
 EXIT_OS, EXIT_CONFIG, EXIT_NUMERICAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 
@@ -86,6 +88,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if argv[:1] == ["fit"]:
             run_dir, rest = split_resume(argv[1:])
             if run_dir is not None:  # fit --resume RUN_DIR [allowed overrides]
+                from fdlit.runs.experiment import resume_experiment
+
                 experiment = resume_experiment(run_dir, rest)
                 experiment.run()
                 return 0
@@ -95,6 +99,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             argv, extra = argv[:at], argv[at + 1:]
         parser, cfg = _parse(rewrite_config_args(argv))
         if cfg.command == "fit":
+            from fdlit.runs.experiment import Experiment
+
             experiment = Experiment(cfg.fit, parser._subcommands_action._name_parser_map["fit"])
             experiment.run()
         elif cfg.command == "sweep":

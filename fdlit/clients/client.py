@@ -9,66 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fdlit.errors import ConfigError, check_at_least, check_number
+from fdlit.clients.options import OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
 
 Phase = Literal["private", "public"]
-OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
-
-
-class ClientOptimization:
-    """How every client trains: optimizer, learning rate, batch size (Kovalchuk et al. 2026, Table 2, per dataset).
-
-    Args:
-        optimizer: ``adam``, ``adamw`` or ``sgd``.
-        lr: learning rate of both phases.
-        public_lr: learning rate of the public (KD) phase; null uses ``lr`` (eta_pub in Kovalchuk et al. 2026).
-        weight_decay: decoupled for adamw, L2 otherwise.
-        momentum: for sgd.
-        batch_size: private-phase batch size.
-        public_batch_size: public-phase batch size; null uses ``batch_size``.
-        fused: use torch.optim's fused kernel (``fused=True``): one pass per step instead of one
-            per operation, faster for small models (on CPU, 20 digits MLP clients trained one at a
-            time: see ``benchmarks/executors.py``). Results differ from the default kernel in the
-            last float bits. The vectorized executor always uses the fused Adam kernel.
-    """
-
-    def __init__(
-        self,
-        optimizer: Literal["adam", "adamw", "sgd"] = "adam",
-        lr: float = 1e-3,
-        public_lr: Optional[float] = None,
-        weight_decay: float = 0.0,
-        momentum: float = 0.0,
-        batch_size: int = 32,
-        public_batch_size: Optional[int] = None,
-        fused: bool = False,
-    ):
-        if optimizer not in OPTIMIZERS:
-            raise ConfigError("client.optimizer", f"allowed: {sorted(OPTIMIZERS)}; got {optimizer!r}")
-        for name, value in (("lr", lr), ("public_lr", public_lr)):
-            if value is not None and not value > 0:
-                raise ConfigError(f"client.{name}", f"must be > 0, got {value}")
-        check_at_least("client.batch_size", batch_size, 1)
-        if public_batch_size is not None:
-            check_at_least("client.public_batch_size", public_batch_size, 1)
-        for name, value in (("weight_decay", weight_decay), ("momentum", momentum)):
-            check_number(f"client.{name}", value, minimum=0.0, inclusive=True)
-        self.optimizer = optimizer
-        self.lr = lr
-        self.public_lr = public_lr if public_lr is not None else lr
-        self.weight_decay = weight_decay
-        self.momentum = momentum
-        self.batch_size = batch_size
-        self.public_batch_size = public_batch_size or batch_size
-        self.fused = fused
-
-    def build(self, params) -> torch.optim.Optimizer:
-        kwargs = {"lr": self.lr, "weight_decay": self.weight_decay}
-        if self.optimizer == "sgd":
-            kwargs["momentum"] = self.momentum
-        if self.fused:
-            kwargs["fused"] = True
-        return OPTIMIZERS[self.optimizer](params, **kwargs)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -7,14 +7,17 @@ executors with ``client_state`` / ``load_client_state``.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
-from lightning.fabric import Fabric
 
 from fdlit.aggregators.base import Aggregator, ClientContext, FederationInfo
-from fdlit.clients import ClientModule
 from fdlit.data import ClientData
+
+if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import
+    from lightning.fabric import Fabric
+
+    from fdlit.clients import ClientModule
 
 
 class ClientExecutor:

@@ -34,15 +34,18 @@ import sysconfig
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
 import torch
-from lightning.fabric import Fabric
 
-from fdlit.clients import ClientModule
 from fdlit.errors import ConfigError
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
 from fdlit.execution.vectorized import VectorizedExecutor
+
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
+    from fdlit.clients import ClientModule
 
 INSTALL_HINT = "pip install 'fdlit[ray]'  (or: pip install ray)"
 
@@ -117,6 +120,8 @@ class ClientWorker:
 
         torch.set_num_threads(num_threads)
         gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
+        from lightning.fabric import Fabric
+
         self.fabric = Fabric(accelerator="cuda" if gpu else "cpu", devices=1, precision=precision)
         self.clients = {c.client_id: c for c in clients}
         # the same code as an in-process run of that executor

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
-from fdlit.clients import ClientModule
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
 from fdlit.execution.vectorized import VectorizedExecutor, architecture_key, unsupported_reason
+
+if TYPE_CHECKING:
+    from fdlit.clients import ClientModule
 
 # Above this many forward FLOPs per sample, one client's step already keeps a CPU busy and vmap's
 # batched (grouped) convolutions are slower than one client at a time. Measured on the 2-core CPU

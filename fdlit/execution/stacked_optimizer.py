@@ -5,12 +5,14 @@ in its own format, at the end of a phase."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
-from fdlit.clients import ClientModule
 from fdlit.execution.stacking import ParamStack, Stacked, scalar_dtype
+
+if TYPE_CHECKING:
+    from fdlit.clients import ClientModule
 
 def _fused_adam_kernel(decoupled: bool, like: torch.Tensor):
     """``torch._fused_adam(w)_`` when torch has a fused kernel for this device and dtype, else None."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from fdlit.clients import ClientModule
+if TYPE_CHECKING:
+    from fdlit.clients import ClientModule
+
 
 Stacked = list  # one M x shape tensor per parameter (or the rows being updated)
 

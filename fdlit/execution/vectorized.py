@@ -42,19 +42,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch
-from lightning.fabric import Fabric
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fdlit.clients import ClientModule
 from fdlit.data.augment import WithInput
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
 from fdlit.execution.stacked_optimizer import StackedOptimizer
 from fdlit.execution.stacking import ParamStack
+
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
+    from fdlit.clients import ClientModule
 
 SUPPORTED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 UNSUPPORTED_PRECISIONS = ("16-mixed", "16-true", "transformer-engine")
@@ -64,6 +67,8 @@ def unsupported_reason(client: ClientModule, precision: str = "32-true") -> Opti
     """Why ``client`` cannot be trained by :class:`VectorizedExecutor`; None when it can."""
     if precision in UNSUPPORTED_PRECISIONS:
         return f"precision {precision!r} (needs a grad scaler)"
+    from fdlit.clients import ClientModule
+
     if type(client).training_step is not ClientModule.training_step:
         return f"{type(client).__name__} overrides training_step() (override private_loss / public_loss instead)"
     _, net, prefix = split_input(client.model)

@@ -14,14 +14,12 @@ import math
 import time
 from typing import Any, Callable, Literal, Optional, Union
 
-import lightning as L
 import numpy as np
 import torch
-from lightning.fabric import Fabric
 
 from fdlit.aggregators.base import Aggregator, FederationInfo, ServerContext, weight_concentration, weight_entropy
 from fdlit.callbacks import FederationCallback
-from fdlit.clients import ClientModule, ClientOptimization
+from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.federation.baselines import MODES, reference_client
@@ -109,13 +107,15 @@ def augmentation_seed(seed: int, client_id: int) -> int:
     return int(np.random.SeedSequence([seed, client_id, 0xA06]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def import_client_class(path: str) -> type[ClientModule]:
+def import_client_class(path: str) -> type:
     """``federation.client_class``: a ClientModule subclass by import path."""
     module_name, _, cls_name = path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), cls_name)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigError("federation.client_class", f"cannot import {path!r} ({exc})") from None
+    from fdlit.clients import ClientModule  # Lightning (seconds of CPU) only once a run is set up
+
     if not (isinstance(cls, type) and issubclass(cls, ClientModule)):
         raise ConfigError("federation.client_class", f"{path!r} is not a subclass of fdlit.clients.ClientModule")
     return cls
@@ -243,6 +243,9 @@ class FederationLoop:
         """Everything that can fail on bad input happens here, before any training."""
         if self.is_setup:
             return
+        import lightning as L
+        from lightning.fabric import Fabric
+
         L.seed_everything(self.seed, verbose=False)
         if not self.data.is_setup:
             self.data.setup(self.seed)
