@@ -69,9 +69,31 @@ def split_resume(argv: list[str]) -> tuple[str | None, list[str]]:
     return run_dir, rest
 
 
+def help_config_files(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``fit --config X --help``: take X out so that it becomes the default config file, and the help
+    shows X's values as the defaults (jsonargparse shows a default config file's values)."""
+    helps = [i for i, a in enumerate(argv) if a in ("-h", "--help")]
+    if argv[:1] != ["fit"] or not helps:
+        return argv, []
+    rest, files, i = [], [], 0
+    while i < len(argv):
+        if i < helps[0] and argv[i] == "--config" and i + 1 < len(argv):
+            files.append(argv[i + 1])
+            i += 2
+            continue
+        if i < helps[0] and argv[i].startswith("--config="):
+            files.append(argv[i].split("=", 1)[1])
+        else:
+            rest.append(argv[i])
+        i += 1
+    return rest, files
+
+
 def _parse(argv: list[str]):
     parser = build_parser()
     subparsers = parser._subcommands_action._name_parser_map
+    argv, help_configs = help_config_files(argv)
+    subparsers["fit"].default_config_files = help_configs
     for p in (parser, *subparsers.values()):
         p.exit_on_error = False  # errors come back as one line naming the field, not a usage dump
     try:

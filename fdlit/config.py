@@ -10,7 +10,6 @@ import difflib
 import re
 from pathlib import Path
 
-import torch
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from fdlit.aggregators import Aggregator
@@ -18,6 +17,8 @@ from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
+from fdlit.models import ClientNetwork
+from fdlit.models.text import BertClassifier  # noqa: F401 (lazy in fdlit.models; imported here so help lists it)
 from fdlit.runs.checkpoint import CheckpointConfig
 from fdlit.runs.logger_config import LoggerConfig
 
@@ -48,9 +49,10 @@ def fit_parser() -> ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="Seed of the partition, models and batch order.")
     parser.add_class_arguments(FederatedData, "data")
     parser.add_subclass_arguments(
-        torch.nn.Module, "model", instantiate=False, required=False,
+        ClientNetwork, "model", instantiate=False, required=False,
         default={"class_path": "fdlit.models.SmallCNN"},
-        help="Client network (class_path/init_args); input_shape and num_classes come from the data.",
+        help="Client network (class_path/init_args); input_shape and num_classes come from the data. Any "
+             "torch.nn.Module subclass whose constructor takes input_shape and num_classes works by class_path.",
     )
     parser.add_class_arguments(ClientOptimization, "client")
     parser.add_subclass_arguments(
@@ -93,6 +95,11 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
     choice = re.match(r"argument command: invalid choice: (\S+)", text)
     if choice:
         return ConfigError("command", f"allowed: fit, sweep, report; got {choice.group(1)}")
+    network = re.search(r"Import path (\S+) does not correspond to a subclass of ClientNetwork", text)
+    if network:
+        return ConfigError("model", f"{network.group(1)} is not a network fdlit can build: it needs a torch.nn.Module "
+                           "subclass whose constructor takes input_shape and num_classes (`fdlit fit --help` lists "
+                           "fdlit's)")
     keys = re.findall(r'Parser key "([^"]+)":', text)  # nested for class_path arguments: model, then hidden
     detail = " ".join(line.strip() for line in re.sub(r'Parser key "[^"]+":', "", text).splitlines() if line.strip())
     return ConfigError(".".join(keys) if keys else command, detail)

@@ -205,7 +205,12 @@ class SmoothedUncertaintyWeightedAggregator(UncertaintyWeightedAggregator):
         robust: bool = True,
         shrinkage_samples: int = 10,
     ):
-        """Args: tau, the temperature on the log-likelihoods (finite, >= 0); the rest as UWA."""
+        """The remaining arguments are UWA's.
+
+        Args:
+            tau: the temperature on the log-likelihoods (finite, >= 0); 0 is plain averaging; as tau
+                grows, all weight goes to the client with the highest log-likelihood; 1 is UWA.
+        """
         check_number("aggregator.tau", tau, inclusive=True)
         super().__init__(upload=upload, variance_floor=variance_floor, min_calibration_samples=min_calibration_samples,
                          density_method=density_method, mix=mix, robust=robust, shrinkage_samples=shrinkage_samples)

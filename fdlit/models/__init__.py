@@ -3,6 +3,7 @@
 Heavy dependencies (``transformers``) are imported only when their model is built.
 """
 
+from fdlit.models.base import ClientNetwork
 from fdlit.models.digits import MLP, SmallCNN
 from fdlit.models.hetero import PerClient
 from fdlit.models.lenet import LeNet5
@@ -17,4 +18,4 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["MLP", "SmallCNN", "LeNet5", "ResNet18", "BertClassifier", "PerClient"]
+__all__ = ["ClientNetwork", "MLP", "SmallCNN", "LeNet5", "ResNet18", "BertClassifier", "PerClient"]

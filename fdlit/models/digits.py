@@ -12,6 +12,7 @@ from typing import Optional
 from torch import nn
 
 from fdlit.errors import ConfigError, check_at_least
+from fdlit.models.base import ClientNetwork
 
 
 def check_dropout(dropout: float) -> float:
@@ -20,8 +21,16 @@ def check_dropout(dropout: float) -> float:
     return dropout
 
 
-class SmallCNN(nn.Module):
-    """Two 3x3 conv layers, one 2x2 max-pool and a two-layer head (~30k parameters on digits)."""
+class SmallCNN(ClientNetwork):
+    """Two 3x3 conv layers, one 2x2 max-pool and a two-layer head (~30k parameters on digits).
+
+    Args:
+        input_shape: shape of one input (C, H, W), filled in from the data.
+        num_classes: number of classes C, filled in from the data.
+        channels: output channels of the first convolution (the second has twice as many).
+        hidden: width of the head's hidden layer.
+        dropout: dropout probability before the output layer, in [0, 1).
+    """
 
     def __init__(
         self,
@@ -52,8 +61,15 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x))
 
 
-class MLP(nn.Module):
-    """Fully connected network on flattened inputs."""
+class MLP(ClientNetwork):
+    """Fully connected network on flattened inputs.
+
+    Args:
+        input_shape: shape of one input (C, H, W), filled in from the data.
+        num_classes: number of classes C, filled in from the data.
+        hidden: width of every hidden layer, in order (e.g. ``[128, 128]``); ReLU after each.
+        dropout: dropout probability after every hidden layer, in [0, 1).
+    """
 
     def __init__(
         self,

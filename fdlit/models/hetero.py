@@ -19,12 +19,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from torch import nn
-
 from fdlit.errors import ConfigError
+from fdlit.models.base import ClientNetwork
 
 
-class PerClient(nn.Module):
+class PerClient(ClientNetwork):
     """Placeholder class for the config parser; never instantiated as a network (see module doc).
 
     Args:
@@ -35,6 +34,9 @@ class PerClient(nn.Module):
                  num_classes: Optional[int] = None):
         super().__init__()
         raise ConfigError("model", "fdlit.models.PerClient is resolved per client by build_model; not a network")
+
+    def forward(self, x):  # never called: build_model replaces PerClient by each client's own network
+        raise NotImplementedError
 
     @staticmethod
     def assign(groups: list[dict[str, Any]], num_clients: int) -> list[dict[str, Any]]:

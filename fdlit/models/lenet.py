@@ -13,8 +13,17 @@ from typing import Optional
 
 from torch import nn
 
+from fdlit.models.base import ClientNetwork
 
-class LeNet5(nn.Module):
+
+class LeNet5(ClientNetwork):
+    """LeNet-5 as in the module docstring; no knobs of its own.
+
+    Args:
+        input_shape: shape of one input (C, H, W); 28x28 is padded to 32x32, filled in from the data.
+        num_classes: number of classes C, filled in from the data.
+    """
+
     def __init__(self, input_shape: Optional[tuple[int, ...]] = None, num_classes: Optional[int] = None):
         super().__init__()
         c, h, w = input_shape or (1, 28, 28)

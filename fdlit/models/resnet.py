@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from fdlit.errors import ConfigError
+from fdlit.models.base import ClientNetwork
 
 DEFAULT_WEIGHTS_REPO = "timm/resnet18.tv_in1k"
 
@@ -52,7 +53,7 @@ class BasicBlock(nn.Module):
         return self.relu(out + identity)
 
 
-class ResNet18(nn.Module):
+class ResNet18(ClientNetwork):
     """ResNet-18 with a CIFAR or ImageNet stem; see the module docstring.
 
     Args:

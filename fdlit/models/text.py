@@ -13,14 +13,14 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch import nn
 
 from fdlit.errors import ConfigError
+from fdlit.models.base import ClientNetwork
 
 DEFAULT_BERT = "prajjwal1/bert-tiny"
 
 
-class BertClassifier(nn.Module):
+class BertClassifier(ClientNetwork):
     """A pretrained BERT encoder with a classification head.
 
     Args:
