@@ -48,6 +48,9 @@ def report_parser() -> ArgumentParser:
     parser.add_argument("--out", type=Optional[str], default=None, help="Output folder; null gives <runs>/report.")
     parser.add_argument("--include_unfinished", action=ActionYesNo, default=False,
                         help="Also use runs that did not finish (crashed or still running).")
+    parser.add_argument("--include_duplicates", action=ActionYesNo, default=False,
+                        help="Keep every run directory of the same setting and seed (a sweep run twice); by default "
+                             "the finished one with the most rounds is used.")
     return parser
 
 
@@ -135,7 +138,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         elif cfg.command == "report":
             from fdlit.report import write_report
 
-            index = write_report(cfg.report.runs, cfg.report.out, include_unfinished=cfg.report.include_unfinished)
+            index = write_report(cfg.report.runs, cfg.report.out, include_unfinished=cfg.report.include_unfinished,
+                                 include_duplicates=cfg.report.include_duplicates)
             print(f"fdlit report: {index}")
         return 0
     except ConfigError as exc:

@@ -2,25 +2,33 @@
 
 Reads ``config.yaml``, ``metrics.jsonl`` and ``summary.json`` of every run under the folder (no W&B
 needed) and writes ``<out>/index.html`` (self-contained: figures inlined as PNG data URIs),
-``<out>/figures/*.png`` and ``<out>/table1.md``:
+``<out>/figures/*.png`` and Table 1 as ``table1.md``, ``table1.csv`` and ``table1.tex``:
 
-- Table 1: best mean global accuracy (%) per aggregator x k, mean ± std over seeds (Kovalchuk et al. 2026, Table 1);
-- Figure 2: the same as accuracy vs k, one line per aggregator (Kovalchuk et al. 2026, Fig. 2);
+- a settings header: what all runs share, what varies, the seeds, which metric the table holds;
+- Table 1 in the layout of Kovalchuk et al. (2026, Table 1): a row per rule, a column per k, each
+  split into the best accuracy after the private and after the public phase, mean ± std over seeds
+  with the number of seeds n in every cell (no std with n = 1), best rule per column in bold; the
+  fully informed reference (``federation.mode: reference``) in its own ``Ref.`` column and the
+  no-communication baseline (``local_only``) in its own row, neither ever in bold;
+- Figure 2: best accuracy vs k (Kovalchuk et al. 2026, Fig. 2); accuracy vs sUWA's τ; χ vs k;
 - App. B curves: mean global and local accuracy vs round, shaded ±1 std over seeds
-  (Kovalchuk et al. 2026, App. B.1);
-- χ vs round, and accuracy vs cumulative bytes (up + down);
-- the who-to-trust matrix of the last round, where the aggregator has weights.
+  (Kovalchuk et al. 2026, App. B.1); χ vs round; accuracy vs cumulative bytes (up + down);
+- the last round's who-to-trust matrix of every rule, k and seed, each client's own classes boxed.
 
-"Best" is the best round's mean over clients after the public phase, as the loop's summary. Std is
-the sample std over seeds (n-1); a single seed shows ± 0. Each (setting, seed) counts once: when
-several run directories hold the same config (a sweep run again, a run copied), the finished one
-with the most rounds is used and the others are listed as left out, with the reason.
+"Best" is the best round's mean over clients (``summary.json``; the metrics when it lacks it). When a
+run's summary holds a validation-selected accuracy (``selected_global_acc_mean``), that one is used
+instead, and the header says so. Std is the sample std over seeds (n-1). Each (setting, seed) counts
+once: when several run directories hold the same config (a sweep run again, a run copied), the
+finished one with the most rounds is used and the others are listed as left out, with the reason
+(``include_duplicates`` keeps them all); unfinished runs are left out unless ``include_unfinished``.
 """
 
 from __future__ import annotations
 
 import base64
+import csv
 import html
+import io
 import json
 import math
 from collections import defaultdict
@@ -37,13 +45,18 @@ from fdlit.runs.dashboards import TRUST_KEY, trust_heatmap_png
 from fdlit.runs.directory import METRICS, read_config, read_jsonl, read_summary
 
 ACC = "after_public/global_acc_mean"
+PRIVATE_ACC = "after_private/global_acc_mean"
 LOCAL = "after_public/local_acc_mean"
+SELECTED = "selected_global_acc_mean"  # validation-selected accuracy, when the run's summary has one
 SHORT_NAMES = {
     "ProbabilityAveragingAggregator": "AVG",
     "UncertaintyWeightedAggregator": "UWA",
     "SmoothedUncertaintyWeightedAggregator": "sUWA",
 }
 ORDER = {"AVG": 0, "UWA": 1, "sUWA": 2}
+LOCAL_LABEL = "Local only (no communication)"
+REF_LABEL = "Ref."
+PHASES = (("private", "after private"), ("public", "after public"))
 
 
 @dataclass
@@ -55,21 +68,51 @@ class Run:
     method: str = ""
     k: Any = None  # classes per client (int) or a label such as "dir0.1"
     seed: int = 0
+    kind: str = "rule"  # "rule" (federated distillation), "local" (local_only) or "ref" (reference)
+    dataset: str = ""
+    group: str = ""  # the settings this run differs in from others of its dataset, e.g. "[rounds=5] "
 
     @property
     def finished(self) -> bool:
         return bool(self.summary.get("finished"))
 
+    @property
+    def selected(self) -> bool:
+        return _number(self.summary.get(SELECTED)) is not None
+
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         rows = [(m["round"], m[key]) for m in self.metrics if m.get(key) is not None]
         return np.array([r for r, _ in rows], dtype=float), np.array([v for _, v in rows], dtype=float)
 
-    def best(self) -> float:
-        _, acc = self.series(ACC)
+    def best(self, phase: str = "public") -> float:
+        """Best mean global accuracy (fraction) after the ``private`` or ``public`` phase."""
+        keys = ((SELECTED, "best_global_acc_mean") if phase == "public"
+                else (SELECTED + "_after_private", "best_global_acc_mean_after_private"))
+        for key in keys:
+            value = _number(self.summary.get(key))
+            if value is not None:
+                return value
+        _, acc = self.series(ACC if phase == "public" else PRIVATE_ACC)
         return float(np.nanmax(acc)) if len(acc) else math.nan
+
+    def last(self, key: str) -> Optional[float]:
+        _, values = self.series(key)
+        return float(values[-1]) if len(values) else None
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def run_kind(config: dict) -> str:
+    mode = (config.get("federation") or {}).get("mode", "fd")
+    return {"local_only": "local", "reference": "ref"}.get(mode, "rule")
 
 
 def method_label(config: dict) -> str:
+    kind = run_kind(config)
+    if kind != "rule":  # baselines are labelled as what they are, never as the rule in their config
+        return LOCAL_LABEL if kind == "local" else REF_LABEL
     agg = config.get("aggregator") or {}
     class_path = agg.get("class_path", "?") if isinstance(agg, dict) else str(agg)
     name = class_path.rsplit(".", 1)[-1]
@@ -85,9 +128,11 @@ def setting_key(config: dict) -> str:
     return json.dumps({k: v for k, v in config.items() if k not in ("logger", "config")}, sort_keys=True, default=str)
 
 
-def load_runs(root: str | Path, include_unfinished: bool = False) -> tuple[list[Run], list[tuple[Path, str]]]:
-    """Runs under ``root`` (any depth), one per (setting, seed), and the run directories left out
-    with the reason (unreadable, unfinished, or the same setting and seed as a run that is used)."""
+def load_runs(root: str | Path, include_unfinished: bool = False,
+              include_duplicates: bool = False) -> tuple[list[Run], list[tuple[Path, str]]]:
+    """Runs under ``root`` (any depth), one per (setting, seed) unless ``include_duplicates``, and the
+    run directories left out with the reason (unreadable, unfinished, or the same setting and seed
+    as a run that is used)."""
     root = Path(root)
     if not root.is_dir():
         raise ConfigError("runs", f"{str(root)!r} is not a folder")
@@ -102,7 +147,8 @@ def load_runs(root: str | Path, include_unfinished: bool = False) -> tuple[list[
             summary = read_summary(path)
         except (OSError, json.JSONDecodeError):
             summary = {}
-        run = Run(path, config if isinstance(config, dict) else {}, read_jsonl(path / METRICS), summary)
+        run = Run(path, config if isinstance(config, dict) else {}, read_jsonl(path / METRICS),
+                  summary if isinstance(summary, dict) else {})
         if not run.metrics:
             skipped.append((path, "no metrics"))
             continue
@@ -115,12 +161,13 @@ def load_runs(root: str | Path, include_unfinished: bool = False) -> tuple[list[
     newest_first = sorted(candidates, key=lambda r: r.path.name, reverse=True)
     for run in sorted(newest_first, key=lambda r: (not r.finished, -len(r.metrics))):
         key = setting_key(run.config)
-        if key in used:
+        if key in used and not include_duplicates:
             skipped.append((run.path, f"same setting and seed as {used[key].name}"))
             continue
-        used[key] = run.path
+        used.setdefault(key, run.path)
         data = run.config.get("data") or {}
-        run.method = method_label(run.config)
+        run.method, run.kind = method_label(run.config), run_kind(run.config)
+        run.dataset = str(data.get("dataset", ""))
         run.k = ((data.get("classes_per_client") or DEFAULT_CLASSES_PER_CLIENT)
                  if data.get("partition", "classes") == "classes" else f"dir{data.get('dirichlet_alpha')}")
         run.seed = run.config.get("seed", 0)
@@ -131,17 +178,36 @@ def load_runs(root: str | Path, include_unfinished: bool = False) -> tuple[list[
                           f"(config.yaml + metrics.jsonl) under {str(root)!r}"
                           + ("" if include_unfinished else "; --include_unfinished uses unfinished ones"))
     # runs that differ in anything but the studied knobs (e.g. two sweeps with different rounds in
-    # one folder) are never pooled: the differing settings become part of the row label
-    flat = [_flatten(r.config) for r in runs]
-    differing = sorted(k for k in set().union(*flat)
-                       if not k.startswith(STUDIED) and len({repr(f.get(k)) for f in flat}) > 1)
-    for r, f in zip(runs, flat):
-        if differing:
-            r.method = "[" + ", ".join(f"{k.rsplit('.', 1)[-1]}={f.get(k)}" for k in differing) + "] " + r.method
+    # one folder) are never pooled: the differing settings become part of the row label. Compared
+    # within a dataset: each dataset has its own model and schedule, as in the paper's Table 1.
+    for dataset in {r.dataset for r in runs}:
+        group = [r for r in runs if r.dataset == dataset]
+        flat = [_flatten(r.config) for r in group]
+        differing = _differing(flat)
+        for r, f in zip(group, flat):
+            if differing:
+                r.group = "[" + ", ".join(f"{k.rsplit('.', 1)[-1]}={f.get(k)}" for k in differing) + "] "
+                r.method = r.group + r.method
     return runs, skipped
 
 
-STUDIED = ("seed", "logger.", "checkpoint.", "aggregator", "data.classes_per_client", "data.dirichlet_alpha")
+STUDIED = ("seed", "logger.", "checkpoint.", "aggregator", "data.classes_per_client", "data.dirichlet_alpha",
+           "federation.mode")
+
+
+def _differing(flat: list[dict[str, Any]]) -> list[str]:
+    return sorted(k for k in set().union(*flat)
+                  if not k.startswith(STUDIED) and len({repr(f.get(k)) for f in flat}) > 1)
+
+
+def shared_settings(runs: list[Run]) -> tuple[dict[str, Any], list[str]]:
+    """(settings every run has in common, the keys that vary), without run names and folders."""
+    flat = [_flatten(r.config) for r in runs]
+    keys = sorted(set().union(*flat))
+    shared = {k: flat[0].get(k) for k in keys
+              if not k.startswith(("logger.", "checkpoint.")) and len({repr(f.get(k)) for f in flat}) == 1}
+    varying = [k for k in keys if k not in shared and not k.startswith(("logger.", "checkpoint."))]
+    return shared, varying
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -159,57 +225,187 @@ def _k_sort(k: Any) -> tuple:
 
 def _method_sort(m: str) -> tuple:
     prefix, _, label = m.rpartition("] ")
-    base = label.split(" τ=")[0]  # AVG, UWA, sUWA first, in the paper's order
-    return (prefix, ORDER.get(base, 9), m)
+    base = label.split(" τ=")[0]  # AVG, UWA, sUWA first, in the paper's order; the local baseline last
+    return (prefix, 10 if label == LOCAL_LABEL else ORDER.get(base, 9), m)
 
 
-def table1(runs: list[Run]) -> tuple[list[str], list, dict]:
-    """methods, ks, cells[(method, k)] = (mean %, std %, n seeds)."""
-    groups: dict[tuple, list[float]] = defaultdict(list)
+# ------------------------------------------------------------------------------------------ Table 1
+@dataclass
+class Stat:
+    mean: float  # %
+    std: float  # %, sample std over seeds; nan with one seed
+    n: int
+
+    @staticmethod
+    def of(values: list[float]) -> "Stat":
+        v = 100 * np.array(values, dtype=float)
+        return Stat(float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else math.nan, len(v))
+
+    def text(self) -> str:
+        return f"{self.mean:.2f} ± {self.std:.2f}" if self.n > 1 else f"{self.mean:.2f}"
+
+
+@dataclass
+class Table:
+    """Kovalchuk et al. (2026) Table 1: rows (dataset, method, kind), columns k x phase, a Ref. column."""
+    rows: list[tuple[str, str, str]]  # (dataset, label, kind), kind "rule" or "local"
+    ks: list
+    cells: dict  # (dataset, label, k, phase) -> Stat
+    ref: dict  # (dataset, group) -> Stat over all reference runs of that block (any k), after the public phase
+    group_of: dict  # (dataset, label) -> group prefix
+    bold: set  # (dataset, label, k, phase) holding the best rule of its block and column
+
+    def ref_for(self, dataset: str, label: str) -> Optional[Stat]:
+        return self.ref.get((dataset, self.group_of[(dataset, label)]))
+
+
+def table1(runs: list[Run]) -> Table:
+    groups: dict[tuple, list[Run]] = defaultdict(list)
+    refs: dict[tuple, list[float]] = defaultdict(list)
+    group_of = {}
     for r in runs:
-        groups[(r.method, r.k)].append(100 * r.best())
+        if r.kind == "ref":  # one model on all classes: its k is meaningless, so it is pooled over k
+            refs[(r.dataset, r.group)].append(r.best("public"))
+            continue
+        groups[(r.dataset, r.method, r.kind, r.k)].append(r)
+        group_of[(r.dataset, r.method)] = r.group
     cells = {}
-    for key, values in groups.items():
-        v = np.array(values)
-        cells[key] = (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v))
-    methods = sorted({m for m, _ in groups}, key=_method_sort)
-    ks = sorted({k for _, k in groups}, key=_k_sort)
-    return methods, ks, cells
-
-
-def table1_markdown(methods, ks, cells) -> str:
-    best = {k: max((cells[(m, k)][0] for m in methods if (m, k) in cells), default=None) for k in ks}
-    lines = ["| method | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
-    for m in methods:
-        row = []
+    for (dataset, label, _, k), group in groups.items():
+        for phase, _ in PHASES:
+            cells[(dataset, label, k, phase)] = Stat.of([r.best(phase) for r in group])
+    rows = sorted({(d, m, kind) for d, m, kind, _ in groups}, key=lambda row: (row[0], _method_sort(row[1])))
+    for dataset, group in refs:  # a block with only reference runs still gets a row to show them on
+        if not any(d == dataset and group_of.get((d, m)) == group for d, m, _ in rows):
+            rows.append((dataset, group + REF_LABEL, "ref"))
+            group_of[(dataset, group + REF_LABEL)] = group
+    ks = sorted({k for *_, k in groups}, key=_k_sort)
+    bold = set()
+    for dataset, group in {(d, group_of[(d, m)]) for d, m, _ in rows}:
+        rules = [m for d, m, kind in rows if d == dataset and kind == "rule" and group_of[(d, m)] == group]
+        if len(rules) < 2:
+            continue  # bold marks the best of several rules, never a baseline
         for k in ks:
-            if (m, k) not in cells:
-                row.append("–")
-                continue
-            mean, std, n = cells[(m, k)]
-            text = f"{mean:.2f} ± {std:.2f}"
-            row.append(f"**{text}**" if len(methods) > 1 and mean == best[k] else text)
-        lines.append(f"| {m} | " + " | ".join(row) + " |")
+            for phase, _ in PHASES:
+                scored = [(cells[(dataset, m, k, phase)].mean, m) for m in rules if (dataset, m, k, phase) in cells]
+                if scored:
+                    top = max(s for s, _ in scored)
+                    bold |= {(dataset, m, k, phase) for s, m in scored if s == top}
+    return Table(rows, ks, cells, {key: Stat.of(v) for key, v in refs.items()}, group_of, bold)
+
+
+def _first_of_block(table: Table, i: int) -> bool:
+    dataset, label, _ = table.rows[i]
+    if i == 0:
+        return True
+    prev_dataset, prev_label, _ = table.rows[i - 1]
+    return (prev_dataset, table.group_of[(prev_dataset, prev_label)]) != (dataset, table.group_of[(dataset, label)])
+
+
+def _show_dataset(table: Table) -> bool:
+    return len({d for d, _, _ in table.rows}) > 1 or any(d for d, _, _ in table.rows)
+
+
+def table1_markdown(table: Table) -> str:
+    head = ["dataset"] * _show_dataset(table) + ["method"]
+    head += [f"k={k} {name}" for k in table.ks for _, name in PHASES] + [REF_LABEL]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for i, (dataset, label, kind) in enumerate(table.rows):
+        row = [dataset] * _show_dataset(table) + [f"*{label}*" if kind != "rule" else label]
+        for k in table.ks:
+            for phase, _ in PHASES:
+                stat = table.cells.get((dataset, label, k, phase))
+                if stat is None:
+                    row.append("–")
+                    continue
+                text = f"**{stat.text()}**" if (dataset, label, k, phase) in table.bold else stat.text()
+                row.append(f"{text} (n={stat.n})")
+        ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
+        row.append(f"{ref.text()} (n={ref.n})" if ref else "")
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
-def table1_html(methods, ks, cells) -> str:
-    best = {k: max((cells[(m, k)][0] for m in methods if (m, k) in cells), default=None) for k in ks}
-    head = "".join(f"<th>k={html.escape(str(k))}</th>" for k in ks)
+def table1_html(table: Table) -> str:
+    show_dataset = _show_dataset(table)
+    head1 = ('<th rowspan="2">dataset</th>' if show_dataset else "") + '<th rowspan="2">method</th>'
+    head1 += "".join(f'<th colspan="{len(PHASES)}">k={html.escape(str(k))}</th>' for k in table.ks)
+    head1 += f'<th rowspan="2" class="ref" title="fully informed reference (federation.mode: reference)">{REF_LABEL}</th>'
+    head2 = "".join(f'<th class="phase">{name}</th>' for _ in table.ks for _, name in PHASES)
     body = []
-    for m in methods:
+    for i, (dataset, label, kind) in enumerate(table.rows):
         tds = []
-        for k in ks:
-            if (m, k) not in cells:
-                tds.append("<td>–</td>")
-                continue
-            mean, std, n = cells[(m, k)]
-            text = f"{mean:.2f} ± {std:.2f}"
-            bold = len(methods) > 1 and mean == best[k]
-            tds.append(f'<td title="{n} seed(s)">{"<b>" + text + "</b>" if bold else text}</td>')
-        body.append(f"<tr><th>{html.escape(m)}</th>{''.join(tds)}</tr>")
-    return (f'<table id="table1"><thead><tr><th>method</th>{head}</tr></thead>'
+        for k in table.ks:
+            for phase, _ in PHASES:
+                stat = table.cells.get((dataset, label, k, phase))
+                if stat is None:
+                    tds.append("<td>–</td>")
+                    continue
+                text = html.escape(stat.text())
+                if (dataset, label, k, phase) in table.bold:
+                    text = f"<b>{text}</b>"
+                tds.append(f'<td class="{phase}">{text} <span class="n">n={stat.n}</span></td>')
+        ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
+        tds.append(f'<td class="ref">{html.escape(ref.text())} <span class="n">n={ref.n}</span></td>' if ref
+                   else '<td class="ref"></td>')
+        row_class = ' class="baseline"' if kind != "rule" else ""
+        dataset_cell = f"<th>{html.escape(dataset)}</th>" if show_dataset else ""
+        body.append(f"<tr{row_class}>{dataset_cell}<th>{html.escape(label)}</th>{''.join(tds)}</tr>")
+    return (f'<table id="table1"><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table>")
+
+
+def table1_csv(table: Table) -> str:
+    """Long format: one line per cell, the Ref. values with k = ``all``."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["dataset", "method", "kind", "k", "phase", "mean_acc_pct", "std_acc_pct", "n_seeds", "best_in_column"])
+    for dataset, label, kind in table.rows:
+        for k in table.ks:
+            for phase, _ in PHASES:
+                stat = table.cells.get((dataset, label, k, phase))
+                if stat is not None:
+                    writer.writerow([dataset, label, kind, k, phase, f"{stat.mean:.4f}",
+                                     "" if stat.n < 2 else f"{stat.std:.4f}", stat.n,
+                                     int((dataset, label, k, phase) in table.bold)])
+    for (dataset, group), stat in sorted(table.ref.items()):
+        writer.writerow([dataset, group + REF_LABEL, "ref", "all", "public", f"{stat.mean:.4f}",
+                         "" if stat.n < 2 else f"{stat.std:.4f}", stat.n, 0])
+    return buf.getvalue()
+
+
+def _latex(text: str) -> str:
+    return "".join({"_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "τ": r"$\tau$", "[": "{[}", "]": "{]}"}.get(c, c)
+                   for c in text)
+
+
+def table1_latex(table: Table, caption: str) -> str:
+    """A ``tabular`` as in Kovalchuk et al. (2026) Table 1 (needs ``booktabs`` and ``multirow``)."""
+    show_dataset = _show_dataset(table)
+    lead = int(show_dataset) + 1
+    cols = "l" * lead + "c" * (len(PHASES) * len(table.ks)) + "c"
+    k_head = " & ".join(f"\\multicolumn{{{len(PHASES)}}}{{c}}{{$k{{=}}{_latex(str(k))}$}}" for k in table.ks)
+    phase_head = " & ".join(name for _ in table.ks for _, name in PHASES)
+    lines = [r"\begin{table}[t]", r"\centering", r"\small", f"\\caption{{{_latex(caption)}}}",
+             f"\\begin{{tabular}}{{{cols}}}", r"\toprule",
+             ("Dataset & " if show_dataset else "") + f"Method & {k_head} & Ref. \\\\",
+             "&" * lead + f" {phase_head} & \\\\", r"\midrule"]
+    for i, (dataset, label, kind) in enumerate(table.rows):
+        row = [_latex(dataset)] * show_dataset + [f"\\textit{{{_latex(label)}}}" if kind != "rule" else _latex(label)]
+        for k in table.ks:
+            for phase, _ in PHASES:
+                stat = table.cells.get((dataset, label, k, phase))
+                if stat is None:
+                    row.append("--")
+                    continue
+                mean = f"\\mathbf{{{stat.mean:.2f}}}" if (dataset, label, k, phase) in table.bold else f"{stat.mean:.2f}"
+                spread = f"{{\\scriptstyle\\pm {stat.std:.2f}}}" if stat.n > 1 else ""
+                row.append(f"${mean}{spread}^{{n={stat.n}}}$")
+        ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
+        row.append(f"${ref.mean:.2f}" + (f"{{\\scriptstyle\\pm {ref.std:.2f}}}" if ref.n > 1 else "")
+                   + f"^{{n={ref.n}}}$" if ref else "")
+        lines.append(" & ".join(row) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------- figures
@@ -228,6 +424,11 @@ def _colors(methods: list[str]) -> dict[str, Any]:
     return {m: cmap(i % 10) for i, m in enumerate(methods)}
 
 
+def _style(method: str) -> dict[str, Any]:
+    """Baselines dashed, so they are never read as one more rule."""
+    return {"linestyle": "--"} if method.endswith((LOCAL_LABEL, REF_LABEL)) else {}
+
+
 def _mean_curve(runs: list[Run], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     by_round: dict[float, list[float]] = defaultdict(list)
     for r in runs:
@@ -240,37 +441,103 @@ def _mean_curve(runs: list[Run], key: str) -> tuple[np.ndarray, np.ndarray, np.n
 
 
 def _png(fig) -> bytes:
-    import io
-
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
 
 
-def figure2(methods, ks, cells) -> Optional[bytes]:
-    numeric = [k for k in ks if isinstance(k, (int, float))]
+def _labels(table: Table) -> list[str]:
+    """Row labels across datasets (the dataset prefixes the label when there are several)."""
+    several = len({d for d, _, _ in table.rows}) > 1
+    return [f"{d}: {m}" if several else m for d, m, _ in table.rows]
+
+
+def figure2(table: Table) -> Optional[bytes]:
+    numeric = [k for k in table.ks if isinstance(k, (int, float))]
     if not numeric:
         return None
     fig, axes = _figure(1, w=5.0, h=3.6)
     ax = axes[0, 0]
-    for m, color in _colors(methods).items():
-        pts = [(k, *cells[(m, k)][:2]) for k in numeric if (m, k) in cells]
+    labels = _labels(table)
+    colors = _colors(labels)
+    for (dataset, m, kind), label in zip(table.rows, labels):
+        pts = [(k, table.cells[(dataset, m, k, "public")].mean, table.cells[(dataset, m, k, "public")].std)
+               for k in numeric if (dataset, m, k, "public") in table.cells]
         if pts:
             x, y, e = map(np.array, zip(*pts))
-            ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=m, color=color)
+            ax.errorbar(x, y, yerr=np.nan_to_num(e), marker="o", capsize=3, label=label, color=colors[label],
+                        **_style(m))
+    for (dataset, group), stat in table.ref.items():
+        ax.axhline(stat.mean, color="gray", linestyle=":", label=f"{group}{REF_LABEL} (all classes)")
     ax.set_xlabel("classes per client k")
     ax.set_ylabel("best test accuracy (%)")
     ax.set_xticks(numeric)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("Best accuracy vs classes per client", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.set_title("Best accuracy (after the public phase) vs k", fontsize=10)
+    return _png(fig)
+
+
+def accuracy_vs_tau(runs: list[Run]) -> Optional[bytes]:
+    """sUWA's best accuracy vs its temperature τ, one line per k (AVG is τ = 0, UWA τ = 1)."""
+    points: dict[tuple, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        agg = r.config.get("aggregator") or {}
+        tau = (agg.get("init_args") or {}).get("tau") if isinstance(agg, dict) and r.kind == "rule" else None
+        if _number(tau) is not None and r.method.split("] ")[-1].startswith("sUWA"):
+            points[(r.dataset, r.group, r.k)][float(tau)].append(100 * r.best("public"))
+    if not points or all(len(by_tau) < 2 for by_tau in points.values()):
+        return None  # one τ only: nothing to plot against
+    fig, axes = _figure(1, w=5.0, h=3.6)
+    ax = axes[0, 0]
+    for (dataset, group, k), by_tau in sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][1], _k_sort(kv[0][2]))):
+        taus = sorted(by_tau)
+        mean = np.array([np.mean(by_tau[t]) for t in taus])
+        std = np.array([np.std(by_tau[t], ddof=1) if len(by_tau[t]) > 1 else 0.0 for t in taus])
+        ax.errorbar(taus, mean, yerr=std, marker="o", capsize=3, label=f"{dataset} {group}k={k}".strip())
+    ax.set_xlabel("sUWA temperature τ")
+    ax.set_ylabel("best test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("Best accuracy vs τ (sUWA)", fontsize=10)
+    return _png(fig)
+
+
+def chi_vs_k(runs: list[Run], table: Table) -> Optional[bytes]:
+    """Weight concentration χ of the last round vs k, mean ± std over seeds, one line per rule."""
+    numeric = [k for k in table.ks if isinstance(k, (int, float))]
+    labels = _labels(table)
+    colors = _colors(labels)
+    fig, axes = _figure(1, w=5.0, h=3.6)
+    ax = axes[0, 0]
+    drawn = False
+    for (dataset, m, kind), label in zip(table.rows, labels):
+        pts = []
+        for k in numeric:
+            chis = [c for r in runs if (r.dataset, r.method, r.k) == (dataset, m, k)
+                    for c in [r.last("weights/chi")] if c is not None]
+            if chis:
+                pts.append((k, np.mean(chis), np.std(chis, ddof=1) if len(chis) > 1 else 0.0))
+        if kind == "rule" and pts:
+            x, y, e = map(np.array, zip(*pts))
+            ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=label, color=colors[label])
+            drawn = True
+    if not drawn:
+        return None
+    ax.set_xlabel("classes per client k")
+    ax.set_ylabel("χ (last round)")
+    ax.set_xticks(numeric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("Weight concentration χ vs k", fontsize=10)
     return _png(fig)
 
 
 def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: Optional[str] = None,
            xlabel: str = "round") -> bytes:
-    """One column per k, one row per (metric, label); a line per method, shaded ±1 std."""
+    """One column per k, one row per (metric, label); a line per method, shaded ±1 std. The
+    reference (trained on every class) is drawn in every column."""
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = _figure(len(ks), len(panels))
@@ -279,17 +546,19 @@ def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: Op
         for row, (key, label) in enumerate(panels):
             ax = axes[row, col]
             for m in methods:
-                group = [r for r in runs if r.method == m and r.k == k]
+                group = [r for r in runs if r.method == m and (r.k == k or r.kind == "ref")]
                 if not group:
                     continue
                 xs, mean, std = _mean_curve(group, key)
+                if not len(xs):
+                    continue
                 if xkey is not None:  # e.g. cumulative bytes at each round, averaged over seeds
                     _, x_mean, _ = _mean_curve(group, xkey)
                     n = min(len(xs), len(x_mean))
                     xs, mean, std = x_mean[:n], mean[:n], std[:n]
                 scale = 100.0 if "acc" in key else 1.0  # accuracies in %, as in Table 1
                 mean, std = mean * scale, std * scale
-                ax.plot(xs, mean, marker=".", label=m, color=colors[m])
+                ax.plot(xs, mean, marker=".", label=m, color=colors[m], **_style(m))
                 ax.fill_between(xs, mean - std, mean + std, alpha=0.2, color=colors[m])
             ax.set_title(f"k={k}", fontsize=9)
             ax.set_xlabel(xlabel)
@@ -309,34 +578,62 @@ def bytes_total(run: Run) -> None:
         m["comm/bytes_total_mib"] = None if up is None or down is None else (up + down) / 2**20
 
 
-def trust_figures(runs: list[Run], methods, ks) -> list[tuple[str, bytes]]:
-    """Last-round who-to-trust matrix of the lowest-seed run of each method at the smallest k."""
+def trust_figures(runs: list[Run]) -> list[tuple[str, bytes]]:
+    """The last-round who-to-trust matrix of every run that logged one (every rule, k and seed), with
+    each client's own classes boxed where the run recorded them (``client_classes`` in its summary)."""
     out = []
-    if not ks:
-        return out
-    k = ks[0]
-    for m in methods:
-        group = sorted((r for r in runs if r.method == m and r.k == k), key=lambda r: r.seed)
-        last = next((row for r in group for row in reversed(r.metrics) if row.get(TRUST_KEY)), None)
-        if last is not None:
-            out.append((f"{m}, k={k}, round {last['round']}",
-                        trust_heatmap_png(last[TRUST_KEY], f"{m}, k={k}, round {last['round']}")))
+    for r in sorted(runs, key=lambda r: (r.dataset, _method_sort(r.method), _k_sort(r.k), r.seed)):
+        last = next((row for row in reversed(r.metrics) if row.get(TRUST_KEY)), None)
+        if last is None:
+            continue
+        classes = r.summary.get("client_classes")
+        title = f"{r.dataset + ' ' if r.dataset else ''}{r.method}, k={r.k}, seed {r.seed}, round {last['round']}"
+        caption = title + ("" if classes else " (own classes not recorded by this run: no boxes)")
+        out.append((caption, trust_heatmap_png(last[TRUST_KEY], title, classes or None)))
     return out
 
 
 # ------------------------------------------------------------------------------------------- page
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
-th:first-child{text-align:left}figure{margin:1.5em 0}img{max-width:100%;border:1px solid #eee}
-figcaption{color:#555;font-size:0.9em}code{background:#f4f4f4;padding:0 3px}"""
+th:first-child{text-align:left}tbody th{text-align:left}figure{margin:1.5em 0}img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:0.9em}code{background:#f4f4f4;padding:0 3px}
+.n{color:#888;font-size:0.75em}th.phase{font-weight:normal;font-size:0.85em;color:#555}
+tr.baseline th,tr.baseline td{font-style:italic;background:#fafafa}td.ref,th.ref{background:#f3f6fa}
+#settings td,#settings th{text-align:left;font-size:0.9em}
+.trust{display:flex;flex-wrap:wrap;gap:8px}.trust figure{margin:0;max-width:380px}"""
+
+
+def settings_html(runs: list[Run], skipped, runs_dir) -> str:
+    shared, varying = shared_settings(runs)
+    seeds = sorted({r.seed for r in runs}, key=str)
+    selected = sum(r.selected for r in runs)
+    metric = ("the best round's mean global test accuracy over clients" if not selected else
+              f"<b>validation-selected</b> accuracy (<code>{SELECTED}</code>) for {selected} of {len(runs)} run(s)"
+              + (", the best round's test accuracy for the others" if selected < len(runs) else ""))
+    kinds = {kind: sum(r.kind == kind for r in runs) for kind in ("rule", "local", "ref")}
+    items = [
+        ("runs", f"{len(runs)} from <code>{html.escape(str(runs_dir))}</code> ({kinds['rule']} federated distillation, "
+                 f"{kinds['local']} local only, {kinds['ref']} reference)"
+                 + (f"; {len(skipped)} left out (listed below)" if skipped else "")),
+        ("seeds", html.escape(", ".join(map(str, seeds))) + f" (n = {len(seeds)})"),
+        ("Table 1 holds", metric),
+        ("varies", html.escape(", ".join(varying)) or "nothing"),
+    ]
+    head = "".join(f"<tr><th>{name}</th><td>{text}</td></tr>" for name, text in items)
+    rows = "".join(f"<tr><th><code>{html.escape(k)}</code></th><td>{html.escape(str(v))}</td></tr>"
+                   for k, v in shared.items())
+    return (f'<table id="settings">{head}</table>'
+            f"<details><summary>settings all {len(runs)} run(s) share ({len(shared)})</summary>"
+            f'<table id="shared">{rows}</table></details>')
 
 
 def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include_unfinished: bool = False,
-                 say: Callable[[str], None] = print) -> Path:
+                 say: Callable[[str], None] = print, include_duplicates: bool = False) -> Path:
     out = Path(out) if out else Path(runs_dir) / "report"
     if out.exists() and not out.is_dir():
         raise ConfigError("out", f"must be a folder (or not exist yet), but {str(out)!r} is a file")
-    runs, skipped = load_runs(runs_dir, include_unfinished)
+    runs, skipped = load_runs(runs_dir, include_unfinished, include_duplicates)
     skipped = [(p.relative_to(runs_dir) if p.is_relative_to(runs_dir) else p, why) for p, why in skipped]
     if skipped:
         say(f"fdlit report: {len(runs)} run(s) used, {len(skipped)} left out: "
@@ -344,60 +641,86 @@ def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for r in runs:
         bytes_total(r)
-    methods, ks, cells = table1(runs)
-    md = table1_markdown(methods, ks, cells)
-    (out / "table1.md").write_text(
-        "Best mean global test accuracy (%), mean ± std over seeds (best per column in bold).\n\n" + md)
+    table = table1(runs)
+    selected = any(r.selected for r in runs)
+    what = "validation-selected accuracy (selected_global_acc_mean) where runs have it, else best" if selected else "Best"
+    caption = (f"{what} mean global test accuracy (%) after the private and after the public phase, mean ± std over "
+               "seeds (n seeds per cell; no std with n = 1); best rule per column in bold. Ref.: fully informed "
+               "reference; Local only: no communication (neither takes the bold).")
+    (out / "table1.md").write_text(caption + "\n\n" + table1_markdown(table), encoding="utf-8")
+    (out / "table1.csv").write_text(table1_csv(table), encoding="utf-8")
+    (out / "table1.tex").write_text(table1_latex(table, caption), encoding="utf-8")
 
+    methods = sorted({r.method for r in runs}, key=_method_sort)
+    ks = table.ks or sorted({r.k for r in runs}, key=_k_sort)
     figures: list[tuple[str, str, bytes]] = []  # (file, caption, png)
-    fig2 = figure2(methods, ks, cells)
+    fig2 = figure2(table)
     if fig2 is not None:
         figures.append(("figure2_accuracy_vs_k.png",
-                        "Figure 2: best test accuracy vs classes per client k (mean ± std over seeds).", fig2))
+                        "Figure 2: best test accuracy vs classes per client k (mean ± std over seeds); "
+                        "dashed: local only, dotted: reference.", fig2))
     figures.append(("appB_accuracy_curves.png",
                     "App. B: mean global (top) and local (bottom) test accuracy after the public phase vs "
                     "round; shaded ±1 std over seeds.",
                     curves(runs, methods, ks, [(ACC, "global accuracy (%)"), (LOCAL, "local accuracy (%)")])))
+    tau = accuracy_vs_tau(runs)
+    if tau is not None:
+        figures.append(("accuracy_vs_tau.png", "Best test accuracy vs sUWA's temperature τ, one line per k "
+                        "(mean ± std over seeds).", tau))
     if any(m.get("weights/chi") is not None for r in runs for m in r.metrics):
-        figures.append(("chi_vs_round.png", "Weight concentration χ = E_x Σ_i W[i,x]² vs round (1/M for AVG).",
-                        curves(runs, methods, ks, [("weights/chi", "χ")])))
+        chi_k = chi_vs_k(runs, table)
+        if chi_k is not None:
+            figures.append(("chi_vs_k.png", "Weight concentration χ = E_x Σ_i W[i,x]² of the last round vs k "
+                            "(1/M for AVG; mean ± std over seeds).", chi_k))
+        figures.append(("chi_vs_round.png", "Weight concentration χ vs round (1/M for AVG).",
+                        curves(runs, [m for m in methods if not m.endswith((LOCAL_LABEL, REF_LABEL))], ks,
+                               [("weights/chi", "χ")])))
     figures.append(("accuracy_vs_bytes.png",
                     "Mean global accuracy vs cumulative bytes sent (up + down, all clients).",
                     curves(runs, methods, ks, [(ACC, "global accuracy (%)")], xkey="comm/bytes_total_mib",
                            xlabel="cumulative MiB (up + down)")))
-    for i, (caption, png) in enumerate(trust_figures(runs, methods, ks)):
-        figures.append((f"trust_matrix_{i}.png",
-                        f"Who to trust ({caption}): mean weight each client gets on public samples of each "
-                        "true class.", png))
-    for name, _, png in figures:
+    trust = [(f"trust_matrix_{i}.png", f"Who to trust ({caption}): mean weight each client gets on public samples "
+              "of each true class; a client's own classes boxed.", png)
+             for i, (caption, png) in enumerate(trust_figures(runs))]
+    for name, _, png in figures + trust:
         (out / "figures" / name).write_bytes(png)
 
     run_rows = "".join(
         f"<tr><td>{html.escape(r.path.name)}</td><td>{html.escape(r.method)}</td><td>{html.escape(str(r.k))}</td>"
         f"<td>{r.seed}</td><td>{len(r.metrics)}</td><td>{'yes' if r.finished else 'no'}</td>"
-        f"<td>{100 * r.best():.2f}</td></tr>"
-        for r in sorted(runs, key=lambda r: (_method_sort(r.method), _k_sort(r.k), r.seed)))
-    figure_html = "".join(
-        f'<figure><img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{html.escape(name)}">'
-        f"<figcaption>{html.escape(caption)} <code>figures/{html.escape(name)}</code></figcaption></figure>"
-        for name, caption, png in figures)
-    note = (f"<p>{len(skipped)} run(s) left out (<code>--include_unfinished</code> uses unfinished ones):</p><ul>"
+        f"<td>{100 * r.best('private'):.2f}</td><td>{100 * r.best('public'):.2f}</td>"
+        f"<td>{'yes' if r.selected else 'no'}</td></tr>"
+        for r in sorted(runs, key=lambda r: (r.dataset, _method_sort(r.method), _k_sort(r.k), str(r.seed))))
+
+    def figure_html(items, cls=""):
+        return "".join(
+            f'<figure{cls}><img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{html.escape(name)}">'
+            f"<figcaption>{html.escape(caption)} <code>figures/{html.escape(name)}</code></figcaption></figure>"
+            for name, caption, png in items)
+
+    flags = "<code>--include_unfinished</code> uses unfinished ones, <code>--include_duplicates</code> keeps copies"
+    note = (f"<p>{len(skipped)} run(s) left out ({flags}):</p><ul>"
             + "".join(f"<li><code>{html.escape(str(p))}</code>: {html.escape(why)}</li>" for p, why in skipped)
             + "</ul>" if skipped else "")
+    trust_html = (f'<h2>Who to trust</h2><div class="trust">{figure_html(trust)}</div>' if trust else "")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>fdlit report: {html.escape(str(runs_dir))}</title>
 <style>{CSS}</style></head><body>
 <h1>fdlit report</h1>
 <p>{len(runs)} run(s) from <code>{html.escape(str(runs_dir))}</code>.</p>
+<h2>Settings</h2>
+{settings_html(runs, skipped, runs_dir)}
 {note}
 <h2>Table 1: best test accuracy (%)</h2>
-<p>Best round's mean global accuracy over clients (after the public phase); mean ± std over seeds; best per column in bold.</p>
-{table1_html(methods, ks, cells)}
+<p>{html.escape(caption)} Also as <code>table1.md</code>, <code>table1.csv</code>, <code>table1.tex</code>.</p>
+{table1_html(table)}
 <h2>Figures</h2>
-{figure_html}
+{figure_html(figures)}
+{trust_html}
 <h2>Runs</h2>
 <table id="runs"><thead><tr><th>run</th><th>method</th><th>k</th><th>seed</th><th>rounds</th><th>finished</th>
-<th>best acc (%)</th></tr></thead><tbody>{run_rows}</tbody></table>
+<th>best acc after private (%)</th><th>best acc after public (%)</th><th>validation-selected</th></tr></thead>
+<tbody>{run_rows}</tbody></table>
 </body></html>
 """
     index = out / "index.html"

@@ -522,6 +522,7 @@ class FederationLoop:
             "bytes_up_total": self.ledger.total("up"),
             "bytes_down_total": self.ledger.total("down"),
             "wall_time_s": self.wall_time,
+            "client_classes": [[int(c) for c in cd.classes] for cd in self.client_data],  # the report boxes them in trust matrices
         }
 
 
