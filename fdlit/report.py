@@ -207,6 +207,9 @@ def shared_settings(runs: list[Run]) -> tuple[dict[str, Any], list[str]]:
     shared = {k: flat[0].get(k) for k in keys
               if not k.startswith(("logger.", "checkpoint.")) and len({repr(f.get(k)) for f in flat}) == 1}
     varying = [k for k in keys if k not in shared and not k.startswith(("logger.", "checkpoint."))]
+    # a rule's own knobs vary with the rule: "aggregator" says it once
+    varying = sorted({"aggregator" if k.startswith("aggregator.") and k != "aggregator.init_args.tau" else k
+                      for k in varying})
     return shared, varying
 
 
@@ -596,11 +599,11 @@ def trust_figures(runs: list[Run]) -> list[tuple[str, bytes]]:
 # ------------------------------------------------------------------------------------------- page
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
-th:first-child{text-align:left}tbody th{text-align:left}figure{margin:1.5em 0}img{max-width:100%;border:1px solid #eee}
+th:first-child{text-align:left}tbody th{text-align:left}thead th{text-align:center}figure{margin:1.5em 0}img{max-width:100%;border:1px solid #eee}
 figcaption{color:#555;font-size:0.9em}code{background:#f4f4f4;padding:0 3px}
 .n{color:#888;font-size:0.75em}th.phase{font-weight:normal;font-size:0.85em;color:#555}
 tr.baseline th,tr.baseline td{font-style:italic;background:#fafafa}td.ref,th.ref{background:#f3f6fa}
-#settings td,#settings th{text-align:left;font-size:0.9em}
+#settings td,#settings th{text-align:left;font-size:0.9em}#runs td:nth-child(-n+2){text-align:left}
 .trust{display:flex;flex-wrap:wrap;gap:8px}.trust figure{margin:0;max-width:380px}"""
 
 
