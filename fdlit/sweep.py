@@ -39,6 +39,7 @@ import yaml
 
 from fdlit.errors import ConfigError
 from fdlit.runs.directory import CHECKPOINT, CONFIG, read_config, read_summary, safe_name
+from fdlit.runs.naming import short
 
 METHODS = ("grid", "random", "bayes")
 LOCAL_METHODS = ("grid", "random")
@@ -179,18 +180,8 @@ def agent_flags(values: dict[str, Any]) -> list[str]:
     return [f"--{k}={v}" for k, v in values.items()]
 
 
-KEY_ALIASES = {"classes_per_client": "k", "dirichlet_alpha": "alpha", "num_clients": "M"}
-CLASS_ALIASES = {"ProbabilityAveragingAggregator": "avg", "UncertaintyWeightedAggregator": "uwa",
-                 "SmoothedUncertaintyWeightedAggregator": "suwa"}
-
-
 def _short(key: str, value: Any) -> str:
-    """Readable name parts: ``tau0.5``, ``k3``, ``avg`` (a class path is named by its class)."""
-    if isinstance(value, str) and "." in value and "/" not in value and not value.replace(".", "").isdigit():
-        cls = value.rsplit(".", 1)[-1]
-        return safe_name(CLASS_ALIASES.get(cls, cls))
-    last = key.rsplit(".", 1)[-1]
-    return safe_name(f"{KEY_ALIASES.get(last, last)}{value}")  # "org/model" must not become a subfolder
+    return short(key, value)
 
 
 def plan(spec: dict[str, Any], extra: list[str] = ()) -> list[SweepRun]:
