@@ -38,6 +38,8 @@ def sweep_parser() -> ArgumentParser:
                             "Extra fit flags go after '--' (e.g. -- --federation.rounds 2).", allow_abbrev=False)
     parser.add_argument("file", type=str, help="Sweep YAML (W&B sweep format), e.g. sweeps/tau.yaml.")
     parser.add_argument("--dry_run", action=ActionYesNo, default=False, help="List the combinations and their state; run nothing.")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="Runs at once, each in its own process and run directory; torch threads are split between them.")
     return parser
 
 
@@ -131,7 +133,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         elif cfg.command == "sweep":
             from fdlit.sweep import run_sweep
 
-            result = run_sweep(cfg.sweep.file, extra, dry_run=cfg.sweep.dry_run)
+            result = run_sweep(cfg.sweep.file, extra, dry_run=cfg.sweep.dry_run, jobs=cfg.sweep.jobs)
             if result["failed"]:
                 print(f"fdlit sweep: {len(result['failed'])} runs failed: {', '.join(result['failed'])}", file=sys.stderr)
                 return 1

@@ -1,4 +1,4 @@
-"""Run a W&B sweep file locally: every grid combination, grouped, resumable, no W&B server needed.
+"""Run a W&B sweep file locally: grid or random combinations, grouped, resumable, no W&B server needed.
 
 ``python -m fdlit sweep sweeps/tau.yaml [--dry_run] [-- extra fit flags]`` reads the same YAML that
 ``wandb sweep`` takes and builds each run's ``fit`` arguments exactly as ``wandb agent`` does: the
@@ -10,6 +10,14 @@ plus the seed, made safe for a folder name (a hub id's ``/`` becomes ``_``). Eac
 directory is found again by its resolved config: a *finished* run is skipped, an unfinished one is
 resumed in its own folder (from its checkpoint, or from round 1 if none completed), so a sweep that
 was stopped continues where it stopped when it is run again, and no combination gets two folders.
+
+``method: random`` draws ``run_cap`` combinations (required) from the parameters' ``values`` and
+distributions (W&B's ``uniform``, ``int_uniform``, ``log_uniform_values``, ``q_uniform``), from a
+random stream seeded by the sweep's name, so running the sweep again draws the same combinations
+and resumes them. ``method: bayes`` needs W&B's sweep server and is refused locally (no local engine
+is installed), never run as a grid. ``--jobs N`` runs N combinations at once, each in its own process
+and run directory, with torch's threads split between them. A run that fails for any reason is
+recorded in ``<run_dir>/sweep-<name>.json`` with its error, and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -17,7 +25,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
+import os
+import random
 import sys
+import traceback
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -26,8 +39,12 @@ import yaml
 
 from fdlit.errors import ConfigError
 from fdlit.runs.directory import CHECKPOINT, CONFIG, read_config, read_summary, safe_name
+from fdlit.runs.naming import short
 
 METHODS = ("grid", "random", "bayes")
+LOCAL_METHODS = ("grid", "random")
+# W&B's distributions that a local random sweep samples (W&B infers uniform / int_uniform from min/max)
+DISTRIBUTIONS = ("constant", "categorical", "uniform", "int_uniform", "log_uniform_values", "q_uniform")
 ARGS_MACRO = "${args}"
 
 
@@ -59,12 +76,31 @@ def load_sweep(path: str | Path) -> dict[str, Any]:
     params = spec.get("parameters")
     if not isinstance(params, dict) or not params:
         raise ConfigError("parameters", "a non-empty mapping of dotted fit flags is required")
+    if method not in LOCAL_METHODS:
+        raise ConfigError("method", f"{method!r} needs W&B's sweep server (wandb sweep {path}, then wandb agent); "
+                          f"locally allowed: {', '.join(LOCAL_METHODS)}")
     for key, p in params.items():
-        if not isinstance(p, dict) or ("values" not in p and "value" not in p):
-            raise ConfigError(f"parameters.{key}", "local sweeps need 'values: [...]' or 'value: x' "
-                              "(distributions such as min/max only run under wandb agent)")
+        if not isinstance(p, dict):
+            raise ConfigError(f"parameters.{key}", "must be a mapping such as 'values: [...]' or 'value: x'")
         if "values" in p and (not isinstance(p["values"], list) or not p["values"]):
             raise ConfigError(f"parameters.{key}.values", "must be a non-empty list")
+        if "values" in p or "value" in p:
+            continue
+        if method == "grid":
+            raise ConfigError(f"parameters.{key}", "grid sweeps need 'values: [...]' or 'value: x' "
+                              "(distributions such as min/max need method: random)")
+        distribution = _distribution(p)
+        if distribution not in DISTRIBUTIONS:
+            raise ConfigError(f"parameters.{key}.distribution",
+                              f"allowed locally: {', '.join(DISTRIBUTIONS)}; got {distribution!r}")
+        if not all(isinstance(p.get(b), (int, float)) for b in ("min", "max")) or p["min"] > p["max"]:
+            raise ConfigError(f"parameters.{key}", "a distribution needs numbers 'min' <= 'max'")
+        if distribution == "log_uniform_values" and p["min"] <= 0:
+            raise ConfigError(f"parameters.{key}.min", "log_uniform_values needs min > 0")
+    if method == "random":
+        cap = spec.get("run_cap")
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise ConfigError("run_cap", f"method: random needs 'run_cap: <runs>' (a positive integer); got {cap!r}")
     command = spec.get("command")
     if not isinstance(command, list) or "fit" not in command or ARGS_MACRO not in command:
         raise ConfigError("command", "must be a list that runs fdlit 'fit' and contains '${args}'")
@@ -86,30 +122,73 @@ def expand_grid(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*choices)]
 
 
+def _distribution(p: dict[str, Any]) -> str:
+    if "distribution" in p:
+        return p["distribution"]
+    if "values" in p:
+        return "categorical"
+    if "value" in p:
+        return "constant"
+    both_int = all(isinstance(p.get(b), int) and not isinstance(p.get(b), bool) for b in ("min", "max"))
+    return "int_uniform" if both_int else "uniform"  # W&B's inference from min/max
+
+
+def _draw(p: dict[str, Any], rng: random.Random) -> Any:
+    kind = _distribution(p)
+    if kind == "constant":
+        return p["value"]
+    if kind == "categorical":
+        return p["values"][rng.randrange(len(p["values"]))]
+    lo, hi = p["min"], p["max"]
+    if kind == "int_uniform":
+        return rng.randint(int(lo), int(hi))
+    if kind == "log_uniform_values":
+        value = math.exp(rng.uniform(math.log(lo), math.log(hi)))
+    elif kind == "q_uniform":
+        q = p.get("q", 1.0)
+        value = round(rng.uniform(lo, hi) / q) * q
+    else:
+        value = rng.uniform(lo, hi)
+    return float(f"{value:.4g}")  # 4 significant digits: readable names, and draws stay distinct
+
+
+def sample_random(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """``run_cap`` distinct combinations drawn as W&B's random search does, from a stream seeded by
+    the sweep's name (the same sweep draws the same combinations again, so it resumes); fewer when
+    the parameters have fewer distinct combinations."""
+    rng = random.Random(zlib.crc32(str(spec["name"]).encode()))
+    params = spec["parameters"]
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for _ in range(100 * spec["run_cap"]):
+        if len(out) == spec["run_cap"]:
+            break
+        values = {k: _draw(p, rng) for k, p in params.items()}
+        key = json.dumps(values, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            out.append(values)
+    return out
+
+
+def combinations(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return sample_random(spec) if spec.get("method", "grid") == "random" else expand_grid(spec)
+
+
 def agent_flags(values: dict[str, Any]) -> list[str]:
     """``${args}`` exactly as wandb agent expands it: ``--param=value`` with Python's str(value)."""
     return [f"--{k}={v}" for k, v in values.items()]
 
 
-KEY_ALIASES = {"classes_per_client": "k", "dirichlet_alpha": "alpha", "num_clients": "M"}
-CLASS_ALIASES = {"ProbabilityAveragingAggregator": "avg", "UncertaintyWeightedAggregator": "uwa",
-                 "SmoothedUncertaintyWeightedAggregator": "suwa"}
-
-
 def _short(key: str, value: Any) -> str:
-    """Readable name parts: ``tau0.5``, ``k3``, ``avg`` (a class path is named by its class)."""
-    if isinstance(value, str) and "." in value and "/" not in value and not value.replace(".", "").isdigit():
-        cls = value.rsplit(".", 1)[-1]
-        return safe_name(CLASS_ALIASES.get(cls, cls))
-    last = key.rsplit(".", 1)[-1]
-    return safe_name(f"{KEY_ALIASES.get(last, last)}{value}")  # "org/model" must not become a subfolder
+    return short(key, value)
 
 
 def plan(spec: dict[str, Any], extra: list[str] = ()) -> list[SweepRun]:
     runs = []
     tail = spec["_fit_tail"]
     at = tail.index(ARGS_MACRO)
-    for values in expand_grid(spec):
+    for values in combinations(spec):
         setting = [_short(k, v) for k, v in values.items() if k != "seed"]
         group = safe_name("-".join([spec["name"], *setting]))
         name = safe_name(group + (f"-seed{values['seed']}" if "seed" in values else ""))
@@ -186,13 +265,61 @@ def lookup(config: dict, dotted: str) -> Any:
     return node["class_path"] if isinstance(node, dict) and "class_path" in node else node
 
 
-def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
-              out: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run (or list) every combination; returns counts and the run directories."""
-    from fdlit.config import fit_parser
-    from fdlit.federation import NumericalFault, format_summary
+def _threads(jobs: int) -> int:
+    """torch threads per run when ``jobs`` runs share this machine's cores."""
+    return max(1, (os.cpu_count() or 1) // max(1, jobs))
+
+
+def _run_one(argv: list[str], partial: Optional[str], threads: Optional[int]) -> dict[str, Any]:
+    """One combination in a worker process: parse its flags as ``fit`` does, run it, and return its
+    summary or the error (a worker never raises: the sweep records the failure and goes on)."""
+    import torch
+
+    from fdlit.config import parse_fit, rewrite_config_args
     from fdlit.runs.experiment import Experiment
 
+    if threads is not None:
+        torch.set_num_threads(threads)  # N runs x all cores each would oversubscribe the machine
+    experiment = None
+    try:
+        parser, cfg = parse_fit(rewrite_config_args(argv))
+        experiment = Experiment(cfg, parser, resume_from=Path(partial) if partial else None)
+        summary = experiment.fit()
+        return {"status": "finished", "run_dir": str(experiment.run_path), "summary": _plain(summary),
+                "torch_threads": torch.get_num_threads()}
+    except Exception as exc:  # recorded by the sweep; Ctrl-C stops the worker as it stops a serial sweep
+        run_dir = str(experiment.run_path) if experiment is not None and experiment.run_path else None
+        return {"status": "failed", "run_dir": run_dir, "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(limit=8)}
+
+
+def _plain(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
+def results_path(runs: list[SweepRun], name: str) -> Path:
+    """Where the sweep records every combination's outcome: next to its run directories."""
+    return Path(runs[0].config["resolved"]["logger"]["run_dir"]) / f"sweep-{safe_name(str(name))}.json"
+
+
+def _record(path: Path, spec: dict[str, Any], records: dict[str, dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"sweep": spec["name"], "method": spec.get("method", "grid"),
+                               "runs": list(records.values())}, indent=1, default=str))
+    os.replace(tmp, path)  # a reader never sees half a file
+
+
+def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
+              out: Callable[[str], None] = print, jobs: int = 1) -> dict[str, Any]:
+    """Run (or list) every combination; returns counts, the failed runs and the run directories.
+    Every outcome is also written to the sweep's results file (``results`` in the returned dict)."""
+    from fdlit.config import fit_parser
+    from fdlit.federation import format_summary
+    from fdlit.runs.experiment import Experiment
+
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError("jobs", f"must be a positive integer; got {jobs!r}")
     spec = load_sweep(path)
     runs = plan(spec, list(extra))
     resolve(runs, fit_parser)
@@ -206,26 +333,62 @@ def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
         run.partial = None if run.existing else _furthest([p for p, _ in mine])
     todo = [r for r in runs if r.existing is None]
     resumed = sum(r.partial is not None for r in todo)
-    if spec.get("method", "grid") != "grid":
-        out(f"fdlit sweep: method {spec['method']!r} runs under wandb agent; locally every combination runs (grid)")
-    out(f"fdlit sweep {spec['name']}: {len(runs)} combinations, {len(runs) - len(todo)} finished, {len(todo)} to run"
-        + (f" ({resumed} resumed in their own folder)" if resumed else ""))
+    method = spec.get("method", "grid")
+    drawn = f" ({method}: {len(runs)} drawn of run_cap {spec['run_cap']})" if method == "random" else ""
+    out(f"fdlit sweep {spec['name']}: {len(runs)} combinations{drawn}, {len(runs) - len(todo)} finished, "
+        f"{len(todo)} to run" + (f" ({resumed} resumed in their own folder)" if resumed else "")
+        + (f", {jobs} at a time" if jobs > 1 and todo else ""))
     if dry_run:
         for i, run in enumerate(runs, 1):
             state = (f"done ({run.existing})" if run.existing else f"resume ({run.partial})" if run.partial
                      else "todo")
             out(f"  [{i}/{len(runs)}] {state:>5}  group={run.group}  fdlit fit {' '.join(run.argv)}")
         return {"total": len(runs), "skipped": len(runs) - len(todo), "ran": 0, "failed": [], "run_dirs": []}
+    results = results_path(runs, spec["name"])
+    records = {r.name: {"name": r.name, "group": r.group, "values": r.values, "status": "finished",
+                        "run_dir": str(r.existing)} for r in runs if r.existing}
     failed, run_dirs = [], []
-    for i, run in enumerate(todo, 1):
-        out(f"fdlit sweep: [{i}/{len(todo)}] {run.name}" + (f" (resuming {run.partial})" if run.partial else ""))
-        try:
-            experiment = Experiment(run.config["cfg"], run.config["parser"], resume_from=run.partial)
-            summary = experiment.fit()
-            out(format_summary(summary))
-            run_dirs.append(experiment.run_path)
-        except (ConfigError, NumericalFault) as exc:  # one bad combination does not stop the others
-            print(f"fdlit sweep: {run.name} failed: {exc}", file=sys.stderr)
+
+    def done(run: SweepRun, outcome: dict[str, Any]) -> None:
+        records[run.name] = {"name": run.name, "group": run.group, "values": run.values, **outcome}
+        _record(results, spec, records)
+        if outcome["status"] == "finished":
+            run_dirs.append(Path(outcome["run_dir"]))
+            out(f"fdlit sweep: {run.name} finished\n" + format_summary(outcome["summary"]))
+        else:  # one failed combination does not stop the others
+            print(f"fdlit sweep: {run.name} failed: {outcome['error']} (recorded in {results})", file=sys.stderr)
             failed.append(run.name)
+
+    if jobs == 1:
+        for i, run in enumerate(todo, 1):
+            out(f"fdlit sweep: [{i}/{len(todo)}] {run.name}" + (f" (resuming {run.partial})" if run.partial else ""))
+            experiment = None
+            try:
+                experiment = Experiment(run.config["cfg"], run.config["parser"], resume_from=run.partial)
+                summary = experiment.fit()
+                done(run, {"status": "finished", "run_dir": str(experiment.run_path), "summary": _plain(summary)})
+            except Exception as exc:  # Ctrl-C still stops the sweep; any other error is this run's
+                run_dir = str(experiment.run_path) if experiment is not None and experiment.run_path else None
+                done(run, {"status": "failed", "run_dir": run_dir, "error": f"{type(exc).__name__}: {exc}",
+                           "traceback": traceback.format_exc(limit=8)})
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # spawn: a fresh interpreter per worker (no forked torch / W&B state); each worker has its own
+        # run directory and lock, and torch threads are split between the jobs
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {}
+            for i, run in enumerate(todo, 1):
+                out(f"fdlit sweep: [{i}/{len(todo)}] {run.name} queued"
+                    + (f" (resuming {run.partial})" if run.partial else ""))
+                futures[pool.submit(_run_one, run.argv, str(run.partial) if run.partial else None,
+                                    _threads(jobs))] = run
+            for future in as_completed(futures):
+                try:
+                    outcome = future.result()
+                except Exception as exc:  # the worker process itself died (killed, out of memory)
+                    outcome = {"status": "failed", "run_dir": None, "error": f"{type(exc).__name__}: {exc}"}
+                done(futures[future], outcome)
     return {"total": len(runs), "skipped": len(runs) - len(todo), "ran": len(todo) - len(failed),
-            "failed": failed, "run_dirs": run_dirs}
+            "failed": failed, "run_dirs": run_dirs, "results": results}

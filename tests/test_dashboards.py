@@ -7,7 +7,9 @@ import torch
 
 from fdlit.federation.diagnostics import trust_matrix
 from fdlit.runs import LoggerConfig, WandbLogger
-from fdlit.runs.dashboards import client_rows, png_to_array, trust_heatmap_png, wandb_round_payload
+from fdlit.runs.dashboards import (
+    client_rows, png_to_array, run_summary, trust_heatmap_png, trust_rows, wandb_round_payload,
+)
 
 METRICS = {
     "round": 3, "after_public/global_acc_mean": 0.5, "weights/chi": 0.4, "teacher/acc": 0.7,
@@ -41,8 +43,7 @@ def test_trust_heatmap_is_a_png_image():
 def test_payload_uses_real_wandb_table_and_image():
     wandb = pytest.importorskip("wandb")
     payload = wandb_round_payload(wandb, METRICS, [[0, 1], [2]])
-    assert isinstance(payload["clients/accuracy"], wandb.Table)
-    assert payload["clients/accuracy"].data[1][:2] == [1, "2"]
+    assert "clients/accuracy" not in payload  # no new table artifact each round: one at the end
     assert isinstance(payload["clients/trust_matrix"], wandb.Image)
     assert payload["round"] == 3 and payload["weights/chi"] == 0.4
     assert not any(isinstance(v, list) for v in payload.values())  # no raw lists reach run.log
@@ -69,17 +70,53 @@ def test_wandb_logger_dashboard_wiring(monkeypatch, tmp_path):
                                  Settings=lambda **kw: types.SimpleNamespace(**kw))
     monkeypatch.setitem(sys.modules, "wandb", fake)
     logger = WandbLogger(LoggerConfig(mode="offline"), {}, tmp_path, "run")
-    loop = types.SimpleNamespace(client_data=[types.SimpleNamespace(classes=[0, 1]), types.SimpleNamespace(classes=[2])])
+    loop = types.SimpleNamespace(client_data=[types.SimpleNamespace(classes=[0, 1]), types.SimpleNamespace(classes=[2])],
+                                 round=0, rounds=12, history=[])
     logger.on_fit_start(loop)
     assert run.defined["*"] == ("round", None)  # round is the x-axis of everything
-    assert run.defined["after_public/global_acc_mean"] == ("round", "max")
-    assert run.defined["teacher/acc"] == ("round", "max")
-    assert run.defined["weights/chi"][0] == "round" and run.defined["comm/up_bytes_total"] == ("round", "last")
-    logger.on_round_end(loop, 3, METRICS)
-    (logged,) = run.logged
-    assert logged["clients/accuracy"][0] == "table" and len(logged["clients/accuracy"][2]) == 2
-    assert logged["clients/trust_matrix"][0] == "image" and "round 3" in logged["clients/trust_matrix"][2]
+    # summaries are written as plain numbers at the end, not as W&B's {"max": x} dicts
+    assert run.defined["after_public/global_acc_mean"] == ("round", None)
+    for r in range(1, 13):
+        loop.history.append({**METRICS, "round": r, "after_public/global_acc_mean": 0.5 - abs(r - 4) / 100})
+        logger.on_round_end(loop, r, loop.history[-1])
+    with_trust = [m["round"] for m in run.logged if "clients/trust_matrix" in m]
+    assert with_trust == [1, 5, 10, 12]  # round 1, every 5th, the last
+    assert all("clients/accuracy" not in m for m in run.logged)
+    logged = run.logged[0]
+    assert logged["clients/trust_matrix"][0] == "image" and "round 1" in logged["clients/trust_matrix"][2]
     assert logged["teacher/acc"] == 0.7 and logged["comm/up_bytes_total"] == 1000
+    logger.on_fit_end(loop, {"rounds": 12})
+    table = run.logged[-1]["clients/accuracy"]  # one table, every round's rows
+    assert table[0] == "table" and table[1][:3] == ["round", "client", "classes"] and len(table[2]) == 24
+    assert run.summary["after_public/global_acc_mean"] == pytest.approx(0.42)  # the last value
+    assert run.summary["best/after_public/global_acc_mean"] == pytest.approx(0.5)  # the best, round 4
+    assert run.summary["final/rounds"] == 12
+
+
+def test_trust_heatmap_rows_stay_few_at_many_clients():
+    rng = np.random.default_rng(0)
+    classes = [sorted(rng.choice(10, 2, replace=False).tolist()) for _ in range(500)]
+    matrix = rng.random((500, 10)).tolist()
+    rows, labels, boxes, ylabel = trust_rows(matrix, classes, max_rows=40)
+    assert rows.shape == (10, 10) and boxes == [(c, c) for c in range(10)]
+    holders = [i for i, held in enumerate(classes) if 3 in held]
+    assert rows[3] == pytest.approx(np.mean(np.array(matrix)[holders], axis=0))
+    assert labels[3] == f"3 ({len(holders)})" and "500" in ylabel
+    few, labels, boxes, _ = trust_rows(matrix[:20], classes[:20], max_rows=40)  # few clients: one row each
+    assert few.shape == (20, 10) and (0, classes[0][0]) in boxes
+    png = trust_heatmap_png(matrix, "round 5", classes)
+    assert png_to_array(png).shape[0] < 600  # not a 14,000-pixel-high picture
+
+
+def test_run_summary_holds_plain_last_and_best_numbers():
+    history = [{"after_public/global_acc_mean": 0.3, "weights/chi": 0.5, "comm/up_bytes_total": 10},
+               {"after_public/global_acc_mean": 0.6, "weights/chi": 0.4, "comm/up_bytes_total": 20},
+               {"after_public/global_acc_mean": float("nan"), "comm/up_bytes_total": 30},
+               {"after_public/global_acc_mean": 0.5, "weights/chi": 0.2, "comm/up_bytes_total": 40}]
+    summary = run_summary(history)
+    assert summary == {"after_public/global_acc_mean": 0.5, "best/after_public/global_acc_mean": 0.6,
+                       "weights/chi": 0.2, "comm/up_bytes_total": 40.0}
+    assert all(type(v) is float for v in summary.values())
 
 
 def test_a_round_without_evaluation_logs_no_accuracy_points():

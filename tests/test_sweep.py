@@ -196,3 +196,77 @@ def test_sweep_values_with_a_slash_make_flat_folders(tmp_path, capsys):
     names = {yaml.safe_load((d / "config.yaml").read_text())["logger"]["name"] for d in dirs}
     assert names == {"tiny-k4-tokenizerorg_model-a", "tiny-k4-tokenizerorg_model-b"}
     assert {lookup(yaml.safe_load((d / "config.yaml").read_text()), "data.tokenizer") for d in dirs} == set(hub_ids)
+
+
+def test_random_sweeps_draw_run_cap_distinct_values_from_distributions_and_draw_them_again(tmp_path):
+    parameters = {"aggregator.tau": {"min": 0.05, "max": 2.0, "distribution": "log_uniform_values"},
+                  "data.classes_per_client": {"values": [2, 3, 4, 5]}, "seed": {"values": [0, 1]}}
+    path = write_sweep(tmp_path, parameters)
+    spec = {**yaml.safe_load(path.read_text()), "method": "random", "run_cap": 5}
+    path.write_text(yaml.safe_dump(spec))
+    lines = []
+    run_sweep(path, [*TINY, "--logger.run_dir", str(tmp_path / "runs")], dry_run=True, out=lines.append)
+    assert "5 combinations (random: 5 drawn of run_cap 5)" in lines[0]
+    runs = plan(load_sweep(path))
+    assert len(runs) == 5  # not the grid (which a continuous tau does not even have)
+    taus = [r.values["aggregator.tau"] for r in runs]
+    assert len(set(taus)) == 5 and all(0.05 <= t <= 2.0 for t in taus)
+    assert {r.values["data.classes_per_client"] for r in runs} <= {2, 3, 4, 5}
+    assert len({r.name for r in runs}) == 5 and all(f"tau{r.values['aggregator.tau']}" in r.name for r in runs)
+    assert [r.values for r in plan(load_sweep(path))] == [r.values for r in runs]  # resumable: same draws
+    # a discrete space smaller than run_cap gives each combination once
+    spec = {**spec, "run_cap": 50, "parameters": {"seed": {"values": [0, 1, 2]}}}
+    path.write_text(yaml.safe_dump(spec))
+    assert sorted(r.values["seed"] for r in plan(load_sweep(path))) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("extra,field", [
+    ({"method": "bayes"}, "method"),
+    ({"method": "random"}, "run_cap"),
+    ({"method": "random", "run_cap": 2, "parameters": {"aggregator.tau": {"min": 0, "max": 1, "distribution": "beta"}}},
+     "parameters.aggregator.tau.distribution"),
+])
+def test_sweep_methods_without_a_local_sampler_are_refused_not_run_as_a_grid(tmp_path, extra, field):
+    path = write_sweep(tmp_path, {"seed": {"values": [0, 1]}})
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), **extra}))
+    with pytest.raises(ConfigError) as info:
+        run_sweep(path, [*TINY, "--logger.run_dir", str(tmp_path / "runs")], out=lambda s: None)
+    assert field in str(info.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
+    from fdlit.federation.loop import FederationLoop
+
+    original = FederationLoop.run_round
+
+    def run_round(loop, r, clock=None):
+        if loop.seed == 1:
+            raise RuntimeError("disk on fire")
+        return original(loop, r, clock)
+
+    monkeypatch.setattr(FederationLoop, "run_round", run_round)
+    path = write_sweep(tmp_path, {"seed": {"values": [1, 2]}, "data.classes_per_client": {"value": 4}})
+    assert main(["sweep", str(path), "--", *TINY, "--logger.run_dir", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    assert "tiny-k4-seed1 failed: RuntimeError: disk on fire" in err
+    results = json.loads((tmp_path / "runs" / "sweep-tiny.json").read_text())
+    by_name = {r["name"]: r for r in results["runs"]}
+    assert by_name["tiny-k4-seed1"]["status"] == "failed" and "disk on fire" in by_name["tiny-k4-seed1"]["error"]
+    assert by_name["tiny-k4-seed2"]["status"] == "finished"  # the sweep went on after the failure
+    assert json.loads((Path(by_name["tiny-k4-seed2"]["run_dir"]) / "summary.json").read_text())["finished"]
+
+
+def test_jobs_run_in_parallel_processes_with_split_threads_and_own_folders(tmp_path, capsys):
+    from fdlit.sweep import _threads
+
+    path = write_sweep(tmp_path, {"seed": {"values": [0, 1]}, "data.classes_per_client": {"value": 4}})
+    extra = [*TINY, "--logger.run_dir", str(tmp_path / "runs")]
+    assert main(["sweep", str(path), "--jobs", "2", "--", *extra]) == 0
+    assert "2 at a time" in capsys.readouterr().out
+    runs = json.loads((tmp_path / "runs" / "sweep-tiny.json").read_text())["runs"]
+    assert sorted(r["name"] for r in runs) == ["tiny-k4-seed0", "tiny-k4-seed1"]
+    assert all(r["status"] == "finished" and r["torch_threads"] == _threads(2) for r in runs)
+    assert len({r["run_dir"] for r in runs}) == 2 and len(finished_dirs(tmp_path / "runs")) == 2
+    assert main(["sweep", str(path), "--jobs", "2", "--", *extra]) == 0  # the parallel runs are found again
+    assert "2 finished, 0 to run" in capsys.readouterr().out

@@ -16,13 +16,65 @@ CLIENT_COLUMNS = ("after_private/global_acc", "after_private/local_acc",
                   "after_public/global_acc", "after_public/local_acc")
 TRUST_KEY = "clients/trust_matrix"
 
-# (metric, summary) pairs the W&B logger declares, all on the ``round`` x-axis
+# (metric, best) pairs: the run summary holds each metric's last value under its own name (the name
+# a sweep file's ``metric`` uses) and, for accuracies, the best as ``best/<metric>``; all plain numbers
 SUMMARIES = (
     ("after_private/global_acc_mean", "max"), ("after_private/local_acc_mean", "max"),
     ("after_public/global_acc_mean", "max"), ("after_public/local_acc_mean", "max"),
-    ("teacher/acc", "max"), ("weights/chi", "mean"),
-    ("comm/up_bytes_total", "last"), ("comm/down_bytes_total", "last"),
+    ("teacher/acc", "max"), ("weights/chi", None),
+    ("comm/up_bytes_total", None), ("comm/down_bytes_total", None),
 )
+TRUST_MAX_ROWS = 40  # more clients than this: one row per class held (clients aggregated)
+
+
+def run_summary(history: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Last and best values as plain numbers (W&B's ``define_metric(summary=...)`` stores a dict
+    such as ``{"max": x}``, which a sweep's metric and the console summary do not read)."""
+    out: dict[str, float] = {}
+    for metric, best in SUMMARIES:
+        values = [float(m[metric]) for m in history
+                  if isinstance(m.get(metric), (int, float)) and np.isfinite(m[metric])]
+        if values:
+            out[metric] = values[-1]
+            if best == "max":
+                out[f"best/{metric}"] = max(values)
+    return out
+
+
+def accuracy_table_rows(history: Sequence[dict[str, Any]],
+                        client_classes: Sequence[Sequence[int]]) -> tuple[list[str], list[list]]:
+    """Per-client accuracies of every evaluated round in one table (logged once, at the end)."""
+    rows = []
+    for metrics in history:
+        if metrics.get("eval/test_samples", 1) == 0:
+            continue
+        columns, per_round = client_rows(metrics, client_classes)
+        rows += [[metrics.get("round"), *row] for row in per_round]
+    return ["round", "client", "classes", *CLIENT_COLUMNS], rows
+
+
+def trust_rows(matrix: Sequence[Sequence[Optional[float]]], client_classes: Optional[Sequence[Sequence[int]]],
+               max_rows: int = TRUST_MAX_ROWS) -> tuple[np.ndarray, list[str], list[tuple[int, int]], str]:
+    """The heatmap's rows, labels, boxed (row, class) cells and y label. Up to ``max_rows`` clients:
+    one row per client, its own classes boxed. More: one row per class c, the mean weight of the
+    clients holding c on each true class (a client with k classes counts in k rows), so the own-class
+    diagonal is boxed and the picture stays C rows high at any M."""
+    m = np.array([[np.nan if v is None else v for v in row] for row in matrix], dtype=float)
+    n_clients, n_classes = m.shape
+    classes = list(client_classes or [])
+    if n_clients <= max_rows or len(classes) != n_clients:
+        boxes = [(i, c) for i, held in enumerate(classes) for c in held]
+        return m, [str(i) for i in range(n_clients)], boxes, "client"
+    rows = np.full((n_classes, n_classes), np.nan)
+    counts = []
+    for c in range(n_classes):
+        holders = [i for i, held in enumerate(classes) if c in held]
+        counts.append(len(holders))
+        if holders:
+            with np.errstate(all="ignore"):
+                rows[c] = np.nanmean(m[holders], axis=0) if np.isfinite(m[holders]).any() else np.nan
+    labels = [f"{c} ({n})" for c, n in enumerate(counts)]
+    return rows, labels, [(c, c) for c in range(n_classes)], f"clients holding class (count), of {n_clients}"
 
 
 def client_rows(metrics: dict[str, Any], client_classes: Sequence[Sequence[int]]) -> tuple[list[str], list[list]]:
@@ -37,24 +89,26 @@ def client_rows(metrics: dict[str, Any], client_classes: Sequence[Sequence[int]]
 
 
 def trust_heatmap_png(matrix: Sequence[Sequence[Optional[float]]], title: str = "",
-                      client_classes: Optional[Sequence[Sequence[int]]] = None, dpi: int = 100) -> bytes:
-    """Heatmap of the M x C who-to-trust matrix as PNG bytes; a client's own classes are boxed."""
+                      client_classes: Optional[Sequence[Sequence[int]]] = None, dpi: int = 80,
+                      max_rows: int = TRUST_MAX_ROWS) -> bytes:
+    """Heatmap of the who-to-trust matrix as PNG bytes (at most ``max(max_rows, C)`` rows, see
+    ``trust_rows``); a client's own classes are boxed."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
-    m = np.array([[np.nan if v is None else v for v in row] for row in matrix], dtype=float)
-    n_clients, n_classes = m.shape
-    fig = Figure(figsize=(1.6 + 0.45 * n_classes, 1.2 + 0.28 * n_clients), dpi=dpi)
+    m, labels, boxes, ylabel = trust_rows(matrix, client_classes, max_rows)
+    n_rows, n_classes = m.shape
+    fig = Figure(figsize=(1.8 + 0.45 * n_classes, 1.2 + 0.28 * n_rows), dpi=dpi)
     ax = fig.add_subplot()
-    image = ax.imshow(m, aspect="auto", cmap="viridis", vmin=0.0, vmax=max(float(np.nanmax(m)) if np.isfinite(m).any() else 1.0, 1e-9))
+    top = float(np.nanmax(m)) if np.isfinite(m).any() else 1.0
+    image = ax.imshow(m, aspect="auto", cmap="viridis", vmin=0.0, vmax=max(top, 1e-9))
     fig.colorbar(image, ax=ax, label="mean weight")
-    for i, classes in enumerate(client_classes or []):
-        for c in classes:  # boxes show whether clients are trusted on the classes they hold
-            ax.add_patch(Rectangle((c - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="white", linewidth=1.2))
+    for i, c in boxes:  # boxes show whether clients are trusted on the classes they hold
+        ax.add_patch(Rectangle((c - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="white", linewidth=1.2))
     ax.set_xlabel("true class of public sample")
-    ax.set_ylabel("client")
+    ax.set_ylabel(ylabel)
     ax.set_xticks(range(n_classes))
-    ax.set_yticks(range(n_clients))
+    ax.set_yticks(range(n_rows), labels)
     ax.tick_params(labelsize=7)
     if title:
         ax.set_title(title, fontsize=9)
@@ -70,19 +124,18 @@ def png_to_array(png: bytes) -> np.ndarray:
     return (imread(io.BytesIO(png), format="png")[..., :3] * 255).astype(np.uint8)
 
 
-def wandb_round_payload(wandb: Any, metrics: dict[str, Any], client_classes: Sequence[Sequence[int]]) -> dict[str, Any]:
-    """Scalars as they are (accuracies only in rounds that evaluated); per-client lists as one
-    ``wandb.Table``; the trust matrix as a heatmap ``wandb.Image``. Lists would otherwise be logged
-    as opaque histograms."""
+def wandb_round_payload(wandb: Any, metrics: dict[str, Any], client_classes: Sequence[Sequence[int]],
+                        trust: bool = True, max_rows: int = TRUST_MAX_ROWS) -> dict[str, Any]:
+    """Scalars as they are (accuracies only in rounds that evaluated) and, when ``trust``, the trust
+    matrix as a heatmap ``wandb.Image``. Per-client lists are not logged per round (as histograms
+    they are opaque, as tables each round would be a new artifact): ``accuracy_table_rows`` makes one
+    table at the end."""
     payload = {k: v for k, v in metrics.items() if not isinstance(v, (list, tuple))}
     if metrics.get("eval/test_samples", 1) == 0:  # a round without evaluation: no accuracy points at all
         payload = {k: v for k, v in payload.items() if not k.startswith(("after_private/", "after_public/"))}
-    columns, rows = client_rows(metrics, client_classes)
-    if rows:
-        payload["clients/accuracy"] = wandb.Table(columns=columns, data=rows)
     matrix = metrics.get(TRUST_KEY)
-    if matrix:
+    if matrix and trust:
         r = metrics.get("round")
-        png = trust_heatmap_png(matrix, f"who to trust, round {r}", client_classes)
+        png = trust_heatmap_png(matrix, f"who to trust, round {r}", client_classes, max_rows=max_rows)
         payload[TRUST_KEY] = wandb.Image(png_to_array(png), caption=f"mean weight per client x true class, round {r}")
     return payload

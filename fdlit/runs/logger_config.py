@@ -36,6 +36,10 @@ class LoggerConfig:
         progress: show a progress bar over rounds and clients.
         init_timeout_s: seconds W&B may take to start a run; after that the run logs offline (online
             mode) or to the run directory only.
+        trust_every_n_rounds: log the who-to-trust heatmap to W&B in round 1, every n-th round and
+            the last (rendering it costs time; 0: never).
+        trust_max_rows: above this many clients the heatmap has one row per class held (the clients
+            holding it, averaged) instead of one row per client.
     """
 
     def __init__(
@@ -49,6 +53,8 @@ class LoggerConfig:
         run_dir: str = "runs",
         progress: bool = True,
         init_timeout_s: float = 10.0,
+        trust_every_n_rounds: int = 5,
+        trust_max_rows: int = 40,
     ):
         if mode not in ("auto", "online", "offline", "disabled"):
             raise ConfigError("logger.mode", f"allowed: auto, online, offline, disabled; got {mode!r}")
@@ -58,6 +64,10 @@ class LoggerConfig:
             raise ConfigError("logger.run_dir", f"must be a folder path (the parent of run directories); got {run_dir!r}")
         if not (math.isfinite(init_timeout_s) and init_timeout_s > 0):
             raise ConfigError("logger.init_timeout_s", f"must be a finite number of seconds > 0, got {init_timeout_s}")
+        if isinstance(trust_every_n_rounds, bool) or not isinstance(trust_every_n_rounds, int) or trust_every_n_rounds < 0:
+            raise ConfigError("logger.trust_every_n_rounds", f"must be an integer >= 0 (0: never); got {trust_every_n_rounds!r}")
+        if isinstance(trust_max_rows, bool) or not isinstance(trust_max_rows, int) or trust_max_rows < 1:
+            raise ConfigError("logger.trust_max_rows", f"must be an integer >= 1; got {trust_max_rows!r}")
         self.mode = mode
         self.project = check_project(project)
         self.entity = entity
@@ -67,3 +77,5 @@ class LoggerConfig:
         self.run_dir = run_dir
         self.progress = progress
         self.init_timeout_s = float(init_timeout_s)
+        self.trust_every_n_rounds = trust_every_n_rounds
+        self.trust_max_rows = trust_max_rows

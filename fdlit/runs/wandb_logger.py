@@ -5,19 +5,29 @@ configured (WANDB_API_KEY or a netrc entry for the W&B host) and offline otherwi
 hint on how to sync. ``disabled`` never imports wandb. A tracker failure never stops training, and
 starting a run waits at most ``logger.init_timeout_s`` (wandb's ``init_timeout`` setting) before
 going offline.
+
+What the run records, locally and under ``wandb agent`` alike: the config as its dotted flags (the
+agent's own key names, so a swept class keeps its ``init_args`` and nothing appears twice); a group
+made of every setting but the seed; under the agent a name built from the swept values; a summary of
+plain numbers (last value under the metric's own name, best as ``best/<metric>``); the per-client
+table once, at the end; the trust heatmap every ``logger.trust_every_n_rounds``. Resuming a finished
+run opens no W&B run, and the offline sync hint names every offline folder of the run directory.
 """
 
 from __future__ import annotations
 
 import netrc
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
 from fdlit.callbacks import FederationCallback
-from fdlit.runs.dashboards import SUMMARIES, wandb_round_payload
+from fdlit.runs.dashboards import SUMMARIES, accuracy_table_rows, run_summary, wandb_round_payload
+from fdlit.runs.directory import safe_name
 from fdlit.runs.logger_config import LoggerConfig, Mode
+from fdlit.runs.naming import flat, setting_hash, short
 
 
 def has_wandb_credentials() -> bool:
@@ -48,17 +58,45 @@ def redact(text: str) -> str:
     return text.replace(key, "<WANDB_API_KEY>") if key and len(key) >= 4 else text
 
 
+def swept_values() -> dict[str, Any]:
+    """The values ``wandb agent`` chose for this run (its parameter file, ``{key: {"value": v}}``);
+    empty outside the agent."""
+    path = os.environ.get("WANDB_SWEEP_PARAM_PATH")
+    if not os.environ.get("WANDB_SWEEP_ID") or not path:
+        return {}
+    try:
+        import yaml
+
+        params = yaml.safe_load(Path(path).read_text()) or {}
+    except Exception:  # an unreadable file: the default name still works
+        return {}
+    return {k: v.get("value") for k, v in params.items() if isinstance(v, dict) and k != "wandb_version"}
+
+
+def names(config: LoggerConfig, flat_config: dict[str, Any], default_name: str) -> tuple[str, str]:
+    """(run name, group). Given names win. Under the agent the name is built from the swept values
+    (what differs between the sweep's runs); the group is every setting but the seed: the name
+    without its seed, plus a hash of the whole config without seed and logger settings."""
+    swept = swept_values()
+    setting = [short(k, v) for k, v in swept.items() if k != "seed"]
+    seed = f"seed{flat_config.get('seed')}"
+    base = safe_name("-".join(setting)) if setting else re.sub(r"-seed-?\d+$", "", default_name)
+    name = config.name or (safe_name(f"{base}-{seed}") if swept else default_name)
+    group = config.group or safe_name(f"{base}-{setting_hash(flat_config)}")
+    return name, group
+
+
 class WandbLogger(FederationCallback):
-    """Logs per-round metrics with ``round`` as the x-axis; best accuracies as max summaries."""
+    """Logs per-round metrics with ``round`` as the x-axis; last and best values as plain summaries."""
 
     def __init__(self, config: LoggerConfig, run_config: dict[str, Any], directory: Path, default_name: str,
                  run_id: Optional[str] = None):
         self.config = config
         self.run_id = run_id  # a resumed run continues its W&B run (id from the checkpoint)
         self.mode = resolve_mode(config.mode)
-        self.run_config = run_config
+        self.run_config = flat(run_config)
         self.directory = Path(directory)
-        self.name = config.name or default_name
+        self.name, self.group = names(config, self.run_config, default_name)
         self.run = None
         self._said: set[str] = set()
 
@@ -93,12 +131,16 @@ class WandbLogger(FederationCallback):
         settings = wandb.Settings(init_timeout=self.config.init_timeout_s)
         return wandb.init(
             project=self.config.project, entity=self.config.entity, name=self.name,
-            group=self.config.group, tags=self.config.tags or None, config=self.run_config,
+            group=self.group, tags=self.config.tags or None, config=self.run_config,
             dir=str(self.directory), mode=mode, reinit="finish_previous", settings=settings, **resume,
         )
 
     def on_fit_start(self, loop):
         if self.mode == "disabled":
+            return
+        if loop.round >= loop.rounds:  # resuming a finished run: nothing to log, no empty W&B run
+            print(f"fdlit: the run finished all {loop.rounds} rounds; no W&B run opened "
+                  "(--federation.rounds with more rounds continues it)", file=sys.stderr)
             return
         run_id = self.run_id
         if self.mode == "online":
@@ -121,8 +163,8 @@ class WandbLogger(FederationCallback):
         try:
             self.run.define_metric("round")
             self.run.define_metric("*", step_metric="round")
-            for metric, summary in SUMMARIES:  # best accuracies as max, chi as mean, bytes as last
-                self.run.define_metric(metric, step_metric="round", summary=summary)
+            for metric, _ in SUMMARIES:  # summaries are written as plain numbers at the end
+                self.run.define_metric(metric, step_metric="round")
         except Exception as exc:
             self._say(f"fdlit: W&B setup failed ({exc}); metrics stay in {self.directory}")
 
@@ -133,7 +175,9 @@ class WandbLogger(FederationCallback):
             import wandb
 
             classes = [cd.classes for cd in loop.client_data]
-            self.run.log(wandb_round_payload(wandb, metrics, classes))
+            every = self.config.trust_every_n_rounds
+            trust = every > 0 and (round == 1 or round % every == 0 or round == loop.rounds)
+            self.run.log(wandb_round_payload(wandb, metrics, classes, trust, self.config.trust_max_rows))
         except Exception as exc:  # keep trying next round (transient), but say it once
             self._say(f"fdlit: W&B log failed ({exc}); continuing, every metric is in {self.directory}")
 
@@ -141,13 +185,27 @@ class WandbLogger(FederationCallback):
         if self.run is None:
             return
         try:
+            import wandb
+
+            columns, rows = accuracy_table_rows(loop.history, [cd.classes for cd in loop.client_data])
+            if rows:  # one table, every evaluated round: not a new table artifact each round
+                self.run.log({"clients/accuracy": wandb.Table(columns=columns, data=rows)})
+        except Exception as exc:
+            self._say(f"fdlit: W&B table failed ({exc}); every metric is in {self.directory}")
+        try:
+            for key, value in run_summary(loop.history).items():
+                self.run.summary[key] = value
             for key, value in summary.items():
                 if isinstance(value, (int, float, str)):
                     self.run.summary[f"final/{key}"] = value
-            directory = self.run.dir
             self.run.finish()
             if self.mode == "offline":
-                sync_dir = Path(directory).parent
-                print(f"fdlit: W&B run saved offline; upload it with: wandb sync {sync_dir}")
+                print(f"fdlit: W&B run saved offline; upload it with: {self.sync_command()}")
         except Exception as exc:
             self._say(f"fdlit: W&B finish failed ({exc}); every metric is in {self.directory}")
+
+    def sync_command(self) -> str:
+        """``wandb sync`` with every offline folder of this run directory (a resumed run has one per
+        session; wandb sync takes them all in one call)."""
+        folders = sorted((self.directory / "wandb").glob("offline-run-*"))
+        return "wandb sync " + " ".join(str(f) for f in folders or [self.directory / "wandb"])
