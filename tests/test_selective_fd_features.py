@@ -115,3 +115,38 @@ def test_a_local_frozen_backbone_gives_the_selectors_its_features(tmp_path):
     expected = agg.client_mask(agg.backbone_features(cd.train.x), cd.train.y, agg.backbone_features(cd.calibration.x),
                                cd.calibration.y, loop.clients[0].classes, feats, seed=ctx.info.client_seed(0))
     assert torch.equal(ctx.state["selective_mask"], expected)
+
+
+def test_the_joint_loss_is_alpha_private_plus_one_minus_alpha_proxy():
+    torch.manual_seed(0)
+    agg = SelectiveFDAggregator(private_weight=0.3)
+    px, py = torch.randn(7, 5), torch.randint(0, 4, (7,))
+    qx, teacher = torch.randn(13, 5), torch.softmax(torch.randn(13, 4), -1)
+    x, t = agg.distillation_set(qx, teacher, px, py)
+    assert x.shape == (20, 5) and torch.equal(x[:7], px) and torch.equal(x[7:], qx)
+    net = torch.nn.Linear(5, 4)
+    logp = net(x).log_softmax(-1)
+    joint = torch.nn.functional.cross_entropy(net(x), t)  # what the public step computes on the union
+    expected = 0.3 * torch.nn.functional.nll_loss(logp[:7], py) + 0.7 * -(teacher * logp[7:]).sum(-1).mean()
+    torch.testing.assert_close(joint, expected)
+    # without alpha, the public phase sees the public samples and the teacher only
+    x0, t0 = SelectiveFDAggregator().distillation_set(qx, teacher, px, py)
+    assert x0 is qx and t0 is teacher
+    with pytest.raises(ConfigError, match=r"aggregator\.private_weight"):
+        SelectiveFDAggregator(private_weight=1.0)
+
+
+def test_a_fit_with_the_joint_loss_distils_on_private_and_kept_public_samples():
+    agg = SelectiveFDAggregator(private_weight=0.5, client_selector=False, server_threshold=2.0, public_per_round=30)
+    loop = tiny(agg, rounds=1)
+    seen = []
+    train = loop.executor.train
+
+    def spy(clients, phase, datasets, *args):
+        seen.append((phase, [len(x) for x, _ in datasets]))
+        return train(clients, phase, datasets, *args)
+
+    loop.executor.train = spy
+    loop.fit()
+    public = [sizes for phase, sizes in seen if phase == "public"]
+    assert public == [[len(cd.train.x) + 30 for cd in loop.client_data]]

@@ -45,6 +45,14 @@ class SelectiveFDAggregator(Aggregator):
     n public samples in round r, drawn from (seed, r) (the server announcing the draw is a seed, not
     counted); selected samples outside it are not uploaded. null uses the whole public set every round.
 
+    Joint loss (``private_weight`` = alpha; Selective-FD, Theorem 2 and its ablation on alpha): the public
+    phase minimises alpha L_private + (1 - alpha) L_proxy, with L_private the mean CE on the client's
+    m_k private samples and L_proxy the mean CE against the teacher on the m_proxy kept public samples.
+    fdlit trains on the union, scaling each private target by alpha (m_k + m_proxy) / m_k and each proxy
+    target by (1 - alpha) (m_k + m_proxy) / m_proxy (the paper's own empirical form of the loss), so
+    the mean of a shuffled batch is an unbiased estimate of it on every executor. The private phase
+    before it is unchanged.
+
     Choices where Selective-FD is silent or the setting differs (docs/algorithms.md **choice**):
       - one estimator per local class, a sample is kept if any of them keeps it (Selective-FD
         Supplementary, weak non-IID: "we construct two density-ratio estimators for these two
@@ -80,6 +88,8 @@ class SelectiveFDAggregator(Aggregator):
         backbone: with ``features: backbone``, the frozen pretrained backbone: a Hugging Face hub id
             (already in the local cache) or a local folder saved with ``save_pretrained``.
         public_per_round: n public samples per round (see above); null: all of them.
+        private_weight: alpha of the joint loss (see above) in [0, 1); null: the public phase
+            distils on the kept public samples only (Algorithm 1, lines 6-7).
     """
 
     short_name = "selfd"
@@ -99,6 +109,7 @@ class SelectiveFDAggregator(Aggregator):
         features: Literal["inputs", "penultimate", "backbone"] = "inputs",
         backbone: Optional[str] = None,
         public_per_round: Optional[int] = None,
+        private_weight: Optional[float] = None,
     ):
         if labels not in ("soft", "hard"):
             raise ConfigError("aggregator.labels", f"allowed: 'soft', 'hard'; got {labels!r}")
@@ -124,7 +135,10 @@ class SelectiveFDAggregator(Aggregator):
             check_backbone_available(backbone)
         if public_per_round is not None:
             check_at_least("aggregator.public_per_round", public_per_round, 1)
+        if private_weight is not None and not 0 <= private_weight < 1:
+            raise ConfigError("aggregator.private_weight", f"null or a number in [0, 1), got {private_weight!r}")
         self.features, self.backbone, self.public_per_round = features, backbone, public_per_round
+        self.private_weight = private_weight
         self._backbone_model = None
         self.labels = labels
         self.client_quantile = client_quantile
@@ -253,6 +267,18 @@ class SelectiveFDAggregator(Aggregator):
             "selective/tied_fraction": float(((counts > 0) & tied).float().mean()) if self.labels == "hard" else 0.0,
         }
         return AggregationResult(teacher=teacher, weights=weights, keep=keep, stats=stats)
+
+    def distillation_set(self, public_x, targets, private_x, private_y):
+        """The joint loss's training set: private samples and kept public samples with scaled targets."""
+        if self.private_weight is None or not len(private_x):
+            return public_x, targets
+        a, m_k, m_p = self.private_weight, len(private_x), len(public_x)
+        total = m_k + m_p
+        # CE is linear in a soft target, so a scaled target is a per-sample weight on its loss term
+        onehot = torch.nn.functional.one_hot(private_y.long().to(targets.device), targets.shape[-1]).float()
+        x = torch.cat([private_x.to(public_x.device).to(public_x.dtype), public_x])
+        t = torch.cat([onehot * (a * total / m_k), targets.float() * ((1 - a) * total / m_p)])
+        return x, t
 
     # ------------------------------------------------------------------ a frozen pretrained backbone
     def backbone_features(self, x: torch.Tensor) -> torch.Tensor:

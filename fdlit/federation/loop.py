@@ -420,7 +420,8 @@ class FederationLoop:
         public_losses = [math.nan] * len(self.clients)
         if len(public_x):
             public_losses = self.executor.train(
-                self.clients, "public", [(public_x, targets)] * len(self.clients),
+                self.clients, "public", [self.aggregator.distillation_set(public_x, targets, *self.private[i])
+                                         for i in range(len(self.clients))],
                 self.public_epochs_first if first else self.public_epochs, self.optimization.public_batch_size,
             )
             self._check_finite(public_losses, r, "public")
