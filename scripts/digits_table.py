@@ -34,6 +34,8 @@ RULES = {
     "MM": ("configs/digits_meta_model.yaml", []),
     "LKD": ("configs/digits_lkd.yaml", []),
     "Selective-FD": ("configs/digits_selective_fd.yaml", []),
+    "Selective-FD (features)": ("configs/digits_selective_fd_features.yaml", []),
+    "F2L": ("configs/digits_f2l.yaml", []),
 }
 DEFAULT_RULES = ["AVG", "UWA", "sUWA"]
 
