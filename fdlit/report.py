@@ -71,14 +71,21 @@ class Run:
     kind: str = "rule"  # "rule" (federated distillation), "local" (local_only) or "ref" (reference)
     dataset: str = ""
     group: str = ""  # the settings this run differs in from others of its dataset, e.g. "[rounds=5] "
+    # validation-selected numbers are used only when every run has them: one table never mixes
+    # them with test-best numbers (set by load_runs)
+    use_selected: bool = False
 
     @property
     def finished(self) -> bool:
         return bool(self.summary.get("finished"))
 
     @property
-    def selected(self) -> bool:
+    def has_selected(self) -> bool:
         return _number(self.summary.get(SELECTED)) is not None
+
+    @property
+    def selected(self) -> bool:
+        return self.use_selected and self.has_selected
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         rows = [(m["round"], m[key]) for m in self.metrics if m.get(key) is not None]
@@ -88,6 +95,7 @@ class Run:
         """Best mean global accuracy (fraction) after the ``private`` or ``public`` phase."""
         keys = ((SELECTED, "best_global_acc_mean") if phase == "public"
                 else (SELECTED + "_after_private", "best_global_acc_mean_after_private"))
+        keys = keys if self.selected else keys[1:]
         for key in keys:
             value = _number(self.summary.get(key))
             if value is not None:
@@ -188,6 +196,9 @@ def load_runs(root: str | Path, include_unfinished: bool = False,
             if differing:
                 r.group = "[" + ", ".join(f"{k.rsplit('.', 1)[-1]}={f.get(k)}" for k in differing) + "] "
                 r.method = r.group + r.method
+    every = all(r.has_selected for r in runs)
+    for r in runs:
+        r.use_selected = every
     return runs, skipped
 
 
@@ -245,6 +256,8 @@ class Stat:
         return Stat(float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else math.nan, len(v))
 
     def text(self) -> str:
+        if not math.isfinite(self.mean):
+            return "–"  # the runs have no such measurement (e.g. no evaluation after the private phase)
         return f"{self.mean:.2f} ± {self.std:.2f}" if self.n > 1 else f"{self.mean:.2f}"
 
 
@@ -474,7 +487,7 @@ def figure2(table: Table) -> Optional[bytes]:
     for (dataset, group), stat in table.ref.items():
         ax.axhline(stat.mean, color="gray", linestyle=":", label=f"{group}{REF_LABEL} (all classes)")
     ax.set_xlabel("classes per client k")
-    ax.set_ylabel("best test accuracy (%)")
+    ax.set_ylabel("test accuracy (%), as Table 1")
     ax.set_xticks(numeric)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -612,8 +625,7 @@ def settings_html(runs: list[Run], skipped, runs_dir) -> str:
     seeds = sorted({r.seed for r in runs}, key=str)
     selected = sum(r.selected for r in runs)
     metric = ("the best round's mean global test accuracy over clients" if not selected else
-              f"<b>validation-selected</b> accuracy (<code>{SELECTED}</code>) for {selected} of {len(runs)} run(s)"
-              + (", the best round's test accuracy for the others" if selected < len(runs) else ""))
+              f"<b>validation-selected</b> accuracy (<code>{SELECTED}</code>; every run has a validation set)")
     kinds = {kind: sum(r.kind == kind for r in runs) for kind in ("rule", "local", "ref")}
     items = [
         ("runs", f"{len(runs)} from <code>{html.escape(str(runs_dir))}</code> ({kinds['rule']} federated distillation, "
@@ -646,7 +658,7 @@ def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include
         bytes_total(r)
     table = table1(runs)
     selected = any(r.selected for r in runs)
-    what = "validation-selected accuracy (selected_global_acc_mean) where runs have it, else best" if selected else "Best"
+    what = "Validation-selected (selected_global_acc_mean)" if selected else "Best"
     caption = (f"{what} mean global test accuracy (%) after the private and after the public phase, mean ± std over "
                "seeds (n seeds per cell; no std with n = 1); best rule per column in bold. Ref.: fully informed "
                "reference; Local only: no communication (neither takes the bold).")

@@ -1,10 +1,16 @@
-"""Reproduce the digits tables (README, docs/digits-results.md): AVG vs UWA vs sUWA at k=2 and k=9, 3 seeds.
+"""Reproduce the digits tables (README, docs/digits-results.md): the aggregation rules at k=2 and k=9, 3 seeds.
 
     python scripts/digits_table.py --out runs/digits_table [--seeds 0 1 2] [--ks 2 9] [--jobs 2]
+        [--rules AVG UWA sUWA] [--validation_size 100]
 
-Each run is a normal ``fit`` (config ``configs/digits.yaml``) with W&B disabled; the table is built
-from the runs' summary.json files: the best round's mean global accuracy (mean +- std over seeds),
-measured after the private phase and after the public phase. Finished runs are reused on re-run.
+Each run is a normal ``fit`` of the rule's digits config (20 clients, MLP, 20 rounds) with W&B
+disabled; the table is built from the runs' summary.json files, mean +- std over seeds, measured
+after the private phase and after the public phase. With ``--validation_size N`` (N > 0) every run
+keeps N private-pool samples as a validation set and the table reports the *validation-selected*
+accuracy: the mean global test accuracy at the round with the best mean validation accuracy
+(``selected_global_acc_mean*``), so no number is chosen on the test set. With ``--validation_size 0``
+it reports the best round's test accuracy (test-best), as the README's first table. Finished runs
+are reused on re-run.
 """
 
 from __future__ import annotations
@@ -19,19 +25,33 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-AGGREGATORS = {
-    "AVG": "fdlit.aggregators.ProbabilityAveragingAggregator",
-    "UWA": "fdlit.aggregators.UncertaintyWeightedAggregator",
-    "sUWA": "fdlit.aggregators.SmoothedUncertaintyWeightedAggregator",
+# rule -> (config, extra fit flags); AVG / UWA / sUWA share configs/digits.yaml and differ in the aggregator
+RULES = {
+    "AVG": ("configs/digits.yaml", ["--aggregator", "fdlit.aggregators.ProbabilityAveragingAggregator"]),
+    "UWA": ("configs/digits.yaml", ["--aggregator", "fdlit.aggregators.UncertaintyWeightedAggregator"]),
+    "sUWA": ("configs/digits.yaml", ["--aggregator", "fdlit.aggregators.SmoothedUncertaintyWeightedAggregator"]),
+    "UWA (logit mixing)": ("configs/digits_uwa_logits.yaml", []),
+    "MM": ("configs/digits_meta_model.yaml", []),
+    "LKD": ("configs/digits_lkd.yaml", []),
+    "Selective-FD": ("configs/digits_selective_fd.yaml", []),
+    "Selective-FD (features)": ("configs/digits_selective_fd_features.yaml", []),
+    "F2L": ("configs/digits_f2l.yaml", []),
 }
+DEFAULT_RULES = ["AVG", "UWA", "sUWA"]
 
 
-def run_one(out: Path, name: str, k: int, seed: int, extra: list[str]) -> dict:
-    run_dir = out / f"{name}-k{k}-seed{seed}"
+def slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_")
+
+
+def run_one(out: Path, name: str, k: int, seed: int, validation_size: int, extra: list[str]) -> dict:
+    run_dir = out / (f"{slug(name)}-k{k}-seed{seed}" + (f"-val{validation_size}" if validation_size else ""))
     done = [p for p in run_dir.glob("*/summary.json") if json.loads(p.read_text()).get("finished")]
     if not done:
-        cmd = [sys.executable, "-m", "fdlit", "fit", "--config", "configs/digits.yaml",
-               "--aggregator", AGGREGATORS[name], "--data.classes_per_client", str(k), "--seed", str(seed),
+        config, flags = RULES[name]
+        cmd = [sys.executable, "-m", "fdlit", "fit", "--config", config, *flags,
+               "--data.classes_per_client", str(k), "--seed", str(seed),
+               "--data.validation_size", str(validation_size),
                "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", str(run_dir), *extra]
         # one thread per run: parallel runs of these small models oversubscribe 2 cores otherwise
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -40,43 +60,59 @@ def run_one(out: Path, name: str, k: int, seed: int, extra: list[str]) -> dict:
     return json.loads(done[0].read_text())
 
 
+def cell(values: list[float]) -> str:
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values) if len(values) > 1 else 0:.2f}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=Path("runs/digits_table"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--ks", type=int, nargs="+", default=[2, 9])
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--rules", nargs="+", default=DEFAULT_RULES, choices=list(RULES),
+                   help=f"rules to run (default: {' '.join(DEFAULT_RULES)})")
+    p.add_argument("--validation_size", type=int, default=0,
+                   help="validation samples per run (data.validation_size); > 0 reports validation-selected accuracy")
     p.add_argument("--budgets", type=int, nargs="*", default=[5, 10],
                    help="also report the best after-public accuracy within the first R rounds (a run's first R "
                         "rounds are exactly an R-round run: no schedule depends on the total)")
     p.add_argument("extra", nargs="*", help="extra fit flags, after --")
     a = p.parse_args()
-    grid = list(itertools.product(AGGREGATORS, a.ks, a.seeds))
+    grid = list(itertools.product(a.rules, a.ks, a.seeds))
     with ThreadPoolExecutor(a.jobs) as pool:
-        results = list(pool.map(lambda g: run_one(a.out, *g, a.extra), grid))
-    metrics = {"after private phase": "best_global_acc_mean_after_private", "after public phase": "best_global_acc_mean"}
+        results = list(pool.map(lambda g: run_one(a.out, *g, a.validation_size, a.extra), grid))
+    if a.validation_size:
+        print(f"Validation-selected mean global test accuracy (%), {a.validation_size} validation samples:")
+        metrics = {"after private phase": "selected_global_acc_mean_after_private",
+                   "after public phase": "selected_global_acc_mean"}
+    else:
+        print("Best round's mean global test accuracy (%):")
+        metrics = {"after private phase": "best_global_acc_mean_after_private",
+                   "after public phase": "best_global_acc_mean"}
     print("| method | " + " | ".join(f"k={k}, {phase}" for k in a.ks for phase in metrics) + " |")
     print("|---|" + "---|" * (len(a.ks) * len(metrics)))
-    for name in AGGREGATORS:
+    for name in a.rules:
         cells = []
         for k in a.ks:
             for key in metrics.values():
-                v = [100 * s[key] for (n, kk, _), s in zip(grid, results) if n == name and kk == k]
-                cells.append(f"{statistics.mean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0:.2f}")
+                cells.append(cell([100 * s[key] for (n, kk, _), s in zip(grid, results) if n == name and kk == k]))
         print(f"| {name} | " + " | ".join(cells) + " |")
+    times = [s["wall_time_s"] for s in results]
+    print(f"\n{len(results)} runs, training wall time per run {statistics.mean(times):.1f} s "
+          f"(min {min(times):.1f}, max {max(times):.1f})")
     if not a.budgets:
         return
     print()
     print("Best mean global accuracy after the public phase within the first R rounds:")
     print("| method | " + " | ".join(f"k={k}, R={r}" for k in a.ks for r in a.budgets) + " |")
     print("|---|" + "---|" * (len(a.ks) * len(a.budgets)))
-    for name in AGGREGATORS:
+    for name in a.rules:
         cells = []
         for k in a.ks:
             for budget in a.budgets:
-                v = [100 * best_within(s["run_dir"], budget) for (n, kk, _), s in zip(grid, results)
-                     if n == name and kk == k]
-                cells.append(f"{statistics.mean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0:.2f}")
+                cells.append(cell([100 * best_within(s["run_dir"], budget) for (n, kk, _), s in zip(grid, results)
+                                   if n == name and kk == k]))
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

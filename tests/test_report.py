@@ -131,18 +131,21 @@ def test_baselines_have_their_own_labels_and_never_take_the_bold(tmp_path):
     assert "1 federated distillation" not in page and "3 federated distillation, 1 local only, 2 reference" in page
 
 
-def test_a_validation_selected_accuracy_is_preferred_and_said(tmp_path):
+def test_a_validation_selected_accuracy_is_used_only_when_every_run_has_one(tmp_path):
     root = tmp_path / "runs"
     fake_run(root, "AVG", 2, 0, 0.30, summary={"selected_global_acc_mean": 0.25})
-    fake_run(root, "sUWA", 2, 0, 0.50)
+    fake_run(root, "sUWA", 2, 0, 0.50, summary={"selected_global_acc_mean": 0.45})
     index = write_report(root)
     md = (index.parent / "table1.md").read_text()
-    assert md_row(md, "AVG")[1] == "25.00 (n=1)" and md_row(md, "sUWA τ=0.25")[1] == "**50.00** (n=1)"
-    assert md.startswith("validation-selected accuracy (selected_global_acc_mean)")
-    assert "<b>validation-selected</b> accuracy (<code>selected_global_acc_mean</code>) for 1 of 2" in index.read_text()
-    plain = tmp_path / "plain"
-    fake_run(plain, "AVG", 2, 0, 0.30)
-    assert "validation-selected" not in (write_report(plain).parent / "table1.md").read_text()
+    assert md_row(md, "AVG")[1] == "25.00 (n=1)" and md_row(md, "sUWA τ=0.25")[1] == "**45.00** (n=1)"
+    assert md.startswith("Validation-selected (selected_global_acc_mean)")
+    assert "<b>validation-selected</b> accuracy (<code>selected_global_acc_mean</code>" in index.read_text()
+    # one run without a validation set: no table mixes the two selections, all fall back to test-best
+    mixed = tmp_path / "mixed"
+    fake_run(mixed, "AVG", 2, 0, 0.30, summary={"selected_global_acc_mean": 0.25})
+    fake_run(mixed, "sUWA", 2, 0, 0.50)
+    md = (write_report(mixed).parent / "table1.md").read_text()
+    assert md_row(md, "AVG")[1] == "30.00 (n=1)" and "validation-selected" not in md.lower()
 
 
 def test_trust_matrix_of_every_run_boxes_own_classes_and_tau_plot(tmp_path):

@@ -91,7 +91,7 @@ def test_tiny_grid_runs_every_combination_once_and_resumes(tmp_path, capsys):
     index = write_report(tmp_path / "runs")
     table = (index.parent / "table1.md").read_text()
     assert "| sUWA τ=0 |" in table and "| sUWA τ=0.5 |" in table and "k=4" in table
-    assert index.read_text().count("data:image/png;base64,") == 6  # Fig. 2, App. B, chi, bytes, 2 trust
+    assert index.read_text().count("data:image/png;base64,") == 10  # Fig. 2, tau, chi vs k, App. B, chi, bytes; a trust matrix per run (2 tau x 2 seeds)
 
     capsys.readouterr()
     assert main(["sweep", str(path), "--", *extra]) == 0  # second invocation runs nothing new
@@ -172,14 +172,14 @@ def test_a_stopped_sweep_run_again_resumes_the_unfinished_run_in_its_own_folder(
     InterruptRound(stop_in_round).patch(monkeypatch)
     assert main(["sweep", str(path), "--", *extra]) == 130
     assert "run the same sweep command again to continue" in capsys.readouterr().err
-    (partial,) = list((tmp_path / "runs").iterdir())
+    (partial,) = [d for d in (tmp_path / "runs").iterdir() if d.is_dir()]
     assert (partial / "checkpoint.pt").exists() == (stop_in_round == 2)
 
     assert main(["sweep", str(path), "--", *extra]) == 0
     out = capsys.readouterr().out
     assert "2 combinations, 0 finished, 2 to run (1 resumed in their own folder)" in out
     assert f"(resuming {partial})" in out
-    dirs = sorted((tmp_path / "runs").iterdir())
+    dirs = sorted(d for d in (tmp_path / "runs").iterdir() if d.is_dir())
     assert len(dirs) == 2 and partial in dirs  # no second folder for the stopped combination
     assert finished_dirs(tmp_path / "runs") == dirs
     assert [r["round"] for r in read_jsonl(partial / "metrics.jsonl")] == [1, 2]
@@ -191,7 +191,7 @@ def test_sweep_values_with_a_slash_make_flat_folders(tmp_path, capsys):
     hub_ids = ["org/model-a", "org/model-b"]
     path = write_sweep(tmp_path, {"data.tokenizer": {"values": hub_ids}, "data.classes_per_client": {"value": 4}})
     assert main(["sweep", str(path), "--", *TINY, "--logger.run_dir", str(tmp_path / "runs")]) == 0
-    dirs = list((tmp_path / "runs").iterdir())
+    dirs = [d for d in (tmp_path / "runs").iterdir() if d.is_dir()]
     assert len(dirs) == 2 and all((d / "summary.json").exists() for d in dirs)  # direct children, nothing nested
     names = {yaml.safe_load((d / "config.yaml").read_text())["logger"]["name"] for d in dirs}
     assert names == {"tiny-k4-tokenizerorg_model-a", "tiny-k4-tokenizerorg_model-b"}

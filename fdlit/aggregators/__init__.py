@@ -5,6 +5,7 @@ from fdlit.aggregators.base import AggregationResult, Aggregator, weight_concent
 from fdlit.aggregators.entropy import EntropyWeightedAggregator
 from fdlit.aggregators.era import EntropyReductionAggregator
 from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
+from fdlit.aggregators.f2l import F2LAggregator
 from fdlit.aggregators.fedgo import FedGOAggregator
 from fdlit.aggregators.kulsif import KuLSIF
 from fdlit.aggregators.lkd import LKDAggregator
@@ -21,6 +22,7 @@ __all__ = [
     "DiagonalGaussianMixture",
     "EntropyReductionAggregator",
     "EntropyWeightedAggregator",
+    "F2LAggregator",
     "LogitAveragingAggregator",
     "LogitVarianceAggregator",
     "FedGOAggregator",

@@ -105,6 +105,12 @@ class Aggregator:
         sends up besides its public logits."""
         return {}
 
+    def distillation_set(self, public_x: torch.Tensor, targets: torch.Tensor, private_x: torch.Tensor,
+                         private_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A client's public-phase training set (inputs, soft targets) from the kept public samples,
+        the teacher's targets and the client's own private data; by default the public samples only."""
+        return public_x, targets
+
     # ------------------------------------------------------------------ server part
     def server_setup(self, uploads: Uploads, ctx: ServerContext) -> dict[str, torch.Tensor]:
         """Once, on the server: set-up uploads -> server state; returns what goes down to every client."""

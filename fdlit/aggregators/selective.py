@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal, Optional
 
 import torch
@@ -28,8 +29,31 @@ class SelectiveFDAggregator(Aggregator):
     2 (1 - max P(x)) > tau_server. With hard labels the teacher sent back is onehot(argmax P) (the
     vote winner), with soft labels it is P. With every mask on and tau_server = 2 the soft rule is AVG.
 
+    Feature space of the selectors (``features``): Selective-FD estimates densities on raw pixels for
+    MNIST and on the features of a pretrained backbone for CIFAR-10:
+      - ``inputs``: raw inputs, flattened; fitted once (inputs never change);
+      - ``penultimate``: the client's own penultimate-layer features (the input of its network's
+        last linear layer); they change as the client trains, so the selectors are refitted every
+        round on the current features;
+      - ``backbone``: a frozen pretrained image backbone named by ``backbone`` (a Hugging Face hub id
+        or a local folder, loaded with ``transformers.AutoModel``; its pooled output, or the mean of
+        its last hidden states, is the feature); fitted once. fdlit never downloads it: a hub id
+        must already be in the Hugging Face cache, else construction fails naming what to fetch.
+
+    Per-round public sampling (``public_per_round``): Selective-FD distils on a fresh random batch of
+    the public set every round. With ``public_per_round: n`` every client and the server use the same
+    n public samples in round r, drawn from (seed, r) (the server announcing the draw is a seed, not
+    counted); selected samples outside it are not uploaded. null uses the whole public set every round.
+
+    Joint loss (``private_weight`` = alpha; Selective-FD, Theorem 2 and its ablation on alpha): the public
+    phase minimises alpha L_private + (1 - alpha) L_proxy, with L_private the mean CE on the client's
+    m_k private samples and L_proxy the mean CE against the teacher on the m_proxy kept public samples.
+    fdlit trains on the union, scaling each private target by alpha (m_k + m_proxy) / m_k and each proxy
+    target by (1 - alpha) (m_k + m_proxy) / m_proxy (the paper's own empirical form of the loss), so
+    the mean of a shuffled batch is an unbiased estimate of it on every executor. The private phase
+    before it is unchanged.
+
     Choices where Selective-FD is silent or the setting differs (docs/algorithms.md **choice**):
-      - feature space: raw inputs, flattened (Selective-FD uses raw pixels for MNIST);
       - one estimator per local class, a sample is kept if any of them keeps it (Selective-FD
         Supplementary, weak non-IID: "we construct two density-ratio estimators for these two
         classes"); with ``per_class: false`` one estimator on all local data;
@@ -60,6 +84,12 @@ class SelectiveFDAggregator(Aggregator):
         lam: KuLSIF regulariser lambda > 0; null = min(n, m)^-0.9.
         ties: hard labels only: a sample whose vote is tied between classes is dropped (``drop``) or
             keeps the soft vote fractions as its target (``soft``); never given to the lowest class id.
+        features: the selectors' feature space: ``inputs``, ``penultimate`` or ``backbone`` (see above).
+        backbone: with ``features: backbone``, the frozen pretrained backbone: a Hugging Face hub id
+            (already in the local cache) or a local folder saved with ``save_pretrained``.
+        public_per_round: n public samples per round (see above); null: all of them.
+        private_weight: alpha of the joint loss (see above) in [0, 1); null: the public phase
+            distils on the kept public samples only (Algorithm 1, lines 6-7).
     """
 
     short_name = "selfd"
@@ -76,6 +106,10 @@ class SelectiveFDAggregator(Aggregator):
         sigma: Optional[float] = None,
         lam: Optional[float] = None,
         ties: Literal["drop", "soft"] = "drop",
+        features: Literal["inputs", "penultimate", "backbone"] = "inputs",
+        backbone: Optional[str] = None,
+        public_per_round: Optional[int] = None,
+        private_weight: Optional[float] = None,
     ):
         if labels not in ("soft", "hard"):
             raise ConfigError("aggregator.labels", f"allowed: 'soft', 'hard'; got {labels!r}")
@@ -92,6 +126,20 @@ class SelectiveFDAggregator(Aggregator):
             check_number("aggregator.sigma", sigma)
         if lam is not None:
             check_number("aggregator.lam", lam)
+        if features not in ("inputs", "penultimate", "backbone"):
+            raise ConfigError("aggregator.features", f"allowed: 'inputs', 'penultimate', 'backbone'; got {features!r}")
+        if (features == "backbone") != (backbone is not None):
+            raise ConfigError("aggregator.backbone", "a hub id or local folder with features: backbone, and null "
+                              f"otherwise; got features={features!r}, backbone={backbone!r}")
+        if backbone is not None:
+            check_backbone_available(backbone)
+        if public_per_round is not None:
+            check_at_least("aggregator.public_per_round", public_per_round, 1)
+        if private_weight is not None and not 0 <= private_weight < 1:
+            raise ConfigError("aggregator.private_weight", f"null or a number in [0, 1), got {private_weight!r}")
+        self.features, self.backbone, self.public_per_round = features, backbone, public_per_round
+        self.private_weight = private_weight
+        self._backbone_model = None
         self.labels = labels
         self.client_quantile = client_quantile
         self.server_threshold = server_threshold
@@ -105,7 +153,8 @@ class SelectiveFDAggregator(Aggregator):
 
     # ------------------------------------------------------------------ client side
     def client_mask(self, train_x, train_y, cal_x, cal_y, classes, public_x, seed: int = 0) -> torch.Tensor:
-        """Mask over the public samples for one client: OR over its (per-class) KuLSIF selectors."""
+        """Mask over the public samples for one client: OR over its (per-class) KuLSIF selectors.
+        The x arguments are points of the selectors' feature space (inputs or features)."""
         public = public_x.flatten(1).double()
         local_all = train_x.flatten(1).double().to(public.device)
         if self.auxiliary == "public":
@@ -128,23 +177,50 @@ class SelectiveFDAggregator(Aggregator):
             mask |= est(public) > threshold
         return mask
 
-    def client_setup(self, ctx):
-        """Fit the selectors once (inputs never change) and keep the mask in the client's state."""
+    def embed(self, ctx, x: torch.Tensor) -> torch.Tensor:
+        """Points of the selectors' feature space for inputs x."""
+        if self.features == "penultimate":
+            return penultimate_features(ctx.client, x)
+        if self.features == "backbone":
+            return self.backbone_features(x)
+        return x
+
+    def fit_mask(self, ctx) -> torch.Tensor:
         device = ctx.info.public_x.device
         if not self.client_selector:
-            mask = torch.ones(len(ctx.info.public_x), dtype=torch.bool, device=device)
-        else:
-            data = ctx.data
-            mask = self.client_mask(
-                data.train.x.to(device), data.train.y, data.calibration.x.to(device), data.calibration.y,
-                ctx.client.classes, ctx.info.public_x, seed=ctx.info.client_seed(ctx.client.client_id),
-            )
-        ctx.state["selective_mask"] = mask
+            return torch.ones(len(ctx.info.public_x), dtype=torch.bool, device=device)
+        data = ctx.data
+        return self.client_mask(
+            self.embed(ctx, data.train.x.to(device)), data.train.y, self.embed(ctx, data.calibration.x.to(device)),
+            data.calibration.y, ctx.client.classes, self.embed(ctx, ctx.info.public_x),
+            seed=ctx.info.client_seed(ctx.client.client_id),
+        )
+
+    def client_setup(self, ctx):
+        """Fit the selectors once when their features never change (inputs, a frozen backbone) and
+        keep the mask in the client's state; penultimate features are refitted every round."""
+        if self.features != "penultimate":
+            ctx.state["selective_mask"] = self.fit_mask(ctx)
         return {}
+
+    def round_sample(self, info) -> Optional[torch.Tensor]:
+        """The public samples of this round (bool mask over the public set), the same on every
+        client and the server; None when every round uses the whole public set."""
+        n = len(info.public_x)
+        if self.public_per_round is None or self.public_per_round >= n:
+            return None
+        g = torch.Generator().manual_seed(int(info.seed) * 1_000_003 + int(info.round) * 7919 + 0x5E1)
+        out = torch.zeros(n, dtype=torch.bool)
+        out[torch.randperm(n, generator=g)[: self.public_per_round]] = True
+        return out.to(info.public_x.device)
 
     def client_upload(self, ctx):
         public_logits = ctx.public_logits
-        mask = ctx.state["selective_mask"].to(public_logits.device)
+        mask = (self.fit_mask(ctx) if self.features == "penultimate" else ctx.state["selective_mask"])
+        mask = mask.to(public_logits.device)
+        sample = self.round_sample(ctx.info)
+        if sample is not None:
+            mask = mask & sample.to(mask.device)
         kept = public_logits[mask]
         if self.labels == "soft":
             return {"logits": kept, "mask": mask}
@@ -191,3 +267,72 @@ class SelectiveFDAggregator(Aggregator):
             "selective/tied_fraction": float(((counts > 0) & tied).float().mean()) if self.labels == "hard" else 0.0,
         }
         return AggregationResult(teacher=teacher, weights=weights, keep=keep, stats=stats)
+
+    def distillation_set(self, public_x, targets, private_x, private_y):
+        """The joint loss's training set: private samples and kept public samples with scaled targets."""
+        if self.private_weight is None or not len(private_x):
+            return public_x, targets
+        a, m_k, m_p = self.private_weight, len(private_x), len(public_x)
+        total = m_k + m_p
+        # CE is linear in a soft target, so a scaled target is a per-sample weight on its loss term
+        onehot = torch.nn.functional.one_hot(private_y.long().to(targets.device), targets.shape[-1]).float()
+        x = torch.cat([private_x.to(public_x.device).to(public_x.dtype), public_x])
+        t = torch.cat([onehot * (a * total / m_k), targets.float() * ((1 - a) * total / m_p)])
+        return x, t
+
+    # ------------------------------------------------------------------ a frozen pretrained backbone
+    def backbone_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Pooled features of the frozen backbone (loaded once, kept on this process)."""
+        if self._backbone_model is None:
+            from transformers import AutoModel
+
+            self._backbone_model = AutoModel.from_pretrained(self.backbone, local_files_only=True).eval()
+        model = self._backbone_model.to(x.device)
+        cfg = model.config
+        x = x.float() / 255.0 if not x.is_floating_point() else x.float()
+        size = getattr(cfg, "image_size", None)
+        if size and x.dim() == 4 and tuple(x.shape[-2:]) != (size, size):
+            x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+        channels = getattr(cfg, "num_channels", None)
+        if channels and x.dim() == 4 and x.shape[1] != channels:
+            x = x.mean(1, keepdim=True).expand(-1, channels, -1, -1)  # grey <-> colour
+        out = []
+        with torch.no_grad():
+            for i in range(0, len(x), 256):
+                o = model(pixel_values=x[i: i + 256])
+                pooled = getattr(o, "pooler_output", None)
+                out.append((pooled if pooled is not None else o.last_hidden_state.mean(1)).flatten(1))
+        return torch.cat(out).double()
+
+
+def penultimate_features(client, x: torch.Tensor) -> torch.Tensor:
+    """The input of the client network's last linear layer, for inputs x (batched as prediction)."""
+    last = [m for m in client.model.modules() if isinstance(m, torch.nn.Linear)]
+    if not last:
+        raise ConfigError("aggregator.features", f"penultimate needs a network whose last layer is linear; "
+                          f"{type(client.model).__name__} has no torch.nn.Linear")
+    seen: list[torch.Tensor] = []
+    handle = last[-1].register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().flatten(1)))
+    try:
+        client.predict_logits(x)
+    finally:
+        handle.remove()
+    return torch.cat(seen).double()
+
+
+def check_backbone_available(backbone: str) -> None:
+    """A backbone must be on this machine: a local folder, or a hub id in the Hugging Face cache."""
+    if os.path.isdir(backbone):
+        return
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(backbone, local_files_only=True)
+    except Exception as exc:  # not cached (LocalEntryNotFoundError), a bad id, or no huggingface_hub
+        raise ConfigError(
+            "aggregator.backbone",
+            f"the weights of {backbone!r} are not on this machine and fdlit does not download them "
+            f"({type(exc).__name__}); fetch them where there is internet access, e.g. "
+            f"`huggingface-cli download {backbone}`, and copy the Hugging Face cache (HF_HOME) here, "
+            "or give a local folder saved with save_pretrained",
+        ) from None

@@ -1,6 +1,7 @@
 """One object that turns (dataset, seed) into a federation's data.
 
-Pools are disjoint: global test set | public set (labels kept for diagnostics only) | private pool.
+Pools are disjoint: global test set | public set (labels kept for diagnostics only) | validation set
+(optional, for choosing the reported round without the test set) | private pool.
 Each client gets, from the private pool, a training split and a calibration split (never trained
 on; UWA fits its density model there, Kovalchuk et al. 2026, Sec. 4.4) and its class set C_i.
 """
@@ -8,7 +9,7 @@ on; UWA fits its density model there, Kovalchuk et al. 2026, Sec. 4.4) and its c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import numpy as np
 import torch
@@ -68,6 +69,19 @@ class FederatedData:
         max_length: tokens per text sample (padded/truncated) for text datasets.
         class_assignment: for ``partition=classes``: ``random`` (a balanced random draw of k classes per
             client, seeded) or ``cyclic`` (client i holds classes i, ..., i+k-1 mod C; needs M + k - 1 >= C).
+        validation_size: a labelled validation set, drawn (stratified) from the private pool before
+            the clients get their data, so it is disjoint from the test, public and private sets. An
+            integer is a number of samples, a float in (0, 1) a share of the private pool; 0 (the
+            default) keeps no validation set, and every sample stays private. With one, evaluated rounds
+            also measure every client on it and the summary reports the test accuracy of the round
+            with the best validation accuracy (``selected_*``).
+        local_class_min_samples: under ``partition=dirichlet``, a class is one of a client's local
+            classes C_i (local accuracy, the Oracle, UWA's density components, LKD and Selective-FD
+            class sets) only when the client holds at least this many private samples of it (training
+            + calibration). The default 2 is the least that gives the class both a training and a
+            calibration sample; 1 counts a class held by a single sample as local. A client with no
+            class above the threshold keeps its most frequent class(es). Under ``partition=classes``
+            the assigned classes are the local ones.
     """
 
     def __init__(
@@ -88,6 +102,8 @@ class FederatedData:
         tokenizer: str = "prajjwal1/bert-tiny",
         max_length: int = 256,
         class_assignment: Literal["random", "cyclic"] = "random",
+        validation_size: Union[int, float] = 0,
+        local_class_min_samples: int = 2,
     ):
         check_at_least("data.num_clients", num_clients, 1)
         if partition not in ("classes", "dirichlet"):
@@ -112,6 +128,12 @@ class FederatedData:
             raise ConfigError("data.calibration", f"allowed: 'split', 'augmented'; got {calibration!r}")
         if class_assignment not in ("random", "cyclic"):
             raise ConfigError("data.class_assignment", f"allowed: 'random', 'cyclic'; got {class_assignment!r}")
+        if isinstance(validation_size, bool) or not (
+                (isinstance(validation_size, int) and validation_size >= 0)
+                or (isinstance(validation_size, float) and 0 < validation_size < 1)):
+            raise ConfigError("data.validation_size", "allowed: a number of samples (an integer >= 0; 0 keeps no "
+                              f"validation set) or a share of the private pool (a float in (0, 1)); got {validation_size!r}")
+        check_at_least("data.local_class_min_samples", local_class_min_samples, 1)
         known = NUM_CLASSES.get(dataset)
         if partition == "classes" and known is not None:
             # here, not only in setup: a sweep's up-front check instantiates every config
@@ -134,6 +156,8 @@ class FederatedData:
         self.data_dir, self.augment, self.max_train_samples = data_dir, augment, max_train_samples
         self.tokenizer, self.max_length = tokenizer, max_length
         self.class_assignment = class_assignment
+        self.validation_size = validation_size
+        self.local_class_min_samples = local_class_min_samples
         self.is_setup = False
 
     def setup(self, seed: int) -> "FederatedData":
@@ -180,6 +204,16 @@ class FederatedData:
         self.input_transform = full.input_transform  # prepended to every client network by the loop
         self._pool_source_index = rest[pool_pos]  # positions in the source dataset, for overlap checks
         self._public_source_index = rest[pub_pos]
+        self.validation, self._validation_source_index = None, None
+        n_val = self._validation_count(len(pool_pos))
+        if n_val:  # drawn only when asked for: without one, every random draw is as before
+            keep, val = stratified_holdout(labels[rest[pool_pos]], n_val / len(pool_pos), rng)
+            val, keep = _fix_size(val, keep, n_val, rng)
+            self.validation = full.subset(torch.from_numpy(rest[pool_pos[val]]), f"{full.name}/validation")
+            self._validation_source_index = rest[pool_pos[val]]
+            pool_pos = pool_pos[keep]
+            self.pool = full.subset(torch.from_numpy(rest[pool_pos]), f"{full.name}/private_pool")
+            self._pool_source_index = rest[pool_pos]
 
         pool_labels = self.pool.y.numpy()
         if self.partition == "classes":
@@ -194,9 +228,33 @@ class FederatedData:
         self.is_setup = True
         return self
 
+    def _validation_count(self, pool_size: int) -> int:
+        """The validation set's size; it must leave every client its minimum of private samples."""
+        v = self.validation_size
+        n = int(round(v * pool_size)) if isinstance(v, float) else int(v)
+        if isinstance(v, float):
+            n = max(n, 1)
+        room = pool_size - MIN_PRIVATE_PER_CLIENT * self.num_clients
+        if n > room:
+            raise ConfigError("data.validation_size", f"must leave {MIN_PRIVATE_PER_CLIENT} private samples for each of "
+                              f"the {self.num_clients} clients: at most {max(room, 0)} of the {pool_size}-sample private "
+                              f"pool of {self.dataset!r}; got {v!r} ({n} samples)")
+        return n
+
+    def local_classes(self, labels: np.ndarray) -> list[int]:
+        """A client's local classes C_i from its private labels (see ``local_class_min_samples``)."""
+        present, counts = np.unique(labels, return_counts=True)
+        if self.partition != "dirichlet":
+            return sorted(int(c) for c in present)
+        # one stray sample of a class does not make a client an expert on it
+        keep = present[counts >= self.local_class_min_samples]
+        if len(keep) == 0:  # nothing above the threshold: its most frequent class(es)
+            keep = present[counts == counts.max()]
+        return sorted(int(c) for c in keep)
+
     def _client(self, i: int, pool_idx: np.ndarray, rng: np.random.Generator, seed: int) -> ClientData:
         labels = self.pool.y.numpy()[pool_idx]
-        classes = sorted(int(c) for c in np.unique(labels))
+        classes = self.local_classes(labels)
         if self.calibration == "split":
             tr, cal = stratified_holdout(labels, self.calibration_fraction, rng)
             train = self.pool.subset(torch.from_numpy(pool_idx[tr]), f"client{i}/train")

@@ -260,6 +260,9 @@ class FederationLoop:
         self.test_x, self.test_y = self.data.test.x.to(device), self.data.test.y.to(device)
         self.public_x, self.public_y = self.data.public.x.to(device), self.data.public.y.to(device)
         self.private = [(cd.train.x.to(device), cd.train.y.to(device)) for cd in self.client_data]
+        validation = getattr(self.data, "validation", None)  # data.validation_size > 0 only
+        self.val_x, self.val_y = ((validation.x.to(device), validation.y.to(device)) if validation is not None
+                                  else (None, None))
         self.local_mask_matrix = torch.stack(  # M x T: test samples of each client's own classes
             [self.data.local_test_mask(cd.classes) for cd in self.client_data]).float().to(device)
         self.eval_rows = self._eval_rows(len(self.test_y))
@@ -373,6 +376,8 @@ class FederationLoop:
                 metrics[f"{phase}/{name}_min"] = float(values.min())
                 metrics[f"{phase}/{name}_max"] = float(values.max())
                 metrics[f"clients/{phase}/{name}"] = values.tolist()
+            if self.val_y is not None:  # selection without the test set (summary: selected_*)
+                metrics[f"{phase}/val_acc_mean"] = math.nan if accs is None else float(accs["val_acc"].mean())
         metrics["eval/test_samples"] = (0 if not evaluated else len(self.test_y) if rows is None else len(rows))
         metrics.update(self._teacher_metrics(result))
         metrics["train/private_loss_mean"] = float(torch.tensor(private_losses).mean())
@@ -418,7 +423,8 @@ class FederationLoop:
         public_losses = [math.nan] * len(self.clients)
         if len(public_x):
             public_losses = self.executor.train(
-                self.clients, "public", [(public_x, targets)] * len(self.clients),
+                self.clients, "public", [self.aggregator.distillation_set(public_x, targets, *self.private[i])
+                                         for i in range(len(self.clients))],
                 self.public_epochs_first if first else self.public_epochs, self.optimization.public_batch_size,
             )
             self._check_finite(public_losses, r, "public")
@@ -468,7 +474,11 @@ class FederationLoop:
         correct = (preds == y).float()
         global_acc = correct.mean(1)
         local_acc = (correct * masks).sum(1) / masks.sum(1).clamp_min(1)
-        return {"global_acc": global_acc.cpu(), "local_acc": local_acc.cpu()}
+        out = {"global_acc": global_acc.cpu(), "local_acc": local_acc.cpu()}
+        if self.val_y is not None:  # one more predict, on the (small) validation set
+            val_preds = self.executor.predict(self.clients, self.val_x).argmax(-1)
+            out["val_acc"] = (val_preds == self.val_y).float().mean(1).cpu()
+        return out
 
     def _teacher_metrics(self, result) -> dict[str, float]:
         """Teacher quality against the public labels (diagnostic only; never used for training)."""
@@ -494,6 +504,21 @@ class FederationLoop:
             if bad:
                 raise NumericalFault(f"client {i} produced NaN/inf in round {r}, phase '{phase}'")
 
+    @staticmethod
+    def _selected(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
+        """Selection without the test set: per phase, the test accuracy of the evaluated round with
+        the best mean validation accuracy (the earliest such round on a tie). Empty without a
+        validation set."""
+        out: dict[str, Any] = {}
+        for phase, suffix in (("after_public", ""), ("after_private", "_after_private")):
+            rows = [m for m in evaluated if _finite(m.get(f"{phase}/val_acc_mean"))]
+            if rows:
+                chosen = max(rows, key=lambda m: m[f"{phase}/val_acc_mean"])
+                out[f"selected_global_acc_mean{suffix}"] = chosen[f"{phase}/global_acc_mean"]
+                out[f"selected_round{suffix}"] = chosen["round"]
+                out[f"selected_val_acc_mean{suffix}"] = chosen[f"{phase}/val_acc_mean"]
+        return out
+
     def summary(self) -> dict[str, Any]:
         """Best and final numbers over the rounds that evaluated the clients (``eval/test_samples`` > 0;
         a finished run's last round always did, on the whole test set)."""
@@ -512,6 +537,7 @@ class FederationLoop:
             "best_round": best["round"],
             "best_global_acc_mean_after_private": best_private["after_private/global_acc_mean"],
             "best_round_after_private": best_private["round"],
+            **self._selected(evaluated),
             "final_round": last["round"],
             "final_test_samples": last.get("eval/test_samples", len(self.test_y)),
             "best_test_samples": best.get("eval/test_samples", len(self.test_y)),
@@ -526,6 +552,10 @@ class FederationLoop:
         }
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _subsample_note(summary: dict[str, Any]) -> str:
     best, full = summary.get("best_test_samples"), summary.get("final_test_samples")
     return f" [best on a test subsample of {best}]" if best and full and best < full else ""
@@ -538,6 +568,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  best mean global accuracy : {summary['best_global_acc_mean']:.4f} after public phase (round "
         f"{summary['best_round']}), {summary['best_global_acc_mean_after_private']:.4f} after private phase "
         f"(round {summary['best_round_after_private']})" + _subsample_note(summary),
+        *([f"  validation-selected       : {summary['selected_global_acc_mean']:.4f} after public phase (round "
+           f"{summary['selected_round']}), {summary['selected_global_acc_mean_after_private']:.4f} after private "
+           f"phase (round {summary['selected_round_after_private']})"] if "selected_global_acc_mean" in summary else []),
         f"  final mean local accuracy : {summary['final_local_acc_mean_after_private']:.4f} after private phase, "
         f"{summary['final_local_acc_mean_after_public']:.4f} after public phase",
         f"  final teacher accuracy    : {summary['final_teacher_acc']:.4f} (public labels, diagnostic)",

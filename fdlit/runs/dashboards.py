@@ -21,6 +21,7 @@ TRUST_KEY = "clients/trust_matrix"
 SUMMARIES = (
     ("after_private/global_acc_mean", "max"), ("after_private/local_acc_mean", "max"),
     ("after_public/global_acc_mean", "max"), ("after_public/local_acc_mean", "max"),
+    ("after_private/val_acc_mean", "max"), ("after_public/val_acc_mean", "max"),
     ("teacher/acc", "max"), ("weights/chi", None),
     ("comm/up_bytes_total", None), ("comm/down_bytes_total", None),
 )

@@ -1,0 +1,133 @@
+"""F2L's hierarchy in federated distillation: regions, LKD within a region, aggregation across regions."""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import torch
+
+from fdlit.aggregators.base import AggregationResult
+from fdlit.aggregators.lkd import LKDAggregator
+from fdlit.errors import ConfigError
+
+ACROSS = ("lkd", "avg")
+
+
+class F2LAggregator(LKDAggregator):
+    """Hierarchical LKD (Nguyen et al., F2L, *Label-driven Knowledge Aggregator*; Sec. 3.1, Algorithm 1).
+
+    F2L splits the clients into R regions, each with a regional server; the global server distils the
+    regional teachers with LKD. In FD every tier exchanges predictions on the public set:
+
+        regional teacher:  P_r(x) = sum_{i in r} W_r[i, x] Q_i(x),
+                           W_r[i, x] = beta_r[i, c_i(x)] / sum_{j in r} beta_r[j, c_j(x)],
+                           beta_r[i, c] = softmax_{i in r}(T_w AUC_{i,c}),  c_i(x) = argmax Q_i(x)
+        global teacher:    P(x) = sum_r V[r, x] P_r(x)
+          ``across: lkd``: V[r, x] = gamma[r, c_r(x)] / sum_s gamma[s, c_s(x)],
+                           gamma[r, c] = softmax_r(T_w AUC_{r,c}),  AUC_{r,c} = sum_{i in r} beta_r[i, c] AUC_{i,c}
+          ``across: avg``: V[r, x] = |r| / M
+
+    so client i's weight is W[i, x] = V[r(i), x] W_r[i, x] (columns still sum to 1). The AUCs are
+    LKD's (``scoring``, see :class:`LKDAggregator`). **choice**: a regional teacher's class-c
+    reliability AUC_{r,c} is its members' AUCs weighted by their share beta_r[., c] of the class-c
+    predictions (F2L scores the regional model itself on the server's labelled pool, which FD has
+    no model for). With one region this is LKD; with M regions of one client, ``across: lkd`` is LKD.
+
+    Not built: F2L's regions run FedAvg (parameter averaging) and its global server switches to
+    FedAvg once the regions agree (max_r beta - min_r beta <= eps), and its student has extra loss
+    terms; here every tier exchanges predictions.
+
+    Bytes per tier (rule stats, per round): ``f2l/bytes_client_to_region`` (what the clients upload:
+    the ledger's uplink), ``f2l/bytes_region_to_global`` (each region's teacher, N x C in the
+    uploads' dtype, and its C reliabilities in float32) and ``f2l/bytes_global_to_region`` (the
+    global teacher to every regional server); the regional servers' downlink to their clients is
+    the ledger's downlink.
+
+    Args:
+        regions: R, a count (client i is in region i mod R), or an explicit region id per client
+            (a list of M ints, ids 0..R-1, each used).
+        across: how the global server combines the regional teachers: ``lkd`` or ``avg``.
+        temperature, scoring, server_labelled_size: LKD's (see :class:`LKDAggregator`).
+    """
+
+    short_name = "f2l"
+
+    def __init__(self, regions: Union[int, list[int]] = 4, across: Literal["lkd", "avg"] = "lkd",
+                 temperature: float = 20.0,
+                 scoring: Literal["calibration_vs_public", "calibration", "server"] = "calibration_vs_public",
+                 server_labelled_size: int = 100):
+        super().__init__(temperature=temperature, scoring=scoring, server_labelled_size=server_labelled_size)
+        if across not in ACROSS:
+            raise ConfigError("aggregator.across", f"allowed: 'lkd', 'avg'; got {across!r}")
+        if isinstance(regions, bool) or not isinstance(regions, (int, list, tuple)):
+            raise ConfigError("aggregator.regions", f"a count >= 1 or a list of region ids; got {regions!r}")
+        if isinstance(regions, int) and regions < 1:
+            raise ConfigError("aggregator.regions", f"a count must be >= 1; got {regions}")
+        if not isinstance(regions, int):
+            regions = [int(r) for r in regions]
+            used = sorted(set(regions))
+            if not regions or used != list(range(len(used))):
+                raise ConfigError("aggregator.regions", "an explicit assignment uses every region id 0..R-1 "
+                                  f"(one per client); got {regions}")
+        self.regions, self.across = regions, across
+
+    def assignment(self, num_clients: int) -> torch.Tensor:
+        """Region id of every client (M,)."""
+        if isinstance(self.regions, int):
+            if self.regions > num_clients:
+                raise ConfigError("aggregator.regions", f"{self.regions} regions for {num_clients} clients: "
+                                  "every region needs a client")
+            return torch.arange(num_clients) % self.regions
+        if len(self.regions) != num_clients:
+            raise ConfigError("aggregator.regions", f"an explicit assignment needs one region id per client "
+                              f"({num_clients}); got {len(self.regions)}")
+        return torch.tensor(self.regions)
+
+    def server_setup(self, uploads, ctx):
+        self.assignment(ctx.info.num_clients)  # refuse a bad assignment before round 1
+        return super().server_setup(uploads, ctx)
+
+    def aggregate(self, uploads, ctx=None):
+        z = self.stack_logits(uploads)
+        q = z.softmax(-1)  # M x N x C
+        m, n, c = q.shape
+        auc, _ = self.class_reliability(uploads, c)
+        auc = auc.to(q.device)
+        region = self.assignment(m).to(q.device)
+        num_regions = int(region.max()) + 1
+        pred = q.argmax(-1)  # M x N
+        within = torch.zeros(m, n, device=q.device)  # W_r[i, x]
+        regional = torch.zeros(num_regions, n, c, device=q.device)  # P_r
+        regional_auc = torch.zeros(num_regions, c, device=q.device)
+        for r in range(num_regions):
+            members = (region == r).nonzero().flatten()
+            beta = torch.softmax(self.temperature * auc[members], dim=0)  # |r| x C
+            w = torch.gather(beta, 1, pred[members])
+            w = w / w.sum(0, keepdim=True).clamp_min(1e-30)
+            within[members] = w
+            regional[r] = self.mix(w, q[members])
+            regional_auc[r] = (beta * auc[members]).sum(0)
+        if self.across == "lkd":
+            gamma = torch.softmax(self.temperature * regional_auc, dim=0)  # R x C
+            v = torch.gather(gamma, 1, regional.argmax(-1))
+            v = v / v.sum(0, keepdim=True).clamp_min(1e-30)
+        else:
+            sizes = torch.bincount(region, minlength=num_regions).float()
+            v = (sizes / m)[:, None].expand(num_regions, n)
+        weights = v[region] * within  # W[i, x] = V[r(i), x] W_r[i, x]
+        teacher = torch.einsum("rn,rnc->nc", v, regional)
+        return AggregationResult(teacher=teacher, weights=weights, stats={
+            "lkd/auc_mean": float(auc.mean()),
+            "f2l/regions": float(num_regions),
+            **self.tier_bytes(uploads, num_regions, n, c, uploads[0]["logits"].element_size()),
+        })
+
+    @staticmethod
+    def tier_bytes(uploads, num_regions: int, n: int, c: int, element_size: int) -> dict[str, float]:
+        up = sum(t.numel() * t.element_size() for u in uploads for k, t in u.items() if not k.startswith("_"))
+        return {
+            "f2l/bytes_client_to_region": float(up),
+            "f2l/bytes_region_to_global": float(num_regions * (n * c * element_size + c * 4)),
+            "f2l/bytes_global_to_region": float(num_regions * n * c * element_size),
+        }
+

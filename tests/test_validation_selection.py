@@ -1,0 +1,130 @@
+"""Selection without the test set: a validation split carved from the private pool, measured in
+evaluated rounds, and the summary / report / sweeps choosing the round by it."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from fdlit.aggregators import ProbabilityAveragingAggregator
+from fdlit.data import FederatedData
+from fdlit.errors import ConfigError
+from fdlit.federation import FederationLoop
+from fdlit.report import load_runs, write_report
+
+
+def test_validation_split_is_disjoint_stratified_and_taken_from_the_private_pool():
+    base = FederatedData(num_clients=10, classes_per_client=3, public_size=300).setup(0)
+    d = FederatedData(num_clients=10, classes_per_client=3, public_size=300, validation_size=100).setup(0)
+    test, pub = set(d._test_source_index.tolist()), set(d._public_source_index.tolist())
+    pool, val = set(d._pool_source_index.tolist()), set(d._validation_source_index.tolist())
+    assert len(val) == len(d.validation) == 100
+    assert not val & test and not val & pub and not val & pool
+    assert len(test) + len(pub) + len(pool) + len(val) == 1797
+    # carved from the private pool: test and public sets are those of a run without validation
+    assert test == set(base._test_source_index.tolist()) and pub == set(base._public_source_index.tolist())
+    assert val <= set(base._pool_source_index.tolist())
+    assert np.bincount(d.validation.y.numpy(), minlength=10).min() >= 8  # stratified: ~10 per class
+    # no client trains or calibrates on a validation sample
+    for c in d.clients:
+        assert not set(d._pool_source_index[c.pool_index].tolist()) & val
+    frac = FederatedData(num_clients=10, classes_per_client=3, public_size=300, validation_size=0.1).setup(0)
+    assert len(frac.validation) == round(0.1 * len(base.pool))
+
+
+def test_no_validation_by_default_and_every_split_is_as_before():
+    a = FederatedData(num_clients=6, classes_per_client=2, public_size=200).setup(3)
+    b = FederatedData(num_clients=6, classes_per_client=2, public_size=200, validation_size=0).setup(3)
+    assert a.validation is None and b.validation is None
+    for ca, cb in zip(a.clients, b.clients):
+        assert np.array_equal(ca.pool_index, cb.pool_index) and torch.equal(ca.train.y, cb.train.y)
+
+
+@pytest.mark.parametrize("value", [-1, 1.0, 1.5, 0.0, True, 10_000])
+def test_bad_validation_size_names_the_field(value):
+    with pytest.raises(ConfigError, match="data.validation_size"):
+        FederatedData(num_clients=10, validation_size=value).setup(0)
+
+
+def tiny_loop(**data):
+    return FederationLoop(
+        rounds=3, private_epochs_first=1, private_epochs=1, public_epochs_first=1, public_epochs=1,
+        data=FederatedData(num_clients=4, classes_per_client=3, public_size=120, **data),
+        model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}},
+        aggregator=ProbabilityAveragingAggregator(), eval_every_n_rounds=3,  # rounds 1 and 3 evaluated
+    )
+
+
+def test_evaluated_rounds_measure_validation_accuracy_and_the_summary_selects_by_it():
+    loop = tiny_loop(validation_size=60)
+    summary = loop.fit()
+    for phase in ("after_private", "after_public"):
+        values = [m[f"{phase}/val_acc_mean"] for m in loop.history]
+        assert 0 <= values[0] <= 1 and math.isnan(values[1]) and 0 <= values[2] <= 1  # evaluated rounds only
+    last = loop.history[-1]
+    preds = loop.executor.predict(loop.clients, loop.val_x).argmax(-1)
+    torch.testing.assert_close(last["after_public/val_acc_mean"], float((preds == loop.val_y).float().mean()))
+    assert len(loop.val_y) == 60
+    for phase, suffix in (("after_public", ""), ("after_private", "_after_private")):
+        rows = [m for m in loop.history if not math.isnan(m[f"{phase}/val_acc_mean"])]
+        chosen = max(rows, key=lambda m: m[f"{phase}/val_acc_mean"])
+        assert summary[f"selected_round{suffix}"] == chosen["round"]
+        assert summary[f"selected_global_acc_mean{suffix}"] == chosen[f"{phase}/global_acc_mean"]
+    # without a validation set: no validation metrics, no selection
+    plain = tiny_loop()
+    assert not any("selected" in k for k in plain.fit()) and "after_public/val_acc_mean" not in plain.history[0]
+
+
+def test_selection_is_the_best_validation_round_not_the_best_test_round():
+    loop = tiny_loop(validation_size=40)
+    nan = float("nan")
+
+    def row(r, test, val, n=360):
+        out = {"round": r, "eval/test_samples": n, "teacher/acc": 0.5}
+        for p in ("after_private", "after_public"):
+            out.update({f"{p}/global_acc_mean": test, f"{p}/local_acc_mean": test, f"{p}/val_acc_mean": val})
+        return out
+
+    loop.setup()
+    loop.history = [row(1, 0.50, 0.90), row(2, nan, nan, 0), row(3, 0.70, 0.60), row(4, 0.40, 0.90)]
+    loop.round = 4
+    s = loop.summary()
+    assert s["best_global_acc_mean"] == 0.70 and s["best_round"] == 3  # test-best
+    assert s["selected_global_acc_mean"] == 0.50 and s["selected_round"] == 1  # earliest best validation
+    assert s["selected_global_acc_mean_after_private"] == 0.50 and s["selected_val_acc_mean"] == 0.90
+
+
+def _run_dir(root, name, seed, rows):
+    """A finished run directory whose summary is the loop's own summary of these metric rows."""
+    path = root / name
+    path.mkdir(parents=True)
+    config = {"seed": seed, "data": {"dataset": "digits", "partition": "classes", "classes_per_client": 2},
+              "aggregator": {"class_path": "fdlit.aggregators.ProbabilityAveragingAggregator"}}
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    best = max(r["after_public/global_acc_mean"] for r in rows)
+    summary = {"finished": True, "rounds": len(rows), "best_global_acc_mean": best,
+               **FederationLoop._selected(rows)}
+    (path / "summary.json").write_text(json.dumps(summary))
+
+
+def test_report_table_ranks_by_validation_when_every_run_has_it(tmp_path):
+    root = tmp_path / "runs"
+    for seed, (a, b) in enumerate([(0.5, 0.8), (0.6, 0.9)]):
+        # the test accuracy peaks in round 2, the validation accuracy in round 1
+        _run_dir(root, f"avg-seed{seed}", seed, [
+            {"round": 1, "after_public/global_acc_mean": a, "after_public/val_acc_mean": 0.9},
+            {"round": 2, "after_public/global_acc_mean": b, "after_public/val_acc_mean": 0.7}])
+    runs, _ = load_runs(root)
+    assert sorted(r.best() for r in runs) == [0.5, 0.6]
+    md = (write_report(root).parent / "table1.md").read_text()
+    assert md.startswith("Validation-selected") and "55.00 ± 7.07" in md and "85.00" not in md, md
+    # one run without validation: the whole table falls back to test-best, and says so
+    _run_dir(root, "avg-seed2", 2, [{"round": 1, "after_public/global_acc_mean": 0.7}])
+    runs, _ = load_runs(root)
+    assert sorted(r.best() for r in runs) == [0.7, 0.8, 0.9]
+    md = (write_report(root, out=tmp_path / "r2").parent / "table1.md").read_text()
+    assert md.startswith("Best") and "80.00 ± 10.00" in md and "55.00" not in md, md
