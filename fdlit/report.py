@@ -390,7 +390,8 @@ def table1_csv(table: Table) -> str:
 
 
 def _latex(text: str) -> str:
-    return "".join({"_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "τ": r"$\tau$", "[": "{[}", "]": "{]}"}.get(c, c)
+    return "".join({"_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "τ": r"$\tau$", "±": r"$\pm$", "χ": r"$\chi$",
+                    "[": "{[}", "]": "{]}"}.get(c, c)
                    for c in text)
 
 

@@ -108,6 +108,7 @@ def test_csv_and_latex_tables_next_to_the_page(runs_dir):
     assert tex.count(r"\mathbf{") == 4 and r"$\mathbf{65.00}{\scriptstyle\pm 7.07}^{n=2}$" in tex
     assert tex.count(r"\\") == 2 + 2  # two header lines, two rows
     assert r"sUWA $\tau$=0.25" in tex and tex.startswith(r"\begin{table}")
+    assert tex.isascii()  # pdflatex-safe: τ and ± as math
 
 
 def test_baselines_have_their_own_labels_and_never_take_the_bold(tmp_path):
