@@ -6,11 +6,14 @@ from fdlit.aggregators.entropy import EntropyWeightedAggregator
 from fdlit.aggregators.era import EntropyReductionAggregator
 from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
 from fdlit.aggregators.f2l import F2LAggregator
+from fdlit.aggregators.fedavg import FedAvg
 from fdlit.aggregators.fedgo import FedGOAggregator
+from fdlit.aggregators.fedprox import FedProx
 from fdlit.aggregators.kulsif import KuLSIF
 from fdlit.aggregators.lkd import LKDAggregator
 from fdlit.aggregators.meta_model import MetaModelAggregator
 from fdlit.aggregators.oracle import OracleAggregator
+from fdlit.aggregators.scaffold import Scaffold
 from fdlit.aggregators.selective import SelectiveFDAggregator
 from fdlit.aggregators.variance import LogitVarianceAggregator
 from fdlit.aggregators.density import DiagonalGaussianMixture, mixture_log_likelihood
@@ -25,11 +28,14 @@ __all__ = [
     "F2LAggregator",
     "LogitAveragingAggregator",
     "LogitVarianceAggregator",
+    "FedAvg",
     "FedGOAggregator",
+    "FedProx",
     "KuLSIF",
     "LKDAggregator",
     "MetaModelAggregator",
     "OracleAggregator",
+    "Scaffold",
     "SelectiveFDAggregator",
     "ProbabilityAveragingAggregator",
     "SmoothedUncertaintyWeightedAggregator",

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fdlit.clients.options import OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
+from fdlit.clients.options import LOSS_STATE_KEYS, OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
 
 Phase = Literal["private", "public"]
 
@@ -69,8 +69,28 @@ class ClientModule(L.LightningModule):
 
     def private_loss(self, logits: torch.Tensor, labels: torch.Tensor,
                      weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The private step's loss: CE against integer labels (``weight``: see :func:`cross_entropy`)."""
-        return cross_entropy(logits, labels, weight)
+        """The private step's loss: CE against integer labels (``weight``: see :func:`cross_entropy`),
+        plus the terms a parameter-exchange method put in ``method_state`` (:meth:`parameter_terms`)."""
+        loss = cross_entropy(logits, labels, weight)
+        if any(k in self.method_state for k in LOSS_STATE_KEYS):
+            loss = loss + self.parameter_terms()
+        return loss
+
+    def parameter_terms(self) -> torch.Tensor:
+        """(mu/2)||w - center||^2 + <w, g> over the model's parameters, from ``method_state``.
+        The parameters are read from the module, so under the vectorized executor's
+        ``functional_call`` they are each client's own slice of the stack."""
+        state = self.method_state
+        center, mu, g = state.get("prox_center"), state.get("prox_mu"), state.get("linear_term")
+        total, offset = 0.0, 0
+        for p in self.model.parameters():
+            n = p.numel()
+            if center is not None:
+                total = total + 0.5 * mu * (p - center[offset : offset + n].view_as(p)).pow(2).sum()
+            if g is not None:
+                total = total + (p * g[offset : offset + n].view_as(p)).sum()
+            offset += n
+        return total
 
     def public_loss(self, logits: torch.Tensor, teacher: torch.Tensor,
                     weight: Optional[torch.Tensor] = None) -> torch.Tensor:
