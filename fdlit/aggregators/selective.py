@@ -145,6 +145,8 @@ class SelectiveFDAggregator(Aggregator):
     def client_upload(self, ctx):
         public_logits = ctx.public_logits
         mask = ctx.state["selective_mask"].to(public_logits.device)
+        if ctx.info.public_index is not None:  # the mask covers the full public set; this round uses some rows
+            mask = mask[ctx.info.public_index.to(mask.device)]
         kept = public_logits[mask]
         if self.labels == "soft":
             return {"logits": kept, "mask": mask}
