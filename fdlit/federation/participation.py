@@ -24,7 +24,7 @@ Semantics, per round r (``docs/participation.md``):
   number; ``FederationInfo.clients`` names them); the teacher goes down to them only; the ledger
   counts only what they sent and received. When no upload arrives, the round has no teacher and
   no public phase.
-* **public subset**: with ``public_subset`` = N', the round uses N' public rows drawn without
+* **public subset**: with ``public_subset`` = N' (or ``public_fraction`` of N), the round uses N' public rows drawn without
   replacement (sorted); uploads, the teacher and distillation are on those rows
   (``FederationInfo.public_index``). The rows follow from the shared seed and the round, so no
   index travels and nothing extra is counted.
@@ -65,6 +65,8 @@ class Participation:
         join_round: the round the late joiners join (>= 2 to be late).
         public_subset: N', public samples drawn each round (1 <= N' <= N) and used for that round's
             uploads and distillation. null: the whole public set.
+        public_fraction: N' as a share of the public set, in (0, 1]: N' = ceil(public_fraction * N).
+            Set public_subset or public_fraction, not both.
     """
 
     fraction: Optional[float] = None
@@ -74,6 +76,7 @@ class Participation:
     late_joiners: int = 0
     join_round: int = 1
     public_subset: Optional[int] = None
+    public_fraction: Optional[float] = None
 
     def __post_init__(self):
         if self.fraction is not None and self.count is not None:
@@ -96,6 +99,11 @@ class Participation:
                               f"got {self.late_joiners}")
         if self.join_round < 1:
             raise ConfigError(f"{FIELD}.join_round", f"allowed: a round >= 1; got {self.join_round}")
+        if self.public_fraction is not None:
+            if self.public_subset is not None:
+                raise ConfigError(f"{FIELD}.public_fraction", "set public_subset or public_fraction, not both")
+            if not (math.isfinite(self.public_fraction) and 0 < self.public_fraction <= 1):
+                raise ConfigError(f"{FIELD}.public_fraction", f"allowed: a number in (0, 1]; got {self.public_fraction}")
         if self.public_subset is not None and self.public_subset < 1:
             raise ConfigError(f"{FIELD}.public_subset", f"allowed: an integer in [1, public size]; "
                               f"got {self.public_subset}")
@@ -119,7 +127,8 @@ class Participation:
     def is_full(self) -> bool:
         """Every client, every round, every public sample: the loop runs exactly as without the section."""
         return (self.fraction in (None, 1.0) and self.count is None and self.dropout == 0
-                and self.join_rounds is None and self.late_joiners == 0 and self.public_subset is None)
+                and self.join_rounds is None and self.late_joiners == 0 and self.public_subset is None
+                and self.public_fraction in (None, 1.0))
 
     # ------------------------------------------------------------------ the draws
     def joined(self, num_clients: int) -> list[int]:
@@ -153,7 +162,10 @@ class Participation:
 
     def public_rows(self, seed: int, r: int, public_size: int) -> Optional[np.ndarray]:
         """The public rows of round r (sorted), or None for all of them."""
-        if self.public_subset is None or self.public_subset >= public_size:
+        size = self.public_subset
+        if self.public_fraction is not None:
+            size = math.ceil(self.public_fraction * public_size - 1e-9)
+        if size is None or size >= public_size:
             return None
         rng = np.random.default_rng([seed, r, _PUBLIC])
-        return np.sort(rng.choice(public_size, size=self.public_subset, replace=False))
+        return np.sort(rng.choice(public_size, size=size, replace=False))
