@@ -143,3 +143,35 @@ def test_rules_with_server_state_use_the_arrived_clients_and_the_rounds_rows():
     small.set_discriminator_scores(log_odds[list(ids)][:, rows], counts[list(ids)])
     got = fedgo.aggregate(sub, ServerContext(info))
     assert torch.allclose(got.teacher, small.aggregate(sub).teacher) and got.weights.shape == (2, len(rows))
+
+
+def test_sample_rate_is_the_largest_per_round_share():
+    assert Participation().sample_rate == Participation(fraction=1.0).sample_rate == 1.0
+    assert Participation(fraction=0.5).sample_rate_for(20) == 0.5
+    assert Participation(fraction=0.3).sample_rate_for(7) == 3 / 7  # ceil(0.3 * 7) of 7
+    assert Participation(count=3).sample_rate_for(12) == 0.25
+    # 2 of the 4 clients from round 1: count 2 samples both of them then
+    assert Participation(count=2, late_joiners=2, join_round=3).sample_rate_for(4) == 1.0
+    p = Participation(count=5)
+    with pytest.raises(RuntimeError, match="number of clients"):
+        p.sample_rate
+    p.check(20, 100)
+    assert p.sample_rate == 0.25
+    loop = make_loop("--federation.participation.count", "1")
+    loop.setup()
+    assert loop.sample_rate == 0.25 and make_loop().sample_rate == 1.0
+
+
+def test_late_joiners_do_nothing_before_their_round():
+    loop = make_loop("--federation.executor", VEC, "--federation.participation.late_joiners", "1",
+                     "--federation.participation.join_round", "2")
+    loop.setup()
+    before = states(loop)
+    metrics = loop.run_round(1)
+    assert metrics["participation/clients"] == [0, 1, 2]
+    assert {m.client for m in loop.ledger.messages if m.round == 1} == {0, 1, 2}
+    assert same(before[3], states(loop)[3])  # not joined yet: untouched
+    assert len(metrics["clients/after_public/global_acc"]) == 4  # but evaluated
+    metrics = loop.run_round(2)
+    assert metrics["participation/clients"] == [0, 1, 2, 3]
+    assert {m.client for m in loop.ledger.messages if m.round == 2} == {0, 1, 2, 3}

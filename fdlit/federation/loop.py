@@ -316,6 +316,11 @@ class FederationLoop:
         return ServerContext(info or self.info(round), self.public_y,
                              tuple(tuple(cd.classes) for cd in self.client_data))
 
+    @property
+    def sample_rate(self) -> float:
+        """Per-round sampling rate q of a client (Participation.sample_rate; 1.0: everyone, every round)."""
+        return 1.0 if self.participation is None else self.participation.sample_rate
+
     def participants(self, r: int) -> tuple[list[int], list[int], Optional[torch.Tensor]]:
         """Round r's sampled and arrived client ids and public rows (None: all); a function of
         (seed, r) only (fdlit.federation.participation)."""

@@ -79,6 +79,7 @@ class Participation:
     public_fraction: Optional[float] = None
 
     def __post_init__(self):
+        self._num_clients: Optional[int] = None  # M, known after check()
         if self.fraction is not None and self.count is not None:
             raise ConfigError(f"{FIELD}.fraction", f"set fraction or count, not both (got fraction={self.fraction}, "
                               f"count={self.count})")
@@ -122,6 +123,37 @@ class Participation:
         if self.public_subset is not None and self.public_subset > public_size:
             raise ConfigError(f"{FIELD}.public_subset", f"allowed: an integer in [1, {public_size}] (the public "
                               f"set's size); got {self.public_subset}")
+        self._num_clients = num_clients
+
+    def sample_rate_for(self, num_clients: int) -> float:
+        """The largest per-round probability that a given client is sampled, over the rounds (the
+        q of privacy amplification by subsampling). While late joiners are missing fewer clients
+        share the sample, so the rate of every distinct number of available clients is checked.
+        Dropout is not counted: a dropped client still trained, and leaving it out keeps q an
+        upper bound."""
+        joined = self.joined(num_clients)
+        rate = 0.0
+        for first in sorted(set(joined)):
+            available = sum(j <= first for j in joined)
+            if self.count is not None:
+                k = min(self.count, available)
+            elif self.fraction is not None:
+                k = min(available, math.ceil(self.fraction * available - 1e-9))
+            else:
+                k = available
+            rate = max(rate, k / available)
+        return rate
+
+    @property
+    def sample_rate(self) -> float:
+        """Per-round sampling rate q of a client (:meth:`sample_rate_for` of the federation's M,
+        known once :meth:`check` ran in the loop's set-up; 1.0 when everyone takes part)."""
+        if self.count is None and self.fraction in (None, 1.0):
+            return 1.0
+        if self._num_clients is None:
+            raise RuntimeError("Participation.sample_rate needs the number of clients: call check() or "
+                               "sample_rate_for(num_clients)")
+        return self.sample_rate_for(self._num_clients)
 
     @property
     def is_full(self) -> bool:
