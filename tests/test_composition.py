@@ -102,3 +102,59 @@ def test_stopped_after_round_1_and_resumed_equals_an_uninterrupted_run(rule, tmp
     summary = json.loads((stopped / "summary.json").read_text())
     assert summary["finished"] and summary["bytes_up_total"] == json.loads(
         (straight / "summary.json").read_text())["bytes_up_total"]
+
+
+# ---------------------------------------------------------------- participation
+PARTIAL = ("--federation.participation.fraction", "0.5", "--federation.participation.dropout", "0.3",
+           "--federation.participation.public_fraction", "0.5")
+
+
+def round_clients(loop, direction):
+    """Per round >= 1, the clients the ledger has messages of in ``direction``."""
+    out: dict[int, set] = {}
+    for m in loop.ledger.messages:
+        if m.round >= 1 and m.direction == direction:
+            out.setdefault(m.round, set()).add(m.client)
+    return out
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized", "ray"])
+@pytest.mark.parametrize("rule", ["digits.yaml", "digits_meta_model.yaml"])
+def test_participation_and_dropout_under_every_executor(rule, executor, tmp_path, request):
+    """Half the clients sampled, some dropped: only arrived clients send and receive, on N' = N/2
+    public rows; the unsampled ones keep their state; every executor sends the same messages."""
+    extra = ["--federation.executor", EXECUTORS[executor]]
+    if executor == "ray":
+        request.getfixturevalue("ray_local")
+        extra += ["--federation.executor.actor_executor", "sequential"]
+    loop = fit_loop(tiny(rule, tmp_path, *extra, *PARTIAL))
+    assert loop.round == 2
+    up, down = round_clients(loop, "up"), round_clients(loop, "down")
+    for m in loop.history:
+        sampled, arrived = m["participation/clients"], m["participation/arrived"]
+        assert len(sampled) == 2 and set(arrived) <= set(sampled)
+        assert up.get(m["round"], set()) == down.get(m["round"], set()) == set(arrived)
+        assert m["participation/public_size"] == 60
+        assert len(m["clients/after_public/global_acc"]) == 4  # evaluation still measures every client
+    logits = [r for r in loop.ledger.messages if r.kind == "logits" and r.round >= 1]
+    assert logits and all(r.shape[0] == 60 for r in logits)  # only this round's public rows travel
+    if executor != "sequential":
+        seq = fit_loop(tiny(rule, tmp_path / "seq", "--federation.executor", EXECUTORS["sequential"], *PARTIAL))
+        assert ledger_rows(loop) == ledger_rows(seq)
+        assert [m["participation/arrived"] for m in loop.history] == [m["participation/arrived"] for m in seq.history]
+
+
+@pytest.mark.parametrize("rule", ["digits.yaml", "digits_meta_model.yaml"])
+def test_participation_stopped_after_round_1_and_resumed_equals_an_uninterrupted_run(rule, tmp_path):
+    """The draws depend on (seed, round) only: a resumed run samples, drops and subsets alike."""
+    assert main(["fit", *tiny(rule, tmp_path / "straight", *PARTIAL)]) == 0
+    assert main(["fit", *tiny(rule, tmp_path / "stopped", *PARTIAL, "--federation.rounds", "1")]) == 0
+    stopped = only_run(tmp_path / "stopped")
+    assert main(["fit", "--resume", str(stopped), "--federation.rounds", "2"]) == 0
+    straight = only_run(tmp_path / "straight")
+    assert read_jsonl(stopped / "communication.jsonl") == read_jsonl(straight / "communication.jsonl")
+    resumed, uninterrupted = (without_time(read_jsonl(p / "metrics.jsonl")) for p in (stopped, straight))
+    assert resumed == uninterrupted
+    assert [m["participation/clients"] for m in resumed] == [m["participation/clients"] for m in uninterrupted]
+    assert resumed[0]["participation/clients"] != resumed[1]["participation/clients"] or \
+        resumed[0]["participation/arrived"] != resumed[1]["participation/arrived"]  # the draw changes by round

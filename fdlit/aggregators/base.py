@@ -40,7 +40,13 @@ Uploads = list[dict[str, torch.Tensor]]
 @dataclass(frozen=True)
 class FederationInfo:
     """What every participant knows of the federation. ``round`` is 0 during set-up;
-    ``public_x`` (the unlabelled public inputs) is on the reader's device."""
+    ``public_x`` (the unlabelled public inputs of this round) is on the reader's device.
+
+    With participation (``fdlit.federation.participation``), ``clients`` names the clients whose
+    uploads the server got, in the order of ``uploads`` (empty: all ``num_clients``, in id order),
+    and ``public_index`` the rows of the full public set that ``public_x`` holds this round (None:
+    all of them). Server state kept per client or per public sample is indexed with
+    :meth:`client_ids` and :meth:`rows`."""
 
     round: int
     seed: int
@@ -48,6 +54,22 @@ class FederationInfo:
     num_classes: int
     public_x: torch.Tensor
     private_epochs: int = 0  # epochs of this round's private phase (SCAFFOLD counts its local steps)
+    clients: tuple[int, ...] = ()
+    public_index: Optional[torch.Tensor] = None
+
+    def client_ids(self) -> list[int]:
+        """Ids of the clients whose uploads are given, in upload order."""
+        return list(self.clients) if self.clients else list(range(self.num_clients))
+
+    def rows(self, per_client: torch.Tensor) -> torch.Tensor:
+        """``per_client`` (M x N x ..., server state over every client and the full public set)
+        restricted to this round's clients and public rows."""
+        out = per_client
+        if self.clients:
+            out = out[torch.tensor(self.clients, device=out.device)]
+        if self.public_index is not None:
+            out = out[:, self.public_index.to(out.device)]
+        return out
 
     def client_seed(self, client_id: int) -> int:
         """A seed of the client's own, for seeded client-side work (fdlit's convention)."""

@@ -135,7 +135,12 @@ class FedGOAggregator(Aggregator):
         if self.log_odds is None:
             raise RuntimeError("FedGOAggregator has no discriminators: run its set-up or set_discriminator_scores")
         z = self.stack_logits(uploads)
-        score = self.log_odds.to(z.device) + self.log_counts.to(z.device)[:, None]
+        log_odds, log_counts = self.log_odds, self.log_counts
+        if ctx is not None:  # only the clients that arrived, on this round's public rows
+            log_odds = ctx.info.rows(log_odds)
+            if ctx.info.clients:
+                log_counts = log_counts[torch.tensor(ctx.info.clients, device=log_counts.device)]
+        score = log_odds.to(z.device) + log_counts.to(z.device)[:, None]
         weights = torch.softmax(score, dim=0).float()
         return AggregationResult(teacher=self.mix(weights, z.softmax(-1)), weights=weights,
-                                 stats={"fedgo/log_odds_mean": float(self.log_odds.mean())})
+                                 stats={"fedgo/log_odds_mean": float(log_odds.mean())})

@@ -89,7 +89,10 @@ class Scaffold(FedAvg):
         result = super().aggregate(uploads, ctx)
         deltas = torch.stack([u["control_delta"] for u in uploads])
         control = torch.zeros_like(deltas[0]) if self.control is None else self.control.to(deltas.device)
-        self.control = control + deltas.sum(0) / len(uploads)  # every client takes part: (1/N) sum_i
+        # c <- c + (1/N) sum_{i in S} delta c_i (Karimireddy et al. 2020, Alg. 1): N counts every
+        # client, not only those whose upload arrived this round, so c stays the mean of all c_i
+        total = ctx.info.num_clients if ctx is not None else len(uploads)
+        self.control = control + deltas.sum(0) / total
         result.broadcast["control"] = self.control
         result.stats["scaffold/control_norm"] = float(self.control.norm())
         return result

@@ -218,6 +218,8 @@ class SelectiveFDAggregator(Aggregator):
         public_logits = ctx.public_logits
         mask = (self.fit_mask(ctx) if self.features == "penultimate" else ctx.state["selective_mask"])
         mask = mask.to(public_logits.device)
+        if ctx.info.public_index is not None:  # the mask covers the full public set; this round uses some rows
+            mask = mask[ctx.info.public_index.to(mask.device)]
         sample = self.round_sample(ctx.info)
         if sample is not None:
             mask = mask & sample.to(mask.device)

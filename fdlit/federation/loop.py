@@ -25,6 +25,7 @@ from fdlit.errors import ConfigError, check_at_least
 from fdlit.federation.baselines import MODES, reference_client
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.diagnostics import trust_matrix
+from fdlit.federation.participation import Participation
 from fdlit.execution import ClientExecutor, select_executor
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -158,6 +159,9 @@ class FederationLoop:
             available with the Ray executor.
         compile_backend: the ``torch.compile`` backend (``inductor``, the default compiler; e.g.
             ``aot_eager`` to check a model traces without generating code).
+        participation: client sampling, dropout, late joiners and a per-round public subset
+            (:class:`~fdlit.federation.participation.Participation`, docs/participation.md). Unset:
+            every client and the whole public set every round (the default).
     """
 
     def __init__(
@@ -179,6 +183,7 @@ class FederationLoop:
         channels_last: bool = False,
         compile: bool = False,
         compile_backend: str = "inductor",
+        participation: Participation = Participation(),
         *,
         data: Optional[FederatedData] = None,
         model: Optional[ModelSpec] = None,
@@ -232,6 +237,10 @@ class FederationLoop:
         self.aggregator = aggregator
         self.aggregator.check_config(self.model_spec, self.optimization)  # before any work
         self.seed = seed
+        # no section, or one that changes nothing: the round runs the unsampled code path; the
+        # reference baseline is one pooled model, so nobody is sampled there
+        full = participation is None or participation.is_full or mode == "reference"
+        self.participation = None if full else participation
         self.round = 0  # last completed round; 0 before round 1 (the method's set-up is "round 0")
         self.history: list[dict[str, Any]] = []
         self.ledger = CommunicationLedger()
@@ -266,6 +275,8 @@ class FederationLoop:
                                   else (None, None))
         self.local_mask_matrix = torch.stack(  # M x T: test samples of each client's own classes
             [self.data.local_test_mask(cd.classes) for cd in self.client_data]).float().to(device)
+        if self.participation is not None:
+            self.participation.check(len(self.clients), len(self.public_x))
         self.eval_rows = self._eval_rows(len(self.test_y))
         if self.eval_rows is not None:
             self.eval_rows = self.eval_rows.to(device)
@@ -302,12 +313,31 @@ class FederationLoop:
         """Whether round r evaluates the clients: round 1, every n-th round and the last."""
         return r == 1 or r % self.eval_every_n_rounds == 0 or r >= self.rounds
 
-    def info(self, round: int) -> FederationInfo:
+    def info(self, round: int, clients: tuple[int, ...] = (), public_index: Optional[torch.Tensor] = None
+             ) -> FederationInfo:
         epochs = 0 if round == 0 else self.private_epochs_first if round == 1 else self.private_epochs
-        return FederationInfo(round, self.seed, len(self.clients), self.data.num_classes, self.public_x, epochs)
+        public_x = self.public_x if public_index is None else self.public_x[public_index]
+        return FederationInfo(round, self.seed, len(self.clients), self.data.num_classes, public_x,
+                              private_epochs=epochs, clients=clients, public_index=public_index)
 
-    def server_context(self, round: int) -> ServerContext:
-        return ServerContext(self.info(round), self.public_y, tuple(tuple(cd.classes) for cd in self.client_data))
+    def server_context(self, round: int, info: Optional[FederationInfo] = None) -> ServerContext:
+        return ServerContext(info or self.info(round), self.public_y,
+                             tuple(tuple(cd.classes) for cd in self.client_data))
+
+    @property
+    def sample_rate(self) -> float:
+        """Per-round sampling rate q of a client (Participation.sample_rate; 1.0: everyone, every round)."""
+        return 1.0 if self.participation is None else self.participation.sample_rate
+
+    def participants(self, r: int) -> tuple[list[int], list[int], Optional[torch.Tensor]]:
+        """Round r's sampled and arrived client ids and public rows (None: all); a function of
+        (seed, r) only (fdlit.federation.participation)."""
+        everyone = list(range(len(self.clients)))
+        if self.participation is None:
+            return everyone, everyone, None
+        sampled, arrived = self.participation.draw(self.seed, r, len(self.clients))
+        rows = self.participation.public_rows(self.seed, r, len(self.public_x))
+        return sampled, arrived, None if rows is None else torch.as_tensor(rows, device=self.public_x.device)
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
@@ -354,18 +384,25 @@ class FederationLoop:
         for cb in self.callbacks:
             cb.on_round_start(self, r)
 
+        # who takes part: clients not sampled do nothing this round (docs/participation.md)
+        sampled, arrived, public_index = self.participants(r)
+        everyone = len(sampled) == len(self.clients)
         # Stage 1 starts: private phase, evaluated; the rest of the round is _communicate_and_distil
-        private_losses = self.executor.train(
-            self.clients, "private", self.private,
-            self.private_epochs_first if first else self.private_epochs, self.optimization.batch_size,
-        )
-        self._check_finite(private_losses, r, "private")
+        private_losses = []
+        if sampled:
+            private_losses = self.executor.train(
+                self.clients if everyone else [self.clients[i] for i in sampled], "private",
+                self.private if everyone else [self.private[i] for i in sampled],
+                self.private_epochs_first if first else self.private_epochs, self.optimization.batch_size,
+            )
+        self._check_finite(private_losses, r, "private", sampled)
         # intermediate rounds: every n-th only, maybe on the test subsample; the last: all of it
         evaluated = self.evaluates(r)
         rows = self.eval_rows if r < self.rounds else None
         after_private = self.evaluate(rows) if evaluated else None
         if self.mode == "fd":
-            result, public_losses, after_public = self._communicate_and_distil(r, first, evaluated, rows)
+            result, public_losses, after_public = self._communicate_and_distil(r, first, evaluated, rows, arrived,
+                                                                               public_index)
         else:  # baselines: no communication, no public phase (fdlit.federation.baselines)
             result, public_losses, after_public = None, [math.nan] * len(self.clients), after_private
 
@@ -384,14 +421,25 @@ class FederationLoop:
             if self.val_y is not None:  # selection without the test set (summary: selected_*)
                 metrics[f"{phase}/val_acc_mean"] = math.nan if accs is None else float(accs["val_acc"].mean())
         metrics["eval/test_samples"] = (0 if not evaluated else len(self.test_y) if rows is None else len(rows))
-        metrics.update(self._teacher_metrics(result))
+        public_y = self.public_y if public_index is None else self.public_y[public_index]
+        metrics.update(self._teacher_metrics(result, public_y))
         metrics["train/private_loss_mean"] = float(torch.tensor(private_losses).mean())
         metrics["train/public_loss_mean"] = float(torch.tensor(public_losses).mean())
-        metrics.update(self.ledger.round_metrics(r, len(self.clients)))
+        communicating = len(arrived) if self.mode == "fd" else len(self.clients)
+        metrics.update(self.ledger.round_metrics(r, max(communicating, 1)))
+        if self.participation is not None:
+            metrics.update({"participation/clients": list(sampled), "participation/arrived": list(arrived),
+                            "participation/sampled_count": len(sampled), "participation/arrived_count": len(arrived),
+                            "participation/dropped_count": len(sampled) - len(arrived),
+                            "participation/public_size": len(public_y)})
         metrics.update(result.stats if result is not None else {})
         metrics["time/round_s"] = time.perf_counter() - t0
         if result is not None and result.weights is not None:  # M x C who-to-trust matrix (public labels: diagnostic only)
-            metrics["clients/trust_matrix"] = trust_matrix(result.weights, self.public_y, self.data.num_classes)
+            matrix = trust_matrix(result.weights, public_y, self.data.num_classes)
+            if len(arrived) < len(self.clients):  # rows of clients that sent nothing this round: null
+                by_client = dict(zip(arrived, matrix))
+                matrix = [by_client.get(i, [None] * self.data.num_classes) for i in range(len(self.clients))]
+            metrics["clients/trust_matrix"] = matrix
         self.round = r
         self.history.append(metrics)
         if clock is not None:
@@ -401,57 +449,74 @@ class FederationLoop:
         return metrics
 
     def _communicate_and_distil(self, r: int, first: bool, evaluated: bool = True,
-                                rows: Optional[torch.Tensor] = None):
+                                rows: Optional[torch.Tensor] = None, arrived: Optional[list[int]] = None,
+                                public_index: Optional[torch.Tensor] = None):
         """The rest of a round in FD mode: public inference, client statistics and upload (end of
-        Stage 1); aggregation, broadcast, public phase and its evaluation (Stage 2)."""
+        Stage 1); aggregation, broadcast, public phase and its evaluation (Stage 2). ``arrived``:
+        the clients whose uploads reach the server (None: all); ``public_index``: this round's
+        public rows (None: all)."""
         if self.aggregator.exchange == "parameters":
-            return self._exchange_parameters(r, evaluated, rows)
-        public_logits = self.executor.predict(self.clients, self.public_x)  # M x N x C
-        self._check_finite(list(public_logits), r, "public inference")
-        info = self.info(r)
-        extra = self.executor.client_hook("client_upload", self.aggregator, info, self.clients, self.client_data,
+            return self._exchange_parameters(r, evaluated, rows, arrived)
+        everyone = arrived is None or len(arrived) == len(self.clients)
+        ids = list(range(len(self.clients))) if arrived is None else list(arrived)
+        if not ids:  # no upload arrived: no teacher, no public phase
+            return None, [math.nan], self.evaluate(rows) if evaluated else None
+        clients = self.clients if everyone else [self.clients[i] for i in ids]
+        info = self.info(r, () if everyone else tuple(ids), public_index)
+        public_logits = self.executor.predict(clients, info.public_x)  # M x N x C
+        self._check_finite(list(public_logits), r, "public inference", ids)
+        extra = self.executor.client_hook("client_upload", self.aggregator, info, clients,
+                                          self.client_data if everyone else [self.client_data[i] for i in ids],
                                           self.received, public_logits)
         uploads = []
-        for i, payload in enumerate(extra):
-            payload = {"logits": public_logits[i], **payload}
+        for j, payload in enumerate(extra):
+            payload = {"logits": public_logits[j], **payload}
             payload["logits"] = payload["logits"].to(self.message_dtype)
-            uploads.append(self._send_up(r, i, payload))
+            uploads.append(self._send_up(r, ids[j], payload))
 
-        # Stage 2: server aggregates, broadcasts, clients distil
-        result = self.aggregator.aggregate(uploads, self.server_context(r))
+        # Stage 2: server aggregates, broadcasts (to the clients it heard from), clients distil
+        result = self.aggregator.aggregate(uploads, self.server_context(r, info))
         keep = result.keep
         teacher = result.teacher if keep is None else result.teacher[keep]
         teacher_sent, targets = encode_teacher(teacher, self.message_dtype)
-        for i in range(len(self.clients)):
+        for i in ids:
             self.ledger.send(r, i, "down", "teacher", teacher_sent)
             if keep is not None:
                 self.ledger.send(r, i, "down", "keep_mask", keep)
-        public_x = self.public_x if keep is None else self.public_x[keep]
-        public_losses = [math.nan] * len(self.clients)
+        public_x = info.public_x if keep is None else info.public_x[keep]
+        public_losses = [math.nan] * len(clients)
         if len(public_x):
             public_losses = self.executor.train(
-                self.clients, "public", [self.aggregator.distillation_set(public_x, targets, *self.private[i])
-                                         for i in range(len(self.clients))],
+                clients, "public", [self.aggregator.distillation_set(public_x, targets, *self.private[i]) for i in ids],
                 self.public_epochs_first if first else self.public_epochs, self.optimization.public_batch_size,
             )
-            self._check_finite(public_losses, r, "public")
+            self._check_finite(public_losses, r, "public", ids)
         after_public = self.evaluate(rows) if evaluated else None
         return result, public_losses, after_public
 
-    def _exchange_parameters(self, r: int, evaluated: bool = True, rows: Optional[torch.Tensor] = None):
-        """The rest of a round for a parameter-exchange method: each client uploads what
-        ``client_upload`` returns (its parameters), the server aggregates, the broadcast goes down to
-        every client and ``client_receive`` loads it; no public phase. "After public" accuracies are
-        then those of the model every client holds after the exchange (the global model)."""
-        info = self.info(r)
-        raw = self.executor.client_hook("client_upload", self.aggregator, info, self.clients, self.client_data,
+    def _exchange_parameters(self, r: int, evaluated: bool = True, rows: Optional[torch.Tensor] = None,
+                             arrived: Optional[list[int]] = None):
+        """The rest of a round for a parameter-exchange method: each client whose upload arrives
+        (``arrived``; None: all) uploads what ``client_upload`` returns (its parameters), the server
+        aggregates them, the broadcast goes down to every client and ``client_receive`` loads it; no
+        public phase. Every client receives the global model, sampled or not, because FedAvg's next
+        sampled clients start from it and evaluation measures it on every client. "After public"
+        accuracies are those of the model every client holds after the exchange (the global model)."""
+        ids = list(range(len(self.clients))) if arrived is None else list(arrived)
+        everyone = len(ids) == len(self.clients)
+        if not ids:  # no upload arrived: every client keeps what it has
+            return None, [math.nan] * len(self.clients), self.evaluate(rows) if evaluated else None
+        info = self.info(r, () if everyone else tuple(ids))
+        raw = self.executor.client_hook("client_upload", self.aggregator, info,
+                                        self.clients if everyone else [self.clients[i] for i in ids],
+                                        self.client_data if everyone else [self.client_data[i] for i in ids],
                                         self.received)
-        uploads = [self._send_up(r, i, payload) for i, payload in enumerate(raw)]
-        result = self.aggregator.aggregate(uploads, self.server_context(r))
+        uploads = [self._send_up(r, ids[j], payload) for j, payload in enumerate(raw)]
+        result = self.aggregator.aggregate(uploads, self.server_context(r, info))
         for i in range(len(self.clients)):
             for kind, tensor in result.broadcast.items():
                 self.ledger.send(r, i, "down", kind, tensor)
-        self.executor.client_hook("client_receive", self.aggregator, info, self.clients, self.client_data,
+        self.executor.client_hook("client_receive", self.aggregator, self.info(r), self.clients, self.client_data,
                                   result.broadcast)
         after = self.evaluate(rows) if evaluated else None
         return result, [math.nan] * len(self.clients), after
@@ -505,14 +570,17 @@ class FederationLoop:
             out["val_acc"] = (val_preds == self.val_y).float().mean(1).cpu()
         return out
 
-    def _teacher_metrics(self, result) -> dict[str, float]:
-        """Teacher quality against the public labels (diagnostic only; never used for training)."""
-        if result is None or result.teacher is None:  # baselines and parameter exchange have no teacher
+    def _teacher_metrics(self, result, public_y: Optional[torch.Tensor] = None) -> dict[str, float]:
+        """Teacher quality against the public labels of the round's rows (diagnostic only; never
+        used for training)."""
+        if result is None or result.teacher is None:  # baselines, rounds where no upload arrived and
+            # parameter exchange have no teacher
             return {"teacher/kept_fraction": math.nan, "teacher/acc": math.nan, "teacher/nll": math.nan}
-        p, y = result.teacher, self.public_y
+        public_y = self.public_y if public_y is None else public_y
+        p, y = result.teacher, public_y
         if result.keep is not None:
             p, y = p[result.keep], y[result.keep]
-        out = {"teacher/kept_fraction": float(len(y) / len(self.public_y))}
+        out = {"teacher/kept_fraction": float(len(y) / len(public_y))}
         if len(y):
             out["teacher/acc"] = float((p.argmax(-1) == y).float().mean())
             out["teacher/nll"] = float(-torch.log(p.gather(1, y[:, None]).clamp_min(1e-12)).mean())
@@ -523,11 +591,12 @@ class FederationLoop:
             out["weights/entropy"] = float(weight_entropy(result.weights))
         return out
 
-    def _check_finite(self, values, r: int, phase: str) -> None:
+    def _check_finite(self, values, r: int, phase: str, ids: Optional[list[int]] = None) -> None:
         for i, v in enumerate(values):
             bad = not torch.isfinite(v).all() if isinstance(v, torch.Tensor) else not math.isfinite(v)
             if bad:
-                raise NumericalFault(f"client {i} produced NaN/inf in round {r}, phase '{phase}'")
+                raise NumericalFault(f"client {i if ids is None else ids[i]} produced NaN/inf in round {r}, "
+                                     f"phase '{phase}'")
 
     @staticmethod
     def _selected(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
