@@ -175,3 +175,27 @@ def test_late_joiners_do_nothing_before_their_round():
     metrics = loop.run_round(2)
     assert metrics["participation/clients"] == [0, 1, 2, 3]
     assert {m.client for m in loop.ledger.messages if m.round == 2} == {0, 1, 2, 3}
+
+
+# ---------------------------------------------------------------- parameter exchange
+def test_fedavg_and_scaffold_with_half_the_clients_exchange_only_what_arrived():
+    for method in ("fdlit.aggregators.FedAvg", "fdlit.aggregators.scaffold.Scaffold"):
+        loop = make_loop("--aggregator", method, "--client.optimizer", "sgd", "--client.lr", "0.05",
+                         "--federation.participation.fraction", "0.5")
+        loop.fit()
+        params = sum(p.numel() for p in loop.clients[0].model.parameters())
+        per_model = 4 * params * (2 if "Scaffold" in method else 1)  # SCAFFOLD also sends a control variate
+        for m in loop.history:
+            arrived = m["participation/arrived"]
+            assert len(arrived) == 2
+            sent = [e for e in loop.ledger.messages if e.round == m["round"] and e.direction == "up"]
+            assert {e.client for e in sent} == set(arrived)  # nobody else uploaded
+            up = sum(e.bytes for e in sent)
+            assert per_model * 2 <= up < per_model * 2 + 64
+        # every client holds the same (global) model after the exchange
+        first = torch.cat([p.flatten() for p in loop.clients[0].model.parameters()])
+        for c in loop.clients[1:]:
+            assert torch.equal(first, torch.cat([p.flatten() for p in c.model.parameters()]))
+        if "Scaffold" in method:  # the server's control variate is the mean over all N clients' c_i
+            cs = torch.stack([c.method_state["scaffold_c_i"] for c in loop.clients])
+            torch.testing.assert_close(loop.aggregator.control, cs.mean(0), rtol=1e-5, atol=1e-7)

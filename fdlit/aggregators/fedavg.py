@@ -99,12 +99,16 @@ class FedAvg(Aggregator):
         self.counts = torch.stack([u["num_samples"].cpu() for u in uploads])
         return {"parameters": next(u["_initial"] for u in uploads if "_initial" in u)}
 
-    def average(self, uploads: Uploads, key: str = "parameters") -> torch.Tensor:
+    def average(self, uploads: Uploads, key: str = "parameters", ctx: Optional[ServerContext] = None) -> torch.Tensor:
+        """The n_k-weighted mean over the uploads that arrived (under client sampling, McMahan et
+        al. 2017 average over the round's clients S_t: n = sum_{k in S_t} n_k)."""
         counts = self.counts if self.counts is not None else torch.ones(len(uploads), dtype=torch.int64)
+        if self.counts is not None and ctx is not None and ctx.info.clients:
+            counts = counts[list(ctx.info.clients)]
         return weighted_average([u[key] for u in uploads], counts.to(uploads[0][key].device))
 
     def aggregate(self, uploads: Uploads, ctx: Optional[ServerContext] = None) -> AggregationResult:
-        return AggregationResult(teacher=None, broadcast={"parameters": self.average(uploads)})
+        return AggregationResult(teacher=None, broadcast={"parameters": self.average(uploads, ctx=ctx)})
 
     def state_dict(self) -> dict[str, Any]:
         return {"counts": self.counts}
