@@ -49,6 +49,14 @@ DENSITY_KEYS = ("gmm_means", "gmm_stds")
 STD_FLOOR = 1e-2  # noisy standard deviations are floored (post-processing): the density needs sigma > 0
 
 
+def default_config() -> dict[str, Any]:
+    """The ``privacy`` section with every knob at its default (as a parsed config holds it)."""
+    import inspect
+
+    return {name: par.default for name, par in inspect.signature(UploadPrivacy.__init__).parameters.items()
+            if name != "self"}
+
+
 def make_accountant(kind: str, history: Optional[list] = None):
     """An Opacus accountant, with ``history`` ((noise multiplier, sample rate, steps) entries) restored."""
     from opacus.accountants import PRVAccountant, RDPAccountant  # imported only when DP is on
