@@ -134,3 +134,19 @@ def test_hard_labels_with_uwa_scores_and_refused_with_uwa_density(tmp_path):
     assert all(m.dtype == "uint8" and m.bytes == 120 for m in loop.ledger.messages if m.kind == "labels")
     assert main(["fit", *tiny("digits.yaml", tmp_path / "b", "--privacy.encoding", "hard")]) == 2
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # Opacus's PRV logs log(0) at sample rate 1
+def test_the_prv_accountant_and_the_sample_rate_reach_opacus_unchanged():
+    from opacus.accountants import PRVAccountant
+
+    privacy = UploadPrivacy(noise_multiplier=1.3, clip_norm=1.0, accountant="prv")
+    reference = PRVAccountant()
+    for r, q in enumerate([1.0, 1.0, 0.5], start=1):
+        _, stats = privacy.upload(r, [{"logits": torch.randn(8, 3)}], torch.float32, 0, 3, q, lambda r, i, m: m)
+        reference.step(noise_multiplier=1.3, sample_rate=q)
+        assert stats["privacy/epsilon"] == pytest.approx(reference.get_epsilon(1e-5), rel=1e-9)
+    assert privacy.history == [(1.3, 1.0, 2), (1.3, 0.5, 1)]
+    restored = UploadPrivacy(noise_multiplier=1.3, clip_norm=1.0, accountant="prv")
+    restored.load_state_dict(privacy.state_dict())
+    assert restored.epsilon() == privacy.epsilon()
