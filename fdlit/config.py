@@ -19,12 +19,13 @@ from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
 from fdlit.models import ClientNetwork
 from fdlit.models.text import BertClassifier  # noqa: F401 (lazy in fdlit.models; imported here so help lists it)
+from fdlit.privacy import UploadPrivacy
 from fdlit.runs.checkpoint import CheckpointConfig
 from fdlit.runs.logger_config import LoggerConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")
-LOOP_OBJECTS = {"data", "model", "client", "aggregator", "seed"}
+LOOP_OBJECTS = {"data", "model", "client", "aggregator", "privacy", "seed"}
 
 
 def resolve_config_path(value: str) -> str:
@@ -61,6 +62,7 @@ def fit_parser() -> ArgumentParser:
         help="Aggregation rule (class_path/init_args), e.g. fdlit.aggregators.ProbabilityAveragingAggregator.",
     )
     parser.add_class_arguments(FederationLoop, "federation", skip=LOOP_OBJECTS, instantiate=False)
+    parser.add_class_arguments(UploadPrivacy, "privacy")
     parser.add_class_arguments(LoggerConfig, "logger")
     parser.add_class_arguments(CheckpointConfig, "checkpoint")
     return parser

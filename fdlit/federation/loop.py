@@ -27,6 +27,7 @@ from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.diagnostics import trust_matrix
 from fdlit.federation.participation import Participation
 from fdlit.execution import ClientExecutor, select_executor
+from fdlit.privacy import UploadPrivacy, membership_audit
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "64-true")
@@ -189,6 +190,7 @@ class FederationLoop:
         model: Optional[ModelSpec] = None,
         client: Optional[ClientOptimization] = None,
         aggregator: Optional[Aggregator] = None,
+        privacy: Optional[UploadPrivacy] = None,
         seed: int = 0,
     ):
         check_at_least("federation.rounds", rounds, 1)
@@ -236,6 +238,8 @@ class FederationLoop:
             aggregator = SmoothedUncertaintyWeightedAggregator()
         self.aggregator = aggregator
         self.aggregator.check_config(self.model_spec, self.optimization)  # before any work
+        self.privacy = privacy or UploadPrivacy()  # default: plain logits, no mechanism
+        self.stop_reason: Optional[str] = None  # set when the privacy budget ends the run early
         self.seed = seed
         # no section, or one that changes nothing: the round runs the unsampled code path; the
         # reference baseline is one pooled model, so nobody is sampled there
@@ -259,6 +263,8 @@ class FederationLoop:
         L.seed_everything(self.seed, verbose=False)
         if not self.data.is_setup:
             self.data.setup(self.seed)
+        if self.mode == "fd":
+            self.privacy.check(self.aggregator, self.data.num_classes)
         self.fabric = Fabric(accelerator=self.accelerator, devices=1, precision=self.precision)
         device = self.fabric.device
         self.client_data = [reference_client(self.data, self.seed)] if self.mode == "reference" else self.data.clients
@@ -349,6 +355,9 @@ class FederationLoop:
             if self.round == 0 and self.mode == "fd" and self.aggregator.has_setup:
                 self.method_setup()
             for r in range(self.round + 1, self.rounds + 1):
+                if self.mode == "fd" and (reason := self.privacy.over_budget(r, self.sample_rate)):
+                    self.stop_reason = reason  # the last round is complete and checkpointed
+                    break
                 self.run_round(r, clock=start)
         finally:
             self.executor.teardown(self.clients)  # remote executors: final state back into self.clients
@@ -434,6 +443,9 @@ class FederationLoop:
                             "participation/public_size": len(public_y)})
         metrics.update(result.stats if result is not None else {})
         metrics["time/round_s"] = time.perf_counter() - t0
+        if self.privacy.audit and r == self.rounds:  # membership inference on the final client models
+            metrics.update(membership_audit(lambda x: self.executor.predict(self.clients, x), self.private,
+                                            self.test_x, self.test_y, self.local_mask_matrix))
         if result is not None and result.weights is not None:  # M x C who-to-trust matrix (public labels: diagnostic only)
             matrix = trust_matrix(result.weights, public_y, self.data.num_classes)
             if len(arrived) < len(self.clients):  # rows of clients that sent nothing this round: null
@@ -468,14 +480,14 @@ class FederationLoop:
         extra = self.executor.client_hook("client_upload", self.aggregator, info, clients,
                                           self.client_data if everyone else [self.client_data[i] for i in ids],
                                           self.received, public_logits)
-        uploads = []
-        for j, payload in enumerate(extra):
-            payload = {"logits": public_logits[j], **payload}
-            payload["logits"] = payload["logits"].to(self.message_dtype)
-            uploads.append(self._send_up(r, ids[j], payload))
+        payloads = [{"logits": public_logits[j], **payload} for j, payload in enumerate(extra)]
+        # the one place uploads are made: clipped and noised (DP), encoded, counted, decoded for the rule
+        uploads, privacy_stats = self.privacy.upload(r, payloads, self.message_dtype, self.seed, self.data.num_classes,
+                                                     self.sample_rate, self._send_up, ids)
 
         # Stage 2: server aggregates, broadcasts (to the clients it heard from), clients distil
         result = self.aggregator.aggregate(uploads, self.server_context(r, info))
+        result.stats.update(privacy_stats)
         keep = result.keep
         teacher = result.teacher if keep is None else result.teacher[keep]
         teacher_sent, targets = encode_teacher(teacher, self.message_dtype)
@@ -532,6 +544,7 @@ class FederationLoop:
             # the executor knows where client state lives (in-process, or in Ray actors)
             "clients": self.executor.fetch_states(self.clients),
             "method": self.aggregator.state_dict(),
+            "privacy": self.privacy.state_dict(),  # the accountant: a resumed run reports the same epsilon
             "received": dict(self.received),
             "ledger": self.ledger.state_dict(),
             "history": [dict(m) for m in self.history],
@@ -545,6 +558,7 @@ class FederationLoop:
             client.load_client_state(client_state)
         self.executor.push_states(self.clients)
         self.aggregator.load_state_dict(state["method"] or {})
+        self.privacy.load_state_dict(state.get("privacy") or {})
         self.received = dict(state["received"])
         self.ledger.load_state_dict(state["ledger"])
         self.history = [dict(m) for m in state["history"]]

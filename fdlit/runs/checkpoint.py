@@ -45,6 +45,7 @@ import torch
 
 from fdlit.callbacks import FederationCallback
 from fdlit.errors import ConfigError, check_at_least
+from fdlit.privacy.upload import default_config
 from fdlit.runs.directory import CHECKPOINT, kept_checkpoints, round_checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,6 +74,8 @@ def config_fingerprint(config: dict[str, Any]) -> str:
     cfg.pop("config", None)
     if isinstance(cfg.get("federation"), dict):
         cfg["federation"].pop("rounds", None)
+    if cfg.get("privacy") == default_config():  # runs saved before the privacy section existed still resume
+        cfg.pop("privacy")
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
 
 

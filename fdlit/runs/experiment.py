@@ -58,7 +58,8 @@ class Experiment:
         self.logger: LoggerConfig = init.logger
         self.checkpoint: CheckpointConfig = init.checkpoint
         self.loop = FederationLoop(**vars(init.federation), data=init.data, model=cfg.model.as_dict(),
-                                   client=init.client, aggregator=init.aggregator, seed=cfg.seed)
+                                   client=init.client, aggregator=init.aggregator, privacy=init.privacy,
+                                   seed=cfg.seed)
         self.resume_from = Path(resume_from) if resume_from is not None else None
         if self.resume_from is None:  # a folder to create the run in, checked before any work
             check_run_parent("logger.run_dir", self.logger.run_dir)
@@ -152,6 +153,8 @@ class Experiment:
             where += self.finish_checkpoint()
             raise NumericalFault(f"{exc}{where}\n{resume_hint(self.run_path, self.saved_round)}") from None
         print(format_summary(summary))
+        if self.loop.stop_reason:  # the privacy budget ended the run early; the last round is checkpointed
+            print(f"fdlit: stopped: {self.loop.stop_reason}; run directory {self.run_path}", file=sys.stderr)
         return summary
 
 

@@ -1,0 +1,152 @@
+"""The privacy section: the Gaussian mechanism on uploads and its accountant, the encodings and
+their bytes, the budget stop, the membership-inference audit. Executors and resume: digits_dp.yaml
+in the composition matrix (tests/test_composition.py)."""
+
+import math
+
+import pytest
+import torch
+from opacus.accountants import RDPAccountant
+from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+from fdlit.cli import main
+from fdlit.federation.communication import CommunicationLedger
+from fdlit.privacy import UploadPrivacy, decode, encode, encoded_bytes, membership_auc
+from fdlit.runs import read_jsonl
+from tests.test_composition import fit_loop, only_run, tiny, without_time
+
+DP = ("--privacy.noise_multiplier", "0.8", "--privacy.clip_norm", "2.0", "--privacy.delta", "1e-4")
+
+
+@pytest.mark.parametrize("encoding", ["full", "hard", "top_k", "quantised"])
+@pytest.mark.parametrize("num_classes", [10, 300])
+def test_encodings_count_exactly_what_is_sent_and_decode_to_distributions(encoding, num_classes):
+    n, k, bits = 37, 3, 5
+    logits = torch.randn(n, num_classes) * 3
+    messages = encode(logits, encoding, torch.float16, top_k=k, bits=bits)
+    ledger = CommunicationLedger()
+    for kind, t in messages.items():
+        ledger.send(1, 0, "up", kind, t)
+    assert ledger.total("up") == encoded_bytes(n, num_classes, encoding, 2, top_k=k, bits=bits)
+    assert ledger.total("up") == sum(t.numel() * t.element_size() for t in messages.values())
+    probs = decode(messages, encoding, num_classes, n, bits=bits).float().softmax(-1)
+    assert torch.allclose(probs.sum(-1), torch.ones(n), atol=1e-5)
+    truth = logits.softmax(-1)
+    assert torch.equal(probs.argmax(-1), truth.argmax(-1)) or encoding == "quantised"
+    if encoding == "hard":
+        assert torch.allclose(probs, torch.nn.functional.one_hot(truth.argmax(-1), num_classes).float(), atol=1e-9)
+    if encoding == "top_k":  # the k largest survive (to fp16), the rest shares what is left evenly
+        top = truth.topk(k, -1)
+        assert torch.allclose(probs.gather(-1, top.indices), top.values, atol=2e-3)
+    if encoding == "quantised":  # error <= half a level of the row maximum, before renormalising
+        levels = 2**bits - 1
+        q = decode(messages, encoding, num_classes, n, bits=bits).exp()
+        unnormalised = q * (torch.round(truth / truth.amax(-1, keepdim=True) * levels) / levels
+                            * truth.amax(-1, keepdim=True)).sum(-1, keepdim=True)
+        assert (unnormalised - truth).abs().max() <= truth.amax() / levels / 2 + 2e-3
+
+
+def test_the_mechanism_clips_rows_and_adds_noise_of_sigma_times_the_sensitivity():
+    n, c, sigma = 400, 10, 0.5
+    logits = torch.randn(n, c) * 10
+    sent = {}
+
+    def send(r, i, messages):
+        sent[i] = messages
+        return messages
+
+    quiet = UploadPrivacy(noise_multiplier=1e-9, clip_norm=c)
+    uploads, stats = quiet.upload(1, [{"logits": logits}], torch.float32, 0, c, 1.0, send)
+    assert uploads[0]["logits"].norm(dim=-1).max() <= c + 1e-4
+    assert stats["privacy/clipped_fraction"] == float((logits.norm(dim=-1) > c).float().mean())
+    loud = UploadPrivacy(noise_multiplier=sigma, clip_norm=1.0)
+    small = logits / logits.norm(dim=-1, keepdim=True) * 0.5  # inside the ball: only noise is added
+    uploads, stats = loud.upload(1, [{"logits": small}], torch.float32, 0, c, 1.0, send)
+    expected_std = sigma * 2 * 1.0 * math.sqrt(n)  # sigma x Delta, Delta = 2c sqrt(rows)
+    assert stats["privacy/noise_std_mean"] == pytest.approx(expected_std)
+    assert (uploads[0]["logits"] - small).std().item() == pytest.approx(expected_std, rel=0.05)
+    again, _ = UploadPrivacy(noise_multiplier=sigma, clip_norm=1.0).upload(1, [{"logits": small}], torch.float32, 0,
+                                                                          c, 1.0, send)
+    assert torch.equal(again[0]["logits"], uploads[0]["logits"])  # seeded per (seed, round, client)
+
+
+def test_epsilon_after_each_round_is_the_accountants_own(tmp_path):
+    loop = fit_loop(tiny("digits_avg.yaml", tmp_path, *DP))
+    reference = RDPAccountant()
+    for r, metrics in enumerate(loop.history, start=1):
+        reference.step(noise_multiplier=0.8, sample_rate=1.0)
+        assert metrics["privacy/epsilon"] == pytest.approx(reference.get_epsilon(1e-4), rel=1e-12)
+        orders = RDPAccountant.DEFAULT_ALPHAS
+        eps, _ = get_privacy_spent(orders=orders, rdp=compute_rdp(q=1.0, noise_multiplier=0.8, steps=r, orders=orders),
+                                   delta=1e-4)
+        assert metrics["privacy/epsilon"] == pytest.approx(eps, rel=1e-12)
+    assert loop.history[1]["privacy/epsilon"] > loop.history[0]["privacy/epsilon"] > 0
+
+
+def test_sigma_0_and_full_logits_reproduce_the_run_without_privacy(tmp_path):
+    plain = fit_loop(tiny("digits_avg.yaml", tmp_path / "plain"))
+    zero = fit_loop(tiny("digits_avg.yaml", tmp_path / "zero", "--privacy.noise_multiplier", "0",
+                         "--privacy.clip_norm", "0.01", "--privacy.encoding", "full"))
+    assert without_time(zero.history) == without_time(plain.history)
+    assert zero.ledger.rows() == plain.ledger.rows()
+    assert not any(k.startswith("privacy/") for k in zero.history[-1])
+
+
+def test_suwa_density_is_noised_in_the_same_release_and_the_audit_reports_auc(tmp_path):
+    loop = fit_loop(tiny("digits.yaml", tmp_path, *DP, "--privacy.audit", "true"))
+    n = 120
+    rows = [m for m in loop.ledger.messages if m.round == 1 and m.kind == "gmm_means"]
+    assert len(rows) == 4
+    k = rows[0].shape[0]  # the noise covers the logits and both density parts: N + 2K rows
+    assert loop.history[0]["privacy/noise_std_mean"] >= 0.8 * 2 * 2.0 * math.sqrt(n + 2 * 1) - 1e-9
+    assert loop.history[0]["privacy/noise_std_mean"] <= 0.8 * 2 * 2.0 * math.sqrt(n + 2 * k) + 1e-9
+    assert "privacy/mia_auc" not in loop.history[0]
+    aucs = loop.history[-1]["clients/privacy/mia_auc"]
+    assert len(aucs) == 4 and all(0 <= a <= 1 for a in aucs)
+    assert loop.history[-1]["privacy/mia_auc"] == pytest.approx(sum(aucs) / 4)
+
+
+def test_membership_auc_is_the_mann_whitney_statistic():
+    assert membership_auc(torch.tensor([3.0, 4.0]), torch.tensor([1.0, 2.0])) == 1.0
+    assert membership_auc(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])) == 0.0
+    assert membership_auc(torch.tensor([1.0, 3.0]), torch.tensor([2.0, 3.0])) == pytest.approx((1 + 0.5) / 4)  # one win, one tie of four pairs
+
+
+def test_the_budget_stops_after_the_last_round_within_it_with_the_round_checkpointed(tmp_path, capsys):
+    one = RDPAccountant()
+    one.step(noise_multiplier=0.8, sample_rate=1.0)
+    budget = one.get_epsilon(1e-4) * 1.2  # round 1 fits, round 2 does not
+    argv = tiny("digits_avg.yaml", tmp_path, *DP, "--privacy.epsilon_budget", str(budget))
+    assert main(["fit", *argv]) == 0
+    run = only_run(tmp_path)
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["round"] for m in metrics] == [1] and metrics[0]["privacy/epsilon"] <= budget
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["loop"]["round"] == 1
+    err = capsys.readouterr().err
+    assert "fdlit: stopped: privacy budget reached: round 2 would raise epsilon" in err
+    assert len([line for line in err.splitlines() if "budget" in line]) == 1
+
+
+def test_hard_labels_with_uwa_scores_and_refused_with_uwa_density(tmp_path):
+    loop = fit_loop(tiny("digits.yaml", tmp_path / "a", "--privacy.encoding", "hard", "--aggregator.upload", "scores"))
+    kinds = {m.kind for m in loop.ledger.messages if m.direction == "up"}
+    assert kinds == {"labels", "log_likelihood"}
+    assert all(m.dtype == "uint8" and m.bytes == 120 for m in loop.ledger.messages if m.kind == "labels")
+    assert main(["fit", *tiny("digits.yaml", tmp_path / "b", "--privacy.encoding", "hard")]) == 2
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # Opacus's PRV logs log(0) at sample rate 1
+def test_the_prv_accountant_and_the_sample_rate_reach_opacus_unchanged():
+    from opacus.accountants import PRVAccountant
+
+    privacy = UploadPrivacy(noise_multiplier=1.3, clip_norm=1.0, accountant="prv")
+    reference = PRVAccountant()
+    for r, q in enumerate([1.0, 1.0, 0.5], start=1):
+        _, stats = privacy.upload(r, [{"logits": torch.randn(8, 3)}], torch.float32, 0, 3, q, lambda r, i, m: m)
+        reference.step(noise_multiplier=1.3, sample_rate=q)
+        assert stats["privacy/epsilon"] == pytest.approx(reference.get_epsilon(1e-5), rel=1e-9)
+    assert privacy.history == [(1.3, 1.0, 2), (1.3, 0.5, 1)]
+    restored = UploadPrivacy(noise_multiplier=1.3, clip_norm=1.0, accountant="prv")
+    restored.load_state_dict(privacy.state_dict())
+    assert restored.epsilon() == privacy.epsilon()
