@@ -150,3 +150,18 @@ def test_the_prv_accountant_and_the_sample_rate_reach_opacus_unchanged():
     restored = UploadPrivacy(noise_multiplier=1.3, clip_norm=1.0, accountant="prv")
     restored.load_state_dict(privacy.state_dict())
     assert restored.epsilon() == privacy.epsilon()
+
+
+def test_with_half_the_clients_sampled_the_accountant_gets_that_rate_and_only_arrived_clients_upload(tmp_path):
+    loop = fit_loop(tiny("digits_avg.yaml", tmp_path, *DP, "--federation.participation.fraction", "0.5"))
+    reference = RDPAccountant()
+    for metrics in loop.history:
+        reference.step(noise_multiplier=0.8, sample_rate=0.5)
+        assert metrics["privacy/sample_rate"] == 0.5
+        assert metrics["privacy/epsilon"] == pytest.approx(reference.get_epsilon(1e-4), rel=1e-12)
+        up = {m.client for m in loop.ledger.messages if m.round == metrics["round"] and m.direction == "up"}
+        assert up == set(metrics["participation/arrived"]) and len(up) < len(loop.clients)
+    full = RDPAccountant()
+    for _ in loop.history:
+        full.step(noise_multiplier=0.8, sample_rate=1.0)
+    assert loop.history[-1]["privacy/epsilon"] < full.get_epsilon(1e-4)  # amplification by sampling
