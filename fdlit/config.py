@@ -18,12 +18,13 @@ from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
+from fdlit.federation.server import ServerModel
 from fdlit.runs.checkpoint import CheckpointConfig
 from fdlit.runs.logger_config import LoggerConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")
-LOOP_OBJECTS = {"data", "model", "client", "aggregator", "seed"}
+LOOP_OBJECTS = {"data", "model", "client", "aggregator", "seed", "server"}
 
 
 def resolve_config_path(value: str) -> str:
@@ -59,6 +60,12 @@ def fit_parser() -> ArgumentParser:
         help="Aggregation rule (class_path/init_args), e.g. fdlit.aggregators.ProbabilityAveragingAggregator.",
     )
     parser.add_class_arguments(FederationLoop, "federation", skip=LOOP_OBJECTS, instantiate=False)
+    parser.add_class_arguments(ServerModel, "server", skip={"model"}, instantiate=False)
+    parser.add_subclass_arguments(
+        torch.nn.Module, "server.model", instantiate=False, required=False, default=None,
+        help="Server model (class_path/init_args), distilled from the aggregated teacher each round; "
+             "null (default): none. input_shape and num_classes come from the data.",
+    )
     parser.add_class_arguments(LoggerConfig, "logger")
     parser.add_class_arguments(CheckpointConfig, "checkpoint")
     return parser
