@@ -6,6 +6,7 @@ from fdlit.aggregators.entropy import EntropyWeightedAggregator
 from fdlit.aggregators.era import EntropyReductionAggregator
 from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
 from fdlit.aggregators.fedgo import FedGOAggregator
+from fdlit.aggregators.fedmd import FedMDAggregator, FedMDClient
 from fdlit.aggregators.kulsif import KuLSIF
 from fdlit.aggregators.lkd import LKDAggregator
 from fdlit.aggregators.meta_model import MetaModelAggregator
@@ -24,6 +25,8 @@ __all__ = [
     "LogitAveragingAggregator",
     "LogitVarianceAggregator",
     "FedGOAggregator",
+    "FedMDAggregator",
+    "FedMDClient",
     "KuLSIF",
     "LKDAggregator",
     "MetaModelAggregator",

@@ -314,8 +314,10 @@ class FederationLoop:
         for cb in self.callbacks:
             cb.on_fit_start(self)
         try:
-            if self.round == 0 and self.mode == "fd" and self.aggregator.has_setup:
-                self.method_setup()
+            if self.round == 0 and self.mode == "fd":
+                self.public_warmup()
+                if self.aggregator.has_setup:
+                    self.method_setup()
             for r in range(self.round + 1, self.rounds + 1):
                 self.run_round(r, clock=start)
         finally:
@@ -336,6 +338,16 @@ class FederationLoop:
             for kind, tensor in broadcast.items():
                 self.ledger.send(0, i, "down", kind, tensor)
         self.received = dict(broadcast)
+
+    def public_warmup(self) -> None:
+        """Before round 1, for methods that ask (``public_warmup_epochs`` > 0, e.g. FedMD's transfer
+        learning): every client trains on the labelled public set with the private loss. The
+        public set is known to every party, so nothing is sent."""
+        epochs = int(getattr(self.aggregator, "public_warmup_epochs", 0) or 0)
+        if epochs > 0:
+            losses = self.executor.train(self.clients, "private", [(self.public_x, self.public_y)] * len(self.clients),
+                                         epochs, self.optimization.batch_size)
+            self._check_finite(losses, 0, "public warm-up")
 
     def _send_up(self, r: int, client: int, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         # keys starting with "_" are in-process diagnostics, not messages
