@@ -5,12 +5,15 @@ from fdlit.aggregators.base import AggregationResult, Aggregator, weight_concent
 from fdlit.aggregators.entropy import EntropyWeightedAggregator
 from fdlit.aggregators.era import EntropyReductionAggregator
 from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
+from fdlit.aggregators.fedavg import FedAvg
 from fdlit.aggregators.fedgo import FedGOAggregator
 from fdlit.aggregators.fedmd import FedMDAggregator, FedMDClient
+from fdlit.aggregators.fedprox import FedProx
 from fdlit.aggregators.kulsif import KuLSIF
 from fdlit.aggregators.lkd import LKDAggregator
 from fdlit.aggregators.meta_model import MetaModelAggregator
 from fdlit.aggregators.oracle import OracleAggregator
+from fdlit.aggregators.scaffold import Scaffold
 from fdlit.aggregators.selective import SelectiveFDAggregator
 from fdlit.aggregators.variance import LogitVarianceAggregator
 from fdlit.aggregators.density import DiagonalGaussianMixture, mixture_log_likelihood
@@ -24,13 +27,16 @@ __all__ = [
     "EntropyWeightedAggregator",
     "LogitAveragingAggregator",
     "LogitVarianceAggregator",
+    "FedAvg",
     "FedGOAggregator",
     "FedMDAggregator",
     "FedMDClient",
+    "FedProx",
     "KuLSIF",
     "LKDAggregator",
     "MetaModelAggregator",
     "OracleAggregator",
+    "Scaffold",
     "SelectiveFDAggregator",
     "ProbabilityAveragingAggregator",
     "SmoothedUncertaintyWeightedAggregator",

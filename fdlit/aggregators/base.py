@@ -14,6 +14,13 @@ The loop sends every returned tensor through the communication ledger exactly on
 messages as round 0); keys starting with ``_`` are in-process diagnostics, never sent or counted.
 Server state made in ``server_setup`` is saved with ``state_dict`` and restored on resume, so the
 set-up never runs (or is counted) twice.
+
+A method declares what it exchanges (``exchange``): ``"predictions"`` (federated distillation: public
+logits up, a teacher down, then the public phase) or ``"parameters"`` (FedAvg and its relatives:
+``client_upload`` sends the client's parameters, ``aggregate`` returns the global model in
+``AggregationResult.broadcast``, ``client_receive`` loads it into every client; no public phase).
+A method that does something on the server after averaging ("FedAvg, then server distillation")
+overrides ``aggregate``, calls the averaging and replaces or adds to the broadcast.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class FederationInfo:
     num_clients: int
     num_classes: int
     public_x: torch.Tensor
+    private_epochs: int = 0  # epochs of this round's private phase (SCAFFOLD counts its local steps)
 
     def client_seed(self, client_id: int) -> int:
         """A seed of the client's own, for seeded client-side work (fdlit's convention)."""
@@ -75,13 +83,16 @@ class ServerContext:
 
 @dataclass
 class AggregationResult:
-    """Teacher P (N x C probabilities); per-client weights W (M x N, columns sum to 1) where the rule
-    has them; a keep-mask over public samples (N, bool) where the rule drops samples; rule stats."""
+    """Teacher P (N x C probabilities; None for parameter exchange); per-client weights W (M x N,
+    columns sum to 1) where the rule has them; a keep-mask over public samples (N, bool) where the
+    rule drops samples; rule stats; ``broadcast``: what a parameter-exchange method sends down to
+    every client (e.g. the global parameters), handed to ``client_receive``."""
 
-    teacher: torch.Tensor
+    teacher: Optional[torch.Tensor]
     weights: Optional[torch.Tensor] = None
     keep: Optional[torch.Tensor] = None
     stats: dict[str, float] = field(default_factory=dict)
+    broadcast: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Aggregator:
@@ -94,6 +105,11 @@ class Aggregator:
     """
 
     short_name = "rule"
+    exchange = "predictions"  # or "parameters" (see the module docstring)
+
+    def check_config(self, model: Any, client: Any) -> None:
+        """Refuse, with a ConfigError, a model spec or client optimization the method cannot run
+        with; called before any work (e.g. parameter exchange refuses heterogeneous models)."""
 
     # ------------------------------------------------------------------ client part
     def client_setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
@@ -104,6 +120,15 @@ class Aggregator:
         """Every round, on the client after its private phase and public inference: what it
         sends up besides its public logits."""
         return {}
+
+    def client_receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """On the client, after the server's broadcast (``ctx.received``) at set-up and, for
+        parameter exchange, every round: e.g. load the global parameters. Returns nothing to send."""
+        return {}
+
+    @property
+    def has_receive(self) -> bool:
+        return type(self).client_receive is not Aggregator.client_receive
 
     # ------------------------------------------------------------------ server part
     def server_setup(self, uploads: Uploads, ctx: ServerContext) -> dict[str, torch.Tensor]:

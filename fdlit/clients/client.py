@@ -13,6 +13,9 @@ from fdlit.errors import ConfigError, check_at_least, check_number
 
 Phase = Literal["private", "public"]
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+# method_state entries the private loss reads (parameter-exchange methods; flat over model.parameters()):
+# "prox_center" + "prox_mu": (mu/2)||w - center||^2 (FedProx); "linear_term" g: <w, g> (SCAFFOLD's correction)
+LOSS_STATE_KEYS = ("prox_center", "prox_mu", "linear_term")
 
 
 class ClientOptimization:
@@ -126,8 +129,28 @@ class ClientModule(L.LightningModule):
 
     def private_loss(self, logits: torch.Tensor, labels: torch.Tensor,
                      weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The private step's loss: CE against integer labels (``weight``: see :func:`cross_entropy`)."""
-        return cross_entropy(logits, labels, weight)
+        """The private step's loss: CE against integer labels (``weight``: see :func:`cross_entropy`),
+        plus the terms a parameter-exchange method put in ``method_state`` (:meth:`parameter_terms`)."""
+        loss = cross_entropy(logits, labels, weight)
+        if any(k in self.method_state for k in LOSS_STATE_KEYS):
+            loss = loss + self.parameter_terms()
+        return loss
+
+    def parameter_terms(self) -> torch.Tensor:
+        """(mu/2)||w - center||^2 + <w, g> over the model's parameters, from ``method_state``.
+        The parameters are read from the module, so under the vectorized executor's
+        ``functional_call`` they are each client's own slice of the stack."""
+        state = self.method_state
+        center, mu, g = state.get("prox_center"), state.get("prox_mu"), state.get("linear_term")
+        total, offset = 0.0, 0
+        for p in self.model.parameters():
+            n = p.numel()
+            if center is not None:
+                total = total + 0.5 * mu * (p - center[offset : offset + n].view_as(p)).pow(2).sum()
+            if g is not None:
+                total = total + (p * g[offset : offset + n].view_as(p)).sum()
+            offset += n
+        return total
 
     def public_loss(self, logits: torch.Tensor, teacher: torch.Tensor,
                     weight: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -50,6 +50,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fdlit.clients import ClientModule
+from fdlit.clients.client import LOSS_STATE_KEYS
 from fdlit.data.augment import WithInput
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
@@ -230,6 +231,9 @@ class VectorizedExecutor(ClientExecutor):
         inputs = [split_input(c.model)[0] for c in clients]
         buffer_names = [n for n in stack.buffers if n.startswith(prefix)]  # BatchNorm's, not the input's
         step_fn = self._step_function(clients[0], phase, net, stack.names)
+        # method state the loss reads (e.g. SCAFFOLD's per-client correction): stacked like the parameters
+        keys = [k for k in LOSS_STATE_KEYS if all(k in c.method_state for c in clients)]
+        loss_state = {k: torch.stack([c.method_state[k] for c in clients]).to(device) for k in keys}
         total = torch.zeros(m, device=device)
         for s, substeps in enumerate(_substeps(counts, lengths, bool(buffer_names), index.shape[2])):
             for rows, width in substeps:
@@ -237,11 +241,13 @@ class VectorizedExecutor(ClientExecutor):
                 if rows is None:
                     params, idx, w = stack.params, index[s], weight[s]
                     bufs = {n: stack.buffers[n] for n in buffer_names}
+                    state = loss_state
                 else:
                     dev_rows = rows.to(device)
                     params = [p.index_select(0, dev_rows) for p in stack.params]
                     bufs = {n: stack.buffers[n].index_select(0, dev_rows) for n in buffer_names}
                     idx, w = index[s].index_select(0, dev_rows), weight[s].index_select(0, dev_rows)
+                    state = {k: v.index_select(0, dev_rows) for k, v in loss_state.items()}
                 idx, w = idx[:, :width], w[:, :width]
                 # the input modules run in the precision context the sequential executor runs them
                 # in (64-true makes float64 the default dtype, which changes how many random bits
@@ -253,7 +259,7 @@ class VectorizedExecutor(ClientExecutor):
                         x = _client_inputs([inputs[j] for j in members], x_all, idx,
                                            [int(lengths[s, j]) for j in members])
                     with _batch_norm_in_float32(net, self.fabric.device.type):
-                        g, (loss, new_bufs) = _at_least_two(step_fn, params, bufs, x, t_all[idx], w)
+                        g, (loss, new_bufs) = _at_least_two(step_fn, params, bufs, x, t_all[idx], w, state)
                 opt.step(params, [gk.to(dtype) for gk in g], rows)
                 if rows is None:
                     total += loss.detach()
@@ -282,12 +288,12 @@ class VectorizedExecutor(ClientExecutor):
         names = ["client.model." + n for n in names]
         tied = _has_tied_tensors(net)
 
-        def client_loss(params, buffers, x, t, w):
+        def client_loss(params, buffers, x, t, w, state):
             # gradients come out per parameter as M x shape, the stack's own layout (no copy into
             # one flat vector: that concatenation was 13 % of a step);
             # BatchNorm updates its (per-client, stacked) running statistics in place
-            state = {**dict(zip(names, params)), **{"client.model." + n: b for n, b in buffers.items()}}
-            return functional_call(step, state, (x, t, w), tie_weights=tied), buffers
+            named = {**dict(zip(names, params)), **{"client.model." + n: b for n, b in buffers.items()}}
+            return functional_call(step, named, (x, t, w, state), tie_weights=tied), buffers
 
         fn = vmap(grad_and_value(client_loss, has_aux=True), randomness="different")
         if self.compile_backend is not None:
@@ -485,7 +491,7 @@ def _at_least_two(fn, params, buffers, *per_client, shared_last: bool = False):
         return fn(params, buffers, *per_client)
 
     def two(t):
-        return torch.cat([t, t])
+        return {k: two(v) for k, v in t.items()} if isinstance(t, dict) else torch.cat([t, t])
 
     args = [a if shared_last and i == len(per_client) - 1 else two(a) for i, a in enumerate(per_client)]
     doubled = {n: two(p) for n, p in params.items()} if isinstance(params, dict) else [two(p) for p in params]
@@ -544,7 +550,14 @@ class _TrainingStep(torch.nn.Module):
         self.client = client
         object.__setattr__(self, "net", net)  # a part of client.model, not a second registration
 
-    def forward(self, x, t, w):
-        return self.client.phase_loss(self.net(x), t, w)
+    def forward(self, x, t, w, state=None):
+        if not state:
+            return self.client.phase_loss(self.net(x), t, w)
+        own = self.client.method_state
+        self.client.method_state = {**own, **state}  # this client's slice, for the loss to read
+        try:
+            return self.client.phase_loss(self.net(x), t, w)
+        finally:
+            self.client.method_state = own
 
 

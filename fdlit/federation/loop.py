@@ -231,6 +231,7 @@ class FederationLoop:
 
             aggregator = SmoothedUncertaintyWeightedAggregator()
         self.aggregator = aggregator
+        self.aggregator.check_config(self.model_spec, self.optimization)  # before any work
         self.seed = seed
         # fdlit.federation.server.ServerModel, or None; trained in _communicate_and_distil (fd mode)
         self.server = server if server is not None and server.enabled else None
@@ -302,7 +303,8 @@ class FederationLoop:
         return r == 1 or r % self.eval_every_n_rounds == 0 or r >= self.rounds
 
     def info(self, round: int) -> FederationInfo:
-        return FederationInfo(round, self.seed, len(self.clients), self.data.num_classes, self.public_x)
+        epochs = 0 if round == 0 else self.private_epochs_first if round == 1 else self.private_epochs
+        return FederationInfo(round, self.seed, len(self.clients), self.data.num_classes, self.public_x, epochs)
 
     def server_context(self, round: int) -> ServerContext:
         return ServerContext(self.info(round), self.public_y, tuple(tuple(cd.classes) for cd in self.client_data))
@@ -338,6 +340,9 @@ class FederationLoop:
             for kind, tensor in broadcast.items():
                 self.ledger.send(0, i, "down", kind, tensor)
         self.received = dict(broadcast)
+        if self.aggregator.has_receive:  # e.g. parameter exchange: every client starts from the server's model
+            self.executor.client_hook("client_receive", self.aggregator, info, self.clients, self.client_data,
+                                      self.received)
 
     def public_warmup(self) -> None:
         """Before round 1, for methods that ask (``public_warmup_epochs`` > 0, e.g. FedMD's transfer
@@ -409,6 +414,8 @@ class FederationLoop:
                                 rows: Optional[torch.Tensor] = None):
         """The rest of a round in FD mode: public inference, client statistics and upload (end of
         Stage 1); aggregation, broadcast, public phase and its evaluation (Stage 2)."""
+        if self.aggregator.exchange == "parameters":
+            return self._exchange_parameters(r, evaluated, rows)
         public_logits = self.executor.predict(self.clients, self.public_x)  # M x N x C
         self._check_finite(list(public_logits), r, "public inference")
         info = self.info(r)
@@ -447,6 +454,24 @@ class FederationLoop:
             self._check_finite(public_losses, r, "public")
         after_public = self.evaluate(rows) if evaluated else None
         return result, public_losses, after_public
+
+    def _exchange_parameters(self, r: int, evaluated: bool = True, rows: Optional[torch.Tensor] = None):
+        """The rest of a round for a parameter-exchange method: each client uploads what
+        ``client_upload`` returns (its parameters), the server aggregates, the broadcast goes down to
+        every client and ``client_receive`` loads it; no public phase. "After public" accuracies are
+        then those of the model every client holds after the exchange (the global model)."""
+        info = self.info(r)
+        raw = self.executor.client_hook("client_upload", self.aggregator, info, self.clients, self.client_data,
+                                        self.received)
+        uploads = [self._send_up(r, i, payload) for i, payload in enumerate(raw)]
+        result = self.aggregator.aggregate(uploads, self.server_context(r))
+        for i in range(len(self.clients)):
+            for kind, tensor in result.broadcast.items():
+                self.ledger.send(r, i, "down", kind, tensor)
+        self.executor.client_hook("client_receive", self.aggregator, info, self.clients, self.client_data,
+                                  result.broadcast)
+        after = self.evaluate(rows) if evaluated else None
+        return result, [math.nan] * len(self.clients), after
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -500,7 +525,7 @@ class FederationLoop:
 
     def _teacher_metrics(self, result) -> dict[str, float]:
         """Teacher quality against the public labels (diagnostic only; never used for training)."""
-        if result is None:  # baselines have no teacher
+        if result is None or result.teacher is None:  # baselines and parameter exchange have no teacher
             return {"teacher/kept_fraction": math.nan, "teacher/acc": math.nan, "teacher/nll": math.nan}
         p, y = result.teacher, self.public_y
         if result.keep is not None:
