@@ -122,6 +122,8 @@ CASES = [
      "server.optimizer", "adam"),
     ("fedmd-warmup-neg", fit("--aggregator", "fdlit.aggregators.FedMDAggregator", "--aggregator.warmup_epochs", "-1"),
      "aggregator.warmup_epochs", ">= 0"),
+    ("feddf-epochs-neg", fit("--aggregator", "fdlit.aggregators.FedDF", "--aggregator.epochs", "-1"),
+     "aggregator.epochs", ">= 0"),
     # seed, federation, config
     ("seed-neg", fit("--seed", "-1"), "seed", "[0, 4294967295]"),
     ("seed-huge", fit("--seed", "99999999999"), "seed", "[0, 4294967295]"),

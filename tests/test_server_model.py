@@ -138,3 +138,15 @@ def test_fedmd_warmup_trains_on_the_labelled_public_set_and_sends_nothing(tmp_pa
     # every client learnt the public set's labels, beyond its own few classes
     warm, cold = public_acc(loops[5]), public_acc(loops[0])
     assert sum(warm) / len(warm) > sum(cold) / len(cold) + 0.3, (warm, cold)
+
+
+def test_feddf_is_fedavg_plus_server_distillation(tmp_path):
+    args = ("--client.optimizer", "sgd", "--client.lr", "0.05")
+    fedavg = fit_loop(tiny("digits_fedavg.yaml", tmp_path / "avg", *args))
+    zero = fit_loop(tiny("digits_feddf.yaml", tmp_path / "zero", *args, "--aggregator.epochs", "0"))
+    feddf = fit_loop(tiny("digits_feddf.yaml", tmp_path / "df", *args, "--aggregator.epochs", "3"))
+    # no distillation: FedAvg exactly; with it: the same messages and bytes, other models
+    assert same(client_metrics(zero.history), client_metrics(fedavg.history))
+    assert ledger_rows(feddf) == ledger_rows(fedavg)
+    assert not same(client_metrics(feddf.history), client_metrics(fedavg.history))
+    assert all(math.isfinite(m["feddf/distill_loss"]) for m in feddf.history)

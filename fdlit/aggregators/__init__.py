@@ -6,6 +6,7 @@ from fdlit.aggregators.entropy import EntropyWeightedAggregator
 from fdlit.aggregators.era import EntropyReductionAggregator
 from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
 from fdlit.aggregators.fedavg import FedAvg
+from fdlit.aggregators.feddf import FedDF
 from fdlit.aggregators.fedgo import FedGOAggregator
 from fdlit.aggregators.fedmd import FedMDAggregator, FedMDClient
 from fdlit.aggregators.fedprox import FedProx
@@ -28,6 +29,7 @@ __all__ = [
     "LogitAveragingAggregator",
     "LogitVarianceAggregator",
     "FedAvg",
+    "FedDF",
     "FedGOAggregator",
     "FedMDAggregator",
     "FedMDClient",
