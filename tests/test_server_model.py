@@ -150,3 +150,23 @@ def test_feddf_is_fedavg_plus_server_distillation(tmp_path):
     assert ledger_rows(feddf) == ledger_rows(fedavg)
     assert not same(client_metrics(feddf.history), client_metrics(fedavg.history))
     assert all(math.isfinite(m["feddf/distill_loss"]) for m in feddf.history)
+
+
+def test_fedgo_as_published_weights_the_ensemble_by_discriminator_odds(tmp_path):
+    from fdlit.aggregators import FedGOParams
+
+    method = FedGOParams()
+    logits = torch.randn(3, 5, 4)
+    method.fedgo.set_discriminator_scores(torch.zeros(3, 5), torch.tensor([10, 10, 10]))
+    assert torch.allclose(method.ensemble(logits, None), logits.softmax(-1).mean(0), atol=1e-6)  # equal odds: AVG
+    odds = torch.full((3, 5), -30.0)
+    odds[1] = 0.0  # only client 1's discriminator claims the samples
+    method.fedgo.set_discriminator_scores(odds, torch.tensor([10, 10, 10]))
+    assert torch.allclose(method.ensemble(logits, None), logits[1].softmax(-1), atol=1e-5)
+
+    args = ("--client.optimizer", "sgd", "--client.lr", "0.05", "--aggregator.discriminator_epochs", "2")
+    loop = fit_loop(tiny("digits_fedgo_fedavg.yaml", tmp_path, *args))
+    fedavg = fit_loop(tiny("digits_fedavg.yaml", tmp_path / "avg", *args[:4]))
+    extra = [r for r in ledger_rows(loop) if r not in ledger_rows(fedavg)]
+    # FedAvg's messages plus each client's N discriminator log-odds at set-up
+    assert [(r, d, k, s) for r, _, d, k, s, _ in extra] == [(0, "up", "discriminator_log_odds", (120,))] * 4

@@ -8,6 +8,7 @@ from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
 from fdlit.aggregators.fedavg import FedAvg
 from fdlit.aggregators.feddf import FedDF
 from fdlit.aggregators.fedgo import FedGOAggregator
+from fdlit.aggregators.fedgo_fedavg import FedGOParams
 from fdlit.aggregators.fedmd import FedMDAggregator, FedMDClient
 from fdlit.aggregators.fedprox import FedProx
 from fdlit.aggregators.kulsif import KuLSIF
@@ -31,6 +32,7 @@ __all__ = [
     "FedAvg",
     "FedDF",
     "FedGOAggregator",
+    "FedGOParams",
     "FedMDAggregator",
     "FedMDClient",
     "FedProx",

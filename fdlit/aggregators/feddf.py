@@ -63,6 +63,10 @@ class FedDF(FedAvg):
             self.net = net.to(like.device)
         return self.net
 
+    def ensemble(self, logits: torch.Tensor, ctx: ServerContext) -> torch.Tensor:
+        """The distillation target from the M x N x C client logits: FedDF's mean-logit ensemble."""
+        return logits.mean(0).softmax(-1)
+
     def aggregate(self, uploads: Uploads, ctx: Optional[ServerContext] = None) -> AggregationResult:
         average = self.average(uploads)
         if ctx is None or self.epochs == 0:
@@ -76,7 +80,7 @@ class FedDF(FedAvg):
             for u in uploads:
                 load_flat(tensors, u["parameters"])
                 logits.append(net(x).float())
-            teacher = torch.stack(logits).mean(0).softmax(-1)
+            teacher = self.ensemble(torch.stack(logits), ctx)
         load_flat(tensors, average)
         optimizer = torch.optim.Adam(net.parameters(), lr=self.lr)
         generator = torch.Generator().manual_seed(ctx.info.seed * 1_000_003 + 0xFEDDF + ctx.info.round)
