@@ -20,12 +20,13 @@ from fdlit.federation import FederationLoop
 from fdlit.models import ClientNetwork
 from fdlit.models.text import BertClassifier  # noqa: F401 (lazy in fdlit.models; imported here so help lists it)
 from fdlit.privacy import UploadPrivacy
+from fdlit.federation.server import ServerModel
 from fdlit.runs.checkpoint import CheckpointConfig
 from fdlit.runs.logger_config import LoggerConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")
-LOOP_OBJECTS = {"data", "model", "client", "aggregator", "privacy", "seed"}
+LOOP_OBJECTS = {"data", "model", "client", "aggregator", "privacy", "seed", "server"}
 
 
 def resolve_config_path(value: str) -> str:
@@ -63,6 +64,12 @@ def fit_parser() -> ArgumentParser:
     )
     parser.add_class_arguments(FederationLoop, "federation", skip=LOOP_OBJECTS, instantiate=False)
     parser.add_class_arguments(UploadPrivacy, "privacy")
+    parser.add_class_arguments(ServerModel, "server", skip={"model"}, instantiate=False)
+    parser.add_subclass_arguments(
+        ClientNetwork, "server.model", instantiate=False, required=False, default=None,
+        help="Server model (class_path/init_args), distilled from the aggregated teacher each round; "
+             "null (default): none. input_shape and num_classes come from the data.",
+    )
     parser.add_class_arguments(LoggerConfig, "logger")
     parser.add_class_arguments(CheckpointConfig, "checkpoint")
     return parser
@@ -97,9 +104,11 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
     choice = re.match(r"argument command: invalid choice: (\S+)", text)
     if choice:
         return ConfigError("command", f"allowed: fit, sweep, report; got {choice.group(1)}")
-    network = re.search(r"Import path (\S+) does not correspond to a subclass of ClientNetwork", text)
-    if network:
-        return ConfigError("model", f"{network.group(1)} is not a network fdlit can build: it needs a torch.nn.Module "
+    if "subclass of ClientNetwork" in text:  # model or server.model named a class fdlit cannot build
+        field = "server.model" if re.search(r'^\W*(Parser key ")?server\.model\b', text) else "model"
+        named = re.search(r"Import path (\S+) does not|but (\S+) either not accessible", text)
+        what = next((g for g in named.groups() if g), "the class") if named else "the class"
+        return ConfigError(field, f"{what} is not a network fdlit can build: it needs a torch.nn.Module "
                            "subclass whose constructor takes input_shape and num_classes (`fdlit fit --help` lists "
                            "fdlit's)")
     keys = re.findall(r'Parser key "([^"]+)":', text)  # nested for class_path arguments: model, then hidden

@@ -7,7 +7,10 @@ from fdlit.aggregators.era import EntropyReductionAggregator
 from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
 from fdlit.aggregators.f2l import F2LAggregator
 from fdlit.aggregators.fedavg import FedAvg
+from fdlit.aggregators.feddf import FedDF
 from fdlit.aggregators.fedgo import FedGOAggregator
+from fdlit.aggregators.fedgo_fedavg import FedGOParams
+from fdlit.aggregators.fedmd import FedMDAggregator, FedMDClient
 from fdlit.aggregators.fedprox import FedProx
 from fdlit.aggregators.kulsif import KuLSIF
 from fdlit.aggregators.lkd import LKDAggregator
@@ -29,7 +32,11 @@ __all__ = [
     "LogitAveragingAggregator",
     "LogitVarianceAggregator",
     "FedAvg",
+    "FedDF",
     "FedGOAggregator",
+    "FedGOParams",
+    "FedMDAggregator",
+    "FedMDClient",
     "FedProx",
     "KuLSIF",
     "LKDAggregator",

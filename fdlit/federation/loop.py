@@ -65,7 +65,7 @@ class NumericalFault(RuntimeError):
 
 
 def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int,
-                client_id: int = 0, num_clients: int = 1) -> torch.nn.Module:
+                client_id: int = 0, num_clients: int = 1, field: str = "model") -> torch.nn.Module:
     """Instantiate a client network from ``{"class_path": ..., "init_args": {...}}`` or a callable.
 
     ``input_shape`` and ``num_classes`` come from the data unless the config sets them. A
@@ -78,7 +78,7 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int,
     try:
         cls = getattr(importlib.import_module(module_name), cls_name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError("model.class_path", f"cannot import {class_path!r} ({exc})") from None
+        raise ConfigError(f"{field}.class_path", f"cannot import {class_path!r} ({exc})") from None
     kwargs = dict(spec.get("init_args") or {})
     from fdlit.models.hetero import PerClient
 
@@ -192,6 +192,7 @@ class FederationLoop:
         aggregator: Optional[Aggregator] = None,
         privacy: Optional[UploadPrivacy] = None,
         seed: int = 0,
+        server: Optional[Any] = None,
     ):
         check_at_least("federation.rounds", rounds, 1)
         for name, value in (("private_epochs_first", private_epochs_first), ("private_epochs", private_epochs),
@@ -245,6 +246,8 @@ class FederationLoop:
         # reference baseline is one pooled model, so nobody is sampled there
         full = participation is None or participation.is_full or mode == "reference"
         self.participation = None if full else participation
+        # fdlit.federation.server.ServerModel, or None; trained in _communicate_and_distil (fd mode)
+        self.server = server if server is not None and server.enabled else None
         self.round = 0  # last completed round; 0 before round 1 (the method's set-up is "round 0")
         self.history: list[dict[str, Any]] = []
         self.ledger = CommunicationLedger()
@@ -293,6 +296,9 @@ class FederationLoop:
             self.executor = select_executor(self.clients, self.precision, sample=self.public_x[:1])
         self.executor.configure(self.compile_backend)
         self.executor.setup(self.fabric, self.clients)
+        if self.server is not None and self.mode == "fd":  # on the driver, whatever the executor
+            self.server.setup(self.data.input_shape, self.data.num_classes, self.seed, device,
+                              getattr(self.data, "input_transform", None))
         self.is_setup = True
 
     def _client_network(self, client_id: int) -> torch.nn.Module:
@@ -352,8 +358,10 @@ class FederationLoop:
         for cb in self.callbacks:
             cb.on_fit_start(self)
         try:
-            if self.round == 0 and self.mode == "fd" and self.aggregator.has_setup:
-                self.method_setup()
+            if self.round == 0 and self.mode == "fd":
+                self.public_warmup()
+                if self.aggregator.has_setup:
+                    self.method_setup()
             for r in range(self.round + 1, self.rounds + 1):
                 if self.mode == "fd" and (reason := self.privacy.over_budget(r, self.sample_rate)):
                     self.stop_reason = reason  # the last round is complete and checkpointed
@@ -380,6 +388,16 @@ class FederationLoop:
         if self.aggregator.has_receive:  # e.g. parameter exchange: every client starts from the server's model
             self.executor.client_hook("client_receive", self.aggregator, info, self.clients, self.client_data,
                                       self.received)
+
+    def public_warmup(self) -> None:
+        """Before round 1, for methods that ask (``public_warmup_epochs`` > 0, e.g. FedMD's transfer
+        learning): every client trains on the labelled public set with the private loss. The
+        public set is known to every party, so nothing is sent."""
+        epochs = int(getattr(self.aggregator, "public_warmup_epochs", 0) or 0)
+        if epochs > 0:
+            losses = self.executor.train(self.clients, "private", [(self.public_x, self.public_y)] * len(self.clients),
+                                         epochs, self.optimization.batch_size)
+            self._check_finite(losses, 0, "public warm-up")
 
     def _send_up(self, r: int, client: int, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         # keys starting with "_" are in-process diagnostics, not messages
@@ -490,12 +508,20 @@ class FederationLoop:
         result.stats.update(privacy_stats)
         keep = result.keep
         teacher = result.teacher if keep is None else result.teacher[keep]
+        public_x = info.public_x if keep is None else info.public_x[keep]
+        kind = "teacher"
+        if self.server is not None:  # server-side distillation from this teacher (fdlit.federation.server)
+            test = None if not evaluated else (self.test_x, self.test_y) if rows is None else (
+                self.test_x[rows], self.test_y[rows])
+            server_teacher, server_metrics = self.server.round(first, public_x, teacher, test)
+            result.stats.update(server_metrics)
+            if server_teacher is not None:  # the method broadcasts the server model's predictions
+                teacher, kind = server_teacher, "server_teacher"
         teacher_sent, targets = encode_teacher(teacher, self.message_dtype)
         for i in ids:
-            self.ledger.send(r, i, "down", "teacher", teacher_sent)
+            self.ledger.send(r, i, "down", kind, teacher_sent)
             if keep is not None:
                 self.ledger.send(r, i, "down", "keep_mask", keep)
-        public_x = info.public_x if keep is None else info.public_x[keep]
         public_losses = [math.nan] * len(clients)
         if len(public_x):
             public_losses = self.executor.train(
@@ -549,6 +575,7 @@ class FederationLoop:
             "ledger": self.ledger.state_dict(),
             "history": [dict(m) for m in self.history],
             "wall_time": float(self.wall_time),
+            "server": self.server.state_dict() if self.server is not None and self.mode == "fd" else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -564,6 +591,10 @@ class FederationLoop:
         self.history = [dict(m) for m in state["history"]]
         self.round = state["round"]
         self.wall_time = state["wall_time"]
+        if self.server is not None and self.mode == "fd":
+            if state.get("server") is None:
+                raise ValueError("the checkpoint holds no server model state, but the config has a server model")
+            self.server.load_state_dict(state["server"])
 
     # ------------------------------------------------------------------ measurement
     def evaluate(self, rows: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
@@ -604,6 +635,16 @@ class FederationLoop:
             out["weights/chi"] = float(weight_concentration(result.weights))
             out["weights/entropy"] = float(weight_entropy(result.weights))
         return out
+
+    @staticmethod
+    def _server_summary(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
+        """Best and final server-model accuracy (only runs with a server model log ``server/acc``)."""
+        rows = [m for m in evaluated if not math.isnan(m.get("server/acc", math.nan))]
+        if not rows:
+            return {}
+        best = max(rows, key=lambda m: m["server/acc"])
+        return {"server_best_acc": best["server/acc"], "server_best_round": best["round"],
+                "server_final_acc": rows[-1]["server/acc"], "server_final_nll": rows[-1]["server/nll"]}
 
     def _check_finite(self, values, r: int, phase: str, ids: Optional[list[int]] = None) -> None:
         for i, v in enumerate(values):
@@ -653,6 +694,7 @@ class FederationLoop:
             "final_local_acc_mean_after_private": last["after_private/local_acc_mean"],
             "final_local_acc_mean_after_public": last["after_public/local_acc_mean"],
             "final_teacher_acc": self.history[-1]["teacher/acc"],
+            **self._server_summary(evaluated),
             "bytes_up_total": self.ledger.total("up"),
             "bytes_down_total": self.ledger.total("down"),
             "wall_time_s": self.wall_time,
@@ -682,6 +724,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  final mean local accuracy : {summary['final_local_acc_mean_after_private']:.4f} after private phase, "
         f"{summary['final_local_acc_mean_after_public']:.4f} after public phase",
         f"  final teacher accuracy    : {summary['final_teacher_acc']:.4f} (public labels, diagnostic)",
+        *([f"  server model accuracy     : {summary['server_final_acc']:.4f} final, {summary['server_best_acc']:.4f} "
+           f"best (round {summary['server_best_round']})"] if "server_final_acc" in summary else []),
         f"  bytes up / down           : {summary['bytes_up_total'] / mb:.2f} MiB / {summary['bytes_down_total'] / mb:.2f} MiB",
         f"  run directory             : {summary['run_dir']}",
     ])

@@ -72,6 +72,8 @@ def config_fingerprint(config: dict[str, Any]) -> str:
     cfg.pop("logger", None)
     cfg.pop("checkpoint", None)
     cfg.pop("config", None)
+    if isinstance(cfg.get("server"), dict) and cfg["server"].get("model") is None:
+        cfg.pop("server")  # no server model: the same fingerprint as a config without the section
     if isinstance(cfg.get("federation"), dict):
         cfg["federation"].pop("rounds", None)
     if cfg.get("privacy") == default_config():  # runs saved before the privacy section existed still resume
@@ -207,6 +209,7 @@ def checkpoint_state(loop: "FederationLoop", config: dict[str, Any], wandb_run_i
     state["clients"] = pack_client_states(state["clients"])
     state["method"] = _detached(state["method"])
     state["received"] = _detached(state["received"])
+    state["server"] = _detached(state.get("server"))
     return {
         "format": FORMAT,
         "version": VERSION,

@@ -16,6 +16,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from fdlit.config import fit_parser, parse_fit
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
+from fdlit.federation.server import ServerModel
 from fdlit.runs.checkpoint import (
     CheckpointConfig, CheckpointError, Checkpointer, check_config, check_resumable, load_checkpoint,
     restore_checkpoint, resume_hint,
@@ -57,9 +58,11 @@ class Experiment:
         self.config_yaml = parser.dump(cfg, skip_unset=False)  # keep null keys: the saved config is complete
         self.logger: LoggerConfig = init.logger
         self.checkpoint: CheckpointConfig = init.checkpoint
+        server_spec = cfg.server.model.as_dict() if cfg.server.model is not None else None
+        server = ServerModel(**{k: v for k, v in vars(init.server).items() if k != "model"}, model=server_spec)
         self.loop = FederationLoop(**vars(init.federation), data=init.data, model=cfg.model.as_dict(),
                                    client=init.client, aggregator=init.aggregator, privacy=init.privacy,
-                                   seed=cfg.seed)
+                                   seed=cfg.seed, server=server)
         self.resume_from = Path(resume_from) if resume_from is not None else None
         if self.resume_from is None:  # a folder to create the run in, checked before any work
             check_run_parent("logger.run_dir", self.logger.run_dir)
