@@ -1,6 +1,7 @@
 """The who-to-trust heatmap's share of a round's time with W&B on, at many clients.
 
     PYTHONPATH=. python benchmarks/trust_heatmap.py [--clients 470] [--rounds 2] [--every 5] [FIT FLAGS ...]
+    (at 470 clients digits leaves room for --data.public_size 20 at most)
 
 Runs the shipped digits config (the same path as ``fdlit fit``; W&B disabled, so the run's own
 rounds are not slowed) with a callback that keeps each round's metrics and time. Then builds the W&B
