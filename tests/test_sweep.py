@@ -179,7 +179,7 @@ def test_a_stopped_sweep_run_again_resumes_the_unfinished_run_in_its_own_folder(
     out = capsys.readouterr().out
     assert "2 combinations, 0 finished, 2 to run (1 resumed in their own folder)" in out
     assert f"(resuming {partial})" in out
-    dirs = sorted(d for d in (tmp_path / "runs").iterdir() if d.is_dir())
+    dirs = sorted(p for p in (tmp_path / "runs").iterdir() if p.is_dir())  # sweep-<name>.json beside them
     assert len(dirs) == 2 and partial in dirs  # no second folder for the stopped combination
     assert finished_dirs(tmp_path / "runs") == dirs
     assert [r["round"] for r in read_jsonl(partial / "metrics.jsonl")] == [1, 2]

@@ -23,6 +23,7 @@ def test_offline_run_saves_config_and_prints_sync_hint(fast_args, tmp_path, caps
     captured = capsys.readouterr()
     out = captured.out
     assert "wandb sync" in out
+    assert out.index("fdlit summary") > out.rindex("wandb sync")  # the summary comes last, after W&B's lines
     assert ("ignoring WANDB_MODE=''" in captured.err) == (env_mode == "")
     assert "W&B unavailable" not in captured.err
     (run_dir,) = list((tmp_path / "runs").iterdir())

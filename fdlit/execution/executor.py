@@ -7,7 +7,7 @@ executors with ``client_state`` / ``load_client_state``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
@@ -24,6 +24,13 @@ class ClientExecutor:
     """Interface: set clients up on the device, train them for a phase, predict with them."""
 
     compile_backend: Optional[str] = None  # federation.compile: a torch.compile backend, or None
+    # set by the loop: progress(phase, clients done (may be fractional), clients in the phase)
+    progress: Optional[Callable[[str, float, int], None]] = None
+
+    def report(self, phase: str, done: float, total: int) -> None:
+        """Tell the loop how far a ``train`` call is (a progress bar advances as clients finish)."""
+        if self.progress is not None:
+            self.progress(phase, done, total)
 
     def configure(self, compile_backend: Optional[str] = None) -> None:
         """Options the loop passes before ``setup``: ``compile_backend`` compiles the training
@@ -107,6 +114,7 @@ class SequentialExecutor(ClientExecutor):
         losses = []
         for client, (x, t) in zip(clients, datasets):
             losses.append(self._train_one(client, phase, x, t, epochs, batch_size))
+            self.report(phase, len(losses), len(clients))
         return losses
 
     def _train_one(self, client: ClientModule, phase: str, x, t, epochs: int, batch_size: int) -> float:

@@ -432,9 +432,15 @@ class RayExecutor(ClientExecutor):
             for a, idx in groups.items()
         ]
         losses = [math.nan] * len(clients)
-        for idx, got in zip(groups.values(), ray.get(calls)):
-            for j, loss in zip(idx, got):
-                losses[j] = loss
+        members = dict(zip(calls, groups.values()))
+        pending, done = list(calls), 0
+        while pending:  # as each actor finishes its clients: the progress bar advances per actor
+            ready, pending = ray.wait(pending, num_returns=1)
+            for idx, got in ((members[c], ray.get(c)) for c in ready):
+                for j, loss in zip(idx, got):
+                    losses[j] = loss
+                done += len(idx)
+            self.report(phase, done, len(clients))
         return losses
 
     def predict(self, clients, x):

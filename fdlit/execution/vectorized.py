@@ -194,22 +194,27 @@ class VectorizedExecutor(ClientExecutor):
     def train(self, clients, phase, datasets, epochs, batch_size):
         losses = [float("nan")] * len(clients)
         groups, rest = self._groups(clients)
+        self._done = 0  # clients finished in this phase, for the progress bar (per chunk, per epoch inside)
         for group in groups:
             # every chunk pads its batches to the group's width: a batch padded to another width
             # sums its (zero) padding in another order, which changes the last float bits
             width = max(1, min(batch_size, max(len(datasets[i][0]) for i in group)))
             for members in self._chunks(clients, group, datasets[group[0]][0][:batch_size]):
                 out = self._train_group([clients[i] for i in members], phase, [datasets[i] for i in members],
-                                        epochs, batch_size, width)
+                                        epochs, batch_size, width, progress=(len(clients), epochs))
                 for i, loss in zip(members, out):
                     losses[i] = loss
+                self._done += len(members)
+                self.report(phase, self._done, len(clients))
         if rest:
             out = self.fallback.train([clients[i] for i in rest], phase, [datasets[i] for i in rest], epochs, batch_size)
             for i, loss in zip(rest, out):
                 losses[i] = loss
+            self.report(phase, len(clients), len(clients))
         return losses
 
-    def _train_group(self, clients, phase, datasets, epochs, batch_size, width=None) -> list[float]:
+    def _train_group(self, clients, phase, datasets, epochs, batch_size, width=None,
+                     progress: Optional[tuple[int, int]] = None) -> list[float]:
         m = len(clients)
         for c in clients:
             c.set_phase(phase)
@@ -240,7 +245,10 @@ class VectorizedExecutor(ClientExecutor):
         keys = [k for k in LOSS_STATE_KEYS if all(k in c.method_state for c in clients)]
         loss_state = {k: torch.stack([c.method_state[k] for c in clients]).to(device) for k in keys}
         total = torch.zeros(m, device=device)
+        every = max(1, steps // max(epochs, 1))  # (clients, epochs): report about once per epoch
         for s, substeps in enumerate(_substeps(counts, lengths, bool(buffer_names), index.shape[2])):
+            if progress is not None and s and s % every == 0:  # the chunk's clients, part-way
+                self.report(phase, self._done + m * s / steps, progress[0])
             for rows, width in substeps:
                 members = range(m) if rows is None else rows.tolist()
                 if rows is None:

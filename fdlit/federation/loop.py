@@ -253,6 +253,7 @@ class FederationLoop:
         self.ledger = CommunicationLedger()
         self.received: dict[str, torch.Tensor] = {}  # what the server broadcast at set-up
         self.wall_time = 0.0
+        self._setup_started: Optional[float] = None
         self.is_setup = False
 
     # ------------------------------------------------------------------ set-up
@@ -260,6 +261,7 @@ class FederationLoop:
         """Everything that can fail on bad input happens here, before any training."""
         if self.is_setup:
             return
+        self._setup_started = time.perf_counter()  # the run's wall time includes data and executor start-up
         import lightning as L
         from lightning.fabric import Fabric
 
@@ -299,6 +301,7 @@ class FederationLoop:
         if self.server is not None and self.mode == "fd":  # on the driver, whatever the executor
             self.server.setup(self.data.input_shape, self.data.num_classes, self.seed, device,
                               getattr(self.data, "input_transform", None))
+        self.executor.progress = self._clients_progress
         self.is_setup = True
 
     def _client_network(self, client_id: int) -> torch.nn.Module:
@@ -354,7 +357,8 @@ class FederationLoop:
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
         self.setup()
-        start = time.perf_counter() - self.wall_time  # a resumed run continues its wall time
+        started, self._setup_started = self._setup_started or time.perf_counter(), None
+        start = started - self.wall_time  # a resumed run continues its wall time
         for cb in self.callbacks:
             cb.on_fit_start(self)
         try:
@@ -369,10 +373,15 @@ class FederationLoop:
                 self.run_round(r, clock=start)
         finally:
             self.executor.teardown(self.clients)  # remote executors: final state back into self.clients
+        self.wall_time = time.perf_counter() - start
         summary = self.summary()
         for cb in self.callbacks:
             cb.on_fit_end(self, summary)
         return summary
+
+    def _clients_progress(self, phase: str, done: float, total: int) -> None:
+        for cb in self.callbacks:
+            cb.on_clients_progress(self, phase, done, total)
 
     def method_setup(self) -> None:
         """Round 0: the method's one-off client work where the clients live, the server's set-up,
