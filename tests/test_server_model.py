@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from fdlit.aggregators.fedmd import FedMDClient
+from fdlit.aggregators.fedmd_client import FedMDClient
 from fdlit.clients import ClientOptimization
 from fdlit.config import parse_fit
 from fdlit.models import MLP

@@ -10,7 +10,7 @@ from fdlit.aggregators.fedavg import FedAvg
 from fdlit.aggregators.feddf import FedDF
 from fdlit.aggregators.fedgo import FedGOAggregator
 from fdlit.aggregators.fedgo_fedavg import FedGOParams
-from fdlit.aggregators.fedmd import FedMDAggregator, FedMDClient
+from fdlit.aggregators.fedmd import FedMDAggregator
 from fdlit.aggregators.fedprox import FedProx
 from fdlit.aggregators.kulsif import KuLSIF
 from fdlit.aggregators.lkd import LKDAggregator
@@ -51,3 +51,12 @@ __all__ = [
     "weight_concentration",
     "weight_entropy",
 ]
+
+
+def __getattr__(name):
+    # FedMDClient is a LightningModule: import Lightning only when it is asked for
+    if name == "FedMDClient":
+        from fdlit.aggregators.fedmd_client import FedMDClient
+
+        return FedMDClient
+    raise AttributeError(name)

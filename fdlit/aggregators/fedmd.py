@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from fdlit.aggregators.base import AggregationResult, Aggregator, uniform_weights
-from fdlit.clients import ClientModule
 from fdlit.errors import check_at_least
 
 
@@ -24,7 +21,7 @@ class FedMDAggregator(Aggregator):
     * aggregate: the consensus f~(x) = (1/M) sum_i z_i(x); it is sent down as
       P(x) = softmax(f~(x)), the same N*C numbers, from which a client recovers f~(x) up to a
       per-row constant (log P = f~ - logsumexp f~);
-    * digest = fdlit's public phase with :class:`FedMDClient`: L1 between the client's scores and
+    * digest = fdlit's public phase with :class:`~fdlit.aggregators.fedmd_client.FedMDClient`: L1 between the client's scores and
       the consensus, both centred per row, (1/C) sum_c |(z_i - mean_c z_i) - (log P - mean_c log P)|;
     * revisit = the next round's private phase (``federation.private_epochs``).
 
@@ -55,19 +52,3 @@ class FedMDAggregator(Aggregator):
 
 def centred(scores: torch.Tensor) -> torch.Tensor:
     return scores - scores.mean(-1, keepdim=True)
-
-
-class FedMDClient(ClientModule):
-    """A client whose public step is FedMD's digest: the mean absolute error between its class
-    scores and the consensus scores, both centred per row (softmax and the consensus it is sent as
-    do not depend on a per-row constant). Set with ``federation.client_class:
-    fdlit.aggregators.fedmd.FedMDClient``."""
-
-    def public_loss(self, logits: torch.Tensor, teacher: torch.Tensor,
-                    weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-        # log P = consensus scores - logsumexp: the consensus up to a per-row constant
-        target = centred(torch.log(teacher.float().clamp_min(1e-30)))
-        per_sample = (centred(logits.float()) - target).abs().mean(-1)
-        if weight is None:
-            return per_sample.mean()
-        return (per_sample * weight).sum() / weight.sum()
