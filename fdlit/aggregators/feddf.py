@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from fdlit.aggregators.base import AggregationResult, ServerContext, Uploads
 from fdlit.aggregators.fedavg import FedAvg, exchanged_tensors, flatten, load_flat
 from fdlit.errors import ConfigError, check_at_least, check_number
+from fdlit.models.build import build_model
 
 
 class FedDF(FedAvg):
@@ -52,8 +53,6 @@ class FedDF(FedAvg):
 
     def _network(self, ctx: ServerContext, like: torch.Tensor) -> torch.nn.Module:
         if self.net is None:
-            from fdlit.federation.loop import build_model
-
             with torch.random.fork_rng(devices=[]):  # its initial weights are overwritten; keep the global stream
                 net = build_model(self.model_spec, tuple(ctx.info.public_x.shape[1:]), ctx.info.num_classes)
             if flatten(exchanged_tensors(net)).numel() != like.numel():

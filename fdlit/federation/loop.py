@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import math
 import time
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 import numpy as np
 import torch
@@ -27,13 +27,13 @@ from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.diagnostics import trust_matrix
 from fdlit.federation.participation import Participation
 from fdlit.execution import ClientExecutor, select_executor
+from fdlit.models.build import ModelSpec, build_model  # noqa: F401 (re-exported: fdlit.federation.build_model)
 from fdlit.privacy import UploadPrivacy, membership_audit
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "64-true")
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
 MAX_SEED = 2**32 - 1  # numpy's and Lightning's seed range
-ModelSpec = Union[dict, Callable[..., torch.nn.Module]]
 
 
 def available_accelerators() -> list[str]:
@@ -62,32 +62,6 @@ def check_accelerator(accelerator: str) -> str:
 
 class NumericalFault(RuntimeError):
     """A client produced NaN or inf; names the client, round and phase."""
-
-
-def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int,
-                client_id: int = 0, num_clients: int = 1, field: str = "model") -> torch.nn.Module:
-    """Instantiate a client network from ``{"class_path": ..., "init_args": {...}}`` or a callable.
-
-    ``input_shape`` and ``num_classes`` come from the data unless the config sets them. A
-    ``fdlit.models.PerClient`` spec (heterogeneous federation) is resolved to client ``client_id``'s group.
-    """
-    if callable(spec):
-        return spec(input_shape=input_shape, num_classes=num_classes)
-    class_path = spec["class_path"]
-    module_name, _, cls_name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), cls_name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"{field}.class_path", f"cannot import {class_path!r} ({exc})") from None
-    kwargs = dict(spec.get("init_args") or {})
-    from fdlit.models.hetero import PerClient
-
-    if isinstance(cls, type) and issubclass(cls, PerClient):
-        own = PerClient.assign(kwargs.get("groups") or [], num_clients)[client_id]
-        return build_model(own, input_shape, num_classes)
-    kwargs["input_shape"] = tuple(kwargs.get("input_shape") or input_shape)
-    kwargs["num_classes"] = kwargs.get("num_classes") or num_classes
-    return cls(**kwargs)
 
 
 def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

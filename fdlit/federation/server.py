@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from fdlit.clients import ClientOptimization
 from fdlit.errors import ConfigError, check_at_least, check_number
-from fdlit.federation.loop import build_model
+from fdlit.models.build import build_model
 
 
 def check_model_spec(field: str, spec: Optional[dict]) -> None:
