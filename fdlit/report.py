@@ -521,6 +521,58 @@ def accuracy_vs_tau(runs: list[Run]) -> Optional[bytes]:
     return _png(fig)
 
 
+def privacy_label(run: Run) -> str:
+    """The run's rule (without the block prefix) and, unless full logits, its upload encoding."""
+    encoding = ((run.config.get("privacy") or {}).get("encoding") or "full")
+    return run.method.split("] ")[-1] + ("" if encoding == "full" else f" ({encoding})")
+
+
+def accuracy_vs_epsilon(runs: list[Run]) -> Optional[bytes]:
+    """Best accuracy and membership-attack AUC (``privacy/mia_auc``, the audit) against the ε spent
+    by the last round (``privacy/epsilon``); runs without DP drawn as dashed horizontal lines."""
+    dp: dict[tuple, dict[float, list[tuple[float, Optional[float]]]]] = defaultdict(lambda: defaultdict(list))
+    plain: dict[tuple, list[tuple[float, Optional[float]]]] = defaultdict(list)
+    for r in runs:
+        if r.kind != "rule":
+            continue
+        eps, auc = r.last("privacy/epsilon"), r.last("privacy/mia_auc")
+        auc = auc if auc is not None and math.isfinite(auc) else None
+        key = (r.dataset, privacy_label(r), r.k)
+        if eps is not None and math.isfinite(eps):
+            dp[key][float(f"{eps:.6g}")].append((100 * r.best("public"), auc))
+        else:
+            plain[key].append((100 * r.best("public"), auc))
+    if not dp:
+        return None  # no run spent a privacy budget: nothing to plot against
+    fig, axes = _figure(2, w=4.6, h=3.4)
+    colors = _colors(sorted({key for key in list(dp) + list(plain)}, key=str))
+    for col, (index, ylabel) in enumerate(((0, "best test accuracy (%)"), (1, "membership attack AUC"))):
+        ax = axes[0, col]
+        for key, by_eps in sorted(dp.items(), key=lambda kv: str(kv[0])):
+            eps = sorted(by_eps)
+            values = [[v[index] for v in by_eps[e] if v[index] is not None] for e in eps]
+            shown = [(e, v) for e, v in zip(eps, values) if v]
+            if shown:
+                ax.errorbar([e for e, _ in shown], [np.mean(v) for _, v in shown],
+                            yerr=[np.std(v, ddof=1) if len(v) > 1 else 0.0 for _, v in shown], marker="o",
+                            capsize=3, color=colors[key], label=f"{key[1]} k={key[2]}")
+        for key, values in sorted(plain.items(), key=lambda kv: str(kv[0])):
+            v = [x[index] for x in values if x[index] is not None]
+            if v:
+                ax.axhline(np.mean(v), ls="--", lw=1, color=colors.get(key, "grey"),
+                           label=f"{key[1]} k={key[2]}, no DP")
+        if index == 1:
+            ax.axhline(0.5, ls=":", lw=1, color="black", label="chance")
+        ax.set_xscale("log")
+        ax.set_xlabel("ε after the last round (log)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    axes[0, 0].set_title("Accuracy vs ε", fontsize=10)
+    axes[0, 1].set_title("Attack AUC vs ε", fontsize=10)
+    return _png(fig)
+
+
 def chi_vs_k(runs: list[Run], table: Table) -> Optional[bytes]:
     """Weight concentration χ of the last round vs k, mean ± std over seeds, one line per rule."""
     numeric = [k for k in table.ks if isinstance(k, (int, float))]
@@ -691,6 +743,12 @@ def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include
         figures.append(("chi_vs_round.png", "Weight concentration χ vs round (1/M for AVG).",
                         curves(runs, [m for m in methods if not m.endswith((LOCAL_LABEL, REF_LABEL))], ks,
                                [("weights/chi", "χ")])))
+    privacy = accuracy_vs_epsilon(runs)
+    if privacy is not None:
+        figures.append(("privacy_accuracy_and_attack_vs_epsilon.png",
+                        "Differential privacy on uploads: best test accuracy (left) and the membership-inference "
+                        "attack's AUC (right, the audit; 0.5 is chance) against the ε spent by the last round "
+                        "(mean ± std over seeds); dashed: the same rule without DP.", privacy))
     figures.append(("accuracy_vs_bytes.png",
                     "Mean global accuracy vs cumulative bytes sent (up + down, all clients).",
                     curves(runs, methods, ks, [(ACC, "global accuracy (%)")], xkey="comm/bytes_total_mib",

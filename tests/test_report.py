@@ -287,3 +287,29 @@ def test_a_run_that_left_k_at_its_default_is_labelled_k2(tmp_path):
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     (run,), _ = load_runs(tmp_path / "runs")
     assert run.k == 2
+
+
+def test_privacy_runs_get_accuracy_and_attack_auc_against_epsilon(tmp_path):
+    from fdlit.report import accuracy_vs_epsilon, load_runs
+
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        fake_run(root, "AVG", 2, seed, 0.80)  # no DP: a dashed line
+        for sigma, eps, best in ((0.3, 40.0, 0.50), (1.0, 5.0, 0.30)):
+            path = fake_run(root / f"s{sigma}", "AVG", 2, seed, best)
+            config = yaml.safe_load((path / "config.yaml").read_text())
+            config["privacy"] = {"noise_multiplier": sigma, "encoding": "full"}
+            (path / "config.yaml").write_text(yaml.safe_dump(config))
+            rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+            for row in rows:
+                row.update({"privacy/epsilon": eps * row["round"] / len(rows), "privacy/mia_auc": 0.55})
+            (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    runs, _ = load_runs(root)
+    assert sorted({r.last("privacy/epsilon") for r in runs if r.last("privacy/epsilon")}) == [5.0, 40.0]
+    assert accuracy_vs_epsilon(runs)[:8] == b"\x89PNG\r\n\x1a\n"
+    page = write_report(root).read_text()
+    assert "privacy_accuracy_and_attack_vs_epsilon.png" in page
+    plain = tmp_path / "plain"
+    fake_run(plain, "AVG", 2, 0, 0.80)
+    assert accuracy_vs_epsilon(load_runs(plain)[0]) is None
+    assert "privacy_accuracy" not in write_report(plain).read_text()
