@@ -199,3 +199,14 @@ def test_fedavg_and_scaffold_with_half_the_clients_exchange_only_what_arrived():
         if "Scaffold" in method:  # the server's control variate is the mean over all N clients' c_i
             cs = torch.stack([c.method_state["scaffold_c_i"] for c in loop.clients])
             torch.testing.assert_close(loop.aggregator.control, cs.mean(0), rtol=1e-5, atol=1e-7)
+
+
+def test_fedmd_with_a_per_round_public_subset_communicates_and_digests_only_those_rows():
+    loop = make_loop("--aggregator", "fdlit.aggregators.FedMDAggregator",
+                     "--federation.client_class", "fdlit.aggregators.fedmd_client.FedMDClient",
+                     "--federation.participation.public_subset", "50")
+    loop.fit()
+    for m in loop.history:
+        sent = [e for e in loop.ledger.messages if e.round == m["round"]]
+        assert {e.shape[0] for e in sent if e.kind in ("logits", "teacher")} == {50}
+        assert m["participation/public_size"] == 50 and m["teacher/kept_fraction"] == 1.0
