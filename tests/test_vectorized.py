@@ -393,7 +393,7 @@ def test_client_chunks_compute_exactly_what_one_stack_computes(model_fn, chunk_s
     executor = VectorizedExecutor(chunk_size=chunk_size)
     calls = []
     original = executor._train_group
-    executor._train_group = lambda group, *a: (calls.append(len(group)), original(group, *a))[1]
+    executor._train_group = lambda group, *a, **kw: (calls.append(len(group)), original(group, *a, **kw))[1]
     chunked_losses, chunked_pred = run_phases(executor, chunked)
     assert calls[:2] == ([1, 1] if chunk_size == 1 else [3, 1])  # the first phase ran in chunks
     assert whole_losses == chunked_losses
