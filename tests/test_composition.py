@@ -22,9 +22,9 @@ EXECUTORS = {
 SETUP_RULES = ("digits_meta_model.yaml", "digits_fedgo.yaml", "digits_lkd_server.yaml")
 
 
-def tiny(config, tmp_path, *extra):
+def tiny(config, tmp_path, *extra, rounds=2):
     return ["--config", config, "--logger.mode", "disabled", "--logger.progress", "false",
-            "--logger.run_dir", str(tmp_path), "--federation.rounds", "2",
+            "--logger.run_dir", str(tmp_path), "--federation.rounds", str(rounds),
             "--federation.private_epochs_first", "1", "--federation.private_epochs", "1",
             "--federation.public_epochs_first", "1", "--federation.public_epochs", "1",
             "--data.num_clients", "4", "--data.classes_per_client", "3", "--data.public_size", "120",

@@ -11,28 +11,13 @@ import torch
 
 from fdlit.aggregators.fedmd_client import FedMDClient
 from fdlit.clients import ClientOptimization
-from fdlit.config import parse_fit
 from fdlit.models import MLP
+from fdlit.config import parse_fit
 from fdlit.runs.experiment import Experiment
+from tests.test_composition import fit_loop, tiny
 
 SERVER = ["--server.model", "fdlit.models.MLP", "--server.model.hidden", "[16]",
           "--server.epochs_first", "1", "--server.epochs", "1"]
-
-
-def tiny(config, tmp_path, *extra, rounds=2):
-    return ["--config", config, "--logger.mode", "disabled", "--logger.progress", "false",
-            "--logger.run_dir", str(tmp_path), "--federation.rounds", str(rounds),
-            "--federation.private_epochs_first", "1", "--federation.private_epochs", "1",
-            "--federation.public_epochs_first", "1", "--federation.public_epochs", "1",
-            "--data.num_clients", "4", "--data.classes_per_client", "3", "--data.public_size", "120",
-            "--model", "fdlit.models.MLP", "--model.hidden", "[16]", *extra]
-
-
-def fit_loop(argv):
-    parser, cfg = parse_fit(argv)
-    loop = Experiment(cfg, parser).loop
-    loop.fit()
-    return loop
 
 
 def ledger_rows(loop):
