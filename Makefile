@@ -7,7 +7,10 @@ TORCH   ?= torch==2.13.0
 # plus ~20 nvidia packages (GBs) onto a laptop. Override either way: make run TORCH_INDEX=<url> (empty: default).
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_INDEX ?= $(if $(HAS_GPU),,https://download.pytorch.org/whl/cpu)
-TORCH_PIP := $(TORCH)$(if $(TORCH_INDEX), --index-url $(TORCH_INDEX))
+# An extra index, not a replacement: where it answers, its local-version build (2.13.0+cpu sorts after
+# 2.13.0 in PEP 440) wins; where it cannot be reached (an offline mirror, a local wheelhouse), pip
+# gives up on it after one quick retry and installs from what it is configured with.
+TORCH_PIP := $(TORCH)$(if $(TORCH_INDEX), --extra-index-url $(TORCH_INDEX) --retries 1 --timeout 20)
 CONFIG  ?= configs/digits.yaml
 ARGS    ?=
 

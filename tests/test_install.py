@@ -37,19 +37,19 @@ def _pip_line(tmp_path: Path, gpu: bool | None, *overrides: str) -> str:
 
 def test_no_nvidia_smi_installs_cpu_torch(tmp_path):
     line = _pip_line(tmp_path, gpu=None)
-    assert "torch==" in line and f"--index-url {CPU_INDEX}" in line
+    assert "torch==" in line and f"--extra-index-url {CPU_INDEX}" in line
 
 
 def test_nvidia_smi_without_a_gpu_still_installs_cpu_torch(tmp_path):
-    assert f"--index-url {CPU_INDEX}" in _pip_line(tmp_path, gpu=False)
+    assert f"--extra-index-url {CPU_INDEX}" in _pip_line(tmp_path, gpu=False)
 
 
 def test_a_gpu_gets_the_default_cuda_index(tmp_path):
     line = _pip_line(tmp_path, gpu=True)
-    assert "torch==" in line and "--index-url" not in line
+    assert "torch==" in line and "index-url" not in line
 
 
 def test_torch_and_index_are_overridable(tmp_path):
     line = _pip_line(tmp_path, True, "TORCH=torch==2.5.1", "TORCH_INDEX=https://download.pytorch.org/whl/cu121")
-    assert "torch==2.5.1 --index-url https://download.pytorch.org/whl/cu121" in line
-    assert "--index-url" not in _pip_line(tmp_path, False, "TORCH_INDEX=")
+    assert "torch==2.5.1 --extra-index-url https://download.pytorch.org/whl/cu121" in line
+    assert "index-url" not in _pip_line(tmp_path, False, "TORCH_INDEX=")
