@@ -321,20 +321,26 @@ def _show_dataset(table: Table) -> bool:
     return len({d for d, _, _ in table.rows}) > 1 or any(d for d, _, _ in table.rows)
 
 
+def _row_cells(table: Table, dataset: str, label: str):
+    """A row's cells in column order: (k, phase, Stat or None for an empty cell, in bold)."""
+    for k in table.ks:
+        for phase, _ in PHASES:
+            key = (dataset, label, k, phase)
+            yield k, phase, table.cells.get(key), key in table.bold
+
+
 def table1_markdown(table: Table) -> str:
     head = ["dataset"] * _show_dataset(table) + ["method"]
     head += [f"k={k} {name}" for k in table.ks for _, name in PHASES] + [REF_LABEL]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for i, (dataset, label, kind) in enumerate(table.rows):
         row = [dataset] * _show_dataset(table) + [f"*{label}*" if kind != "rule" else label]
-        for k in table.ks:
-            for phase, _ in PHASES:
-                stat = table.cells.get((dataset, label, k, phase))
-                if stat is None:
-                    row.append("–")
-                    continue
-                text = f"**{stat.text()}**" if (dataset, label, k, phase) in table.bold else stat.text()
-                row.append(f"{text} (n={stat.n})")
+        for _, _, stat, bold in _row_cells(table, dataset, label):
+            if stat is None:
+                row.append("–")
+                continue
+            text = f"**{stat.text()}**" if bold else stat.text()
+            row.append(f"{text} (n={stat.n})")
         ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
         row.append(f"{ref.text()} (n={ref.n})" if ref else "")
         lines.append("| " + " | ".join(row) + " |")
@@ -350,16 +356,12 @@ def table1_html(table: Table) -> str:
     body = []
     for i, (dataset, label, kind) in enumerate(table.rows):
         tds = []
-        for k in table.ks:
-            for phase, _ in PHASES:
-                stat = table.cells.get((dataset, label, k, phase))
-                if stat is None:
-                    tds.append("<td>–</td>")
-                    continue
-                text = html.escape(stat.text())
-                if (dataset, label, k, phase) in table.bold:
-                    text = f"<b>{text}</b>"
-                tds.append(f'<td class="{phase}">{text} <span class="n">n={stat.n}</span></td>')
+        for _, phase, stat, bold in _row_cells(table, dataset, label):
+            if stat is None:
+                tds.append("<td>–</td>")
+                continue
+            text = f"<b>{html.escape(stat.text())}</b>" if bold else html.escape(stat.text())
+            tds.append(f'<td class="{phase}">{text} <span class="n">n={stat.n}</span></td>')
         ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
         tds.append(f'<td class="ref">{html.escape(ref.text())} <span class="n">n={ref.n}</span></td>' if ref
                    else '<td class="ref"></td>')
@@ -376,13 +378,10 @@ def table1_csv(table: Table) -> str:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["dataset", "method", "kind", "k", "phase", "mean_acc_pct", "std_acc_pct", "n_seeds", "best_in_column"])
     for dataset, label, kind in table.rows:
-        for k in table.ks:
-            for phase, _ in PHASES:
-                stat = table.cells.get((dataset, label, k, phase))
-                if stat is not None:
-                    writer.writerow([dataset, label, kind, k, phase, f"{stat.mean:.4f}",
-                                     "" if stat.n < 2 else f"{stat.std:.4f}", stat.n,
-                                     int((dataset, label, k, phase) in table.bold)])
+        for k, phase, stat, bold in _row_cells(table, dataset, label):
+            if stat is not None:
+                writer.writerow([dataset, label, kind, k, phase, f"{stat.mean:.4f}",
+                                 "" if stat.n < 2 else f"{stat.std:.4f}", stat.n, int(bold)])
     for (dataset, group), stat in sorted(table.ref.items()):
         writer.writerow([dataset, group + REF_LABEL, "ref", "all", "public", f"{stat.mean:.4f}",
                          "" if stat.n < 2 else f"{stat.std:.4f}", stat.n, 0])
@@ -408,15 +407,13 @@ def table1_latex(table: Table, caption: str) -> str:
              "&" * lead + f" {phase_head} & \\\\", r"\midrule"]
     for i, (dataset, label, kind) in enumerate(table.rows):
         row = [_latex(dataset)] * show_dataset + [f"\\textit{{{_latex(label)}}}" if kind != "rule" else _latex(label)]
-        for k in table.ks:
-            for phase, _ in PHASES:
-                stat = table.cells.get((dataset, label, k, phase))
-                if stat is None:
-                    row.append("--")
-                    continue
-                mean = f"\\mathbf{{{stat.mean:.2f}}}" if (dataset, label, k, phase) in table.bold else f"{stat.mean:.2f}"
-                spread = f"{{\\scriptstyle\\pm {stat.std:.2f}}}" if stat.n > 1 else ""
-                row.append(f"${mean}{spread}^{{n={stat.n}}}$")
+        for _, _, stat, bold in _row_cells(table, dataset, label):
+            if stat is None:
+                row.append("--")
+                continue
+            mean = f"\\mathbf{{{stat.mean:.2f}}}" if bold else f"{stat.mean:.2f}"
+            spread = f"{{\\scriptstyle\\pm {stat.std:.2f}}}" if stat.n > 1 else ""
+            row.append(f"${mean}{spread}^{{n={stat.n}}}$")
         ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
         row.append(f"${ref.mean:.2f}" + (f"{{\\scriptstyle\\pm {ref.std:.2f}}}" if ref.n > 1 else "")
                    + f"^{{n={ref.n}}}$" if ref else "")
