@@ -6,6 +6,7 @@ from fdlit.aggregators.entropy import EntropyWeightedAggregator
 from fdlit.aggregators.era import EntropyReductionAggregator
 from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
 from fdlit.aggregators.f2l import F2LAggregator
+from fdlit.aggregators.f2l_fedavg import F2LParams
 from fdlit.aggregators.fedavg import FedAvg
 from fdlit.aggregators.feddf import FedDF
 from fdlit.aggregators.fedgo import FedGOAggregator
@@ -29,6 +30,7 @@ __all__ = [
     "EntropyReductionAggregator",
     "EntropyWeightedAggregator",
     "F2LAggregator",
+    "F2LParams",
     "LogitAveragingAggregator",
     "LogitVarianceAggregator",
     "FedAvg",

@@ -166,6 +166,13 @@ class Aggregator:
     def aggregate(self, uploads: Uploads, ctx: Optional[ServerContext] = None) -> AggregationResult:
         raise NotImplementedError
 
+    def messages_to(self, client_id: int, num_clients: int,
+                    broadcast: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What of a parameter-exchange broadcast client ``client_id`` is sent (and charged for); by
+        default all of it. A method whose clients receive different models (F2L's regions) hands the
+        simulation every model and charges each client for its own."""
+        return broadcast
+
     def state_dict(self) -> dict[str, Any]:
         """Server state made by ``server_setup`` (tensors and plain data), for checkpoints."""
         return {}

@@ -2,15 +2,52 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Union
 
 import torch
 
 from fdlit.aggregators.base import AggregationResult
 from fdlit.aggregators.lkd import LKDAggregator
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, check_at_least
 
 ACROSS = ("lkd", "avg")
+
+
+@dataclass(frozen=True)
+class Regions:
+    """F2L's regions: a count R (client i is in region i mod R) or an explicit region id per client."""
+
+    spec: Union[int, tuple[int, ...]]
+
+    def assignment(self, num_clients: int) -> torch.Tensor:
+        """Region id of every client (M,); refuses a spec that does not fit ``num_clients``."""
+        if isinstance(self.spec, int):
+            if self.spec > num_clients:
+                raise ConfigError("aggregator.regions", f"{self.spec} regions for {num_clients} clients: "
+                                  "every region needs a client")
+            return torch.arange(num_clients) % self.spec
+        if len(self.spec) != num_clients:
+            raise ConfigError("aggregator.regions", f"an explicit assignment needs one region id per client "
+                              f"({num_clients}); got {len(self.spec)}")
+        return torch.tensor(self.spec)
+
+
+def region_assignment(regions: Union[int, list[int]]) -> Regions:
+    """Check ``aggregator.regions`` (a count >= 1, or ids 0..R-1 each used) before any work."""
+    if isinstance(regions, bool) or not isinstance(regions, (int, list, tuple)):
+        raise ConfigError("aggregator.regions", f"a count >= 1 or a list of region ids; got {regions!r}")
+    if isinstance(regions, int):
+        if regions < 1:
+            raise ConfigError("aggregator.regions", f"a count must be >= 1; got {regions}")
+        return Regions(regions)
+    ids = [int(r) for r in regions]
+    used = sorted(set(ids))
+    if not ids or used != list(range(len(used))):
+        raise ConfigError("aggregator.regions", "an explicit assignment uses every region id 0..R-1 "
+                          f"(one per client); got {ids}")
+    return Regions(tuple(ids))
+
 
 
 class F2LAggregator(LKDAggregator):
@@ -33,9 +70,11 @@ class F2LAggregator(LKDAggregator):
     predictions (F2L scores the regional model itself on the server's labelled pool, which FD has
     no model for). With one region this is LKD; with M regions of one client, ``across: lkd`` is LKD.
 
-    Not built: F2L's regions run FedAvg (parameter averaging) and its global server switches to
-    FedAvg once the regions agree (max_r beta - min_r beta <= eps), and its student has extra loss
-    terms; here every tier exchanges predictions.
+    F2L's switch back to FedAvg (Algorithm 1) is ``epsilon``: with gap = max_c (max_r gamma[r, c] -
+    min_r gamma[r, c]), the global server combines the regions by LKD while gap >= epsilon and by
+    their size-weighted mean (``across: avg``) once they agree (0, the default: always LKD). F2L as
+    published, with regional FedAvg, the global student's joint loss and this switch on parameters,
+    is :class:`~fdlit.aggregators.f2l_fedavg.F2LParams`.
 
     Bytes per tier (rule stats, per round): ``f2l/bytes_client_to_region`` (what the clients upload:
     the ledger's uplink), ``f2l/bytes_region_to_global`` (each region's teacher, N x C in the
@@ -47,41 +86,25 @@ class F2LAggregator(LKDAggregator):
         regions: R, a count (client i is in region i mod R), or an explicit region id per client
             (a list of M ints, ids 0..R-1, each used).
         across: how the global server combines the regional teachers: ``lkd`` or ``avg``.
+        epsilon: the switch to ``avg`` once the regions' reliabilities agree (>= 0; 0: never).
         temperature, scoring, server_labelled_size: LKD's (see :class:`LKDAggregator`).
     """
 
     short_name = "f2l"
 
     def __init__(self, regions: Union[int, list[int]] = 4, across: Literal["lkd", "avg"] = "lkd",
-                 temperature: float = 20.0,
+                 epsilon: float = 0.0, temperature: float = 20.0,
                  scoring: Literal["calibration_vs_public", "calibration", "server"] = "calibration_vs_public",
                  server_labelled_size: int = 100):
         super().__init__(temperature=temperature, scoring=scoring, server_labelled_size=server_labelled_size)
         if across not in ACROSS:
             raise ConfigError("aggregator.across", f"allowed: 'lkd', 'avg'; got {across!r}")
-        if isinstance(regions, bool) or not isinstance(regions, (int, list, tuple)):
-            raise ConfigError("aggregator.regions", f"a count >= 1 or a list of region ids; got {regions!r}")
-        if isinstance(regions, int) and regions < 1:
-            raise ConfigError("aggregator.regions", f"a count must be >= 1; got {regions}")
-        if not isinstance(regions, int):
-            regions = [int(r) for r in regions]
-            used = sorted(set(regions))
-            if not regions or used != list(range(len(used))):
-                raise ConfigError("aggregator.regions", "an explicit assignment uses every region id 0..R-1 "
-                                  f"(one per client); got {regions}")
-        self.regions, self.across = regions, across
+        check_at_least("aggregator.epsilon", epsilon, 0.0)
+        self.regions, self.across, self.epsilon = region_assignment(regions), across, epsilon
 
     def assignment(self, num_clients: int) -> torch.Tensor:
         """Region id of every client (M,)."""
-        if isinstance(self.regions, int):
-            if self.regions > num_clients:
-                raise ConfigError("aggregator.regions", f"{self.regions} regions for {num_clients} clients: "
-                                  "every region needs a client")
-            return torch.arange(num_clients) % self.regions
-        if len(self.regions) != num_clients:
-            raise ConfigError("aggregator.regions", f"an explicit assignment needs one region id per client "
-                              f"({num_clients}); got {len(self.regions)}")
-        return torch.tensor(self.regions)
+        return self.regions.assignment(num_clients)
 
     def server_setup(self, uploads, ctx):
         self.assignment(ctx.info.num_clients)  # refuse a bad assignment before round 1
@@ -107,8 +130,10 @@ class F2LAggregator(LKDAggregator):
             within[members] = w
             regional[r] = self.mix(w, q[members])
             regional_auc[r] = (beta * auc[members]).sum(0)
-        if self.across == "lkd":
-            gamma = torch.softmax(self.temperature * regional_auc, dim=0)  # R x C
+        gamma = torch.softmax(self.temperature * regional_auc, dim=0)  # R x C
+        gap = float((gamma.max(0).values - gamma.min(0).values).max())
+        lkd_across = self.across == "lkd" and gap >= self.epsilon  # F2L's switch: regions that agree are averaged
+        if lkd_across:
             v = torch.gather(gamma, 1, regional.argmax(-1))
             v = v / v.sum(0, keepdim=True).clamp_min(1e-30)
         else:
@@ -119,6 +144,8 @@ class F2LAggregator(LKDAggregator):
         return AggregationResult(teacher=teacher, weights=weights, stats={
             "lkd/auc_mean": float(auc.mean()),
             "f2l/regions": float(num_regions),
+            "f2l/beta_gap": gap,
+            "f2l/lkd_active": float(lkd_across),
             **self.tier_bytes(uploads, num_regions, n, c, uploads[0]["logits"].element_size()),
         })
 

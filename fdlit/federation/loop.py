@@ -535,7 +535,7 @@ class FederationLoop:
         uploads = [self._send_up(r, ids[j], payload) for j, payload in enumerate(raw)]
         result = self.aggregator.aggregate(uploads, self.server_context(r, info))
         for i in range(len(self.clients)):
-            for kind, tensor in result.broadcast.items():
+            for kind, tensor in self.aggregator.messages_to(i, len(self.clients), result.broadcast).items():
                 self.ledger.send(r, i, "down", kind, tensor)
         self.executor.client_hook("client_receive", self.aggregator, self.info(r), self.clients, self.client_data,
                                   result.broadcast)
