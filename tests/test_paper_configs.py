@@ -131,3 +131,37 @@ def test_config_partition_is_feasible_on_the_real_split_sizes(name, monkeypatch)
         assert len(c.classes) == d.classes_per_client
         assert len(c.train) + len(c.calibration) == d.samples_per_client
         assert abs(len(c.calibration) - 0.2 * d.samples_per_client) <= d.classes_per_client
+
+
+def test_mnist_f2l_is_f2ls_table_4_setting_and_feasible_on_mnist(monkeypatch):
+    """F2L (Nguyen et al. 2022), App. E / Table 4, MNIST: 3 regions x 10 clients, 1,600 samples each,
+    Dirichlet 0.1, 3,200 labelled samples on the server, LeNet-5, 5 local epochs at lr 0.05."""
+    import numpy as np
+    import torch
+
+    from fdlit.data import DATASETS, FederatedData, TensorDataset
+
+    _, cfg = parse_fit(["--config", "mnist_f2l.yaml"])
+    d, f, a = cfg.data, cfg.federation, cfg.aggregator
+    assert (d.dataset, d.num_clients, d.partition, d.dirichlet_alpha) == ("mnist", 30, "dirichlet", 0.1)
+    assert (d.samples_per_client, d.max_train_samples, d.public_size) == (None, 48000 + 3200, 3200)
+    assert cfg.model.class_path.endswith("LeNet5") and cfg.client.lr == 0.05
+    assert (f.private_epochs_first, f.private_epochs, f.public_epochs) == (5, 5, 0)
+    assert a.class_path.endswith("F2LParams")
+    assert (a.init_args.regions, a.init_args.global_every, a.init_args.hard_weight) == (3, 8, 0.01)
+    assert "Nguyen et al. 2022" in (REPO / "configs" / "mnist_f2l.yaml").read_text()
+    counts = CLASS_COUNTS["mnist"]
+    y = torch.from_numpy(np.repeat(np.arange(10), counts))
+    cap = d.max_train_samples
+
+    def fake(**_):
+        keep = torch.cat([torch.nonzero(y == c).flatten()[: cap // 10 + (c < cap % 10)] for c in range(10)])
+        return (TensorDataset(torch.zeros(len(keep), 1), y[keep], 10, "train"),
+                TensorDataset(torch.zeros(10, 1), torch.arange(10), 10, "test"))
+
+    monkeypatch.setitem(DATASETS, "mnist", fake)
+    data = FederatedData(d.dataset, d.num_clients, d.partition, d.classes_per_client, d.dirichlet_alpha,
+                         d.samples_per_client, d.public_size, d.test_fraction, d.calibration_fraction,
+                         d.calibration).setup(0)
+    assert len(data.public) == 3200 and len(data.clients) == 30
+    assert sum(len(c.train) + len(c.calibration) for c in data.clients) == 48000

@@ -109,3 +109,8 @@ def test_cyclic_assignment_that_cannot_cover_every_class_is_refused():
         FederatedData(num_clients=5, classes_per_client=2, class_assignment="cyclic")  # covers 6 of 10
     with pytest.raises(ConfigError, match="data.class_assignment"):
         FederatedData(class_assignment="round_robin")
+
+
+def test_samples_per_client_under_dirichlet_is_refused_not_ignored():
+    with pytest.raises(ConfigError, match=r"data\.samples_per_client.*max_train_samples"):
+        FederatedData(num_clients=5, partition="dirichlet", samples_per_client=100)

@@ -117,6 +117,10 @@ class FederatedData:
             check_at_least("data.classes_per_client", classes_per_client, 1)
         if dirichlet_alpha <= 0:
             raise ConfigError("data.dirichlet_alpha", f"must be > 0, got {dirichlet_alpha}")
+        if partition == "dirichlet" and samples_per_client is not None:
+            raise ConfigError("data.samples_per_client", "applies to partition=classes only; with partition=dirichlet "
+                              "the clients share the whole pool (cap it with data.max_train_samples); set it to null, "
+                              f"got {samples_per_client}")
         if samples_per_client is not None and samples_per_client < 2:
             raise ConfigError("data.samples_per_client", f"must be >= 2 or null, got {samples_per_client}")
         check_at_least("data.public_size", public_size, 1)
