@@ -36,6 +36,7 @@ RULES = {
     "Selective-FD": ("configs/digits_selective_fd.yaml", []),
     "Selective-FD (features)": ("configs/digits_selective_fd_features.yaml", []),
     "F2L": ("configs/digits_f2l.yaml", []),
+    "F2L (as published)": ("configs/digits_f2l_fedavg.yaml", []),
 }
 DEFAULT_RULES = ["AVG", "UWA", "sUWA"]
 
