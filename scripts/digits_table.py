@@ -47,7 +47,10 @@ def slug(name: str) -> str:
 
 def run_one(out: Path, name: str, k: int, seed: int, validation_size: int, extra: list[str]) -> dict:
     run_dir = out / (f"{slug(name)}-k{k}-seed{seed}" + (f"-val{validation_size}" if validation_size else ""))
-    done = [p for p in run_dir.glob("*/summary.json") if json.loads(p.read_text()).get("finished")]
+    def finished() -> list[Path]:  # an interrupted earlier attempt leaves an unfinished summary beside it
+        return [p for p in run_dir.glob("*/summary.json") if json.loads(p.read_text()).get("finished")]
+
+    done = finished()
     if not done:
         config, flags = RULES[name]
         cmd = [sys.executable, "-m", "fdlit", "fit", "--config", config, *flags,
@@ -57,7 +60,7 @@ def run_one(out: Path, name: str, k: int, seed: int, validation_size: int, extra
         # one thread per run: parallel runs of these small models oversubscribe 2 cores otherwise
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
-        done = list(run_dir.glob("*/summary.json"))
+        done = finished()
     return json.loads(done[0].read_text())
 
 
