@@ -461,6 +461,18 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+def _single_panel_png(fig, ax, xlabel: str, ylabel: str, title: str, xticks=None) -> bytes:
+    """Label, grid and legend a one-panel figure, then render it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if xticks is not None:
+        ax.set_xticks(xticks)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=10)
+    return _png(fig)
+
+
 def _labels(table: Table) -> list[str]:
     """Row labels across datasets (the dataset prefixes the label when there are several)."""
     several = len({d for d, _, _ in table.rows}) > 1
@@ -484,13 +496,8 @@ def figure2(table: Table) -> Optional[bytes]:
                         **_style(m))
     for (dataset, group), stat in table.ref.items():
         ax.axhline(stat.mean, color="gray", linestyle=":", label=f"{group}{REF_LABEL} (all classes)")
-    ax.set_xlabel("classes per client k")
-    ax.set_ylabel("test accuracy (%), as Table 1")
-    ax.set_xticks(numeric)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title("Best accuracy (after the public phase) vs k", fontsize=10)
-    return _png(fig)
+    return _single_panel_png(fig, ax, "classes per client k", "test accuracy (%), as Table 1",
+                             "Best accuracy (after the public phase) vs k", numeric)
 
 
 def accuracy_vs_tau(runs: list[Run]) -> Optional[bytes]:
@@ -510,12 +517,7 @@ def accuracy_vs_tau(runs: list[Run]) -> Optional[bytes]:
         mean = np.array([np.mean(by_tau[t]) for t in taus])
         std = np.array([np.std(by_tau[t], ddof=1) if len(by_tau[t]) > 1 else 0.0 for t in taus])
         ax.errorbar(taus, mean, yerr=std, marker="o", capsize=3, label=f"{dataset} {group}k={k}".strip())
-    ax.set_xlabel("sUWA temperature τ")
-    ax.set_ylabel("best test accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title("Best accuracy vs τ (sUWA)", fontsize=10)
-    return _png(fig)
+    return _single_panel_png(fig, ax, "sUWA temperature τ", "best test accuracy (%)", "Best accuracy vs τ (sUWA)")
 
 
 def privacy_label(run: Run) -> str:
@@ -591,13 +593,7 @@ def chi_vs_k(runs: list[Run], table: Table) -> Optional[bytes]:
             drawn = True
     if not drawn:
         return None
-    ax.set_xlabel("classes per client k")
-    ax.set_ylabel("χ (last round)")
-    ax.set_xticks(numeric)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title("Weight concentration χ vs k", fontsize=10)
-    return _png(fig)
+    return _single_panel_png(fig, ax, "classes per client k", "χ (last round)", "Weight concentration χ vs k", numeric)
 
 
 def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: Optional[str] = None,
