@@ -33,6 +33,11 @@ class Regions:
         return torch.tensor(self.spec)
 
 
+def upload_bytes(uploads) -> float:
+    """What the clients sent up (the client-to-region tier): every message, not in-process ``_`` keys."""
+    return float(sum(t.numel() * t.element_size() for u in uploads for k, t in u.items() if not k.startswith("_")))
+
+
 def region_assignment(regions: Union[int, list[int]]) -> Regions:
     """Check ``aggregator.regions`` (a count >= 1, or ids 0..R-1 each used) before any work."""
     if isinstance(regions, bool) or not isinstance(regions, (int, list, tuple)):
@@ -151,9 +156,8 @@ class F2LAggregator(LKDAggregator):
 
     @staticmethod
     def tier_bytes(uploads, num_regions: int, n: int, c: int, element_size: int) -> dict[str, float]:
-        up = sum(t.numel() * t.element_size() for u in uploads for k, t in u.items() if not k.startswith("_"))
         return {
-            "f2l/bytes_client_to_region": float(up),
+            "f2l/bytes_client_to_region": upload_bytes(uploads),
             "f2l/bytes_region_to_global": float(num_regions * (n * c * element_size + c * 4)),
             "f2l/bytes_global_to_region": float(num_regions * n * c * element_size),
         }

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fdlit.aggregators.base import AggregationResult, ServerContext, Uploads
-from fdlit.aggregators.f2l import region_assignment
+from fdlit.aggregators.f2l import region_assignment, upload_bytes
 from fdlit.aggregators.fedavg import exchanged_tensors, flatten, load_flat, weighted_average
 from fdlit.aggregators.feddf import FedDF
 from fdlit.aggregators.lkd import auc_against_unlabelled
@@ -154,8 +154,7 @@ class F2LParams(FedDF):
             members = [j for j, i in enumerate(ids) if int(region[i]) == r]
             if members:
                 regional[r] = weighted_average([uploads[j]["parameters"] for j in members], counts[members])
-        up = float(sum(t.numel() * t.element_size() for u in uploads for k, t in u.items() if not k.startswith("_")))
-        stats = {"f2l/bytes_client_to_region": up, "f2l/bytes_region_to_global": 0.0,
+        stats = {"f2l/bytes_client_to_region": upload_bytes(uploads), "f2l/bytes_region_to_global": 0.0,
                  "f2l/bytes_global_to_region": 0.0}
         if ctx.info.round % self.global_every:
             self.regional = regional
@@ -188,15 +187,6 @@ class F2LParams(FedDF):
             idx = torch.randperm(len(x), generator=g)[: self.server_labelled_size]
             x, y = x[idx.to(x.device)], y[idx.to(y.device)]
         return x.to(device), y.to(device)
-
-    @staticmethod
-    def _logits(net: torch.nn.Module, x: torch.Tensor, flat: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The server network's logits on x, with ``flat`` loaded first when given."""
-        if flat is not None:
-            load_flat(exchanged_tensors(net), flat)
-        net.eval()
-        with torch.no_grad():
-            return net(x).float()
 
     def distil(self, net, teacher_logits, beta, x, y, ctx) -> tuple[torch.Tensor, float]:
         """Algorithm 2: the global model, from w_old, trained on S with Eq. 9's joint loss."""

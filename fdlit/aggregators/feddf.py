@@ -62,6 +62,15 @@ class FedDF(FedAvg):
             self.net = net.to(like.device)
         return self.net
 
+    @staticmethod
+    def _logits(net: torch.nn.Module, x: torch.Tensor, flat: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The server network's logits on x, with ``flat`` (a client's parameters) loaded first when given."""
+        if flat is not None:
+            load_flat(exchanged_tensors(net), flat)
+        net.eval()
+        with torch.no_grad():
+            return net(x).float()
+
     def ensemble(self, logits: torch.Tensor, ctx: ServerContext) -> torch.Tensor:
         """The distillation target from the M x N x C client logits: FedDF's mean-logit ensemble."""
         return logits.mean(0).softmax(-1)
@@ -73,13 +82,8 @@ class FedDF(FedAvg):
         net = self._network(ctx, average)
         tensors = exchanged_tensors(net)
         x = ctx.info.public_x.to(average.device)
-        net.eval()
         with torch.no_grad():
-            logits = []
-            for u in uploads:
-                load_flat(tensors, u["parameters"])
-                logits.append(net(x).float())
-            teacher = self.ensemble(torch.stack(logits), ctx)
+            teacher = self.ensemble(torch.stack([self._logits(net, x, u["parameters"]) for u in uploads]), ctx)
         load_flat(tensors, average)
         optimizer = torch.optim.Adam(net.parameters(), lr=self.lr)
         generator = torch.Generator().manual_seed(ctx.info.seed * 1_000_003 + 0xFEDDF + ctx.info.round)
