@@ -158,3 +158,17 @@ def test_participation_stopped_after_round_1_and_resumed_equals_an_uninterrupted
     assert [m["participation/clients"] for m in resumed] == [m["participation/clients"] for m in uninterrupted]
     assert resumed[0]["participation/clients"] != resumed[1]["participation/clients"] or \
         resumed[0]["participation/arrived"] != resumed[1]["participation/arrived"]  # the draw changes by round
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_every_method_under_client_sampling_and_dropout(rule, tmp_path):
+    """Every shipped method with half the clients sampled and a fifth of those dropped: the round's
+    uploads come from a subset, so a server part that indexes per-client state by position (FedDF's
+    n_k, FedGO's discriminator scores) must use the round's client ids."""
+    loop = fit_loop(tiny(rule, tmp_path, "--data.num_clients", "6", "--federation.participation.fraction", "0.5",
+                         "--federation.participation.dropout", "0.2"))
+    assert loop.round == 2
+    for m in loop.history:
+        assert len(m["participation/clients"]) == 3 and set(m["participation/arrived"]) <= set(m["participation/clients"])
+    up = round_clients(loop, "up")
+    assert all(up.get(m["round"], set()) == set(m["participation/arrived"]) for m in loop.history)

@@ -121,7 +121,10 @@ class F2LAggregator(LKDAggregator):
         m, n, c = q.shape
         auc, _ = self.class_reliability(uploads, c)
         auc = auc.to(q.device)
-        region = self.assignment(m).to(q.device)
+        ids, total = (ctx.info.client_ids(), ctx.info.num_clients) if ctx is not None else (list(range(m)), m)
+        # the regions of the clients that arrived; a region none of whose members sent anything has
+        # no teacher this round, so the others are renumbered 0..R'-1
+        region = torch.unique(self.assignment(total)[ids], return_inverse=True)[1].to(q.device)
         num_regions = int(region.max()) + 1
         pred = q.argmax(-1)  # M x N
         within = torch.zeros(m, n, device=q.device)  # W_r[i, x]

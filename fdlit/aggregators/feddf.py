@@ -76,7 +76,7 @@ class FedDF(FedAvg):
         return logits.mean(0).softmax(-1)
 
     def aggregate(self, uploads: Uploads, ctx: Optional[ServerContext] = None) -> AggregationResult:
-        average = self.average(uploads)
+        average = self.average(uploads, ctx=ctx)  # n_k of the clients that arrived
         if ctx is None or self.epochs == 0:
             return AggregationResult(teacher=None, broadcast={"parameters": average})
         net = self._network(ctx, average)

@@ -135,12 +135,17 @@ class FedGOAggregator(Aggregator):
         if self.log_odds is None:
             raise RuntimeError("FedGOAggregator has no discriminators: run its set-up or set_discriminator_scores")
         z = self.stack_logits(uploads)
+        log_odds, weights = self.round_weights(ctx, z.device)
+        return AggregationResult(teacher=self.mix(weights, z.softmax(-1)), weights=weights,
+                                 stats={"fedgo/log_odds_mean": float(log_odds.mean())})
+
+    def round_weights(self, ctx, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """This round's log-odds and weights w_k(x) = softmax_k(log D_k/(1-D_k) + log n_k), over the
+        clients that arrived and the round's public rows (all of both without a context)."""
         log_odds, log_counts = self.log_odds, self.log_counts
-        if ctx is not None:  # only the clients that arrived, on this round's public rows
+        if ctx is not None:
             log_odds = ctx.info.rows(log_odds)
             if ctx.info.clients:
                 log_counts = log_counts[torch.tensor(ctx.info.clients, device=log_counts.device)]
-        score = log_odds.to(z.device) + log_counts.to(z.device)[:, None]
-        weights = torch.softmax(score, dim=0).float()
-        return AggregationResult(teacher=self.mix(weights, z.softmax(-1)), weights=weights,
-                                 stats={"fedgo/log_odds_mean": float(log_odds.mean())})
+        score = log_odds.to(device) + log_counts.to(device)[:, None]
+        return log_odds, torch.softmax(score, dim=0).float()

@@ -51,8 +51,7 @@ class FedGOParams(FedDF):
         return broadcast
 
     def ensemble(self, logits: torch.Tensor, ctx: ServerContext) -> torch.Tensor:
-        score = self.fedgo.log_odds.to(logits.device) + self.fedgo.log_counts.to(logits.device)[:, None]
-        weights = torch.softmax(score, dim=0).float()
+        _, weights = self.fedgo.round_weights(ctx, logits.device)  # the round's clients and public rows
         return self.mix(weights, logits.softmax(-1))
 
     def state_dict(self) -> dict[str, Any]:
