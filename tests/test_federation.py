@@ -8,6 +8,7 @@ from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.federation import FederationLoop, NumericalFault
+from fdlit.federation.construction import eval_rows
 from fdlit.models import MLP
 
 
@@ -221,7 +222,7 @@ def test_evaluation_every_n_rounds_on_a_fixed_subsample_then_the_full_test_set_l
     # the subsample: fixed by the seed, sorted, and the accuracies are those of these rows
     rows = loop.eval_rows
     assert len(rows) == 50 and torch.equal(rows, rows.sort().values)
-    assert torch.equal(rows, small_loop(tmp_path, UncertaintyWeightedAggregator(), eval_subsample=50)._eval_rows(total))
+    assert torch.equal(rows, eval_rows(50, total, loop.seed))
     preds = loop.executor.predict(loop.clients, loop.test_x).argmax(-1)[:, rows]
     acc = (preds == loop.test_y[rows]).float().mean(1)
     torch.testing.assert_close(loop.evaluate(rows)["global_acc"], acc)

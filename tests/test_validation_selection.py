@@ -13,6 +13,7 @@ from fdlit.aggregators import ProbabilityAveragingAggregator
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
+from fdlit.federation.measurement import selected
 from fdlit.report import load_runs, write_report
 
 
@@ -107,7 +108,7 @@ def _run_dir(root, name, seed, rows):
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     best = max(r["after_public/global_acc_mean"] for r in rows)
     summary = {"finished": True, "rounds": len(rows), "best_global_acc_mean": best,
-               **FederationLoop._selected(rows)}
+               **selected(rows)}
     (path / "summary.json").write_text(json.dumps(summary))
 
 

@@ -1,0 +1,129 @@
+"""Building a federation: the checks a loop's settings get before any work, and the clients.
+
+Everything here can fail on bad input, so it runs when the config is parsed (settings) or in
+``FederationLoop.setup`` before the first round (clients, networks, tensors on the device).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+import numpy as np
+import torch
+
+from fdlit.errors import ConfigError, check_at_least
+from fdlit.models.build import build_model
+
+MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "64-true")
+ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
+MAX_SEED = 2**32 - 1  # numpy's and Lightning's seed range
+
+
+def available_accelerators() -> list[str]:
+    """The ``federation.accelerator`` values this machine can run."""
+    out = ["auto", "cpu"]
+    if torch.cuda.is_available():
+        out += ["cuda", "gpu"]
+    if torch.backends.mps.is_available():
+        out += ["mps"] + ([] if "gpu" in out else ["gpu"])
+    if importlib.util.find_spec("torch_xla") is not None:
+        out.append("tpu")
+    return out
+
+
+def check_accelerator(accelerator: str) -> str:
+    """Refuse an unknown accelerator, or one this machine does not have, before Fabric is built."""
+    here = available_accelerators()
+    if accelerator not in ACCELERATORS:
+        raise ConfigError("federation.accelerator", f"allowed: {', '.join(ACCELERATORS)} "
+                          f"(on this machine: {', '.join(here)}); got {accelerator!r}")
+    if accelerator not in here:
+        raise ConfigError("federation.accelerator", f"{accelerator!r} needs a device this machine does not have; "
+                          f"allowed on this machine: {', '.join(here)}")
+    return accelerator
+
+
+def check_loop_settings(*, rounds: int, epochs: dict[str, int], precision: str, message_dtype: str, mode: str,
+                        modes: tuple[str, ...], accelerator: str, seed: Any, eval_every_n_rounds: int,
+                        eval_subsample: Any, compile: bool, compile_backend: str) -> None:
+    """The ``federation`` section's own checks, named by field, before anything is built."""
+    check_at_least("federation.rounds", rounds, 1)
+    for name, value in epochs.items():
+        check_at_least(f"federation.{name}", value, 0)
+    if precision not in PRECISIONS:
+        raise ConfigError("federation.precision", f"allowed: {', '.join(PRECISIONS)}; got {precision!r}")
+    if message_dtype not in MESSAGE_DTYPES:
+        raise ConfigError("federation.message_dtype", f"allowed: {sorted(MESSAGE_DTYPES)}; got {message_dtype!r}")
+    if mode not in modes:
+        raise ConfigError("federation.mode", f"allowed: {', '.join(modes)}; got {mode!r}")
+    check_accelerator(accelerator)
+    if not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
+        raise ConfigError("seed", f"must be an integer in [0, {MAX_SEED}], got {seed!r}")
+    check_at_least("federation.eval_every_n_rounds", eval_every_n_rounds, 1)
+    if eval_subsample is not None:
+        check_at_least("federation.eval_subsample", eval_subsample, 1)
+    if compile:
+        from torch._dynamo import list_backends
+
+        known = list_backends(exclude_tags=())
+        if compile_backend not in known:
+            raise ConfigError("federation.compile_backend", f"allowed: {', '.join(known)}; got {compile_backend!r}")
+
+
+def import_client_class(path: str) -> type:
+    """``federation.client_class``: a ClientModule subclass by import path."""
+    module_name, _, cls_name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError("federation.client_class", f"cannot import {path!r} ({exc})") from None
+    from fdlit.clients import ClientModule  # Lightning (seconds of CPU) only once a run is set up
+
+    if not (isinstance(cls, type) and issubclass(cls, ClientModule)):
+        raise ConfigError("federation.client_class", f"{path!r} is not a subclass of fdlit.clients.ClientModule")
+    return cls
+
+
+def augmentation_seed(seed: int, client_id: int) -> int:
+    """The seed of a client's augmentation stream, independent of its batch-order stream (seeded
+    ``seed * 1_000_003 + client_id``): on a CPU both are torch CPU generators, and one seed would
+    make crops and flips follow the batch order's draws."""
+    return int(np.random.SeedSequence([seed, client_id, 0xA06]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def client_network(model_spec: Any, data: Any, client_id: int, seed: int) -> torch.nn.Module:
+    """The client's network; the dataset's input module (uint8 -> normalised float, batched
+    augmentation in training mode; fdlit.data.augment) goes first when the dataset has one."""
+    net = build_model(model_spec, data.input_shape, data.num_classes, client_id, len(data.clients))
+    make_input = getattr(data, "input_transform", None)
+    if make_input is None:
+        return net
+    from fdlit.data.augment import WithInput
+
+    return WithInput(make_input(seed=augmentation_seed(seed, client_id)), net)
+
+
+def eval_rows(eval_subsample: Any, total: int, seed: int) -> torch.Tensor | None:
+    """The test rows of intermediate evaluations (sorted), or None for all of them. Drawn from
+    a generator of its own, so the subsample changes no other random stream."""
+    if eval_subsample is None or eval_subsample >= total:
+        return None
+    g = torch.Generator().manual_seed(seed * 1_000_003 + 0xE7A1)
+    return torch.randperm(total, generator=g)[:eval_subsample].sort().values
+
+
+def device_tensors(data: Any, client_data: list, device: torch.device) -> dict[str, Any]:
+    """The held-out, public and private tensors on the run's device, and the M x T mask of the test
+    samples of each client's own classes (local accuracy)."""
+    validation = getattr(data, "validation", None)  # data.validation_size > 0 only
+    return {
+        "test_x": data.test.x.to(device), "test_y": data.test.y.to(device),
+        "public_x": data.public.x.to(device), "public_y": data.public.y.to(device),
+        "private": [(cd.train.x.to(device), cd.train.y.to(device)) for cd in client_data],
+        "val_x": validation.x.to(device) if validation is not None else None,
+        "val_y": validation.y.to(device) if validation is not None else None,
+        "local_mask_matrix": torch.stack([data.local_test_mask(cd.classes) for cd in client_data]).float().to(device),
+    }

@@ -1,0 +1,203 @@
+"""Measurement: evaluating the clients, the round's metrics, and the run's summary.
+
+Global accuracy is measured on the whole test set (or a fixed subsample of it), local accuracy on
+the test samples of each client's own classes (Kovalchuk et al. 2026, App. B). Teacher quality and
+the who-to-trust matrix use the public labels: diagnostics only, never used for training.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from fdlit.aggregators.base import weight_concentration, weight_entropy
+from fdlit.federation.diagnostics import trust_matrix
+
+
+class NumericalFault(RuntimeError):
+    """A client produced NaN or inf; names the client, round and phase."""
+
+
+def check_finite(values, r: int, phase: str, ids: Optional[list[int]] = None) -> None:
+    for i, v in enumerate(values):
+        bad = not torch.isfinite(v).all() if isinstance(v, torch.Tensor) else not math.isfinite(v)
+        if bad:
+            raise NumericalFault(f"client {i if ids is None else ids[i]} produced NaN/inf in round {r}, "
+                                 f"phase '{phase}'")
+
+
+class Evaluation:
+    """The held-out tensors on the device and how every client is measured on them.
+
+    ``predict(x)`` returns every client's logits on x (M x T x C), wherever the clients live."""
+
+    def __init__(self, predict: Callable[[torch.Tensor], torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
+                 local_masks: torch.Tensor, validation: tuple[Optional[torch.Tensor], Optional[torch.Tensor]]):
+        self.predict = predict
+        self.test_x, self.test_y = test
+        self.local_mask_matrix = local_masks  # M x T: test samples of each client's own classes
+        self.val_x, self.val_y = validation
+
+    def __call__(self, rows: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
+        """Global accuracy (whole test set, or its ``rows``) and local accuracy (those test samples
+        of the client's own classes), micro-averaged, for every client."""
+        x, y, masks = self.test_x, self.test_y, self.local_mask_matrix
+        if rows is not None:
+            x, y, masks = x[rows], y[rows], masks[:, rows]
+        preds = self.predict(x).argmax(-1)  # M x T
+        # micro accuracy (correct / total; torchmetrics' MulticlassAccuracy defaults to macro), for
+        # all clients in one op: 80 per-client metric calls a round cost more than the predictions
+        correct = (preds == y).float()
+        out = {"global_acc": correct.mean(1).cpu(),
+               "local_acc": ((correct * masks).sum(1) / masks.sum(1).clamp_min(1)).cpu()}
+        if self.val_y is not None:  # one more predict, on the (small) validation set
+            out["val_acc"] = (self.predict(self.val_x).argmax(-1) == self.val_y).float().mean(1).cpu()
+        return out
+
+
+def accuracy_metrics(after_private, after_public, with_validation: bool) -> dict[str, Any]:
+    """Mean, min, max and per-client accuracies after each phase; NaN (and no per-client lists)
+    for a phase that was not evaluated this round."""
+    metrics: dict[str, Any] = {}
+    for phase, accs in (("after_private", after_private), ("after_public", after_public)):
+        for name in ("global_acc", "local_acc"):
+            if accs is None:
+                for stat in ("mean", "min", "max"):
+                    metrics[f"{phase}/{name}_{stat}"] = math.nan
+                continue
+            values = accs[name]
+            metrics[f"{phase}/{name}_mean"] = float(values.mean())
+            metrics[f"{phase}/{name}_min"] = float(values.min())
+            metrics[f"{phase}/{name}_max"] = float(values.max())
+            metrics[f"clients/{phase}/{name}"] = values.tolist()
+        if with_validation:  # selection without the test set (summary: selected_*)
+            metrics[f"{phase}/val_acc_mean"] = math.nan if accs is None else float(accs["val_acc"].mean())
+    return metrics
+
+
+def teacher_metrics(result, public_y: torch.Tensor) -> dict[str, float]:
+    """Teacher quality against the public labels of the round's rows (diagnostic only)."""
+    if result is None or result.teacher is None:  # baselines, rounds where no upload arrived and
+        # parameter exchange have no teacher
+        return {"teacher/kept_fraction": math.nan, "teacher/acc": math.nan, "teacher/nll": math.nan}
+    p, y = result.teacher, public_y
+    if result.keep is not None:
+        p, y = p[result.keep], y[result.keep]
+    out = {"teacher/kept_fraction": float(len(y) / len(public_y))}
+    if len(y):
+        out["teacher/acc"] = float((p.argmax(-1) == y).float().mean())
+        out["teacher/nll"] = float(-torch.log(p.gather(1, y[:, None]).clamp_min(1e-12)).mean())
+    else:
+        out["teacher/acc"] = out["teacher/nll"] = math.nan
+    if result.weights is not None:
+        out["weights/chi"] = float(weight_concentration(result.weights))
+        out["weights/entropy"] = float(weight_entropy(result.weights))
+    return out
+
+
+def participation_metrics(sampled: Sequence[int], arrived: Sequence[int], public_size: int) -> dict[str, Any]:
+    return {"participation/clients": list(sampled), "participation/arrived": list(arrived),
+            "participation/sampled_count": len(sampled), "participation/arrived_count": len(arrived),
+            "participation/dropped_count": len(sampled) - len(arrived), "participation/public_size": public_size}
+
+
+def trust_rows(weights: torch.Tensor, public_y: torch.Tensor, num_classes: int, arrived: Sequence[int],
+               num_clients: int) -> list:
+    """The M x C who-to-trust matrix; rows of clients that sent nothing this round are null."""
+    matrix = trust_matrix(weights, public_y, num_classes)
+    if len(arrived) < num_clients:
+        by_client = dict(zip(arrived, matrix))
+        matrix = [by_client.get(i, [None] * num_classes) for i in range(num_clients)]
+    return matrix
+
+
+# ---------------------------------------------------------------------- the run's summary
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def selected(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
+    """Selection without the test set: per phase, the test accuracy of the evaluated round with
+    the best mean validation accuracy (the earliest such round on a tie). Empty without a
+    validation set."""
+    out: dict[str, Any] = {}
+    for phase, suffix in (("after_public", ""), ("after_private", "_after_private")):
+        rows = [m for m in evaluated if _finite(m.get(f"{phase}/val_acc_mean"))]
+        if rows:
+            chosen = max(rows, key=lambda m: m[f"{phase}/val_acc_mean"])
+            out[f"selected_global_acc_mean{suffix}"] = chosen[f"{phase}/global_acc_mean"]
+            out[f"selected_round{suffix}"] = chosen["round"]
+            out[f"selected_val_acc_mean{suffix}"] = chosen[f"{phase}/val_acc_mean"]
+    return out
+
+
+def server_summary(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
+    """Best and final server-model accuracy (only runs with a server model log ``server/acc``)."""
+    rows = [m for m in evaluated if not math.isnan(m.get("server/acc", math.nan))]
+    if not rows:
+        return {}
+    best = max(rows, key=lambda m: m["server/acc"])
+    return {"server_best_acc": best["server/acc"], "server_best_round": best["round"],
+            "server_final_acc": rows[-1]["server/acc"], "server_final_nll": rows[-1]["server/nll"]}
+
+
+def summary(history: list[dict[str, Any]], *, rounds_done: int, rounds: int, test_samples: int,
+            bytes_up: int, bytes_down: int, wall_time: float, client_classes: list[list[int]]) -> dict[str, Any]:
+    """Best and final numbers over the rounds that evaluated the clients (``eval/test_samples`` > 0;
+    a finished run's last round always did, on the whole test set)."""
+    if not history:
+        return {}
+    key = "after_public/global_acc_mean"
+    evaluated = [m for m in history if m.get("eval/test_samples", 1) > 0] or history[:1]
+    best = max(evaluated, key=lambda m: m[key])
+    best_private = max(evaluated, key=lambda m: m["after_private/global_acc_mean"])
+    # both phases are reported: Kovalchuk et al. 2026 do not say after which phase Table 1's accuracy is taken
+    last = evaluated[-1]
+    return {
+        "rounds": rounds_done,
+        "finished": rounds_done == rounds,
+        "best_global_acc_mean": best[key],
+        "best_round": best["round"],
+        "best_global_acc_mean_after_private": best_private["after_private/global_acc_mean"],
+        "best_round_after_private": best_private["round"],
+        **selected(evaluated),
+        "final_round": last["round"],
+        "final_test_samples": last.get("eval/test_samples", test_samples),
+        "best_test_samples": best.get("eval/test_samples", test_samples),
+        "final_global_acc_mean": last[key],
+        "final_local_acc_mean_after_private": last["after_private/local_acc_mean"],
+        "final_local_acc_mean_after_public": last["after_public/local_acc_mean"],
+        "final_teacher_acc": history[-1]["teacher/acc"],
+        **server_summary(evaluated),
+        "bytes_up_total": bytes_up,
+        "bytes_down_total": bytes_down,
+        "wall_time_s": wall_time,
+        "client_classes": client_classes,  # the report boxes them in trust matrices
+    }
+
+
+def _subsample_note(summary: dict[str, Any]) -> str:
+    best, full = summary.get("best_test_samples"), summary.get("final_test_samples")
+    return f" [best on a test subsample of {best}]" if best and full and best < full else ""
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    mb = 1024**2
+    return "\n".join([
+        f"fdlit summary: {summary['run']}  ({summary['rounds']} rounds, {summary['wall_time_s']:.1f} s)",
+        f"  best mean global accuracy : {summary['best_global_acc_mean']:.4f} after public phase (round "
+        f"{summary['best_round']}), {summary['best_global_acc_mean_after_private']:.4f} after private phase "
+        f"(round {summary['best_round_after_private']})" + _subsample_note(summary),
+        *([f"  validation-selected       : {summary['selected_global_acc_mean']:.4f} after public phase (round "
+           f"{summary['selected_round']}), {summary['selected_global_acc_mean_after_private']:.4f} after private "
+           f"phase (round {summary['selected_round_after_private']})"] if "selected_global_acc_mean" in summary else []),
+        f"  final mean local accuracy : {summary['final_local_acc_mean_after_private']:.4f} after private phase, "
+        f"{summary['final_local_acc_mean_after_public']:.4f} after public phase",
+        f"  final teacher accuracy    : {summary['final_teacher_acc']:.4f} (public labels, diagnostic)",
+        *([f"  server model accuracy     : {summary['server_final_acc']:.4f} final, {summary['server_best_acc']:.4f} "
+           f"best (round {summary['server_best_round']})"] if "server_final_acc" in summary else []),
+        f"  bytes up / down           : {summary['bytes_up_total'] / mb:.2f} MiB / {summary['bytes_down_total'] / mb:.2f} MiB",
+        f"  run directory             : {summary['run_dir']}",
+    ])
