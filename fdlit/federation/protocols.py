@@ -20,15 +20,13 @@ A method may name its own protocol class (``protocol`` attribute); otherwise its
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
 from fdlit.federation.measurement import check_finite
+from fdlit.federation.round_facts import RoundPlan
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fdlit.federation.loop import FederationLoop
-    from fdlit.federation.round_facts import RoundPlan
 
 
 def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,19 +44,23 @@ def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Ten
 class Protocol:
     """One round's exchange after the private phase, and the method's one-off set-up before round 1.
 
+    A protocol is part of fdlit's round, not of a method: its steps get ``fed``, the federation
+    (the :class:`~fdlit.federation.loop.FederationLoop`'s clients, executor, ledger, privacy layer
+    and round facts), and hand the method only its contexts.
+
     ``run`` returns (the server's AggregationResult or None, public-phase losses, accuracies after
     the exchange or None when the round is not evaluated)."""
 
     communicates = True  # False: the baselines, which send nothing (set-up, DP and budget included)
 
     # ------------------------------------------------------------------ round 0
-    def setup(self, fed: FederationLoop) -> None:
+    def setup(self, fed: Any) -> None:
         """Before round 1: the method's public warm-up and its set-up exchange, if it has them."""
         self.public_warmup(fed)
         if fed.aggregator.has_setup:
             self.method_setup(fed)
 
-    def public_warmup(self, fed: FederationLoop) -> None:
+    def public_warmup(self, fed: Any) -> None:
         """For methods that ask (``public_warmup_epochs`` > 0, e.g. FedMD's transfer learning): every
         client trains on the labelled public set with the private loss. The public set is known to
         every party, so nothing is sent."""
@@ -68,7 +70,7 @@ class Protocol:
                                         epochs, fed.optimization.batch_size)
             check_finite(losses, 0, "public warm-up")
 
-    def method_setup(self, fed: FederationLoop) -> None:
+    def method_setup(self, fed: Any) -> None:
         """Round 0: the method's one-off client work where the clients live, the server's set-up,
         and its broadcast; every message is counted as round 0."""
         info = fed.facts.info(0)
@@ -83,12 +85,12 @@ class Protocol:
             fed.executor.client_hook("client_receive", fed.aggregator, info, fed.clients, fed.client_data,
                                      fed.received)
 
-    def stop_reason(self, fed: FederationLoop, r: int) -> Optional[str]:
+    def stop_reason(self, fed: Any, r: int) -> Optional[str]:
         """Why the run stops before round r (the privacy budget is spent), or None."""
         return fed.privacy.over_budget(r, fed.facts.sample_rate)
 
     # ------------------------------------------------------------------ a round
-    def run(self, fed: FederationLoop, plan: RoundPlan, after_private: Any) -> tuple[Any, list[float], Any]:
+    def run(self, fed: Any, plan: RoundPlan, after_private: Any) -> tuple[Any, list[float], Any]:
         raise NotImplementedError
 
 

@@ -6,13 +6,11 @@ the method's server state, the privacy accountant, the ledger and the history fr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fdlit.federation.loop import FederationLoop
+from typing import Any
 
 
-def loop_state(fed: FederationLoop) -> dict[str, Any]:
+
+def loop_state(fed: Any) -> dict[str, Any]:
     """Tensors and plain data only."""
     return {
         "round": fed.round,
@@ -30,7 +28,7 @@ def loop_state(fed: FederationLoop) -> dict[str, Any]:
     }
 
 
-def load_loop_state(fed: FederationLoop, state: dict[str, Any]) -> None:
+def load_loop_state(fed: Any, state: dict[str, Any]) -> None:
     """Continue from ``state`` (the loop is set up, before ``fit``)."""
     for client, client_state in zip(fed.clients, state["clients"]):
         client.load_client_state(client_state)
