@@ -31,7 +31,8 @@ LOOP_OBJECTS = {"data", "model", "client", "aggregator", "privacy", "seed", "ser
 
 
 def resolve_config_path(value: str) -> str:
-    """``--config cifar100.yaml`` or ``--config cifar100`` finds ``configs/cifar100.yaml``."""
+    """``--config cifar100.yaml`` or ``--config cifar100`` finds ``configs/cifar100.yaml``, and
+    ``--config methods/feddf`` finds ``configs/methods/feddf.yaml``."""
     path = Path(value)
     if path.exists():
         return value
@@ -41,7 +42,9 @@ def resolve_config_path(value: str) -> str:
             if (folder / name).exists():
                 return str(folder / name)
     shipped = sorted({p.name for folder in CONFIG_DIRS if folder.exists() for p in folder.glob("*.yaml")})
-    raise ConfigError("config", f"no config file {value!r}; shipped configs: {', '.join(shipped) or 'none'}")
+    layers = sorted({p.parent.name for folder in CONFIG_DIRS if folder.exists() for p in folder.glob("*/*.yaml")})
+    raise ConfigError("config", f"no config file {value!r}; shipped configs: {', '.join(shipped) or 'none'}"
+                      + (f"; parts to stack in {', '.join(f'{d}/' for d in layers)}" if layers else ""))
 
 
 def fit_parser() -> ArgumentParser:

@@ -107,6 +107,8 @@ def test_every_method_stacks_on_the_digits_federation(method):
     declared = yaml.safe_load((CONFIGS / "methods" / f"{method}.yaml").read_text())
     assert cfg.aggregator.class_path == declared["aggregator"]["class_path"]
     assert cfg.data == base.data and cfg.model == base.model  # a method leaves the federation alone
+    _, over_default = parse_fit(["--config", "digits.yaml", "--config", f"methods/{method}"])
+    assert plain(over_default) == plain(cfg)  # stacked on a full config, a method replaces its method
 
 
 @pytest.mark.parametrize("study", STUDIES)
