@@ -10,6 +10,7 @@ import difflib
 import re
 from pathlib import Path
 
+import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from fdlit.aggregators import Aggregator
@@ -30,7 +31,8 @@ LOOP_OBJECTS = {"data", "model", "client", "aggregator", "privacy", "seed", "ser
 
 
 def resolve_config_path(value: str) -> str:
-    """``--config cifar100.yaml`` or ``--config cifar100`` finds ``configs/cifar100.yaml``."""
+    """``--config cifar100.yaml`` or ``--config cifar100`` finds ``configs/cifar100.yaml``, and
+    ``--config methods/feddf`` finds ``configs/methods/feddf.yaml``."""
     path = Path(value)
     if path.exists():
         return value
@@ -40,7 +42,9 @@ def resolve_config_path(value: str) -> str:
             if (folder / name).exists():
                 return str(folder / name)
     shipped = sorted({p.name for folder in CONFIG_DIRS if folder.exists() for p in folder.glob("*.yaml")})
-    raise ConfigError("config", f"no config file {value!r}; shipped configs: {', '.join(shipped) or 'none'}")
+    layers = sorted({p.parent.name for folder in CONFIG_DIRS if folder.exists() for p in folder.glob("*/*.yaml")})
+    raise ConfigError("config", f"no config file {value!r}; shipped configs: {', '.join(shipped) or 'none'}"
+                      + (f"; parts to stack in {', '.join(f'{d}/' for d in layers)}" if layers else ""))
 
 
 def fit_parser() -> ArgumentParser:
@@ -75,13 +79,53 @@ def fit_parser() -> ArgumentParser:
     return parser
 
 
+def config_layers(path: str, _including: tuple[Path, ...] = ()) -> list[str]:
+    """The files a config file stands for, in the order they apply: the files its top-level ``config:``
+    key names (one path or a list, relative to the file, each expanded the same way), then the file itself.
+    jsonargparse reads a single ``config: other.yaml`` but silently drops a list, hence this expansion."""
+    file = Path(path).resolve()
+    if file in _including:
+        chain = " -> ".join(str(p) for p in (*_including, file))
+        raise ConfigError("config", f"{path} includes itself ({chain})")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError):
+        return [path]  # jsonargparse reports an unreadable file, naming it
+    listed = data.get("config") if isinstance(data, dict) else None
+    if listed is None:
+        return [path]
+    entries = [listed] if isinstance(listed, str) else listed
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise ConfigError("config", f"{path}: `config:` must be a file name or a list of file names, got {listed!r}")
+    layers: list[str] = []
+    for entry in entries:
+        target = file.parent / entry
+        if not target.is_file():
+            raise ConfigError("config", f"{path} lists {entry!r}, which does not exist ({target})")
+        layers += config_layers(str(target), (*_including, file))
+    return [*layers, path]
+
+
 def rewrite_config_args(argv: list[str]) -> list[str]:
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == "--config" and i + 1 < len(out):
-            out[i + 1] = resolve_config_path(out[i + 1])
+    """Every ``--config X``: X resolved to a file (a bare name finds ``configs/X.yaml``) and preceded by
+    the files it lists under ``config:``. Applying it twice gives the same arguments."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config" and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
         elif arg.startswith("--config="):
-            out[i] = "--config=" + resolve_config_path(arg.split("=", 1)[1])
+            value, i = arg.split("=", 1)[1], i + 1
+        else:
+            out.append(arg)
+            i += 1
+            continue
+        *listed, file = config_layers(resolve_config_path(value))
+        flags = [part for layer in listed for part in ("--config", layer)]
+        if flags and out[-len(flags):] == flags:  # already expanded
+            flags = []
+        out += [*flags, "--config", file]
     return out
 
 
