@@ -221,3 +221,12 @@ def test_with_half_the_clients_sampled_epsilon_counts_the_rounds_each_client_upl
             taken[i] += 1
         assert metrics["privacy/epsilon"] == pytest.approx(worst_of(max(taken.values())), rel=1e-12)
         assert metrics["privacy/epsilon_sampled"] == pytest.approx(direct_sampled_epsilon(0.8, 0.5, r, 1e-4), rel=1e-9)
+
+
+def test_runs_saved_before_the_threat_model_knob_keep_their_fingerprint():
+    from fdlit.runs.checkpoint import config_fingerprint
+
+    before = {"seed": 0, "privacy": {"noise_multiplier": 0.8, "clip_norm": 2.0, "encoding": "full"}}
+    now = {"seed": 0, "privacy": {**before["privacy"], "accounting": "local"}}
+    assert config_fingerprint(now) == config_fingerprint(before)
+    assert config_fingerprint({**now, "privacy": {**now["privacy"], "accounting": "central"}}) != config_fingerprint(before)
