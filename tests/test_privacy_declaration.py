@@ -76,6 +76,9 @@ def test_a_method_that_uploads_more_than_it_declares_is_refused_before_any_work(
         UploadPrivacy(noise_multiplier=1.0).check(Undeclared(), num_classes=3)
     assert err.value.field == "privacy.noise_multiplier"
     UploadPrivacy(noise_multiplier=0.0).check(Undeclared(), num_classes=3)  # without DP nothing is refused
+    declared = Undeclared()
+    declared.released = {"logits": "rows", "secret": "rows"}  # declared on the instance: accepted
+    UploadPrivacy(noise_multiplier=1.0).check(declared, num_classes=3)
 
 
 def test_central_noise_goes_once_on_the_sum_and_the_rule_receives_the_noisy_mean():

@@ -17,8 +17,9 @@ its kind:
 
 The default (``fdlit.aggregators.Aggregator.released``) is ``{"logits": "rows"}``: the public-set
 logits every client uploads. A method that overrides ``client_upload`` declares ``released`` in the
-same class (or below it); otherwise the mechanism refuses it with DP on, since its declaration may not
-cover what it sends.
+same class (or below it, or on the instance); otherwise the mechanism refuses it with DP on, since
+its declaration may not cover what it sends. Likewise ``summed`` is trusted only from the class that
+defines ``aggregate`` (or below it, or the instance).
 
 ``summed`` (optional, for the central threat model): ``"logits"`` or ``"probabilities"`` when the
 rule's teacher depends on the uploads only through the clients' mean of that quantity (logit
@@ -70,9 +71,9 @@ class Release:
             raise TypeError(f"{self.name}.summed = {self.summed!r}; allowed: None, {', '.join(SUMMANDS)}")
         self.evaluates_logits = bool(getattr(method, "evaluates_logits", False))
         self.advice = getattr(method, "privacy_advice", "") or ""
-        cls = type(method)
-        self.undeclared_upload = method is not None and stale(cls, "released", "client_upload")
-        self.undeclared_teacher = method is not None and stale(cls, "summed", "aggregate")
+        cls, own = type(method), getattr(method, "__dict__", {})  # own: declared on the instance itself
+        self.undeclared_upload = method is not None and "released" not in own and stale(cls, "released", "client_upload")
+        self.undeclared_teacher = method is not None and "summed" not in own and stale(cls, "summed", "aggregate")
 
     def keys(self, *kinds: str) -> list[str]:
         return [k for k, kind in self.released.items() if kind in kinds]
