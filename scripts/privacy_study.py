@@ -119,6 +119,7 @@ def figure(path: Path, grid: list, results: list[dict], names: list[tuple[str, l
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     def cell(m: str, name: str, key: str) -> list[float]:
         return [r[key] for g, r in zip(grid, results) if g[0] == m and g[1] == name]
@@ -141,6 +142,7 @@ def figure(path: Path, grid: list, results: list[dict], names: list[tuple[str, l
         right.bar([i + width * j for i, _ in shown], [statistics.mean(v) for _, v in shown], width, color=color,
                   label=m, yerr=[statistics.stdev(v) if len(v) > 1 else 0.0 for _, v in shown])
     left.set_xscale("log")
+    left.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labels on the decades only
     left.set_xlabel("ε (δ = 1e-5), client level")
     left.set_ylabel("final mean global accuracy (%)")
     left.legend(fontsize=8)
