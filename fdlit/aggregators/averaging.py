@@ -14,6 +14,7 @@ class ProbabilityAveragingAggregator(Aggregator):
     """
 
     short_name = "avg"
+    summed = "probabilities"  # the teacher is the clients' mean probability
 
     def aggregate(self, uploads, ctx=None):
         z = self.stack_logits(uploads)

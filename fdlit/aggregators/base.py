@@ -128,6 +128,10 @@ class Aggregator:
 
     short_name = "rule"
     exchange = "predictions"  # or "parameters" (see the module docstring)
+    # for the privacy mechanism (fdlit.privacy.release): each upload key's kind, and which quantity's
+    # client mean is all the teacher needs (None: the rule combines the uploads non-linearly)
+    released: dict[str, str] = {"logits": "rows"}
+    summed: Optional[str] = None
 
     def check_config(self, model: Any, client: Any) -> None:
         """Refuse, with a ConfigError, a model spec or client optimization the method cannot run

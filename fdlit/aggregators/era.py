@@ -12,9 +12,8 @@ from fdlit.errors import check_number
 class EntropyReductionAggregator(Aggregator):
     """ERA: P(x) = softmax( (1/M) sum_i Q_i(x) / T ), T = 0.1 (sharpens the AVG teacher).
 
-    Source: DS-FL (Itahara et al., IEEE TMC 2021), as listed in FedGO's (Jang et al. 2025) table of
-    prior weighting rules and docs/algorithms.md ("Confidence and variance weightings"). Upload: N*C
-    numbers per client.
+    Source: DS-FL (Itahara et al., IEEE TMC 2021, entropy reduction aggregation); docs/algorithms.md
+    ("Confidence and variance weightings"). Upload: N*C numbers per client.
 
     The softmax is applied to the *averaged probabilities* (values in [0, 1]), not to logits: with
     T < 1 this lowers the teacher's entropy while keeping AVG's argmax; T = 1 still differs from AVG

@@ -72,6 +72,7 @@ class FedAvg(Aggregator):
     """FedAvg (McMahan et al. 2017): w_{t+1} = sum_k (n_k / n) w_{t+1}^k (see the module docstring)."""
 
     short_name = "fedavg"
+    released = {"parameters": "unbounded"}
     exchange = "parameters"
 
     def __init__(self):

@@ -95,6 +95,7 @@ class LKDAggregator(Aggregator):
     """
 
     short_name = "lkd"
+    released = {"logits": "rows", "lkd_logits": "unbounded", "class_auc": "unbounded"}
 
     def __init__(self, temperature: float = 20.0,
                  scoring: Literal["calibration_vs_public", "calibration", "server"] = "calibration_vs_public",

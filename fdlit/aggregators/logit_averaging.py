@@ -24,6 +24,7 @@ class LogitAveragingAggregator(Aggregator):
     """
 
     short_name = "logitavg"
+    summed = "logits"  # the teacher is a function of the clients' mean logits
 
     def __init__(self, temperature: float = 1.0):
         check_number("aggregator.temperature", temperature)

@@ -48,6 +48,7 @@ class MetaModelAggregator(Aggregator):
     """
 
     short_name = "mm"
+    released = {"logits": "rows", "mm_logits": "unbounded"}
 
     def __init__(self, labelled_per_client: Optional[int] = None, hidden: int = 64, steps: int = 300,
                  lr: float = 1e-2, weight_decay: float = 1e-3, labelled_size: Optional[int] = None):

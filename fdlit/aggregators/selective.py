@@ -93,6 +93,7 @@ class SelectiveFDAggregator(Aggregator):
     """
 
     short_name = "selfd"
+    released = {"logits": "rows", "labels": "unbounded", "mask": "unbounded"}
 
     def __init__(
         self,

@@ -101,6 +101,24 @@ class UncertaintyWeightedAggregator(Aggregator):
         self.variance_floor = variance_floor
         self.min_calibration_samples = min_calibration_samples
 
+    @property
+    def released(self) -> dict[str, str]:
+        """The density's mean and std rows are clipped and noised with the logits; its label set goes in
+        the clear; the scores (log-likelihoods) have no sensitivity bound."""
+        if self.upload == "scores":
+            return {"logits": "rows", "log_likelihood": "unbounded"}
+        return {"logits": "rows", "gmm_means": "rows", "gmm_stds": "positive_rows", "gmm_classes": "clear"}
+
+    @property
+    def evaluates_logits(self) -> bool:
+        return self.upload == "density"  # the server evaluates the density on the uploaded logits
+
+    @property
+    def privacy_advice(self) -> str:
+        if self.upload == "scores":
+            return "set aggregator.upload: density (its rows are clipped and noised with the logits)"
+        return "set aggregator.upload: scores (the client scores its own logits) or privacy.encoding: full"
+
     def client_upload(self, ctx):
         cal = ctx.data.calibration
         cal_logits = ctx.client.predict_logits(cal.x.to(ctx.public_logits.device))

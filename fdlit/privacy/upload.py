@@ -2,31 +2,42 @@
 
 The Gaussian mechanism on uploads (client-level differential privacy)
 ----------------------------------------------------------------------
-Every round, client i releases its public-set predictions Z_i (N x C logits) and, under UWA's
-``density`` upload, its Gaussian mixture (|C_i| mean rows and |C_i| standard-deviation rows of C
-numbers each). With noise multiplier sigma > 0 and clipping norm c:
+Every round, client i releases its public-set predictions Z_i (N x C logits) and whatever else its
+method declares as released rows (``released``, fdlit.privacy.release: e.g. a density's mean and
+standard-deviation rows). With noise multiplier sigma > 0 and clipping norm c:
 
-    each released row r (a logit row, a mean row, a std row) is clipped: r <- r * min(1, c / ||r||_2)
-    the whole release X_i (R rows: R = N, or N + 2|C_i| under UWA) gets  X_i + N(0, (sigma * Delta)^2 I)
+    each released row r is clipped: r <- r * min(1, c / ||r||_2)
+    local (default):  the client's whole release X_i (R rows) gets  X_i + N(0, (sigma * Delta)^2 I)
+    central:          the clients' clipped rows are summed (secure aggregation) and the sum gets one
+                      N(0, (sigma * Delta)^2 I); the rule receives the noisy mean
     Delta = 2 c sqrt(R)
 
 **Privacy unit: the client's whole private data set.** A client's release is computed by a model
 trained on its private data; changing one private record may change every row, and FD gives no
 per-record bound without per-sample gradient clipping (DP-SGD), which this mechanism does not do.
 So the neighbouring relation is "replace the client's data by any other data": any two clipped
-releases differ by at most 2c per row, hence by Delta = 2c sqrt(R) in L2 over the release. With
-noise std sigma * Delta, one round is the Gaussian mechanism with noise multiplier sigma, and R
-rounds (each client sampled with probability q per round, ``sample_rate``) are accounted by a
-maintained accountant (Opacus's RDP or PRV accountant; Mironov 2017, Renyi differential privacy;
-Gopi et al. 2021, PRV accountant): ``privacy/epsilon`` is the (epsilon, delta) guarantee each
-client has about everything it released so far, round 0 to now.
+releases differ by at most 2c per row, hence by Delta = 2c sqrt(R) in L2 over the release (and the
+sum of the clients' releases changes by at most as much). With noise std sigma * Delta, one round is
+the Gaussian mechanism with noise multiplier sigma for every client that took part; the rounds are
+accounted in fdlit.privacy.accounting (no amplification by subsampling: the server sees who took
+part).
 
-What is protected: the logits (hence probabilities, hard labels, top-k, ...), and UWA's density
-means and standard deviations. What is not: which classes a client's density covers (UWA sends
-``gmm_classes``, and the number of mixture rows, in the clear), that a client takes part, the
-client's model (never released in FD, but the audit shows what it memorises), and anything a rule
-sends besides these (such rules are refused with DP on). Server-side processing of the noisy
-release (aggregation, the teacher, what goes down) is post-processing and costs no privacy.
+The two threat models (``accounting``):
+
+* ``local``: the server is not trusted with any client's upload; each client noises its own, and
+  the server sees every noised upload with its sender. Any rule works; an averaged teacher over M
+  clients carries noise of std sigma * Delta / sqrt(M).
+* ``central`` (alias ``secure_aggregation``): the server sees only the sum of the clients' clipped
+  uploads (secure aggregation) with noise added once (by a trusted party or distributed among the
+  clients). Only rules whose teacher depends on the uploads through their mean (declared ``summed``)
+  can use it; their teacher carries noise of std sigma * Delta / M, sqrt(M) times less at the same
+  epsilon.
+
+What is protected: the declared rows (the logits, hence probabilities, hard labels, top-k, ...). What
+is not: keys declared ``clear`` (sent as they are), that a client takes part, the client's model
+(never released in FD, but the audit shows what it memorises), and set-up messages (methods with a
+set-up stage, or with keys declared ``unbounded``, are refused with DP on). Server-side processing of
+the noisy release (aggregation, the teacher, what goes down) is post-processing and costs no privacy.
 
 sigma = 0 turns the mechanism off: nothing is clipped or noised and epsilon is not reported.
 Encodings (``encoding``) apply after the noise (post-processing): they send less, and by
@@ -42,11 +53,16 @@ import numpy as np
 import torch
 
 from fdlit.errors import ConfigError, check_number
+from fdlit.privacy.accounting import ClientAccountant, make_accountant
 from fdlit.privacy.encoding import ENCODINGS, decode, encode
+from fdlit.privacy.release import NOISED, POSITIVE_ROWS, UNBOUNDED, Release
 
 ACCOUNTANTS = ("rdp", "prv")
-DENSITY_KEYS = ("gmm_means", "gmm_stds")
-STD_FLOOR = 1e-2  # noisy standard deviations are floored (post-processing): the density needs sigma > 0
+ACCOUNTINGS = ("local", "central", "secure_aggregation")  # secure_aggregation: another name for central
+FLOOR = 1e-2  # noisy positive rows (standard deviations) are floored (post-processing): a density needs sigma > 0
+LOG_FLOOR = 1e-12  # a noisy mean probability is floored before its log (post-processing)
+
+__all__ = ["ACCOUNTANTS", "ACCOUNTINGS", "UploadPrivacy", "clip_rows", "default_config", "make_accountant"]
 
 
 def default_config() -> dict[str, Any]:
@@ -55,15 +71,6 @@ def default_config() -> dict[str, Any]:
 
     return {name: par.default for name, par in inspect.signature(UploadPrivacy.__init__).parameters.items()
             if name != "self"}
-
-
-def make_accountant(kind: str, history: Optional[list] = None):
-    """An Opacus accountant, with ``history`` ((noise multiplier, sample rate, steps) entries) restored."""
-    from opacus.accountants import PRVAccountant, RDPAccountant  # imported only when DP is on
-
-    accountant = RDPAccountant() if kind == "rdp" else PRVAccountant()
-    accountant.history = [tuple(h) for h in (history or [])]
-    return accountant
 
 
 def clip_rows(x: torch.Tensor, c: float) -> tuple[torch.Tensor, int]:
@@ -79,18 +86,22 @@ class UploadPrivacy:
     Args:
         noise_multiplier: sigma >= 0; the noise std is sigma x the release's L2 sensitivity
             Delta = 2 c sqrt(rows). 0: no mechanism (nothing clipped or noised; epsilon not reported).
-        clip_norm: c > 0, the L2 norm every released row (a public-set logit row, a UWA density
-            row) is clipped to.
+        clip_norm: c > 0, the L2 norm every released row (a public-set logit row, a declared row of
+            the method's) is clipped to.
         delta: the delta of the reported (epsilon, delta), in (0, 1).
         epsilon_budget: stop the run cleanly, after the last round that stays within it, when the
-            next round would raise epsilon above this (> 0); null: no budget.
-        accountant: ``rdp`` (Opacus's RDPAccountant) or ``prv`` (Opacus's PRVAccountant).
+            next round could raise epsilon above this (> 0); null: no budget.
+        accountant: ``rdp`` (Opacus's RDPAccountant) or ``prv`` (Opacus's PRVAccountant), for the
+            per-client composition (fdlit.privacy.accounting).
+        accounting: the threat model: ``local`` (each client noises its own upload; the server sees
+            each) or ``central`` / ``secure_aggregation`` (the server sees only the noisy sum; rules
+            whose teacher is a function of the clients' mean only).
         encoding: what a client's prediction travels as: ``full`` logits, ``hard`` class ids,
             ``top_k`` probabilities, ``quantised`` probabilities (fdlit.privacy.encoding).
         top_k: k of ``top_k``, in [1, C].
         bits: bits per probability of ``quantised``, in [1, 16].
         audit: at the last round, a loss-threshold membership-inference attack (Yeom et al. 2018)
-            on every client model: ``privacy/mia_auc`` (mean) and ``privacy/mia_auc_clients``.
+            on every client model: ``privacy/mia_auc`` (mean) and ``clients/privacy/mia_auc``.
     """
 
     def __init__(
@@ -100,6 +111,7 @@ class UploadPrivacy:
         delta: float = 1e-5,
         epsilon_budget: Optional[float] = None,
         accountant: Literal["rdp", "prv"] = "rdp",
+        accounting: Literal["local", "central", "secure_aggregation"] = "local",
         encoding: Literal["full", "hard", "top_k", "quantised"] = "full",
         top_k: int = 1,
         bits: int = 8,
@@ -113,6 +125,8 @@ class UploadPrivacy:
             check_number("privacy.epsilon_budget", epsilon_budget)
         if accountant not in ACCOUNTANTS:
             raise ConfigError("privacy.accountant", f"allowed: {', '.join(ACCOUNTANTS)}; got {accountant!r}")
+        if accounting not in ACCOUNTINGS:
+            raise ConfigError("privacy.accounting", f"allowed: {', '.join(ACCOUNTINGS)}; got {accounting!r}")
         if encoding not in ENCODINGS:
             raise ConfigError("privacy.encoding", f"allowed: {', '.join(ENCODINGS)}; got {encoding!r}")
         if not 1 <= bits <= 16:
@@ -125,8 +139,10 @@ class UploadPrivacy:
         self.noise_multiplier, self.clip_norm, self.delta = float(noise_multiplier), float(clip_norm), float(delta)
         self.epsilon_budget = epsilon_budget
         self.accountant_kind, self.encoding, self.top_k, self.bits = accountant, encoding, top_k, bits
+        self.central = accounting != "local"
         self.audit = bool(audit)
-        self.history: list[tuple[float, float, int]] = []  # the accountant's (sigma, q, steps)
+        self.release = Release()  # the method's declaration (check() reads it); by default the logits alone
+        self.accountant = ClientAccountant(accountant, self.delta)
 
     @property
     def dp(self) -> bool:
@@ -137,36 +153,58 @@ class UploadPrivacy:
         """Whether uploads differ from fdlit's plain logits at all."""
         return self.dp or self.encoding != "full"
 
+    @property
+    def history(self) -> list[tuple[float, float, int]]:
+        """The rounds so far as (sigma, q, rounds) entries."""
+        return self.accountant.rounds
+
     # ------------------------------------------------------------------ checks (before any work)
-    def check(self, aggregator, num_classes: int) -> None:
-        """Refuse what the mechanism does not cover; called in set-up, before any training."""
+    def check(self, method, num_classes: int) -> None:
+        """Refuse what the mechanism does not cover, from the method's declaration
+        (fdlit.privacy.release); called in set-up, before any training."""
         if self.encoding == "top_k" and not 1 <= self.top_k <= num_classes:
             raise ConfigError("privacy.top_k", f"must be in [1, {num_classes}] (the number of classes), "
                               f"got {self.top_k}")
-        from fdlit.aggregators.base import Aggregator
-        from fdlit.aggregators.uncertainty import UncertaintyWeightedAggregator
-
-        name = type(aggregator).__name__
-        uwa = isinstance(aggregator, UncertaintyWeightedAggregator)
+        release = self.release = Release(method)
+        name = release.name
         if self.dp:
-            own_upload = type(aggregator).client_upload is not Aggregator.client_upload
-            if aggregator.has_setup or (own_upload and not uwa):
-                raise ConfigError("privacy.noise_multiplier", f"differential privacy covers the public logits and "
-                                  f"UWA's density; {name} uploads more (set-up or extra messages), which would "
-                                  "leave the mechanism; use a rule that uploads logits only (e.g. AVG) or UWA/sUWA")
-            if uwa and aggregator.upload != "density":
-                raise ConfigError("privacy.noise_multiplier", "with UWA/sUWA, differential privacy noises the "
-                                  "uploaded density: set aggregator.upload: density")
-        if self.encoding != "full" and uwa and aggregator.upload == "density":
-            raise ConfigError("privacy.encoding", f"{self.encoding!r} sends no logits, so the server cannot "
-                              "evaluate UWA's density on them; use aggregator.upload: scores (the client scores "
-                              "its own logits) or privacy.encoding: full")
+            field = "privacy.noise_multiplier"
+            if getattr(method, "has_setup", False):
+                raise ConfigError(field, release.refusal(
+                    f"differential privacy covers the rows a method declares it releases; {name} has a set-up "
+                    "stage whose messages would leave the mechanism; use a method that uploads logits only or "
+                    "declared rows"))
+            if release.undeclared_upload:
+                raise ConfigError(field, f"{name} overrides client_upload without declaring what it releases "
+                                  "(a ``released`` attribute in the same class), so the mechanism cannot know "
+                                  "what it covers; declare every upload key's kind (fdlit.privacy.release)")
+            if unbounded := release.keys(UNBOUNDED):
+                raise ConfigError(field, release.refusal(
+                    f"{name} releases {', '.join(map(repr, unbounded))} without a sensitivity bound (declared "
+                    f"{UNBOUNDED!r}), which the Gaussian mechanism cannot cover"))
+        if self.encoding != "full" and release.evaluates_logits:
+            raise ConfigError("privacy.encoding", release.refusal(
+                f"{self.encoding!r} sends no logits, and {name} evaluates the uploaded logits themselves"))
+        if self.dp and self.central:
+            why = None
+            if release.summed is None or release.undeclared_teacher:
+                why = (f"{name} combines the uploads non-linearly (it declares no ``summed`` quantity whose mean "
+                       "is all its teacher needs), so each upload must carry its own noise")
+            elif set(release.released) != {"logits"}:
+                others = sorted(set(release.released) - {"logits"})
+                why = f"{name} uploads more than the summed logits ({', '.join(others)}), which a sum would not carry"
+            elif self.encoding != "full":
+                why = (f"privacy.encoding {self.encoding!r} encodes one client's prediction, and secure aggregation "
+                       "releases only the sum (set privacy.encoding: full)")
+            if why:
+                raise ConfigError("privacy.accounting", "central noise goes once on the sum of the clients' "
+                                  f"clipped uploads (secure aggregation); {why}; use privacy.accounting: local")
 
     # ------------------------------------------------------------------ the upload
-    def noise(self, shape, r: int, client: int, seed: int, std: float, device) -> torch.Tensor:
+    def noise(self, shape, r: int, client: int, seed: int, std: float, device, stream: int = 0xD9) -> torch.Tensor:
         """Gaussian noise from a stream of its own per (seed, round, client): the same under every
         executor and after a resume, and no other random stream moves."""
-        key = np.random.SeedSequence([seed, r, client, 0xD9]).generate_state(1, np.uint64)[0] >> 1
+        key = np.random.SeedSequence([seed, r, client, stream]).generate_state(1, np.uint64)[0] >> 1
         g = torch.Generator().manual_seed(int(key))
         return (torch.randn(shape, generator=g, dtype=torch.float64) * std).to(device)
 
@@ -175,70 +213,89 @@ class UploadPrivacy:
                clients: Optional[Sequence[int]] = None) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
         """Clip and noise (DP on), encode, send (``send(r, client, messages)``) and decode every
         client's payload; returns what the server's rule receives and this round's privacy metrics.
-        ``clients``: the id of each payload's client (None: 0 … M-1, everyone uploads)."""
+        ``clients``: the id of each payload's client (None: 0 … M-1, everyone uploads); ``sample_rate``:
+        the round's q (logged, and the before-sampling account's rate)."""
         ids = list(range(len(payloads))) if clients is None else list(clients)
         if not self.active:  # fdlit's plain upload, bit for bit
             return [send(r, ids[j], {**p, "logits": p["logits"].to(dtype)}) for j, p in enumerate(payloads)], {}
-        uploads, clipped, rows, stds = [], 0, 0, []
-        for i, payload in zip(ids, payloads):
-            payload = dict(payload)
-            logits = payload.pop("logits")
-            if self.dp:
-                logits, density, c, std = self._privatise(r, i, seed, logits, payload)
-                payload.update(density)
-                clipped, rows, stds = clipped + c, rows + len(logits), stds + [std]
-            messages = encode(logits, self.encoding, dtype, self.top_k, self.bits)
-            received = send(r, i, {**messages, **payload})
-            decoded = decode(received, self.encoding, num_classes, len(logits), self.bits)
-            uploads.append({k: v for k, v in received.items() if k not in messages} | {"logits": decoded})
+        if self.dp:
+            for payload in payloads:
+                self.release.check_payload(payload)
+        if self.dp and self.central:
+            uploads, clipped, rows, stds = self._summed(r, ids, payloads, dtype, seed, send)
+        else:
+            uploads, clipped, rows, stds = [], 0, 0, []
+            for i, payload in zip(ids, payloads):
+                payload = dict(payload)
+                logits = payload.pop("logits")
+                if self.dp:
+                    logits, noised, c, std = self._privatise(r, i, seed, logits, payload)
+                    payload.update(noised)
+                    clipped, rows, stds = clipped + c, rows + len(logits), stds + [std]
+                messages = encode(logits, self.encoding, dtype, self.top_k, self.bits)
+                received = send(r, i, {**messages, **payload})
+                decoded = decode(received, self.encoding, num_classes, len(logits), self.bits)
+                uploads.append({k: v for k, v in received.items() if k not in messages} | {"logits": decoded})
         stats: dict[str, float] = {}
         if self.dp:
-            self.history = self._stepped(sample_rate)
+            self.accountant.step(self.noise_multiplier, sample_rate, ids)
             stats = {"privacy/epsilon": self.epsilon(), "privacy/delta": self.delta,
                      "privacy/noise_multiplier": self.noise_multiplier, "privacy/clip_norm": self.clip_norm,
                      "privacy/sample_rate": float(sample_rate), "privacy/noise_std_mean": float(np.mean(stds)),
                      "privacy/clipped_fraction": clipped / max(rows, 1)}
+            if sample_rate < 1:
+                stats["privacy/epsilon_sampled"] = self.accountant.epsilon_sampled()
         return uploads, stats
 
     def _privatise(self, r, i, seed, logits, payload):
-        """Clip every released row to c; one Gaussian draw over the whole release (logits + density)."""
-        parts = [logits.double()] + [payload[k].double() for k in DENSITY_KEYS if k in payload]
+        """Clip every released row to c; one Gaussian draw over the client's whole release (its logits
+        and every other declared row)."""
+        others = [k for k in self.release.keys(*NOISED) if k != "logits" and k in payload]
+        parts = [logits.double()] + [payload[k].double() for k in others]
         release = torch.cat(parts)
         release, clipped = clip_rows(release, self.clip_norm)
         std = self.noise_multiplier * 2 * self.clip_norm * math.sqrt(len(release))  # sigma * Delta
         release = release + self.noise(release.shape, r, i, seed, std, release.device)
-        out, start = [], 0
-        for part in parts:
-            out.append(release[start:start + len(part)])
-            start += len(part)
-        density = {}
-        for k, noisy in zip([k for k in DENSITY_KEYS if k in payload], out[1:]):
-            if k == "gmm_stds":  # a std must stay positive for the density to exist
-                noisy = noisy.abs().clamp_min(STD_FLOOR)
-            density[k] = noisy.to(payload[k].dtype)
-        return out[0].float(), density, clipped, std
+        out = list(release.split([len(p) for p in parts]))
+        noised = {}
+        for k, noisy in zip(others, out[1:]):
+            if self.release.released[k] == POSITIVE_ROWS:
+                noisy = noisy.abs().clamp_min(FLOOR)
+            noised[k] = noisy.to(payload[k].dtype)
+        return out[0].float(), noised, clipped, std
+
+    def _summed(self, r, ids, payloads, dtype, seed, send):
+        """Central noise: each client sends its clipped rows (their masked share under secure
+        aggregation, the same size); the sum gets one Gaussian draw, and every upload the rule
+        receives is the noisy mean (as logits: a mean probability is made a distribution first)."""
+        probabilities = self.release.summed == "probabilities"
+        shares, clipped = [], 0
+        for i, payload in zip(ids, payloads):
+            x = payload["logits"].double()
+            x, c = clip_rows(x.softmax(-1) if probabilities else x, self.clip_norm)
+            clipped += c
+            shares.append(send(r, i, {"logits": x.to(dtype)})["logits"].double())
+        total = torch.stack(shares).sum(0)
+        std = self.noise_multiplier * 2 * self.clip_norm * math.sqrt(len(total))  # sigma * Delta
+        mean = (total + self.noise(total.shape, r, 0, seed, std, total.device, stream=0xCE)) / len(shares)
+        if probabilities:  # post-processing: back onto the simplex, then logits the rule can softmax
+            p = mean.clamp_min(0)
+            p = torch.where(p.sum(-1, keepdim=True) > 0, p, torch.ones_like(p))
+            mean = (p / p.sum(-1, keepdim=True)).clamp_min(LOG_FLOOR).log()
+        uploads = [{k: v for k, v in payload.items() if k.startswith("_")} | {"logits": mean.float()}
+                   for payload in payloads]
+        return uploads, clipped, sum(len(s) for s in shares), [std]
 
     # ------------------------------------------------------------------ accounting
-    def _stepped(self, sample_rate: float) -> list[tuple[float, float, int]]:
-        """The accountant's history with one more round (one Gaussian release per client)."""
-        history = list(self.history)
-        if history and history[-1][:2] == (self.noise_multiplier, float(sample_rate)):
-            history[-1] = (self.noise_multiplier, float(sample_rate), history[-1][2] + 1)
-        else:
-            history.append((self.noise_multiplier, float(sample_rate), 1))
-        return history
-
-    def epsilon(self, history: Optional[list] = None) -> float:
-        history = self.history if history is None else history
-        if not history:
-            return 0.0
-        return float(make_accountant(self.accountant_kind, history).get_epsilon(self.delta))
+    def epsilon(self) -> float:
+        """The largest per-client epsilon so far (fdlit.privacy.accounting)."""
+        return self.accountant.epsilon()
 
     def over_budget(self, r: int, sample_rate: float) -> Optional[str]:
-        """Why round r must not run (it would exceed the budget), or None."""
+        """Why round r must not run (it could exceed the budget: every client might take part), or None."""
         if not self.dp or self.epsilon_budget is None:
             return None
-        after = self.epsilon(self._stepped(sample_rate))
+        after = self.accountant.epsilon_after_next(self.noise_multiplier)
         if after <= self.epsilon_budget:
             return None
         return (f"privacy budget reached: round {r} would raise epsilon to {after:.4g} > privacy.epsilon_budget "
@@ -246,7 +303,7 @@ class UploadPrivacy:
                 f"{self.epsilon():.4g}")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": [list(h) for h in self.history]}
+        return self.accountant.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.history = [tuple(h) for h in state.get("history", [])]
+        self.accountant.load_state_dict(state)

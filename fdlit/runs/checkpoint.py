@@ -78,6 +78,8 @@ def config_fingerprint(config: dict[str, Any]) -> str:
         cfg["federation"].pop("rounds", None)
     if cfg.get("privacy") == default_config():  # runs saved before the privacy section existed still resume
         cfg.pop("privacy")
+    elif isinstance(cfg.get("privacy"), dict) and cfg["privacy"].get("accounting") == "local":
+        cfg["privacy"].pop("accounting")  # the default: runs saved before the threat-model knob still resume
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
 
 

@@ -1,0 +1,91 @@
+"""What a method releases: the declaration the upload mechanism reads, so that it never needs to know a rule.
+
+A method states, as class (or instance) attributes, what its clients upload and how the privacy
+mechanism may treat it:
+
+``released``: every upload key (besides ``_``-prefixed diagnostics, which are never sent) mapped to
+its kind:
+
+* ``rows``: released data, a matrix whose every row is clipped to L2 norm c; any two clipped
+  releases differ by at most 2c per row (the public-set logits, a density's mean rows);
+* ``positive_rows``: the same, and the noisy values are made positive afterwards (absolute value,
+  floored at 0.01: post-processing), for standard deviations;
+* ``clear``: sent as is, outside the mechanism, and documented as not protected (e.g. the label set a
+  density covers);
+* ``unbounded``: released data with no sensitivity bound (parameters, likelihoods): differential
+  privacy is refused while the method sends it.
+
+The default (``fdlit.aggregators.Aggregator.released``) is ``{"logits": "rows"}``: the public-set
+logits every client uploads. A method that overrides ``client_upload`` declares ``released`` in the
+same class (or below it, or on the instance); otherwise the mechanism refuses it with DP on, since
+its declaration may not cover what it sends. Likewise ``summed`` is trusted only from the class that
+defines ``aggregate`` (or below it, or the instance).
+
+``summed`` (optional, for the central threat model): ``"logits"`` or ``"probabilities"`` when the
+rule's teacher depends on the uploads only through the clients' mean of that quantity (logit
+averaging; probability averaging), so that secure aggregation may replace the uploads by one noisy
+mean. ``None`` (the default): the rule combines the uploads non-linearly.
+
+``evaluates_logits`` (optional, default False): the server evaluates something on the uploaded logits
+themselves, which encodings (they send probabilities or labels) cannot serve.
+
+``privacy_advice`` (optional): one sentence that a refusal of the method appends (what to set instead).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+ROWS, POSITIVE_ROWS, CLEAR, UNBOUNDED = "rows", "positive_rows", "clear", "unbounded"
+KINDS = (ROWS, POSITIVE_ROWS, CLEAR, UNBOUNDED)
+NOISED = (ROWS, POSITIVE_ROWS)  # the kinds that enter the Gaussian release
+SUMMANDS = ("logits", "probabilities")
+DEFAULT = {"logits": ROWS}
+
+
+def declared_in(cls: type, name: str) -> Optional[type]:
+    """The class of ``cls``'s MRO that defines ``name`` (None: none does)."""
+    return next((k for k in cls.__mro__ if name in vars(k)), None)
+
+
+def stale(cls: type, declaration: str, behaviour: str) -> bool:
+    """Whether ``behaviour`` (a method) is overridden below the class that made ``declaration``, so the
+    declaration was written for other code."""
+    declares, behaves = declared_in(cls, declaration), declared_in(cls, behaviour)
+    return declares is not None and behaves is not None and behaves is not declares and issubclass(behaves, declares)
+
+
+class Release:
+    """A method's declaration, read once and checked (``method``: any object; missing attributes take
+    the defaults above)."""
+
+    def __init__(self, method: Any = None):
+        self.name = type(method).__name__ if method is not None else "the method"
+        released = DEFAULT if method is None else getattr(method, "released", DEFAULT)
+        self.released: dict[str, str] = dict(released)
+        for key, kind in self.released.items():
+            if kind not in KINDS:
+                raise TypeError(f"{self.name}.released[{key!r}] = {kind!r}; allowed kinds: {', '.join(KINDS)}")
+        self.summed: Optional[str] = getattr(method, "summed", None)
+        if self.summed is not None and self.summed not in SUMMANDS:
+            raise TypeError(f"{self.name}.summed = {self.summed!r}; allowed: None, {', '.join(SUMMANDS)}")
+        self.evaluates_logits = bool(getattr(method, "evaluates_logits", False))
+        self.advice = getattr(method, "privacy_advice", "") or ""
+        cls, own = type(method), getattr(method, "__dict__", {})  # own: declared on the instance itself
+        self.undeclared_upload = method is not None and "released" not in own and stale(cls, "released", "client_upload")
+        self.undeclared_teacher = method is not None and "summed" not in own and stale(cls, "summed", "aggregate")
+
+    def keys(self, *kinds: str) -> list[str]:
+        return [k for k, kind in self.released.items() if kind in kinds]
+
+    def refusal(self, reason: str) -> str:
+        return f"{reason}{'; ' + self.advice if self.advice else ''}"
+
+    def check_payload(self, payload: dict) -> None:
+        """Every key sent (``_``-prefixed ones are not) must be declared: a method's upload that its
+        declaration does not cover would leave the mechanism."""
+        extra = [k for k in payload if not k.startswith("_") and k not in self.released]
+        if extra:
+            raise RuntimeError(f"{self.name} uploads {', '.join(map(repr, extra))}, which its ``released`` "
+                               f"declaration ({self.released}) does not cover; declare each key's kind "
+                               f"({', '.join(KINDS)})")
