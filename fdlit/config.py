@@ -14,6 +14,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from fdlit.aggregators import Aggregator
 from fdlit.clients import ClientOptimization
+from fdlit.config_files import read_yaml
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
@@ -76,13 +77,21 @@ def fit_parser() -> ArgumentParser:
 
 
 def rewrite_config_args(argv: list[str]) -> list[str]:
+    """Config file names resolved (a bare name finds ``configs/<name>.yaml``), and each file
+    checked (UTF-8, YAML, no duplicate key, not empty) before jsonargparse reads it."""
     out = list(argv)
     for i, arg in enumerate(out):
         if arg == "--config" and i + 1 < len(out):
-            out[i + 1] = resolve_config_path(out[i + 1])
+            out[i + 1] = read_yaml_config(out[i + 1])
         elif arg.startswith("--config="):
-            out[i] = "--config=" + resolve_config_path(arg.split("=", 1)[1])
+            out[i] = "--config=" + read_yaml_config(arg.split("=", 1)[1])
     return out
+
+
+def read_yaml_config(value: str) -> str:
+    path = resolve_config_path(value)
+    read_yaml(path, "config")
+    return path
 
 
 def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: str = "fit") -> ConfigError:

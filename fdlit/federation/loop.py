@@ -22,6 +22,7 @@ from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, check_at_least
+from fdlit.federation.checks import check_before_data
 from fdlit.federation.baselines import MODES, reference_client
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.diagnostics import trust_matrix
@@ -229,6 +230,7 @@ class FederationLoop:
         self.wall_time = 0.0
         self._setup_started: Optional[float] = None
         self.is_setup = False
+        check_before_data(self)  # what the config alone shows to be impossible, before any data loads
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
