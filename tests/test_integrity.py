@@ -18,7 +18,6 @@ import yaml
 
 from fdlit.cli import main
 from fdlit.clients import ClientModule  # noqa: F401 (imported up front, as a run does: Lightning takes seconds)
-from fdlit.runs import strict_json
 from fdlit.runs.checkpoint import load_checkpoint, resume_hint
 from fdlit.runs.directory import CHECKPOINT
 
@@ -145,6 +144,8 @@ def test_a_real_file_size_limit_during_the_checkpoint_write_ends_in_one_line(fas
 def test_strict_json_writes_null_for_nan_and_inf_at_any_depth():
     import numpy as np
 
+    from fdlit.runs import strict_json
+
     text = strict_json.dumps({"a": float("nan"), "b": [1.0, float("inf"), {"c": -float("inf")}],
                               "d": np.float32("nan"), "e": torch.tensor(float("nan")), "f": 0.5})
     assert strict_load(text) == {"a": None, "b": [1.0, None, {"c": None}], "d": None, "e": None, "f": 0.5}
@@ -259,3 +260,25 @@ def test_settings_the_config_shows_impossible_stop_before_any_data_loads(args, f
     assert code == 2 and err[-1].startswith(f"fdlit: error: {field}: "), err
     assert took < 2.0
     assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------------------------- report warnings
+def test_a_plotting_warning_during_the_report_is_one_line_without_source(tmp_path, capsys, monkeypatch):
+    import fdlit.report
+
+    def draws_an_empty_legend(runs, out, **kwargs):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots()
+        ax.legend()  # matplotlib: "No artists with labels found to put in legend. ..."
+        ax.legend()
+        plt.close(fig)
+        return Path(out) / "index.html"
+
+    monkeypatch.setattr(fdlit.report, "write_report", draws_an_empty_legend)
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "report")]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fdlit report: warning: No artists with labels found"), err
