@@ -254,7 +254,9 @@ CASES = [
     ("resume-flipped-kept", resume("RUN:flipped_kept/checkpoint-r2.pt"), "resume", "checkpoint-r2.pt is damaged"),
     ("resume-kept-missing", resume("RUN/checkpoint-r9.pt"), "resume", "no run directory"),
     ("resume-config-unknown-key", resume("RUN:unknown_key"), "data.nosuch", "no such key"),
-    ("resume-no-checkpoint", resume("RUN:missing"), "resume", "no round of that run completed"),
+    ("resume-no-checkpoint", resume("RUN:missing_all"), "resume", "no round of that run completed"),
+    ("resume-no-checkpoint-but-kept", resume("RUN:missing"), "resume", "has no checkpoint.pt; the newest intact "
+     "checkpoint kept is round 2's; continue from it with: python -m fdlit fit --resume "),
     ("resume-no-config", resume("RUN:no_config"), "resume", "has no config.yaml"),
     ("resume-pickled", resume("RUN:pickled"), "resume", "refusing to load"),
     ("resume-truncated", resume("RUN:truncated"), "resume", "not a readable fdlit checkpoint"),
@@ -314,6 +316,7 @@ def _other_config(run):
 
 DAMAGE = {
     "missing": lambda run: (run / CHECKPOINT).unlink(),
+    "missing_all": lambda run: [p.unlink() for p in run.glob("checkpoint*.pt")],
     "no_config": lambda run: (run / CONFIG).unlink(),
     "pickled": lambda run: torch.save({"format": "fdlit-checkpoint", "version": 2, "x": Pickled()}, run / CHECKPOINT),
     "truncated": lambda run: (run / CHECKPOINT).write_bytes((run / CHECKPOINT).read_bytes()[:1000]),

@@ -19,13 +19,13 @@ from fdlit.config import fit_parser, parse_fit
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.federation.server import ServerModel
 from fdlit.runs.checkpoint import (
-    CheckpointConfig, CheckpointError, Checkpointer, check_config, check_resumable, load_checkpoint,
+    CheckpointConfig, CheckpointError, Checkpointer, check_config, check_resumable, load_checkpoint, offer_kept,
     restore_checkpoint, resume_hint,
 )
 from fdlit.errors import ConfigError
 from fdlit.runs.directory import (
-    CHECKPOINT, CONFIG, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir, read_config,
-    rebuild_logs, safe_name,
+    CHECKPOINT, CONFIG, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir, kept_checkpoints,
+    read_config, rebuild_logs, safe_name,
 )
 from fdlit.runs.logger_config import LoggerConfig
 from fdlit.runs.progress import ProgressBar
@@ -183,6 +183,8 @@ def resume_experiment(run_dir: str, overrides: list[str]) -> Experiment:
     if not (path / CONFIG).exists():
         raise CheckpointError(f"{run_dir} has no {CONFIG}; is it an fdlit run directory?")
     if checkpoint is None and not (path / CHECKPOINT).exists():
+        if kept_checkpoints(path):  # checkpoint.pt deleted, earlier ones kept
+            raise CheckpointError(f"{run_dir} has no {CHECKPOINT}; {offer_kept(path / CHECKPOINT)}")
         raise CheckpointError(f"{run_dir} has no {CHECKPOINT}: no round of that run completed, start it anew")
     parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), *overrides])
     return Experiment(cfg, parser, resume_from=path, checkpoint_file=checkpoint)
