@@ -18,6 +18,10 @@ and resumes them. ``method: bayes`` needs W&B's sweep server and is refused loca
 is installed), never run as a grid. ``--jobs N`` runs N combinations at once, each in its own process
 and run directory, with torch's threads split between them. A run that fails for any reason is
 recorded in ``<run_dir>/sweep-<name>.json`` with its error, and the sweep goes on.
+
+A sweep holds ``<run_dir>/sweep-<name>.lock`` (``flock``) while it runs: the same sweep started
+again on the folder is refused in one line, so no combination runs twice, and only the holder
+writes the results file (atomically, merged with the records already in it).
 """
 
 from __future__ import annotations

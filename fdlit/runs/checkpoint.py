@@ -40,9 +40,9 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import pickle
 import random
+import shutil
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -302,7 +302,7 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def load_checkpoint(path: Path, unpack: bool = True) -> dict[str, Any]:
+def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read a checkpoint with ``weights_only=True`` and verify its checksum; refuse pickled
     objects, foreign files and damaged ones (naming the newest intact kept checkpoint)."""
     path = Path(path)
@@ -313,7 +313,7 @@ def load_checkpoint(path: Path, unpack: bool = True) -> dict[str, Any]:
     state = read_verified(path)
     if isinstance(state, str):
         raise CheckpointError(f"{state}; {offer_kept(path)}")
-    if unpack and isinstance(state["loop"]["clients"], dict):  # version 3: packed
+    if isinstance(state["loop"]["clients"], dict):  # versions 3 and 4: packed
         state["loop"]["clients"] = unpack_client_states(state["loop"]["clients"])
     return state
 
