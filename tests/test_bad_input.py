@@ -8,13 +8,12 @@ sweep file made from the case's ``sweep`` parameters; a name in RAW a file with 
 """
 
 import shutil
-import struct
-import zipfile
 
 import pytest
 import torch
 import yaml
 
+from damage import flip_tensor_bytes
 from fdlit.cli import main
 from fdlit.federation.loop import available_accelerators
 from fdlit.runs.directory import CHECKPOINT, CONFIG, RunLock
@@ -331,19 +330,6 @@ DAMAGE = {
     "flipped": lambda run: flip_tensor_bytes(run / CHECKPOINT),
     "flipped_kept": lambda run: flip_tensor_bytes(run / "checkpoint-r2.pt"),
 }
-
-
-def flip_tensor_bytes(path, count=64):
-    """Invert ``count`` bytes in the middle of the largest tensor record of a torch zip file (a bad sector)."""
-    with zipfile.ZipFile(path) as z:
-        big = max(z.infolist(), key=lambda i: i.file_size)
-    with open(path, "r+b") as f:
-        f.seek(big.header_offset + 26)
-        name_len, extra_len = struct.unpack("<HH", f.read(4))
-        f.seek(big.header_offset + 30 + name_len + extra_len + big.file_size // 2)
-        data = f.read(count)
-        f.seek(-len(data), 1)
-        f.write(bytes(b ^ 0xFF for b in data))
 
 
 def snapshot(root):

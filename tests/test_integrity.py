@@ -5,17 +5,16 @@ import json
 import os
 import resource
 import signal
-import struct
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from damage import flip_tensor_bytes
 from fdlit.cli import main
 from fdlit.clients import ClientModule  # noqa: F401 (imported up front, as a run does: Lightning takes seconds)
 from fdlit.runs.checkpoint import load_checkpoint, resume_hint
@@ -30,21 +29,6 @@ def strict_load(text):
     def refuse(name):
         raise ValueError(f"not JSON: {name}")
     return json.loads(text, parse_constant=refuse)
-
-
-def flip_tensor_bytes(path: Path, count: int = 64) -> None:
-    """Invert ``count`` bytes inside the largest tensor record of a torch zip file, as a bad sector
-    would; the file is rewritten in place (hard links to it see the damage too)."""
-    with zipfile.ZipFile(path) as z:
-        big = max(z.infolist(), key=lambda i: i.file_size)
-    with open(path, "r+b") as f:
-        f.seek(big.header_offset + 26)
-        name_len, extra_len = struct.unpack("<HH", f.read(4))
-        start = big.header_offset + 30 + name_len + extra_len + big.file_size // 2
-        f.seek(start)
-        data = bytearray(f.read(count))
-        f.seek(start)
-        f.write(bytes(b ^ 0xFF for b in data))
 
 
 def only_run(parent: Path) -> Path:
