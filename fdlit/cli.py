@@ -9,7 +9,9 @@ started), 3 numerical fault, 130 interrupted (Ctrl-C); a stopped run's line says
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import warnings
 from typing import TYPE_CHECKING, Optional
 
 from jsonargparse import ActionYesNo, ArgumentParser
@@ -140,8 +142,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         elif cfg.command == "report":
             from fdlit.report import write_report
 
-            index = write_report(cfg.report.runs, cfg.report.out, include_unfinished=cfg.report.include_unfinished,
-                                 include_duplicates=cfg.report.include_duplicates)
+            with one_line_warnings("fdlit report"):  # a plotting library's warning, without its source line
+                index = write_report(cfg.report.runs, cfg.report.out, include_unfinished=cfg.report.include_unfinished,
+                                     include_duplicates=cfg.report.include_duplicates)
             print(f"fdlit report: {index}")
         return 0
     except ConfigError as exc:
@@ -158,6 +161,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         where = f": {exc.filename}" if exc.filename else ""
         print(f"fdlit: stopped: {what}{where}; {_how_to_continue(argv, experiment)}", file=sys.stderr)
         return EXIT_OS
+
+
+@contextlib.contextmanager
+def one_line_warnings(prefix: str):
+    """Warnings raised inside as one stderr line each (``<prefix>: warning: <message>``), each
+    message once, instead of Python's file, line and source text."""
+    seen: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = " ".join(str(message).split())
+        if text not in seen:
+            seen.add(text)
+            print(f"{prefix}: warning: {text}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = show
+        yield
 
 
 def _how_to_continue(argv: list[str], experiment: Optional[Experiment]) -> str:

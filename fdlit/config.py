@@ -10,11 +10,11 @@ import difflib
 import re
 from pathlib import Path
 
-import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from fdlit.aggregators import Aggregator
 from fdlit.clients import ClientOptimization
+from fdlit.config_files import read_yaml
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
@@ -87,10 +87,8 @@ def config_layers(path: str, _including: tuple[Path, ...] = ()) -> list[str]:
     if file in _including:
         chain = " -> ".join(str(p) for p in (*_including, file))
         raise ConfigError("config", f"{path} includes itself ({chain})")
-    try:
-        data = yaml.safe_load(file.read_text())
-    except (OSError, yaml.YAMLError):
-        return [path]  # jsonargparse reports an unreadable file, naming it
+    # strict: UTF-8, YAML, no key twice, not empty; one line naming the file and line otherwise
+    data = read_yaml(path, "config")
     listed = data.get("config") if isinstance(data, dict) else None
     if listed is None:
         return [path]

@@ -18,6 +18,10 @@ and resumes them. ``method: bayes`` needs W&B's sweep server and is refused loca
 is installed), never run as a grid. ``--jobs N`` runs N combinations at once, each in its own process
 and run directory, with torch's threads split between them. A run that fails for any reason is
 recorded in ``<run_dir>/sweep-<name>.json`` with its error, and the sweep goes on.
+
+A sweep holds ``<run_dir>/sweep-<name>.lock`` (``flock``) while it runs: the same sweep started
+again on the folder is refused in one line, so no combination runs twice, and only the holder
+writes the results file (atomically, merged with the records already in it).
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ from typing import Any, Callable, Optional
 
 import yaml
 
+from fdlit.config_files import read_yaml
 from fdlit.errors import ConfigError
-from fdlit.runs.directory import CHECKPOINT, CONFIG, read_config, read_summary, safe_name
+from fdlit.runs import strict_json
+from fdlit.runs.directory import CHECKPOINT, CONFIG, RunLock, read_config, read_summary, safe_name, write_atomic
 from fdlit.runs.naming import short
 
 METHODS = ("grid", "random", "bayes")
@@ -64,12 +70,7 @@ def load_sweep(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError("sweep", f"no sweep file {str(path)!r}")
-    try:
-        spec = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError("sweep", f"{path} is not valid YAML ({exc})") from None
-    if not isinstance(spec, dict):
-        raise ConfigError("sweep", f"{path} must be a mapping with 'parameters' and 'command'")
+    spec = read_yaml(path, "sweep")  # one line naming the file and line: not UTF-8, not YAML, a key twice, empty
     method = spec.get("method", "grid")
     if method not in METHODS:
         raise ConfigError("method", f"allowed: {', '.join(METHODS)}; got {method!r}")
@@ -304,10 +305,26 @@ def results_path(runs: list[SweepRun], name: str) -> Path:
 
 def _record(path: Path, spec: dict[str, Any], records: dict[str, dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"sweep": spec["name"], "method": spec.get("method", "grid"),
-                               "runs": list(records.values())}, indent=1, default=str))
-    os.replace(tmp, path)  # a reader never sees half a file
+    write_atomic(path, strict_json.dumps({"sweep": spec["name"], "method": spec.get("method", "grid"),
+                                          "runs": list(records.values())}, indent=1))  # never half a file
+
+
+def _recorded(path: Path) -> dict[str, dict]:
+    """The records an earlier run of the sweep left in its results file (none if it is unreadable),
+    so that running it again keeps every record it does not replace."""
+    try:
+        runs = json.loads(path.read_text()).get("runs", [])
+        return {r["name"]: r for r in runs if isinstance(r, dict) and isinstance(r.get("name"), str)}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+class SweepInUse(ConfigError):
+    """The same sweep is already running on this folder."""
+
+    def __init__(self, folder: Path, holder: str):
+        super().__init__("sweep", f"this sweep is already running on {folder} ({holder}); wait for it to end and "
+                         "run the command again: finished runs are skipped, so nothing runs twice")
 
 
 def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
@@ -315,14 +332,29 @@ def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
     """Run (or list) every combination; returns counts, the failed runs and the run directories.
     Every outcome is also written to the sweep's results file (``results`` in the returned dict)."""
     from fdlit.config import fit_parser
-    from fdlit.federation import format_summary
-    from fdlit.runs.experiment import Experiment
 
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError("jobs", f"must be a positive integer; got {jobs!r}")
     spec = load_sweep(path)
     runs = plan(spec, list(extra))
     resolve(runs, fit_parser)
+    results = results_path(runs, spec["name"])
+    lock = None
+    if not dry_run:  # one process per sweep and folder: it alone decides what is left to run
+        results.parent.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(results.parent, results.with_suffix(".lock").name, SweepInUse).acquire()
+    try:
+        return _run_sweep(spec, runs, results, dry_run, out, jobs)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_run: bool,
+               out: Callable[[str], None], jobs: int) -> dict[str, Any]:
+    from fdlit.federation import format_summary
+    from fdlit.runs.experiment import Experiment
+
     by_dir: dict[str, list[tuple[Path, dict, bool]]] = {}
     for run in runs:
         run_dir = run.config["resolved"]["logger"]["run_dir"]
@@ -344,8 +376,8 @@ def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
                      else "todo")
             out(f"  [{i}/{len(runs)}] {state:>5}  group={run.group}  fdlit fit {' '.join(run.argv)}")
         return {"total": len(runs), "skipped": len(runs) - len(todo), "ran": 0, "failed": [], "run_dirs": []}
-    results = results_path(runs, spec["name"])
-    records = {r.name: {"name": r.name, "group": r.group, "values": r.values, "status": "finished",
+    records = _recorded(results)
+    records |= {r.name: {"name": r.name, "group": r.group, "values": r.values, "status": "finished",
                         "run_dir": str(r.existing)} for r in runs if r.existing}
     failed, run_dirs = [], []
 

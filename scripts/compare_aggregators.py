@@ -133,7 +133,9 @@ def main() -> None:
         if s is not None:
             results.setdefault((name, k), []).append(s)
     if a.json:
-        a.json.write_text(json.dumps({f"{n}|k={k}": v for (n, k), v in results.items()}, indent=1))
+        from fdlit.runs import strict_json
+
+        a.json.write_text(strict_json.dumps({f"{n}|k={k}": v for (n, k), v in results.items()}, indent=1))
     print(table(results, a.rules, a.ks))
 
 

@@ -4,7 +4,7 @@ run changed). The commands run in-process through ``fdlit.cli.main``.
 
 Placeholders in a case's arguments: NEW is a run_dir that does not exist yet; FILE a plain file;
 EMPTY an empty folder; RUN a copy of a finished run (``RUN:<damage>`` damages it first); SWEEP a
-sweep file made from the case's ``sweep`` parameters.
+sweep file made from the case's ``sweep`` parameters; a name in RAW a file with those bytes.
 """
 
 import shutil
@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 
+from damage import flip_tensor_bytes
 from fdlit.cli import main
 from fdlit.federation.loop import available_accelerators
 from fdlit.runs.directory import CHECKPOINT, CONFIG, RunLock
@@ -20,6 +21,24 @@ from fdlit.runs.directory import CHECKPOINT, CONFIG, RunLock
 FIT = ["--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", "NEW"]
 SWEEP_TAIL = ["--", "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", "NEW"]
 HERE = available_accelerators()
+
+
+DIGITS = "data:\n  dataset: digits\n  num_clients: 20\n"
+# files a user might pass as a config or sweep file: (placeholder, bytes)
+RAW = {
+    "BINARY": bytes(range(256)) * 4,  # the first byte that is not UTF-8 is 0x80, after one newline (0x0a)
+    "UTF16": "seed: 3\n".encode("utf-16"),
+    "DUPKEYS": (DIGITS + "federation:\n  rounds: 2\nseed: 1\nfederation:\n  rounds: 5\n").encode(),
+    "DUPNESTED": (DIGITS + "federation:\n  rounds: 2\n  private_epochs: 1\n  rounds: 7\n").encode(),
+    "DUPDEEP": (DIGITS + "aggregator:\n  class_path: fdlit.aggregators.ProbabilityAveragingAggregator\n"
+                "  init_args:\n    tau: 1\n    tau: 2\n").encode(),
+    "EMPTYFILE": b"",
+    "BLANKFILE": b"\n   \n# only a comment\n",
+    "SCALAR": b"just some words\n",
+    "LIST": b"- seed\n- 3\n",
+    "BADYAML": (DIGITS + "seed: [unclosed\nfederation: {rounds: 2\n").encode(),
+    "TABS": b"data:\n\tdataset: digits\n",
+}
 
 
 def fit(*args):
@@ -188,6 +207,33 @@ CASES = [
     ("client-class", fit("--federation.client_class", "collections.OrderedDict"), "federation.client_class",
      "ClientModule"),
     ("config-unknown", ["fit", "--config", "nope.yaml"], "config", "digits.yaml"),
+    # config files: refused naming the file and the line, before jsonargparse reads them
+    ("config-binary", ["fit", "--config", "BINARY"], "config", "BINARY, line 2: not UTF-8 text (byte 0x80)"),
+    ("config-utf16", ["fit", "--config", "UTF16"], "config", "UTF16, line 1: not UTF-8 text (byte 0xff)"),
+    ("config-duplicate-key", ["fit", "--config", "DUPKEYS"], "config",
+     "DUPKEYS, line 7: not valid YAML (duplicate key 'federation' (first on line 4))"),
+    ("config-duplicate-nested", ["fit", "--config", "DUPNESTED"], "config",
+     "DUPNESTED, line 7: not valid YAML (duplicate key 'rounds' (first on line 5))"),
+    ("config-duplicate-deep", ["fit", "--config", "DUPDEEP"], "config", "DUPDEEP, line 8: not valid YAML "
+     "(duplicate key 'tau' (first on line 7))"),
+    ("config-duplicate-second-file", ["fit", "--config", "digits.yaml", "--config=DUPKEYS"], "config",
+     "duplicate key 'federation'"),
+    ("config-empty", ["fit", "--config", "EMPTYFILE"], "config", "EMPTYFILE is empty"),
+    ("config-blank", ["fit", "--config", "BLANKFILE"], "config", "BLANKFILE is empty"),
+    ("config-scalar", ["fit", "--config", "SCALAR"], "config", "SCALAR must hold a YAML mapping"),
+    ("config-list", ["fit", "--config", "LIST"], "config", "LIST must hold a YAML mapping (keys and values"),
+    ("config-not-yaml", ["fit", "--config", "BADYAML"], "config", "BADYAML, line 5: not valid YAML"),
+    ("config-tabs", ["fit", "--config", "TABS"], "config", "TABS, line 2: not valid YAML"),
+    # impossible settings the config alone shows (refused before any data is loaded)
+    ("join-after-last-round", fit("--federation.participation.join_rounds", "[3" + ", 3" * 19 + "]",
+                                  "--federation.rounds", "2"), "federation.participation.join_rounds",
+     "no client joins within federation.rounds = 2"),
+    ("f2l-regions-above-m", fit("--aggregator", "fdlit.aggregators.F2LAggregator", "--aggregator.regions", "21"),
+     "aggregator.regions", "every region needs a client"),
+    ("f2l-region-ids-length", fit("--aggregator", "fdlit.aggregators.F2LAggregator", "--aggregator.regions",
+                                  "[0, 1, 0]"), "aggregator.regions", "one region id per client (20)"),
+    ("f2l-fedavg-regions-above-m", fit("--aggregator", "fdlit.aggregators.F2LParams", "--aggregator.regions", "25"),
+     "aggregator.regions", "every region needs a client"),
     ("command-unknown", ["train"], "command", "fit, sweep, report"),
     # resume
     ("resume-no-dir", resume(), "resume", "needs a run directory"),
@@ -199,9 +245,20 @@ CASES = [
     ("resume-fewer-rounds", resume("RUN", "--federation.rounds", "1"), "resume", "beyond federation.rounds = 1"),
     ("resume-rounds-text", resume("RUN", "--federation.rounds", "abc"), "federation.rounds",
      "Expected a <class 'int'>"),
-    ("resume-config-not-yaml", resume("RUN:bad_yaml"), "config", "Problems parsing config"),
+    ("resume-config-not-yaml", resume("RUN:bad_yaml"), "config",
+     "config.yaml, line 2: not valid YAML (expected ',' or ']', but got '<stream end>'; while parsing a flow "
+     "sequence from line 1)"),
+    ("resume-config-empty", resume("RUN:empty_config"), "config", "config.yaml is empty"),
+    ("resume-config-binary", resume("RUN:binary_config"), "config", "config.yaml, line 1: not UTF-8"),
+    ("resume-config-duplicate", resume("RUN:duplicate_config"), "config", "duplicate key 'seed'"),
+    ("resume-flipped-checkpoint", resume("RUN:flipped"), "resume", "is damaged: its contents do not match the "
+     "checksum written with it; the newest intact checkpoint kept is round 2's; continue from it with: "),
+    ("resume-flipped-kept", resume("RUN:flipped_kept/checkpoint-r2.pt"), "resume", "checkpoint-r2.pt is damaged"),
+    ("resume-kept-missing", resume("RUN/checkpoint-r9.pt"), "resume", "no run directory"),
     ("resume-config-unknown-key", resume("RUN:unknown_key"), "data.nosuch", "no such key"),
-    ("resume-no-checkpoint", resume("RUN:missing"), "resume", "no round of that run completed"),
+    ("resume-no-checkpoint", resume("RUN:missing_all"), "resume", "no round of that run completed"),
+    ("resume-no-checkpoint-but-kept", resume("RUN:missing"), "resume", "has no checkpoint.pt; the newest intact "
+     "checkpoint kept is round 2's; continue from it with: python -m fdlit fit --resume "),
     ("resume-no-config", resume("RUN:no_config"), "resume", "has no config.yaml"),
     ("resume-pickled", resume("RUN:pickled"), "resume", "refusing to load"),
     ("resume-truncated", resume("RUN:truncated"), "resume", "not a readable fdlit checkpoint"),
@@ -223,6 +280,11 @@ CASES = [
     ("sweep-distribution", ["sweep", "SWEEP", *SWEEP_TAIL], "parameters.aggregator.tau", "values",
      {"aggregator.tau": {"min": 0.0, "max": 1.0}}),
     ("sweep-missing-file", ["sweep", "/no/such/sweep.yaml"], "sweep", "no sweep file"),
+    ("sweep-not-yaml", ["sweep", "BADYAML"], "sweep", "BADYAML, line 5: not valid YAML"),
+    ("sweep-binary", ["sweep", "BINARY"], "sweep", "not UTF-8 text"),
+    ("sweep-duplicate-key", ["sweep", "DUPKEYS"], "sweep", "duplicate key 'federation'"),
+    ("sweep-empty", ["sweep", "EMPTYFILE"], "sweep", "EMPTYFILE is empty"),
+    ("sweep-list", ["sweep", "LIST"], "sweep", "must hold a YAML mapping"),
     # reports
     ("report-missing", ["report", "/no/such/runs"], "runs", "is not a folder"),
     ("report-empty", ["report", "EMPTY"], "runs", "no finished run directories"),
@@ -238,7 +300,8 @@ def finished_run(tmp_path_factory):
             "--logger.run_dir", str(parent / "runs"), "--federation.rounds", "2",
             "--federation.private_epochs_first", "1", "--federation.private_epochs", "1",
             "--federation.public_epochs_first", "1", "--federation.public_epochs", "1",
-            "--data.num_clients", "3", "--data.classes_per_client", "4", "--data.public_size", "100"]
+            "--data.num_clients", "3", "--data.classes_per_client", "4", "--data.public_size", "100",
+            "--checkpoint.keep", "1"]
     assert main(args) == 0
     (run,) = (parent / "runs").iterdir()
     return run
@@ -255,14 +318,20 @@ def _other_config(run):
 
 DAMAGE = {
     "missing": lambda run: (run / CHECKPOINT).unlink(),
+    "missing_all": lambda run: [p.unlink() for p in run.glob("checkpoint*.pt")],
     "no_config": lambda run: (run / CONFIG).unlink(),
     "pickled": lambda run: torch.save({"format": "fdlit-checkpoint", "version": 2, "x": Pickled()}, run / CHECKPOINT),
     "truncated": lambda run: (run / CHECKPOINT).write_bytes((run / CHECKPOINT).read_bytes()[:1000]),
     "not_fdlit": lambda run: torch.save({"weights": torch.ones(2)}, run / CHECKPOINT),
     "other_config": _other_config,
     "bad_yaml": lambda run: (run / CONFIG).write_text("seed: [unclosed\n"),
-    "unknown_key": lambda run: (run / CONFIG).write_text((run / CONFIG).read_text() + "data:\n  nosuch: 3\n"),
+    "unknown_key": lambda run: (run / CONFIG).write_text((run / CONFIG).read_text().replace("data:\n", "data:\n  nosuch: 3\n", 1)),
     "locked": lambda run: None,  # the test holds the run's lock, as a second process would
+    "empty_config": lambda run: (run / CONFIG).write_text(""),
+    "binary_config": lambda run: (run / CONFIG).write_bytes(b"\xff\xfe\x00garbage"),
+    "duplicate_config": lambda run: (run / CONFIG).write_text((run / CONFIG).read_text() + "seed: 5\n"),
+    "flipped": lambda run: flip_tensor_bytes(run / CHECKPOINT),
+    "flipped_kept": lambda run: flip_tensor_bytes(run / "checkpoint-r2.pt"),
 }
 
 
@@ -284,6 +353,8 @@ def test_bad_input_exits_2_names_the_field_and_changes_nothing(case, tmp_path, c
     world = tmp_path / "world"
     (world / "EMPTY").mkdir(parents=True)
     (world / "FILE").write_text("not a folder\n")
+    for name, raw in RAW.items():
+        (world / name).write_bytes(raw)
     runs = world / "RUNS"
     run = runs / finished_run.name
     shutil.copytree(finished_run, run)
@@ -291,19 +362,22 @@ def test_bad_input_exits_2_names_the_field_and_changes_nothing(case, tmp_path, c
     argv = list(argv)
     for i, arg in enumerate(argv):
         if arg.startswith("RUN:"):
-            DAMAGE[arg.split(":", 1)[1]](run)
-            if arg == "RUN:locked":
+            damage, _, inside = arg.split(":", 1)[1].partition("/")
+            DAMAGE[damage](run)
+            if damage == "locked":
                 lock = RunLock(run).acquire()
-            argv[i] = str(run)
-        elif arg == "RUN":
-            argv[i] = str(run)
+            argv[i] = str(run / inside) if inside else str(run)
+        elif arg.split("/")[0] == "RUN":
+            argv[i] = str(run) + arg[len("RUN"):]
         elif arg == "SWEEP":
             spec = {"name": "bad", "method": "grid", "parameters": sweep[0],
                     "command": ["python", "-m", "fdlit", "fit", "--config", "digits.yaml", "${args}"]}
             argv[i] = str(world / "bad.yaml")
             (world / "bad.yaml").write_text(yaml.safe_dump(spec))
-        elif arg.split("/")[0] in ("NEW", "FILE", "EMPTY", "RUNS"):
+        elif arg.split("/")[0] in ("NEW", "FILE", "EMPTY", "RUNS", *RAW):
             argv[i] = str(world / arg)
+        elif arg.startswith("--config=") and arg.split("=", 1)[1] in RAW:
+            argv[i] = f"--config={world / arg.split('=', 1)[1]}"
     before = snapshot(world)
     capsys.readouterr()
     try:

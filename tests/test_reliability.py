@@ -215,7 +215,7 @@ def test_packed_checkpoint_is_a_few_large_tensors_and_loads_bit_identically(fast
     path = tmp_path / "ckpt.pt"
     save_checkpoint(checkpoint_state(loop, experiment.config), path)
     raw = torch.load(path, weights_only=True)
-    assert raw["version"] == 3
+    assert raw["version"] == 4  # packed (3) and checksummed (4)
     groups = raw["loop"]["clients"]["groups"]
     assert [g["clients"] for g in groups] == [[0, 1, 2], [3, 4, 5]]
     per_client = [sum(isinstance(t, torch.Tensor) for t in pack_client_states([st])["groups"][0]["tensors"])

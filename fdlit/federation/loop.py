@@ -23,6 +23,7 @@ from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import ClientExecutor, select_executor
 from fdlit.federation import measurement
+from fdlit.federation.checks import check_before_data
 from fdlit.federation.baselines import MODES, reference_client
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.construction import (MESSAGE_DTYPES, available_accelerators, augmentation_seed,  # noqa: F401
@@ -155,6 +156,7 @@ class FederationLoop:
         self.wall_time = 0.0
         self._setup_started: Optional[float] = None
         self.is_setup = False
+        check_before_data(self)  # what the config alone shows to be impossible, before any data loads
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:

@@ -125,6 +125,15 @@ class Participation:
                               f"set's size); got {self.public_subset}")
         self._num_clients = num_clients
 
+    def check_rounds(self, rounds: int, num_clients: int) -> None:
+        """Refuse a run in which no client ever takes part: every join round after the last round."""
+        first = min(self.joined(num_clients))
+        if first > rounds:
+            field = f"{FIELD}.join_rounds" if self.join_rounds is not None else f"{FIELD}.join_round"
+            raise ConfigError(field, f"no client joins within federation.rounds = {rounds} (the first joins in "
+                              f"round {first}), so nothing would train; allowed: at least one client joining in "
+                              f"a round <= {rounds}")
+
     def sample_rate_for(self, num_clients: int) -> float:
         """The largest per-round probability that a given client is sampled, over the rounds (the
         q of privacy amplification by subsampling). While late joiners are missing fewer clients

@@ -7,6 +7,12 @@ checkpoints of the last few saved rounds as ``checkpoint-r<N>.pt``. It holds ten
 only (dicts, lists, tuples, numbers, strings), and is loaded with ``torch.load(weights_only=True)``:
 a file holding any other pickled object is refused, so loading a checkpoint can never run code.
 
+Integrity: every file carries the sha256 of its contents (``sha256``: every tensor's bytes, dtype
+and shape, and every plain value, in order), computed by the writer and verified by
+:func:`load_checkpoint`; a file whose contents changed on disk (a flipped byte, a bad sector) is
+refused, naming it and the newest intact checkpoint kept by ``checkpoint.keep``. Files written
+before the checksum existed (versions 2 and 3) are read unverified.
+
 Contents: the loop's ``state_dict()`` (every client's weights, optimizer state, random generator
 and method state; the method's server state and set-up broadcast; the round; the communication
 ledger; the metrics history; wall time), the python, numpy, torch (and CUDA) random states, the W&B
@@ -30,11 +36,13 @@ go, a damaged file is kept beside it), and continues with round ``round + 1``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import pickle
 import random
+import shutil
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -52,8 +60,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from fdlit.federation.loop import FederationLoop
 
 FORMAT = "fdlit-checkpoint"
-VERSION = 3  # 3: client states packed; 2: a list of per-client states (still read)
-READABLE_VERSIONS = (2, 3)
+VERSION = 4  # 4: a content checksum; 3: client states packed; 2: a list of per-client states (still read)
+READABLE_VERSIONS = (2, 3, 4)
+CHECKSUMMED_VERSION = 4
 # config keys that may differ between the run that wrote a checkpoint and the run resuming it
 RESUMABLE_CHANGES = ("federation.rounds", "logger", "checkpoint")
 
@@ -63,6 +72,51 @@ class CheckpointError(ConfigError):
 
     def __init__(self, message: str):
         super().__init__("resume", message)
+
+
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint failed for a reason torch reports as a RuntimeError (its zip writer's
+    ``file write failed``): an OSError like the others, so it ends the command in one line."""
+
+    def __init__(self, path: Path, cause: BaseException):
+        try:
+            full = shutil.disk_usage(Path(path).parent).free < 2**20
+        except OSError:
+            full = False
+        code = errno.ENOSPC if full else errno.EIO
+        detail = " ".join(str(cause).split())[:160]
+        super().__init__(code, f"{os.strerror(code)} (writing the checkpoint failed: {detail})", str(path))
+
+
+# ---------------------------------------------------------------------------------- checksum
+def content_digest(state: Any) -> str:
+    """sha256 of a checkpoint's contents: every tensor's dtype, shape and bytes and every plain
+    value, in order; the same for the state written and the state read back."""
+    h = hashlib.sha256()
+    _digest(state, h)
+    return h.hexdigest()
+
+
+def _digest(obj: Any, h: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().to("cpu").contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(obj.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy())  # hashlib reads the buffer: no copy
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}".encode())
+        for k, v in obj.items():
+            _digest(k, h)
+            _digest(v, h)
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)}".encode())
+        for v in obj:
+            _digest(v, h)
+    elif isinstance(obj, str):
+        data = obj.encode("utf-8", "surrogatepass")
+        h.update(f"S{len(data)}:".encode() + data)
+    else:  # numbers, None, booleans, dtypes
+        text = repr(obj).encode()
+        h.update(f"V{type(obj).__name__}{len(text)}:".encode() + text)
 
 
 # ---------------------------------------------------------------------------------- fingerprints
@@ -223,18 +277,21 @@ def checkpoint_state(loop: "FederationLoop", config: dict[str, Any], wandb_run_i
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
-    """Write ``state`` to ``path`` atomically: a kill at any moment leaves either the old or the new
-    checkpoint, never a torn one."""
+    """Write ``state`` with its checksum to ``path`` atomically: a kill at any moment leaves either
+    the old or the new checkpoint, never a torn one. A failed write is an OSError."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
+    state = {**state, "sha256": content_digest(state)}
     try:
         with open(tmp, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # disk full, Ctrl-C: the previous checkpoint stays, and no half-written .tmp
+    except BaseException as exc:  # disk full, Ctrl-C: the previous checkpoint stays, and no half-written .tmp
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, RuntimeError):  # torch's zip writer reports ENOSPC, EIO, EFBIG like this
+            raise CheckpointWriteError(path, exc) from None
         raise
     try:  # make the rename itself durable (power loss); not possible on every filesystem
         fd = os.open(path.parent, os.O_RDONLY)
@@ -248,29 +305,66 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read a checkpoint with ``weights_only=True``; refuse pickled objects and foreign files."""
+    """Read a checkpoint with ``weights_only=True`` and verify its checksum; refuse pickled
+    objects, foreign files and damaged ones (naming the newest intact kept checkpoint)."""
     path = Path(path)
     if path.is_dir():
         path = path / CHECKPOINT
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path} (no round of that run completed?)")
+    state = read_verified(path)
+    if isinstance(state, str):
+        raise CheckpointError(f"{state}; {offer_kept(path)}")
+    if isinstance(state["loop"]["clients"], dict):  # versions 3 and 4: packed
+        state["loop"]["clients"] = unpack_client_states(state["loop"]["clients"])
+    return state
+
+
+def read_verified(path: Path) -> dict[str, Any] | str:
+    """The checkpoint at ``path`` (client states still packed) if it is an intact fdlit checkpoint,
+    else one sentence saying what is wrong with it."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         detail = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln), str(exc).splitlines()[0])
-        raise CheckpointError(
-            f"refusing to load {path}: it contains a pickled object, not only tensors and plain data ({detail})"
-        ) from None
-    except Exception as exc:  # truncated, not a torch file, ...
-        raise CheckpointError(f"{path} is not a readable fdlit checkpoint ({type(exc).__name__}: {exc})") from None
+        return f"refusing to load {path}: it contains a pickled object, not only tensors and plain data ({detail})"
+    except Exception as exc:  # truncated, damaged, not a torch file, ...
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        return f"{path} is not a readable fdlit checkpoint ({detail})"
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an fdlit checkpoint (no format marker {FORMAT!r})")
+        return f"{path} is not an fdlit checkpoint (no format marker {FORMAT!r})"
     if state.get("version") not in READABLE_VERSIONS:
-        raise CheckpointError(f"{path} has checkpoint version {state.get('version')}; this fdlit reads "
-                              f"{', '.join(map(str, READABLE_VERSIONS))}")
-    if isinstance(state["loop"]["clients"], dict):  # version 3: packed
-        state["loop"]["clients"] = unpack_client_states(state["loop"]["clients"])
+        return (f"{path} has checkpoint version {state.get('version')}; this fdlit reads "
+                f"{', '.join(map(str, READABLE_VERSIONS))}")
+    if state["version"] >= CHECKSUMMED_VERSION:
+        written = state.pop("sha256", None)
+        try:
+            found = content_digest(state)
+        except Exception:  # a structure no writer makes
+            found = None
+        if written != found:
+            return f"{path} is damaged: its contents do not match the checksum written with it"
+    if not isinstance(state.get("loop"), dict) or not {"round", "clients"} <= state["loop"].keys():
+        return f"{path} is not a readable fdlit checkpoint (no loop state)"
     return state
+
+
+def offer_kept(damaged: Path) -> str:
+    """The newest intact kept checkpoint (``checkpoint.keep``) other than ``damaged`` in its run
+    directory, as the command that resumes from it; or why there is none."""
+    damaged = Path(damaged)
+    run_dir = damaged.parent
+    try:
+        damaged_inode = damaged.stat().st_ino  # a kept file may be a hard link of the damaged one
+    except OSError:
+        damaged_inode = None
+    for round, kept in reversed(kept_checkpoints(run_dir)):
+        if kept == damaged or kept.stat().st_ino == damaged_inode:
+            continue
+        if not isinstance(read_verified(kept), str):
+            return f"the newest intact checkpoint kept is round {round}'s; continue from it with: " \
+                   f"python -m fdlit fit --resume {kept}"
+    return "no intact earlier checkpoint is kept (checkpoint.keep); start the run again"
 
 
 def check_config(config: dict[str, Any], rounds: int, state: dict[str, Any]) -> None:
@@ -392,8 +486,13 @@ class Checkpointer(FederationCallback):
 
 
 def resume_hint(run_dir: Path | None, round: int) -> str:
-    """How to continue a stopped run whose checkpoint holds ``round`` (0: none)."""
-    if run_dir is not None and round > 0 and (Path(run_dir) / CHECKPOINT).exists():
-        return (f"the checkpoint of round {round} is intact; continue with: "
-                f"python -m fdlit fit --resume {run_dir}")
-    return "no round completed, so there is no checkpoint to resume from; start the run again"
+    """How to continue a stopped run whose checkpoint holds ``round`` (0: none). The checkpoint is
+    read back and its checksum verified before it is called intact."""
+    path = Path(run_dir) / CHECKPOINT if run_dir is not None else None
+    if path is None or round <= 0 or not path.exists():
+        return "no round completed, so there is no checkpoint to resume from; start the run again"
+    state = read_verified(path)
+    if isinstance(state, str):
+        return f"{state}; {offer_kept(path)}"
+    return (f"the checkpoint of round {state['loop']['round']} is intact; continue with: "
+            f"python -m fdlit fit --resume {run_dir}")

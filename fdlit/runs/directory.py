@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -28,12 +27,13 @@ import socket
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from fdlit.callbacks import FederationCallback
 from fdlit.errors import ConfigError
+from fdlit.runs import strict_json
 
 try:
     import fcntl
@@ -125,24 +125,18 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def append_jsonl(path: Path, rows: list[dict]) -> None:
     if not rows:
         return
     with open(path, "a") as f:
         for row in rows:
-            f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+            f.write(_row_text(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
 def _row_text(row: dict) -> str:
-    return json.dumps({k: _jsonable(v) for k, v in row.items()})
+    return strict_json.dumps(row)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -171,7 +165,9 @@ def _parse_lines(path: Path) -> tuple[list[dict], list[int]]:
 
 
 def read_config(run_dir: Path) -> dict:
-    return yaml.safe_load((Path(run_dir) / CONFIG).read_text()) or {}
+    """A run's saved config as read by sweep and report (bytes that are not UTF-8 do not stop them:
+    resuming the run checks the file strictly)."""
+    return yaml.safe_load((Path(run_dir) / CONFIG).read_text(errors="replace")) or {}
 
 
 def read_summary(run_dir: Path) -> dict:
@@ -192,7 +188,7 @@ def rebuild_logs(run_dir: Path, round: int, metrics: list[dict], messages: list[
         expected = [_row_text(row) for row in rows]
         found, bad = _parse_lines(path)
         # a row with a round that is not a number is damage too: it stays in `kept` and mismatches
-        kept = [json.dumps(row) for row in found
+        kept = [_row_text(row) for row in found
                 if not (isinstance(row.get("round", 0), int) and row.get("round", 0) > round)]
         if path.exists() and (bad or kept != expected):
             copy = path.with_name(f"{name}.damaged-{stamp}")
@@ -221,9 +217,10 @@ class RunLock:
     stale; the file keeps the last holder's pid, host and command only to name it in the error a
     second process gets."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, filename: str = LOCK, in_use: Callable[[Path, str], Exception] = RunInUse):
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK
+        self.path = self.run_dir / filename
+        self.in_use = in_use  # the error a second process gets: (folder, who holds it)
         self._file = None
 
     def acquire(self) -> "RunLock":
@@ -236,10 +233,10 @@ class RunLock:
             f.seek(0)
             holder = f.read().strip()
             f.close()
-            raise RunInUse(self.run_dir, _describe_holder(holder)) from None
+            raise self.in_use(self.run_dir, _describe_holder(holder)) from None
         f.seek(0)
         f.truncate()
-        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+        f.write(strict_json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                             "since": datetime.now().isoformat(timespec="seconds"),
                             "command": " ".join(sys.argv)}) + "\n")
         f.flush()
@@ -277,7 +274,7 @@ class RunDirectory(FederationCallback):
         append_jsonl(self.path / METRICS, [metrics])
         append_jsonl(self.path / COMMUNICATION, loop.ledger.rows(self._messages_written))
         self._messages_written = len(loop.ledger.messages)
-        write_atomic(self.path / SUMMARY, json.dumps(self.summary(loop), indent=2, default=_jsonable))
+        write_atomic(self.path / SUMMARY, strict_json.dumps(self.summary(loop), indent=2))
 
     def on_fit_end(self, loop, summary):
-        write_atomic(self.path / SUMMARY, json.dumps({**self.identity, **summary}, indent=2, default=_jsonable))
+        write_atomic(self.path / SUMMARY, strict_json.dumps({**self.identity, **summary}, indent=2))

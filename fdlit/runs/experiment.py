@@ -7,6 +7,7 @@ a checkpoint is the loop's ``state_dict()``.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -18,19 +19,20 @@ from fdlit.config import fit_parser, parse_fit
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.federation.server import ServerModel
 from fdlit.runs.checkpoint import (
-    CheckpointConfig, CheckpointError, Checkpointer, check_config, check_resumable, load_checkpoint,
+    CheckpointConfig, CheckpointError, Checkpointer, check_config, check_resumable, load_checkpoint, offer_kept,
     restore_checkpoint, resume_hint,
 )
 from fdlit.errors import ConfigError
 from fdlit.runs.directory import (
-    CHECKPOINT, CONFIG, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir, read_config,
-    rebuild_logs, safe_name,
+    CHECKPOINT, CONFIG, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir, kept_checkpoints,
+    read_config, rebuild_logs, safe_name,
 )
 from fdlit.runs.logger_config import LoggerConfig
 from fdlit.runs.progress import ProgressBar
 from fdlit.runs.wandb_logger import WandbLogger
 
 # flags that may accompany --resume: more rounds, and how to log; everything else comes from the run
+KEPT_CHECKPOINT = re.compile(r"checkpoint(-r\d+)?\.pt")
 RESUME_FLAGS = ("--federation.rounds", "--logger.mode", "--logger.progress", "--checkpoint.every_n_rounds",
                 "--checkpoint.keep", "--checkpoint.background")
 
@@ -50,7 +52,8 @@ class Experiment:
     Constructing it checks the whole config (constructors raise ConfigError) without any work;
     ``fit`` sets up, takes the run directory's lock and holds it until it returns or raises."""
 
-    def __init__(self, cfg: Namespace, parser: Optional[ArgumentParser] = None, resume_from: Optional[Path] = None):
+    def __init__(self, cfg: Namespace, parser: Optional[ArgumentParser] = None, resume_from: Optional[Path] = None,
+                 checkpoint_file: Optional[Path] = None):
         parser = parser or fit_parser()
         init = parser.instantiate(cfg)  # constructors check their arguments: ConfigError before any work
         self.config: dict[str, Any] = cfg.clone().as_dict()
@@ -64,6 +67,8 @@ class Experiment:
                                    client=init.client, aggregator=init.aggregator, privacy=init.privacy,
                                    seed=cfg.seed, server=server)
         self.resume_from = Path(resume_from) if resume_from is not None else None
+        # on resume: the checkpoint to continue from (default the run's checkpoint.pt; a kept one by name)
+        self.checkpoint_file = Path(checkpoint_file) if checkpoint_file is not None else None
         if self.resume_from is None:  # a folder to create the run in, checked before any work
             check_run_parent("logger.run_dir", self.logger.run_dir)
         self.run_path: Optional[Path] = None
@@ -80,8 +85,9 @@ class Experiment:
         state = None
         if self.resume_from is not None:
             self.run_path = self.resume_from
-            if (self.run_path / CHECKPOINT).exists():
-                state = load_checkpoint(self.run_path / CHECKPOINT)
+            checkpoint = self.checkpoint_file or self.run_path / CHECKPOINT
+            if checkpoint.exists():
+                state = load_checkpoint(checkpoint)
                 check_config(self.config, loop.rounds, state)
             self.lock = RunLock(self.run_path).acquire()
         loop.setup()
@@ -169,15 +175,19 @@ def resume_experiment(run_dir: str, overrides: list[str]) -> Experiment:
                 f"{arg.split('=', 1)[0]} cannot be changed when resuming (config and seed come from the run "
                 f"directory); allowed with --resume: {', '.join(RESUME_FLAGS)}"
             )
-    path = Path(run_dir)
+    path, checkpoint = Path(run_dir), None
+    if path.is_file() and KEPT_CHECKPOINT.fullmatch(path.name) and (path.parent / CONFIG).exists():
+        path, checkpoint = path.parent, path  # --resume <run dir>/checkpoint-r<N>.pt: a kept checkpoint
     if not path.is_dir():
         raise CheckpointError(f"no run directory {run_dir!r}" + (" (that is a file)" if path.exists() else ""))
     if not (path / CONFIG).exists():
         raise CheckpointError(f"{run_dir} has no {CONFIG}; is it an fdlit run directory?")
-    if not (path / CHECKPOINT).exists():
+    if checkpoint is None and not (path / CHECKPOINT).exists():
+        if kept_checkpoints(path):  # checkpoint.pt deleted, earlier ones kept
+            raise CheckpointError(f"{run_dir} has no {CHECKPOINT}; {offer_kept(path / CHECKPOINT)}")
         raise CheckpointError(f"{run_dir} has no {CHECKPOINT}: no round of that run completed, start it anew")
     parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), *overrides])
-    return Experiment(cfg, parser, resume_from=path)
+    return Experiment(cfg, parser, resume_from=path, checkpoint_file=checkpoint)
 
 
 def legacy_name(path: Path) -> list[str]:

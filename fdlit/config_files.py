@@ -1,0 +1,68 @@
+"""Reading a YAML file a user gave (``--config``, a run's ``config.yaml``, a sweep file) strictly.
+
+YAML parsers accept more than a config should: PyYAML and jsonargparse keep the last of two equal
+keys (``federation:`` twice silently loses the first section), an empty file is an empty config,
+and bytes that are not UTF-8 end in a ``UnicodeDecodeError`` traceback. Here each of these is a
+:class:`~fdlit.errors.ConfigError` naming the file and the line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fdlit.errors import ConfigError
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice, at any depth."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges; not a key of its own
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.setdefault(key, line)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first != line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first})", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path, field: str = "config") -> dict[str, Any]:
+    """The mapping in the YAML file ``path``; anything else is a one-line ConfigError for ``field``
+    naming the file (and the line where there is one)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(field, f"{path}, line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); "
+                          "a config is a YAML file") from None
+    if not text.strip() or all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()):
+        raise ConfigError(field, f"{path} is empty; a config is a YAML mapping such as 'seed: 0'")
+    try:
+        value = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or str(exc).splitlines()[0]).split())
+        context, opened = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if context and opened is not None and opened is not mark:  # where the unclosed bracket or block began
+            problem += f"; {context} from line {opened.line + 1}"
+        raise ConfigError(field, f"{path}{where}: not valid YAML ({problem})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(field, f"{path} must hold a YAML mapping (keys and values such as 'seed: 0'), "
+                          f"not a {type(value).__name__}")
+    return value

@@ -1,0 +1,33 @@
+"""Checks of a federation that need its config only: they run when the loop is built, before any
+dataset is loaded (loading CIFAR or a hub dataset takes minutes on a busy machine), so a setting
+that cannot work stops in well under a second.
+
+The same bounds are checked again in set-up against the data as built (the public set a dataset
+actually yields); here M is ``data.num_clients`` and N is ``data.public_size``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fdlit.aggregators.f2l import Regions
+from fdlit.data.datasets import NUM_CLASSES
+
+
+def check_before_data(loop: Any) -> None:
+    """Raise ConfigError for a setting the config alone shows to be impossible or one under which no
+    client would ever train (``loop``: the FederationLoop being built)."""
+    data = loop.data
+    num_clients = getattr(data, "num_clients", None)
+    if not isinstance(num_clients, int):  # a data object of another kind: set-up checks it
+        return
+    if loop.participation is not None:  # None: everyone, every round (also the reference baseline)
+        loop.participation.check(num_clients, data.public_size)
+        loop.participation.check_rounds(loop.rounds, num_clients)
+    if loop.mode != "fd":
+        return
+    regions = getattr(loop.aggregator, "regions", None)
+    if isinstance(regions, Regions):  # F2L: every region needs a client
+        regions.assignment(num_clients)
+    if getattr(data, "dataset", None) in NUM_CLASSES:  # a hub dataset's classes are known once it is loaded
+        loop.privacy.check(loop.aggregator, NUM_CLASSES[data.dataset])
