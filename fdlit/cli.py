@@ -53,6 +53,8 @@ def report_parser() -> ArgumentParser:
     parser.add_argument("--include_duplicates", action=ActionYesNo, default=False,
                         help="Keep every run directory of the same setting and seed (a sweep run twice); by default "
                              "the finished one with the most rounds is used.")
+    parser.add_argument("--formats", type=list[str], default=["pdf", "svg", "png"],
+                        help="Figure files to write: pdf, svg, png (the PNG is always written; the page shows it).")
     return parser
 
 
@@ -141,7 +143,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             from fdlit.report import write_report
 
             index = write_report(cfg.report.runs, cfg.report.out, include_unfinished=cfg.report.include_unfinished,
-                                 include_duplicates=cfg.report.include_duplicates)
+                                 include_duplicates=cfg.report.include_duplicates, formats=tuple(cfg.report.formats))
             print(f"fdlit report: {index}")
         return 0
     except ConfigError as exc:

@@ -21,6 +21,15 @@ MIN_FONT_PT = 8
 PNG_DPI = 300
 FORMATS = ("pdf", "svg", "png")
 
+
+def check_formats(formats) -> tuple[str, ...]:
+    from fdlit.errors import ConfigError
+
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise ConfigError("formats", f"allowed: {', '.join(FORMATS)} (png is always written); got {list(formats)}")
+    return tuple(formats)
+
 STYLE = {
     "font.size": MIN_FONT_PT, "axes.labelsize": MIN_FONT_PT, "axes.titlesize": MIN_FONT_PT,
     "xtick.labelsize": MIN_FONT_PT, "ytick.labelsize": MIN_FONT_PT, "legend.fontsize": MIN_FONT_PT,
@@ -61,7 +70,7 @@ def text_sizes(fig) -> list[tuple[str, float]]:
     """(text, size in pt) of every visible, non-empty text of the figure."""
     from matplotlib.text import Text
 
-    fig.canvas.draw_idle() if fig.canvas is not None else None
+    fig.draw_without_rendering()
     return [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
 
 
@@ -73,12 +82,14 @@ def titles(fig) -> list[str]:
     return found
 
 
-def save_figure(fig, folder: Path, stem: str) -> bytes:
-    """Write ``<stem>.pdf``, ``.svg`` and a 300-dpi ``.png`` into ``folder``; the PNG's bytes back
-    (the HTML page inlines it)."""
+def save_figure(fig, folder: Path, stem: str, formats: tuple[str, ...] = FORMATS) -> bytes:
+    """Write ``<stem>.pdf``, ``.svg`` and a 300-dpi ``.png`` (``formats``) into ``folder``; the PNG's
+    bytes back (the HTML page inlines it)."""
     folder.mkdir(parents=True, exist_ok=True)
     png = b""
-    for fmt in FORMATS:
+    fig.draw_without_rendering()  # lay the figure out once, then keep that layout for every format
+    fig.set_layout_engine("none")
+    for fmt in sorted(set(formats) | {"png"}, key=FORMATS.index):  # the page shows the PNG
         buf = io.BytesIO()
         fig.savefig(buf, format=fmt, dpi=PNG_DPI if fmt == "png" else None, metadata=_metadata(fmt))
         (folder / f"{stem}.{fmt}").write_bytes(buf.getvalue())

@@ -51,7 +51,7 @@ import yaml
 from fdlit.data.federated import DEFAULT_CLASSES_PER_CLIENT
 from fdlit.errors import ConfigError
 from fdlit.paper_figures import (
-    FORMATS, MIN_FONT_PT, ONE_COLUMN_IN, PNG_DPI, TWO_COLUMN_IN, new_figure, paper_style, plain_text, save_figure,
+    FORMATS, MIN_FONT_PT, check_formats, ONE_COLUMN_IN, PNG_DPI, TWO_COLUMN_IN, new_figure, paper_style, plain_text, save_figure,
 )
 from fdlit.runs.dashboards import TRUST_KEY, TRUST_MAX_ROWS
 from fdlit.runs.directory import METRICS, read_config, read_jsonl, read_summary, safe_name
@@ -837,12 +837,21 @@ def settings_html(runs: list[Run], skipped, runs_dir) -> str:
             f'<table id="shared">{rows}</table></details>')
 
 
+def _formats_text(formats) -> str:
+    vector = [f.upper() for f in ("pdf", "svg") if f in formats]
+    return (f"vector {' and '.join(vector)} and a " if vector else "a ") + f"{PNG_DPI}-dpi PNG"
+
+
 def _percent(value: float) -> str:
     return f"{100 * value:.2f}" if math.isfinite(value) else "–"
 
 
 def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include_unfinished: bool = False,
-                 say: Callable[[str], None] = print, include_duplicates: bool = False) -> Path:
+                 say: Callable[[str], None] = print, include_duplicates: bool = False,
+                 formats: tuple[str, ...] = FORMATS) -> Path:
+    """Write the report of the runs under ``runs_dir`` into ``out``; ``formats``: the figure files
+    (``pdf``, ``svg``, ``png``; the PNG is always written, the page shows it). The page's path back."""
+    formats = check_formats(formats)
     out = Path(out) if out else Path(runs_dir) / "report"
     if out.exists() and not out.is_dir():
         raise ConfigError("out", f"must be a folder (or not exist yet), but {str(out)!r} is a file")
@@ -891,7 +900,7 @@ def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include
         ]
         trust = [(stem, f"Who to trust ({caption}): mean weight each client gets on public samples of each true "
                   "class; a client's own classes boxed.", fig) for stem, caption, fig in trust_figures(runs)]
-        figures = [(stem, caption, fig.get_figwidth(), save_figure(fig, out / "figures", stem))
+        figures = [(stem, caption, fig.get_figwidth(), save_figure(fig, out / "figures", stem, formats))
                    for stem, caption, fig in drawn + trust if fig is not None]
     trust_stems = {stem for stem, *_ in trust}
 
@@ -906,7 +915,8 @@ def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include
         out_html = []
         for stem, caption, width, png in items:
             size = "one" if width <= ONE_COLUMN_IN + 0.01 else "two"
-            files = ", ".join(f"<code>figures/{html.escape(stem)}.{fmt}</code>" for fmt in FORMATS)
+            files = ", ".join(f"<code>figures/{html.escape(stem)}.{fmt}</code>" for fmt in FORMATS
+                              if fmt in formats or fmt == "png")
             out_html.append(
                 f'<figure class="{size}"><img src="data:image/png;base64,{base64.b64encode(png).decode()}" '
                 f'alt="{html.escape(stem)}"><figcaption>{html.escape(caption)} {files} '
@@ -934,7 +944,7 @@ def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include
 <p>{html.escape(caption)} Also as <code>table1.md</code>, <code>table1.csv</code>, <code>table1.tex</code> (booktabs).</p>
 {table1_html(table)}
 <h2>Figures</h2>
-<p>Each figure as vector PDF and SVG and a {PNG_DPI}-dpi PNG, sized for a one-column ({ONE_COLUMN_IN:g} in) or
+<p>Each figure as {_formats_text(formats)}, sized for a one-column ({ONE_COLUMN_IN:g} in) or
 two-column ({TWO_COLUMN_IN:g} in) paper figure, text at least {MIN_FONT_PT} pt at that size.</p>
 {figure_html([f for f in figures if f[0] not in trust_stems])}
 {trust_html}
