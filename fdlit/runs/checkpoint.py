@@ -67,7 +67,8 @@ class CheckpointError(ConfigError):
 
 # ---------------------------------------------------------------------------------- fingerprints
 def config_fingerprint(config: dict[str, Any]) -> str:
-    """sha256 of the resolved config, without the keys a resume may change (rounds, logger, checkpoint)."""
+    """sha256 of the resolved config, without the keys a resume may change (rounds, the GPU, logger,
+    checkpoint)."""
     cfg = json.loads(json.dumps(config, default=str))
     cfg.pop("logger", None)
     cfg.pop("checkpoint", None)
@@ -76,6 +77,7 @@ def config_fingerprint(config: dict[str, Any]) -> str:
         cfg.pop("server")  # no server model: the same fingerprint as a config without the section
     if isinstance(cfg.get("federation"), dict):
         cfg["federation"].pop("rounds", None)
+        cfg["federation"].pop("devices", None)  # which GPU: a resumed run may continue on another one
     if cfg.get("privacy") == default_config():  # runs saved before the privacy section existed still resume
         cfg.pop("privacy")
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()

@@ -31,7 +31,7 @@ from fdlit.runs.progress import ProgressBar
 from fdlit.runs.wandb_logger import WandbLogger
 
 # flags that may accompany --resume: more rounds, and how to log; everything else comes from the run
-RESUME_FLAGS = ("--federation.rounds", "--logger.mode", "--logger.progress", "--checkpoint.every_n_rounds",
+RESUME_FLAGS = ("--federation.rounds", "--federation.devices", "--logger.mode", "--logger.progress", "--checkpoint.every_n_rounds",
                 "--checkpoint.keep", "--checkpoint.background")
 
 
