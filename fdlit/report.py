@@ -790,8 +790,20 @@ def trust_figures(runs: list[Run]) -> list[tuple[str, str, Any]]:
             draw_trust_heatmap(fig, axes[0, 0], last[TRUST_KEY], classes or None)
         except (TypeError, ValueError):  # a metrics line someone edited: no matrix to draw
             continue
+        _thin_ticks(axes[0, 0])
         out.append((f"trust_{safe_name(r.path.name)}", caption, fig))
     return out
+
+
+def _thin_ticks(ax, most_x: int = 10, most_y: int = 20) -> None:
+    """At most ``most_x`` / ``most_y`` tick labels (every n-th): e.g. CIFAR-100's classes at 8 pt
+    need room at one column's width."""
+    for axis, most in ((ax.xaxis, most_x), (ax.yaxis, most_y)):
+        ticks = list(axis.get_ticklocs())
+        labels = [t.get_text() for t in axis.get_ticklabels()]
+        if len(ticks) > most:
+            step = math.ceil(len(ticks) / most)
+            axis.set_ticks(ticks[::step], labels[::step] if all(labels) else None)
 
 
 # ------------------------------------------------------------------------------------------- page

@@ -73,7 +73,7 @@ def md_row(md: str, label: str) -> list[str]:
 
 
 def test_table1_is_mean_and_std_over_seeds_after_each_phase(runs_dir):
-    index = write_report(runs_dir)
+    index = write_report(runs_dir, formats=PNG)
     md = (index.parent / "table1.md").read_text()
     # one dataset (named in the caption) and no reference runs: no dataset column, no empty Ref. column
     assert "| method | k=2 after private | k=2 after public | k=5 after private | k=5 after public |\n" in md
@@ -95,9 +95,7 @@ def test_table1_is_mean_and_std_over_seeds_after_each_phase(runs_dir):
     for stem in ("figure2_accuracy_vs_k", "appB_accuracy_curves", "chi_vs_k", "chi_vs_round", "accuracy_vs_bytes",
                  *trust):
         assert (index.parent / "figures" / f"{stem}.png").read_bytes()[:4] == b"\x89PNG"
-        assert (index.parent / "figures" / f"{stem}.pdf").read_bytes()[:5] == b"%PDF-"
-        assert b"<svg" in (index.parent / "figures" / f"{stem}.svg").read_bytes()[:1000]
-        assert f"figures/{stem}.pdf" in page
+        assert f"figures/{stem}.png" in page
     # the settings header: what all runs share, what varies, the seeds
     assert '<table id="settings">' in page and "data.dataset" in page and "seeds</th><td>0, 1 (n = 2)" in page
     assert "varies</th><td>aggregator, aggregator.init_args.tau, data.classes_per_client, seed<" in page
@@ -456,6 +454,13 @@ def test_every_value_from_a_run_is_escaped_and_scripts_are_forbidden(tmp_path):
         assert (index.parent / name).read_text()  # written despite the hostile values
     tex = (index.parent / "table1.tex").read_text()
     assert tex.isascii() and "<script>" not in tex
+    # every figure in every format, the hostile run's trust matrix too, named by its (folder-safe) run name
+    pngs = sorted((index.parent / "figures").glob("*.png"))
+    assert len(pngs) == page.count('src="data:image/png;base64,') == 5 + 3  # Fig. 2, App. B, χ x2, bytes; trust: 2 sUWA runs + the hostile one
+    for png in pngs:
+        assert png.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-" and f"figures/{png.stem}.pdf" in page
+        assert b"<svg" in png.with_suffix(".svg").read_bytes()[:1000]
+    assert sum(p.name.startswith("trust_") for p in pngs) == 3 and all("<" not in p.name for p in pngs)
 
 
 def test_report_with_hostile_values_runs_no_script_in_headless_chromium(tmp_path):
@@ -495,3 +500,19 @@ def test_report_with_hostile_values_runs_no_script_in_headless_chromium(tmp_path
     assert dialogs == [] and console == [] and "system-ui" in font  # the stylesheet applies under the policy
     dialogs, console, _ = seen["injected.html"]
     assert dialogs == [] and any("Content Security Policy" in c for c in console)
+
+
+def test_a_trust_matrix_of_many_classes_keeps_its_labels_readable(tmp_path):
+    from fdlit.paper_figures import ONE_COLUMN_IN, paper_style, text_sizes
+    from fdlit.report import trust_figures
+
+    path = fake_run(tmp_path / "runs", "sUWA", 2, 0, 0.5, summary={"client_classes": [[c, c + 1] for c in range(30)]})
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    rows[-1]["clients/trust_matrix"] = [[1 / 30] * 100 for _ in range(30)]  # 30 clients x 100 classes
+    (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with paper_style():
+        ((_, _, fig),) = trust_figures(load_runs(tmp_path / "runs")[0])
+    ax = fig.axes[0]
+    assert fig.get_figwidth() == ONE_COLUMN_IN and min(size for _, size in text_sizes(fig)) >= 8
+    assert len(ax.get_xticks()) <= 10 and len(ax.get_yticks()) <= 20  # every n-th class and client labelled
+    assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["0", "2"]  # the labels still match their rows
