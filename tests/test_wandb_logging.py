@@ -205,6 +205,8 @@ def agent_command_lines(spec: dict, combos: list[dict], monkeypatch, tmp_path) -
 
     monkeypatch.setattr(wandb_agent, "AgentProcess", Recorded)
     monkeypatch.setenv("WANDB_SWEEP_ID", "sweep1")
+    for name in ("WANDB_RUN_ID", "WANDB_SWEEP_PARAM_PATH"):  # the agent sets these in os.environ: undone after
+        monkeypatch.setenv(name, "")
     monkeypatch.chdir(tmp_path)  # the agent writes its parameter files under ./wandb
     agent = wandb_agent.Agent(api=None, queue=None, sweep_id="sweep1")
     agent._sweep_command = spec["command"]  # as Agent.run() takes it from the sweep's config
@@ -258,6 +260,7 @@ def test_runs_started_by_wandb_agent_are_named_and_grouped_by_their_swept_values
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     seen = []
     for command, env in agent_command_lines(spec, combos, monkeypatch, tmp_path):
+        env.pop("WANDB_SERVICE", None)  # a wandb service this test process started is not the agent's
         done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         assert "\x1b" not in done.stderr + done.stdout and "\r" not in done.stderr  # not a terminal: plain lines
