@@ -31,7 +31,19 @@ def build_parser() -> ArgumentParser:
     sub = parser.add_subcommands(required=True, dest="command")
     sub.add_subcommand("fit", fit_parser(), help="Run one experiment.")
     sub.add_subcommand("sweep", sweep_parser(), help="Run a W&B sweep file locally (grid, grouped, resumable).")
-    sub.add_subcommand("report", report_parser(), help="Tables and figures (HTML, PNG, Markdown) from run directories.")
+    sub.add_subcommand("report", report_parser(), help="Tables and figures (HTML, PDF, SVG, PNG, LaTeX) from run directories.")
+    sub.add_subcommand("export", export_parser(), help="A trained client's or the server's network as a plain state dict.")
+    return parser
+
+
+def export_parser() -> ArgumentParser:
+    parser = ArgumentParser(description="Write a trained network of a run (its last checkpoint) as a plain state dict "
+                            "with the model's class path and init args, loadable with torch alone (see "
+                            "fdlit.runs.export).", allow_abbrev=False)
+    parser.add_argument("run_dir", type=str, help="The run directory.")
+    parser.add_argument("--client", type=Optional[int], default=None, help="Export client i (0-based).")
+    parser.add_argument("--server", action=ActionYesNo, default=False, help="Export the server model (server.model).")
+    parser.add_argument("--out", type=str, required=True, help="The file to write, e.g. model.pt.")
     return parser
 
 
@@ -55,6 +67,8 @@ def report_parser() -> ArgumentParser:
     parser.add_argument("--include_duplicates", action=ActionYesNo, default=False,
                         help="Keep every run directory of the same setting and seed (a sweep run twice); by default "
                              "the finished one with the most rounds is used.")
+    parser.add_argument("--formats", type=list[str], default=["pdf", "svg", "png"],
+                        help="Figure files to write: pdf, svg, png (the PNG is always written; the page shows it).")
     return parser
 
 
@@ -144,8 +158,17 @@ def main(argv: Optional[list[str]] = None) -> int:
 
             with one_line_warnings("fdlit report"):  # a plotting library's warning, without its source line
                 index = write_report(cfg.report.runs, cfg.report.out, include_unfinished=cfg.report.include_unfinished,
-                                     include_duplicates=cfg.report.include_duplicates)
+                                     include_duplicates=cfg.report.include_duplicates,
+                                     formats=tuple(cfg.report.formats))
             print(f"fdlit report: {index}")
+        elif cfg.command == "export":
+            from fdlit.runs.export import export_model
+
+            written = export_model(cfg.export.run_dir, cfg.export.out, client=cfg.export.client,
+                                   server=cfg.export.server)
+            source = written["source"]
+            print(f"fdlit export: {cfg.export.out}: {source['model']} after round {source['round']} "
+                  f"({written['class_path']})")
         return 0
     except ConfigError as exc:
         print(f"fdlit: error: {exc}", file=sys.stderr)

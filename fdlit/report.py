@@ -1,19 +1,27 @@
 """``python -m fdlit report <runs dir>``: the paper's tables and figures from local run directories.
 
 Reads ``config.yaml``, ``metrics.jsonl`` and ``summary.json`` of every run under the folder (no W&B
-needed) and writes ``<out>/index.html`` (self-contained: figures inlined as PNG data URIs),
-``<out>/figures/*.png`` and Table 1 as ``table1.md``, ``table1.csv`` and ``table1.tex``:
+needed) and writes ``<out>/index.html`` (self-contained: figures inlined as PNG data URIs; every
+value from a run escaped, and a Content-Security-Policy that allows no script and no request),
+``<out>/figures/<name>.{pdf,svg,png}`` (see :mod:`fdlit.paper_figures`: one- or two-column paper
+size, text >= 8 pt, no in-plot titles, the captions are in the page) and Table 1 as ``table1.md``,
+``table1.csv`` and ``table1.tex`` (booktabs, cells ``$m \\pm s$``):
 
 - a settings header: what all runs share, what varies, the seeds, which metric the table holds;
 - Table 1 in the layout of Kovalchuk et al. (2026, Table 1): a row per rule, a column per k, each
   split into the best accuracy after the private and after the public phase, mean ± std over seeds
-  with the number of seeds n in every cell (no std with n = 1), best rule per column in bold; the
-  fully informed reference (``federation.mode: reference``) in its own ``Ref.`` column and the
-  no-communication baseline (``local_only``) in its own row, neither ever in bold;
+  (no std with n = 1); the fully informed reference (``federation.mode: reference``) in its own
+  ``Ref.`` column and the no-communication baseline (``local_only``) in its own row, neither ever
+  marked; a column (phase, Ref., dataset) with nothing to show is left out. Rows are named by what
+  they are: sUWA at τ = 0 is AVG, at τ = 1 UWA.
+- The bold rule: a column's best rule is bold only when it beats the second best by Welch's t-test
+  over seeds (unequal variances, two-sided, p < 0.05, at least 3 seeds each); otherwise every rule
+  the test does not show to be worse than the best is underlined as tied for best.
 - Figure 2: best accuracy vs k (Kovalchuk et al. 2026, Fig. 2); accuracy vs sUWA's τ; χ vs k;
 - App. B curves: mean global and local accuracy vs round, shaded ±1 std over seeds
   (Kovalchuk et al. 2026, App. B.1); χ vs round; accuracy vs cumulative bytes (up + down);
-- the last round's who-to-trust matrix of every rule, k and seed, each client's own classes boxed.
+- the last round's who-to-trust matrix of every rule, k and seed, each client's own classes boxed,
+  in files named by the run (``trust_<run directory>``).
 
 "Best" is the best round's mean over clients (``summary.json``; the metrics when it lacks it). When a
 run's summary holds a validation-selected accuracy (``selected_global_acc_mean``), that one is used
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import hashlib
 import html
 import io
 import json
@@ -41,8 +50,11 @@ import yaml
 
 from fdlit.data.federated import DEFAULT_CLASSES_PER_CLIENT
 from fdlit.errors import ConfigError
-from fdlit.runs.dashboards import TRUST_KEY, trust_heatmap_png
-from fdlit.runs.directory import METRICS, read_config, read_jsonl, read_summary
+from fdlit.paper_figures import (
+    FORMATS, MIN_FONT_PT, check_formats, ONE_COLUMN_IN, PNG_DPI, TWO_COLUMN_IN, new_figure, paper_style, plain_text, save_figure,
+)
+from fdlit.runs.dashboards import TRUST_KEY, TRUST_MAX_ROWS
+from fdlit.runs.directory import METRICS, read_config, read_jsonl, read_summary, safe_name
 
 ACC = "after_public/global_acc_mean"
 PRIVATE_ACC = "after_private/global_acc_mean"
@@ -112,9 +124,24 @@ def _number(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _section(config: dict, name: str) -> dict:
+    """A config section, or {} when the run's config.yaml holds something else there."""
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
+
+
 def run_kind(config: dict) -> str:
-    mode = (config.get("federation") or {}).get("mode", "fd")
-    return {"local_only": "local", "reference": "ref"}.get(mode, "rule")
+    mode = _section(config, "federation").get("mode", "fd")
+    return {"local_only": "local", "reference": "ref"}.get(mode, "rule") if isinstance(mode, str) else "rule"
+
+
+def suwa_tau(config: dict) -> Optional[float]:
+    """sUWA's temperature τ, or None when the run is not sUWA (or its τ is not a number)."""
+    agg = config.get("aggregator")
+    if not isinstance(agg, dict) or not str(agg.get("class_path", "")).endswith(".SmoothedUncertaintyWeightedAggregator"):
+        return None
+    init_args = agg.get("init_args")
+    return _number(init_args.get("tau")) if isinstance(init_args, dict) else None
 
 
 def method_label(config: dict) -> str:
@@ -122,12 +149,12 @@ def method_label(config: dict) -> str:
     if kind != "rule":  # baselines are labelled as what they are, never as the rule in their config
         return LOCAL_LABEL if kind == "local" else REF_LABEL
     agg = config.get("aggregator") or {}
-    class_path = agg.get("class_path", "?") if isinstance(agg, dict) else str(agg)
+    class_path = str(agg.get("class_path", "?")) if isinstance(agg, dict) else str(agg)
     name = class_path.rsplit(".", 1)[-1]
     label = SHORT_NAMES.get(name, name)
-    tau = (agg.get("init_args") or {}).get("tau") if isinstance(agg, dict) else None
-    if label == "sUWA" and tau is not None:
-        label += f" τ={tau:g}"  # the τ study's rows are sUWA at different temperatures
+    tau = suwa_tau(config)
+    if tau is not None:  # the τ study's rows are sUWA at different temperatures; τ = 0 is AVG, τ = 1 UWA
+        label = {0.0: f"AVG (sUWA τ={tau:g})", 1.0: f"UWA (sUWA τ={tau:g})"}.get(tau, f"sUWA τ={tau:g}")
     return label
 
 
@@ -173,12 +200,16 @@ def load_runs(root: str | Path, include_unfinished: bool = False,
             skipped.append((run.path, f"same setting and seed as {used[key].name}"))
             continue
         used.setdefault(key, run.path)
-        data = run.config.get("data") or {}
+        data = _section(run.config, "data")
         run.method, run.kind = method_label(run.config), run_kind(run.config)
         run.dataset = str(data.get("dataset", ""))
         run.k = ((data.get("classes_per_client") or DEFAULT_CLASSES_PER_CLIENT)
                  if data.get("partition", "classes") == "classes" else f"dir{data.get('dirichlet_alpha')}")
         run.seed = run.config.get("seed", 0)
+        # a hand-edited config may hold anything: the table's keys must be plain values
+        run.k = run.k if isinstance(run.k, (int, float, str)) else str(run.k)
+        run.seed = run.seed if isinstance(run.seed, (int, float, str)) else str(run.seed)
+        run.summary["client_classes"] = _client_classes(run.summary.get("client_classes"))
         runs.append(run)
     runs.sort(key=lambda r: r.path)
     if not runs:
@@ -233,32 +264,68 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
+def _client_classes(value: Any) -> Optional[list[list[int]]]:
+    """The summary's ``client_classes`` when it is a list of lists of class indices, else None."""
+    if isinstance(value, list) and all(isinstance(c, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                   for i in c) for c in value):
+        return value
+    return None
+
+
 def _k_sort(k: Any) -> tuple:
     return (0, k, "") if isinstance(k, (int, float)) else (1, 0, str(k))
 
 
 def _method_sort(m: str) -> tuple:
     prefix, _, label = m.rpartition("] ")
-    base = label.split(" τ=")[0]  # AVG, UWA, sUWA first, in the paper's order; the local baseline last
+    base = label.split(" ")[0]  # AVG, UWA, sUWA first, in the paper's order; the local baseline last
     return (prefix, 10 if label == LOCAL_LABEL else ORDER.get(base, 9), m)
 
 
 # ------------------------------------------------------------------------------------------ Table 1
+ALPHA = 0.05  # significance level of the bold rule
+MIN_SEEDS = 3  # fewer seeds than this: no test, so no bold
+
+
 @dataclass
 class Stat:
     mean: float  # %
     std: float  # %, sample std over seeds; nan with one seed
     n: int
+    values: tuple = ()  # the per-seed values (%), for the significance test
 
     @staticmethod
     def of(values: list[float]) -> "Stat":
         v = 100 * np.array(values, dtype=float)
-        return Stat(float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else math.nan, len(v))
+        return Stat(float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else math.nan, len(v), tuple(v.tolist()))
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.mean)
 
     def text(self) -> str:
-        if not math.isfinite(self.mean):
+        if not self.finite:
             return "–"  # the runs have no such measurement (e.g. no evaluation after the private phase)
         return f"{self.mean:.2f} ± {self.std:.2f}" if self.n > 1 else f"{self.mean:.2f}"
+
+
+def beats(a: Stat, b: Stat) -> bool:
+    """Whether ``a`` is better than ``b`` by Welch's t-test (unequal variances, two-sided, p < ALPHA)
+    over seeds, both with at least MIN_SEEDS seeds. With no spread in either (every seed the same),
+    the higher mean wins."""
+    if a.n < MIN_SEEDS or b.n < MIN_SEEDS or not (a.finite and b.finite) or not a.mean > b.mean:
+        return False
+    if a.std == 0 and b.std == 0:
+        return True
+    from scipy.stats import ttest_ind
+
+    p = float(ttest_ind(a.values, b.values, equal_var=False).pvalue)
+    return math.isfinite(p) and p < ALPHA
+
+
+BOLD_RULE = (f"Bold: the best rule of a column, only when it beats the second best by Welch's t-test over seeds "
+             f"(two-sided, p < {ALPHA:g}, n ≥ {MIN_SEEDS} seeds each); otherwise every rule not shown worse than "
+             "the best by that test is underlined (tied for best).")
 
 
 @dataclass
@@ -269,10 +336,26 @@ class Table:
     cells: dict  # (dataset, label, k, phase) -> Stat
     ref: dict  # (dataset, group) -> Stat over all reference runs of that block (any k), after the public phase
     group_of: dict  # (dataset, label) -> group prefix
-    bold: set  # (dataset, label, k, phase) holding the best rule of its block and column
+    bold: set  # (dataset, label, k, phase): the best rule of its block and column, by the test (BOLD_RULE)
+    tied: set = frozenset()  # (dataset, label, k, phase): tied for the best of its column (no clear winner)
+
+    @property
+    def phases(self) -> list[tuple[str, str]]:
+        """The phases with at least one measured cell: no column is empty."""
+        return [(p, name) for p, name in PHASES
+                if any(s.finite for (_, _, _, phase), s in self.cells.items() if phase == p)]
+
+    @property
+    def seeds(self) -> set[int]:
+        """The numbers of seeds of the cells (one value: the caption says it once)."""
+        return {s.n for s in [*self.cells.values(), *self.ref.values()]}
 
     def ref_for(self, dataset: str, label: str) -> Optional[Stat]:
         return self.ref.get((dataset, self.group_of[(dataset, label)]))
+
+    def mark(self, key: tuple) -> str:
+        """"best", "tied" or ""."""
+        return "best" if key in self.bold else "tied" if key in self.tied else ""
 
 
 def table1(runs: list[Run]) -> Table:
@@ -295,18 +378,24 @@ def table1(runs: list[Run]) -> Table:
             rows.append((dataset, group + REF_LABEL, "ref"))
             group_of[(dataset, group + REF_LABEL)] = group
     ks = sorted({k for *_, k in groups}, key=_k_sort)
-    bold = set()
+    bold, tied = set(), set()
     for dataset, group in {(d, group_of[(d, m)]) for d, m, _ in rows}:
         rules = [m for d, m, kind in rows if d == dataset and kind == "rule" and group_of[(d, m)] == group]
         if len(rules) < 2:
-            continue  # bold marks the best of several rules, never a baseline
+            continue  # marks compare several rules, never a baseline
         for k in ks:
             for phase, _ in PHASES:
-                scored = [(cells[(dataset, m, k, phase)].mean, m) for m in rules if (dataset, m, k, phase) in cells]
-                if scored:
-                    top = max(s for s, _ in scored)
-                    bold |= {(dataset, m, k, phase) for s, m in scored if s == top}
-    return Table(rows, ks, cells, {key: Stat.of(v) for key, v in refs.items()}, group_of, bold)
+                scored = sorted(((cells[(dataset, m, k, phase)], m) for m in rules
+                                 if (dataset, m, k, phase) in cells and cells[(dataset, m, k, phase)].finite),
+                                key=lambda sm: -sm[0].mean)
+                if len(scored) < 2:
+                    continue
+                (top, best), (second, _) = scored[0], scored[1]
+                if beats(top, second):
+                    bold.add((dataset, best, k, phase))
+                else:
+                    tied |= {(dataset, m, k, phase) for stat, m in scored if not beats(top, stat)}
+    return Table(rows, ks, cells, {key: Stat.of(v) for key, v in refs.items()}, group_of, bold, tied)
 
 
 def _first_of_block(table: Table, i: int) -> bool:
@@ -318,53 +407,78 @@ def _first_of_block(table: Table, i: int) -> bool:
 
 
 def _show_dataset(table: Table) -> bool:
-    return len({d for d, _, _ in table.rows}) > 1 or any(d for d, _, _ in table.rows)
+    """A dataset column only when the table holds several (one dataset is named in the caption)."""
+    return len({d for d, _, _ in table.rows}) > 1
 
 
 def _row_cells(table: Table, dataset: str, label: str):
-    """A row's cells in column order: (k, phase, Stat or None for an empty cell, in bold)."""
+    """A row's cells in column order: (k, phase, Stat or None for an empty cell, mark)."""
     for k in table.ks:
-        for phase, _ in PHASES:
+        for phase, _ in table.phases:
             key = (dataset, label, k, phase)
-            yield k, phase, table.cells.get(key), key in table.bold
+            yield k, phase, table.cells.get(key), table.mark(key)
+
+
+def table1_caption(table: Table, selected: bool) -> str:
+    what = "Validation-selected (selected_global_acc_mean)" if selected else "Best"
+    datasets = sorted({d for d, _, _ in table.rows if d})
+    on = f" on {', '.join(datasets)}" if datasets and not _show_dataset(table) else ""
+    after = ("after the private and after the public phase" if len(table.phases) > 1
+             else f"{table.phases[0][1] if table.phases else 'after public'} phase")
+    seeds = f"n = {next(iter(table.seeds))} seeds per cell" if len(table.seeds) == 1 else "n seeds per cell as shown"
+    parts = [f"{what} mean global test accuracy (%){on} {after}, mean ± std over seeds ({seeds}; no std with n = 1).",
+             BOLD_RULE]
+    if table.ref:
+        parts.append("Ref.: fully informed reference.")
+    if any(kind == "local" for _, _, kind in table.rows):
+        parts.append("Local only: no communication (baselines are never marked).")
+    if any("(sUWA τ=" in label for _, label, _ in table.rows):
+        parts.append("sUWA with τ = 0 is AVG and with τ = 1 is UWA.")
+    return " ".join(parts)
 
 
 def table1_markdown(table: Table) -> str:
     head = ["dataset"] * _show_dataset(table) + ["method"]
-    head += [f"k={k} {name}" for k in table.ks for _, name in PHASES] + [REF_LABEL]
+    head += [f"k={k} {name}" for k in table.ks for _, name in table.phases] + [REF_LABEL] * bool(table.ref)
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for i, (dataset, label, kind) in enumerate(table.rows):
         row = [dataset] * _show_dataset(table) + [f"*{label}*" if kind != "rule" else label]
-        for _, _, stat, bold in _row_cells(table, dataset, label):
+        for _, _, stat, mark in _row_cells(table, dataset, label):
             if stat is None:
                 row.append("–")
                 continue
-            text = f"**{stat.text()}**" if bold else stat.text()
+            text = {"best": f"**{stat.text()}**", "tied": f"<u>{stat.text()}</u>"}.get(mark, stat.text())
             row.append(f"{text} (n={stat.n})")
-        ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
-        row.append(f"{ref.text()} (n={ref.n})" if ref else "")
+        if table.ref:
+            ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
+            row.append(f"{ref.text()} (n={ref.n})" if ref else "")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
 def table1_html(table: Table) -> str:
     show_dataset = _show_dataset(table)
+    phases = table.phases
     head1 = ('<th rowspan="2">dataset</th>' if show_dataset else "") + '<th rowspan="2">method</th>'
-    head1 += "".join(f'<th colspan="{len(PHASES)}">k={html.escape(str(k))}</th>' for k in table.ks)
-    head1 += f'<th rowspan="2" class="ref" title="fully informed reference (federation.mode: reference)">{REF_LABEL}</th>'
-    head2 = "".join(f'<th class="phase">{name}</th>' for _ in table.ks for _, name in PHASES)
+    head1 += "".join(f'<th colspan="{len(phases)}">k={html.escape(str(k))}</th>' for k in table.ks)
+    if table.ref:
+        head1 += (f'<th rowspan="2" class="ref" title="fully informed reference (federation.mode: reference)">'
+                  f"{REF_LABEL}</th>")
+    head2 = "".join(f'<th class="phase">{name}</th>' for _ in table.ks for _, name in phases)
     body = []
     for i, (dataset, label, kind) in enumerate(table.rows):
         tds = []
-        for _, phase, stat, bold in _row_cells(table, dataset, label):
+        for _, phase, stat, mark in _row_cells(table, dataset, label):
             if stat is None:
                 tds.append("<td>–</td>")
                 continue
-            text = f"<b>{html.escape(stat.text())}</b>" if bold else html.escape(stat.text())
+            text = html.escape(stat.text())
+            text = {"best": f"<b>{text}</b>", "tied": f'<u title="tied for best">{text}</u>'}.get(mark, text)
             tds.append(f'<td class="{phase}">{text} <span class="n">n={stat.n}</span></td>')
-        ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
-        tds.append(f'<td class="ref">{html.escape(ref.text())} <span class="n">n={ref.n}</span></td>' if ref
-                   else '<td class="ref"></td>')
+        if table.ref:
+            ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
+            tds.append(f'<td class="ref">{html.escape(ref.text())} <span class="n">n={ref.n}</span></td>' if ref
+                       else '<td class="ref"></td>')
         row_class = ' class="baseline"' if kind != "rule" else ""
         dataset_cell = f"<th>{html.escape(dataset)}</th>" if show_dataset else ""
         body.append(f"<tr{row_class}>{dataset_cell}<th>{html.escape(label)}</th>{''.join(tds)}</tr>")
@@ -376,61 +490,69 @@ def table1_csv(table: Table) -> str:
     """Long format: one line per cell, the Ref. values with k = ``all``."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["dataset", "method", "kind", "k", "phase", "mean_acc_pct", "std_acc_pct", "n_seeds", "best_in_column"])
+    writer.writerow(["dataset", "method", "kind", "k", "phase", "mean_acc_pct", "std_acc_pct", "n_seeds",
+                     "best_in_column", "tied_for_best"])
     for dataset, label, kind in table.rows:
-        for k, phase, stat, bold in _row_cells(table, dataset, label):
+        for k, phase, stat, mark in _row_cells(table, dataset, label):
             if stat is not None:
                 writer.writerow([dataset, label, kind, k, phase, f"{stat.mean:.4f}",
-                                 "" if stat.n < 2 else f"{stat.std:.4f}", stat.n, int(bold)])
+                                 "" if stat.n < 2 else f"{stat.std:.4f}", stat.n, int(mark == "best"),
+                                 int(mark == "tied")])
     for (dataset, group), stat in sorted(table.ref.items()):
         writer.writerow([dataset, group + REF_LABEL, "ref", "all", "public", f"{stat.mean:.4f}",
-                         "" if stat.n < 2 else f"{stat.std:.4f}", stat.n, 0])
+                         "" if stat.n < 2 else f"{stat.std:.4f}", stat.n, 0, 0])
     return buf.getvalue()
 
 
+LATEX_SPECIAL = {"_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}",
+                 "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
+                 "τ": r"$\tau$", "±": r"$\pm$", "χ": r"$\chi$", "≥": r"$\geq$", "<": r"$<$", ">": r"$>$", "[": "{[}", "]": "{]}"}
+
+
 def _latex(text: str) -> str:
-    return "".join({"_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "τ": r"$\tau$", "±": r"$\pm$", "χ": r"$\chi$",
-                    "[": "{[}", "]": "{]}"}.get(c, c)
-                   for c in text)
+    """Text for a LaTeX table: special characters escaped, the Greek letters as math, ASCII only."""
+    out = "".join(LATEX_SPECIAL.get(c, c) for c in str(text))
+    return out.encode("ascii", "replace").decode()  # pdflatex-safe
+
+
+def _latex_cell(stat: Stat, mark: str, with_n: bool) -> str:
+    """``$m \\pm s$``, bold (``\\mathbf``) or underlined (tied), with its n when the n differ."""
+    value = f"{stat.mean:.2f} \\pm {stat.std:.2f}" if stat.n > 1 else f"{stat.mean:.2f}"
+    value = {"best": f"\\mathbf{{{value}}}", "tied": f"\\underline{{{value}}}"}.get(mark, value)
+    return f"${value}$" + (f" ($n{{=}}{stat.n}$)" if with_n else "")
 
 
 def table1_latex(table: Table, caption: str) -> str:
-    """A ``tabular`` as in Kovalchuk et al. (2026) Table 1 (needs ``booktabs`` and ``multirow``)."""
+    """A booktabs ``tabular`` as in Kovalchuk et al. (2026) Table 1 (``\\usepackage{booktabs}``)."""
     show_dataset = _show_dataset(table)
+    phases = table.phases
     lead = int(show_dataset) + 1
-    cols = "l" * lead + "c" * (len(PHASES) * len(table.ks)) + "c"
-    k_head = " & ".join(f"\\multicolumn{{{len(PHASES)}}}{{c}}{{$k{{=}}{_latex(str(k))}$}}" for k in table.ks)
-    phase_head = " & ".join(name for _ in table.ks for _, name in PHASES)
+    with_n = len(table.seeds) > 1
+    cols = "l" * lead + "c" * (len(phases) * len(table.ks)) + "c" * bool(table.ref)
+    k_head = " & ".join(f"\\multicolumn{{{len(phases)}}}{{c}}{{$k={_latex(str(k))}$}}" for k in table.ks)
+    rules = " ".join(f"\\cmidrule(lr){{{lead + 1 + j * len(phases)}-{lead + (j + 1) * len(phases)}}}"
+                     for j in range(len(table.ks)))
+    ref_head = " & Ref." if table.ref else ""
     lines = [r"\begin{table}[t]", r"\centering", r"\small", f"\\caption{{{_latex(caption)}}}",
              f"\\begin{{tabular}}{{{cols}}}", r"\toprule",
-             ("Dataset & " if show_dataset else "") + f"Method & {k_head} & Ref. \\\\",
-             "&" * lead + f" {phase_head} & \\\\", r"\midrule"]
+             ("Dataset & " if show_dataset else "") + f"Method & {k_head}{ref_head} \\\\"]
+    if len(phases) > 1:
+        phase_head = " & ".join(name for _ in table.ks for _, name in phases)
+        lines += [rules, "&" * lead + f" {phase_head}" + (" &" if table.ref else "") + r" \\"]
+    lines.append(r"\midrule")
     for i, (dataset, label, kind) in enumerate(table.rows):
         row = [_latex(dataset)] * show_dataset + [f"\\textit{{{_latex(label)}}}" if kind != "rule" else _latex(label)]
-        for _, _, stat, bold in _row_cells(table, dataset, label):
-            if stat is None:
-                row.append("--")
-                continue
-            mean = f"\\mathbf{{{stat.mean:.2f}}}" if bold else f"{stat.mean:.2f}"
-            spread = f"{{\\scriptstyle\\pm {stat.std:.2f}}}" if stat.n > 1 else ""
-            row.append(f"${mean}{spread}^{{n={stat.n}}}$")
-        ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
-        row.append(f"${ref.mean:.2f}" + (f"{{\\scriptstyle\\pm {ref.std:.2f}}}" if ref.n > 1 else "")
-                   + f"^{{n={ref.n}}}$" if ref else "")
+        for _, _, stat, mark in _row_cells(table, dataset, label):
+            row.append("--" if stat is None or not stat.finite else _latex_cell(stat, mark, with_n))
+        if table.ref:
+            ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
+            row.append(_latex_cell(ref, "", with_n) if ref else "")
         lines.append(" & ".join(row) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------- figures
-def _figure(ncols: int, nrows: int = 1, w: float = 3.6, h: float = 2.8):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(w * ncols, h * nrows), dpi=100)
-    axes = np.array(fig.subplots(nrows, ncols, squeeze=False))
-    return fig, axes
-
-
 def _colors(methods: list[str]) -> dict[str, Any]:
     from matplotlib import colormaps
 
@@ -454,23 +576,28 @@ def _mean_curve(runs: list[Run], key: str) -> tuple[np.ndarray, np.ndarray, np.n
     return xs, mean, std
 
 
-def _png(fig) -> bytes:
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+def _legend(fig, ax) -> None:
+    """The legend under the panels, outside the data, in as many columns as fit the figure's width
+    (8-pt text is about 4.5 pt a character); the figure grows by the legend's height."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    labels = [plain_text(label) for label in labels]
+    entry_pt = 4.5 * max(len(label) for label in labels) + 30  # text, the line's sample and the gap
+    ncols = max(1, min(3, len(labels), int(fig.get_figwidth() * 72 // entry_pt)))
+    fig.set_figheight(fig.get_figheight() + 0.17 * math.ceil(len(labels) / ncols))
+    fig.legend(handles, labels, loc="outside lower center", ncols=ncols)
 
 
-def _single_panel_png(fig, ax, xlabel: str, ylabel: str, title: str, xticks=None) -> bytes:
-    """Label, grid and legend a one-panel figure, then render it."""
+def _single_panel(fig, ax, xlabel: str, ylabel: str, xticks=None):
+    """Label, grid and legend a one-panel figure."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if xticks is not None:
         ax.set_xticks(xticks)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title(title, fontsize=10)
-    return _png(fig)
+    _legend(fig, ax)
+    return fig
 
 
 def _labels(table: Table) -> list[str]:
@@ -479,11 +606,17 @@ def _labels(table: Table) -> list[str]:
     return [f"{d}: {m}" if several else m for d, m, _ in table.rows]
 
 
-def figure2(table: Table) -> Optional[bytes]:
+def _one_panel():
+    """A one-column figure of one panel (the legend, under it, adds its height)."""
+    return new_figure(1, width=ONE_COLUMN_IN, panel_aspect=0.72)
+
+
+def figure2(table: Table):
+    """Best accuracy vs k (Kovalchuk et al. 2026, Fig. 2), one column wide."""
     numeric = [k for k in table.ks if isinstance(k, (int, float))]
     if not numeric:
         return None
-    fig, axes = _figure(1, w=5.0, h=3.6)
+    fig, axes = _one_panel()
     ax = axes[0, 0]
     labels = _labels(table)
     colors = _colors(labels)
@@ -492,41 +625,39 @@ def figure2(table: Table) -> Optional[bytes]:
                for k in numeric if (dataset, m, k, "public") in table.cells]
         if pts:
             x, y, e = map(np.array, zip(*pts))
-            ax.errorbar(x, y, yerr=np.nan_to_num(e), marker="o", capsize=3, label=label, color=colors[label],
+            ax.errorbar(x, y, yerr=np.nan_to_num(e), marker="o", capsize=2, label=label, color=colors[label],
                         **_style(m))
     for (dataset, group), stat in table.ref.items():
         ax.axhline(stat.mean, color="gray", linestyle=":", label=f"{group}{REF_LABEL} (all classes)")
-    return _single_panel_png(fig, ax, "classes per client k", "test accuracy (%), as Table 1",
-                             "Best accuracy (after the public phase) vs k", numeric)
+    return _single_panel(fig, ax, "classes per client k", "test accuracy (%)", numeric)
 
 
-def accuracy_vs_tau(runs: list[Run]) -> Optional[bytes]:
+def accuracy_vs_tau(runs: list[Run]):
     """sUWA's best accuracy vs its temperature τ, one line per k (AVG is τ = 0, UWA τ = 1)."""
     points: dict[tuple, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
-        agg = r.config.get("aggregator") or {}
-        tau = (agg.get("init_args") or {}).get("tau") if isinstance(agg, dict) and r.kind == "rule" else None
-        if _number(tau) is not None and r.method.split("] ")[-1].startswith("sUWA"):
-            points[(r.dataset, r.group, r.k)][float(tau)].append(100 * r.best("public"))
+        tau = suwa_tau(r.config) if r.kind == "rule" else None
+        if tau is not None:
+            points[(r.dataset, r.group, r.k)][tau].append(100 * r.best("public"))
     if not points or all(len(by_tau) < 2 for by_tau in points.values()):
         return None  # one τ only: nothing to plot against
-    fig, axes = _figure(1, w=5.0, h=3.6)
+    fig, axes = _one_panel()
     ax = axes[0, 0]
     for (dataset, group, k), by_tau in sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][1], _k_sort(kv[0][2]))):
         taus = sorted(by_tau)
         mean = np.array([np.mean(by_tau[t]) for t in taus])
         std = np.array([np.std(by_tau[t], ddof=1) if len(by_tau[t]) > 1 else 0.0 for t in taus])
-        ax.errorbar(taus, mean, yerr=std, marker="o", capsize=3, label=f"{dataset} {group}k={k}".strip())
-    return _single_panel_png(fig, ax, "sUWA temperature τ", "best test accuracy (%)", "Best accuracy vs τ (sUWA)")
+        ax.errorbar(taus, mean, yerr=std, marker="o", capsize=2, label=f"{dataset} {group}k={k}".strip())
+    return _single_panel(fig, ax, "sUWA temperature τ", "best test accuracy (%)")
 
 
 def privacy_label(run: Run) -> str:
     """The run's rule (without the block prefix) and, unless full logits, its upload encoding."""
-    encoding = ((run.config.get("privacy") or {}).get("encoding") or "full")
+    encoding = (_section(run.config, "privacy").get("encoding") or "full")
     return run.method.split("] ")[-1] + ("" if encoding == "full" else f" ({encoding})")
 
 
-def accuracy_vs_epsilon(runs: list[Run]) -> Optional[bytes]:
+def accuracy_vs_epsilon(runs: list[Run]):
     """Best accuracy and membership-attack AUC (``privacy/mia_auc``, the audit) against the ε spent
     by the last round (``privacy/epsilon``); runs without DP drawn as dashed horizontal lines."""
     dp: dict[tuple, dict[float, list[tuple[float, Optional[float]]]]] = defaultdict(lambda: defaultdict(list))
@@ -543,7 +674,7 @@ def accuracy_vs_epsilon(runs: list[Run]) -> Optional[bytes]:
             plain[key].append((100 * r.best("public"), auc))
     if not dp:
         return None  # no run spent a privacy budget: nothing to plot against
-    fig, axes = _figure(2, w=4.6, h=3.4)
+    fig, axes = new_figure(2, width=TWO_COLUMN_IN, panel_aspect=0.8)
     colors = _colors(sorted({key for key in list(dp) + list(plain)}, key=str))
     for col, (index, ylabel) in enumerate(((0, "best test accuracy (%)"), (1, "membership attack AUC"))):
         ax = axes[0, col]
@@ -554,7 +685,7 @@ def accuracy_vs_epsilon(runs: list[Run]) -> Optional[bytes]:
             if shown:
                 ax.errorbar([e for e, _ in shown], [np.mean(v) for _, v in shown],
                             yerr=[np.std(v, ddof=1) if len(v) > 1 else 0.0 for _, v in shown], marker="o",
-                            capsize=3, color=colors[key], label=f"{key[1]} k={key[2]}")
+                            capsize=2, color=colors[key], label=f"{key[1]} k={key[2]}")
         for key, values in sorted(plain.items(), key=lambda kv: str(kv[0])):
             v = [x[index] for x in values if x[index] is not None]
             if v:
@@ -566,18 +697,16 @@ def accuracy_vs_epsilon(runs: list[Run]) -> Optional[bytes]:
         ax.set_xlabel("ε after the last round (log)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    axes[0, 0].set_title("Accuracy vs ε", fontsize=10)
-    axes[0, 1].set_title("Attack AUC vs ε", fontsize=10)
-    return _png(fig)
+    _legend(fig, axes[0, 1])
+    return fig
 
 
-def chi_vs_k(runs: list[Run], table: Table) -> Optional[bytes]:
+def chi_vs_k(runs: list[Run], table: Table):
     """Weight concentration χ of the last round vs k, mean ± std over seeds, one line per rule."""
     numeric = [k for k in table.ks if isinstance(k, (int, float))]
     labels = _labels(table)
     colors = _colors(labels)
-    fig, axes = _figure(1, w=5.0, h=3.6)
+    fig, axes = _one_panel()
     ax = axes[0, 0]
     drawn = False
     for (dataset, m, kind), label in zip(table.rows, labels):
@@ -589,20 +718,22 @@ def chi_vs_k(runs: list[Run], table: Table) -> Optional[bytes]:
                 pts.append((k, np.mean(chis), np.std(chis, ddof=1) if len(chis) > 1 else 0.0))
         if kind == "rule" and pts:
             x, y, e = map(np.array, zip(*pts))
-            ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=label, color=colors[label])
+            ax.errorbar(x, y, yerr=e, marker="o", capsize=2, label=label, color=colors[label])
             drawn = True
     if not drawn:
         return None
-    return _single_panel_png(fig, ax, "classes per client k", "χ (last round)", "Weight concentration χ vs k", numeric)
+    return _single_panel(fig, ax, "classes per client k", "χ (last round)", numeric)
 
 
 def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: Optional[str] = None,
-           xlabel: str = "round") -> bytes:
-    """One column per k, one row per (metric, label); a line per method, shaded ±1 std. The
-    reference (trained on every class) is drawn in every column."""
+           xlabel: str = "round"):
+    """One column per k (its x label names the k), one row per (metric, label); a line per method,
+    shaded ±1 std. The reference (trained on every class) is drawn in every column. Two columns of
+    a paper wide (one with a single k)."""
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = _figure(len(ks), len(panels))
+    width = ONE_COLUMN_IN if len(ks) == 1 else TWO_COLUMN_IN
+    fig, axes = new_figure(len(ks), len(panels), width=width, panel_aspect=0.8 if len(ks) > 1 else 0.6)
     colors = _colors(methods)
     for col, k in enumerate(ks):
         for row, (key, label) in enumerate(panels):
@@ -621,16 +752,15 @@ def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: Op
                 scale = 100.0 if "acc" in key else 1.0  # accuracies in %, as in Table 1
                 mean, std = mean * scale, std * scale
                 ax.plot(xs, mean, marker=".", label=m, color=colors[m], **_style(m))
-                ax.fill_between(xs, mean - std, mean + std, alpha=0.2, color=colors[m])
-            ax.set_title(f"k={k}", fontsize=9)
-            ax.set_xlabel(xlabel)
+                ax.fill_between(xs, mean - std, mean + std, alpha=0.2, color=colors[m], linewidth=0)
+            ax.set_xlabel(plain_text(f"{xlabel}, k = {k}"))
             if xkey is None:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if col == 0:
                 ax.set_ylabel(label)
             ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=7)
-    return _png(fig)
+    _legend(fig, axes[0, 0])
+    return fig
 
 
 def bytes_total(run: Run) -> None:
@@ -640,30 +770,60 @@ def bytes_total(run: Run) -> None:
         m["comm/bytes_total_mib"] = None if up is None or down is None else (up + down) / 2**20
 
 
-def trust_figures(runs: list[Run]) -> list[tuple[str, bytes]]:
-    """The last-round who-to-trust matrix of every run that logged one (every rule, k and seed), with
-    each client's own classes boxed where the run recorded them (``client_classes`` in its summary)."""
+def trust_figures(runs: list[Run]) -> list[tuple[str, str, Any]]:
+    """(file stem named by the run, caption, figure): the last-round who-to-trust matrix of every run
+    that logged one (every rule, k and seed), each client's own classes boxed where the run recorded
+    them (``client_classes`` in its summary). One column wide."""
+    from fdlit.runs.dashboards import draw_trust_heatmap
+
     out = []
-    for r in sorted(runs, key=lambda r: (r.dataset, _method_sort(r.method), _k_sort(r.k), r.seed)):
+    for r in sorted(runs, key=lambda r: (r.dataset, _method_sort(r.method), _k_sort(r.k), str(r.seed))):
         last = next((row for row in reversed(r.metrics) if row.get(TRUST_KEY)), None)
         if last is None:
             continue
         classes = r.summary.get("client_classes")
         title = f"{r.dataset + ' ' if r.dataset else ''}{r.method}, k={r.k}, seed {r.seed}, round {last['round']}"
         caption = title + ("" if classes else " (own classes not recorded by this run: no boxes)")
-        out.append((caption, trust_heatmap_png(last[TRUST_KEY], title, classes or None)))
+        rows = min(len(last[TRUST_KEY]), TRUST_MAX_ROWS)
+        fig, axes = new_figure(1, width=ONE_COLUMN_IN, panel_aspect=min(2.2, 0.35 + 0.055 * rows))
+        try:
+            draw_trust_heatmap(fig, axes[0, 0], last[TRUST_KEY], classes or None)
+        except (TypeError, ValueError):  # a metrics line someone edited: no matrix to draw
+            continue
+        _thin_ticks(axes[0, 0])
+        out.append((f"trust_{safe_name(r.path.name)}", caption, fig))
     return out
+
+
+def _thin_ticks(ax, most_x: int = 10, most_y: int = 20) -> None:
+    """At most ``most_x`` / ``most_y`` tick labels (every n-th): e.g. CIFAR-100's classes at 8 pt
+    need room at one column's width."""
+    for axis, most in ((ax.xaxis, most_x), (ax.yaxis, most_y)):
+        ticks = list(axis.get_ticklocs())
+        labels = [t.get_text() for t in axis.get_ticklabels()]
+        if len(ticks) > most:
+            step = math.ceil(len(ticks) / most)
+            axis.set_ticks(ticks[::step], labels[::step] if all(labels) else None)
 
 
 # ------------------------------------------------------------------------------------------- page
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th:first-child{text-align:left}tbody th{text-align:left}thead th{text-align:center}figure{margin:1.5em 0}img{max-width:100%;border:1px solid #eee}
-figcaption{color:#555;font-size:0.9em}code{background:#f4f4f4;padding:0 3px}
+figcaption{color:#555;font-size:0.9em;max-width:900px}code{background:#f4f4f4;padding:0 3px}
 .n{color:#888;font-size:0.75em}th.phase{font-weight:normal;font-size:0.85em;color:#555}
 tr.baseline th,tr.baseline td{font-style:italic;background:#fafafa}td.ref,th.ref{background:#f3f6fa}
 #settings td,#settings th{text-align:left;font-size:0.9em}#runs td:nth-child(-n+2){text-align:left}
-.trust{display:flex;flex-wrap:wrap;gap:8px}.trust figure{margin:0;max-width:380px}"""
+u{text-decoration-style:dotted;text-underline-offset:3px}
+figure.one img{width:495px}figure.two img{width:1035px}
+.trust{display:flex;flex-wrap:wrap;gap:8px}.trust figure{margin:0;max-width:495px}"""
+
+
+def content_security_policy() -> str:
+    """Nothing but this page's own stylesheet and its inlined PNGs: no script, no request, no form."""
+    style = base64.b64encode(hashlib.sha256(CSS.encode()).digest()).decode()
+    return (f"default-src 'none'; img-src data:; style-src 'sha256-{style}'; script-src 'none'; "
+            "base-uri 'none'; form-action 'none'")
 
 
 def settings_html(runs: list[Run], skipped, runs_dir) -> str:
@@ -689,8 +849,21 @@ def settings_html(runs: list[Run], skipped, runs_dir) -> str:
             f'<table id="shared">{rows}</table></details>')
 
 
+def _formats_text(formats) -> str:
+    vector = [f.upper() for f in ("pdf", "svg") if f in formats]
+    return (f"vector {' and '.join(vector)} and a " if vector else "a ") + f"{PNG_DPI}-dpi PNG"
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:.2f}" if math.isfinite(value) else "–"
+
+
 def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include_unfinished: bool = False,
-                 say: Callable[[str], None] = print, include_duplicates: bool = False) -> Path:
+                 say: Callable[[str], None] = print, include_duplicates: bool = False,
+                 formats: tuple[str, ...] = FORMATS) -> Path:
+    """Write the report of the runs under ``runs_dir`` into ``out``; ``formats``: the figure files
+    (``pdf``, ``svg``, ``png``; the PNG is always written, the page shows it). The page's path back."""
+    formats = check_formats(formats)
     out = Path(out) if out else Path(runs_dir) / "report"
     if out.exists() and not out.is_dir():
         raise ConfigError("out", f"must be a folder (or not exist yet), but {str(out)!r} is a file")
@@ -703,75 +876,76 @@ def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include
     for r in runs:
         bytes_total(r)
     table = table1(runs)
-    selected = any(r.selected for r in runs)
-    what = "Validation-selected (selected_global_acc_mean)" if selected else "Best"
-    caption = (f"{what} mean global test accuracy (%) after the private and after the public phase, mean ± std over "
-               "seeds (n seeds per cell; no std with n = 1); best rule per column in bold. Ref.: fully informed "
-               "reference; Local only: no communication (neither takes the bold).")
+    caption = table1_caption(table, any(r.selected for r in runs))
     (out / "table1.md").write_text(caption + "\n\n" + table1_markdown(table), encoding="utf-8")
     (out / "table1.csv").write_text(table1_csv(table), encoding="utf-8")
     (out / "table1.tex").write_text(table1_latex(table, caption), encoding="utf-8")
 
     methods = sorted({r.method for r in runs}, key=_method_sort)
     ks = table.ks or sorted({r.k for r in runs}, key=_k_sort)
-    figures: list[tuple[str, str, bytes]] = []  # (file, caption, png)
-    fig2 = figure2(table)
-    if fig2 is not None:
-        figures.append(("figure2_accuracy_vs_k.png",
-                        "Figure 2: best test accuracy vs classes per client k (mean ± std over seeds); "
-                        "dashed: local only, dotted: reference.", fig2))
-    figures.append(("appB_accuracy_curves.png",
-                    "App. B: mean global (top) and local (bottom) test accuracy after the public phase vs "
-                    "round; shaded ±1 std over seeds.",
-                    curves(runs, methods, ks, [(ACC, "global accuracy (%)"), (LOCAL, "local accuracy (%)")])))
-    tau = accuracy_vs_tau(runs)
-    if tau is not None:
-        figures.append(("accuracy_vs_tau.png", "Best test accuracy vs sUWA's temperature τ, one line per k "
-                        "(mean ± std over seeds).", tau))
-    if any(m.get("weights/chi") is not None for r in runs for m in r.metrics):
-        chi_k = chi_vs_k(runs, table)
-        if chi_k is not None:
-            figures.append(("chi_vs_k.png", "Weight concentration χ = E_x Σ_i W[i,x]² of the last round vs k "
-                            "(1/M for AVG; mean ± std over seeds).", chi_k))
-        figures.append(("chi_vs_round.png", "Weight concentration χ vs round (1/M for AVG).",
-                        curves(runs, [m for m in methods if not m.endswith((LOCAL_LABEL, REF_LABEL))], ks,
-                               [("weights/chi", "χ")])))
-    privacy = accuracy_vs_epsilon(runs)
-    if privacy is not None:
-        figures.append(("privacy_accuracy_and_attack_vs_epsilon.png",
-                        "Differential privacy on uploads: best test accuracy (left) and the membership-inference "
-                        "attack's AUC (right, the audit; 0.5 is chance) against the ε spent by the last round "
-                        "(mean ± std over seeds); dashed: the same rule without DP.", privacy))
-    figures.append(("accuracy_vs_bytes.png",
-                    "Mean global accuracy vs cumulative bytes sent (up + down, all clients).",
-                    curves(runs, methods, ks, [(ACC, "global accuracy (%)")], xkey="comm/bytes_total_mib",
-                           xlabel="cumulative MiB (up + down)")))
-    trust = [(f"trust_matrix_{i}.png", f"Who to trust ({caption}): mean weight each client gets on public samples "
-              "of each true class; a client's own classes boxed.", png)
-             for i, (caption, png) in enumerate(trust_figures(runs))]
-    for name, _, png in figures + trust:
-        (out / "figures" / name).write_bytes(png)
+    with paper_style():
+        drawn = [  # (file stem, caption, figure or None)
+            ("figure2_accuracy_vs_k", "Figure 2: best test accuracy vs classes per client k (mean ± std over "
+             "seeds); dashed: local only, dotted: reference.", figure2(table)),
+            ("appB_accuracy_curves", "App. B: mean global (top) and local (bottom) test accuracy after the public "
+             "phase vs round, one panel per k; shaded ±1 std over seeds.",
+             curves(runs, methods, ks, [(ACC, "global accuracy (%)"), (LOCAL, "local accuracy (%)")])),
+            ("accuracy_vs_tau", "Best test accuracy vs sUWA's temperature τ (τ = 0 is AVG, τ = 1 is UWA), one "
+             "line per k (mean ± std over seeds).", accuracy_vs_tau(runs)),
+        ]
+        if any(m.get("weights/chi") is not None for r in runs for m in r.metrics):
+            drawn += [
+                ("chi_vs_k", "Weight concentration χ = E_x Σ_i W[i,x]² of the last round vs k (1/M for AVG; "
+                 "mean ± std over seeds).", chi_vs_k(runs, table)),
+                ("chi_vs_round", "Weight concentration χ vs round, one panel per k (1/M for AVG).",
+                 curves(runs, [m for m in methods if not m.endswith((LOCAL_LABEL, REF_LABEL))], ks,
+                        [("weights/chi", "χ")])),
+            ]
+        drawn += [
+            ("privacy_accuracy_and_attack_vs_epsilon", "Differential privacy on uploads: best test accuracy "
+             "(left) and the membership-inference attack's AUC (right, the audit; 0.5 is chance) against the ε "
+             "spent by the last round (mean ± std over seeds); dashed: the same rule without DP.",
+             accuracy_vs_epsilon(runs)),
+            ("accuracy_vs_bytes", "Mean global accuracy vs cumulative bytes sent (up + down, all clients), one "
+             "panel per k.", curves(runs, methods, ks, [(ACC, "global accuracy (%)")], xkey="comm/bytes_total_mib",
+                                    xlabel="cumulative MiB (up + down)")),
+        ]
+        trust = [(stem, f"Who to trust ({caption}): mean weight each client gets on public samples of each true "
+                  "class; a client's own classes boxed.", fig) for stem, caption, fig in trust_figures(runs)]
+        figures = [(stem, caption, fig.get_figwidth(), save_figure(fig, out / "figures", stem, formats))
+                   for stem, caption, fig in drawn + trust if fig is not None]
+    trust_stems = {stem for stem, *_ in trust}
 
     run_rows = "".join(
         f"<tr><td>{html.escape(r.path.name)}</td><td>{html.escape(r.method)}</td><td>{html.escape(str(r.k))}</td>"
-        f"<td>{r.seed}</td><td>{len(r.metrics)}</td><td>{'yes' if r.finished else 'no'}</td>"
-        f"<td>{100 * r.best('private'):.2f}</td><td>{100 * r.best('public'):.2f}</td>"
+        f"<td>{html.escape(str(r.seed))}</td><td>{len(r.metrics)}</td><td>{'yes' if r.finished else 'no'}</td>"
+        f"<td>{_percent(r.best('private'))}</td><td>{_percent(r.best('public'))}</td>"
         f"<td>{'yes' if r.selected else 'no'}</td></tr>"
         for r in sorted(runs, key=lambda r: (r.dataset, _method_sort(r.method), _k_sort(r.k), str(r.seed))))
 
-    def figure_html(items, cls=""):
-        return "".join(
-            f'<figure{cls}><img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{html.escape(name)}">'
-            f"<figcaption>{html.escape(caption)} <code>figures/{html.escape(name)}</code></figcaption></figure>"
-            for name, caption, png in items)
+    def figure_html(items):
+        out_html = []
+        for stem, caption, width, png in items:
+            size = "one" if width <= ONE_COLUMN_IN + 0.01 else "two"
+            files = ", ".join(f"<code>figures/{html.escape(stem)}.{fmt}</code>" for fmt in FORMATS
+                              if fmt in formats or fmt == "png")
+            out_html.append(
+                f'<figure class="{size}"><img src="data:image/png;base64,{base64.b64encode(png).decode()}" '
+                f'alt="{html.escape(stem)}"><figcaption>{html.escape(caption)} {files} '
+                f"({width:g} in wide: {size} column{'s' if size == 'two' else ''})</figcaption></figure>")
+        return "".join(out_html)
 
     flags = "<code>--include_unfinished</code> uses unfinished ones, <code>--include_duplicates</code> keeps copies"
     note = (f"<p>{len(skipped)} run(s) left out ({flags}):</p><ul>"
             + "".join(f"<li><code>{html.escape(str(p))}</code>: {html.escape(why)}</li>" for p, why in skipped)
             + "</ul>" if skipped else "")
-    trust_html = (f'<h2>Who to trust</h2><div class="trust">{figure_html(trust)}</div>' if trust else "")
+    trust_figs = [f for f in figures if f[0] in trust_stems]
+    trust_html = (f'<h2>Who to trust</h2><div class="trust">{figure_html(trust_figs)}</div>' if trust_figs else "")
     page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>fdlit report: {html.escape(str(runs_dir))}</title>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{content_security_policy()}">
+<meta name="referrer" content="no-referrer">
+<title>fdlit report: {html.escape(str(runs_dir))}</title>
 <style>{CSS}</style></head><body>
 <h1>fdlit report</h1>
 <p>{len(runs)} run(s) from <code>{html.escape(str(runs_dir))}</code>.</p>
@@ -779,10 +953,12 @@ def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include
 {settings_html(runs, skipped, runs_dir)}
 {note}
 <h2>Table 1: best test accuracy (%)</h2>
-<p>{html.escape(caption)} Also as <code>table1.md</code>, <code>table1.csv</code>, <code>table1.tex</code>.</p>
+<p>{html.escape(caption)} Also as <code>table1.md</code>, <code>table1.csv</code>, <code>table1.tex</code> (booktabs).</p>
 {table1_html(table)}
 <h2>Figures</h2>
-{figure_html(figures)}
+<p>Each figure as {_formats_text(formats)}, sized for a one-column ({ONE_COLUMN_IN:g} in) or
+two-column ({TWO_COLUMN_IN:g} in) paper figure, text at least {MIN_FONT_PT} pt at that size.</p>
+{figure_html([f for f in figures if f[0] not in trust_stems])}
 {trust_html}
 <h2>Runs</h2>
 <table id="runs"><thead><tr><th>run</th><th>method</th><th>k</th><th>seed</th><th>rounds</th><th>finished</th>

@@ -1,5 +1,8 @@
 """What the terminal shows: client progress inside a phase, and the wall time including start-up."""
 
+import io
+import re
+import sys
 import time
 
 from fdlit.callbacks import FederationCallback
@@ -62,10 +65,33 @@ def test_wall_time_includes_executor_start_up(tmp_path):
     assert 1.5 <= summary["wall_time_s"] <= took
 
 
-def test_progress_bar_and_summary_last(tmp_path, capfd):
-    args = tiny(tmp_path, "--federation.executor", "fdlit.execution.SequentialExecutor")
+class Terminal(io.StringIO):
+    """What a terminal is to the progress bar: a stream that says it is a TTY."""
+
+    def isatty(self):
+        return True
+
+
+def test_progress_bars_on_a_terminal_and_summary_last(tmp_path, capfd, monkeypatch):
+    args = tiny(tmp_path, "--federation.executor", "fdlit.execution.SequentialExecutor", "--federation.rounds", "2")
+    args[args.index("--logger.progress") + 1] = "true"
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["fit", *args]) == 0
+    shown = terminal.getvalue()
+    assert "round 1 private" in shown and "4/4" in shown and "\r" in shown  # bars, redrawn in place
+    assert "round 1/2:" not in shown
+    assert "fdlit summary" in capfd.readouterr().out
+
+
+def test_one_plain_line_per_round_when_not_on_a_terminal(tmp_path, capfd):
+    args = tiny(tmp_path, "--federation.executor", "fdlit.execution.SequentialExecutor", "--federation.rounds", "2")
     args[args.index("--logger.progress") + 1] = "true"
     assert main(["fit", *args]) == 0
     captured = capfd.readouterr()
-    assert "round 1 private" in captured.err and "4/4" in captured.err
-    assert "fdlit summary" in captured.out and "round 1 private" not in captured.out  # bars on stderr
+    for text in (captured.err, captured.out):
+        assert "\x1b" not in text and "\r" not in text  # no escape codes, no redraws
+    lines = [line for line in captured.err.splitlines() if line.startswith("round ")]
+    assert len(lines) == 2 and lines[0].startswith("round 1/2: acc 0.") and lines[1].startswith("round 2/2: acc ")
+    assert re.fullmatch(r"round 2/2: acc [01]\.\d{3}, local [01]\.\d{3}, teacher [01]\.\d{3} \(\d+\.\d s\)", lines[1])
+    assert "fdlit summary" in captured.out

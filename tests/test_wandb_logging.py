@@ -190,3 +190,88 @@ def test_resume_names_every_offline_folder_and_a_finished_run_opens_none(fast_ar
     err = capsys.readouterr().err
     assert "no W&B run opened" in err
     assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 2  # no new, empty run
+
+
+def agent_command_lines(spec: dict, combos: list[dict], monkeypatch, tmp_path) -> list[tuple[list[str], dict]]:
+    """(command line, environment) that wandb's own ``Agent._command_run`` builds for each combination
+    of a sweep file (the agent's code, only the process start recorded instead of made)."""
+    from wandb import wandb_agent
+
+    started = []
+
+    class Recorded:
+        def __init__(self, command=None, env=None, **_):
+            started.append((command, env))
+
+    monkeypatch.setattr(wandb_agent, "AgentProcess", Recorded)
+    monkeypatch.setenv("WANDB_SWEEP_ID", "sweep1")
+    for name in ("WANDB_RUN_ID", "WANDB_SWEEP_PARAM_PATH"):  # the agent sets these in os.environ: undone after
+        monkeypatch.setenv(name, "")
+    monkeypatch.chdir(tmp_path)  # the agent writes its parameter files under ./wandb
+    agent = wandb_agent.Agent(api=None, queue=None, sweep_id="sweep1")
+    agent._sweep_command = spec["command"]  # as Agent.run() takes it from the sweep's config
+    for i, values in enumerate(combos):
+        agent._command_run({"type": "run", "run_id": f"run{i}", "program": spec["program"],
+                            "args": {k: {"value": v} for k, v in values.items()}})
+    return started
+
+
+@pytest.mark.parametrize("name", ["tau", "classes_per_client", "tau_x_classes", "digits_quick"])
+def test_every_sweep_file_gives_the_agent_a_command_line_fdlit_parses(name, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import yaml
+
+    from fdlit.config import parse_fit
+    from fdlit.runs.naming import flat
+    from fdlit.sweep import expand_grid
+
+    path = Path(__file__).parents[1] / "sweeps" / f"{name}.yaml"
+    spec = yaml.safe_load(path.read_text())
+    assert spec["program"] and spec["command"][-1] == "${args}"
+    combos = expand_grid(spec)[:2]
+    for (command, env), values in zip(agent_command_lines(spec, combos, monkeypatch, tmp_path), combos):
+        assert command[:5] == ["/usr/bin/env", "python", "-m", "fdlit", "fit"]
+        assert command[-len(values):] == [f"--{k}={v}" for k, v in values.items()]  # ${args}, last: they win
+        assert (tmp_path / env["WANDB_SWEEP_PARAM_PATH"]).exists()
+        _, cfg = parse_fit(command[5:])
+        config = flat(cfg.as_dict())
+        assert {k: config[k] for k in values} == values
+
+
+def test_runs_started_by_wandb_agent_are_named_and_grouped_by_their_swept_values(tmp_path, monkeypatch):
+    """The exact command line and environment ``wandb agent`` builds, run as the agent runs it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    offline_env(monkeypatch, tmp_path)
+    spec = yaml.safe_load((Path(__file__).parents[1] / "sweeps" / "tau.yaml").read_text())
+    fit = spec["command"].index("${args}")  # the shipped command, with a tiny run's fixed flags before ${args}
+    spec["command"][fit:fit] = [
+        "--logger.progress=true", "--federation.rounds=1", "--federation.private_epochs_first=1",
+        "--federation.public_epochs_first=1", "--data.num_clients=5", "--data.public_size=100",
+        "--data.validation_size=30"]
+    combos = [{"aggregator.tau": 0.25, "seed": 0}, {"aggregator.tau": 0.5, "seed": 0}]  # once the same name
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # `python`: this one
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[1]))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    seen = []
+    for command, env in agent_command_lines(spec, combos, monkeypatch, tmp_path):
+        env.pop("WANDB_SERVICE", None)  # a wandb service this test process started is not the agent's
+        done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "\x1b" not in done.stderr + done.stdout and "\r" not in done.stderr  # not a terminal: plain lines
+        assert "round 1/1: acc " in done.stderr
+        run_dir = max((tmp_path / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+        (records,) = offline_record(run_dir, "summary")
+        run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+        kinds = {r.WhichOneof("record_type") for r in records}
+        assert not kinds & {"output", "output_raw"}  # no console capture into W&B
+        seen.append((run.display_name, run.run_group))
+    (name0, group0), (name1, group1) = seen
+    assert name0.startswith("tau0.25-") and name0.endswith("-seed0") and name1.startswith("tau0.5-")
+    # the group: every setting but the seed (seeds sharing a group: the emulated-agent test above)
+    assert group0 != group1 and "seed" not in group0 + group1 and group0.startswith("tau0.25")

@@ -26,6 +26,7 @@ from fdlit.federation import measurement
 from fdlit.federation.checks import check_before_data
 from fdlit.federation.baselines import MODES, reference_client
 from fdlit.federation.communication import CommunicationLedger
+from fdlit.federation.devices import Devices, check_devices
 from fdlit.federation.construction import (MESSAGE_DTYPES, available_accelerators, augmentation_seed,  # noqa: F401
                                            check_accelerator, check_loop_settings, client_network, device_tensors,
                                            eval_rows,
@@ -52,6 +53,8 @@ class FederationLoop:
             vectorized when all clients share a supported architecture, except large models
             (ResNet-sized) on a CPU; else sequential).
         accelerator: Lightning accelerator (``auto``, ``cpu``, ``cuda``, ``mps``).
+        devices: which device: ``auto`` (the first) or a GPU's index (``1`` or ``[1]``); see
+            :mod:`fdlit.federation.devices`.
         precision: Lightning precision: ``32-true``, ``bf16-mixed``, ``16-mixed`` or ``64-true``.
         message_dtype: dtype of logits sent up and of the teacher sent down (counted as sent).
         callbacks: extra :class:`FederationCallback` objects.
@@ -90,6 +93,7 @@ class FederationLoop:
         public_epochs: int = 2,
         executor: Optional[ClientExecutor] = None,
         accelerator: str = "auto",
+        devices: Devices = "auto",
         precision: str = "32-true",
         message_dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         callbacks: list[FederationCallback] = [],
@@ -118,6 +122,7 @@ class FederationLoop:
                     "public_epochs_first": public_epochs_first, "public_epochs": public_epochs})
         if aggregator is not None and not isinstance(aggregator, Aggregator):
             raise ConfigError("aggregator", f"must be an fdlit Aggregator, got {type(aggregator).__name__}")
+        self.fabric_devices = check_devices(accelerator, devices)
         self.eval_every_n_rounds, self.eval_subsample = eval_every_n_rounds, eval_subsample
         self.channels_last = channels_last
         self.compile_backend = compile_backend if compile else None
@@ -172,7 +177,7 @@ class FederationLoop:
             self.data.setup(self.seed)
         if self.protocol.communicates:
             self.privacy.check(self.aggregator, self.data.num_classes)
-        self.fabric = Fabric(accelerator=self.accelerator, devices=1, precision=self.precision)
+        self.fabric = Fabric(accelerator=self.accelerator, devices=self.fabric_devices, precision=self.precision)
         device = self.fabric.device
         self.client_data = [reference_client(self.data, self.seed)] if self.mode == "reference" else self.data.clients
         self.clients = [

@@ -21,6 +21,13 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int,
     """
     if callable(spec):
         return spec(input_shape=input_shape, num_classes=num_classes)
+    cls, kwargs = resolve_model(spec, input_shape, num_classes, client_id, num_clients, field)
+    return cls(**kwargs)
+
+
+def resolve_model(spec: dict, input_shape: tuple[int, ...], num_classes: int, client_id: int = 0,
+                  num_clients: int = 1, field: str = "model") -> tuple[type, dict]:
+    """(class, every constructor argument) of the network ``build_model`` makes from ``spec``."""
     class_path = spec["class_path"]
     module_name, _, cls_name = class_path.rpartition(".")
     try:
@@ -32,7 +39,7 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int,
 
     if isinstance(cls, type) and issubclass(cls, PerClient):
         own = PerClient.assign(kwargs.get("groups") or [], num_clients)[client_id]
-        return build_model(own, input_shape, num_classes)
+        return resolve_model(own, input_shape, num_classes)
     kwargs["input_shape"] = tuple(kwargs.get("input_shape") or input_shape)
     kwargs["num_classes"] = kwargs.get("num_classes") or num_classes
-    return cls(**kwargs)
+    return cls, kwargs

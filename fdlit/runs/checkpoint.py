@@ -121,7 +121,8 @@ def _digest(obj: Any, h: Any) -> None:
 
 # ---------------------------------------------------------------------------------- fingerprints
 def config_fingerprint(config: dict[str, Any]) -> str:
-    """sha256 of the resolved config, without the keys a resume may change (rounds, logger, checkpoint)."""
+    """sha256 of the resolved config, without the keys a resume may change (rounds, the GPU, logger,
+    checkpoint)."""
     cfg = json.loads(json.dumps(config, default=str))
     cfg.pop("logger", None)
     cfg.pop("checkpoint", None)
@@ -130,6 +131,7 @@ def config_fingerprint(config: dict[str, Any]) -> str:
         cfg.pop("server")  # no server model: the same fingerprint as a config without the section
     if isinstance(cfg.get("federation"), dict):
         cfg["federation"].pop("rounds", None)
+        cfg["federation"].pop("devices", None)  # which GPU: a resumed run may continue on another one
     if cfg.get("privacy") == default_config():  # runs saved before the privacy section existed still resume
         cfg.pop("privacy")
     elif isinstance(cfg.get("privacy"), dict) and cfg["privacy"].get("accounting") == "local":

@@ -95,12 +95,28 @@ def trust_heatmap_png(matrix: Sequence[Sequence[Optional[float]]], title: str = 
     """Heatmap of the who-to-trust matrix as PNG bytes (at most ``max(max_rows, C)`` rows, see
     ``trust_rows``); a client's own classes are boxed."""
     from matplotlib.figure import Figure
+
+    n_rows, n_classes = trust_rows(matrix, client_classes, max_rows)[0].shape
+    fig = Figure(figsize=(1.8 + 0.45 * n_classes, 1.2 + 0.28 * n_rows), dpi=dpi)
+    ax = fig.add_subplot()
+    draw_trust_heatmap(fig, ax, matrix, client_classes, max_rows)
+    ax.tick_params(labelsize=7)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def draw_trust_heatmap(fig, ax, matrix: Sequence[Sequence[Optional[float]]],
+                       client_classes: Optional[Sequence[Sequence[int]]] = None,
+                       max_rows: int = TRUST_MAX_ROWS) -> None:
+    """The who-to-trust heatmap on ``ax`` with its colour bar; a client's own classes boxed."""
     from matplotlib.patches import Rectangle
 
     m, labels, boxes, ylabel = trust_rows(matrix, client_classes, max_rows)
     n_rows, n_classes = m.shape
-    fig = Figure(figsize=(1.8 + 0.45 * n_classes, 1.2 + 0.28 * n_rows), dpi=dpi)
-    ax = fig.add_subplot()
     top = float(np.nanmax(m)) if np.isfinite(m).any() else 1.0
     image = ax.imshow(m, aspect="auto", cmap="viridis", vmin=0.0, vmax=max(top, 1e-9))
     fig.colorbar(image, ax=ax, label="mean weight")
@@ -110,13 +126,6 @@ def trust_heatmap_png(matrix: Sequence[Sequence[Optional[float]]], title: str = 
     ax.set_ylabel(ylabel)
     ax.set_xticks(range(n_classes))
     ax.set_yticks(range(n_rows), labels)
-    ax.tick_params(labelsize=7)
-    if title:
-        ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
 
 
 def png_to_array(png: bytes) -> np.ndarray:

@@ -33,7 +33,8 @@ from fdlit.runs.wandb_logger import WandbLogger
 
 # flags that may accompany --resume: more rounds, and how to log; everything else comes from the run
 KEPT_CHECKPOINT = re.compile(r"checkpoint(-r\d+)?\.pt")
-RESUME_FLAGS = ("--federation.rounds", "--logger.mode", "--logger.progress", "--checkpoint.every_n_rounds",
+RESUME_FLAGS = ("--federation.rounds", "--federation.devices", "--logger.mode", "--logger.progress",
+                "--checkpoint.every_n_rounds",
                 "--checkpoint.keep", "--checkpoint.background")
 
 

@@ -1,0 +1,102 @@
+"""Figures a paper can print: one-column (3.3 in) or two-column (6.9 in) wide, every text >= 8 pt at
+that size, no title inside the plot (captions live in the HTML and LaTeX), written as vector PDF,
+SVG and a 300-dpi PNG.
+
+A figure is built inside :func:`paper_style` (the font sizes) with :func:`new_figure`, and written
+with :func:`save_figure`; :func:`text_sizes` lists every visible text's size (for checks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+ONE_COLUMN_IN = 3.3  # a column of a two-column paper (e.g. NeurIPS, ICML, IEEE)
+TWO_COLUMN_IN = 6.9  # the full text width
+MIN_FONT_PT = 8
+PNG_DPI = 300
+FORMATS = ("pdf", "svg", "png")
+
+
+def check_formats(formats) -> tuple[str, ...]:
+    from fdlit.errors import ConfigError
+
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise ConfigError("formats", f"allowed: {', '.join(FORMATS)} (png is always written); got {list(formats)}")
+    return tuple(formats)
+
+STYLE = {
+    "font.size": MIN_FONT_PT, "axes.labelsize": MIN_FONT_PT, "axes.titlesize": MIN_FONT_PT,
+    "xtick.labelsize": MIN_FONT_PT, "ytick.labelsize": MIN_FONT_PT, "legend.fontsize": MIN_FONT_PT,
+    "legend.title_fontsize": MIN_FONT_PT, "figure.titlesize": MIN_FONT_PT,
+    "lines.linewidth": 1.2, "lines.markersize": 3.5, "axes.linewidth": 0.6, "grid.linewidth": 0.4,
+    "pdf.fonttype": 42,  # TrueType in the PDF: text stays text (selectable, editable), not Type 3
+    "svg.fonttype": "path",  # the SVG looks the same without the fonts installed
+    "legend.frameon": False,
+}
+
+
+@contextlib.contextmanager
+def paper_style() -> Iterator[None]:
+    """Font sizes and line widths for print; every figure of the report is built inside it."""
+    import matplotlib
+
+    with matplotlib.rc_context(STYLE):
+        yield
+
+
+def new_figure(ncols: int = 1, nrows: int = 1, width: float = ONE_COLUMN_IN, panel_aspect: float = 0.75):
+    """A figure ``width`` inches wide (one or two columns) with ``nrows x ncols`` panels of height
+    ``panel_aspect`` times their width; the layout engine keeps the size fixed."""
+    from matplotlib.figure import Figure
+
+    height = min(9.0, max(1.8, panel_aspect * width / ncols * nrows + 0.5))
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = np.array(fig.subplots(nrows, ncols, squeeze=False))
+    return fig, axes
+
+
+def plain_text(text: str) -> str:
+    """Text drawn as is: a ``$`` in a run's setting would start matplotlib's math mode."""
+    return str(text).replace("$", r"\$")
+
+
+def text_sizes(fig) -> list[tuple[str, float]]:
+    """(text, size in pt) of every visible, non-empty text of the figure."""
+    from matplotlib.text import Text
+
+    fig.draw_without_rendering()
+    return [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def titles(fig) -> list[str]:
+    """Every title drawn inside the figure (a paper figure has none: its caption says it)."""
+    found = [fig._suptitle.get_text()] if getattr(fig, "_suptitle", None) is not None else []
+    for ax in fig.axes:
+        found += [ax.get_title(loc) for loc in ("left", "center", "right") if ax.get_title(loc)]
+    return found
+
+
+def save_figure(fig, folder: Path, stem: str, formats: tuple[str, ...] = FORMATS) -> bytes:
+    """Write ``<stem>.pdf``, ``.svg`` and a 300-dpi ``.png`` (``formats``) into ``folder``; the PNG's
+    bytes back (the HTML page inlines it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    png = b""
+    fig.draw_without_rendering()  # lay the figure out once, then keep that layout for every format
+    fig.set_layout_engine("none")
+    for fmt in sorted(set(formats) | {"png"}, key=FORMATS.index):  # the page shows the PNG
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt, dpi=PNG_DPI if fmt == "png" else None, metadata=_metadata(fmt))
+        (folder / f"{stem}.{fmt}").write_bytes(buf.getvalue())
+        png = buf.getvalue() if fmt == "png" else png
+    return png
+
+
+def _metadata(fmt: str) -> dict:
+    # no creation date: the same runs give byte-identical PDF and SVG files
+    return {"pdf": {"CreationDate": None}, "svg": {"Date": None}}.get(fmt, {})

@@ -1,0 +1,89 @@
+"""``fdlit export``: a trained network as a plain state dict, loadable with torch alone."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fdlit.cli import main
+
+LOAD = """
+import importlib, sys
+import torch
+state = torch.load(sys.argv[1], weights_only=True)  # plain data only: no pickled objects
+module, _, name = state["class_path"].rpartition(".")
+net = getattr(importlib.import_module(module), name)(**state["init_args"])
+net.load_state_dict(state["state_dict"])
+net.eval()
+with torch.no_grad():
+    torch.save(net(torch.load(sys.argv[2])).argmax(-1), sys.argv[3])
+assert not any(m.startswith(("fdlit.federation", "fdlit.runs", "lightning")) for m in sys.modules), "loop imported"
+"""
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("export")
+    args = ["--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+            "--logger.run_dir", str(tmp / "runs"), "--federation.rounds", "2", "--federation.private_epochs_first", "2",
+            "--federation.private_epochs", "1", "--federation.public_epochs_first", "1",
+            "--federation.public_epochs", "1", "--data.num_clients", "4", "--data.classes_per_client", "3",
+            "--data.public_size", "200"]
+    assert main(["fit", *args]) == 0
+    (run_dir,) = (tmp / "runs").iterdir()
+    return run_dir, args
+
+
+def test_an_exported_client_predicts_as_the_run_did_with_torch_alone(trained_run, tmp_path, capsys):
+    from fdlit.config import parse_fit
+
+    run_dir, args = trained_run
+    out = tmp_path / "client2.pt"
+    assert main(["export", str(run_dir), "--client", "2", "--out", str(out)]) == 0
+    assert "client 2 after round 2" in capsys.readouterr().out
+    state = torch.load(out, weights_only=True)
+    assert state["source"]["model"] == "client 2" and state["init_args"]["num_classes"] == 10
+    assert state["input"] is None and len(state["source"]["classes"]) == 3
+    # the run's test set, built as the run built it
+    _, cfg = parse_fit(args)
+    from fdlit.data import FederatedData
+
+    data = FederatedData(**cfg.data.as_dict())
+    data.setup(cfg.seed)
+    torch.save(data.test.x, tmp_path / "x.pt")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", LOAD, str(out), str(tmp_path / "x.pt"), str(tmp_path / "p.pt")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    accuracy = (torch.load(tmp_path / "p.pt") == data.test.y).float().mean().item()
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    # the run measured this client's accuracy on the same test set at the end of its last round
+    assert accuracy == pytest.approx(last["clients/after_public/global_acc"][2], abs=1e-6)
+    assert accuracy != pytest.approx(last["clients/after_public/global_acc"][0], abs=1e-6)  # not any client's
+
+
+def test_export_refuses_what_the_run_does_not_have(trained_run, tmp_path, capsys):
+    run_dir, _ = trained_run
+    cases = [(["--client", "4"], "client: the run has 4 client(s): 0..3; got 4"),
+             (["--server"], "server: this run has no server model"),
+             ([], "client: choose the model to export: --client 0..3"),
+             (["--client", "0", "--server"], "client: choose one model")]
+    for flags, message in cases:
+        assert main(["export", str(run_dir), *flags, "--out", str(tmp_path / "m.pt")]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["export", str(tmp_path), "--client", "0", "--out", str(tmp_path / "m.pt")]) == 2
+    assert "not an fdlit run directory" in capsys.readouterr().err
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_an_input_step_in_front_of_the_network_is_described():
+    from fdlit.data.augment import ImageInput
+    from fdlit.runs.export import describe_input
+
+    described = describe_input(ImageInput(mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2), augment=True))
+    assert described["class_path"] == "fdlit.data.augment.ImageInput"
+    assert described["init_args"]["mean"] == pytest.approx([0.5, 0.4, 0.3])
+    assert describe_input(None) is None
