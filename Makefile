@@ -12,9 +12,10 @@ TORCH_INDEX ?= $(if $(HAS_GPU),,https://download.pytorch.org/whl/cpu)
 # gives up on it after one quick retry and installs from what it is configured with.
 TORCH_PIP := $(TORCH)$(if $(TORCH_INDEX), --extra-index-url $(TORCH_INDEX) --retries 1 --timeout 20)
 CONFIG  ?= configs/digits.yaml
+FASHION_MNIST_DIR ?= /usr/share/datasets/fashion-mnist
 ARGS    ?=
 
-.PHONY: install run test bench clean torch-choice
+.PHONY: install run test bench clean torch-choice data-hint
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -23,7 +24,10 @@ $(VENV)/.installed: pyproject.toml
 	$(VPY) -m pip install -q -e ".[dev]"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed data-hint
+
+data-hint:  # where Fashion-MNIST (configs/fashion_mnist.yaml) comes from, when it is not installed
+	@test -d $(FASHION_MNIST_DIR) || echo "Fashion-MNIST (configs/fashion_mnist.yaml) is not in $(FASHION_MNIST_DIR): sudo apt-get install dataset-fashion-mnist (Debian/Ubuntu), or put its IDX files in DIR and pass --data.data_dir DIR"
 
 torch-choice:  # what `make install` would install, and why
 	@echo "torch: $(TORCH_PIP) (NVIDIA GPU: $(if $(HAS_GPU),yes,no))"

@@ -45,14 +45,14 @@ def slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_")
 
 
-def run_one(out: Path, name: str, k: int, seed: int, validation_size: int, extra: list[str]) -> dict:
+def run_one(out: Path, name: str, k: int, seed: int, validation_size: int, extra: list[str], rules=RULES) -> dict:
     run_dir = out / (f"{slug(name)}-k{k}-seed{seed}" + (f"-val{validation_size}" if validation_size else ""))
     def finished() -> list[Path]:  # an interrupted earlier attempt leaves an unfinished summary beside it
         return [p for p in run_dir.glob("*/summary.json") if json.loads(p.read_text()).get("finished")]
 
     done = finished()
     if not done:
-        config, flags = RULES[name]
+        config, flags = rules[name]
         cmd = [sys.executable, "-m", "fdlit", "fit", "--config", config, *flags,
                "--data.classes_per_client", str(k), "--seed", str(seed),
                "--data.validation_size", str(validation_size),
@@ -65,18 +65,22 @@ def run_one(out: Path, name: str, k: int, seed: int, validation_size: int, extra
 
 
 def cell(values: list[float]) -> str:
+    if not values:  # a baseline without this phase (local-only, the centralized reference)
+        return "–"
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values) if len(values) > 1 else 0:.2f}"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", type=Path, default=Path("runs/digits_table"))
+def main(rules=RULES, default_rules=DEFAULT_RULES, out="runs/digits_table", ks=(2, 9), validation_size=0,
+         doc=None) -> None:
+    """The table for ``rules`` (name -> (config, fit flags)); the defaults are the digits study's."""
+    p = argparse.ArgumentParser(description=doc)
+    p.add_argument("--out", type=Path, default=Path(out))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--ks", type=int, nargs="+", default=[2, 9])
+    p.add_argument("--ks", type=int, nargs="+", default=list(ks))
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--rules", nargs="+", default=DEFAULT_RULES, choices=list(RULES),
-                   help=f"rules to run (default: {' '.join(DEFAULT_RULES)})")
-    p.add_argument("--validation_size", type=int, default=0,
+    p.add_argument("--rules", nargs="+", default=default_rules, choices=list(rules),
+                   help=f"rules to run (default: {' '.join(default_rules)})")
+    p.add_argument("--validation_size", type=int, default=validation_size,
                    help="validation samples per run (data.validation_size); > 0 reports validation-selected accuracy")
     p.add_argument("--budgets", type=int, nargs="*", default=[5, 10],
                    help="also report the best after-public accuracy within the first R rounds (a run's first R "
@@ -85,7 +89,7 @@ def main() -> None:
     a = p.parse_args()
     grid = list(itertools.product(a.rules, a.ks, a.seeds))
     with ThreadPoolExecutor(a.jobs) as pool:
-        results = list(pool.map(lambda g: run_one(a.out, *g, a.validation_size, a.extra), grid))
+        results = list(pool.map(lambda g: run_one(a.out, *g, a.validation_size, a.extra, rules), grid))
     if a.validation_size:
         print(f"Validation-selected mean global test accuracy (%), {a.validation_size} validation samples:")
         metrics = {"after private phase": "selected_global_acc_mean_after_private",
@@ -100,7 +104,8 @@ def main() -> None:
         cells = []
         for k in a.ks:
             for key in metrics.values():
-                cells.append(cell([100 * s[key] for (n, kk, _), s in zip(grid, results) if n == name and kk == k]))
+                cells.append(cell([100 * s[key] for (n, kk, _), s in zip(grid, results)
+                                   if n == name and kk == k and s.get(key) is not None]))
         print(f"| {name} | " + " | ".join(cells) + " |")
     times = [s["wall_time_s"] for s in results]
     print(f"\n{len(results)} runs, training wall time per run {statistics.mean(times):.1f} s "

@@ -43,11 +43,16 @@ def test_executors_benchmark_prints_both_ratios(tmp_path):
 
 
 def test_scale_benchmark_times_every_component(tmp_path):
-    out = run("scale.py", "--clients", "5", "--rounds", "2", "--run_dir", str(tmp_path),
-              "--data.public_size", "40", "--federation.private_epochs_first", "1", "--federation.private_epochs", "1",
-              "--federation.public_epochs_first", "1", "--federation.public_epochs", "1")
+    """On Fashion-MNIST's IDX format (tiny files), with the benchmark's own test subset."""
+    from test_local_files import idx_folder
+
+    idx_folder(tmp_path / "fashion", n_train=500, n_test=40)
+    out = run("scale.py", "--clients", "5", "--rounds", "2", "--run_dir", str(tmp_path), "--test_samples", "20",
+              "--data.data_dir", str(tmp_path / "fashion"), "--data.samples_per_client", "10",
+              "--data.public_size", "40")
     (row,) = table_rows(out)
     assert row[0] == "5"
+    assert "fashion_mnist.yaml" in out and "20 test samples" in out
     round_s, parts = float(row[1]), [float(v) for v in row[2:9]]  # train ... other
     assert all(v >= 0 for v in parts[:-1]) and parts[0] > 0 and parts[5] > 0  # train and checkpoint measured
     assert sum(parts) == pytest.approx(round_s, abs=0.02)  # "other" is the rest of the round

@@ -53,3 +53,12 @@ def test_torch_and_index_are_overridable(tmp_path):
     line = _pip_line(tmp_path, True, "TORCH=torch==2.5.1", "TORCH_INDEX=https://download.pytorch.org/whl/cu121")
     assert "torch==2.5.1 --extra-index-url https://download.pytorch.org/whl/cu121" in line
     assert "index-url" not in _pip_line(tmp_path, False, "TORCH_INDEX=")
+
+
+def test_install_says_how_to_get_fashion_mnist_only_when_it_is_missing(tmp_path):
+    def hint(folder: Path) -> str:
+        return subprocess.run(["make", "-s", "-C", str(ROOT), "data-hint", f"FASHION_MNIST_DIR={folder}"],
+                              capture_output=True, text=True, check=True).stdout
+    assert "apt-get install dataset-fashion-mnist" in hint(tmp_path / "absent")
+    assert "--data.data_dir" in hint(tmp_path / "absent")
+    assert hint(tmp_path) == ""

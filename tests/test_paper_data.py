@@ -87,7 +87,12 @@ def test_missing_data_dir_names_the_field_and_the_fetch_command(tmp_path):
     assert err.value.field == "data.data_dir" and "uoft-cs/cifar10" in str(err.value)
 
 
-def test_offline_and_not_cached_says_where_and_how(tmp_path):
+def test_offline_and_not_cached_says_where_and_how(tmp_path, monkeypatch):
+    import fdlit.data.local_files as local_files
+
+    src = local_files.LOCAL_SOURCES["fashion_mnist"]  # as without Debian's package, whatever is installed here
+    monkeypatch.setitem(local_files.LOCAL_SOURCES, "fashion_mnist",
+                        local_files.LocalSource(src.format, src.url, src.subfolders, str(tmp_path / "absent")))
     with pytest.raises(DatasetUnavailable) as err:
         load_dataset("fashion_mnist")
     msg = str(err.value)

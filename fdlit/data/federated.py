@@ -59,8 +59,11 @@ class FederatedData:
         calibration_fraction: share of each client's private data kept for calibration (Kovalchuk et al. 2026: 0.2).
         calibration: ``split`` (a held-out calibration split, Kovalchuk et al. 2026, Sec. 4.4) or ``augmented``
             (the training data, augmented; Kovalchuk et al. 2026, Table 2 note). With ``augmented`` nothing is held out.
-        data_dir: local copy of a hub dataset (save_to_disk folder, hub-layout parquet snapshot, or a
-            Hugging Face cache dir); null uses the Hugging Face cache / hub (``fdlit.data.hub``).
+        data_dir: local copy of a paper dataset: its original files (IDX for MNIST / Fashion-MNIST,
+            gzipped or not; the python batches for CIFAR-10/100), a save_to_disk folder, a hub-layout
+            parquet snapshot, or a Hugging Face cache dir; null looks in the dataset's default location
+            (Fashion-MNIST: ``/usr/share/datasets/fashion-mnist`` from ``apt-get install
+            dataset-fashion-mnist``), then the Hugging Face cache / hub (``fdlit.data.hub``).
         augment: CIFAR augmentation (random crop pad 4 + flip, batched on the device) while training;
             null uses the dataset's default (on for CIFAR, off otherwise).
         max_train_samples: class-balanced, seed-independent cap on the training split read before

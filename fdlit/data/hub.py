@@ -3,6 +3,9 @@
 CIFAR-10/100, MNIST, Fashion-MNIST and Yahoo Answers Topics all come from the Hugging Face hub
 (``datasets`` caches them and reads the cache offline). ``data_dir`` points at a local copy instead:
 
+* the original files: IDX for MNIST / Fashion-MNIST, the python batches for CIFAR-10/100
+  (:mod:`fdlit.data.local_files`; without ``data_dir``, MNIST and Fashion-MNIST are also looked for
+  in Debian's location, e.g. ``/usr/share/datasets/fashion-mnist`` from ``apt-get install dataset-fashion-mnist``), or
 * a folder written by ``DatasetDict.save_to_disk`` (has ``dataset_dict.json``), or
 * a local snapshot of the hub repository (parquet files in the hub's layout, e.g. from
   ``hf download --repo-type dataset uoft-cs/cifar10 --local-dir DIR``), or
@@ -32,6 +35,7 @@ import numpy as np
 import torch
 
 from fdlit.data.augment import ImageInput
+from fdlit.data.local_files import find_local_arrays, local_fetch_hint
 from fdlit.data.tensor_dataset import TensorDataset
 from fdlit.errors import ConfigError
 
@@ -81,8 +85,9 @@ def fetch_hint(spec: HubSpec) -> str:
         f"    python -c \"from datasets import load_dataset; load_dataset('{spec.repo_id}')\"\n"
         f"or download a copy and point fdlit at it:\n"
         f"    hf download --repo-type dataset {spec.repo_id} --local-dir DIR   # then --data.data_dir DIR\n"
-        f"(--data.data_dir also accepts a DatasetDict.save_to_disk folder or a Hugging Face cache directory)"
-    )
+        f"(--data.data_dir also accepts a DatasetDict.save_to_disk folder or a Hugging Face cache directory)\n"
+        + local_fetch_hint(spec.name)
+    ).rstrip()
 
 
 def _cache_root() -> Path:
@@ -176,18 +181,22 @@ def load_hub_dataset(
 ) -> tuple[TensorDataset, TensorDataset]:
     """(train, test) of a paper dataset as tensors; see the module docstring."""
     spec = HUB_DATASETS[name]
-    splits = load_hub_splits(spec, data_dir)
+    local = find_local_arrays(name, data_dir) if spec.image else None  # original files (IDX, CIFAR batches)
+    splits = local if local is not None else load_hub_splits(spec, data_dir)
     out = []
     for split_name in spec.splits:
         ds = splits[split_name]
-        labels = np.asarray(ds[spec.label], dtype=np.int64)
+        labels = ds[1] if local is not None else np.asarray(ds[spec.label], dtype=np.int64)
         keep = _stratified_limit(labels, max_train_samples, spec.num_classes) if split_name == "train" else None
         if keep is not None:
-            ds = ds.select(keep)
+            ds = (ds[0][keep], ds[1][keep]) if local is not None else ds.select(keep)
             labels = labels[keep]
         y = torch.from_numpy(labels)
         if spec.image:
-            x = _cached(f"{name}-{split_name}-{_fingerprint(ds)}", lambda ds=ds: {"x": _images_to_uint8(ds, spec.image)})["x"]
+            if local is not None:  # already decoded: nothing worth caching
+                x = torch.from_numpy(np.ascontiguousarray(ds[0]))
+            else:
+                x = _cached(f"{name}-{split_name}-{_fingerprint(ds)}", lambda ds=ds: {"x": _images_to_uint8(ds, spec.image)})["x"]
             transform = partial(ImageInput, mean=spec.mean, std=spec.std,
                                 augment=spec.augment if augment is None else augment)
         else:
