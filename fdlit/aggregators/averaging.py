@@ -15,7 +15,7 @@ class ProbabilityAveragingAggregator(Aggregator):
 
     short_name = "avg"
 
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         z = self.stack_logits(uploads)
         m, n, _ = z.shape
         weights = uniform_weights(m, n, z.device)

@@ -17,7 +17,8 @@ from typing import Any, Literal, Optional
 import numpy as np
 import torch
 
-from fdlit.aggregators.base import Aggregator, FederationInfo, ServerContext, weight_concentration, weight_entropy
+from fdlit.aggregators.base import (Aggregator, FederationInfo, ServerContext, client_part_of, weight_concentration,
+                                    weight_entropy)
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
@@ -252,6 +253,9 @@ class FederationLoop:
                               self.seed)
             for cd in self.client_data
         ]
+        self.method_part = client_part_of(self.aggregator)  # what of the method runs where the clients live
+        for client in self.clients:
+            client.method_part = self.method_part
         self.test_x, self.test_y = self.data.test.x.to(device), self.data.test.y.to(device)
         self.public_x, self.public_y = self.data.public.x.to(device), self.data.public.y.to(device)
         self.private = [(cd.train.x.to(device), cd.train.y.to(device)) for cd in self.client_data]
@@ -361,15 +365,15 @@ class FederationLoop:
         """Round 0: the method's one-off client work where the clients live, the server's set-up,
         and its broadcast; every message is counted as round 0."""
         info = self.info(0)
-        raw = self.executor.client_hook("client_setup", self.aggregator, info, self.clients, self.client_data, {})
+        raw = self.executor.client_hook("setup", self.method_part, info, self.clients, self.client_data, {})
         uploads = [self._send_up(0, i, payload) for i, payload in enumerate(raw)]
         broadcast = self.aggregator.server_setup(uploads, self.server_context(0)) or {}
         for i in range(len(self.clients)):
             for kind, tensor in broadcast.items():
                 self.ledger.send(0, i, "down", kind, tensor)
         self.received = dict(broadcast)
-        if self.aggregator.has_receive:  # e.g. parameter exchange: every client starts from the server's model
-            self.executor.client_hook("client_receive", self.aggregator, info, self.clients, self.client_data,
+        if self.method_part.has_receive:  # e.g. parameter exchange: every client starts from the server's model
+            self.executor.client_hook("receive", self.method_part, info, self.clients, self.client_data,
                                       self.received)
 
     def public_warmup(self) -> None:
@@ -478,7 +482,7 @@ class FederationLoop:
         info = self.info(r, () if everyone else tuple(ids), public_index)
         public_logits = self.executor.predict(clients, info.public_x)  # M x N x C
         self._check_finite(list(public_logits), r, "public inference", ids)
-        extra = self.executor.client_hook("client_upload", self.aggregator, info, clients,
+        extra = self.executor.client_hook("upload", self.method_part, info, clients,
                                           self.client_data if everyone else [self.client_data[i] for i in ids],
                                           self.received, public_logits)
         payloads = [{"logits": public_logits[j], **payload} for j, payload in enumerate(extra)]
@@ -508,7 +512,7 @@ class FederationLoop:
         public_losses = [math.nan] * len(clients)
         if len(public_x):
             public_losses = self.executor.train(
-                clients, "public", [self.aggregator.distillation_set(public_x, targets, *self.private[i]) for i in ids],
+                clients, "public", [self.method_part.distillation_set(public_x, targets, *self.private[i]) for i in ids],
                 self.public_epochs_first if first else self.public_epochs, self.optimization.public_batch_size,
             )
             self._check_finite(public_losses, r, "public", ids)
@@ -518,8 +522,8 @@ class FederationLoop:
     def _exchange_parameters(self, r: int, evaluated: bool = True, rows: Optional[torch.Tensor] = None,
                              arrived: Optional[list[int]] = None):
         """The rest of a round for a parameter-exchange method: each client whose upload arrives
-        (``arrived``; None: all) uploads what ``client_upload`` returns (its parameters), the server
-        aggregates them, the broadcast goes down to every client and ``client_receive`` loads it; no
+        (``arrived``; None: all) uploads what its client part's ``upload`` returns (its parameters), the
+        server aggregates them, the broadcast goes down to every client and ``receive`` loads it; no
         public phase. Every client receives the global model, sampled or not, because FedAvg's next
         sampled clients start from it and evaluation measures it on every client. "After public"
         accuracies are those of the model every client holds after the exchange (the global model)."""
@@ -528,7 +532,7 @@ class FederationLoop:
         if not ids:  # no upload arrived: every client keeps what it has
             return None, [math.nan] * len(self.clients), self.evaluate(rows) if evaluated else None
         info = self.info(r, () if everyone else tuple(ids))
-        raw = self.executor.client_hook("client_upload", self.aggregator, info,
+        raw = self.executor.client_hook("upload", self.method_part, info,
                                         self.clients if everyone else [self.clients[i] for i in ids],
                                         self.client_data if everyone else [self.client_data[i] for i in ids],
                                         self.received)
@@ -537,7 +541,7 @@ class FederationLoop:
         for i in range(len(self.clients)):
             for kind, tensor in self.aggregator.messages_to(i, len(self.clients), result.broadcast).items():
                 self.ledger.send(r, i, "down", kind, tensor)
-        self.executor.client_hook("client_receive", self.aggregator, self.info(r), self.clients, self.client_data,
+        self.executor.client_hook("receive", self.method_part, self.info(r), self.clients, self.client_data,
                                   result.broadcast)
         after = self.evaluate(rows) if evaluated else None
         return result, [math.nan] * len(self.clients), after
