@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from fdlit.aggregators.base import context_for
 from fdlit.aggregators.fedmd import FedMDDigest
 from fdlit.aggregators.fedmd_client import FedMDClient
 from fdlit.clients import ClientModule, ClientOptimization
@@ -150,12 +151,13 @@ def test_fedgo_as_published_weights_the_ensemble_by_discriminator_odds(tmp_path)
 
     method = FedGOParams()
     logits = torch.randn(3, 5, 4)
+    ctx = context_for([{"logits": z} for z in logits])
     method.fedgo.set_discriminator_scores(torch.zeros(3, 5), torch.tensor([10, 10, 10]))
-    assert torch.allclose(method.ensemble(logits, None), logits.softmax(-1).mean(0), atol=1e-6)  # equal odds: AVG
+    assert torch.allclose(method.ensemble(logits, ctx), logits.softmax(-1).mean(0), atol=1e-6)  # equal odds: AVG
     odds = torch.full((3, 5), -30.0)
     odds[1] = 0.0  # only client 1's discriminator claims the samples
     method.fedgo.set_discriminator_scores(odds, torch.tensor([10, 10, 10]))
-    assert torch.allclose(method.ensemble(logits, None), logits[1].softmax(-1), atol=1e-5)
+    assert torch.allclose(method.ensemble(logits, ctx), logits[1].softmax(-1), atol=1e-5)
 
     args = ("--client.optimizer", "sgd", "--client.lr", "0.05", "--aggregator.discriminator_epochs", "2")
     loop = fit_loop(tiny("digits_fedgo_fedavg.yaml", tmp_path, *args))

@@ -43,8 +43,8 @@ def train_discriminator(own: torch.Tensor, reference: torch.Tensor, hidden: int 
 class FedGOClient(ClientPart):
     """FedGO's client part: the discriminator D_k, trained once where the client lives."""
 
-    def __init__(self, hidden: int, epochs: int, lr: float, weight_decay: float, upload: str):
-        self.hidden, self.epochs, self.lr, self.weight_decay, self.upload = hidden, epochs, lr, weight_decay, upload
+    def __init__(self, hidden: int, epochs: int, lr: float, weight_decay: float, send: str):
+        self.hidden, self.epochs, self.lr, self.weight_decay, self.send = hidden, epochs, lr, weight_decay, send
 
     def setup(self, ctx):
         """Client side, once: train D_k on the local training inputs against the public inputs."""
@@ -52,7 +52,7 @@ class FedGOClient(ClientPart):
         net = train_discriminator(ctx.data.train.x.to(public.device), public, self.hidden, self.epochs, self.lr,
                                   self.weight_decay, seed=ctx.info.client_seed(ctx.client.client_id))
         out = {"num_samples": torch.tensor([len(ctx.data.train)], dtype=torch.int64)}
-        if self.upload == "scores":
+        if self.send == "scores":
             with torch.no_grad():
                 out["discriminator_log_odds"] = net(public.flatten(1).float())[:, 0]
         else:
