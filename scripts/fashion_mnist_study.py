@@ -36,8 +36,7 @@ RULES = {
                        "--server.model", LENET, "--server.optimizer", "adam", "--server.lr", "0.001",
                        "--server.batch_size", "64", "--server.epochs_first", "5", "--server.epochs", "2",
                        "--server.broadcast", "false"]),
-    "FedMD": (CONFIG, ["--aggregator", A + "FedMDAggregator", "--aggregator.warmup_epochs", "5",
-                       "--federation.client_class", A + "fedmd_client.FedMDClient"]),
+    "FedMD": (CONFIG, ["--aggregator", A + "FedMDAggregator", "--aggregator.warmup_epochs", "5"]),
     "FedAvg": (CONFIG, ["--aggregator", A + "FedAvg", *NO_PUBLIC_PHASE]),
     # SCAFFOLD's control-variate update assumes plain SGD steps (its digits config: SGD, lr 0.05)
     "SCAFFOLD": (CONFIG, ["--aggregator", A + "Scaffold", "--client.optimizer", "sgd", "--client.lr", "0.05",

@@ -19,11 +19,18 @@ from fdlit.aggregators import (
     ProbabilityAveragingAggregator,
     SelectiveFDAggregator,
 )
+from fdlit.aggregators.base import context_for
 from fdlit.aggregators.fedgo import train_discriminator
 from fdlit.aggregators.lkd import auc_against_unlabelled, one_vs_rest_auc
 from fdlit.errors import ConfigError
 
 M, N, C = 5, 64, 10
+
+
+
+def with_context(uploads):
+    """(uploads, a server context for them): ``aggregate``'s arguments outside a run."""
+    return uploads, context_for(uploads)
 
 
 def logit_uploads(seed=0, m=M, n=N, c=C, scale=2.0):
@@ -45,22 +52,22 @@ def assert_distribution(r, m=M, n=N):
 # ---------------------------------------------------------------- logit averaging
 def test_logit_averaging_is_softmax_of_mean_logits_and_differs_from_avg():
     ups = logit_uploads()
-    r = LogitAveragingAggregator().aggregate(ups)
+    r = LogitAveragingAggregator().aggregate(ups, context_for(ups))
     assert_distribution(r)
     torch.testing.assert_close(r.teacher, stacked(ups).mean(0).softmax(-1))
-    assert not torch.allclose(r.teacher, ProbabilityAveragingAggregator().aggregate(ups).teacher, atol=1e-3)
+    assert not torch.allclose(r.teacher, ProbabilityAveragingAggregator().aggregate(ups, context_for(ups)).teacher, atol=1e-3)
     # identical clients: logit averaging returns that client's softmax (T = 1)
     same = [{"logits": ups[0]["logits"]} for _ in range(M)]
-    torch.testing.assert_close(LogitAveragingAggregator().aggregate(same).teacher, ups[0]["logits"].softmax(-1))
-    hot = LogitAveragingAggregator(temperature=0.5).aggregate(ups).teacher
+    torch.testing.assert_close(LogitAveragingAggregator().aggregate(same, context_for(same)).teacher, ups[0]["logits"].softmax(-1))
+    hot = LogitAveragingAggregator(temperature=0.5).aggregate(ups, context_for(ups)).teacher
     assert (hot.max(-1).values >= r.teacher.max(-1).values - 1e-6).all()
 
 
 # ---------------------------------------------------------------- ERA
 def test_era_sharpens_avg_and_keeps_its_argmax():
     ups = logit_uploads()
-    avg = ProbabilityAveragingAggregator().aggregate(ups).teacher
-    r = EntropyReductionAggregator(temperature=0.1).aggregate(ups)
+    avg = ProbabilityAveragingAggregator().aggregate(ups, context_for(ups)).teacher
+    r = EntropyReductionAggregator(temperature=0.1).aggregate(ups, context_for(ups))
     assert_distribution(r)
     torch.testing.assert_close(r.teacher, torch.softmax(avg / 0.1, -1))
     assert (r.teacher.argmax(-1) == avg.argmax(-1)).all()
@@ -73,7 +80,7 @@ def test_era_sharpens_avg_and_keeps_its_argmax():
     assert entropy(r.teacher).mean() < entropy(avg).mean()
     # ... and a lower T lowers the entropy of every sample (T = 0.1 ~ 1/C is close to the identity
     # near uniform: exp((p_a - p_b) / T) ~ p_a / p_b there, see the class docstring)
-    sharp = EntropyReductionAggregator(temperature=0.05).aggregate(ups).teacher
+    sharp = EntropyReductionAggregator(temperature=0.05).aggregate(ups, context_for(ups)).teacher
     assert (entropy(sharp) < entropy(avg)).all()
 
 
@@ -82,28 +89,28 @@ def test_entropy_weighting_trusts_the_confident_client():
     ups = logit_uploads(scale=0.1)  # everyone nearly uniform ...
     ups[2]["logits"] = ups[2]["logits"].clone()
     ups[2]["logits"][:, 3] += 8.0  # ... except client 2, confident on class 3
-    r = EntropyWeightedAggregator().aggregate(ups)
+    r = EntropyWeightedAggregator().aggregate(ups, context_for(ups))
     assert_distribution(r)
     assert (r.weights.argmax(0) == 2).all()
     torch.testing.assert_close(r.teacher, torch.einsum("mn,mnc->nc", r.weights, stacked(ups).softmax(-1)))
     # equal entropies (permuted logits) -> uniform weights
     base = torch.randn(N, C)
     perm = [{"logits": base[:, torch.randperm(C)]} for _ in range(M)]
-    torch.testing.assert_close(EntropyWeightedAggregator().aggregate(perm).weights, torch.full((M, N), 1 / M))
+    torch.testing.assert_close(EntropyWeightedAggregator().aggregate(perm, context_for(perm)).weights, torch.full((M, N), 1 / M))
 
 
 # ---------------------------------------------------------------- logit variance
 def test_logit_variance_weights_are_proportional_to_variance():
     ups = logit_uploads()
-    r = LogitVarianceAggregator(eps=0.0).aggregate(ups)
+    r = LogitVarianceAggregator(eps=0.0).aggregate(ups, context_for(ups))
     assert_distribution(r)
     var = stacked(ups).var(-1, unbiased=False)
     torch.testing.assert_close(r.weights, var / var.sum(0))
     ups[1]["logits"] = ups[1]["logits"] * 3  # 9x the variance of its previous self
-    r2 = LogitVarianceAggregator(eps=0.0).aggregate(ups)
+    r2 = LogitVarianceAggregator(eps=0.0).aggregate(ups, context_for(ups))
     assert (r2.weights[1] > r.weights[1]).all()
     flat = [{"logits": torch.zeros(N, C)} for _ in range(M)]  # zero variance everywhere: uniform
-    torch.testing.assert_close(LogitVarianceAggregator(eps=0.0).aggregate(flat).weights, torch.full((M, N), 1 / M))
+    torch.testing.assert_close(LogitVarianceAggregator(eps=0.0).aggregate(flat, context_for(flat)).weights, torch.full((M, N), 1 / M))
 
 
 # ---------------------------------------------------------------- Oracle
@@ -116,7 +123,7 @@ def test_oracle_puts_zero_weight_on_clients_lacking_the_class():
         classes[i, [(2 * i) % C, (2 * i + 1) % C]] = True  # client i holds classes 2i, 2i+1
     agg = OracleAggregator()
     agg.set_truth(y, classes)
-    r = agg.aggregate(ups)
+    r = agg.aggregate(ups, context_for(ups))
     assert_distribution(r)
     holds = classes[:, y]
     assert (r.weights[~holds] == 0).all()
@@ -128,7 +135,7 @@ def test_oracle_puts_zero_weight_on_clients_lacking_the_class():
 
 def test_oracle_refuses_to_run_without_labels():
     with pytest.raises(RuntimeError, match="public labels"):
-        OracleAggregator().aggregate(logit_uploads())
+        OracleAggregator().aggregate(*with_context(logit_uploads()))
 
 
 # ---------------------------------------------------------------- KuLSIF
@@ -158,8 +165,8 @@ def selective_uploads(masks, hard=False, seed=0):
 def test_selective_fd_with_every_mask_on_equals_avg():
     masks = torch.ones(M, N, dtype=torch.bool)
     ups, sel = selective_uploads(masks)
-    r = SelectiveFDAggregator(server_threshold=2.0).aggregate(sel)
-    avg = ProbabilityAveragingAggregator().aggregate(ups)
+    r = SelectiveFDAggregator(server_threshold=2.0).aggregate(sel, context_for(sel))
+    avg = ProbabilityAveragingAggregator().aggregate(ups, context_for(ups))
     torch.testing.assert_close(r.teacher, avg.teacher)
     torch.testing.assert_close(r.weights, avg.weights)
     assert r.keep.all()
@@ -170,7 +177,7 @@ def test_selective_fd_averages_only_kept_predictions_and_drops_uncovered_and_amb
     masks = torch.rand(M, N, generator=g) > 0.5
     masks[:, 0] = False  # nobody keeps sample 0
     ups, sel = selective_uploads(masks)
-    r = SelectiveFDAggregator(server_threshold=2.0).aggregate(sel)
+    r = SelectiveFDAggregator(server_threshold=2.0).aggregate(sel, context_for(sel))
     q = stacked(ups).softmax(-1)
     for x in range(1, N):
         if masks[:, x].any():
@@ -178,7 +185,7 @@ def test_selective_fd_averages_only_kept_predictions_and_drops_uncovered_and_amb
     assert not r.keep[0] and r.keep[1:].eq(masks[:, 1:].any(0)).all()
     assert_distribution(r)
     # the server selector drops exactly the samples with 2 (1 - max P) > tau_server
-    strict = SelectiveFDAggregator(server_threshold=1.0).aggregate(sel)
+    strict = SelectiveFDAggregator(server_threshold=1.0).aggregate(sel, context_for(sel))
     ambiguous = 2 * (1 - r.teacher.max(-1).values) > 1.0
     assert (strict.keep == (r.keep & ~ambiguous)).all()
     assert (~strict.keep).sum() > (~r.keep).sum()
@@ -187,7 +194,7 @@ def test_selective_fd_averages_only_kept_predictions_and_drops_uncovered_and_amb
 def test_selective_fd_hard_labels_vote_and_send_one_hot():
     masks = torch.ones(M, N, dtype=torch.bool)
     ups, sel = selective_uploads(masks, hard=True)
-    r = SelectiveFDAggregator(labels="hard", server_threshold=2.0).aggregate(sel)
+    r = SelectiveFDAggregator(labels="hard", server_threshold=2.0).aggregate(sel, context_for(sel))
     votes = torch.nn.functional.one_hot(stacked(ups).argmax(-1), C).float().mean(0)
     tied = (votes == votes.max(-1, keepdim=True).values).sum(-1) > 1
     assert tied.any() and (~tied).any()  # the synthetic votes have both
@@ -195,11 +202,11 @@ def test_selective_fd_hard_labels_vote_and_send_one_hot():
     kept = r.teacher[r.keep]
     assert ((kept == 0) | (kept == 1)).all()
     assert (kept.argmax(-1) == votes[r.keep].argmax(-1)).all()
-    soft = SelectiveFDAggregator(labels="hard", server_threshold=2.0, ties="soft").aggregate(sel)
+    soft = SelectiveFDAggregator(labels="hard", server_threshold=2.0, ties="soft").aggregate(sel, context_for(sel))
     assert soft.keep.all()
     torch.testing.assert_close(soft.teacher[tied], votes[tied])  # the vote fractions themselves
     # a sample where 3 of 5 clients agree survives tau_server = 0.8 (2 * (1 - 0.6)); 2 of 5 does not
-    r2 = SelectiveFDAggregator(labels="hard", server_threshold=0.8).aggregate(sel)
+    r2 = SelectiveFDAggregator(labels="hard", server_threshold=0.8).aggregate(sel, context_for(sel))
     assert (r2.keep == ((votes.max(-1).values >= 0.6 - 1e-6) & ~tied)).all()
 
 
@@ -211,7 +218,7 @@ def test_selective_fd_client_selector_keeps_in_distribution_public_samples():
     cal_x = torch.randn(20, d, generator=g) * 0.5 + 3
     public = torch.cat([torch.randn(50, d, generator=g) * 0.5 + 3, torch.randn(50, d, generator=g) * 0.5 - 3])
     agg = SelectiveFDAggregator(client_quantile=0.25)
-    mask = agg.client_mask(train_x, torch.zeros(80, dtype=torch.long), cal_x, torch.zeros(20, dtype=torch.long),
+    mask = agg.client_part().client_mask(train_x, torch.zeros(80, dtype=torch.long), cal_x, torch.zeros(20, dtype=torch.long),
                            [0], public)
     assert mask[50:].sum() == 0  # never keeps the far-away half
     assert mask[:50].float().mean() > 0.5  # keeps most of its own distribution (quantile 0.25)
@@ -249,8 +256,8 @@ def test_fedgo_with_equal_odds_and_equal_counts_is_avg():
     ups = logit_uploads()
     agg = FedGOAggregator()
     agg.set_discriminator_scores(torch.full((M, N), 0.7), torch.full((M,), 100))
-    r = agg.aggregate(ups)
-    avg = ProbabilityAveragingAggregator().aggregate(ups)
+    r = agg.aggregate(ups, context_for(ups))
+    avg = ProbabilityAveragingAggregator().aggregate(ups, context_for(ups))
     torch.testing.assert_close(r.teacher, avg.teacher)
     torch.testing.assert_close(r.weights, avg.weights)
 
@@ -261,7 +268,7 @@ def test_fedgo_weights_are_n_times_odds_normalised():
     n_k = torch.tensor([10, 20, 30, 40, 50])
     agg = FedGOAggregator()
     agg.set_discriminator_scores(torch.logit(d.double()), n_k)
-    r = agg.aggregate(logit_uploads())
+    r = agg.aggregate(*with_context(logit_uploads()))
     odds = d.double() / (1 - d.double())
     expected = n_k[:, None] * odds / (n_k[:, None] * odds).sum(0)
     torch.testing.assert_close(r.weights, expected.float())
@@ -286,7 +293,7 @@ def test_fedgo_rejects_bad_arguments_and_needs_discriminators():
         with pytest.raises(ConfigError, match=f"aggregator\\.{field}"):
             FedGOAggregator(**kwargs)
     with pytest.raises(RuntimeError, match="discriminators"):
-        FedGOAggregator().aggregate(logit_uploads())
+        FedGOAggregator().aggregate(*with_context(logit_uploads()))
 
 
 # ---------------------------------------------------------------- LKD
@@ -312,7 +319,7 @@ def test_lkd_trusts_each_client_on_the_classes_it_is_reliable_for():
     ups = logit_uploads()
     for u, a in zip(ups, auc):
         u["class_auc"] = a
-    r = LKDAggregator(temperature=20.0).aggregate(ups)
+    r = LKDAggregator(temperature=20.0).aggregate(ups, context_for(ups))
     assert_distribution(r)
     beta = torch.softmax(20 * auc, 0)
     pred = stacked(ups).argmax(-1)
@@ -323,7 +330,7 @@ def test_lkd_trusts_each_client_on_the_classes_it_is_reliable_for():
     for u in ups:
         u["logits"][0] = torch.nn.functional.one_hot(torch.tensor(9), C).float() * 5
     ups[0]["logits"][0] = torch.nn.functional.one_hot(torch.tensor(0), C).float() * 5
-    r = LKDAggregator(temperature=20.0).aggregate(ups)
+    r = LKDAggregator(temperature=20.0).aggregate(ups, context_for(ups))
     assert float(r.weights[0, 0]) == pytest.approx(1 / (1 + (M - 1) / M), rel=1e-4)
 
 
@@ -390,10 +397,10 @@ def test_meta_model_recovers_the_true_label_on_a_separable_toy_problem():
     ups = [{"logits": z_pub[i], "mm_logits": z_lab[i]} for i in range(m)]
     agg = MetaModelAggregator(steps=200)
     agg.set_labels(y_lab)
-    r = agg.aggregate(ups)
+    r = agg.aggregate(ups, context_for(ups))
     torch.testing.assert_close(r.teacher.sum(-1), torch.ones(300))
     acc = float((r.teacher.argmax(-1) == y_pub).float().mean())
-    avg_acc = float((ProbabilityAveragingAggregator().aggregate(ups).teacher.argmax(-1) == y_pub).float().mean())
+    avg_acc = float((ProbabilityAveragingAggregator().aggregate(ups, context_for(ups)).teacher.argmax(-1) == y_pub).float().mean())
     assert acc > 0.95 and acc > avg_acc + 0.2
 
 
@@ -403,16 +410,16 @@ def test_meta_model_rejects_bad_arguments_and_needs_labels():
         with pytest.raises(ConfigError, match=f"aggregator\\.{field}"):
             MetaModelAggregator(**kwargs)
     with pytest.raises(RuntimeError, match="labelled set"):
-        MetaModelAggregator().aggregate(logit_uploads())
+        MetaModelAggregator().aggregate(*with_context(logit_uploads()))
 
 
 def test_meta_model_labelled_size_is_a_total_split_over_the_clients():
     agg = MetaModelAggregator(labelled_size=3000)
-    assert [agg.client_share(i, 20) for i in range(20)] == [150] * 20  # the workshop paper's 3,000 at M = 20
+    assert [agg.client_part().client_share(i, 20) for i in range(20)] == [150] * 20  # the workshop paper's 3,000 at M = 20
     agg = MetaModelAggregator(labelled_size=7)
-    assert [agg.client_share(i, 3) for i in range(3)] == [3, 2, 2]
-    assert [MetaModelAggregator().client_share(i, 4) for i in range(4)] == [15] * 4  # neither given: 15 each
-    assert MetaModelAggregator(labelled_per_client=4).client_share(0, 20) == 4
+    assert [agg.client_part().client_share(i, 3) for i in range(3)] == [3, 2, 2]
+    assert [MetaModelAggregator().client_part().client_share(i, 4) for i in range(4)] == [15] * 4  # neither given: 15 each
+    assert MetaModelAggregator(labelled_per_client=4).client_part().client_share(0, 20) == 4
     with pytest.raises(ConfigError, match=r"aggregator\.labelled_size: give the total .* not both"):
         MetaModelAggregator(labelled_per_client=15, labelled_size=3000)
     with pytest.raises(ConfigError, match=r"aggregator\.labelled_size: must be >= 1"):

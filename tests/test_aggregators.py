@@ -14,6 +14,7 @@ from fdlit.aggregators import (
     UncertaintyWeightedAggregator,
     weight_concentration,
 )
+from fdlit.aggregators.base import context_for
 from fdlit.errors import ConfigError
 
 M, N, C = 5, 64, 10
@@ -39,7 +40,8 @@ def gmm_uploads(seed=0, k=3):
 @pytest.mark.parametrize("agg", [ProbabilityAveragingAggregator(), UncertaintyWeightedAggregator(),
                                  SmoothedUncertaintyWeightedAggregator(tau=0.25)])
 def test_weights_are_a_distribution_and_teacher_is_probability(agg):
-    r = agg.aggregate(gmm_uploads())
+    ups = gmm_uploads()
+    r = agg.aggregate(ups, context_for(ups))
     assert (r.weights >= 0).all()
     torch.testing.assert_close(r.weights.sum(0), torch.ones(N))
     torch.testing.assert_close(r.teacher.sum(-1), torch.ones(N))
@@ -49,7 +51,7 @@ def test_weights_are_a_distribution_and_teacher_is_probability(agg):
 
 def test_avg_is_mean_of_probabilities_and_chi_is_one_over_m():
     ups = gmm_uploads()
-    r = ProbabilityAveragingAggregator().aggregate(ups)
+    r = ProbabilityAveragingAggregator().aggregate(ups, context_for(ups))
     z = torch.stack([u["logits"] for u in ups])
     torch.testing.assert_close(r.teacher, z.softmax(-1).mean(0))
     assert float(weight_concentration(r.weights)) == pytest.approx(1 / M)
@@ -57,16 +59,16 @@ def test_avg_is_mean_of_probabilities_and_chi_is_one_over_m():
 
 def test_tau_zero_is_avg_and_tau_one_is_uwa():
     ups = gmm_uploads()
-    avg = ProbabilityAveragingAggregator().aggregate(ups)
-    s0 = SmoothedUncertaintyWeightedAggregator(tau=0.0).aggregate(ups)
+    avg = ProbabilityAveragingAggregator().aggregate(ups, context_for(ups))
+    s0 = SmoothedUncertaintyWeightedAggregator(tau=0.0).aggregate(ups, context_for(ups))
     torch.testing.assert_close(s0.teacher, avg.teacher)
     torch.testing.assert_close(s0.weights, avg.weights)
-    uwa = UncertaintyWeightedAggregator().aggregate(ups)
-    s1 = SmoothedUncertaintyWeightedAggregator(tau=1.0).aggregate(ups)
+    uwa = UncertaintyWeightedAggregator().aggregate(ups, context_for(ups))
+    s1 = SmoothedUncertaintyWeightedAggregator(tau=1.0).aggregate(ups, context_for(ups))
     torch.testing.assert_close(s1.weights, uwa.weights)
     assert not torch.allclose(uwa.weights, avg.weights)
     # smoothing lowers concentration between the two extremes
-    chi = [float(weight_concentration(SmoothedUncertaintyWeightedAggregator(tau=t).aggregate(ups).weights))
+    chi = [float(weight_concentration(SmoothedUncertaintyWeightedAggregator(tau=t).aggregate(ups, context_for(ups)).weights))
            for t in (0.0, 0.25, 1.0)]
     assert chi[0] == pytest.approx(1 / M) and chi[0] < chi[1] < chi[2] <= 1
 
@@ -76,7 +78,7 @@ def test_large_tau_picks_the_most_likely_client():
     agg = SmoothedUncertaintyWeightedAggregator(tau=1e4)
     z = torch.stack([u["logits"] for u in ups])
     ll = agg.log_likelihoods(ups, z)
-    r = agg.aggregate(ups)
+    r = agg.aggregate(ups, context_for(ups))
     best = ll.argmax(0)
     assert (r.weights.argmax(0) == best).all()
     assert float(r.weights.max(0).values.min()) > 0.99
@@ -115,11 +117,11 @@ def test_client_without_components_gets_zero_weight_and_all_empty_falls_back_to_
     ups = gmm_uploads()
     ups[0]["gmm_means"] = ups[0]["gmm_means"][:0]
     ups[0]["gmm_stds"] = ups[0]["gmm_stds"][:0]
-    r = UncertaintyWeightedAggregator().aggregate(ups)
+    r = UncertaintyWeightedAggregator().aggregate(ups, context_for(ups))
     assert torch.all(r.weights[0] == 0)
     for u in ups:
         u["gmm_means"], u["gmm_stds"] = u["gmm_means"][:0], u["gmm_stds"][:0]
-    r = UncertaintyWeightedAggregator().aggregate(ups)
+    r = UncertaintyWeightedAggregator().aggregate(ups, context_for(ups))
     torch.testing.assert_close(r.weights, torch.full((M, N), 1 / M))
     assert r.stats["density/uniform_fallback_samples"] == N
 
@@ -131,8 +133,8 @@ def test_scores_upload_gives_the_same_teacher_as_density_upload():
     ll = agg.log_likelihoods(ups, z)
     score_ups = [{"logits": u["logits"], "log_likelihood": ll[i].float(), "_dropped_components": torch.tensor([0])}
                  for i, u in enumerate(ups)]
-    torch.testing.assert_close(UncertaintyWeightedAggregator(upload="scores").aggregate(score_ups).teacher,
-                               agg.aggregate(ups).teacher, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(UncertaintyWeightedAggregator(upload="scores").aggregate(score_ups, context_for(score_ups)).teacher,
+                               agg.aggregate(ups, context_for(ups)).teacher, atol=1e-5, rtol=1e-5)
 
 
 def density_case(scale, var_range, m=3, n=300, k=30, c=100, seed=0):
@@ -177,8 +179,8 @@ def test_matmul_density_is_within_the_stated_tolerance_of_the_direct_form(scale,
 def test_both_density_forms_give_the_same_suwa_teacher_and_padding_is_ignored():
     ups = gmm_uploads(k=3)
     ups[1]["gmm_means"], ups[1]["gmm_stds"] = ups[1]["gmm_means"][:1], ups[1]["gmm_stds"][:1]  # K differs: padded
-    fast = SmoothedUncertaintyWeightedAggregator(density_method="matmul").aggregate(ups)
-    ref = SmoothedUncertaintyWeightedAggregator(density_method="direct").aggregate(ups)
+    fast = SmoothedUncertaintyWeightedAggregator(density_method="matmul").aggregate(ups, context_for(ups))
+    ref = SmoothedUncertaintyWeightedAggregator(density_method="direct").aggregate(ups, context_for(ups))
     torch.testing.assert_close(fast.weights, ref.weights, atol=1e-7, rtol=0)
     torch.testing.assert_close(fast.teacher, ref.teacher, atol=1e-7, rtol=0)
     z = torch.stack([u["logits"] for u in ups])
@@ -206,14 +208,14 @@ def test_logit_mix_is_softmax_of_the_weighted_logit_sum(tau):
     w = torch.softmax(tau * ll, dim=0)
     expected = torch.einsum("mn,mnc->nc", w, z).softmax(-1)
 
-    logit_mix = SmoothedUncertaintyWeightedAggregator(tau=tau, mix="logits").aggregate(ups)
-    prob_mix = SmoothedUncertaintyWeightedAggregator(tau=tau).aggregate(ups)
+    logit_mix = SmoothedUncertaintyWeightedAggregator(tau=tau, mix="logits").aggregate(ups, context_for(ups))
+    prob_mix = SmoothedUncertaintyWeightedAggregator(tau=tau).aggregate(ups, context_for(ups))
     torch.testing.assert_close(logit_mix.teacher.double(), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logit_mix.weights, prob_mix.weights)  # same weights, other space
     torch.testing.assert_close(logit_mix.teacher.sum(-1), torch.ones(N))
     assert (logit_mix.teacher - prob_mix.teacher).abs().max() > 0.05
     if tau == 1.0:
-        torch.testing.assert_close(UncertaintyWeightedAggregator(mix="logits").aggregate(ups).teacher,
+        torch.testing.assert_close(UncertaintyWeightedAggregator(mix="logits").aggregate(ups, context_for(ups)).teacher,
                                    logit_mix.teacher)
 
 
@@ -221,8 +223,8 @@ def test_logit_mix_with_tau_zero_is_logit_averaging():
     from fdlit.aggregators import LogitAveragingAggregator
 
     ups = gmm_uploads()
-    torch.testing.assert_close(SmoothedUncertaintyWeightedAggregator(tau=0.0, mix="logits").aggregate(ups).teacher,
-                               LogitAveragingAggregator().aggregate(ups).teacher)
+    torch.testing.assert_close(SmoothedUncertaintyWeightedAggregator(tau=0.0, mix="logits").aggregate(ups, context_for(ups)).teacher,
+                               LogitAveragingAggregator().aggregate(ups, context_for(ups)).teacher)
 
 
 @pytest.mark.parametrize("cls", [UncertaintyWeightedAggregator, SmoothedUncertaintyWeightedAggregator])
@@ -289,10 +291,10 @@ def test_robust_uwa_counts_repairs_and_warns_once():
     ups[1]["_degenerate_components"] = torch.tensor([2])
     agg = UncertaintyWeightedAggregator()
     with pytest.warns(RuntimeWarning, match="2 degenerate components"):
-        stats = agg.aggregate(ups).stats
+        stats = agg.aggregate(ups, context_for(ups)).stats
     assert stats["density/degenerate_components"] == 2 and stats["density/collapsed_clients"] == 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        agg.aggregate(ups)
+        agg.aggregate(ups, context_for(ups))
     with pytest.raises(ConfigError, match=r"aggregator\.shrinkage_samples"):
         UncertaintyWeightedAggregator(shrinkage_samples=-1)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from fdlit.aggregators import F2LAggregator, LKDAggregator
+from fdlit.aggregators.base import context_for
 from fdlit.errors import ConfigError
 
 
@@ -14,9 +15,9 @@ def uploads(m=6, n=40, c=5, seed=0):
 
 def test_one_region_is_lkd_and_one_client_per_region_is_lkd_across_clients():
     up = uploads()
-    flat = LKDAggregator().aggregate(up)
+    flat = LKDAggregator().aggregate(up, context_for(up))
     for agg in (F2LAggregator(regions=1), F2LAggregator(regions=6), F2LAggregator(regions=[0, 1, 2, 3, 4, 5])):
-        res = agg.aggregate(up)
+        res = agg.aggregate(up, context_for(up))
         torch.testing.assert_close(res.teacher, flat.teacher)
         torch.testing.assert_close(res.weights, flat.weights)
 
@@ -24,32 +25,32 @@ def test_one_region_is_lkd_and_one_client_per_region_is_lkd_across_clients():
 def test_the_global_teacher_is_lkd_over_regional_lkd_teachers():
     up = uploads()
     assignment = [0, 1, 0, 2, 1, 0]
-    res = F2LAggregator(regions=assignment).aggregate(up)
+    res = F2LAggregator(regions=assignment).aggregate(up, context_for(up))
     lkd = LKDAggregator()
     regional = []
     for r in range(3):
         members = [up[i] for i in range(6) if assignment[i] == r]
-        teacher = lkd.aggregate(members).teacher  # LKD within the region
+        teacher = lkd.aggregate(members, context_for(members)).teacher  # LKD within the region
         auc = torch.stack([u["class_auc"] for u in members])
         beta = torch.softmax(20.0 * auc, 0)
         regional.append({"logits": teacher.log(), "class_auc": (beta * auc).sum(0)})
-    expected = lkd.aggregate(regional)  # LKD across the regional teachers
+    expected = lkd.aggregate(regional, context_for(regional))  # LKD across the regional teachers
     torch.testing.assert_close(res.teacher, expected.teacher)
     torch.testing.assert_close(res.weights.sum(0), torch.ones(40))
     # the hierarchy is not flat LKD
-    assert not torch.allclose(res.teacher, lkd.aggregate(up).teacher, atol=1e-3)
+    assert not torch.allclose(res.teacher, lkd.aggregate(up, context_for(up)).teacher, atol=1e-3)
 
 
 def test_across_avg_weighs_each_region_by_its_size():
     up = uploads(m=4)
-    res = F2LAggregator(regions=[0, 0, 0, 1], across="avg").aggregate(up)
+    res = F2LAggregator(regions=[0, 0, 0, 1], across="avg").aggregate(up, context_for(up))
     torch.testing.assert_close(res.weights[3], torch.full((40,), 0.25))  # alone in its region
     torch.testing.assert_close(res.weights[:3].sum(0), torch.full((40,), 0.75))
 
 
 def test_bytes_per_tier():
     up = [{"logits": u["logits"].half(), "class_auc": u["class_auc"]} for u in uploads(m=6, n=40, c=5)]
-    stats = F2LAggregator(regions=3).aggregate(up).stats
+    stats = F2LAggregator(regions=3).aggregate(up, context_for(up)).stats
     assert stats["f2l/bytes_client_to_region"] == 6 * (40 * 5 * 2 + 5 * 4)
     assert stats["f2l/bytes_region_to_global"] == 3 * (40 * 5 * 2 + 5 * 4)
     assert stats["f2l/bytes_global_to_region"] == 3 * 40 * 5 * 2

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from fdlit.aggregators import ProbabilityAveragingAggregator, UncertaintyWeightedAggregator
+from fdlit.aggregators.base import ClientPart
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
@@ -53,11 +54,15 @@ def test_scores_upload_sends_n_floats(tmp_path):
 def test_hooks_are_called_in_order_and_optimizer_state_persists(tmp_path):
     calls = []
 
-    class ExtraStat(ProbabilityAveragingAggregator):
-        def client_upload(self, ctx):
+    class ExtraStatClient(ClientPart):
+        def upload(self, ctx):
             calls.append(f"client{ctx.client.client_id}")
             assert ctx.public_logits.shape == (200, 10)
             return {"extra_stat": torch.zeros(3)}  # uploaded and counted
+
+    class ExtraStat(ProbabilityAveragingAggregator):
+        def client_part(self):
+            return ExtraStatClient()
 
     class Recorder(FederationCallback):
         def on_fit_start(self, loop):

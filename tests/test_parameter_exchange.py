@@ -8,6 +8,7 @@ from torch.func import functional_call
 
 from fdlit.aggregators import FedAvg, FedProx, Scaffold
 from fdlit.aggregators.fedavg import flatten
+from fdlit.aggregators.fedprox import FedProxClient
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
@@ -85,11 +86,15 @@ def test_fedprox_mu_zero_is_fedavg_exactly_and_mu_pulls_clients_to_the_global_mo
 
     drift = {}
     for mu in (0.0, 5.0):
-        class Drift(FedProx):
-            def client_upload(self, ctx):  # ||y_i - w_t|| after the private phase
+        class DriftClient(FedProxClient):
+            def upload(self, ctx):  # ||y_i - w_t|| after the private phase
                 drift.setdefault(self.mu, []).append(float((flatten(list(ctx.client.model.parameters()))
                                                             - ctx.state["prox_center"]).norm()))
-                return super().client_upload(ctx)
+                return super().upload(ctx)
+
+        class Drift(FedProx):
+            def client_part(self):
+                return DriftClient(self.mu)
         loop_for(Drift(mu=mu), epochs=2).fit()
     assert max(drift[5.0]) < min(drift[0.0])
 
@@ -166,3 +171,27 @@ def test_heterogeneous_models_and_non_sgd_scaffold_are_refused_before_any_work()
     with pytest.raises(ConfigError) as err:
         FedProx(mu=-1.0)
     assert err.value.field == "aggregator.mu"
+
+
+def test_a_rule_with_client_hooks_on_the_aggregator_still_runs_with_a_deprecation_warning():
+    """A rule written before client parts (``client_upload`` on the Aggregator, calling its parent's)
+    runs through the adapter part: same run as its parent, plus what its hook adds."""
+    arrived = []
+
+    class OldStyle(FedAvg):
+        def client_upload(self, ctx):
+            return {**super().client_upload(ctx), "client_norm": flatten(list(ctx.client.model.parameters())).norm()}
+
+        def aggregate(self, uploads, ctx):
+            arrived.append(sorted(uploads[0]))
+            return super().aggregate(uploads, ctx)
+
+    with pytest.warns(DeprecationWarning, match="OldStyle defines client_upload on the Aggregator"):
+        old = loop_for(OldStyle())
+        old.fit()
+    new = loop_for(FedAvg())
+    new.fit()
+    assert arrived == [["client_norm", "parameters"]] * 2
+    assert torch.equal(params(old), params(new))
+    assert [m.kind for m in old.ledger.messages if m.round == 1 and m.client == 0] == ["parameters", "client_norm",
+                                                                                      "parameters"]

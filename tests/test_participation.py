@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fdlit.aggregators import FedGOAggregator, OracleAggregator
-from fdlit.aggregators.base import FederationInfo, ServerContext
+from fdlit.aggregators.base import FederationInfo, ServerContext, context_for
 from fdlit.config import parse_fit
 from fdlit.federation.participation import Participation
 from fdlit.runs.experiment import Experiment
@@ -135,14 +135,14 @@ def test_rules_with_server_state_use_the_arrived_clients_and_the_rounds_rows():
     oracle, small = OracleAggregator(), OracleAggregator()
     oracle.set_truth(labels, holds)
     small.set_truth(labels[rows], holds[list(ids)])
-    assert torch.equal(oracle.aggregate(sub, ServerContext(info)).teacher, small.aggregate(sub).teacher)
+    assert torch.equal(oracle.aggregate(sub, ServerContext(info)).teacher, small.aggregate(sub, context_for(sub)).teacher)
 
     log_odds, counts = torch.randn(m, n), torch.tensor([5, 9, 2, 30])
     fedgo, small = FedGOAggregator(), FedGOAggregator()
     fedgo.set_discriminator_scores(log_odds, counts)
     small.set_discriminator_scores(log_odds[list(ids)][:, rows], counts[list(ids)])
     got = fedgo.aggregate(sub, ServerContext(info))
-    assert torch.allclose(got.teacher, small.aggregate(sub).teacher) and got.weights.shape == (2, len(rows))
+    assert torch.allclose(got.teacher, small.aggregate(sub, context_for(sub)).teacher) and got.weights.shape == (2, len(rows))
 
 
 def test_sample_rate_is_the_largest_per_round_share():
@@ -203,7 +203,6 @@ def test_fedavg_and_scaffold_with_half_the_clients_exchange_only_what_arrived():
 
 def test_fedmd_with_a_per_round_public_subset_communicates_and_digests_only_those_rows():
     loop = make_loop("--aggregator", "fdlit.aggregators.FedMDAggregator",
-                     "--federation.client_class", "fdlit.aggregators.fedmd_client.FedMDClient",
                      "--federation.participation.public_subset", "50")
     loop.fit()
     for m in loop.history:

@@ -11,7 +11,7 @@ import torch
 
 import fdlit.aggregators
 from fdlit.aggregators import ProbabilityAveragingAggregator
-from fdlit.aggregators.base import Aggregator
+from fdlit.aggregators.base import Aggregator, ClientPart, context_for
 from fdlit.cli import main
 from fdlit.errors import ConfigError
 from fdlit.privacy import UploadPrivacy
@@ -25,23 +25,33 @@ def echo(r, i, messages):
     return messages
 
 
-class ExtraRows(Aggregator):  # a method written outside the package that releases one more matrix
-    released = {"logits": "rows", "prototypes": "rows", "labels_held": "clear"}
-
-    def client_upload(self, ctx):
+class PrototypesUpload(ClientPart):
+    def upload(self, ctx):
         return {}
 
-    def aggregate(self, uploads, ctx=None):
-        return None
 
-
-class Undeclared(ExtraRows):  # overrides client_upload below the class that declared ``released``
-    def client_upload(self, ctx):
+class SecretUpload(ClientPart):
+    def upload(self, ctx):
         return {"secret": torch.zeros(1)}
 
 
+class ExtraRows(Aggregator):  # a method written outside the package that releases one more matrix
+    released = {"logits": "rows", "prototypes": "rows", "labels_held": "clear"}
+
+    def client_part(self):
+        return PrototypesUpload()
+
+    def aggregate(self, uploads, ctx):
+        return None
+
+
+class Undeclared(ExtraRows):  # its client part uploads more, below the class that declared ``released``
+    def client_part(self):
+        return SecretUpload()
+
+
 class OpaqueTeacher(ProbabilityAveragingAggregator):  # changes the teacher below the ``summed`` declaration
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         return super().aggregate(uploads, ctx)
 
 
@@ -101,7 +111,7 @@ def test_central_noise_goes_once_on_the_sum_and_the_rule_receives_the_noisy_mean
             noise = uploads[0]["logits"].double() * m - shares.sum(0)
             assert noise.std().item() == pytest.approx(std, rel=0.05)
         else:  # the rule's teacher is the noisy mean probability, brought back onto the simplex
-            teacher = method.aggregate(uploads).teacher
+            teacher = method.aggregate(uploads, context_for(uploads)).teacher
             assert torch.allclose(teacher.sum(-1), torch.ones(n), atol=1e-5)
             assert stats["privacy/epsilon"] > 0
 

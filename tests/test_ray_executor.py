@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fdlit.aggregators import SmoothedUncertaintyWeightedAggregator
+from fdlit.aggregators.base import ClientPart
 from fdlit.callbacks import FederationCallback
 from fdlit.config import parse_fit
 from fdlit.runs.experiment import Experiment
@@ -22,15 +23,25 @@ from fdlit.federation import FederationLoop
 from fdlit.execution.ray_executor import plan_actors
 
 
-class NoisyLogits(SmoothedUncertaintyWeightedAggregator):
-    """A method defined outside fdlit whose client part replaces the uploaded logits and adds a
-    statistic (runs in the actor; pickled by value)."""
+class NoisyLogitsClient(ClientPart):
+    """A client part defined outside fdlit: sUWA's upload, with the logits replaced and a statistic
+    added (runs in the actor; pickled by value)."""
 
-    def client_upload(self, ctx):
+    def __init__(self, inner: ClientPart):
+        self.inner = inner
+
+    def upload(self, ctx):
         g = torch.Generator().manual_seed(1000 * ctx.info.round + ctx.client.client_id)
         noise = 0.01 * torch.randn(ctx.public_logits.shape, generator=g).to(ctx.public_logits.device)
-        return {**super().client_upload(ctx), "logits": ctx.public_logits + noise,
+        return {**self.inner.upload(ctx), "logits": ctx.public_logits + noise,
                 "n_calibration": torch.tensor([float(len(ctx.data.calibration))])}
+
+
+class NoisyLogits(SmoothedUncertaintyWeightedAggregator):
+    """A method defined outside fdlit whose client part is :class:`NoisyLogitsClient`."""
+
+    def client_part(self):
+        return NoisyLogitsClient(super().client_part())
 
 
 def tiny_loop(tmp_path, executor, callbacks=(), aggregator=None):
@@ -178,3 +189,59 @@ def test_missing_ray_names_the_package_and_the_install_command(monkeypatch):
     executor = RayExecutor()  # constructing (and importing fdlit) needs no ray
     with pytest.raises(ImportError, match=r"needs the 'ray' package.*pip install"):
         executor.setup(None, [])
+
+
+class ShippedParts(RayExecutor):
+    """A RayExecutor that keeps, pickled, every client part it sends to the actors."""
+
+    def client_hook(self, hook, part, *args, **kwargs):
+        import ray
+
+        self.shipped.append((hook, ray.cloudpickle.dumps(part)))
+        return super().client_hook(hook, part, *args, **kwargs)
+
+
+def server_state_in(obj, seen=None) -> list[str]:
+    """Names of tensors, networks and known server fields reachable from obj's attributes."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, (torch.Tensor, torch.nn.Module)):
+        return [type(obj).__name__]
+    found = []
+    for name, value in (vars(obj).items() if hasattr(obj, "__dict__") else []):
+        if name in ("control", "net", "counts", "regional", "global_model", "log_odds"):
+            found.append(name)
+        found += [f"{name}.{inner}" for inner in server_state_in(value, seen)]
+    return found
+
+
+@pytest.mark.parametrize("method", ["scaffold", "feddf"])
+def test_actors_get_the_client_part_only_never_the_server_state(tmp_path, ray_local, method):
+    from fdlit.aggregators import FedDF, Scaffold
+    from fdlit.clients import ClientOptimization
+
+    executor = ShippedParts(actor_executor="sequential")
+    executor.shipped = []
+    loop = FederationLoop(
+        rounds=2, private_epochs_first=1, private_epochs=1, executor=executor,
+        data=FederatedData(num_clients=4, classes_per_client=3, public_size=120),
+        model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}},
+        client=ClientOptimization(optimizer="sgd", lr=0.05),
+        aggregator=Scaffold() if method == "scaffold" else FedDF(epochs=1), seed=3,
+    )
+    loop.fit()
+    server = loop.aggregator
+    assert server.counts is not None  # the server holds state: n_k, and c or its distillation network
+    assert server.control is not None if method == "scaffold" else server.net is not None
+    hooks = [hook for hook, _ in executor.shipped]
+    assert hooks[:2] == ["setup", "receive"] and hooks.count("upload") == 2  # set-up, then 2 rounds
+    import ray
+
+    for hook, blob in executor.shipped:
+        part = ray.cloudpickle.loads(blob)
+        assert type(part).__name__ == ("ScaffoldClient" if method == "scaffold" else "FedAvgClient")
+        assert server_state_in(part) == [], (hook, server_state_in(part))
+        assert len(blob) < 2_000  # settings only; the server's state is far larger
+    assert len(ray.cloudpickle.dumps(server)) > 10 * max(len(b) for _, b in executor.shipped)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fdlit.aggregators import UncertaintyWeightedAggregator
+from fdlit.aggregators.base import context_for
 from fdlit.aggregators.density import DiagonalGaussianMixture
 from fdlit.callbacks import FederationCallback
 from fdlit.cli import main
@@ -494,7 +495,7 @@ def test_degenerate_density_fits_follow_the_rule_and_are_counted():
     agg = UncertaintyWeightedAggregator()
     uploads = [{"logits": logits, "gmm_means": gmm.means.float(), "gmm_stds": gmm.variances.sqrt().float(),
                 "_dropped_components": torch.tensor([gmm.dropped]), "_floored_variances": torch.tensor([gmm.floored])}]
-    stats = agg.aggregate(uploads).stats
+    stats = agg.aggregate(uploads, context_for(uploads)).stats
     assert stats["density/dropped_components"] == 2 and stats["density/floored_variances"] == 1
 
 

@@ -39,12 +39,13 @@ def test_penultimate_features_are_the_input_of_the_last_linear_layer():
 def test_penultimate_selectors_are_fitted_on_the_current_features_every_round():
     agg = SelectiveFDAggregator(features="penultimate", per_class=False, auxiliary="public")
     loop = tiny(agg)
+    part = agg.client_part()
     ctx = context(loop, 0)
-    agg.client_setup(ctx)
+    part.setup(ctx)
     assert "selective_mask" not in ctx.state  # nothing fitted once: the features will change
-    up = agg.client_upload(ctx)
+    up = part.upload(ctx)
     cd = loop.client_data[0]
-    expected = agg.client_mask(penultimate_features(loop.clients[0], cd.train.x), cd.train.y,
+    expected = part.client_mask(penultimate_features(loop.clients[0], cd.train.x), cd.train.y,
                                penultimate_features(loop.clients[0], cd.calibration.x), cd.calibration.y,
                                loop.clients[0].classes, penultimate_features(loop.clients[0], loop.public_x),
                                seed=ctx.info.client_seed(0))
@@ -53,7 +54,7 @@ def test_penultimate_selectors_are_fitted_on_the_current_features_every_round():
     before = penultimate_features(loop.clients[0], loop.public_x)
     loop.executor.train(loop.clients, "private", loop.private, 3, 32)
     assert not torch.allclose(before, penultimate_features(loop.clients[0], loop.public_x))
-    on_inputs = SelectiveFDAggregator(per_class=False, auxiliary="public")
+    on_inputs = SelectiveFDAggregator(per_class=False, auxiliary="public").client_part()
     assert not torch.equal(expected, on_inputs.client_mask(cd.train.x, cd.train.y, cd.calibration.x, cd.calibration.y,
                                                            loop.clients[0].classes, loop.public_x,
                                                            seed=ctx.info.client_seed(0)))
@@ -62,19 +63,20 @@ def test_penultimate_selectors_are_fitted_on_the_current_features_every_round():
 def test_each_round_uses_a_fresh_public_sample_shared_by_every_client_and_the_server():
     agg = SelectiveFDAggregator(client_selector=False, public_per_round=50, server_threshold=2.0)
     loop = tiny(agg)
-    s1, s2 = agg.round_sample(loop.info(1)), agg.round_sample(loop.info(2))
+    part = agg.client_part()
+    s1, s2 = part.round_sample(loop.info(1)), part.round_sample(loop.info(2))
     assert int(s1.sum()) == int(s2.sum()) == 50 and not torch.equal(s1, s2)
-    assert torch.equal(s1, agg.round_sample(loop.info(1)))  # reproducible from (seed, round)
+    assert torch.equal(s1, part.round_sample(loop.info(1)))  # reproducible from (seed, round)
     uploads = []
     for i in range(len(loop.clients)):
         ctx = context(loop, i)
-        agg.client_setup(ctx)
-        up = agg.client_upload(ctx)
+        part.setup(ctx)
+        up = part.upload(ctx)
         assert torch.equal(up["mask"], s1) and len(up["logits"]) == 50  # only this round's samples go up
         uploads.append(up)
     result = agg.aggregate(uploads, loop.server_context(1))
     assert torch.equal(result.keep, s1)  # every sampled sample, and no other
-    assert SelectiveFDAggregator().round_sample(loop.info(1)) is None  # default: the whole public set
+    assert SelectiveFDAggregator().client_part().round_sample(loop.info(1)) is None  # default: the whole public set
 
 
 def test_a_fit_with_features_and_sampling_distils_on_the_sample_only():
@@ -107,12 +109,13 @@ def test_a_local_frozen_backbone_gives_the_selectors_its_features(tmp_path):
     agg = SelectiveFDAggregator(features="backbone", backbone=str(tmp_path / "vit"), per_class=False,
                                 auxiliary="public")
     loop = tiny(agg)
-    feats = agg.backbone_features(loop.public_x)
+    part = agg.client_part()
+    feats = part.backbone_features(loop.public_x)
     assert feats.shape == (len(loop.public_x), 12)
     ctx = context(loop, 0)
-    agg.client_setup(ctx)  # fitted once: a frozen backbone's features never change
+    part.setup(ctx)  # fitted once: a frozen backbone's features never change
     cd = loop.client_data[0]
-    expected = agg.client_mask(agg.backbone_features(cd.train.x), cd.train.y, agg.backbone_features(cd.calibration.x),
+    expected = part.client_mask(part.backbone_features(cd.train.x), cd.train.y, part.backbone_features(cd.calibration.x),
                                cd.calibration.y, loop.clients[0].classes, feats, seed=ctx.info.client_seed(0))
     assert torch.equal(ctx.state["selective_mask"], expected)
 
@@ -122,7 +125,7 @@ def test_the_joint_loss_is_alpha_private_plus_one_minus_alpha_proxy():
     agg = SelectiveFDAggregator(private_weight=0.3)
     px, py = torch.randn(7, 5), torch.randint(0, 4, (7,))
     qx, teacher = torch.randn(13, 5), torch.softmax(torch.randn(13, 4), -1)
-    x, t = agg.distillation_set(qx, teacher, px, py)
+    x, t = agg.client_part().distillation_set(qx, teacher, px, py)
     assert x.shape == (20, 5) and torch.equal(x[:7], px) and torch.equal(x[7:], qx)
     net = torch.nn.Linear(5, 4)
     logp = net(x).log_softmax(-1)
@@ -130,7 +133,7 @@ def test_the_joint_loss_is_alpha_private_plus_one_minus_alpha_proxy():
     expected = 0.3 * torch.nn.functional.nll_loss(logp[:7], py) + 0.7 * -(teacher * logp[7:]).sum(-1).mean()
     torch.testing.assert_close(joint, expected)
     # without alpha, the public phase sees the public samples and the teacher only
-    x0, t0 = SelectiveFDAggregator().distillation_set(qx, teacher, px, py)
+    x0, t0 = SelectiveFDAggregator().client_part().distillation_set(qx, teacher, px, py)
     assert x0 is qx and t0 is teacher
     with pytest.raises(ConfigError, match=r"aggregator\.private_weight"):
         SelectiveFDAggregator(private_weight=1.0)

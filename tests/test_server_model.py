@@ -9,8 +9,10 @@ import math
 import pytest
 import torch
 
+from fdlit.aggregators.base import context_for
+from fdlit.aggregators.fedmd import FedMDDigest
 from fdlit.aggregators.fedmd_client import FedMDClient
-from fdlit.clients import ClientOptimization
+from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.models import MLP
 from fdlit.config import parse_fit
 from fdlit.runs.experiment import Experiment
@@ -93,7 +95,8 @@ def test_a_rule_that_drops_samples_trains_the_server_on_the_kept_rows_only(tmp_p
 
 
 def test_fedmd_digest_is_l1_to_the_consensus_up_to_a_row_constant():
-    client = FedMDClient(MLP((4,), 3, hidden=[8]), 0, [0, 1, 2], ClientOptimization("adam", 1e-3))
+    client = ClientModule(MLP((4,), 3, hidden=[8]), 0, [0, 1, 2], ClientOptimization("adam", 1e-3))
+    client.method_part = FedMDDigest()  # FedMD's client part, as the loop attaches it
     consensus = torch.tensor([[2.0, -1.0, 0.5], [0.0, 3.0, -2.0]])
     teacher = consensus.softmax(-1)
     assert client.public_loss(consensus + torch.tensor([[5.0], [-7.0]]), teacher) < 1e-5
@@ -104,6 +107,12 @@ def test_fedmd_digest_is_l1_to_the_consensus_up_to_a_row_constant():
     assert torch.allclose(client.public_loss(logits, teacher), expected, atol=1e-5)
     weight = torch.tensor([1.0, 0.0])
     assert torch.allclose(client.public_loss(logits, teacher, weight), (c - t).abs().mean(-1)[0], atol=1e-5)
+    # the old client class still imports and digests alike, with a deprecation warning
+    with pytest.warns(DeprecationWarning, match="FedMDClient is deprecated"):
+        old = FedMDClient(MLP((4,), 3, hidden=[8]), 0, [0, 1, 2], ClientOptimization("adam", 1e-3))
+    assert torch.equal(old.public_loss(logits, teacher, weight), client.public_loss(logits, teacher, weight))
+    assert torch.equal(ClientModule(MLP((4,), 3, hidden=[8]), 0, [0, 1, 2], ClientOptimization("adam", 1e-3))
+                       .public_loss(logits, teacher), torch.nn.functional.cross_entropy(logits, teacher))
 
 
 def test_fedmd_warmup_trains_on_the_labelled_public_set_and_sends_nothing(tmp_path):
@@ -142,12 +151,13 @@ def test_fedgo_as_published_weights_the_ensemble_by_discriminator_odds(tmp_path)
 
     method = FedGOParams()
     logits = torch.randn(3, 5, 4)
+    ctx = context_for([{"logits": z} for z in logits])
     method.fedgo.set_discriminator_scores(torch.zeros(3, 5), torch.tensor([10, 10, 10]))
-    assert torch.allclose(method.ensemble(logits, None), logits.softmax(-1).mean(0), atol=1e-6)  # equal odds: AVG
+    assert torch.allclose(method.ensemble(logits, ctx), logits.softmax(-1).mean(0), atol=1e-6)  # equal odds: AVG
     odds = torch.full((3, 5), -30.0)
     odds[1] = 0.0  # only client 1's discriminator claims the samples
     method.fedgo.set_discriminator_scores(odds, torch.tensor([10, 10, 10]))
-    assert torch.allclose(method.ensemble(logits, None), logits[1].softmax(-1), atol=1e-5)
+    assert torch.allclose(method.ensemble(logits, ctx), logits[1].softmax(-1), atol=1e-5)
 
     args = ("--client.optimizer", "sgd", "--client.lr", "0.05", "--aggregator.discriminator_epochs", "2")
     loop = fit_loop(tiny("digits_fedgo_fedavg.yaml", tmp_path, *args))

@@ -1,7 +1,8 @@
-"""Aggregation rules: client predictions on the public set -> teacher P (docs/algorithms.md)."""
+"""Methods: each a server part (an Aggregator: client predictions or parameters -> teacher P or a
+global model) and a client part (a ClientPart) (docs/algorithms.md, docs/design.md)."""
 
 from fdlit.aggregators.averaging import ProbabilityAveragingAggregator
-from fdlit.aggregators.base import AggregationResult, Aggregator, weight_concentration, weight_entropy
+from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart, weight_concentration, weight_entropy
 from fdlit.aggregators.entropy import EntropyWeightedAggregator
 from fdlit.aggregators.era import EntropyReductionAggregator
 from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
@@ -26,6 +27,7 @@ from fdlit.aggregators.uncertainty import SmoothedUncertaintyWeightedAggregator,
 __all__ = [
     "AggregationResult",
     "Aggregator",
+    "ClientPart",
     "DiagonalGaussianMixture",
     "EntropyReductionAggregator",
     "EntropyWeightedAggregator",

@@ -16,7 +16,7 @@ class ProbabilityAveragingAggregator(Aggregator):
     short_name = "avg"
     summed = "probabilities"  # the teacher is the clients' mean probability
 
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         z = self.stack_logits(uploads)
         m, n, _ = z.shape
         weights = uniform_weights(m, n, z.device)

@@ -1,14 +1,19 @@
-"""What every method shares: the contexts it is given, the result it returns, its interface.
+"""What every method shares: the contexts it is given, the result it returns, its two parts.
 
-A method (an aggregation rule) never sees the federation loop; it is defined by its parts:
+A method never sees the federation loop; it is two objects:
 
-* client part, run by the executor wherever the client lives (in-process, vectorized, a Ray actor):
-  ``client_setup`` once before the first round (e.g. FedGO's discriminators) and ``client_upload``
-  every round after the private phase (e.g. UWA's Gaussian mixture). Each gets a
-  :class:`ClientContext` and returns the tensors that client sends up;
-* server part: ``server_setup`` turns the set-up uploads into server state and a broadcast (sent
-  down to every client once, e.g. the Meta-Model's labelled inputs); ``aggregate`` turns a round's
-  uploads into the teacher. Both get a :class:`ServerContext`.
+* the client part (:class:`ClientPart`), what runs where the client lives (in-process, vectorized,
+  a Ray actor). It holds settings only, never server state, so it is all an executor ships to a
+  worker; its state per client lives in ``ClientContext.state`` (``ClientModule.method_state``) and
+  moves and is checkpointed with the client. Its hooks: ``setup`` once before round 1 (e.g. FedGO's
+  discriminators), ``upload`` every round after public inference (e.g. UWA's Gaussian mixture),
+  ``receive`` after a broadcast, ``distillation_set`` (the public phase's training set) and ``loss``
+  (the one way a method changes a client's private or public loss: FedProx's proximal term,
+  SCAFFOLD's correction, FedMD's digest). Each hook gets a :class:`ClientContext`;
+* the server part: the :class:`Aggregator` the config names. ``server_setup`` turns the set-up
+  uploads into server state and a broadcast (sent down to every client once, e.g. the
+  Meta-Model's labelled inputs); ``aggregate`` turns a round's uploads into the teacher; both get a
+  :class:`ServerContext`. ``client_part()`` builds the method's client part from its settings.
 
 The loop sends every returned tensor through the communication ledger exactly once (set-up
 messages as round 0); keys starting with ``_`` are in-process diagnostics, never sent or counted.
@@ -17,15 +22,20 @@ set-up never runs (or is counted) twice.
 
 A method declares what it exchanges (``exchange``): ``"predictions"`` (federated distillation: public
 logits up, a teacher down, then the public phase) or ``"parameters"`` (FedAvg and its relatives:
-``client_upload`` sends the client's parameters, ``aggregate`` returns the global model in
-``AggregationResult.broadcast``, ``client_receive`` loads it into every client; no public phase).
+the client part's ``upload`` sends the client's parameters, ``aggregate`` returns the global model in
+``AggregationResult.broadcast``, ``receive`` loads it into every client; no public phase).
 A method that does something on the server after averaging ("FedAvg, then server distillation")
 overrides ``aggregate``, calls the averaging and replaces or adds to the broadcast.
+
+Rules written before the split (``client_setup``, ``client_upload``, ``client_receive``,
+``distillation_set`` defined on the Aggregator) still run, through :class:`LegacyClientPart`, with
+a DeprecationWarning: their client hooks ship the whole rule, server state included.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -103,6 +113,17 @@ class ServerContext:
     client_classes: tuple[tuple[int, ...], ...] = ()
 
 
+def context_for(uploads: "Uploads", round: int = 1, seed: int = 0, public_x: Optional[torch.Tensor] = None,
+                public_y: Optional[torch.Tensor] = None) -> ServerContext:
+    """A server context for calling ``aggregate`` outside a run (unit tests, notebooks): every
+    client uploaded, over the whole public set (``public_x``: an N x 0 placeholder when not given)."""
+    n, c = uploads[0]["logits"].shape if "logits" in uploads[0] else (0, 0)
+    if public_x is None:
+        public_x = torch.zeros(n, 0)
+    info = FederationInfo(round=round, seed=seed, num_clients=len(uploads), num_classes=c, public_x=public_x)
+    return ServerContext(info, public_y)
+
+
 @dataclass
 class AggregationResult:
     """Teacher P (N x C probabilities; None for parameter exchange); per-client weights W (M x N,
@@ -117,12 +138,117 @@ class AggregationResult:
     broadcast: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+class ClientPart:
+    """A method's client part (see the module docstring): hooks run where the client lives.
+
+    Settings only, never server state: executors ship this object to workers. Per-client state goes
+    in ``ctx.state`` (the client's ``method_state``). ``loss_state_keys`` names the ``method_state``
+    tensors :meth:`loss` reads; the vectorized executor stacks exactly those per client and hands
+    each client its own slice.
+    """
+
+    loss_state_keys: tuple[str, ...] = ()
+
+    def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """Once, before round 1: what the client sends up for the server's set-up."""
+        return {}
+
+    def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """Every round, after the private phase and public inference: what the client sends up
+        besides its public logits (it may replace ``"logits"``, e.g. with the kept rows only)."""
+        return {}
+
+    def receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """After the server's broadcast (``ctx.received``) at set-up and, for parameter exchange,
+        every round: e.g. load the global parameters. Returns nothing to send."""
+        return {}
+
+    def distillation_set(self, public_x: torch.Tensor, targets: torch.Tensor, private_x: torch.Tensor,
+                         private_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The public phase's training set (inputs, soft targets) from the kept public samples, the
+        teacher's targets and the client's own private data; by default the public samples only."""
+        return public_x, targets
+
+    def loss(self, client: "ClientModule", phase: str, logits: torch.Tensor, target: torch.Tensor,
+             weight: Optional[torch.Tensor], base: torch.Tensor) -> torch.Tensor:
+        """The loss of a ``phase`` (``"private"`` or ``"public"``) step; ``base`` is the client's own
+        (cross-entropy against the labels or the teacher). Add a term or replace it."""
+        return base
+
+    @property
+    def has_setup(self) -> bool:
+        return type(self).setup is not ClientPart.setup
+
+    @property
+    def has_receive(self) -> bool:
+        return type(self).receive is not ClientPart.receive
+
+
+LEGACY_HOOKS = {"client_setup": "setup", "client_upload": "upload", "client_receive": "receive",
+                "distillation_set": "distillation_set"}
+
+
+def legacy_hooks(method: "Aggregator") -> list[str]:
+    """The client hooks ``method``'s class (or a parent below :class:`Aggregator`) still defines."""
+    return [name for name in LEGACY_HOOKS
+            if any(name in vars(cls) for cls in type(method).__mro__ if cls not in (Aggregator, object))]
+
+
+class LegacyClientPart(ClientPart):
+    """The client part of a rule that defines its client hooks on the Aggregator itself (deprecated):
+    each hook calls the rule's, so the whole rule, server state included, travels to workers."""
+
+    def __init__(self, method: "Aggregator"):
+        self.method = method
+        self.defined = legacy_hooks(method)
+
+    def setup(self, ctx):
+        return self.method.client_setup(ctx)
+
+    def upload(self, ctx):
+        return self.method.client_upload(ctx)
+
+    def receive(self, ctx):
+        return self.method.client_receive(ctx)
+
+    def distillation_set(self, public_x, targets, private_x, private_y):
+        return self.method.distillation_set(public_x, targets, private_x, private_y)
+
+    def loss(self, client, phase, logits, target, weight, base):
+        return self.method.client_part().loss(client, phase, logits, target, weight, base)
+
+    @property
+    def loss_state_keys(self) -> tuple[str, ...]:
+        return self.method.client_part().loss_state_keys
+
+    @property
+    def has_setup(self) -> bool:
+        return "client_setup" in self.defined or self.method.client_part().has_setup
+
+    @property
+    def has_receive(self) -> bool:
+        return "client_receive" in self.defined or self.method.client_part().has_receive
+
+
+def client_part_of(method: "Aggregator") -> ClientPart:
+    """The client part of ``method``: its own (``method.client_part()``), or for a rule that still
+    defines ``client_upload`` etc. on the Aggregator, a :class:`LegacyClientPart` (with a warning)."""
+    old = legacy_hooks(method)
+    if not old:
+        return method.client_part()
+    warnings.warn(f"{type(method).__name__} defines {', '.join(old)} on the Aggregator; these hooks are "
+                  "deprecated: define a ClientPart (setup, upload, receive, distillation_set, loss) and return "
+                  "it from client_part(), so that workers get the client part only, not the server state",
+                  DeprecationWarning, stacklevel=2)
+    return LegacyClientPart(method)
+
+
 class Aggregator:
-    """An aggregation rule as a client part and a server part (see the module docstring).
+    """A method's server part, which also builds its client part (see the module docstring).
 
     ``uploads[i]`` is what client i sent this round: always ``"logits"`` (N x C, the logits on the
-    public set, in the dtype they were sent), plus whatever ``client_upload`` returned (which may
-    replace ``"logits"``, e.g. with the kept rows only). The server turns logits into
+    public set, in the dtype they were sent), plus whatever the client part's ``upload`` returned
+    (which may replace ``"logits"``, e.g. with the kept rows only). The server turns logits into
     probabilities itself, so Q = softmax(logits) costs the same N*C numbers on the wire as Q.
     """
 
@@ -137,37 +263,31 @@ class Aggregator:
         """Refuse, with a ConfigError, a model spec or client optimization the method cannot run
         with; called before any work (e.g. parameter exchange refuses heterogeneous models)."""
 
-    # ------------------------------------------------------------------ client part
+    def client_part(self) -> ClientPart:
+        """The method's client part, built from its settings (never from its server state)."""
+        return ClientPart()
+
+    # deprecated client hooks (before ClientPart): they forward to the client part, so that an old
+    # rule's ``super().client_upload(ctx)`` still reaches its parent's client part
     def client_setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """Once, before round 1, on the client: what it sends up for the server's set-up."""
-        return {}
+        return self.client_part().setup(ctx)
 
     def client_upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """Every round, on the client after its private phase and public inference: what it
-        sends up besides its public logits."""
-        return {}
+        return self.client_part().upload(ctx)
+
+    def client_receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        return self.client_part().receive(ctx)
 
     def distillation_set(self, public_x: torch.Tensor, targets: torch.Tensor, private_x: torch.Tensor,
                          private_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A client's public-phase training set (inputs, soft targets) from the kept public samples,
-        the teacher's targets and the client's own private data; by default the public samples only."""
-        return public_x, targets
-
-    def client_receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """On the client, after the server's broadcast (``ctx.received``) at set-up and, for
-        parameter exchange, every round: e.g. load the global parameters. Returns nothing to send."""
-        return {}
-
-    @property
-    def has_receive(self) -> bool:
-        return type(self).client_receive is not Aggregator.client_receive
+        return self.client_part().distillation_set(public_x, targets, private_x, private_y)
 
     # ------------------------------------------------------------------ server part
     def server_setup(self, uploads: Uploads, ctx: ServerContext) -> dict[str, torch.Tensor]:
         """Once, on the server: set-up uploads -> server state; returns what goes down to every client."""
         return {}
 
-    def aggregate(self, uploads: Uploads, ctx: Optional[ServerContext] = None) -> AggregationResult:
+    def aggregate(self, uploads: Uploads, ctx: ServerContext) -> AggregationResult:
         raise NotImplementedError
 
     def messages_to(self, client_id: int, num_clients: int,
@@ -186,9 +306,11 @@ class Aggregator:
 
     @property
     def has_setup(self) -> bool:
-        """Whether the rule has a set-up stage (the loop skips it otherwise)."""
-        cls = type(self)
-        return cls.client_setup is not Aggregator.client_setup or cls.server_setup is not Aggregator.server_setup
+        """Whether the method has a set-up stage (the loop skips it otherwise)."""
+        with warnings.catch_warnings():  # client_part_of warns where the part is built for a run
+            warnings.simplefilter("ignore", DeprecationWarning)
+            part = client_part_of(self)
+        return part.has_setup or type(self).server_setup is not Aggregator.server_setup
 
     # ------------------------------------------------------------------ helpers
     @staticmethod

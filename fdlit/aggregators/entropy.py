@@ -31,7 +31,7 @@ class EntropyWeightedAggregator(Aggregator):
         check_number("aggregator.temperature", temperature)
         self.temperature = temperature
 
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         z = self.stack_logits(uploads)
         logq = z.log_softmax(-1)
         q = logq.exp()

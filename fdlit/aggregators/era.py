@@ -35,7 +35,7 @@ class EntropyReductionAggregator(Aggregator):
         check_number("aggregator.temperature", temperature)
         self.temperature = temperature
 
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         z = self.stack_logits(uploads)
         m, n, _ = z.shape
         avg = z.softmax(-1).mean(0)

@@ -115,13 +115,13 @@ class F2LAggregator(LKDAggregator):
         self.assignment(ctx.info.num_clients)  # refuse a bad assignment before round 1
         return super().server_setup(uploads, ctx)
 
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         z = self.stack_logits(uploads)
         q = z.softmax(-1)  # M x N x C
         m, n, c = q.shape
         auc, _ = self.class_reliability(uploads, c)
         auc = auc.to(q.device)
-        ids, total = (ctx.info.client_ids(), ctx.info.num_clients) if ctx is not None else (list(range(m)), m)
+        ids, total = ctx.info.client_ids(), ctx.info.num_clients
         # the regions of the clients that arrived; a region none of whose members sent anything has
         # no teacher this round, so the others are renumbered 0..R'-1
         region = torch.unique(self.assignment(total)[ids], return_inverse=True)[1].to(q.device)

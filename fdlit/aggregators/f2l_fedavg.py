@@ -8,9 +8,10 @@ from typing import Any, Literal, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from fdlit.aggregators.base import AggregationResult, ServerContext, Uploads
-from fdlit.aggregators.f2l import region_assignment, upload_bytes
-from fdlit.aggregators.fedavg import exchanged_tensors, flatten, load_flat, weighted_average
+from fdlit.aggregators.base import AggregationResult, ClientPart, ServerContext, Uploads
+from fdlit.aggregators.distillation import distil
+from fdlit.aggregators.f2l import Regions, region_assignment, upload_bytes
+from fdlit.aggregators.fedavg import FedAvgClient, exchanged_tensors, flatten, load_flat, weighted_average
 from fdlit.aggregators.feddf import FedDF
 from fdlit.aggregators.lkd import auc_against_unlabelled
 from fdlit.errors import ConfigError, check_at_least, check_number
@@ -28,6 +29,21 @@ def class_auc(scores: torch.Tensor, labels: torch.Tensor, num_classes: int) -> t
         if len(pos) and len(neg):
             auc[c] = auc_against_unlabelled(pos.double().cpu(), neg.double().cpu())
     return auc
+
+
+class F2LParamsClient(FedAvgClient):
+    """F2L's client part: FedAvg's, except that a client takes its own region's model from a
+    regional broadcast (the simulation hands every region's model; each client is charged for its own)."""
+
+    def __init__(self, regions: Regions):
+        self.regions = regions
+
+    def receive(self, ctx) -> dict[str, torch.Tensor]:
+        if "regional_parameters" in ctx.received:
+            region = int(self.regions.assignment(ctx.info.num_clients)[ctx.client.client_id])
+            load_flat(exchanged_tensors(ctx.client.model), ctx.received["regional_parameters"][region])
+            return {}
+        return super().receive(ctx)
 
 
 class F2LParams(FedDF):
@@ -120,13 +136,8 @@ class F2LParams(FedDF):
             return lam1, lam1 / num_regions, self.hard_weight
         return soft, 0.0, self.hard_weight
 
-    # ------------------------------------------------------------------ client part
-    def client_receive(self, ctx) -> dict[str, torch.Tensor]:
-        if "regional_parameters" in ctx.received:  # the simulation hands every region's model; take ours
-            region = int(self.assignment(ctx.info.num_clients)[ctx.client.client_id])
-            load_flat(exchanged_tensors(ctx.client.model), ctx.received["regional_parameters"][region])
-            return {}
-        return super().client_receive(ctx)
+    def client_part(self) -> ClientPart:
+        return F2LParamsClient(self.regions)
 
     def messages_to(self, client_id: int, num_clients: int, broadcast: dict[str, torch.Tensor]):
         if "regional_parameters" in broadcast:
@@ -142,9 +153,7 @@ class F2LParams(FedDF):
         self.regional = self.global_model[None].repeat(num_regions, 1)
         return broadcast
 
-    def aggregate(self, uploads: Uploads, ctx: Optional[ServerContext] = None) -> AggregationResult:
-        if ctx is None:
-            raise ValueError("F2L needs the server context (round, public set and labels)")
+    def aggregate(self, uploads: Uploads, ctx: ServerContext) -> AggregationResult:
         region = self.assignment(ctx.info.num_clients)
         ids = ctx.info.client_ids()
         counts = self.counts[ids] if self.counts is not None else torch.ones(len(ids), dtype=torch.int64)
@@ -203,30 +212,23 @@ class F2LParams(FedDF):
         optimizer = (torch.optim.SGD(parameters, lr=self.lr) if self.optimizer == "sgd"
                      else torch.optim.Adam(parameters, lr=self.lr))
         generator = torch.Generator().manual_seed(ctx.info.seed * 1_000_003 + 0xF21 + ctx.info.round)
-        total, steps = 0.0, 0
-        with torch.enable_grad():
-            for _ in range(self.epochs):
-                beta_old = torch.ones(c, device=x.device)
-                if lam2 > 0:  # Eq. 8, the old model against the student as it stands
-                    new_auc = class_auc(self._logits(net, x).softmax(-1), y, c).float().to(x.device)
-                    beta_old = torch.softmax(self.temperature * torch.stack([old_auc, new_auc]), dim=0)[0]
-                net.train()
-                order = torch.randperm(len(x), generator=generator).to(x.device)
-                for start in range(0, len(x), self.batch_size):
-                    idx = order[start: start + self.batch_size]
-                    if len(idx) < 2:  # BatchNorm cannot train on one sample
-                        continue
-                    log_q = net(x[idx]).float().log_softmax(-1)
-                    loss = lam1 * sum(
-                        (teacher_w[r, idx] * kl_rows(p_teachers[r, idx], log_q)).mean() for r in range(num_regions))
-                    if lam2 > 0:
-                        loss = loss + lam2 * (beta_old[old_class[idx]] * kl_rows(p_old[idx], log_q)).mean()
-                    loss = loss + lam3 * F.nll_loss(log_q, y[idx].long())
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                    total, steps = total + float(loss.detach()), steps + 1
-        return flatten(tensors).clone(), total / steps if steps else float("nan")
+        beta_old = torch.ones(c, device=x.device)
+
+        def before_epoch():
+            nonlocal beta_old
+            if lam2 > 0:  # Eq. 8, the old model against the student as it stands
+                new_auc = class_auc(self._logits(net, x).softmax(-1), y, c).float().to(x.device)
+                beta_old = torch.softmax(self.temperature * torch.stack([old_auc, new_auc]), dim=0)[0]
+
+        def joint_loss(log_q, idx):
+            loss = lam1 * sum(
+                (teacher_w[r, idx] * kl_rows(p_teachers[r, idx], log_q)).mean() for r in range(num_regions))
+            if lam2 > 0:
+                loss = loss + lam2 * (beta_old[old_class[idx]] * kl_rows(p_old[idx], log_q)).mean()
+            return loss + lam3 * F.nll_loss(log_q, y[idx].long())
+
+        loss = distil(net, optimizer, x, self.epochs, self.batch_size, generator, joint_loss, before_epoch)
+        return flatten(tensors).clone(), loss
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "regional": self.regional, "global_model": self.global_model}

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator, ClientContext, ServerContext, Uploads
+from fdlit.aggregators.base import AggregationResult, Aggregator, ClientContext, ClientPart, ServerContext, Uploads
 from fdlit.errors import ConfigError
 
 
@@ -50,6 +50,16 @@ def load_flat(tensors, flat: torch.Tensor) -> None:
             offset += n
 
 
+def parameter_slices(model: torch.nn.Module, flat: torch.Tensor):
+    """(parameter, its slice of ``flat`` shaped like it) over ``model.parameters()``. Read from the
+    module, so under the vectorized executor's ``functional_call`` they are each client's own."""
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        yield p, flat[offset : offset + n].view_as(p)
+        offset += n
+
+
 def weighted_average(vectors: list[torch.Tensor], counts: torch.Tensor) -> torch.Tensor:
     """sum_k (n_k / n) v_k; one client's weight is exactly 1.0, so one client's vector comes back unchanged."""
     weights = (counts.double() / counts.double().sum()).to(vectors[0].dtype)
@@ -68,6 +78,24 @@ def check_homogeneous(model: Any) -> None:
                           f"got fdlit.models.PerClient with {len(specs)} different groups")
 
 
+class FedAvgClient(ClientPart):
+    """FedAvg's client part: n_k (and, from client 0, the initial model) at set-up, its parameters
+    every round, the global model loaded on receipt."""
+
+    def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        out = {"num_samples": torch.tensor(len(ctx.data.train.y), dtype=torch.int64)}
+        if ctx.client.client_id == 0:  # the server's initial model ("_": in-process, not a message)
+            out["_initial"] = flatten(exchanged_tensors(ctx.client.model))
+        return out
+
+    def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        return {"parameters": flatten(exchanged_tensors(ctx.client.model))}
+
+    def receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        load_flat(exchanged_tensors(ctx.client.model), ctx.received["parameters"])
+        return {}
+
+
 class FedAvg(Aggregator):
     """FedAvg (McMahan et al. 2017): w_{t+1} = sum_k (n_k / n) w_{t+1}^k (see the module docstring)."""
 
@@ -81,35 +109,24 @@ class FedAvg(Aggregator):
     def check_config(self, model: Any, client: Any) -> None:
         check_homogeneous(model)
 
-    # ------------------------------------------------------------------ client part
-    def client_setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        out = {"num_samples": torch.tensor(len(ctx.data.train.y), dtype=torch.int64)}
-        if ctx.client.client_id == 0:  # the server's initial model ("_": in-process, not a message)
-            out["_initial"] = flatten(exchanged_tensors(ctx.client.model))
-        return out
-
-    def client_upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        return {"parameters": flatten(exchanged_tensors(ctx.client.model))}
-
-    def client_receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        load_flat(exchanged_tensors(ctx.client.model), ctx.received["parameters"])
-        return {}
+    def client_part(self) -> ClientPart:
+        return FedAvgClient()
 
     # ------------------------------------------------------------------ server part
     def server_setup(self, uploads: Uploads, ctx: ServerContext) -> dict[str, torch.Tensor]:
         self.counts = torch.stack([u["num_samples"].cpu() for u in uploads])
         return {"parameters": next(u["_initial"] for u in uploads if "_initial" in u)}
 
-    def average(self, uploads: Uploads, key: str = "parameters", ctx: Optional[ServerContext] = None) -> torch.Tensor:
+    def average(self, uploads: Uploads, ctx: ServerContext, key: str = "parameters") -> torch.Tensor:
         """The n_k-weighted mean over the uploads that arrived (under client sampling, McMahan et
         al. 2017 average over the round's clients S_t: n = sum_{k in S_t} n_k)."""
         counts = self.counts if self.counts is not None else torch.ones(len(uploads), dtype=torch.int64)
-        if self.counts is not None and ctx is not None and ctx.info.clients:
+        if self.counts is not None and ctx.info.clients:
             counts = counts[list(ctx.info.clients)]
         return weighted_average([u[key] for u in uploads], counts.to(uploads[0][key].device))
 
-    def aggregate(self, uploads: Uploads, ctx: Optional[ServerContext] = None) -> AggregationResult:
-        return AggregationResult(teacher=None, broadcast={"parameters": self.average(uploads, ctx=ctx)})
+    def aggregate(self, uploads: Uploads, ctx: ServerContext) -> AggregationResult:
+        return AggregationResult(teacher=None, broadcast={"parameters": self.average(uploads, ctx)})
 
     def state_dict(self) -> dict[str, Any]:
         return {"counts": self.counts}

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from fdlit.aggregators.base import AggregationResult, ServerContext, Uploads
+from fdlit.aggregators.distillation import distil
 from fdlit.aggregators.fedavg import FedAvg, exchanged_tensors, flatten, load_flat
 from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.models.build import build_model
@@ -75,9 +76,9 @@ class FedDF(FedAvg):
         """The distillation target from the M x N x C client logits: FedDF's mean-logit ensemble."""
         return logits.mean(0).softmax(-1)
 
-    def aggregate(self, uploads: Uploads, ctx: Optional[ServerContext] = None) -> AggregationResult:
-        average = self.average(uploads, ctx=ctx)  # n_k of the clients that arrived
-        if ctx is None or self.epochs == 0:
+    def aggregate(self, uploads: Uploads, ctx: ServerContext) -> AggregationResult:
+        average = self.average(uploads, ctx)  # n_k of the clients that arrived
+        if self.epochs == 0:
             return AggregationResult(teacher=None, broadcast={"parameters": average})
         net = self._network(ctx, average)
         tensors = exchanged_tensors(net)
@@ -87,19 +88,7 @@ class FedDF(FedAvg):
         load_flat(tensors, average)
         optimizer = torch.optim.Adam(net.parameters(), lr=self.lr)
         generator = torch.Generator().manual_seed(ctx.info.seed * 1_000_003 + 0xFEDDF + ctx.info.round)
-        net.train()
-        total, steps = 0.0, 0
-        with torch.enable_grad():
-            for _ in range(self.epochs):
-                order = torch.randperm(len(x), generator=generator).to(x.device)
-                for start in range(0, len(x), self.batch_size):
-                    idx = order[start: start + self.batch_size]
-                    if len(idx) < 2:  # BatchNorm cannot train on one sample
-                        continue
-                    loss = F.kl_div(net(x[idx]).float().log_softmax(-1), teacher[idx], reduction="batchmean")
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                    total, steps = total + float(loss.detach()), steps + 1
-        stats = {"feddf/distill_loss": total / steps if steps else float("nan")}
+        loss = distil(net, optimizer, x, self.epochs, self.batch_size, generator,
+                      lambda log_q, idx: F.kl_div(log_q, teacher[idx], reduction="batchmean"))
+        stats = {"feddf/distill_loss": loss}
         return AggregationResult(teacher=None, broadcast={"parameters": flatten(tensors).clone()}, stats=stats)

@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart
 from fdlit.errors import ConfigError, check_at_least, check_number
 
 
@@ -40,6 +40,26 @@ def train_discriminator(own: torch.Tensor, reference: torch.Tensor, hidden: int 
     return net.eval()
 
 
+class FedGOClient(ClientPart):
+    """FedGO's client part: the discriminator D_k, trained once where the client lives."""
+
+    def __init__(self, hidden: int, epochs: int, lr: float, weight_decay: float, send: str):
+        self.hidden, self.epochs, self.lr, self.weight_decay, self.send = hidden, epochs, lr, weight_decay, send
+
+    def setup(self, ctx):
+        """Client side, once: train D_k on the local training inputs against the public inputs."""
+        public = ctx.info.public_x
+        net = train_discriminator(ctx.data.train.x.to(public.device), public, self.hidden, self.epochs, self.lr,
+                                  self.weight_decay, seed=ctx.info.client_seed(ctx.client.client_id))
+        out = {"num_samples": torch.tensor([len(ctx.data.train)], dtype=torch.int64)}
+        if self.send == "scores":
+            with torch.no_grad():
+                out["discriminator_log_odds"] = net(public.flatten(1).float())[:, 0]
+        else:
+            out.update({f"discriminator/{name}": p.detach() for name, p in net.named_parameters()})
+        return out
+
+
 class FedGOAggregator(Aggregator):
     """FedGO (Jang, Park, Lee, *Provably Near-Optimal Federated Ensemble Distillation with Negligible
     Overhead*, ICML 2025; Theorem 4):
@@ -51,7 +71,7 @@ class FedGOAggregator(Aggregator):
     n_k it is AVG. Theorem 4: for optimal discriminators against a common reference p_g, W is the
     optimal n_k p_k(x) / sum_i n_i p_i(x).
 
-    Before federation (``client_setup``, once, where the client lives), client k trains D_k on its training inputs (label 1)
+    Before federation (:class:`FedGOClient`'s ``setup``, once, where the client lives), client k trains D_k on its training inputs (label 1)
     against the public inputs (label 0), class-balanced; it uploads n_k and either D_k evaluated on
     the public set (``upload: scores``, N numbers: logit D_k(x) = log Phi_k(x)) or D_k's parameters
     (``upload: parameters``; the server rebuilds D_k and evaluates it). Both are counted at round 0.
@@ -91,18 +111,8 @@ class FedGOAggregator(Aggregator):
     def discriminator(self, input_dim: int) -> nn.Module:
         return nn.Sequential(nn.Linear(input_dim, self.hidden), nn.ReLU(), nn.Linear(self.hidden, 1))
 
-    def client_setup(self, ctx):
-        """Client side, once: train D_k on the local training inputs against the public inputs."""
-        public = ctx.info.public_x
-        net = train_discriminator(ctx.data.train.x.to(public.device), public, self.hidden, self.epochs, self.lr,
-                                  self.weight_decay, seed=ctx.info.client_seed(ctx.client.client_id))
-        out = {"num_samples": torch.tensor([len(ctx.data.train)], dtype=torch.int64)}
-        if self.upload == "scores":
-            with torch.no_grad():
-                out["discriminator_log_odds"] = net(public.flatten(1).float())[:, 0]
-        else:
-            out.update({f"discriminator/{name}": p.detach() for name, p in net.named_parameters()})
-        return out
+    def client_part(self) -> ClientPart:
+        return FedGOClient(self.hidden, self.epochs, self.lr, self.weight_decay, self.upload)
 
     def server_setup(self, uploads, ctx):
         public = ctx.info.public_x.flatten(1).float()
@@ -131,7 +141,7 @@ class FedGOAggregator(Aggregator):
     def load_state_dict(self, state):
         self.log_odds, self.log_counts = state["log_odds"], state["log_counts"]
 
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         if self.log_odds is None:
             raise RuntimeError("FedGOAggregator has no discriminators: run its set-up or set_discriminator_scores")
         z = self.stack_logits(uploads)
@@ -141,11 +151,9 @@ class FedGOAggregator(Aggregator):
 
     def round_weights(self, ctx, device) -> tuple[torch.Tensor, torch.Tensor]:
         """This round's log-odds and weights w_k(x) = softmax_k(log D_k/(1-D_k) + log n_k), over the
-        clients that arrived and the round's public rows (all of both without a context)."""
-        log_odds, log_counts = self.log_odds, self.log_counts
-        if ctx is not None:
-            log_odds = ctx.info.rows(log_odds)
-            if ctx.info.clients:
-                log_counts = log_counts[torch.tensor(ctx.info.clients, device=log_counts.device)]
+        clients that arrived and the round's public rows."""
+        log_odds, log_counts = ctx.info.rows(self.log_odds), self.log_counts
+        if ctx.info.clients:
+            log_counts = log_counts[torch.tensor(ctx.info.clients, device=log_counts.device)]
         score = log_odds.to(device) + log_counts.to(device)[:, None]
         return log_odds, torch.softmax(score, dim=0).float()

@@ -6,9 +6,23 @@ from typing import Any
 
 import torch
 
-from fdlit.aggregators.base import ServerContext
+from fdlit.aggregators.base import ClientPart, ServerContext
+from fdlit.aggregators.fedavg import FedAvgClient
 from fdlit.aggregators.feddf import FedDF
-from fdlit.aggregators.fedgo import FedGOAggregator
+from fdlit.aggregators.fedgo import FedGOAggregator, FedGOClient
+
+
+class FedGOParamsClient(FedAvgClient):
+    """FedGO-as-published's client part: FedAvg's set-up plus FedGO's discriminator odds."""
+
+    def __init__(self, fedgo: FedGOClient):
+        self.fedgo = fedgo
+
+    def setup(self, ctx) -> dict[str, torch.Tensor]:
+        out = super().setup(ctx)  # n_k and (client 0, in-process) the initial model
+        odds = self.fedgo.setup(ctx)
+        odds.pop("num_samples")  # already sent once by FedAvg's part
+        return {**out, **odds}
 
 
 class FedGOParams(FedDF):
@@ -39,11 +53,8 @@ class FedGOParams(FedDF):
         super().__init__(epochs, lr, batch_size)
         self.fedgo = FedGOAggregator(hidden=discriminator_hidden, epochs=discriminator_epochs)
 
-    def client_setup(self, ctx) -> dict[str, torch.Tensor]:
-        out = super().client_setup(ctx)  # n_k and (client 0, in-process) the initial model
-        odds = self.fedgo.client_setup(ctx)
-        odds.pop("num_samples")  # already sent once by FedAvg's part
-        return {**out, **odds}
+    def client_part(self) -> ClientPart:
+        return FedGOParamsClient(self.fedgo.client_part())
 
     def server_setup(self, uploads, ctx):
         broadcast = super().server_setup(uploads, ctx)

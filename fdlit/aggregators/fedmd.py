@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator, uniform_weights
+from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart, uniform_weights
 from fdlit.errors import check_at_least
+
+
+class FedMDDigest(ClientPart):
+    """FedMD's client part: the public step is the digest, the mean absolute error between the
+    client's class scores and the consensus scores, both centred per row (softmax and the consensus
+    it is sent as do not depend on a per-row constant)."""
+
+    def loss(self, client, phase, logits, target, weight, base):
+        return digest_loss(logits, target, weight) if phase == "public" else base
 
 
 class FedMDAggregator(Aggregator):
@@ -21,7 +32,7 @@ class FedMDAggregator(Aggregator):
     * aggregate: the consensus f~(x) = (1/M) sum_i z_i(x); it is sent down as
       P(x) = softmax(f~(x)), the same N*C numbers, from which a client recovers f~(x) up to a
       per-row constant (log P = f~ - logsumexp f~);
-    * digest = fdlit's public phase with :class:`~fdlit.aggregators.fedmd_client.FedMDClient`: L1 between the client's scores and
+    * digest = fdlit's public phase with FedMD's client part (:class:`FedMDDigest`): L1 between the client's scores and
       the consensus, both centred per row, (1/C) sum_c |(z_i - mean_c z_i) - (log P - mean_c log P)|;
     * revisit = the next round's private phase (``federation.private_epochs``).
 
@@ -44,7 +55,10 @@ class FedMDAggregator(Aggregator):
         """Epochs every client trains on the labelled public set before round 1 (read by the loop)."""
         return self.warmup_epochs
 
-    def aggregate(self, uploads, ctx=None):
+    def client_part(self) -> ClientPart:
+        return FedMDDigest()
+
+    def aggregate(self, uploads, ctx):
         z = self.stack_logits(uploads)
         m, n, _ = z.shape
         return AggregationResult(teacher=torch.softmax(z.mean(0), -1), weights=uniform_weights(m, n, z.device))
@@ -52,3 +66,13 @@ class FedMDAggregator(Aggregator):
 
 def centred(scores: torch.Tensor) -> torch.Tensor:
     return scores - scores.mean(-1, keepdim=True)
+
+
+def digest_loss(logits: torch.Tensor, teacher: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(1/C) sum_c |(z - mean_c z) - (log P - mean_c log P)|, mean over samples (weighted by ``weight``)."""
+    # log P = consensus scores - logsumexp: the consensus up to a per-row constant
+    target = centred(torch.log(teacher.float().clamp_min(1e-30)))
+    per_sample = (centred(logits.float()) - target).abs().mean(-1)
+    if weight is None:
+        return per_sample.mean()
+    return (per_sample * weight).sum() / weight.sum()

@@ -1,29 +1,31 @@
-"""FedMD's client (Li & Wang 2019): the digest step, an L1 loss to the consensus class scores.
+"""Deprecated: FedMD's digest is FedMD's client part (:class:`fdlit.aggregators.fedmd.FedMDDigest`),
+which ``FedMDAggregator`` attaches to every client; ``federation.client_class`` is not needed.
 
 Apart from :mod:`fdlit.aggregators.fedmd` because it is a LightningModule: importing the rules
 does not import Lightning (start-up of ``fdlit fit --help``)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
 
-from fdlit.aggregators.fedmd import centred
+from fdlit.aggregators.fedmd import digest_loss
 from fdlit.clients.client import ClientModule
 
 
 class FedMDClient(ClientModule):
-    """A client whose public step is FedMD's digest: the mean absolute error between its class
-    scores and the consensus scores, both centred per row (softmax and the consensus it is sent as
-    do not depend on a per-row constant). Set with ``federation.client_class:
-    fdlit.aggregators.fedmd_client.FedMDClient``."""
+    """Deprecated alias: a client whose public step is FedMD's digest (what ``FedMDAggregator``'s
+    client part does for every client). Kept so that configs naming it in ``federation.client_class``
+    still run; remove that line."""
+
+    def __init__(self, *args, **kwargs):
+        warnings.warn("fdlit.aggregators.fedmd_client.FedMDClient is deprecated: FedMDAggregator's client part "
+                      "applies the digest; remove federation.client_class from the config", DeprecationWarning,
+                      stacklevel=2)
+        super().__init__(*args, **kwargs)
 
     def public_loss(self, logits: torch.Tensor, teacher: torch.Tensor,
                     weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-        # log P = consensus scores - logsumexp: the consensus up to a per-row constant
-        target = centred(torch.log(teacher.float().clamp_min(1e-30)))
-        per_sample = (centred(logits.float()) - target).abs().mean(-1)
-        if weight is None:
-            return per_sample.mean()
-        return (per_sample * weight).sum() / weight.sum()
+        return digest_loss(logits, teacher, weight)

@@ -7,7 +7,7 @@ from typing import Literal
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart
 from fdlit.errors import ConfigError, check_at_least, check_number
 
 
@@ -37,6 +37,29 @@ def auc_against_unlabelled(positives: torch.Tensor, unlabelled: torch.Tensor) ->
 
 
 SCORINGS = ("calibration_vs_public", "calibration", "server")
+
+
+class LKDClient(ClientPart):
+    """LKD's client part: this round's class AUCs (or, ``scoring: server``, its logits on the
+    server's labelled inputs)."""
+
+    def __init__(self, scoring: str):
+        self.scoring = scoring
+
+    def upload(self, ctx):
+        device = ctx.public_logits.device
+        if self.scoring == "server":
+            x = ctx.received["lkd_labelled_inputs"].to(device)
+            return {"lkd_logits": ctx.client.predict_logits(x).float()}
+        c = ctx.public_logits.shape[-1]
+        cal = ctx.data.calibration
+        cal_logits = ctx.client.predict_logits(cal.x.to(device))
+        if self.scoring == "calibration":
+            probs = cal_logits.float().softmax(-1)
+            return {"class_auc": LKDAggregator.client_auc(probs, cal.y.to(device), ctx.client.classes, c)}
+        auc = LKDAggregator.client_auc_vs_public(cal_logits.double().log_softmax(-1), cal.y.to(device),
+                                        ctx.public_logits.double().log_softmax(-1), ctx.client.classes, c)
+        return {"class_auc": auc.float()}
 
 
 class LKDAggregator(Aggregator):
@@ -120,20 +143,8 @@ class LKDAggregator(Aggregator):
         self.labelled_y = ctx.public_y.to(public_x.device)[idx]  # public labels: server mode only
         return {"lkd_labelled_inputs": public_x[idx]}  # broadcast once
 
-    def client_upload(self, ctx):
-        device = ctx.public_logits.device
-        if self.scoring == "server":
-            x = ctx.received["lkd_labelled_inputs"].to(device)
-            return {"lkd_logits": ctx.client.predict_logits(x).float()}
-        c = ctx.public_logits.shape[-1]
-        cal = ctx.data.calibration
-        cal_logits = ctx.client.predict_logits(cal.x.to(device))
-        if self.scoring == "calibration":
-            probs = cal_logits.float().softmax(-1)
-            return {"class_auc": self.client_auc(probs, cal.y.to(device), ctx.client.classes, c)}
-        auc = self.client_auc_vs_public(cal_logits.double().log_softmax(-1), cal.y.to(device),
-                                        ctx.public_logits.double().log_softmax(-1), ctx.client.classes, c)
-        return {"class_auc": auc.float()}
+    def client_part(self) -> ClientPart:
+        return LKDClient(self.scoring)
 
     def state_dict(self):
         return {"labelled_y": self.labelled_y}
@@ -172,7 +183,7 @@ class LKDAggregator(Aggregator):
             auc = torch.stack([u["class_auc"].float() for u in uploads])
         return auc, torch.softmax(self.temperature * auc, dim=0)
 
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         z = self.stack_logits(uploads)
         q = z.softmax(-1)
         auc, beta = self.class_reliability(uploads, z.shape[-1])

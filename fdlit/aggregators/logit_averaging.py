@@ -30,7 +30,7 @@ class LogitAveragingAggregator(Aggregator):
         check_number("aggregator.temperature", temperature)
         self.temperature = temperature
 
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         z = self.stack_logits(uploads)
         m, n, _ = z.shape
         weights = uniform_weights(m, n, z.device)

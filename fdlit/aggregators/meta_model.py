@@ -7,8 +7,35 @@ from typing import Optional
 import torch
 from torch import nn
 
-from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart
 from fdlit.errors import ConfigError, check_at_least, check_number
+
+
+class MetaModelClient(ClientPart):
+    """MM's client part: its share of the labelled set at set-up, its logits on the pooled set every round."""
+
+    def __init__(self, labelled_per_client: Optional[int], labelled_size: Optional[int]):
+        self.labelled_per_client, self.labelled_size = labelled_per_client, labelled_size
+
+    def setup(self, ctx):
+        """Client side, once: pick samples of the calibration split; send them with their labels."""
+        cal = ctx.data.calibration
+        g = torch.Generator().manual_seed(ctx.info.client_seed(ctx.client.client_id))
+        share = self.client_share(ctx.client.client_id, ctx.info.num_clients)
+        take = torch.randperm(len(cal.x), generator=g)[:share]
+        label_dtype = torch.uint8 if ctx.info.num_classes <= 256 else torch.int16
+        return {"mm_inputs": cal.x[take], "mm_labels": cal.y[take].to(label_dtype)}
+
+    def client_share(self, client_id: int, num_clients: int) -> int:
+        """How many labelled samples client ``client_id`` contributes (before its calibration size caps it)."""
+        if self.labelled_size is None:
+            return self.labelled_per_client
+        base, extra = divmod(self.labelled_size, num_clients)
+        return base + (1 if client_id < extra else 0)
+
+    def upload(self, ctx):
+        x = ctx.received["mm_inputs"].to(ctx.public_logits.device)
+        return {"mm_logits": ctx.client.predict_logits(x).float()}
 
 
 class MetaModelAggregator(Aggregator):
@@ -22,7 +49,7 @@ class MetaModelAggregator(Aggregator):
 
     The labelled set (**choice**; the workshop paper, App. A.2: "an additional set of 3,000 images is
     reserved specifically for training the auxiliary model in MM Aggregator", "constructed using images
-    from private datasets"): in ``client_setup`` every client contributes samples of its *calibration*
+    from private datasets"): in its client part's ``setup`` every client contributes samples of its *calibration*
     split (never trained on, so its own logits on them are not overfitted), sending inputs and labels
     to the server (round 0, counted); the server broadcasts the pooled inputs to every client (round
     0, counted down). Each round every client uploads its logits on the pooled set (L x C, counted as
@@ -71,29 +98,12 @@ class MetaModelAggregator(Aggregator):
         self.hidden, self.steps, self.lr, self.weight_decay = hidden, steps, lr, weight_decay
         self.labelled_y: torch.Tensor | None = None  # server state: labels of the pooled labelled set
 
-    def client_setup(self, ctx):
-        """Client side, once: pick samples of the calibration split; send them with their labels."""
-        cal = ctx.data.calibration
-        g = torch.Generator().manual_seed(ctx.info.client_seed(ctx.client.client_id))
-        share = self.client_share(ctx.client.client_id, ctx.info.num_clients)
-        take = torch.randperm(len(cal.x), generator=g)[:share]
-        label_dtype = torch.uint8 if ctx.info.num_classes <= 256 else torch.int16
-        return {"mm_inputs": cal.x[take], "mm_labels": cal.y[take].to(label_dtype)}
-
-    def client_share(self, client_id: int, num_clients: int) -> int:
-        """How many labelled samples client ``client_id`` contributes (before its calibration size caps it)."""
-        if self.labelled_size is None:
-            return self.labelled_per_client
-        base, extra = divmod(self.labelled_size, num_clients)
-        return base + (1 if client_id < extra else 0)
+    def client_part(self) -> ClientPart:
+        return MetaModelClient(self.labelled_per_client, self.labelled_size)
 
     def server_setup(self, uploads, ctx):
         self.labelled_y = torch.cat([u["mm_labels"] for u in uploads]).long()
         return {"mm_inputs": torch.cat([u["mm_inputs"] for u in uploads])}  # broadcast to every client
-
-    def client_upload(self, ctx):
-        x = ctx.received["mm_inputs"].to(ctx.public_logits.device)
-        return {"mm_logits": ctx.client.predict_logits(x).float()}
 
     def state_dict(self):
         return {"labelled_y": self.labelled_y}
@@ -122,7 +132,7 @@ class MetaModelAggregator(Aggregator):
                 opt.step()
         return net.eval()
 
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         if self.labelled_y is None:
             raise RuntimeError("MetaModelAggregator has no labelled set: run its set-up or set_labels")
         z = self.stack_logits(uploads)  # M x N x C
@@ -132,7 +142,7 @@ class MetaModelAggregator(Aggregator):
         mean, std = h_lab.mean(0), h_lab.std(0).clamp_min(1e-6)
         labels = self.labelled_y.to(z.device)
         # retrained from scratch every round, seeded by (run seed, round)
-        seed = ctx.info.seed * 1_000_003 + ctx.info.round if ctx is not None else 0
+        seed = ctx.info.seed * 1_000_003 + ctx.info.round
         net = self.fit_meta_model((h_lab - mean) / std, labels, c, seed)
         with torch.no_grad():
             teacher = net((h_pub - mean) / std).softmax(-1)

@@ -45,11 +45,11 @@ class OracleAggregator(Aggregator):
         """public_labels: N ints; client_classes: M x C bool (client i holds class c)."""
         self.holds = client_classes[:, public_labels]
 
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         if self.holds is None:
             raise RuntimeError("OracleAggregator needs the public labels: run its set-up or set_truth first")
         z = self.stack_logits(uploads)
-        holds = (self.holds if ctx is None else ctx.info.rows(self.holds)).to(z.device).float()  # arrived clients
+        holds = ctx.info.rows(self.holds).to(z.device).float()  # arrived clients
         count = holds.sum(0, keepdim=True)
         uniform = torch.full_like(holds, 1.0 / holds.shape[0])
         weights = torch.where(count > 0, holds / count.clamp_min(1.0), uniform)

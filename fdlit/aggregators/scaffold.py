@@ -8,7 +8,7 @@ own c_i, and takes K local SGD steps
     y_i <- y_i - eta (g_i(y_i) + c - c_i),
 
 written as the linear loss term <w, c - c_i> whose gradient is exactly c - c_i
-(``ClientModule.parameter_terms``; under the vectorized executor each client reads its own slice).
+(:class:`ScaffoldClient`'s ``loss``; under the vectorized executor each client reads its own slice).
 After the private phase (option II)
 
     c_i+ = c_i - c + (x - y_i) / (K eta),
@@ -29,8 +29,8 @@ from typing import Any, Optional
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, ClientContext, ServerContext, Uploads
-from fdlit.aggregators.fedavg import FedAvg, flatten
+from fdlit.aggregators.base import AggregationResult, ClientContext, ClientPart, ServerContext, Uploads
+from fdlit.aggregators.fedavg import FedAvg, FedAvgClient, flatten, parameter_slices
 from fdlit.errors import ConfigError
 
 
@@ -38,6 +38,46 @@ def local_steps(n: int, batch_size: int, epochs: int) -> int:
     """K: optimizer steps of a private phase (fdlit's executors skip a final batch of one sample)."""
     batches = -(-n // batch_size) - (1 if n > 1 and n % batch_size == 1 else 0)
     return epochs * batches
+
+
+class ScaffoldClient(FedAvgClient):
+    """SCAFFOLD's client part: c and c_i in the client's state, the correction <w, c - c_i> in its
+    private loss, option II's update of c_i after the private phase."""
+
+    loss_state_keys = ("linear_term",)
+
+    def receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        super().receive(ctx)
+        x = flatten(list(ctx.client.model.parameters()))
+        state = ctx.state
+        c = ctx.received.get("control")
+        state["scaffold_x"] = x
+        state["scaffold_c"] = torch.zeros_like(x) if c is None else c.to(x.device, x.dtype)
+        state.setdefault("scaffold_c_i", torch.zeros_like(x))
+        state["linear_term"] = state["scaffold_c"] - state["scaffold_c_i"]
+        return {}
+
+    def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        state = ctx.state
+        y = flatten(list(ctx.client.model.parameters()))
+        opt = ctx.client.optimization
+        k = local_steps(len(ctx.data.train.y), opt.batch_size, ctx.info.private_epochs)
+        c_i = state["scaffold_c_i"]
+        if k > 0:  # option II
+            new = c_i - state["scaffold_c"] + (state["scaffold_x"] - y) / (k * opt.lr)
+        else:
+            new = c_i
+        state["scaffold_c_i"] = new
+        return {**super().upload(ctx), "control_delta": new - c_i}
+
+    def loss(self, client, phase, logits, target, weight, base):
+        state = client.method_state
+        if phase != "private" or "linear_term" not in state:
+            return base
+        total = 0.0
+        for p, g in parameter_slices(client.model, state["linear_term"]):
+            total = total + (p * g).sum()
+        return base + total
 
 
 class Scaffold(FedAvg):
@@ -60,40 +100,17 @@ class Scaffold(FedAvg):
         if client.momentum != 0:
             raise ConfigError("client.momentum", f"SCAFFOLD assumes plain SGD steps; allowed: 0; got {client.momentum}")
 
-    # ------------------------------------------------------------------ client part
-    def client_receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        super().client_receive(ctx)
-        x = flatten(list(ctx.client.model.parameters()))
-        state = ctx.state
-        c = ctx.received.get("control")
-        state["scaffold_x"] = x
-        state["scaffold_c"] = torch.zeros_like(x) if c is None else c.to(x.device, x.dtype)
-        state.setdefault("scaffold_c_i", torch.zeros_like(x))
-        state["linear_term"] = state["scaffold_c"] - state["scaffold_c_i"]
-        return {}
-
-    def client_upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        state = ctx.state
-        y = flatten(list(ctx.client.model.parameters()))
-        opt = ctx.client.optimization
-        k = local_steps(len(ctx.data.train.y), opt.batch_size, ctx.info.private_epochs)
-        c_i = state["scaffold_c_i"]
-        if k > 0:  # option II
-            new = c_i - state["scaffold_c"] + (state["scaffold_x"] - y) / (k * opt.lr)
-        else:
-            new = c_i
-        state["scaffold_c_i"] = new
-        return {**super().client_upload(ctx), "control_delta": new - c_i}
+    def client_part(self) -> ClientPart:
+        return ScaffoldClient()
 
     # ------------------------------------------------------------------ server part
-    def aggregate(self, uploads: Uploads, ctx: Optional[ServerContext] = None) -> AggregationResult:
+    def aggregate(self, uploads: Uploads, ctx: ServerContext) -> AggregationResult:
         result = super().aggregate(uploads, ctx)
         deltas = torch.stack([u["control_delta"] for u in uploads])
         control = torch.zeros_like(deltas[0]) if self.control is None else self.control.to(deltas.device)
         # c <- c + (1/N) sum_{i in S} delta c_i (Karimireddy et al. 2020, Alg. 1): N counts every
         # client, not only those whose upload arrived this round, so c stays the mean of all c_i
-        total = ctx.info.num_clients if ctx is not None else len(uploads)
-        self.control = control + deltas.sum(0) / total
+        self.control = control + deltas.sum(0) / ctx.info.num_clients
         result.broadcast["control"] = self.control
         result.stats["scaffold/control_norm"] = float(self.control.norm())
         return result

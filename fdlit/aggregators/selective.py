@@ -7,7 +7,7 @@ from typing import Literal, Optional
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart
 from fdlit.aggregators.kulsif import KuLSIF
 from fdlit.errors import ConfigError, check_at_least, check_number
 
@@ -140,7 +140,6 @@ class SelectiveFDAggregator(Aggregator):
             raise ConfigError("aggregator.private_weight", f"null or a number in [0, 1), got {private_weight!r}")
         self.features, self.backbone, self.public_per_round = features, backbone, public_per_round
         self.private_weight = private_weight
-        self._backbone_model = None
         self.labels = labels
         self.client_quantile = client_quantile
         self.server_threshold = server_threshold
@@ -152,7 +151,67 @@ class SelectiveFDAggregator(Aggregator):
         self.lam = lam
         self.ties = ties
 
-    # ------------------------------------------------------------------ client side
+    def client_part(self) -> "SelectiveFDClient":
+        return SelectiveFDClient(
+            labels=self.labels, client_quantile=self.client_quantile, client_selector=self.client_selector,
+            per_class=self.per_class, auxiliary=self.auxiliary, aux_samples=self.aux_samples, sigma=self.sigma,
+            lam=self.lam, features=self.features, backbone=self.backbone, public_per_round=self.public_per_round,
+            private_weight=self.private_weight)
+
+    # ------------------------------------------------------------------ server side
+    def aggregate(self, uploads, ctx):
+        masks = torch.stack([u["mask"].bool() for u in uploads])  # M x N
+        m, n = masks.shape
+        device = masks.device
+        if self.labels == "soft":
+            c = uploads[0]["logits"].shape[-1]
+            rows = torch.cat([u["logits"].float() for u in uploads]).softmax(-1)
+        else:
+            c = uploads[0]["logits"].shape[-1]  # hard labels: an empty 0 x C logits message
+            rows = torch.nn.functional.one_hot(torch.cat([u["labels"].long() for u in uploads]), c).float()
+        q = torch.zeros(m, n, c, device=device)
+        q[masks] = rows.to(device)  # row-major order of masks = order of the concatenated kept rows
+        counts = masks.sum(0)
+        weights = torch.where(counts > 0, masks.float() / counts.clamp_min(1), torch.full((m, n), 1.0 / m, device=device))
+        ensemble = self.mix(weights * masks, q)  # rows of dropped samples stay 0 and are replaced below
+        top = ensemble.max(-1)
+        ambiguity = 2.0 * (1.0 - top.values)  # ||P - onehot(argmax P)||_1 for a probability vector
+        keep = (counts > 0) & (ambiguity <= self.server_threshold + 1e-6)
+        # a hard-label vote whose top count is shared has no winner: argmax would hand it to the
+        # lowest class id, so the sample is dropped (or keeps the soft vote, ``ties: soft``)
+        tied = (ensemble >= top.values[:, None] - 1e-6).sum(-1) > 1
+        if self.labels == "soft":
+            teacher = ensemble
+        else:
+            teacher = torch.nn.functional.one_hot(top.indices, c).float()
+            if self.ties == "soft":
+                teacher = torch.where(tied[:, None], ensemble, teacher)
+            else:
+                keep = keep & ~tied
+        teacher = torch.where(keep[:, None], teacher, torch.full_like(teacher, 1.0 / c))
+        stats = {
+            "selective/client_kept_fraction": float(masks.float().mean()),
+            "selective/uncovered_fraction": float((counts == 0).float().mean()),
+            "selective/ambiguous_fraction": float(((counts > 0) & ~keep).float().mean()),
+            "selective/tied_fraction": float(((counts > 0) & tied).float().mean()) if self.labels == "hard" else 0.0,
+        }
+        return AggregationResult(teacher=teacher, weights=weights, keep=keep, stats=stats)
+
+
+class SelectiveFDClient(ClientPart):
+    """Selective-FD's client part: the KuLSIF selectors and their mask over the public set, the
+    kept rows (soft) or their labels (hard) as the upload, and the joint loss's training set.
+    Its arguments are :class:`SelectiveFDAggregator`'s of the same names."""
+
+    def __init__(self, labels: str, client_quantile: float, client_selector: bool, per_class: bool, auxiliary: str,
+                 aux_samples: int, sigma: Optional[float], lam: Optional[float], features: str,
+                 backbone: Optional[str], public_per_round: Optional[int], private_weight: Optional[float]):
+        self.labels, self.client_quantile, self.client_selector = labels, client_quantile, client_selector
+        self.per_class, self.auxiliary, self.aux_samples, self.sigma, self.lam = per_class, auxiliary, aux_samples, sigma, lam
+        self.features, self.backbone, self.public_per_round = features, backbone, public_per_round
+        self.private_weight = private_weight
+        self._backbone_model = None
+
     def client_mask(self, train_x, train_y, cal_x, cal_y, classes, public_x, seed: int = 0) -> torch.Tensor:
         """Mask over the public samples for one client: OR over its (per-class) KuLSIF selectors.
         The x arguments are points of the selectors' feature space (inputs or features)."""
@@ -197,7 +256,7 @@ class SelectiveFDAggregator(Aggregator):
             seed=ctx.info.client_seed(ctx.client.client_id),
         )
 
-    def client_setup(self, ctx):
+    def setup(self, ctx):
         """Fit the selectors once when their features never change (inputs, a frozen backbone) and
         keep the mask in the client's state; penultimate features are refitted every round."""
         if self.features != "penultimate":
@@ -215,7 +274,7 @@ class SelectiveFDAggregator(Aggregator):
         out[torch.randperm(n, generator=g)[: self.public_per_round]] = True
         return out.to(info.public_x.device)
 
-    def client_upload(self, ctx):
+    def upload(self, ctx):
         public_logits = ctx.public_logits
         mask = (self.fit_mask(ctx) if self.features == "penultimate" else ctx.state["selective_mask"])
         mask = mask.to(public_logits.device)
@@ -231,45 +290,6 @@ class SelectiveFDAggregator(Aggregator):
         label_dtype = torch.uint8 if c <= 256 else torch.int16
         # hard labels: only class ids go up; the (empty) logits message costs nothing
         return {"logits": kept[:0], "labels": kept.argmax(-1).to(label_dtype), "mask": mask}
-
-    # ------------------------------------------------------------------ server side
-    def aggregate(self, uploads, ctx=None):
-        masks = torch.stack([u["mask"].bool() for u in uploads])  # M x N
-        m, n = masks.shape
-        device = masks.device
-        if self.labels == "soft":
-            c = uploads[0]["logits"].shape[-1]
-            rows = torch.cat([u["logits"].float() for u in uploads]).softmax(-1)
-        else:
-            c = uploads[0]["logits"].shape[-1]  # hard labels: an empty 0 x C logits message
-            rows = torch.nn.functional.one_hot(torch.cat([u["labels"].long() for u in uploads]), c).float()
-        q = torch.zeros(m, n, c, device=device)
-        q[masks] = rows.to(device)  # row-major order of masks = order of the concatenated kept rows
-        counts = masks.sum(0)
-        weights = torch.where(counts > 0, masks.float() / counts.clamp_min(1), torch.full((m, n), 1.0 / m, device=device))
-        ensemble = self.mix(weights * masks, q)  # rows of dropped samples stay 0 and are replaced below
-        top = ensemble.max(-1)
-        ambiguity = 2.0 * (1.0 - top.values)  # ||P - onehot(argmax P)||_1 for a probability vector
-        keep = (counts > 0) & (ambiguity <= self.server_threshold + 1e-6)
-        # a hard-label vote whose top count is shared has no winner: argmax would hand it to the
-        # lowest class id, so the sample is dropped (or keeps the soft vote, ``ties: soft``)
-        tied = (ensemble >= top.values[:, None] - 1e-6).sum(-1) > 1
-        if self.labels == "soft":
-            teacher = ensemble
-        else:
-            teacher = torch.nn.functional.one_hot(top.indices, c).float()
-            if self.ties == "soft":
-                teacher = torch.where(tied[:, None], ensemble, teacher)
-            else:
-                keep = keep & ~tied
-        teacher = torch.where(keep[:, None], teacher, torch.full_like(teacher, 1.0 / c))
-        stats = {
-            "selective/client_kept_fraction": float(masks.float().mean()),
-            "selective/uncovered_fraction": float((counts == 0).float().mean()),
-            "selective/ambiguous_fraction": float(((counts > 0) & ~keep).float().mean()),
-            "selective/tied_fraction": float(((counts > 0) & tied).float().mean()) if self.labels == "hard" else 0.0,
-        }
-        return AggregationResult(teacher=teacher, weights=weights, keep=keep, stats=stats)
 
     def distillation_set(self, public_x, targets, private_x, private_y):
         """The joint loss's training set: private samples and kept public samples with scaled targets."""

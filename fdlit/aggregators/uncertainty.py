@@ -7,11 +7,47 @@ from typing import Literal
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart
 from fdlit.aggregators.density import DENSITY_METHODS, DiagonalGaussianMixture, mixture_log_likelihood
 from fdlit.errors import ConfigError, check_at_least, check_number
 
 MIXES = ("probabilities", "logits")  # what UWA's weights average (``mix``)
+
+
+class DensityFitClient(ClientPart):
+    """UWA's client part: the class-conditional Gaussian mixture of its logits, fitted on its
+    calibration split, sent as the mixture (``send: density``) or its log-likelihoods on the public
+    set (``scores``). The other arguments are UWA's of the same names."""
+
+    def __init__(self, send: str, variance_floor: float, min_calibration_samples: int, density_method: str,
+                 robust: bool, shrinkage_samples: int):
+        self.send, self.variance_floor, self.min_calibration_samples = send, variance_floor, min_calibration_samples
+        self.density_method, self.robust, self.shrinkage_samples = density_method, robust, shrinkage_samples
+
+    def upload(self, ctx):
+        cal = ctx.data.calibration
+        cal_logits = ctx.client.predict_logits(cal.x.to(ctx.public_logits.device))
+        gmm = DiagonalGaussianMixture.fit(
+            cal_logits, cal.y.to(cal_logits.device), ctx.client.classes,
+            self.variance_floor, self.min_calibration_samples,
+            robust=self.robust, shrinkage_samples=self.shrinkage_samples,
+        )
+        diagnostics = {  # degenerate fits are counted in the logs ("_": not sent, not counted)
+            "_dropped_components": torch.tensor([gmm.dropped]),
+            "_floored_variances": torch.tensor([gmm.floored]),
+            "_degenerate_components": torch.tensor([gmm.degenerate]),
+            "_shrunk_components": torch.tensor([gmm.shrunk]),
+            "_collapsed": torch.tensor([int(gmm.collapsed)]),
+        }
+        if self.send == "scores":
+            return {"log_likelihood": gmm.log_likelihood(ctx.public_logits, self.density_method).float(),
+                    **diagnostics}
+        return {
+            "gmm_means": gmm.means.float(),
+            "gmm_stds": gmm.variances.sqrt().float(),
+            "gmm_classes": gmm.classes.to(torch.int16),
+            **diagnostics,
+        }
 
 
 class UncertaintyWeightedAggregator(Aggregator):
@@ -119,30 +155,9 @@ class UncertaintyWeightedAggregator(Aggregator):
             return "set aggregator.upload: density (its rows are clipped and noised with the logits)"
         return "set aggregator.upload: scores (the client scores its own logits) or privacy.encoding: full"
 
-    def client_upload(self, ctx):
-        cal = ctx.data.calibration
-        cal_logits = ctx.client.predict_logits(cal.x.to(ctx.public_logits.device))
-        gmm = DiagonalGaussianMixture.fit(
-            cal_logits, cal.y.to(cal_logits.device), ctx.client.classes,
-            self.variance_floor, self.min_calibration_samples,
-            robust=self.robust, shrinkage_samples=self.shrinkage_samples,
-        )
-        diagnostics = {  # degenerate fits are counted in the logs ("_": not sent, not counted)
-            "_dropped_components": torch.tensor([gmm.dropped]),
-            "_floored_variances": torch.tensor([gmm.floored]),
-            "_degenerate_components": torch.tensor([gmm.degenerate]),
-            "_shrunk_components": torch.tensor([gmm.shrunk]),
-            "_collapsed": torch.tensor([int(gmm.collapsed)]),
-        }
-        if self.upload == "scores":
-            return {"log_likelihood": gmm.log_likelihood(ctx.public_logits, self.density_method).float(),
-                    **diagnostics}
-        return {
-            "gmm_means": gmm.means.float(),
-            "gmm_stds": gmm.variances.sqrt().float(),
-            "gmm_classes": gmm.classes.to(torch.int16),
-            **diagnostics,
-        }
+    def client_part(self) -> ClientPart:
+        return DensityFitClient(self.upload, self.variance_floor, self.min_calibration_samples, self.density_method,
+                                self.robust, self.shrinkage_samples)
 
     def log_likelihoods(self, uploads, z: torch.Tensor) -> torch.Tensor:
         """l_i(x) for every client: M x N (float64)."""
@@ -160,7 +175,7 @@ class UncertaintyWeightedAggregator(Aggregator):
             valid[i, :k] = True
         return mixture_log_likelihood(z, means, variances, valid, self.density_method)
 
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         z = self.stack_logits(uploads)
         ll = self.log_likelihoods(uploads, z)
         scaled = self.tau * ll if self.tau > 0 else torch.zeros_like(ll)  # tau = 0: AVG, even where l = -inf

@@ -31,7 +31,7 @@ class LogitVarianceAggregator(Aggregator):
         check_number("aggregator.eps", eps, inclusive=True)
         self.eps = eps
 
-    def aggregate(self, uploads, ctx=None):
+    def aggregate(self, uploads, ctx):
         z = self.stack_logits(uploads)
         var = z.var(-1, unbiased=False) + self.eps  # M x N
         total = var.sum(0, keepdim=True)

@@ -9,10 +9,6 @@ import torch
 
 from fdlit.errors import ConfigError, check_at_least, check_number
 
-# method_state entries the private loss reads (parameter-exchange methods; flat over model.parameters()):
-# "prox_center" + "prox_mu": (mu/2)||w - center||^2 (FedProx); "linear_term" g: <w, g> (SCAFFOLD's correction).
-# Here, not in client.py, so the executors can read it without importing Lightning.
-LOSS_STATE_KEYS = ("prox_center", "prox_mu", "linear_term")
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
 

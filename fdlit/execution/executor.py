@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
-from fdlit.aggregators.base import Aggregator, ClientContext, FederationInfo
+from fdlit.aggregators.base import ClientContext, ClientPart, FederationInfo
 from fdlit.data import ClientData
 
 if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import
@@ -66,12 +66,13 @@ class ClientExecutor:
     def teardown(self, clients: Sequence[ClientModule]) -> None:
         """End of a run: hand the final client state back into ``clients`` and free workers."""
 
-    def client_hook(self, hook: str, method: Aggregator, info: FederationInfo, clients: Sequence[ClientModule],
+    def client_hook(self, hook: str, part: ClientPart, info: FederationInfo, clients: Sequence[ClientModule],
                     client_data: Sequence[ClientData], received: dict[str, torch.Tensor],
                     public_logits: Optional[torch.Tensor] = None) -> list[dict[str, torch.Tensor]]:
-        """Run ``method.<hook>`` (``client_setup`` or ``client_upload``) for every client where the
-        client lives; returns what each client sends up (Kovalchuk et al. 2026, Algorithm 1, lines 6-7)."""
-        fn = getattr(method, hook)
+        """Run ``part.<hook>`` (``setup``, ``upload`` or ``receive`` of a method's client part) for
+        every client where the client lives; returns what each client sends up (Kovalchuk et al.
+        2026, Algorithm 1, lines 6-7)."""
+        fn = getattr(part, hook)
         return [
             dict(fn(ClientContext(info, client, data, None if public_logits is None else public_logits[i],
                                   received, client.method_state)) or {})

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
 import torch
 
+from fdlit.aggregators.base import LegacyClientPart
 from fdlit.errors import ConfigError
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
 from fdlit.execution.vectorized import VectorizedExecutor
@@ -154,7 +155,7 @@ class ClientWorker:
         self.logits.setdefault(x_token, {}).update(zip(ids, out))
         return out.cpu()
 
-    def client_hook(self, hook, ids, method, info, public_x_token, received_tokens, data_tokens, x_token,
+    def client_hook(self, hook, ids, part, info, public_x_token, received_tokens, data_tokens, x_token,
                     public_logits, new, live) -> list[dict]:
         self._receive(new, live)
         if public_logits is None and x_token is not None:  # logits this actor computed in its last predict
@@ -164,7 +165,7 @@ class ClientWorker:
         info = dataclasses.replace(info, public_x=self.objects[public_x_token])
         received = {k: self.objects[t] for k, t in received_tokens.items()}
         payloads = self.executor.client_hook(
-            hook, method, info, [self.clients[i] for i in ids], [self.objects[d] for d in data_tokens], received,
+            hook, part, info, [self.clients[i] for i in ids], [self.objects[d] for d in data_tokens], received,
             None if public_logits is None else torch.stack(public_logits),
         )
         return [{k: v.cpu() for k, v in p.items()} for p in payloads]
@@ -207,6 +208,13 @@ def _ship_code_by_value(ray, classes) -> None:
         path = Path(file).resolve()
         if not any(path.is_relative_to(p) for p in installed):
             ray.cloudpickle.register_pickle_by_value(module)
+
+
+def shipped_classes(part) -> set[type]:
+    """The classes a client part travels with (a deprecated rule's adapter carries the rule)."""
+    if part is None:
+        return set()
+    return {type(part), *((type(part.method),) if isinstance(part, LegacyClientPart) else ())}
 
 
 class RayExecutor(ClientExecutor):
@@ -313,7 +321,8 @@ class RayExecutor(ClientExecutor):
         base, extra = divmod(len(clients), n_actors)
         bounds = list(itertools.accumulate([0] + [base + (a < extra) for a in range(n_actors)]))
         groups = [list(clients[bounds[a]:bounds[a + 1]]) for a in range(n_actors)]
-        _ship_code_by_value(ray, {type(m) for c in clients for m in c.modules()})
+        _ship_code_by_value(ray, {type(m) for c in clients for m in c.modules()}
+                            | {k for c in clients for k in shipped_classes(c.method_part)})
         # the driver built the clients (same init as a sequential run) and ships them once, whole
         self.actors = [actor_cls.remote(g, precision, threads, self.eval_batch_size, self.actor_executor)
                        for g in groups]
@@ -459,10 +468,10 @@ class RayExecutor(ClientExecutor):
         self._latest_prediction[token] = weakref.ref(result)
         return result
 
-    def client_hook(self, hook, method, info, clients, client_data, received, public_logits=None):
+    def client_hook(self, hook, part, info, clients, client_data, received, public_logits=None):
         ray = import_ray()
         groups = self._groups(clients)
-        _ship_code_by_value(ray, {type(method)})
+        _ship_code_by_value(ray, shipped_classes(part))  # the method's client part only, never its server part
         # logits the actors computed themselves need not travel back down
         x_token = None
         if public_logits is not None:
@@ -475,7 +484,7 @@ class RayExecutor(ClientExecutor):
         received_tokens = {k: self._token(v) for k, v in received.items()}
         calls = [
             self.actors[a].client_hook.remote(
-                hook, [clients[j].client_id for j in idx], method, bare, self._token(info.public_x), received_tokens,
+                hook, [clients[j].client_id for j in idx], part, bare, self._token(info.public_x), received_tokens,
                 [self._token(client_data[j]) for j in idx], x_token,
                 None if cached or public_logits is None else [public_logits[j].cpu() for j in idx], *ship[a],
             )

@@ -48,7 +48,6 @@ import torch
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fdlit.clients.options import LOSS_STATE_KEYS
 from fdlit.data.augment import WithInput
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
@@ -242,7 +241,8 @@ class VectorizedExecutor(ClientExecutor):
         buffer_names = [n for n in stack.buffers if n.startswith(prefix)]  # BatchNorm's, not the input's
         step_fn = self._step_function(clients[0], phase, net, stack.names)
         # method state the loss reads (e.g. SCAFFOLD's per-client correction): stacked like the parameters
-        keys = [k for k in LOSS_STATE_KEYS if all(k in c.method_state for c in clients)]
+        part = clients[0].method_part
+        keys = [k for k in (part.loss_state_keys if part is not None else ()) if all(k in c.method_state for c in clients)]
         loss_state = {k: torch.stack([c.method_state[k] for c in clients]).to(device) for k in keys}
         total = torch.zeros(m, device=device)
         every = max(1, steps // max(epochs, 1))  # (clients, epochs): report about once per epoch
@@ -555,8 +555,9 @@ def _forward(net, tied, params, buffers, x):
 class _TrainingStep(torch.nn.Module):
     """One client's training step on inputs that have been through its input module, for
     ``functional_call`` under vmap: the template client's parameters are swapped for one client's
-    slice of the stack, so its ``private_loss`` / ``public_loss`` (and any parameter they read, e.g.
-    a proximal term) run exactly as the sequential executor runs them. ``w`` weighs padding out."""
+    slice of the stack, so its ``private_loss`` / ``public_loss`` (and its method part's ``loss``, which
+    reads the client's slice of the stacked ``loss_state_keys``, e.g. a proximal term's centre) run
+    exactly as the sequential executor runs them. ``w`` weighs padding out."""
 
     def __init__(self, client: ClientModule, net: torch.nn.Module):
         super().__init__()

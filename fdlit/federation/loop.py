@@ -16,7 +16,7 @@ from typing import Any, Literal, Optional, Sequence
 
 import torch
 
-from fdlit.aggregators.base import Aggregator
+from fdlit.aggregators.base import Aggregator, client_part_of
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
@@ -185,6 +185,9 @@ class FederationLoop:
                               cd.classes, self.optimization, self.seed)
             for cd in self.client_data
         ]
+        self.method_part = client_part_of(self.aggregator)  # what of the method runs where the clients live
+        for client in self.clients:
+            client.method_part = self.method_part
         # test_x/y, public_x/y, private, val_x/y, local_mask_matrix
         self.__dict__.update(device_tensors(self.data, self.client_data, device))
         if self.participation is not None:

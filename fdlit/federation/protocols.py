@@ -74,15 +74,15 @@ class Protocol:
         """Round 0: the method's one-off client work where the clients live, the server's set-up,
         and its broadcast; every message is counted as round 0."""
         info = fed.facts.info(0)
-        raw = fed.executor.client_hook("client_setup", fed.aggregator, info, fed.clients, fed.client_data, {})
+        raw = fed.executor.client_hook("setup", fed.method_part, info, fed.clients, fed.client_data, {})
         uploads = [fed.send_up(0, i, payload) for i, payload in enumerate(raw)]
         broadcast = fed.aggregator.server_setup(uploads, fed.facts.server_context(0)) or {}
         for i in range(len(fed.clients)):
             for kind, tensor in broadcast.items():
                 fed.ledger.send(0, i, "down", kind, tensor)
         fed.received = dict(broadcast)
-        if fed.aggregator.has_receive:  # e.g. parameter exchange: every client starts from the server's model
-            fed.executor.client_hook("client_receive", fed.aggregator, info, fed.clients, fed.client_data,
+        if fed.method_part.has_receive:  # e.g. parameter exchange: every client starts from the server's model
+            fed.executor.client_hook("receive", fed.method_part, info, fed.clients, fed.client_data,
                                      fed.received)
 
     def stop_reason(self, fed: Any, r: int) -> Optional[str]:
@@ -116,7 +116,7 @@ class PredictionExchange(Protocol):
         clients = fed.subset(fed.clients, ids)
         public_logits = fed.executor.predict(clients, info.public_x)  # M x N x C
         check_finite(list(public_logits), r, "public inference", ids)
-        extra = fed.executor.client_hook("client_upload", fed.aggregator, info, clients,
+        extra = fed.executor.client_hook("upload", fed.method_part, info, clients,
                                          fed.subset(fed.client_data, ids), fed.received, public_logits)
         payloads = [{"logits": public_logits[j], **payload} for j, payload in enumerate(extra)]
         return fed.privacy.upload(r, payloads, fed.message_dtype, fed.seed, fed.data.num_classes,
@@ -153,7 +153,7 @@ class PredictionExchange(Protocol):
             return [math.nan] * len(ids)
         losses = fed.executor.train(
             fed.subset(fed.clients, ids), "public",
-            [fed.aggregator.distillation_set(public_x, targets, *fed.private[i]) for i in ids],
+            [fed.method_part.distillation_set(public_x, targets, *fed.private[i]) for i in ids],
             fed.public_epochs_first if plan.first else fed.public_epochs, fed.optimization.public_batch_size,
         )
         check_finite(losses, plan.round, "public", ids)
@@ -174,14 +174,14 @@ class ParameterExchange(Protocol):
             return None, [math.nan] * m, fed.evaluate(plan.eval_rows) if plan.evaluated else None
         everyone = len(ids) == m
         info = fed.facts.info(plan.round, () if everyone else tuple(ids))
-        raw = fed.executor.client_hook("client_upload", fed.aggregator, info, fed.subset(fed.clients, ids),
+        raw = fed.executor.client_hook("upload", fed.method_part, info, fed.subset(fed.clients, ids),
                                        fed.subset(fed.client_data, ids), fed.received)
         uploads = [fed.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
         result = fed.aggregator.aggregate(uploads, fed.facts.server_context(plan.round, info))
         for i in range(m):
             for kind, tensor in fed.aggregator.messages_to(i, m, result.broadcast).items():
                 fed.ledger.send(plan.round, i, "down", kind, tensor)
-        fed.executor.client_hook("client_receive", fed.aggregator, fed.facts.info(plan.round), fed.clients,
+        fed.executor.client_hook("receive", fed.method_part, fed.facts.info(plan.round), fed.clients,
                                  fed.client_data, result.broadcast)
         return result, [math.nan] * m, fed.evaluate(plan.eval_rows) if plan.evaluated else None
 

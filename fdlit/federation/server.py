@@ -26,6 +26,7 @@ from typing import Any, Literal, Optional
 import torch
 import torch.nn.functional as F
 
+from fdlit.aggregators.distillation import distil
 from fdlit.clients import ClientOptimization
 from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.models.build import build_model
@@ -112,23 +113,9 @@ class ServerModel:
 
     def distil(self, x: torch.Tensor, teacher: torch.Tensor, epochs: int) -> float:
         """Train on (x, teacher) for ``epochs``: KL(P || softmax(g(x))), mean over samples; the mean loss."""
-        self.net.train()
-        n, total, steps = len(x), 0.0, 0
-        with torch.enable_grad():
-            for _ in range(epochs):
-                order = torch.randperm(n, generator=self.generator).to(x.device)
-                for start in range(0, n, self.batch_size):
-                    idx = order[start: start + self.batch_size]
-                    if len(idx) < 2 and n > 1:  # BatchNorm cannot train on one sample
-                        continue
-                    logp = self.net(x[idx]).float().log_softmax(-1)
-                    loss = F.kl_div(logp, teacher[idx].float(), reduction="batchmean")
-                    self.optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    self.optimizer.step()
-                    total += float(loss.detach())
-                    steps += 1
-        return total / steps if steps else math.nan
+        return distil(self.net, self.optimizer, x, epochs, self.batch_size, self.generator,
+                      lambda log_q, idx: F.kl_div(log_q, teacher[idx].float(), reduction="batchmean"),
+                      train_single=True)
 
     @torch.no_grad()
     def probs(self, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:

@@ -16,7 +16,7 @@ its kind:
   privacy is refused while the method sends it.
 
 The default (``fdlit.aggregators.Aggregator.released``) is ``{"logits": "rows"}``: the public-set
-logits every client uploads. A method that overrides ``client_upload`` declares ``released`` in the
+logits every client uploads. A method whose client part uploads more declares ``released`` in the
 same class (or below it, or on the instance); otherwise the mechanism refuses it with DP on, since
 its declaration may not cover what it sends. Likewise ``summed`` is trusted only from the class that
 defines ``aggregate`` (or below it, or the instance).
@@ -55,6 +55,14 @@ def stale(cls: type, declaration: str, behaviour: str) -> bool:
     return declares is not None and behaves is not None and behaves is not declares and issubclass(behaves, declares)
 
 
+def part_uploads(method: Any) -> bool:
+    """Whether the method's client part overrides ``upload`` (the base's sends nothing besides the logits)."""
+    make = getattr(method, "client_part", None)
+    if make is None:
+        return False
+    return len([k for k in type(make()).__mro__ if "upload" in vars(k)]) > 1
+
+
 class Release:
     """A method's declaration, read once and checked (``method``: any object; missing attributes take
     the defaults above)."""
@@ -72,7 +80,10 @@ class Release:
         self.evaluates_logits = bool(getattr(method, "evaluates_logits", False))
         self.advice = getattr(method, "privacy_advice", "") or ""
         cls, own = type(method), getattr(method, "__dict__", {})  # own: declared on the instance itself
-        self.undeclared_upload = method is not None and "released" not in own and stale(cls, "released", "client_upload")
+        # a hook that uploads more, defined below the class that declared ``released`` (an old-style
+        # ``client_upload`` on the method, or a client part whose ``upload`` is its own)
+        self.undeclared_upload = method is not None and "released" not in own and (
+            stale(cls, "released", "client_upload") or (part_uploads(method) and stale(cls, "released", "client_part")))
         self.undeclared_teacher = method is not None and "summed" not in own and stale(cls, "summed", "aggregate")
 
     def keys(self, *kinds: str) -> list[str]:

@@ -175,7 +175,7 @@ class UploadPrivacy:
                     "stage whose messages would leave the mechanism; use a method that uploads logits only or "
                     "declared rows"))
             if release.undeclared_upload:
-                raise ConfigError(field, f"{name} overrides client_upload without declaring what it releases "
+                raise ConfigError(field, f"{name}'s client part uploads more than the logits without declaring what it releases "
                                   "(a ``released`` attribute in the same class), so the mechanism cannot know "
                                   "what it covers; declare every upload key's kind (fdlit.privacy.release)")
             if unbounded := release.keys(UNBOUNDED):
