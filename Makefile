@@ -36,7 +36,7 @@ run: install
 	$(VPY) -m fdlit fit --config $(CONFIG) $(ARGS)
 
 test: install
-	$(VPY) -m ruff check fdlit tests benchmarks scripts
+	$(VPY) -m ruff check fdlit tests benchmarks scripts examples
 	$(VPY) -m pytest -q $(ARGS)
 
 bench: install

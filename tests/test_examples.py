@@ -46,3 +46,46 @@ def test_the_median_teacher_runs_by_class_path_under_every_executor(executor, tm
     assert type(loop.aggregator).__module__ == "median_teacher" and "median_teacher" not in sys.modules["fdlit"].__dict__
     loop.fit()
     assert loop.round == 2 and loop.history[-1]["teacher/acc"] > 0.3  # most clients hold each class: the median knows it
+
+
+def test_fednova_with_equal_local_steps_is_fedavg_and_with_unequal_steps_is_not(examples_on_path):
+    """x <- x - tau_eff sum_i p_i d_i: with every tau_i = tau the result is sum_i p_i y_i (FedAvg)."""
+    from fednova import FedNova
+
+    from fdlit.aggregators.base import FederationInfo, ServerContext
+
+    x, ys = torch.zeros(4), [torch.tensor([1.0, 2.0, 0.0, -1.0]), torch.tensor([3.0, 0.0, 1.0, 1.0])]
+    method = FedNova()
+    method.counts, method.global_model = torch.tensor([1, 3]), x.clone()
+    ctx = ServerContext(FederationInfo(1, 0, 2, 2, torch.zeros(1, 1)))
+
+    def uploads(taus):
+        return [{"normalised_update": (x - y) / t, "local_steps": torch.tensor(t)} for y, t in zip(ys, taus)]
+
+    fedavg = 0.25 * ys[0] + 0.75 * ys[1]
+    torch.testing.assert_close(method.aggregate(uploads([5, 5]), ctx).broadcast["parameters"], fedavg)
+    method.global_model = x.clone()
+    nova = method.aggregate(uploads([2, 8]), ctx)  # tau_eff = 0.25*2 + 0.75*8 = 6.5
+    assert nova.stats["fednova/tau_eff"] == 6.5
+    torch.testing.assert_close(nova.broadcast["parameters"], -6.5 * (0.25 * (x - ys[0]) / 2 + 0.75 * (x - ys[1]) / 8))
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized", "ray"])
+def test_fednova_runs_by_class_path_under_every_executor_and_resumes(executor, tmp_path, examples_on_path, request):
+    """A client part (its own upload and receive) and a server part (its own state) from outside the
+    package: the Ray actors get the client part, and the server's x is checkpointed."""
+    extra = ["--federation.executor", EXECUTORS[executor]]
+    if executor == "ray":
+        request.getfixturevalue("ray_local")
+        extra += ["--federation.executor.actor_executor", "sequential"]
+    argv = ["--config", "digits_fedavg.yaml", "--config", str(EXAMPLES / "fednova.yaml"), "--logger.mode", "disabled",
+            "--logger.progress", "false", "--logger.run_dir", str(tmp_path), "--federation.rounds", "2",
+            "--federation.private_epochs_first", "2", "--federation.private_epochs", "1", "--data.num_clients", "5",
+            "--data.public_size", "100", "--model.hidden", "[16]", *extra]
+    parser, cfg = parse_fit(argv)
+    loop = Experiment(cfg, parser).loop
+    loop.fit()
+    assert loop.round == 2 and loop.history[-1]["fednova/tau_eff"] > 0
+    assert loop.history[-1]["after_public/global_acc_mean"] > 0.2
+    state = loop.state_dict()["method"]
+    assert torch.equal(state["global_model"], loop.aggregator.global_model)
