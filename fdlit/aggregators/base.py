@@ -263,6 +263,10 @@ class Aggregator:
         """Refuse, with a ConfigError, a model spec or client optimization the method cannot run
         with; called before any work (e.g. parameter exchange refuses heterogeneous models)."""
 
+    def check_clients(self, num_clients: int) -> None:
+        """Refuse, with a ConfigError, a federation of ``num_clients`` clients the method cannot run
+        (e.g. more F2L regions than clients); called when the loop is built, before any data loads."""
+
     def client_part(self) -> ClientPart:
         """The method's client part, built from its settings (never from its server state)."""
         return ClientPart()

@@ -111,6 +111,9 @@ class F2LAggregator(LKDAggregator):
         """Region id of every client (M,)."""
         return self.regions.assignment(num_clients)
 
+    def check_clients(self, num_clients: int) -> None:
+        self.assignment(num_clients)  # every region needs a client
+
     def server_setup(self, uploads, ctx):
         self.assignment(ctx.info.num_clients)  # refuse a bad assignment before round 1
         return super().server_setup(uploads, ctx)

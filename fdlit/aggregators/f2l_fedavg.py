@@ -128,6 +128,9 @@ class F2LParams(FedDF):
     def assignment(self, num_clients: int) -> torch.Tensor:
         return self.regions.assignment(num_clients)
 
+    def check_clients(self, num_clients: int) -> None:
+        self.assignment(num_clients)  # every region needs a client
+
     def coefficients(self, num_regions: int) -> tuple[float, float, float]:
         """(lambda_1, lambda_2, lambda_3) by Eq. 11-12."""
         soft = 1.0 - self.hard_weight

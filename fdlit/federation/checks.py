@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fdlit.aggregators.f2l import Regions
 from fdlit.data.datasets import NUM_CLASSES
 
 
@@ -26,8 +25,6 @@ def check_before_data(loop: Any) -> None:
         loop.participation.check_rounds(loop.rounds, num_clients)
     if loop.mode != "fd":
         return
-    regions = getattr(loop.aggregator, "regions", None)
-    if isinstance(regions, Regions):  # F2L: every region needs a client
-        regions.assignment(num_clients)
+    loop.aggregator.check_clients(num_clients)  # e.g. F2L: every region needs a client
     if getattr(data, "dataset", None) in NUM_CLASSES:  # a hub dataset's classes are known once it is loaded
         loop.privacy.check(loop.aggregator, NUM_CLASSES[data.dataset])
