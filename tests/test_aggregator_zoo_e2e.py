@@ -63,7 +63,7 @@ def test_selective_fd_hard_labels_send_fewer_bytes_than_soft(tmp_path):
 def test_one_hot_teachers_travel_as_class_ids_and_rebuild_exactly():
     import torch
 
-    from fdlit.federation.loop import encode_teacher
+    from fdlit.federation.protocols import encode_teacher
 
     ids = torch.tensor([3, 0, 9, 3])
     sent, targets = encode_teacher(torch.nn.functional.one_hot(ids, 10).float(), torch.float16)

@@ -15,7 +15,7 @@ import yaml
 
 from damage import flip_tensor_bytes
 from fdlit.cli import main
-from fdlit.federation.loop import available_accelerators
+from fdlit.federation.construction import available_accelerators
 from fdlit.runs.directory import CHECKPOINT, CONFIG, RunLock
 
 FIT = ["--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", "NEW"]

@@ -77,7 +77,7 @@ def test_client_class_must_be_a_client_module():
 
 
 def test_augmentation_and_batch_order_draw_from_independent_streams():
-    from fdlit.federation.loop import augmentation_seed
+    from fdlit.federation.construction import augmentation_seed
 
     seeds = {augmentation_seed(s, c) for s in range(3) for c in range(50)}
     assert len(seeds) == 150  # distinct per (seed, client)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fdlit.errors import ConfigError
-from fdlit.federation.loop import build_model
+from fdlit.models.build import build_model
 from fdlit.models import LeNet5, PerClient, ResNet18
 from fdlit.models.resnet import WeightsUnavailable
 from paper_fixtures import local_bert

@@ -27,16 +27,14 @@ from fdlit.federation.checks import check_before_data
 from fdlit.federation.baselines import MODES, reference_client
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.devices import Devices, check_devices
-from fdlit.federation.construction import (MESSAGE_DTYPES, available_accelerators, augmentation_seed,  # noqa: F401
-                                           check_accelerator, check_loop_settings, client_network, device_tensors,
-                                           eval_rows,
-                                           import_client_class)
-from fdlit.federation.measurement import Evaluation, NumericalFault, check_finite, format_summary  # noqa: F401
+from fdlit.federation.construction import (MESSAGE_DTYPES, check_loop_settings, client_network, device_tensors,
+                                           eval_rows, import_client_class)
+from fdlit.federation.measurement import Evaluation, check_finite
 from fdlit.federation.participation import Participation
-from fdlit.federation.protocols import encode_teacher, protocol_for  # noqa: F401 (re-exported)
+from fdlit.federation.protocols import protocol_for
 from fdlit.federation.round_facts import RoundFacts
 from fdlit.federation.state import load_loop_state, loop_state
-from fdlit.models.build import ModelSpec, build_model  # noqa: F401 (re-exported: fdlit.federation.build_model)
+from fdlit.models.build import ModelSpec
 from fdlit.privacy import UploadPrivacy, membership_audit
 
 
