@@ -16,7 +16,7 @@ from fdlit.aggregators import Aggregator
 from fdlit.clients import ClientOptimization
 from fdlit.config_files import read_yaml
 from fdlit.data import FederatedData
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, import_hint
 from fdlit.federation import FederationLoop
 from fdlit.models import ClientNetwork
 from fdlit.models.text import BertClassifier  # noqa: F401 (lazy in fdlit.models; imported here so help lists it)
@@ -155,7 +155,7 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
                            "fdlit's)")
     keys = re.findall(r'Parser key "([^"]+)":', text)  # nested for class_path arguments: model, then hidden
     detail = " ".join(line.strip() for line in re.sub(r'Parser key "[^"]+":', "", text).splitlines() if line.strip())
-    return ConfigError(".".join(keys) if keys else command, detail)
+    return ConfigError(".".join(keys) if keys else command, detail + import_hint(text))
 
 
 def parse_fit(argv: list[str]) -> tuple[ArgumentParser, Namespace]:

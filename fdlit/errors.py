@@ -25,3 +25,15 @@ def check_at_least(field: str, value: int, minimum: int) -> int:
     if value < minimum:
         raise ConfigError(field, f"must be >= {minimum}, got {value}")
     return value
+
+
+def import_hint(message: str) -> str:
+    """For an error whose class path names a module Python cannot find (a user's own module, not
+    fdlit's): how Python finds it. Empty otherwise."""
+    import re
+
+    missing = re.search(r"No module named '([^'.]+)", message)
+    if missing is None or missing.group(1) == "fdlit":
+        return ""
+    return (f" (a class of your own is imported by its module path: run from the folder that holds "
+            f"{missing.group(1)}.py or its package, or put that folder on PYTHONPATH; docs/extending.md)")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fdlit.errors import ConfigError, check_at_least
+from fdlit.errors import ConfigError, check_at_least, import_hint
 from fdlit.models.build import build_model
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -79,7 +79,7 @@ def import_client_class(path: str) -> type:
     try:
         cls = getattr(importlib.import_module(module_name), cls_name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError("federation.client_class", f"cannot import {path!r} ({exc})") from None
+        raise ConfigError("federation.client_class", f"cannot import {path!r} ({exc}){import_hint(str(exc))}") from None
     from fdlit.clients import ClientModule  # Lightning (seconds of CPU) only once a run is set up
 
     if not (isinstance(cls, type) and issubclass(cls, ClientModule)):
