@@ -1,10 +1,9 @@
-"""A federated-distillation client: one LightningModule, two phases, persistent optimizer state."""
+"""A federated-distillation client: one module, two phases, persistent optimizer state."""
 
 from __future__ import annotations
 
 from typing import Literal, Optional
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,7 +28,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[t
     return (per_sample * weight).sum() / weight.sum()
 
 
-class ClientModule(L.LightningModule):
+class ClientModule(nn.Module):
     """Client i of the federation (Kovalchuk et al. 2026, Algorithm 1, lines 4-5 and 14).
 
     Two steps, which every executor calls (sequential, vectorized through ``torch.func.functional_call``

@@ -96,10 +96,10 @@ class SequentialExecutor(ClientExecutor):
         self._optimizers: dict[int, torch.optim.Optimizer] = {}
 
     def setup(self, fabric: Fabric, clients: Sequence[ClientModule]) -> None:
-        from lightning.fabric.plugins.precision import Precision
+        from fdlit.execution.device import is_plain
 
         self.fabric = fabric
-        plain = type(fabric.strategy.precision) is Precision  # 32-true: no autocast, no grad scaler
+        plain = is_plain(fabric)  # 32-true: no autocast, no grad scaler
         for c in clients:  # Fabric moves the client to its device and dtype and wraps the optimizer
             _, optimizer = fabric.setup(c, c.configure_optimizers())
             # 32-true: the same math without the wrapper's per-call overhead

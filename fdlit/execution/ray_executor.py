@@ -120,9 +120,9 @@ class ClientWorker:
 
         torch.set_num_threads(num_threads)
         gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
-        from lightning.fabric import Fabric
+        from fdlit.execution.device import make_device
 
-        self.fabric = Fabric(accelerator="cuda" if gpu else "cpu", devices=1, precision=precision)
+        self.fabric = make_device("cuda" if gpu else "cpu", precision)
         self.clients = {c.client_id: c for c in clients}
         # the same code as an in-process run of that executor
         executor_cls = VectorizedExecutor if actor_executor == "vectorized" else SequentialExecutor

@@ -236,15 +236,16 @@ class FederationLoop:
         if self.is_setup:
             return
         self._setup_started = time.perf_counter()  # the run's wall time includes data and executor start-up
-        import lightning as L
-        from lightning.fabric import Fabric
+        from fdlit.execution.device import defer_dynamo_import, make_device, seed_everything
 
-        L.seed_everything(self.seed, verbose=False)
+        seed_everything(self.seed)
+        if self.compile_backend is None:
+            defer_dynamo_import()
         if not self.data.is_setup:
             self.data.setup(self.seed)
         if self.mode == "fd":
             self.privacy.check(self.aggregator, self.data.num_classes)
-        self.fabric = Fabric(accelerator=self.accelerator, devices=1, precision=self.precision)
+        self.fabric = make_device(self.accelerator, self.precision)
         device = self.fabric.device
         self.client_data = [reference_client(self.data, self.seed)] if self.mode == "reference" else self.data.clients
         self.clients = [
