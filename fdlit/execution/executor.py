@@ -66,6 +66,11 @@ class ClientExecutor:
     def teardown(self, clients: Sequence[ClientModule]) -> None:
         """End of a run: hand the final client state back into ``clients`` and free workers."""
 
+    def timing_metrics(self) -> dict[str, object]:
+        """``time/*`` metrics of the round that just ended that the loop cannot see itself (CPU
+        spent in other processes); none for an executor that runs in the loop's process."""
+        return {}
+
     def client_hook(self, hook: str, method: Aggregator, info: FederationInfo, clients: Sequence[ClientModule],
                     client_data: Sequence[ClientData], received: dict[str, torch.Tensor],
                     public_logits: Optional[torch.Tensor] = None) -> list[dict[str, torch.Tensor]]:

@@ -445,6 +445,7 @@ class FederationLoop:
                             "participation/public_size": len(public_y)})
         metrics.update(result.stats if result is not None else {})
         metrics["time/round_s"] = time.perf_counter() - t0
+        metrics.update(self.executor.timing_metrics())  # e.g. Ray actors' CPU seconds
         if self.privacy.audit and r == self.rounds:  # membership inference on the final client models
             metrics.update(membership_audit(lambda x: self.executor.predict(self.clients, x), self.private,
                                             self.test_x, self.test_y, self.local_mask_matrix))

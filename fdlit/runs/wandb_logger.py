@@ -127,8 +127,9 @@ class WandbLogger(FederationCallback):
 
         # on resume, continue the same W&B run (id from the checkpoint)
         resume = {"id": run_id, "resume": "allow"} if run_id else {}
-        # wandb waits 90 s for its service by default: bounded here, then the caller goes offline
-        settings = wandb.Settings(init_timeout=self.config.init_timeout_s)
+        # wandb waits 90 s for its service by default: bounded here, then the caller goes offline;
+        # no console capture (it costs CPU every line; fdlit's summary and run directory hold the results)
+        settings = wandb.Settings(init_timeout=self.config.init_timeout_s, console="off")
         return wandb.init(
             project=self.config.project, entity=self.config.entity, name=self.name,
             group=self.group, tags=self.config.tags or None, config=self.run_config,
