@@ -118,6 +118,11 @@ class WandbLogger(FederationCallback):
     def _init(self, mode: str, run_id: Optional[str]):
         import wandb
 
+        # wandb imports pandas (~0.4 CPU s) at the first logged value that is not a plain number, only
+        # to ask whether it is a DataFrame; its other way of asking (by type name) gives the same answer
+        if hasattr(wandb.util, "pd_available") and "pandas" not in sys.modules:
+            wandb.util.pd_available = False
+
         # wandb validates WANDB_MODE even when mode= is given: an empty or unknown value (e.g. an
         # exported but unset variable) would fail init; fdlit already resolved the mode
         env = os.environ.get("WANDB_MODE")
