@@ -1,7 +1,7 @@
 """FedMD's client (Li & Wang 2019): the digest step, an L1 loss to the consensus class scores.
 
-Apart from :mod:`fdlit.aggregators.fedmd` because it is a LightningModule: importing the rules
-does not import Lightning (start-up of ``fdlit fit --help``)."""
+Apart from :mod:`fdlit.aggregators.fedmd` because it is a client module: importing the rules
+does not import the client machinery (start-up of ``fdlit fit --help``)."""
 
 from __future__ import annotations
 
