@@ -500,9 +500,9 @@ def _grad_and_value_of_sum(losses_fn):
     summed losses through the vmapped forward: client i's loss depends on its own slice of the
     stack only, so the gradient of the sum is, slice by slice, each client's own gradient. The
     same mathematics as per-client ``grad`` (within float rounding: the backward's batched kernels
-    are chosen by autograd instead of functorch), without functorch's per-step transform
-    bookkeeping (~14 % of a digits step) and without the import of ``torch._dynamo`` (seconds of
-    CPU) that ``torch.func.grad`` makes on its first call."""
+    are chosen by autograd instead of functorch), without functorch's per-step transform and
+    without the import of ``torch._dynamo`` (seconds of CPU) that ``torch.func.grad`` makes on its
+    first call."""
 
     def fn(params, buffers, *per_client):
         leaves = [p.detach().requires_grad_() for p in params]
