@@ -120,8 +120,9 @@ class WandbLogger(FederationCallback):
 
         # wandb imports pandas (~0.4 CPU s) at the first logged value that is not a plain number, only
         # to ask whether it is a DataFrame; its other way of asking (by type name) gives the same answer
-        if hasattr(wandb.util, "pd_available") and "pandas" not in sys.modules:
-            wandb.util.pd_available = False
+        util = getattr(wandb, "util", None)
+        if hasattr(util, "pd_available") and "pandas" not in sys.modules:
+            util.pd_available = False
 
         # wandb validates WANDB_MODE even when mode= is given: an empty or unknown value (e.g. an
         # exported but unset variable) would fail init; fdlit already resolved the mode
