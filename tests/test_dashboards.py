@@ -8,7 +8,8 @@ import torch
 from fdlit.federation.diagnostics import trust_matrix
 from fdlit.runs import LoggerConfig, WandbLogger
 from fdlit.runs.dashboards import (
-    client_rows, png_to_array, run_summary, trust_heatmap_png, trust_rows, wandb_round_payload,
+    MISSING_GREY, VIRIDIS, client_rows, png_to_array, run_summary, trust_heatmap_array, trust_heatmap_png, trust_rows,
+    wandb_round_payload,
 )
 
 METRICS = {
@@ -38,6 +39,17 @@ def test_trust_heatmap_is_a_png_image():
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     array = png_to_array(png)
     assert array.ndim == 3 and array.shape[2] == 3 and array.dtype == np.uint8 and array.std() > 0
+
+
+def test_round_heatmap_array_shows_weights_own_classes_and_missing_rows():
+    matrix = [[0.0, 0.5, 1.0], [None, None, None], [0.25, 0.25, 0.5]]
+    image, top = trust_heatmap_array(matrix, [[0], [1], [2]], cell=8)
+    assert image.shape == (24, 24, 3) and image.dtype == np.uint8 and top == 1.0
+    centre = image[4::8, 4::8]  # the middle pixel of every cell
+    assert centre[0, 0].tolist() == VIRIDIS[0].tolist() and centre[0, 2].tolist() == VIRIDIS[-1].tolist()
+    assert (centre[1] == MISSING_GREY).all()  # a client that sent nothing
+    assert (image[0, :8] == 255).all() and (image[16, 16:] == 255).all()  # own classes boxed in white
+    assert not (image[0, 8:16] == 255).all()  # ... and only those
 
 
 def test_payload_uses_real_wandb_table_and_image():

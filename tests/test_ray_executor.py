@@ -110,6 +110,9 @@ def test_ray_reproduces_sequential_metrics_and_final_state(tmp_path, ray_local):
     ray_loop = tiny_loop(tmp_path / "ray", executor, [round_trip], aggregator=NoisyLogits(tau=0.25))
     ray_loop.fit()
     assert executor.plan == (2, 2, 0.0) and round_trip.checked
+    for m in ray_loop.history:  # the actors' CPU, per actor and round (round 1 includes their start-up)
+        assert len(m["time/actor_cpu_s"]) == 2 and min(m["time/actor_cpu_s"]) > 0
+        assert m["time/actors_cpu_s"] == pytest.approx(sum(m["time/actor_cpu_s"]))
     assert comparable(ray_loop.history) == comparable(seq.history)  # exact, every metric but time/*
     assert ray_loop.history[-1]["density/log_likelihood_mean"] == seq.history[-1]["density/log_likelihood_mean"]
     assert [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in ray_loop.ledger.messages] == \

@@ -35,3 +35,40 @@ def test_fit_help_imports_no_heavy_package(args):
     loaded, text = _loaded(*args)
     assert "--aggregator" in text  # the help was printed, not an error
     assert loaded == [], f"`fdlit {' '.join(args)}` imported {loaded}"
+
+
+SETUP_PROBE = """
+import sys
+from fdlit.config import parse_fit
+from fdlit.runs.experiment import Experiment
+parser, cfg = parse_fit(["--config", "configs/digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+                         "--logger.run_dir", sys.argv[1], "--federation.rounds", "1"])
+experiment = Experiment(cfg, parser)
+experiment.setup()
+assert experiment.loop.clients and experiment.loop.executor is not None
+experiment.close()
+print("LOADED=" + ",".join(m for m in {heavy!r} if m in sys.modules))
+"""
+# a CPU float32 run needs none of these; Lightning (Fabric) only for other precisions and devices
+RUN_HEAVY = ("lightning", "lightning_fabric", "torch._dynamo", "torchmetrics", "transformers", "scipy", "sklearn",
+             "pandas", "matplotlib", "ray")
+
+
+def test_cpu_float32_run_setup_imports_no_heavy_package(tmp_path):
+    out = subprocess.run([sys.executable, "-c", SETUP_PROBE.format(heavy=RUN_HEAVY), str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("LOADED=")][-1]
+    loaded = [m for m in line[len("LOADED="):].split(",") if m]
+    assert loaded == [], f"setting up a CPU float32 digits run imported {loaded}"
+
+
+def test_digits_read_without_scikit_learn_equal_its_loader():
+    sklearn_datasets = pytest.importorskip("sklearn.datasets")
+    from fdlit.data.datasets import load_digits
+
+    ours = load_digits()
+    bunch = sklearn_datasets.load_digits()
+    assert ours.x.shape == (1797, 1, 8, 8)
+    assert (ours.x.numpy() * 16.0 == bunch.images[:, None]).all()
+    assert (ours.y.numpy() == bunch.target).all()

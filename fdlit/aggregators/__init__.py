@@ -58,7 +58,7 @@ __all__ = [
 
 
 def __getattr__(name):
-    # FedMDClient is a LightningModule: import Lightning only when it is asked for
+    # FedMDClient is a client module: imported only when it is asked for
     if name == "FedMDClient":
         from fdlit.aggregators.fedmd_client import FedMDClient
 

@@ -1,8 +1,8 @@
 """Deprecated: FedMD's digest is FedMD's client part (:class:`fdlit.aggregators.fedmd.FedMDDigest`),
 which ``FedMDAggregator`` attaches to every client; ``federation.client_class`` is not needed.
 
-Apart from :mod:`fdlit.aggregators.fedmd` because it is a LightningModule: importing the rules
-does not import Lightning (start-up of ``fdlit fit --help``)."""
+Apart from :mod:`fdlit.aggregators.fedmd` because it is a client module: importing the rules
+does not import the client machinery (start-up of ``fdlit fit --help``)."""
 
 from __future__ import annotations
 

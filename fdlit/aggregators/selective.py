@@ -8,7 +8,7 @@ from typing import Literal, Optional
 import torch
 
 from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart
-from fdlit.aggregators.kulsif import KuLSIF
+from fdlit.aggregators.kulsif import KuLSIF, squared_distances
 from fdlit.errors import ConfigError, check_at_least, check_number
 
 
@@ -226,15 +226,19 @@ class SelectiveFDClient(ClientPart):
             aux = lo + (hi - lo) * torch.rand(self.aux_samples, public.shape[1], generator=g, dtype=torch.float64).to(public.device)
         groups = [[c] for c in classes] if self.per_class else [list(classes)]
         mask = torch.zeros(len(public), dtype=torch.bool, device=public.device)
+        # the per-class selectors share the auxiliary set: its distances are computed once
+        aux_aux = public_aux = None
         for group in groups:
             g_tr = torch.isin(train_y.to(public.device), torch.tensor(group, device=public.device))
             if int(g_tr.sum()) < 2:
                 continue  # no density to estimate from fewer than 2 samples
-            est = KuLSIF.fit(local_all[g_tr], aux, self.sigma, self.lam)
+            if aux_aux is None:
+                aux_aux, public_aux = squared_distances(aux, aux), squared_distances(public, aux)
+            est = KuLSIF.fit(local_all[g_tr], aux, self.sigma, self.lam, aux_sq_dists=aux_aux)
             g_cal = torch.isin(cal_y.to(public.device), torch.tensor(group, device=public.device))
             ref = cal_x.flatten(1).to(public.device)[g_cal] if int(g_cal.sum()) else local_all[g_tr]
             threshold = torch.quantile(est(ref), self.client_quantile)
-            mask |= est(public) > threshold
+            mask |= est(public, aux_sq_dists=public_aux) > threshold
         return mask
 
     def embed(self, ctx, x: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@ from fdlit.clients.options import ClientOptimization
 
 
 def __getattr__(name):
-    # ClientModule is a LightningModule: import Lightning (seconds of CPU) only when a client is built
+    # the client machinery is imported when a client is built, not for --help
     if name == "ClientModule":
         from fdlit.clients.client import ClientModule
 

@@ -66,6 +66,11 @@ class ClientExecutor:
     def teardown(self, clients: Sequence[ClientModule]) -> None:
         """End of a run: hand the final client state back into ``clients`` and free workers."""
 
+    def timing_metrics(self) -> dict[str, object]:
+        """``time/*`` metrics of the round that just ended that the loop cannot see itself (CPU
+        spent in other processes); none for an executor that runs in the loop's process."""
+        return {}
+
     def client_hook(self, hook: str, part: ClientPart, info: FederationInfo, clients: Sequence[ClientModule],
                     client_data: Sequence[ClientData], received: dict[str, torch.Tensor],
                     public_logits: Optional[torch.Tensor] = None) -> list[dict[str, torch.Tensor]]:
@@ -97,10 +102,10 @@ class SequentialExecutor(ClientExecutor):
         self._optimizers: dict[int, torch.optim.Optimizer] = {}
 
     def setup(self, fabric: Fabric, clients: Sequence[ClientModule]) -> None:
-        from lightning.fabric.plugins.precision import Precision
+        from fdlit.execution.device import is_plain
 
         self.fabric = fabric
-        plain = type(fabric.strategy.precision) is Precision  # 32-true: no autocast, no grad scaler
+        plain = is_plain(fabric)  # 32-true: no autocast, no grad scaler
         for c in clients:  # Fabric moves the client to its device and dtype and wraps the optimizer
             _, optimizer = fabric.setup(c, c.configure_optimizers())
             # 32-true: the same math without the wrapper's per-call overhead

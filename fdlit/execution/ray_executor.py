@@ -31,6 +31,7 @@ import os
 import site
 import sys
 import sysconfig
+import time
 import warnings
 import weakref
 from pathlib import Path
@@ -121,9 +122,9 @@ class ClientWorker:
 
         torch.set_num_threads(num_threads)
         gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
-        from lightning.fabric import Fabric
+        from fdlit.execution.device import make_device
 
-        self.fabric = Fabric(accelerator="cuda" if gpu else "cpu", devices=1, precision=precision)
+        self.fabric = make_device("cuda" if gpu else "cpu", precision)
         self.clients = {c.client_id: c for c in clients}
         # the same code as an in-process run of that executor
         executor_cls = VectorizedExecutor if actor_executor == "vectorized" else SequentialExecutor
@@ -176,6 +177,10 @@ class ClientWorker:
     def set_states(self, ids, states) -> None:
         for i, state in zip(ids, states):
             self.clients[i].load_client_state(state)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of this actor's process so far (every thread, start-up included)."""
+        return time.process_time()
 
     def where(self) -> dict:
         """Diagnostics: which fdlit this process imported, its device and threads."""
@@ -275,6 +280,7 @@ class RayExecutor(ClientExecutor):
         self.startup_timeout_s = startup_timeout_s
         self.actor_executor = actor_executor
         self.actors: list = []
+        self._actor_cpu: list[float] = []  # each actor's CPU seconds when the last round ended
         self._started_ray = False
 
     # ------------------------------------------------------------------ set-up and teardown
@@ -346,6 +352,18 @@ class RayExecutor(ClientExecutor):
             self.teardown([])
             raise
 
+    def timing_metrics(self) -> dict[str, object]:
+        """``time/actor_cpu_s``: each actor's CPU seconds since the last round ended (round 1: since
+        its process started, Ray's and fdlit's imports included); ``time/actors_cpu_s``: their sum.
+        The driver's own CPU is not in them."""
+        if not self.actors:
+            return {}
+        ray = import_ray()
+        now = ray.get([actor.cpu_seconds.remote() for actor in self.actors])
+        spent = [n - p for n, p in zip(now, self._actor_cpu or [0.0] * len(now))]
+        self._actor_cpu = now
+        return {"time/actor_cpu_s": spent, "time/actors_cpu_s": sum(spent)}
+
     def teardown(self, clients: Sequence[ClientModule]) -> None:
         """Copy the final client state into ``clients`` (the driver's), free the actors, and stop
         the Ray that this executor started."""
@@ -365,6 +383,7 @@ class RayExecutor(ClientExecutor):
             for actor in self.actors:
                 ray.kill(actor)
             self.actors = []
+            self._actor_cpu = []
             if self._started_ray:
                 ray.shutdown()
                 self._started_ray = False

@@ -1,7 +1,8 @@
 """Vectorized executor: clients that share an architecture train together in one batched step.
 
 Per group of same-architecture clients, each parameter is stacked into one ``M x shape`` tensor for
-the length of a phase. Every step runs ``torch.func.vmap(grad_and_value(loss))`` over the stack, so
+the length of a phase. Every step runs the loss vmapped over the stack (``torch.func.vmap``) and one
+backward pass of the summed losses (each client's gradient lands in its own slice), so
 each client computes its own forward/backward on its own batch, and the optimizer update runs
 once on the stack (Adam/AdamW: ``torch.optim``'s fused kernel; SGD: its single-tensor arithmetic).
 At the end of the phase parameters and optimizer state are written back into each
@@ -308,11 +309,12 @@ class VectorizedExecutor(ClientExecutor):
             named = {**dict(zip(names, params)), **{"client.model." + n: b for n, b in buffers.items()}}
             return functional_call(step, named, (x, t, w, state), tie_weights=tied), buffers
 
-        fn = vmap(grad_and_value(client_loss, has_aux=True), randomness="different")
         if self.compile_backend is not None:
-            fn = torch.compile(fn, backend=self.compile_backend)
+            fn = torch.compile(vmap(grad_and_value(client_loss, has_aux=True), randomness="different"),
+                               backend=self.compile_backend)
             self._compiled[key] = (step, fn)
-        return fn
+            return fn
+        return _grad_and_value_of_sum(vmap(client_loss, randomness="different"))
 
     def _concat(self, datasets):
         """One tensor of inputs and one of targets for the whole group, and each client's offset.
@@ -491,6 +493,24 @@ def _batch_norm_in_float32(net: torch.nn.Module, device: str) -> Iterator[None]:
     finally:
         for hook in hooks:
             hook.remove()
+
+
+def _grad_and_value_of_sum(losses_fn):
+    """``vmap(grad_and_value(loss, has_aux=True))`` computed as one backward pass of the clients'
+    summed losses through the vmapped forward: client i's loss depends on its own slice of the
+    stack only, so the gradient of the sum is, slice by slice, each client's own gradient. The
+    same mathematics as per-client ``grad`` (within float rounding: the backward's batched kernels
+    are chosen by autograd instead of functorch), without functorch's per-step transform and
+    without the import of ``torch._dynamo`` (seconds of CPU) that ``torch.func.grad`` makes on its
+    first call."""
+
+    def fn(params, buffers, *per_client):
+        leaves = [p.detach().requires_grad_() for p in params]
+        with torch.enable_grad():
+            loss, aux = losses_fn(leaves, buffers, *per_client)
+        return torch.autograd.grad(loss.sum(), leaves), (loss.detach(), aux)
+
+    return fn
 
 
 def _at_least_two(fn, params, buffers, *per_client, shared_last: bool = False):

@@ -167,15 +167,16 @@ class FederationLoop:
         if self.is_setup:
             return
         self._setup_started = time.perf_counter()  # the run's wall time includes data and executor start-up
-        import lightning as L
-        from lightning.fabric import Fabric
+        from fdlit.execution.device import defer_dynamo_import, make_device, seed_everything
 
-        L.seed_everything(self.seed, verbose=False)
+        seed_everything(self.seed)
+        if self.compile_backend is None:
+            defer_dynamo_import()
         if not self.data.is_setup:
             self.data.setup(self.seed)
         if self.protocol.communicates:
             self.privacy.check(self.aggregator, self.data.num_classes)
-        self.fabric = Fabric(accelerator=self.accelerator, devices=self.fabric_devices, precision=self.precision)
+        self.fabric = make_device(self.accelerator, self.precision, self.fabric_devices)
         device = self.fabric.device
         self.client_data = [reference_client(self.data, self.seed)] if self.mode == "reference" else self.data.clients
         self.clients = [
@@ -290,6 +291,7 @@ class FederationLoop:
             metrics.update(measurement.participation_metrics(plan.sampled, plan.arrived, len(public_y)))
         metrics.update(result.stats if result is not None else {})
         metrics["time/round_s"] = time.perf_counter() - t0
+        metrics.update(self.executor.timing_metrics())  # e.g. Ray actors' CPU seconds
         if self.privacy.audit and r == self.rounds:  # membership inference on the final client models
             metrics.update(membership_audit(lambda x: self.executor.predict(self.clients, x), self.private,
                                             self.test_x, self.test_y, self.local_mask_matrix))

@@ -1,8 +1,9 @@
 """What the W&B dashboard shows per round, built from the loop's metrics dict.
 
 The wandb module is passed in (``wandb_round_payload(wandb, ...)``) so that wandb_logger.py stays
-the only module importing it. Plotting uses matplotlib's object API with the Agg canvas: no pyplot
-global state, no display needed.
+the only module importing it. The per-round heatmap is drawn with NumPy (matplotlib's import and a
+figure cost more CPU than W&B's whole logging); the report's labelled figure uses matplotlib's object
+API with the Agg canvas: no pyplot global state, no display needed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ SUMMARIES = (
     ("comm/up_bytes_total", None), ("comm/down_bytes_total", None),
 )
 TRUST_MAX_ROWS = 40  # more clients than this: one row per class held (clients aggregated)
+# matplotlib's viridis at 0, 1/8, ..., 1 (RGB), interpolated linearly between
+VIRIDIS = np.array([[68, 1, 84], [71, 45, 123], [59, 82, 139], [44, 114, 142], [33, 145, 140], [40, 174, 128],
+                    [94, 201, 98], [173, 220, 48], [253, 231, 37]], dtype=float)
+MISSING_GREY = 128
 
 
 def run_summary(history: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -128,6 +133,27 @@ def draw_trust_heatmap(fig, ax, matrix: Sequence[Sequence[Optional[float]]],
     ax.set_yticks(range(n_rows), labels)
 
 
+def trust_heatmap_array(matrix: Sequence[Sequence[Optional[float]]],
+                        client_classes: Optional[Sequence[Sequence[int]]] = None, max_rows: int = TRUST_MAX_ROWS,
+                        cell: int = 16) -> tuple[np.ndarray, float]:
+    """The heatmap of ``trust_heatmap_png`` without its text, as an RGB array (``cell`` pixels per
+    entry, rows and classes in order, white boxes on a client's own classes, grey where a client sent
+    nothing), and the weight that maps to the top of the colour scale (0 maps to its bottom)."""
+    m, _, boxes, _ = trust_rows(matrix, client_classes, max_rows)
+    top = float(np.nanmax(m)) if np.isfinite(m).any() else 1.0
+    scaled = np.clip(np.nan_to_num(m, nan=0.0) / max(top, 1e-9), 0.0, 1.0) * (len(VIRIDIS) - 1)
+    low = np.minimum(scaled.astype(int), len(VIRIDIS) - 2)
+    frac = (scaled - low)[..., None]
+    rgb = VIRIDIS[low] * (1 - frac) + VIRIDIS[low + 1] * frac
+    rgb[~np.isfinite(m)] = MISSING_GREY
+    image = np.repeat(np.repeat(np.rint(rgb).astype(np.uint8), cell, 0), cell, 1)
+    edge = max(1, cell // 8)
+    for i, c in boxes:
+        block = image[i * cell:(i + 1) * cell, c * cell:(c + 1) * cell]
+        block[:edge], block[-edge:], block[:, :edge], block[:, -edge:] = 255, 255, 255, 255
+    return image, top
+
+
 def png_to_array(png: bytes) -> np.ndarray:
     from matplotlib.image import imread
 
@@ -146,6 +172,9 @@ def wandb_round_payload(wandb: Any, metrics: dict[str, Any], client_classes: Seq
     matrix = metrics.get(TRUST_KEY)
     if matrix and trust:
         r = metrics.get("round")
-        png = trust_heatmap_png(matrix, f"who to trust, round {r}", client_classes, max_rows=max_rows)
-        payload[TRUST_KEY] = wandb.Image(png_to_array(png), caption=f"mean weight per client x true class, round {r}")
+        image, top = trust_heatmap_array(matrix, client_classes, max_rows=max_rows)
+        rows = "client" if len(matrix) <= max_rows or len(client_classes) != len(matrix) else "class held (its clients)"
+        payload[TRUST_KEY] = wandb.Image(image, caption=(
+            f"who to trust, round {r}: mean weight per {rows} (rows, top to bottom) x true class (columns, "
+            f"left to right); viridis from 0 to {top:.3g}, white boxes: own classes, grey: nothing sent"))
     return payload

@@ -118,6 +118,12 @@ class WandbLogger(FederationCallback):
     def _init(self, mode: str, run_id: Optional[str]):
         import wandb
 
+        # wandb imports pandas (~0.4 CPU s) at the first logged value that is not a plain number, only
+        # to ask whether it is a DataFrame; its other way of asking (by type name) gives the same answer
+        util = getattr(wandb, "util", None)
+        if hasattr(util, "pd_available") and "pandas" not in sys.modules:
+            util.pd_available = False
+
         # wandb validates WANDB_MODE even when mode= is given: an empty or unknown value (e.g. an
         # exported but unset variable) would fail init; fdlit already resolved the mode
         env = os.environ.get("WANDB_MODE")
@@ -127,8 +133,8 @@ class WandbLogger(FederationCallback):
 
         # on resume, continue the same W&B run (id from the checkpoint)
         resume = {"id": run_id, "resume": "allow"} if run_id else {}
-        # wandb waits 90 s for its service by default: bounded here, then the caller goes offline.
-        # No console capture: the terminal's progress output is not a record of the run (metrics are)
+        # wandb waits 90 s for its service by default: bounded here, then the caller goes offline;
+        # no console capture (it costs CPU every line; fdlit's summary and run directory hold the results)
         settings = wandb.Settings(init_timeout=self.config.init_timeout_s, console="off")
         return wandb.init(
             project=self.config.project, entity=self.config.entity, name=self.name,

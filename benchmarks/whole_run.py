@@ -1,0 +1,101 @@
+"""Whole-run CPU of fdlit against a plain PyTorch FD loop on the same work, start-up included.
+
+    python benchmarks/whole_run.py [--repeats 3] [--rounds 20] [--config configs/digits.yaml]
+
+Each repeat runs, one after another in fresh interpreters: the plain loop (benchmarks/plain_fd.py),
+``fdlit fit`` with W&B offline and ``fdlit fit`` with W&B disabled, so that load on a shared
+machine hits all three alike (paired, interleaved). CPU = user + system seconds of the process and
+of every process it started, W&B's service included (this script is their subreaper, so orphans
+are waited for here and counted). Threads are pinned to one
+(``OMP_NUM_THREADS=1``) for all three. The table gives the median of each and the ratio of
+fdlit to the plain loop per repeat (median and range).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def become_subreaper() -> None:
+    """Processes orphaned below this one (W&B's service outlives ``fdlit``) become its children, so
+    that their CPU is counted when they are waited for (Linux ``PR_SET_CHILD_SUBREAPER``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def measure(cmd: list[str], env: dict[str, str], linger_s: float = 60.0) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of ``cmd`` and every process it started, also those that
+    outlived it (waited for up to ``linger_s``), from ``RUSAGE_CHILDREN``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = proc.stderr.read().decode()
+    code = proc.wait()
+    wall = time.perf_counter() - start
+    deadline = time.monotonic() + linger_s
+    while True:  # reap the orphans (reparented here); none left: ChildProcessError
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"a process started by {cmd[:4]} is still running after {linger_s:g} s")
+            time.sleep(0.05)
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {err[-800:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--config", default="configs/digits.yaml")
+    args = parser.parse_args(argv)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("WANDB_MODE", None)
+    become_subreaper()
+    runs = tempfile.mkdtemp(prefix="fdlit-whole-run-")
+    fit = [sys.executable, "-m", "fdlit", "fit", "--config", args.config, "--federation.rounds", str(args.rounds),
+           "--logger.progress", "false", "--logger.run_dir", runs]
+    commands = {
+        "plain PyTorch loop": [sys.executable, "benchmarks/plain_fd.py", "--rounds", str(args.rounds)],
+        "fdlit, W&B offline": fit + ["--logger.mode", "offline"],
+        "fdlit, W&B disabled": fit + ["--logger.mode", "disabled"],
+    }
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+    for _ in range(args.repeats):
+        for name, cmd in commands.items():
+            samples[name].append(measure(cmd, env))
+    print(f"{'command':<22} {'CPU s':>7} {'wall s':>7}   (median of {args.repeats}, {args.rounds} rounds, "
+          f"{args.config}; one thread each)")
+    med = {}
+    for name, rows in samples.items():
+        cpu, wall = (statistics.median(col) for col in zip(*rows))
+        med[name] = cpu
+        print(f"{name:<22} {cpu:7.2f} {wall:7.2f}")
+    plain = [cpu for cpu, _ in samples["plain PyTorch loop"]]
+    out = {}
+    for name in list(commands)[1:]:
+        ratios = [cpu / p for (cpu, _), p in zip(samples[name], plain)]
+        out[name] = statistics.median(ratios)
+        print(f"ratio {name} / plain loop (CPU, paired): {out[name]:.2f}x  (range {min(ratios):.2f}-{max(ratios):.2f})")
+    return out
+
+
+if __name__ == "__main__":
+    main()
