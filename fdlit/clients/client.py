@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fdlit.clients.options import LOSS_STATE_KEYS, OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
+from fdlit.clients.options import OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
 
 Phase = Literal["private", "public"]
 
@@ -36,12 +36,17 @@ class ClientModule(nn.Module):
 
     * ``private_loss``: the private step, cross-entropy on the client's labelled data;
     * ``public_loss``: the public step, distillation CE(P(x) || softmax(f_i(x))) against the teacher P
-      on X_pub (override it for a KD temperature, a proximal term, ...).
+      on X_pub.
+
+    A method changes either loss through its client part's ``loss`` hook (``method_part``, attached
+    by the loop: FedProx's proximal term, SCAFFOLD's correction, FedMD's digest); a subclass
+    (``federation.client_class``) may override the steps themselves.
 
     ``training_step`` dispatches on ``phase``; ``predict_step`` returns logits. The optimizer is built
     once and reused every round, so Adam's moments persist across rounds and phases (only the
     learning rate changes between phases). ``method_state`` holds a method's client-side state
     (e.g. Selective-FD's selector mask); it moves and is checkpointed with the client.
+    ``method_part`` is the method's client part (settings only; not a submodule, not checkpointed).
     """
 
     def __init__(
@@ -61,6 +66,7 @@ class ClientModule(nn.Module):
         # each client's own random stream (batch order, augmentation): reproducible and checkpointable
         self.generator = torch.Generator().manual_seed(seed * 1_000_003 + client_id)
         self.method_state: dict[str, torch.Tensor] = {}
+        self.method_part = None  # the method's ClientPart, whose ``loss`` hook shapes both losses
         self._optimizer: Optional[torch.optim.Optimizer] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,32 +75,19 @@ class ClientModule(nn.Module):
     def private_loss(self, logits: torch.Tensor, labels: torch.Tensor,
                      weight: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The private step's loss: CE against integer labels (``weight``: see :func:`cross_entropy`),
-        plus the terms a parameter-exchange method put in ``method_state`` (:meth:`parameter_terms`)."""
-        loss = cross_entropy(logits, labels, weight)
-        if any(k in self.method_state for k in LOSS_STATE_KEYS):
-            loss = loss + self.parameter_terms()
-        return loss
-
-    def parameter_terms(self) -> torch.Tensor:
-        """(mu/2)||w - center||^2 + <w, g> over the model's parameters, from ``method_state``.
-        The parameters are read from the module, so under the vectorized executor's
-        ``functional_call`` they are each client's own slice of the stack."""
-        state = self.method_state
-        center, mu, g = state.get("prox_center"), state.get("prox_mu"), state.get("linear_term")
-        total, offset = 0.0, 0
-        for p in self.model.parameters():
-            n = p.numel()
-            if center is not None:
-                total = total + 0.5 * mu * (p - center[offset : offset + n].view_as(p)).pow(2).sum()
-            if g is not None:
-                total = total + (p * g[offset : offset + n].view_as(p)).sum()
-            offset += n
-        return total
+        as the method's client part makes it (e.g. plus FedProx's proximal term)."""
+        return self.method_loss("private", logits, labels, weight, cross_entropy(logits, labels, weight))
 
     def public_loss(self, logits: torch.Tensor, teacher: torch.Tensor,
                     weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The public step's loss: CE(P || softmax(logits)) against the teacher's probabilities."""
-        return cross_entropy(logits, teacher, weight)
+        """The public step's loss: CE(P || softmax(logits)) against the teacher's probabilities, as
+        the method's client part makes it (e.g. FedMD's digest instead)."""
+        return self.method_loss("public", logits, teacher, weight, cross_entropy(logits, teacher, weight))
+
+    def method_loss(self, phase: Phase, logits: torch.Tensor, target: torch.Tensor,
+                    weight: Optional[torch.Tensor], base: torch.Tensor) -> torch.Tensor:
+        part = self.method_part
+        return base if part is None else part.loss(self, phase, logits, target, weight, base)
 
     def phase_loss(self, logits: torch.Tensor, target: torch.Tensor,
                    weight: Optional[torch.Tensor] = None) -> torch.Tensor:
