@@ -89,3 +89,13 @@ def test_fednova_runs_by_class_path_under_every_executor_and_resumes(executor, t
     assert loop.history[-1]["after_public/global_acc_mean"] > 0.2
     state = loop.state_dict()["method"]
     assert torch.equal(state["global_model"], loop.aggregator.global_model)
+
+
+def test_a_class_path_python_cannot_find_says_how_python_finds_a_users_module(fast_args, capsys):
+    from fdlit.cli import main
+
+    assert main(["fit", *fast_args, "--aggregator", "my_missing_rules.MedianTeacher"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fdlit: error: aggregator") and "my_missing_rules" in err and "PYTHONPATH" in err
+    assert main(["fit", *fast_args, "--aggregator", "fdlit.aggregators.NoSuchRule"]) == 2
+    assert "PYTHONPATH" not in capsys.readouterr().err  # a typo in fdlit's own path is no path problem
