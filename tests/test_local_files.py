@@ -165,3 +165,18 @@ def test_the_real_fashion_mnist_files():
     # the published training-set pixel mean (Xiao et al. 2017), the normalisation fdlit applies
     assert train.x.float().mean().item() / 255 == pytest.approx(0.2860, abs=1e-4)
     assert train.y[:5].tolist() == [9, 0, 0, 3, 0]  # the first labels of train-labels-idx1-ubyte
+
+
+def test_a_cifar_batch_that_would_run_code_is_refused(tmp_path):
+    import pickle
+
+    from fdlit.data.local_files import _unpickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({b"data": Evil()}))
+    with pytest.raises(ConfigError, match="not a CIFAR python batch.*builtins.print is not allowed"):
+        _unpickle(path)

@@ -115,9 +115,26 @@ def _read_idx_folder(folder: Path) -> Optional[dict]:
     return out
 
 
+class _ArraysOnly(pickle.Unpickler):
+    """CIFAR's python batches are pickles: unpickle dicts, lists, bytes and NumPy arrays, never any
+    other class, so a crafted file in a data folder cannot run code."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+               ("numpy._core.multiarray", "scalar")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a CIFAR batch file")
+        return super().find_class(module, name)
+
+
 def _unpickle(path: Path) -> dict:
     with open(path, "rb") as f:
-        return pickle.load(f, encoding="bytes")
+        try:
+            return _ArraysOnly(f, encoding="bytes").load()
+        except pickle.UnpicklingError as exc:
+            raise ConfigError("data.data_dir", f"{path} is not a CIFAR python batch ({exc})") from None
 
 
 def _cifar_rows(batches: list[dict], label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
