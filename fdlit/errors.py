@@ -20,6 +20,12 @@ def check_number(field: str, value: float, *, minimum: float = 0.0, inclusive: b
     return value
 
 
+def check_choice(field: str, value, allowed) -> None:
+    """Raise ConfigError unless ``value`` is one of ``allowed``, naming them."""
+    if value not in allowed:
+        raise ConfigError(field, f"allowed: {', '.join(map(str, allowed))}; got {value!r}")
+
+
 def check_at_least(field: str, value: int, minimum: int) -> int:
     """Raise ConfigError unless ``value >= minimum`` (counts: clients, epochs, sizes)."""
     if value < minimum:

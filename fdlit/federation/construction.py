@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fdlit.errors import ConfigError, check_at_least, import_hint
+from fdlit.errors import ConfigError, check_at_least, check_choice, import_hint
 from fdlit.models.build import build_model
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -53,12 +53,9 @@ def check_loop_settings(*, rounds: int, epochs: dict[str, int], precision: str, 
     check_at_least("federation.rounds", rounds, 1)
     for name, value in epochs.items():
         check_at_least(f"federation.{name}", value, 0)
-    if precision not in PRECISIONS:
-        raise ConfigError("federation.precision", f"allowed: {', '.join(PRECISIONS)}; got {precision!r}")
-    if message_dtype not in MESSAGE_DTYPES:
-        raise ConfigError("federation.message_dtype", f"allowed: {sorted(MESSAGE_DTYPES)}; got {message_dtype!r}")
-    if mode not in modes:
-        raise ConfigError("federation.mode", f"allowed: {', '.join(modes)}; got {mode!r}")
+    check_choice("federation.precision", precision, PRECISIONS)
+    check_choice("federation.message_dtype", message_dtype, sorted(MESSAGE_DTYPES))
+    check_choice("federation.mode", mode, modes)
     check_accelerator(accelerator)
     if not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
         raise ConfigError("seed", f"must be an integer in [0, {MAX_SEED}], got {seed!r}")

@@ -52,7 +52,7 @@ from typing import Any, Callable, Literal, Optional, Sequence
 import numpy as np
 import torch
 
-from fdlit.errors import ConfigError, check_number
+from fdlit.errors import ConfigError, check_choice, check_number
 from fdlit.privacy.accounting import ClientAccountant, make_accountant
 from fdlit.privacy.encoding import ENCODINGS, decode, encode
 from fdlit.privacy.release import NOISED, POSITIVE_ROWS, UNBOUNDED, Release
@@ -123,12 +123,9 @@ class UploadPrivacy:
             raise ConfigError("privacy.delta", f"must be in (0, 1), got {delta}")
         if epsilon_budget is not None:
             check_number("privacy.epsilon_budget", epsilon_budget)
-        if accountant not in ACCOUNTANTS:
-            raise ConfigError("privacy.accountant", f"allowed: {', '.join(ACCOUNTANTS)}; got {accountant!r}")
-        if accounting not in ACCOUNTINGS:
-            raise ConfigError("privacy.accounting", f"allowed: {', '.join(ACCOUNTINGS)}; got {accounting!r}")
-        if encoding not in ENCODINGS:
-            raise ConfigError("privacy.encoding", f"allowed: {', '.join(ENCODINGS)}; got {encoding!r}")
+        check_choice("privacy.accountant", accountant, ACCOUNTANTS)
+        check_choice("privacy.accounting", accounting, ACCOUNTINGS)
+        check_choice("privacy.encoding", encoding, ENCODINGS)
         if not 1 <= bits <= 16:
             raise ConfigError("privacy.bits", f"must be in [1, 16], got {bits}")
         if top_k < 1:
