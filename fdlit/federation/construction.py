@@ -77,7 +77,7 @@ def import_client_class(path: str) -> type:
         cls = getattr(importlib.import_module(module_name), cls_name)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigError("federation.client_class", f"cannot import {path!r} ({exc}){import_hint(str(exc))}") from None
-    from fdlit.clients import ClientModule  # Lightning (seconds of CPU) only once a run is set up
+    from fdlit.clients import ClientModule  # imported when a run is built, not for --help
 
     if not (isinstance(cls, type) and issubclass(cls, ClientModule)):
         raise ConfigError("federation.client_class", f"{path!r} is not a subclass of fdlit.clients.ClientModule")
