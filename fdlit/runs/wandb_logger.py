@@ -27,6 +27,7 @@ from fdlit.callbacks import FederationCallback
 from fdlit.runs.dashboards import SUMMARIES, accuracy_table_rows, run_summary, wandb_round_payload
 from fdlit.runs.directory import safe_name
 from fdlit.runs.logger_config import LoggerConfig, Mode
+from fdlit.runs.wandb_costs import skip_unused_work, wandb_settings
 from fdlit.runs.naming import flat, setting_hash, short
 
 
@@ -118,11 +119,7 @@ class WandbLogger(FederationCallback):
     def _init(self, mode: str, run_id: Optional[str]):
         import wandb
 
-        # wandb imports pandas (~0.4 CPU s) at the first logged value that is not a plain number, only
-        # to ask whether it is a DataFrame; its other way of asking (by type name) gives the same answer
-        util = getattr(wandb, "util", None)
-        if hasattr(util, "pd_available") and "pandas" not in sys.modules:
-            util.pd_available = False
+        skip_unused_work(wandb)
 
         # wandb validates WANDB_MODE even when mode= is given: an empty or unknown value (e.g. an
         # exported but unset variable) would fail init; fdlit already resolved the mode
@@ -133,9 +130,8 @@ class WandbLogger(FederationCallback):
 
         # on resume, continue the same W&B run (id from the checkpoint)
         resume = {"id": run_id, "resume": "allow"} if run_id else {}
-        # wandb waits 90 s for its service by default: bounded here, then the caller goes offline;
-        # no console capture (it costs CPU every line; fdlit's summary and run directory hold the results)
-        settings = wandb.Settings(init_timeout=self.config.init_timeout_s, console="off")
+        # wandb waits 90 s for its service by default: bounded here, then the caller goes offline
+        settings = wandb_settings(wandb, self.config.init_timeout_s)
         return wandb.init(
             project=self.config.project, entity=self.config.entity, name=self.name,
             group=self.group, tags=self.config.tags or None, config=self.run_config,
