@@ -131,7 +131,7 @@ class WandbLogger(FederationCallback):
         # on resume, continue the same W&B run (id from the checkpoint)
         resume = {"id": run_id, "resume": "allow"} if run_id else {}
         # wandb waits 90 s for its service by default: bounded here, then the caller goes offline
-        settings = wandb_settings(wandb, self.config.init_timeout_s)
+        settings = wandb_settings(wandb, self.config)
         return wandb.init(
             project=self.config.project, entity=self.config.entity, name=self.name,
             group=self.group, tags=self.config.tags or None, config=self.run_config,
