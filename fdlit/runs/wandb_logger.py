@@ -27,8 +27,8 @@ from fdlit.callbacks import FederationCallback
 from fdlit.runs.dashboards import SUMMARIES, accuracy_table_rows, run_summary, wandb_round_payload
 from fdlit.runs.directory import safe_name
 from fdlit.runs.logger_config import LoggerConfig, Mode
-from fdlit.runs.wandb_costs import skip_unused_work, wandb_settings
 from fdlit.runs.naming import flat, setting_hash, short
+from fdlit.runs.wandb_costs import skip_unused_work, wandb_settings
 
 
 def has_wandb_credentials() -> bool:
