@@ -10,7 +10,7 @@ import torch
 # Above this bound on the condition number of K/n + lambda I, the system is factored in float64;
 # below it a float32 Cholesky factor with float64 refinement reaches float64's accuracy
 FLOAT32_MAX_CONDITION = 1e4
-# Up to this bound the squared distances behind the kernels are computed in float32 (``kernel_dtype``):
+# Up to this bound the kernels (squared distances, exponential) are computed in float32 (``kernel_dtype``):
 # their rounding moves the weights by at most ~bound * 1e-7 relative
 FLOAT32_KERNEL_MAX_CONDITION = 1e3
 REFINEMENT_STEPS = 2
@@ -20,7 +20,7 @@ def kernel_dtype(lam: float | None, n: int) -> torch.dtype:
     """The precision in which the squared distances of an estimator with regulariser ``lam`` (None:
     the default rate, at least min(n, m)^-0.9 >= n^-0.9) and n auxiliary points are computed:
     float32 while the system's condition number stays at most ``FLOAT32_KERNEL_MAX_CONDITION``, else
-    float64. Kernels, solve and estimates stay float64.
+    float64, and the kernel's exponential with them; the solve and the estimates stay float64.
 
     A float32 squared distance is off by ~1e-7 of the points' squared spread (they are taken about
     the points' mean), so a kernel entry by ~1e-7 relative; the solve moves the weights by at most
@@ -30,8 +30,7 @@ def kernel_dtype(lam: float | None, n: int) -> torch.dtype:
 
 
 def squared_distances(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """D[i, j] = ||a_i - b_j||^2, computed in ``dtype`` and returned in float64: what every kernel of
-    one bandwidth is computed from, so that estimators sharing points (one client's per-class
+    """D[i, j] = ||a_i - b_j||^2 in ``dtype``: what every kernel of one bandwidth is computed from, so that estimators sharing points (one client's per-class
     selectors share the auxiliary set) compute it once. In float32 the points are first centred on
     b's mean (in float64): distances do not change, and float32's rounding of
     ||a||^2 + ||b||^2 - 2 a.b is relative to the points' spread, not their norms."""
@@ -39,15 +38,17 @@ def squared_distances(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype = tor
     if dtype != torch.float64:
         centre = b.mean(0)
         a, b = (a - centre).to(dtype), (b - centre).to(dtype)
-    return torch.cdist(a, b).double().pow(2)
+    return torch.cdist(a, b).pow_(2)
 
 
 def gaussian_kernel(a: torch.Tensor, b: torch.Tensor, sigma: float,
                     sq_dists: torch.Tensor | None = None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """K[i, j] = exp( -||a_i - b_j||^2 / (2 sigma^2) ), float64 (``sq_dists``: the squared
-    distances of a and b, when already known; else computed in ``dtype``)."""
+    """K[i, j] = exp( -||a_i - b_j||^2 / (2 sigma^2) ), computed in the precision of the squared
+    distances (``sq_dists``, when already known; else computed in ``dtype``) and returned in float64."""
     d2 = squared_distances(a, b, dtype) if sq_dists is None else sq_dists
-    return torch.exp(-d2 / (2.0 * sigma**2))
+    if d2.dtype == torch.float64:
+        return torch.exp(-d2 / (2.0 * sigma**2))
+    return torch.exp(d2 * (-0.5 / sigma**2)).double()
 
 
 def solve_regularised_kernel(k_aa: torch.Tensor, lam: float, rhs: torch.Tensor) -> torch.Tensor:
@@ -91,8 +92,8 @@ class KuLSIF:
         r(x)  = K(x,A) alpha + (1/(m lambda)) sum_j K(x, X_j)
 
     with a Gaussian kernel of width sigma. One n x n symmetric positive definite solve
-    (:func:`solve_regularised_kernel`); squared distances in float32 where the system's conditioning
-    allows (:func:`kernel_dtype`), kernels, weights and results in float64, on the device of the inputs.
+    (:func:`solve_regularised_kernel`); kernels computed in float32 where the system's conditioning
+    allows (:func:`kernel_dtype`), the solve, weights and results in float64, on the device of the inputs.
     """
 
     aux: torch.Tensor
@@ -100,7 +101,7 @@ class KuLSIF:
     alpha: torch.Tensor
     sigma: float
     lam: float
-    dtype: torch.dtype = torch.float64  # of the squared distances (``kernel_dtype``)
+    dtype: torch.dtype = torch.float64  # in which the kernels are computed (``kernel_dtype``)
 
     @classmethod
     def fit(cls, local: torch.Tensor, aux: torch.Tensor, sigma: float | None = None,
@@ -109,7 +110,7 @@ class KuLSIF:
         """local: m x d samples of p; aux: n x d samples of u. sigma None: median heuristic on
         ``local``; lam None: min(n, m)^-0.9, a rate allowed by Selective-FD's Theorem 1 (lambda^-1 =
         O(min(n,m)^(1-delta))). ``aux_sq_dists``: ``squared_distances(aux, aux)``, when several
-        estimators share ``aux``. ``dtype``: of the squared distances; None: ``kernel_dtype``."""
+        estimators share ``aux`` (in ``dtype``). ``dtype``: in which kernels are computed; None: ``kernel_dtype``."""
         x, a = local.flatten(1).double(), aux.flatten(1).double()
         n, m = len(a), len(x)
         sigma = float(sigma) if sigma is not None else median_bandwidth(x)
