@@ -40,5 +40,5 @@ if not any(isinstance(f, _SubmoduleAlias) for f in sys.meta_path):
 
 
 def __getattr__(name):
-    cls = renamed_class(name)
+    cls = renamed_class(name, vars(_methods))
     return cls if cls is not None else getattr(_methods, name)

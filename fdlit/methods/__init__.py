@@ -65,7 +65,7 @@ def __getattr__(name):
         return FedMDClient
     from fdlit.methods.aliases import renamed_class
 
-    cls = renamed_class(name)  # a former name (fdlit.methods.aliases), with a FutureWarning
+    cls = renamed_class(name, globals())  # a former name (fdlit.methods.aliases), with a FutureWarning
     if cls is None:
         raise AttributeError(name)
     return cls

@@ -33,14 +33,13 @@ def warn_renamed(old: str, new: str) -> None:
                   FutureWarning, stacklevel=4)
 
 
-def renamed_class(name: str):
-    """The class a former class name refers to (with a warning), or None if ``name`` is not one."""
+def renamed_class(name: str, namespace: dict):
+    """The class a former class name refers to in ``namespace`` (fdlit.methods' globals), with a
+    warning; None if ``name`` is not a former name."""
     if name not in RENAMED:
         return None
-    import fdlit.methods
-
     warn_renamed(name, RENAMED[name])
-    return getattr(fdlit.methods, RENAMED[name])
+    return namespace[RENAMED[name]]
 
 
 def canonical_class_path(class_path: str) -> str:
