@@ -5,8 +5,8 @@ stay within float32's rounding of it, and shared squared distances change nothin
 import pytest
 import torch
 
-from fdlit.aggregators import kulsif
-from fdlit.aggregators.kulsif import KuLSIF, gaussian_kernel, solve_regularised_kernel, squared_distances
+from fdlit.methods import kulsif
+from fdlit.methods.kulsif import KuLSIF, gaussian_kernel, solve_regularised_kernel, squared_distances
 
 
 def float64_reference(local, aux, x, lam=None):
