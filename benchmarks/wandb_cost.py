@@ -19,13 +19,14 @@ whole-run difference (offline - disabled, CPU of the process and its children) i
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from whole_run import run_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
@@ -84,11 +85,7 @@ def run_once(config: str, rounds: int, mode: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--config", default="configs/digits.yaml")
-    args = parser.parse_args(argv)
+    args = run_arguments(__doc__, argv)
     rows = []
     for _ in range(args.repeats):
         offline, disabled = (run_once(args.config, args.rounds, mode) for mode in ("offline", "disabled"))
