@@ -87,3 +87,22 @@ def test_an_offline_run_logs_its_metrics_heatmaps_at_their_cadence_and_one_table
     assert "requirements.txt" not in files
     images = list((run_dir / "wandb").glob("offline-run-*/files/media/images/**/*.png"))
     assert len(images) == 3
+
+
+def test_models_defined_while_wandb_loads_skip_the_docstring_search_and_it_comes_back():
+    import pydantic
+    from pydantic._internal import _fields
+
+    search = _fields.extract_docstrings_from_cls
+    with wandb_costs.without_field_docstrings():
+        class Inside(pydantic.BaseModel):
+            model_config = pydantic.ConfigDict(use_attribute_docstrings=True)
+            x: int = 0
+            """a description"""
+    class Outside(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(use_attribute_docstrings=True)
+        x: int = 0
+        """a description"""
+    assert Inside.model_fields["x"].description is None and Inside(x=3).x == 3
+    assert Outside.model_fields["x"].description == "a description"
+    assert _fields.extract_docstrings_from_cls is search

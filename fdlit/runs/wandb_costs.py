@@ -9,13 +9,19 @@ module importing it. Each change below skips work whose result nothing in an fdl
   process that has imported torch) only to apply inputs a Launch job staged in this process; staging
   them imports that module first, so without it imported there is nothing to apply.
 
+* pydantic fills each model field's description from the attribute docstrings below it, which it
+  finds by searching every loaded module's file for each frame of the class's definition (slow in a
+  process that has imported torch); wandb's settings and API models ask for it, nothing in a run
+  reads a description, so while wandb imports and logs (``without_field_docstrings``) it is skipped.
+
 Console capture, system metrics and the requirements file are settings (``wandb_settings``).
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 LAUNCH_INPUTS = "wandb.sdk.launch.inputs.internal"  # where W&B Launch stages a job's inputs
 
@@ -34,6 +40,25 @@ def skip_unused_work(wandb: Any) -> None:
 
         detect_and_apply_job_inputs._fdlit_skips_unstaged = True
         run_class._detect_and_apply_job_inputs = detect_and_apply_job_inputs
+
+
+@contextmanager
+def without_field_docstrings() -> Iterator[None]:
+    """Models defined inside skip pydantic's docstring search (their fields keep no description)."""
+    try:
+        from pydantic._internal import _fields
+    except ImportError:  # no pydantic, or another layout: nothing to skip
+        yield
+        return
+    search = getattr(_fields, "extract_docstrings_from_cls", None)
+    if search is None:
+        yield
+        return
+    _fields.extract_docstrings_from_cls = lambda cls, use_inspect=False: {}
+    try:
+        yield
+    finally:
+        _fields.extract_docstrings_from_cls = search
 
 
 def wandb_settings(wandb: Any, config: Any) -> Any:
