@@ -4,7 +4,7 @@
 * ``adversaries/weight``: their total weight in what the server made of the uploads. For a rule
   with per-client weights W (M x N, columns summing to 1): E_x sum_{i attacker} W[i, x], the
   attackers' share of the teacher (AVG: their share of the clients); for parameter exchange, their
-  share of the global model (``weights/clients`` where the rule reports it, e.g. Krum's selection,
+  share of the global model (``clients/model_share`` where the rule reports it, e.g. Krum's selection,
   else FedAvg's n_k / n). NaN for a rule with neither (e.g. ERA, whose teacher is not a mixture);
 * ``adversaries/honest_global_acc`` and ``adversaries/honest_local_acc``: the mean accuracy of the
   clients that are not attackers this round, after the exchange (global: the whole test set;
@@ -27,7 +27,7 @@ def attackers_weight(fed: Any, result: Any, arrived: list[int], attackers: froze
         return math.nan
     if result.weights is not None:
         return float(result.weights[rows].sum(0).mean()) if rows else 0.0
-    shares = result.stats.get("weights/clients")
+    shares = result.stats.get("clients/model_share")
     if shares is None and getattr(fed.aggregator, "counts", None) is not None and result.broadcast:
         counts = fed.aggregator.counts.double()[list(arrived)]
         shares = (counts / counts.sum()).tolist()

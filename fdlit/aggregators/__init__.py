@@ -14,10 +14,13 @@ from fdlit.aggregators.fedgo import FedGOAggregator
 from fdlit.aggregators.fedgo_fedavg import FedGOParams
 from fdlit.aggregators.fedmd import FedMDAggregator
 from fdlit.aggregators.fedprox import FedProx
+from fdlit.aggregators.krum import Krum
 from fdlit.aggregators.kulsif import KuLSIF
 from fdlit.aggregators.lkd import LKDAggregator
 from fdlit.aggregators.meta_model import MetaModelAggregator
 from fdlit.aggregators.oracle import OracleAggregator
+from fdlit.aggregators.robust_parameters import FedMedian, FedTrimmedMean
+from fdlit.aggregators.robust_predictions import MedianAggregator, TrimmedMeanAggregator
 from fdlit.aggregators.scaffold import Scaffold
 from fdlit.aggregators.selective import SelectiveFDAggregator
 from fdlit.aggregators.variance import LogitVarianceAggregator
@@ -41,15 +44,20 @@ __all__ = [
     "FedGOParams",
     "FedMDAggregator",
     "FedMDClient",
+    "FedMedian",
+    "FedTrimmedMean",
     "FedProx",
+    "Krum",
     "KuLSIF",
     "LKDAggregator",
+    "MedianAggregator",
     "MetaModelAggregator",
     "OracleAggregator",
     "Scaffold",
     "SelectiveFDAggregator",
     "ProbabilityAveragingAggregator",
     "SmoothedUncertaintyWeightedAggregator",
+    "TrimmedMeanAggregator",
     "UncertaintyWeightedAggregator",
     "mixture_log_likelihood",
     "weight_concentration",
