@@ -40,12 +40,19 @@ class Attack:
 
     exchanges: tuple[str, ...] = ("predictions", "parameters")  # the exchanges it can attack
 
+    def fits(self, method) -> bool:
+        """Whether this attack can act on ``method`` (its exchange, its uploads)."""
+        return method.exchange in self.exchanges
+
+    def misfit(self, method) -> str:
+        """Why :meth:`fits` is False, for the error message."""
+        return (f"{type(self).__name__} attacks {' or '.join(self.exchanges)} exchange; the method "
+                f"{type(method).__name__} exchanges {method.exchange}")
+
     def check(self, method, num_classes: Optional[int]) -> None:
         """Refuse, with a ConfigError, a method this attack cannot act on (called before any work)."""
-        if method.exchange not in self.exchanges:
-            raise ConfigError(FIELD, f"{type(self).__name__} attacks {' or '.join(self.exchanges)} exchange; "
-                              f"the method {type(method).__name__} exchanges {method.exchange}. Allowed for it: "
-                              f"{', '.join(fitting_attacks(method))}")
+        if not self.fits(method):
+            raise ConfigError(FIELD, f"{self.misfit(method)}. Allowed for it: {', '.join(fitting_attacks(method))}")
         if num_classes is not None:
             for name, value in self.class_settings().items():
                 if not 0 <= value < num_classes:
@@ -80,14 +87,7 @@ class Attack:
 
 def fitting_attacks(method) -> list[str]:
     """The shipped attacks a method can be attacked with (for error messages)."""
-    names = []
-    for cls in SHIPPED:
-        try:
-            cls().check(method, None)
-        except ConfigError:
-            continue
-        names.append(f"fdlit.adversaries.{cls.__name__}")
-    return names
+    return [f"fdlit.adversaries.{cls.__name__}" for cls in SHIPPED if cls().fits(method)]
 
 
 # ---------------------------------------------------------------------- data poisoning
@@ -251,11 +251,12 @@ class FabricatedDensity(Attack):
     def __init__(self, std: float = 0.01):
         self.std = check_number(f"{FIELD}.std", std)
 
-    def check(self, method, num_classes):
-        super().check(method, num_classes)
-        if not any(k in getattr(method, "released", {}) for k in DENSITY_KEYS):
-            raise ConfigError(FIELD, f"FabricatedDensity poisons density statistics, which {type(method).__name__} "
-                              "does not use; it attacks the uncertainty-weighted rules (UWA, sUWA) only")
+    def fits(self, method):
+        return super().fits(method) and any(k in getattr(method, "released", {}) for k in DENSITY_KEYS)
+
+    def misfit(self, method):
+        return (f"FabricatedDensity poisons density statistics, which {type(method).__name__} does not use; it "
+                "attacks the uncertainty-weighted rules (UWA, sUWA) only")
 
     def upload(self, ctx, payload):
         logits = payload.get("logits", ctx.public_logits).float()
