@@ -15,9 +15,8 @@ from fdlit.aggregators import (FedAvg, FedMedian, FedTrimmedMean, Krum, MedianAg
                                UncertaintyWeightedAggregator)
 from fdlit.aggregators.base import ClientContext, FederationInfo, context_for
 from fdlit.cli import main
-from fdlit.config import parse_fit
 from fdlit.runs import read_jsonl
-from fdlit.runs.experiment import Experiment
+from tests.test_composition import fit_loop, tiny
 
 N, C = 6, 4
 
@@ -190,15 +189,6 @@ def test_krum_and_the_coordinate_rules_drop_a_far_update():
 
 
 # ---------------------------------------------------------------- runs
-def tiny(config, tmp_path, *extra, rounds=2):
-    return ["--config", config, "--logger.mode", "disabled", "--logger.progress", "false",
-            "--logger.run_dir", str(tmp_path), "--federation.rounds", str(rounds),
-            "--federation.private_epochs_first", "1", "--federation.private_epochs", "1",
-            "--federation.public_epochs_first", "1", "--federation.public_epochs", "1",
-            "--data.num_clients", "4", "--data.classes_per_client", "3", "--data.public_size", "120",
-            "--model", "fdlit.models.MLP", "--model.hidden", "[16]", *extra]
-
-
 def metrics_of(parent):
     (run,) = [p for p in parent.iterdir() if p.is_dir()]
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(run / "metrics.jsonl")]
@@ -216,10 +206,8 @@ def test_zero_attackers_change_nothing(rule, tmp_path):
 
 
 def test_attack_metrics_of_a_targeted_run(tmp_path):
-    parser, cfg = parse_fit(tiny("digits_avg.yaml", tmp_path, "--adversaries.attack", "fdlit.adversaries.ConfidentWrong",
-                                 "--adversaries.attack.target", "2", "--adversaries.ids", "[1]"))
-    loop = Experiment(cfg, parser).loop
-    loop.fit()
+    loop = fit_loop(tiny("digits_avg.yaml", tmp_path, "--adversaries.attack", "fdlit.adversaries.ConfidentWrong",
+                         "--adversaries.attack.target", "2", "--adversaries.ids", "[1]"))
     last = loop.history[-1]
     assert last["adversaries/attackers"] == 1 and math.isclose(last["adversaries/weight"], 0.25, rel_tol=1e-6)
     honest = [a for i, a in enumerate(last["clients/after_public/global_acc"]) if i != 1]
@@ -255,3 +243,17 @@ def test_a_parameter_attack_is_refused_under_prediction_exchange_and_vice_versa(
                               "--adversaries.count", "1")]) == 2
     err = capsys.readouterr().err
     assert "adversaries.attack" in err and "SignFlippedUpdate" in err  # names the attacks that fit
+
+
+@pytest.mark.parametrize("rule, flags", [
+    ("digits_avg.yaml", ["--adversaries.attack", "fdlit.adversaries.FreeRider", "--adversaries.count", "2",
+                         "--adversaries.redraw", "true"]),
+    ("digits_fedavg.yaml", ["--adversaries.attack", "fdlit.adversaries.SignFlippedUpdate", "--adversaries.count", "1"]),
+])
+def test_stopped_and_resumed_attacks_equal_an_uninterrupted_run(rule, flags, tmp_path):
+    """The free-rider's remembered teacher and the update attacks' round start travel in the checkpoint."""
+    assert main(["fit", *tiny(rule, tmp_path / "straight", *flags, rounds=3)]) == 0
+    assert main(["fit", *tiny(rule, tmp_path / "stopped", *flags, rounds=3), "--federation.rounds", "2"]) == 0
+    (stopped,) = [p for p in (tmp_path / "stopped").iterdir() if p.is_dir()]
+    assert main(["fit", "--resume", str(stopped), "--federation.rounds", "3"]) == 0
+    assert metrics_of(tmp_path / "stopped") == metrics_of(tmp_path / "straight")

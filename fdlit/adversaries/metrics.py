@@ -5,7 +5,7 @@
   with per-client weights W (M x N, columns summing to 1): E_x sum_{i attacker} W[i, x], the
   attackers' share of the teacher (AVG: their share of the clients); for parameter exchange, their
   share of the global model (``clients/model_share`` where the rule reports it, e.g. Krum's selection,
-  else FedAvg's n_k / n). NaN for a rule with neither (e.g. ERA, whose teacher is not a mixture);
+  else FedAvg's n_k / n). NaN for a rule that reports neither;
 * ``adversaries/honest_global_acc`` and ``adversaries/honest_local_acc``: the mean accuracy of the
   clients that are not attackers this round, after the exchange (global: the whole test set;
   local: the test samples of the client's own classes);
