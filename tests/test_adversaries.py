@@ -10,10 +10,10 @@ import torch
 from fdlit.adversaries import (Adversaries, ConfidentWrong, FabricatedDensity, FreeRider, LabelFlipping,
                                RandomPredictions, ScaledLogits, ScaledUpdate, SignFlippedUpdate)
 from fdlit.adversaries.attacks import LAST_TEACHER, START_PARAMETERS
-from fdlit.aggregators import (FedAvg, FedMedian, FedTrimmedMean, Krum, MedianAggregator,
-                               ProbabilityAveragingAggregator, TrimmedMeanAggregator,
-                               UncertaintyWeightedAggregator)
-from fdlit.aggregators.base import ClientContext, FederationInfo, context_for
+from fdlit.methods import (FedAvg, FedMedian, FedTrimmedMean, Krum, CoordinateMedian,
+                               ProbabilityAveraging, TrimmedMean,
+                               UncertaintyWeighted)
+from fdlit.methods.base import ClientContext, FederationInfo, context_for
 from fdlit.cli import main
 from fdlit.runs import read_jsonl
 from tests.test_composition import fit_loop, tiny
@@ -56,9 +56,9 @@ def test_fabricated_density_takes_the_weight_of_uwa():
         gmm = {"gmm_means": logits.mean(0, keepdim=True), "gmm_stds": logits.std(0, keepdim=True),
                "gmm_classes": torch.tensor([0], dtype=torch.int16)}
         uploads.append({"logits": logits, **gmm})
-    honest = UncertaintyWeightedAggregator().aggregate(uploads, context_for(uploads))
+    honest = UncertaintyWeighted().aggregate(uploads, context_for(uploads))
     uploads[2] = FabricatedDensity().upload(ctxs[2], dict(uploads[2]))
-    attacked = UncertaintyWeightedAggregator().aggregate(uploads, context_for(uploads))
+    attacked = UncertaintyWeighted().aggregate(uploads, context_for(uploads))
     assert float(honest.weights[2].mean()) < 0.9 < float(attacked.weights[2].mean())
 
 
@@ -146,8 +146,8 @@ def probs_uploads(logits):
 def test_median_and_trimmed_mean_of_identical_uploads_equal_avg():
     z = torch.randn(N, C)
     uploads = probs_uploads([z.clone() for _ in range(5)])
-    avg = ProbabilityAveragingAggregator().aggregate(uploads, context_for(uploads))
-    for rule in (MedianAggregator(), TrimmedMeanAggregator(beta=0.2)):
+    avg = ProbabilityAveraging().aggregate(uploads, context_for(uploads))
+    for rule in (CoordinateMedian(), TrimmedMean(beta=0.2)):
         result = rule.aggregate(uploads, context_for(uploads))
         assert torch.allclose(result.teacher, avg.teacher, atol=1e-6)
         assert torch.allclose(result.weights.sum(0), torch.ones(N))
@@ -156,10 +156,10 @@ def test_median_and_trimmed_mean_of_identical_uploads_equal_avg():
 def test_median_ignores_a_minority_of_wild_uploads():
     honest = torch.randn(N, C)
     uploads = probs_uploads([honest + 0.01 * i for i in range(3)] + [torch.full((N, C), -50.0).index_fill(1, torch.tensor([0]), 50.0)] * 2)
-    teacher = MedianAggregator().aggregate(uploads, context_for(uploads)).teacher
+    teacher = CoordinateMedian().aggregate(uploads, context_for(uploads)).teacher
     assert torch.allclose(teacher, (honest + 0.01).softmax(-1) / (honest + 0.01).softmax(-1).sum(-1, keepdim=True),
                           atol=1e-5)
-    trimmed = TrimmedMeanAggregator(beta=0.4).aggregate(uploads, context_for(uploads))
+    trimmed = TrimmedMean(beta=0.4).aggregate(uploads, context_for(uploads))
     assert float(trimmed.weights[3:].sum(0).max()) < 1e-6  # b = 2 of 5: only the (honest) middle value is left
 
 

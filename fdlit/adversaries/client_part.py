@@ -7,7 +7,7 @@ settings only and every executor can ship it."""
 from __future__ import annotations
 
 from fdlit.adversaries.attacks import START_PARAMETERS, Attack
-from fdlit.aggregators.base import ClientPart
+from fdlit.methods.base import ClientPart
 
 
 class AdversarialClientPart(ClientPart):
@@ -31,7 +31,7 @@ class AdversarialClientPart(ClientPart):
     def receive(self, ctx):
         out = self.inner.receive(ctx)
         if self.keeps_start and self.attackers.may_attack(ctx.client.client_id):
-            from fdlit.aggregators.fedavg import exchanged_tensors, flatten
+            from fdlit.methods.fedavg import exchanged_tensors, flatten
 
             # the model the next round starts from, which the update attacks scale against
             ctx.state[START_PARAMETERS] = flatten(exchanged_tensors(ctx.client.model)).clone()

@@ -1,0 +1,135 @@
+"""FedAvg: clients exchange parameters, the server averages them (McMahan et al. 2017).
+
+Federated Averaging (McMahan, Moore, Ramage, Hampson, Agüera y Arcas, *Communication-Efficient
+Learning of Deep Networks from Decentralized Data*, AISTATS 2017, Algorithm 1). Every round each
+client k starts from the global model w_t, trains its private phase (``federation.private_epochs``
+epochs of the client optimizer) to w_{t+1}^k, and the server sets
+
+    w_{t+1} = sum_k (n_k / n) w_{t+1}^k,   n_k = |D_k|, n = sum_k n_k.
+
+Messages (in the dtype the model holds its parameters, float32: 4 bytes a number), per client:
+``parameters`` up and ``parameters`` down every round (2 x P x 4 bytes for P numbers), and at
+set-up (round 0) ``num_samples`` up (one int64) and the initial model down. The exchanged vector is
+every parameter plus every floating-point buffer (BatchNorm's running mean and variance, averaged
+like parameters as FedAvg implementations do, and counted); integer buffers (BatchNorm's
+``num_batches_tracked``) stay local: they only matter with ``momentum=None``.
+
+Choices: the initial model w_0 is the server's (in simulation client 0's initialisation, handed to
+the server in-process: building it is not communication) and is sent down at set-up; every client
+keeps its own optimizer state across rounds (fdlit's client keeps one optimizer for the run; with
+plain SGD and no momentum, as in the paper, there is none). Every client runs the same architecture:
+a heterogeneous federation (``fdlit.models.PerClient`` with different groups) is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from fdlit.methods.base import AggregationResult, Aggregator, ClientContext, ClientPart, ServerContext, Uploads
+from fdlit.errors import ConfigError
+
+
+def exchanged_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """What parameter exchange sends: every parameter, then every floating-point buffer."""
+    return [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]
+
+
+def flatten(tensors) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+
+
+def load_flat(tensors, flat: torch.Tensor) -> None:
+    """Copy ``flat`` into ``tensors`` in place (the optimizer keeps referring to the same tensors)."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view_as(t))
+            offset += n
+
+
+def parameter_slices(model: torch.nn.Module, flat: torch.Tensor):
+    """(parameter, its slice of ``flat`` shaped like it) over ``model.parameters()``. Read from the
+    module, so under the vectorized executor's ``functional_call`` they are each client's own."""
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        yield p, flat[offset : offset + n].view_as(p)
+        offset += n
+
+
+def weighted_average(vectors: list[torch.Tensor], counts: torch.Tensor) -> torch.Tensor:
+    """sum_k (n_k / n) v_k; one client's weight is exactly 1.0, so one client's vector comes back unchanged."""
+    weights = (counts.double() / counts.double().sum()).to(vectors[0].dtype)
+    return (weights[:, None] * torch.stack(vectors)).sum(0)
+
+
+def check_homogeneous(model: Any) -> None:
+    """Parameter exchange needs one architecture: refuse a PerClient spec whose groups differ."""
+    if not isinstance(model, dict) or not str(model.get("class_path", "")).endswith("PerClient"):
+        return
+    groups = (model.get("init_args") or {}).get("groups") or []
+    specs = {repr((g.get("class_path"), sorted((g.get("init_args") or {}).items()))) for g in groups}
+    if len(specs) > 1:
+        raise ConfigError("model.class_path", "parameter exchange (FedAvg, FedProx, SCAFFOLD) averages parameters, "
+                          "so every client needs the same architecture; allowed: one model spec for all clients, "
+                          f"got fdlit.models.PerClient with {len(specs)} different groups")
+
+
+class FedAvgClient(ClientPart):
+    """FedAvg's client part: n_k (and, from client 0, the initial model) at set-up, its parameters
+    every round, the global model loaded on receipt."""
+
+    def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        out = {"num_samples": torch.tensor(len(ctx.data.train.y), dtype=torch.int64)}
+        if ctx.client.client_id == 0:  # the server's initial model ("_": in-process, not a message)
+            out["_initial"] = flatten(exchanged_tensors(ctx.client.model))
+        return out
+
+    def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        return {"parameters": flatten(exchanged_tensors(ctx.client.model))}
+
+    def receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        load_flat(exchanged_tensors(ctx.client.model), ctx.received["parameters"])
+        return {}
+
+
+class FedAvg(Aggregator):
+    """FedAvg (McMahan et al. 2017): w_{t+1} = sum_k (n_k / n) w_{t+1}^k (see the module docstring)."""
+
+    short_name = "fedavg"
+    released = {"parameters": "unbounded"}
+    exchange = "parameters"
+
+    def __init__(self):
+        self.counts: Optional[torch.Tensor] = None  # n_k, sent once at set-up
+
+    def check_config(self, model: Any, client: Any) -> None:
+        check_homogeneous(model)
+
+    def client_part(self) -> ClientPart:
+        return FedAvgClient()
+
+    # ------------------------------------------------------------------ server part
+    def server_setup(self, uploads: Uploads, ctx: ServerContext) -> dict[str, torch.Tensor]:
+        self.counts = torch.stack([u["num_samples"].cpu() for u in uploads])
+        return {"parameters": next(u["_initial"] for u in uploads if "_initial" in u)}
+
+    def average(self, uploads: Uploads, ctx: ServerContext, key: str = "parameters") -> torch.Tensor:
+        """The n_k-weighted mean over the uploads that arrived (under client sampling, McMahan et
+        al. 2017 average over the round's clients S_t: n = sum_{k in S_t} n_k)."""
+        counts = self.counts if self.counts is not None else torch.ones(len(uploads), dtype=torch.int64)
+        if self.counts is not None and ctx.info.clients:
+            counts = counts[list(ctx.info.clients)]
+        return weighted_average([u[key] for u in uploads], counts.to(uploads[0][key].device))
+
+    def aggregate(self, uploads: Uploads, ctx: ServerContext) -> AggregationResult:
+        return AggregationResult(teacher=None, broadcast={"parameters": self.average(uploads, ctx)})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"counts": self.counts}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.counts = state.get("counts")
