@@ -257,3 +257,18 @@ def test_stopped_and_resumed_attacks_equal_an_uninterrupted_run(rule, flags, tmp
     (stopped,) = [p for p in (tmp_path / "stopped").iterdir() if p.is_dir()]
     assert main(["fit", "--resume", str(stopped), "--federation.rounds", "3"]) == 0
     assert metrics_of(tmp_path / "stopped") == metrics_of(tmp_path / "straight")
+
+
+def test_attackers_under_client_sampling_count_only_arrived_uploads(tmp_path):
+    """Redrawn, colluding attackers with half the clients sampled and some dropped: the metrics count
+    the attackers whose uploads arrived, and under AVG their weight is their share of the arrived."""
+    loop = fit_loop(tiny("digits_avg.yaml", tmp_path, "--data.num_clients", "6", "--adversaries.attack",
+                         "fdlit.adversaries.ConfidentWrong", "--adversaries.count", "3", "--adversaries.redraw", "true",
+                         "--adversaries.collude", "true", "--federation.participation.fraction", "0.5",
+                         "--federation.participation.dropout", "0.2", rounds=3))
+    for m in loop.history:
+        arrived = m["participation/arrived"]
+        attackers = sum(i in loop.adversaries.of_round(m["round"]) for i in arrived)
+        assert m["adversaries/attackers"] == attackers
+        if arrived:
+            assert math.isclose(m["adversaries/weight"], attackers / len(arrived), rel_tol=1e-5, abs_tol=1e-7)
