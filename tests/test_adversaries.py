@@ -272,3 +272,13 @@ def test_attackers_under_client_sampling_count_only_arrived_uploads(tmp_path):
         assert m["adversaries/attackers"] == attackers
         if arrived:
             assert math.isclose(m["adversaries/weight"], attackers / len(arrived), rel_tol=1e-5, abs_tol=1e-7)
+
+
+def test_the_free_rider_remembers_the_teacher_it_was_sent(tmp_path):
+    loop = fit_loop(tiny("digits_avg.yaml", tmp_path, "--adversaries.attack", "fdlit.adversaries.FreeRider",
+                         "--adversaries.ids", "[1]"))
+    teacher = loop.received[LAST_TEACHER]  # in the checkpoint with the set-up broadcast
+    assert teacher.shape == (120, 10) and torch.allclose(teacher.sum(-1), torch.ones(120))
+    assert float((teacher - 0.1).abs().max()) > 1e-2  # a real teacher, not the uniform first-round upload
+    assert math.isclose(loop.history[-1]["teacher/acc"],
+                        float((teacher.argmax(-1) == loop.public_y).float().mean()), rel_tol=1e-6)
