@@ -12,6 +12,7 @@ from pathlib import Path
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
+from fdlit.adversaries import Adversaries
 from fdlit.methods import Aggregator
 from fdlit.clients import ClientOptimization
 from fdlit.config_files import read_yaml
@@ -27,7 +28,7 @@ from fdlit.runs.logger_config import LoggerConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")
-LOOP_OBJECTS = {"data", "model", "client", "aggregator", "privacy", "seed", "server"}
+LOOP_OBJECTS = {"data", "model", "client", "aggregator", "privacy", "seed", "server", "adversaries"}
 
 
 def resolve_config_path(value: str) -> str:
@@ -68,6 +69,7 @@ def fit_parser() -> ArgumentParser:
     )
     parser.add_class_arguments(FederationLoop, "federation", skip=LOOP_OBJECTS, instantiate=False)
     parser.add_class_arguments(UploadPrivacy, "privacy")
+    parser.add_class_arguments(Adversaries, "adversaries")
     parser.add_class_arguments(ServerModel, "server", skip={"model"}, instantiate=False)
     parser.add_subclass_arguments(
         ClientNetwork, "server.model", instantiate=False, required=False, default=None,

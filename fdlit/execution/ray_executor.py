@@ -219,7 +219,9 @@ def shipped_classes(part) -> set[type]:
     """The classes a client part travels with (a deprecated rule's adapter carries the rule)."""
     if part is None:
         return set()
-    return {type(part), *((type(part.method),) if isinstance(part, LegacyClientPart) else ())}
+    inner = getattr(part, "inner", None)  # a wrapped part (adversarial clients) carries the method's part
+    return {type(part), *((type(part.method),) if isinstance(part, LegacyClientPart) else ()),
+            *shipped_classes(inner), *((type(part.attack),) if hasattr(part, "attack") else ())}
 
 
 class RayExecutor(ClientExecutor):

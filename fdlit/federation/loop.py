@@ -16,6 +16,7 @@ from typing import Any, Literal, Optional, Sequence
 
 import torch
 
+from fdlit.adversaries import Adversaries
 from fdlit.methods.base import Aggregator, client_part_of
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientOptimization
@@ -111,6 +112,7 @@ class FederationLoop:
         privacy: Optional[UploadPrivacy] = None,
         seed: int = 0,
         server: Optional[Any] = None,
+        adversaries: Optional[Adversaries] = None,
     ):
         check_loop_settings(
             rounds=rounds, precision=precision, message_dtype=message_dtype, mode=mode, modes=MODES,
@@ -159,6 +161,7 @@ class FederationLoop:
         self.wall_time = 0.0
         self._setup_started: Optional[float] = None
         self.is_setup = False
+        self.adversaries = adversaries or Adversaries()
         check_before_data(self)  # what the config alone shows to be impossible, before any data loads
 
     # ------------------------------------------------------------------ set-up
@@ -184,7 +187,9 @@ class FederationLoop:
                               cd.classes, self.optimization, self.seed)
             for cd in self.client_data
         ]
-        self.method_part = client_part_of(self.aggregator)  # what of the method runs where the clients live
+        # what of the method runs where the clients live (with the attack, for adversarial clients)
+        self.method_part = self.adversaries.wrap(client_part_of(self.aggregator), self.aggregator.exchange,
+                                                 len(self.clients), self.seed)
         for client in self.clients:
             client.method_part = self.method_part
         # test_x/y, public_x/y, private, val_x/y, local_mask_matrix
@@ -271,7 +276,8 @@ class FederationLoop:
         private_losses = []
         if plan.sampled:
             private_losses = self.executor.train(
-                self.subset(self.clients, plan.sampled), "private", self.subset(self.private, plan.sampled),
+                self.subset(self.clients, plan.sampled), "private",
+                self.subset(self.adversaries.private_sets(r, self.private, self.data.num_classes), plan.sampled),
                 self.private_epochs_first if plan.first else self.private_epochs, self.optimization.batch_size)
         check_finite(private_losses, r, "private", plan.sampled)
         after_private = self.evaluate(plan.eval_rows) if plan.evaluated else None
@@ -298,6 +304,7 @@ class FederationLoop:
         if result is not None and result.weights is not None:  # M x C who-to-trust matrix (diagnostic only)
             metrics["clients/trust_matrix"] = measurement.trust_rows(result.weights, public_y, self.data.num_classes,
                                                                      plan.arrived, len(self.clients))
+        metrics.update(self.adversaries.after_round(self, plan, result, after_public))
         self.round = r
         self.history.append(metrics)
         if clock is not None:

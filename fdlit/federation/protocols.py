@@ -119,6 +119,7 @@ class PredictionExchange(Protocol):
         extra = fed.executor.client_hook("upload", fed.method_part, info, clients,
                                          fed.subset(fed.client_data, ids), fed.received, public_logits)
         payloads = [{"logits": public_logits[j], **payload} for j, payload in enumerate(extra)]
+        payloads = fed.adversaries.collude_uploads(r, ids, payloads)
         return fed.privacy.upload(r, payloads, fed.message_dtype, fed.seed, fed.data.num_classes,
                                   fed.facts.sample_rate, fed.send_up, ids)
 
@@ -176,6 +177,7 @@ class ParameterExchange(Protocol):
         info = fed.facts.info(plan.round, () if everyone else tuple(ids))
         raw = fed.executor.client_hook("upload", fed.method_part, info, fed.subset(fed.clients, ids),
                                        fed.subset(fed.client_data, ids), fed.received)
+        raw = fed.adversaries.collude_uploads(plan.round, ids, raw)
         uploads = [fed.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
         result = fed.aggregator.aggregate(uploads, fed.facts.server_context(plan.round, info))
         for i in range(m):

@@ -14,10 +14,13 @@ from fdlit.methods.fedgo import FedGO
 from fdlit.methods.fedgo_fedavg import FedGOParams
 from fdlit.methods.fedmd import FedMD
 from fdlit.methods.fedprox import FedProx
+from fdlit.methods.krum import Krum
 from fdlit.methods.kulsif import KuLSIF
 from fdlit.methods.lkd import LKD
 from fdlit.methods.meta_model import MetaModel
 from fdlit.methods.oracle import Oracle
+from fdlit.methods.robust_parameters import FedMedian, FedTrimmedMean
+from fdlit.methods.robust_predictions import CoordinateMedian, TrimmedMean
 from fdlit.methods.scaffold import Scaffold
 from fdlit.methods.selective import SelectiveFD
 from fdlit.methods.variance import LogitVariance
@@ -28,6 +31,7 @@ __all__ = [
     "AggregationResult",
     "Aggregator",
     "ClientPart",
+    "CoordinateMedian",
     "DiagonalGaussianMixture",
     "EntropyReduction",
     "EntropyWeighted",
@@ -41,7 +45,10 @@ __all__ = [
     "FedGOParams",
     "FedMD",
     "FedMDClient",
+    "FedMedian",
+    "FedTrimmedMean",
     "FedProx",
+    "Krum",
     "KuLSIF",
     "LKD",
     "MetaModel",
@@ -50,6 +57,7 @@ __all__ = [
     "SelectiveFD",
     "ProbabilityAveraging",
     "SmoothedUncertaintyWeighted",
+    "TrimmedMean",
     "UncertaintyWeighted",
     "mixture_log_likelihood",
     "weight_concentration",

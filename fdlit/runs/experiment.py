@@ -66,7 +66,7 @@ class Experiment:
         server = ServerModel(**{k: v for k, v in vars(init.server).items() if k != "model"}, model=server_spec)
         self.loop = FederationLoop(**vars(init.federation), data=init.data, model=cfg.model.as_dict(),
                                    client=init.client, aggregator=init.aggregator, privacy=init.privacy,
-                                   seed=cfg.seed, server=server)
+                                   seed=cfg.seed, server=server, adversaries=init.adversaries)
         self.resume_from = Path(resume_from) if resume_from is not None else None
         # on resume: the checkpoint to continue from (default the run's checkpoint.pt; a kept one by name)
         self.checkpoint_file = Path(checkpoint_file) if checkpoint_file is not None else None
