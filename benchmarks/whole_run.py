@@ -90,13 +90,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"{args.config}; one thread each)")
     med = {}
     for name, rows in samples.items():
-        cpu, wall = (statistics.median(col) for col in zip(*rows))
+        cpu, wall = (statistics.median(col) for col in zip(*rows, strict=True))
         med[name] = cpu
         print(f"{name:<22} {cpu:7.2f} {wall:7.2f}")
     plain = [cpu for cpu, _ in samples["plain PyTorch loop"]]
     out = {}
     for name in list(commands)[1:]:
-        ratios = [cpu / p for (cpu, _), p in zip(samples[name], plain)]
+        ratios = [cpu / p for (cpu, _), p in zip(samples[name], plain, strict=True)]
         out[name] = statistics.median(ratios)
         print(f"ratio {name} / plain loop (CPU, paired): {out[name]:.2f}x  (range {min(ratios):.2f}-{max(ratios):.2f})")
     return out

@@ -13,16 +13,16 @@ from pathlib import Path
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from fdlit.adversaries import Adversaries
-from fdlit.methods import Aggregator
 from fdlit.clients import ClientOptimization
 from fdlit.config_files import read_yaml
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, import_hint
 from fdlit.federation import FederationLoop
+from fdlit.federation.server import ServerModel
+from fdlit.methods import Aggregator
 from fdlit.models import ClientNetwork
 from fdlit.models.text import BertClassifier  # noqa: F401 (lazy in fdlit.models; imported here so help lists it)
 from fdlit.privacy import UploadPrivacy
-from fdlit.federation.server import ServerModel
 from fdlit.runs.checkpoint import CheckpointConfig
 from fdlit.runs.logger_config import LoggerConfig
 

@@ -95,7 +95,7 @@ def main() -> None:
                    for rule, attack, f, seed in itertools.product(a.rules, a.attacks, a.fractions, a.seeds)
                    if applies(rule, attack)})
     with ThreadPoolExecutor(a.jobs) as pool:
-        results = dict(zip(grid, pool.map(lambda g: run_one(a.out, *g, a.extra), grid)))
+        results = dict(zip(grid, pool.map(lambda g: run_one(a.out, *g, a.extra), grid), strict=True))
 
     def of(rule, attack, f):
         return [r for (ru, at, fr, _), r in results.items() if ru == rule and fr == f and at == ("none" if f == 0 else attack)]
@@ -118,7 +118,7 @@ def figure(path: Path, a, of) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(a.attacks), figsize=(4.2 * len(a.attacks), 3.6), squeeze=False)
-    for ax, attack in zip(axes[0], a.attacks):
+    for ax, attack in zip(axes[0], a.attacks, strict=True):
         for j, rule in enumerate(r for r in a.rules if applies(r, attack)):
             acc = [100 * statistics.mean(x["honest"] for x in of(rule, attack, f)) for f in a.fractions]
             ax.plot([100 * f for f in a.fractions], acc, marker="o", color=f"C{j}",

@@ -7,14 +7,30 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fdlit.adversaries import (Adversaries, ConfidentWrong, FabricatedDensity, FreeRider, LabelFlipping,
-                               RandomPredictions, ScaledLogits, ScaledUpdate, SignFlippedUpdate)
+from fdlit.adversaries import (
+    Adversaries,
+    ConfidentWrong,
+    FabricatedDensity,
+    FreeRider,
+    LabelFlipping,
+    RandomPredictions,
+    ScaledLogits,
+    ScaledUpdate,
+    SignFlippedUpdate,
+)
 from fdlit.adversaries.attacks import LAST_TEACHER, START_PARAMETERS
-from fdlit.methods import (FedAvg, FedMedian, FedTrimmedMean, Krum, CoordinateMedian,
-                               ProbabilityAveraging, TrimmedMean,
-                               UncertaintyWeighted)
-from fdlit.methods.base import ClientContext, FederationInfo, context_for
 from fdlit.cli import main
+from fdlit.methods import (
+    CoordinateMedian,
+    FedAvg,
+    FedMedian,
+    FedTrimmedMean,
+    Krum,
+    ProbabilityAveraging,
+    TrimmedMean,
+    UncertaintyWeighted,
+)
+from fdlit.methods.base import ClientContext, FederationInfo, context_for
 from fdlit.runs import read_jsonl
 from tests.test_composition import fit_loop, tiny
 

@@ -6,12 +6,13 @@ import pytest
 import torch
 from scipy.stats import norm, spearmanr
 
+from fdlit.errors import ConfigError
 from fdlit.methods import (
+    LKD,
     EntropyReduction,
     EntropyWeighted,
     FedGO,
     KuLSIF,
-    LKD,
     LogitAveraging,
     LogitVariance,
     MetaModel,
@@ -22,7 +23,6 @@ from fdlit.methods import (
 from fdlit.methods.base import context_for
 from fdlit.methods.fedgo import train_discriminator
 from fdlit.methods.lkd import auc_against_unlabelled, one_vs_rest_auc
-from fdlit.errors import ConfigError
 
 M, N, C = 5, 64, 10
 
@@ -154,7 +154,7 @@ def test_kulsif_ranks_points_like_the_true_density_ratio():
 def selective_uploads(masks, hard=False, seed=0):
     ups = logit_uploads(seed)
     out = []
-    for u, mk in zip(ups, masks):
+    for u, mk in zip(ups, masks, strict=True):
         if hard:
             out.append({"logits": u["logits"][:0], "labels": u["logits"][mk].argmax(-1).to(torch.uint8), "mask": mk})
         else:
@@ -317,7 +317,7 @@ def test_lkd_trusts_each_client_on_the_classes_it_is_reliable_for():
     auc = torch.full((M, C), 0.5)
     auc[torch.arange(M), torch.arange(M)] = 1.0
     ups = logit_uploads()
-    for u, a in zip(ups, auc):
+    for u, a in zip(ups, auc, strict=True):
         u["class_auc"] = a
     r = LKD(temperature=20.0).aggregate(ups, context_for(ups))
     assert_distribution(r)

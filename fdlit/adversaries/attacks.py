@@ -17,7 +17,6 @@ and a resumed run poison alike.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -49,7 +48,7 @@ class Attack:
         return (f"{type(self).__name__} attacks {' or '.join(self.exchanges)} exchange; the method "
                 f"{type(method).__name__} exchanges {method.exchange}")
 
-    def check(self, method, num_classes: Optional[int]) -> None:
+    def check(self, method, num_classes: int | None) -> None:
         """Refuse, with a ConfigError, a method this attack cannot act on (called before any work)."""
         if not self.fits(method):
             raise ConfigError(FIELD, f"{self.misfit(method)}. Allowed for it: {', '.join(fitting_attacks(method))}")
@@ -62,7 +61,7 @@ class Attack:
         """The attack's settings that name classes (checked against the dataset's classes)."""
         return {}
 
-    def labels(self, y: torch.Tensor, num_classes: int) -> Optional[torch.Tensor]:
+    def labels(self, y: torch.Tensor, num_classes: int) -> torch.Tensor | None:
         """The labels the client trains on; None: its private set is untouched."""
         return None
 
@@ -70,7 +69,7 @@ class Attack:
         """What the client sends instead of ``payload`` (the method's upload, ``"logits"`` included)."""
         return payload
 
-    def targeted(self, num_classes: int) -> Optional[tuple[list[int], int]]:
+    def targeted(self, num_classes: int) -> tuple[list[int], int] | None:
         """(source classes, target class) of a targeted attack, for its success rate; None otherwise."""
         return None
 
@@ -102,7 +101,7 @@ class LabelFlipping(Attack):
         target: the class the ``source`` labels become (required with ``source``).
     """
 
-    def __init__(self, source: Optional[list[int]] = None, target: Optional[int] = None):
+    def __init__(self, source: list[int] | None = None, target: int | None = None):
         if (source is None) != (target is None):
             raise ConfigError(f"{FIELD}.target", "set source and target together (a targeted flip), or neither "
                               "(every label y becomes C - 1 - y)")

@@ -14,7 +14,7 @@ without it. Bad settings are refused before any work (:meth:`Adversaries.check`)
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ _DRAW = 0xAD5  # the attackers' own random stream
 class Attackers:
     """Who attacks in a round (settings only: shipped with the client part to where clients live)."""
 
-    def __init__(self, fixed: Optional[frozenset[int]], count: int, num_clients: int, seed: int):
+    def __init__(self, fixed: frozenset[int] | None, count: int, num_clients: int, seed: int):
         self.fixed, self.count, self.num_clients, self.seed = fixed, count, num_clients, seed
 
     def of_round(self, r: int) -> frozenset[int]:
@@ -62,8 +62,8 @@ class Adversaries:
         collude: the attackers of a round send the same upload.
     """
 
-    def __init__(self, attack: Optional[Attack] = None, count: Optional[int] = None, fraction: Optional[float] = None,
-                 ids: Optional[list[int]] = None, redraw: bool = False, collude: bool = False):
+    def __init__(self, attack: Attack | None = None, count: int | None = None, fraction: float | None = None,
+                 ids: list[int] | None = None, redraw: bool = False, collude: bool = False):
         given = [name for name, v in (("count", count), ("fraction", fraction), ("ids", ids)) if v is not None]
         if len(given) > 1:
             raise ConfigError(f"{FIELD}.{given[1]}", f"set one of count, fraction and ids; got {' and '.join(given)}")
@@ -84,7 +84,7 @@ class Adversaries:
             raise ConfigError(f"{FIELD}.redraw", "the listed ids attack every round; redraw needs count or fraction")
         self.attack, self.count, self.fraction, self.ids = attack, count, fraction, ids
         self.redraw, self.collude = redraw, collude
-        self.attackers: Optional[Attackers] = None
+        self.attackers: Attackers | None = None
         self._flipped: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def number(self, num_clients: int) -> int:
@@ -98,7 +98,7 @@ class Adversaries:
         return self.attack is not None and self.number(num_clients) > 0
 
     # ------------------------------------------------------------------ before any work
-    def check(self, method: Any, mode: str, num_clients: Optional[int], num_classes: Optional[int]) -> None:
+    def check(self, method: Any, mode: str, num_clients: int | None, num_classes: int | None) -> None:
         """Refuse attackers the federation cannot have, or an attack the method cannot suffer."""
         if self.attack is None:
             return
@@ -171,7 +171,7 @@ class Adversaries:
         return attack_metrics(fed, self, plan, result, after_public)
 
     @staticmethod
-    def _remember_teacher(fed: Any, public_index: Optional[torch.Tensor], teacher: torch.Tensor) -> None:
+    def _remember_teacher(fed: Any, public_index: torch.Tensor | None, teacher: torch.Tensor) -> None:
         full = fed.received.get(LAST_TEACHER)
         if public_index is None:
             full = teacher.detach().clone()

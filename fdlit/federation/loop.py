@@ -12,29 +12,36 @@ checkpoint is ``state_dict()``.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 
 from fdlit.adversaries import Adversaries
-from fdlit.methods.base import Aggregator, client_part_of
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import ClientExecutor, select_executor
 from fdlit.federation import measurement
-from fdlit.federation.checks import check_before_data
 from fdlit.federation.baselines import MODES, reference_client
+from fdlit.federation.checks import check_before_data
 from fdlit.federation.communication import CommunicationLedger
+from fdlit.federation.construction import (
+    MESSAGE_DTYPES,
+    check_loop_settings,
+    client_network,
+    device_tensors,
+    eval_rows,
+    import_client_class,
+)
 from fdlit.federation.devices import Devices, check_devices
-from fdlit.federation.construction import (MESSAGE_DTYPES, check_loop_settings, client_network, device_tensors,
-                                           eval_rows, import_client_class)
 from fdlit.federation.measurement import Evaluation, check_finite
 from fdlit.federation.participation import Participation
 from fdlit.federation.protocols import protocol_for
 from fdlit.federation.round_facts import RoundFacts
 from fdlit.federation.state import load_loop_state, loop_state
+from fdlit.methods.base import Aggregator, client_part_of
 from fdlit.models.build import ModelSpec
 from fdlit.privacy import UploadPrivacy, membership_audit
 
@@ -90,7 +97,7 @@ class FederationLoop:
         private_epochs: int = 2,
         public_epochs_first: int = 2,
         public_epochs: int = 2,
-        executor: Optional[ClientExecutor] = None,
+        executor: ClientExecutor | None = None,
         accelerator: str = "auto",
         devices: Devices = "auto",
         precision: str = "32-true",
@@ -99,20 +106,20 @@ class FederationLoop:
         mode: Literal["fd", "local_only", "reference"] = "fd",
         client_class: str = "fdlit.clients.ClientModule",
         eval_every_n_rounds: int = 1,
-        eval_subsample: Optional[int] = None,
+        eval_subsample: int | None = None,
         channels_last: bool = False,
         compile: bool = False,
         compile_backend: str = "inductor",
         participation: Participation = Participation(),
         *,
-        data: Optional[FederatedData] = None,
-        model: Optional[ModelSpec] = None,
-        client: Optional[ClientOptimization] = None,
-        aggregator: Optional[Aggregator] = None,
-        privacy: Optional[UploadPrivacy] = None,
+        data: FederatedData | None = None,
+        model: ModelSpec | None = None,
+        client: ClientOptimization | None = None,
+        aggregator: Aggregator | None = None,
+        privacy: UploadPrivacy | None = None,
         seed: int = 0,
-        server: Optional[Any] = None,
-        adversaries: Optional[Adversaries] = None,
+        server: Any | None = None,
+        adversaries: Adversaries | None = None,
     ):
         check_loop_settings(
             rounds=rounds, precision=precision, message_dtype=message_dtype, mode=mode, modes=MODES,
@@ -146,7 +153,7 @@ class FederationLoop:
         self.aggregator.check_config(self.model_spec, self.optimization)  # before any work
         self.protocol = protocol_for(self.aggregator, mode)
         self.privacy = privacy or UploadPrivacy()  # default: plain logits, no mechanism
-        self.stop_reason: Optional[str] = None  # set when the privacy budget ends the run early
+        self.stop_reason: str | None = None  # set when the privacy budget ends the run early
         self.seed = seed
         # no section, or one that changes nothing: the round runs the unsampled code path; the
         # reference baseline is one pooled model, so nobody is sampled there
@@ -159,7 +166,7 @@ class FederationLoop:
         self.ledger = CommunicationLedger()
         self.received: dict[str, torch.Tensor] = {}  # what the server broadcast at set-up
         self.wall_time = 0.0
-        self._setup_started: Optional[float] = None
+        self._setup_started: float | None = None
         self.is_setup = False
         self.adversaries = adversaries or Adversaries()
         check_before_data(self)  # what the config alone shows to be impossible, before any data loads
@@ -218,7 +225,7 @@ class FederationLoop:
         self.is_setup = True
 
     # what every party knows (fdlit.federation.round_facts), for callbacks and tests
-    def info(self, round: int, clients: tuple[int, ...] = (), public_index: Optional[torch.Tensor] = None):
+    def info(self, round: int, clients: tuple[int, ...] = (), public_index: torch.Tensor | None = None):
         return self.facts.info(round, clients, public_index)
 
     def server_context(self, round: int, info=None):
@@ -266,7 +273,7 @@ class FederationLoop:
         for cb in self.callbacks:
             cb.on_clients_progress(self, phase, done, total)
 
-    def run_round(self, r: int, clock: Optional[float] = None) -> dict[str, Any]:
+    def run_round(self, r: int, clock: float | None = None) -> dict[str, Any]:
         """One round of Kovalchuk et al. 2026, Algorithm 1 (docs/algorithms.md, "The round")."""
         t0 = time.perf_counter()
         for cb in self.callbacks:

@@ -20,13 +20,12 @@ A method may name its own protocol class (``protocol`` attribute); otherwise its
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from fdlit.federation.measurement import check_finite
 from fdlit.federation.round_facts import RoundPlan
-
 
 
 def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +84,7 @@ class Protocol:
             fed.executor.client_hook("receive", fed.method_part, info, fed.clients, fed.client_data,
                                      fed.received)
 
-    def stop_reason(self, fed: Any, r: int) -> Optional[str]:
+    def stop_reason(self, fed: Any, r: int) -> str | None:
         """Why the run stops before round r (the privacy budget is spent), or None."""
         return fed.privacy.over_budget(r, fed.facts.sample_rate)
 
@@ -196,7 +195,7 @@ class NoExchange(Protocol):
     def setup(self, fed) -> None:
         pass
 
-    def stop_reason(self, fed, r: int) -> Optional[str]:
+    def stop_reason(self, fed, r: int) -> str | None:
         return None
 
     def run(self, fed, plan, after_private):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from fdlit.errors import ConfigError
 from fdlit.methods.base import AggregationResult
 from fdlit.methods.fedavg import FedAvg
-from fdlit.errors import ConfigError
 
 
 def krum_scores(vectors: torch.Tensor, byzantine: int) -> torch.Tensor:

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 # Above this bound on the condition number of K/n + lambda I, the system is factored in float64;
 # below it a float32 Cholesky factor with float64 refinement reaches float64's accuracy
 FLOAT32_MAX_CONDITION = 1e4
@@ -106,7 +105,7 @@ class KuLSIF:
     @classmethod
     def fit(cls, local: torch.Tensor, aux: torch.Tensor, sigma: float | None = None,
             lam: float | None = None, aux_sq_dists: torch.Tensor | None = None,
-            dtype: torch.dtype | None = None) -> "KuLSIF":
+            dtype: torch.dtype | None = None) -> KuLSIF:
         """local: m x d samples of p; aux: n x d samples of u. sigma None: median heuristic on
         ``local``; lam None: min(n, m)^-0.9, a rate allowed by Selective-FD's Theorem 1 (lambda^-1 =
         O(min(n,m)^(1-delta))). ``aux_sq_dists``: ``squared_distances(aux, aux)``, when several

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import nn
 from torch.optim.adam import adam
 
-from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.errors import ConfigError, check_at_least, check_number
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 
 
 class MetaModelClient(ClientPart):
     """MM's client part: its share of the labelled set at set-up, its logits on the pooled set every round."""
 
-    def __init__(self, labelled_per_client: Optional[int], labelled_size: Optional[int]):
+    def __init__(self, labelled_per_client: int | None, labelled_size: int | None):
         self.labelled_per_client, self.labelled_size = labelled_per_client, labelled_size
 
     def setup(self, ctx):
@@ -78,8 +76,8 @@ class MetaModel(Aggregator):
     short_name = "mm"
     released = {"logits": "rows", "mm_logits": "unbounded"}
 
-    def __init__(self, labelled_per_client: Optional[int] = None, hidden: int = 64, steps: int = 300,
-                 lr: float = 1e-2, weight_decay: float = 1e-3, labelled_size: Optional[int] = None):
+    def __init__(self, labelled_per_client: int | None = None, hidden: int = 64, steps: int = 300,
+                 lr: float = 1e-2, weight_decay: float = 1e-3, labelled_size: int | None = None):
         if labelled_per_client is not None and labelled_size is not None:
             raise ConfigError("aggregator.labelled_size",
                               f"give the total (labelled_size) or the per-client count (labelled_per_client), "

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from fdlit.errors import ConfigError
 from fdlit.methods.base import AggregationResult
 from fdlit.methods.fedavg import FedAvg
 from fdlit.methods.robust_statistics import coordinate_median, coordinate_trimmed_mean
-from fdlit.errors import ConfigError
 
 
 def _global(statistic: torch.Tensor, coefficients: torch.Tensor) -> AggregationResult:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from fdlit.errors import ConfigError
 from fdlit.methods.base import AggregationResult, Aggregator
 from fdlit.methods.robust_statistics import coordinate_median, coordinate_trimmed_mean
-from fdlit.errors import ConfigError
 
 
 def _teacher(statistic, coefficients) -> AggregationResult:
