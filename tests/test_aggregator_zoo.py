@@ -404,6 +404,27 @@ def test_meta_model_recovers_the_true_label_on_a_separable_toy_problem():
     assert acc > 0.95 and acc > avg_acc + 0.2
 
 
+@pytest.mark.parametrize("hidden", [64, 0])
+def test_meta_model_fit_equals_torch_optim_adam_bit_for_bit(hidden):
+    """The fit runs Adam's update in its functional form: the weights equal torch.optim.Adam's loop."""
+    g = torch.Generator().manual_seed(3)
+    features, labels = torch.randn(120, 40, generator=g), torch.randint(0, 5, (120,), generator=g)
+    agg = MetaModel(hidden=hidden, steps=60, lr=0.02, weight_decay=1e-3)
+    got = agg.fit_meta_model(features, labels, 5, seed=11)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(11)
+        body = [torch.nn.Linear(40, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 5)] if hidden else [torch.nn.Linear(40, 5)]
+        ref = torch.nn.Sequential(*body)
+    opt = torch.optim.Adam(ref.parameters(), lr=0.02, weight_decay=1e-3)
+    for _ in range(60):
+        loss = torch.nn.functional.cross_entropy(ref(features), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    for (name, a), b in zip(got.state_dict().items(), ref.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_meta_model_rejects_bad_arguments_and_needs_labels():
     for kwargs, field in (({"labelled_per_client": 0}, "labelled_per_client"), ({"hidden": -1}, "hidden"),
                           ({"steps": 0}, "steps"), ({"lr": -1.0}, "lr")):

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.optim.adam import adam
 
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.errors import ConfigError, check_at_least, check_number
@@ -123,13 +124,22 @@ class MetaModel(Aggregator):
             body = [nn.Linear(d, self.hidden), nn.ReLU(), nn.Linear(self.hidden, num_classes)] if self.hidden else [
                 nn.Linear(d, num_classes)]
             net = nn.Sequential(*body).to(features.device)
-        opt = torch.optim.Adam(net.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        # torch.optim.Adam's own update (its functional form, single-tensor, as the class runs on CPU):
+        # the same results bit for bit without the class's per-step bookkeeping (a quarter of a fit's
+        # time at 300 small steps); the fused kernel would be faster but rounds differently
+        params = list(net.parameters())
+        exp_avgs = [torch.zeros_like(p) for p in params]
+        exp_avg_sqs = [torch.zeros_like(p) for p in params]
+        state_steps = [torch.tensor(0.0) for _ in params]
         with torch.enable_grad():
             for _ in range(self.steps):
                 loss = nn.functional.cross_entropy(net(features), labels)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+                grads = list(torch.autograd.grad(loss, params))
+                with torch.no_grad():
+                    adam(params, grads, exp_avgs, exp_avg_sqs, [], state_steps, foreach=False, capturable=False,
+                         differentiable=False, fused=None, grad_scale=None, found_inf=None, has_complex=False,
+                         amsgrad=False, beta1=0.9, beta2=0.999, lr=self.lr, weight_decay=self.weight_decay,
+                         eps=1e-8, maximize=False)
         return net.eval()
 
     def aggregate(self, uploads, ctx):

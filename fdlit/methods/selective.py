@@ -8,7 +8,7 @@ from typing import Literal, Optional
 import torch
 
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
-from fdlit.methods.kulsif import KuLSIF, squared_distances
+from fdlit.methods.kulsif import KuLSIF, kernel_dtype, squared_distances
 from fdlit.errors import ConfigError, check_at_least, check_number
 
 
@@ -228,13 +228,14 @@ class SelectiveFDClient(ClientPart):
         mask = torch.zeros(len(public), dtype=torch.bool, device=public.device)
         # the per-class selectors share the auxiliary set: its distances are computed once
         aux_aux = public_aux = None
+        dtype = kernel_dtype(self.lam, len(aux))
         for group in groups:
             g_tr = torch.isin(train_y.to(public.device), torch.tensor(group, device=public.device))
             if int(g_tr.sum()) < 2:
                 continue  # no density to estimate from fewer than 2 samples
             if aux_aux is None:
-                aux_aux, public_aux = squared_distances(aux, aux), squared_distances(public, aux)
-            est = KuLSIF.fit(local_all[g_tr], aux, self.sigma, self.lam, aux_sq_dists=aux_aux)
+                aux_aux, public_aux = squared_distances(aux, aux, dtype), squared_distances(public, aux, dtype)
+            est = KuLSIF.fit(local_all[g_tr], aux, self.sigma, self.lam, aux_sq_dists=aux_aux, dtype=dtype)
             g_cal = torch.isin(cal_y.to(public.device), torch.tensor(group, device=public.device))
             ref = cal_x.flatten(1).to(public.device)[g_cal] if int(g_cal.sum()) else local_all[g_tr]
             threshold = torch.quantile(est(ref), self.client_quantile)
