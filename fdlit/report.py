@@ -923,6 +923,9 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None, include_un
              "panel per k.", curves(runs, methods, ks, [(ACC, "global accuracy (%)")], xkey="comm/bytes_total_mib",
                                     xlabel="cumulative MiB (up + down)")),
         ]
+        from fdlit.report_adversaries import adversaries_figures  # it builds on this module's helpers
+
+        drawn += adversaries_figures(runs)
         trust = [(stem, f"Who to trust ({caption}): mean weight each client gets on public samples of each true "
                   "class; a client's own classes boxed.", fig) for stem, caption, fig in trust_figures(runs)]
         figures = [(stem, caption, fig.get_figwidth(), save_figure(fig, out / "figures", stem, formats))

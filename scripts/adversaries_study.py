@@ -13,6 +13,10 @@ exchange: ConfidentWrong, every sample called class 0; parameter exchange: SignF
 told f = 6 (30 % of 20) in every run. Cells: the final round's mean global accuracy of the honest
 clients after the exchange (%) and, in brackets, the attackers' total weight in the teacher or the
 global model (``adversaries/weight``; "–" where the rule has no weights). Finished runs are reused.
+
+The figures, one per attack with a line per rule and the attackers' weight beside it, come from
+``python -m fdlit report runs/adversaries_study`` (``report/figures/adversaries_<attack>.*``); ``--figure``
+draws all attacks side by side in one PNG.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ def main() -> None:
     p.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3])
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--figure", type=Path, default=None, help="also write a PNG figure here")
+    p.add_argument("--figure", type=Path, default=None, help="also write one PNG of every attack side by side here")
     p.add_argument("extra", nargs="*", help="extra fit flags, after --")
     a = p.parse_args()
     grid = sorted({(rule, "none" if f == 0 else attack, f, seed)
@@ -107,6 +111,7 @@ def main() -> None:
         print("|---|" + "---|" * len(a.fractions))
         for rule in rules:
             print(f"| {rule} | " + " | ".join(cell(of(rule, attack, f)) for f in a.fractions) + " |")
+    print(f"\nfigures, one per attack: python -m fdlit report {a.out}")
     if a.figure is not None:
         figure(a.figure, a, of)
 

@@ -27,6 +27,15 @@ FIELD = "adversaries"
 _DRAW = 0xAD5  # the attackers' own random stream
 
 
+def attacker_count(count: Optional[int], fraction: Optional[float], ids: Optional[list[int]], num_clients: int) -> int:
+    """How many of ``num_clients`` clients attack, from the section's count, fraction or ids."""
+    if ids is not None:
+        return len(ids)
+    if fraction is not None:
+        return int(round(fraction * num_clients))
+    return int(count or 0)
+
+
 class Attackers:
     """Who attacks in a round (settings only: shipped with the client part to where clients live)."""
 
@@ -88,11 +97,7 @@ class Adversaries:
         self._flipped: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def number(self, num_clients: int) -> int:
-        if self.ids is not None:
-            return len(self.ids)
-        if self.fraction is not None:
-            return int(round(self.fraction * num_clients))
-        return int(self.count or 0)
+        return attacker_count(self.count, self.fraction, self.ids, num_clients)
 
     def active(self, num_clients: int) -> bool:
         return self.attack is not None and self.number(num_clients) > 0
