@@ -18,7 +18,7 @@ import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -49,20 +49,20 @@ class Line:
             values = [v for v in by_x[x].values() if math.isfinite(v)]
             if values:
                 pts.append((x, np.mean(values), np.std(values, ddof=1) if len(values) > 1 else 0.0))
-        return tuple(np.array(c, dtype=float) for c in zip(*pts)) if pts else (np.array([]),) * 3
+        return tuple(np.array(c, dtype=float) for c in zip(*pts, strict=True)) if pts else (np.array([]),) * 3
 
 
-def _section(config: dict) -> Optional[dict]:
+def _section(config: dict) -> dict | None:
     section = config.get("adversaries")
     return section if isinstance(section, dict) else None
 
 
-def _attack(config: dict) -> Optional[dict]:
+def _attack(config: dict) -> dict | None:
     attack = (_section(config) or {}).get("attack")
     return attack if isinstance(attack, dict) and attack.get("class_path") else None
 
 
-def attack_key(config: dict) -> Optional[str]:
+def attack_key(config: dict) -> str | None:
     """What makes two runs the same attack: the section without the attackers' number; None: no attack."""
     if _attack(config) is None:
         return None
@@ -88,7 +88,7 @@ def _setting(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in ("adversaries", "seed", "logger", "config")}
 
 
-def attacked_share(config: dict) -> Optional[float]:
+def attacked_share(config: dict) -> float | None:
     """The share of clients that attack (0 without an attack); None when the config cannot say."""
     section = _section(config) or {}
     if _attack(config) is None:
@@ -104,7 +104,7 @@ def attacked_share(config: dict) -> Optional[float]:
         return None
 
 
-def _last_finite(run, key: str) -> Optional[float]:
+def _last_finite(run, key: str) -> float | None:
     _, values = run.series(key)
     finite = [float(v) for v in values if math.isfinite(v)]
     return finite[-1] if finite else None
@@ -147,7 +147,7 @@ def _tell_apart(lines: list[Line]) -> list[Line]:
         if len(same) > 1:
             flat = [_flatten(line.config) for line in same]
             differing = sorted(k for k in set().union(*flat) if len({repr(f.get(k)) for f in flat}) > 1)
-            for line, f in zip(same, flat):
+            for line, f in zip(same, flat, strict=True):
                 line.label += " [" + ", ".join(f"{k.rsplit('.', 1)[-1]}={f.get(k)}" for k in differing) + "]"
     return sorted(lines, key=lambda line: line.label)
 

@@ -27,7 +27,7 @@ FIELD = "adversaries"
 _DRAW = 0xAD5  # the attackers' own random stream
 
 
-def attacker_count(count: Optional[int], fraction: Optional[float], ids: Optional[list[int]], num_clients: int) -> int:
+def attacker_count(count: int | None, fraction: float | None, ids: list[int] | None, num_clients: int) -> int:
     """How many of ``num_clients`` clients attack, from the section's count, fraction or ids."""
     if ids is not None:
         return len(ids)
