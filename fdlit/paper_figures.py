@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -100,3 +102,23 @@ def save_figure(fig, folder: Path, stem: str, formats: tuple[str, ...] = FORMATS
 def _metadata(fmt: str) -> dict:
     # no creation date: the same runs give byte-identical PDF and SVG files
     return {"pdf": {"CreationDate": None}, "svg": {"Date": None}}.get(fmt, {})
+
+
+def method_colors(methods: list[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return {m: cmap(i % 10) for i, m in enumerate(methods)}
+
+
+def legend_below(fig, ax) -> None:
+    """The legend under the panels, outside the data, in as many columns as fit the figure's width
+    (8-pt text is about 4.5 pt a character); the figure grows by the legend's height."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    labels = [plain_text(label) for label in labels]
+    entry_pt = 4.5 * max(len(label) for label in labels) + 30  # text, the line's sample and the gap
+    ncols = max(1, min(3, len(labels), int(fig.get_figwidth() * 72 // entry_pt)))
+    fig.set_figheight(fig.get_figheight() + 0.17 * math.ceil(len(labels) / ncols))
+    fig.legend(handles, labels, loc="outside lower center", ncols=ncols)

@@ -51,7 +51,6 @@ import yaml
 
 from fdlit.data.federated import DEFAULT_CLASSES_PER_CLIENT
 from fdlit.errors import ConfigError
-from fdlit.methods.aliases import canonical_class_path
 from fdlit.paper_figures import (
     FORMATS,
     MIN_FONT_PT,
@@ -59,10 +58,23 @@ from fdlit.paper_figures import (
     PNG_DPI,
     TWO_COLUMN_IN,
     check_formats,
+    legend_below,
+    method_colors,
     new_figure,
     paper_style,
     plain_text,
     save_figure,
+)
+from fdlit.run_labels import (
+    LOCAL_LABEL,
+    REF_LABEL,
+    _flatten,
+    _number,
+    _section,
+    method_label,
+    run_kind,
+    setting_key,
+    suwa_tau,
 )
 from fdlit.runs.dashboards import TRUST_KEY, TRUST_MAX_ROWS
 from fdlit.runs.directory import METRICS, read_config, read_jsonl, read_summary, safe_name
@@ -71,14 +83,7 @@ ACC = "after_public/global_acc_mean"
 PRIVATE_ACC = "after_private/global_acc_mean"
 LOCAL = "after_public/local_acc_mean"
 SELECTED = "selected_global_acc_mean"  # validation-selected accuracy, when the run's summary has one
-SHORT_NAMES = {
-    "ProbabilityAveraging": "AVG",
-    "UncertaintyWeighted": "UWA",
-    "SmoothedUncertaintyWeighted": "sUWA",
-}
 ORDER = {"AVG": 0, "UWA": 1, "sUWA": 2}
-LOCAL_LABEL = "Local only (no communication)"
-REF_LABEL = "Ref."
 PHASES = (("private", "after private"), ("public", "after public"))
 
 
@@ -129,51 +134,6 @@ class Run:
     def last(self, key: str) -> float | None:
         _, values = self.series(key)
         return float(values[-1]) if len(values) else None
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _section(config: dict, name: str) -> dict:
-    """A config section, or {} when the run's config.yaml holds something else there."""
-    value = config.get(name)
-    return value if isinstance(value, dict) else {}
-
-
-def run_kind(config: dict) -> str:
-    mode = _section(config, "federation").get("mode", "fd")
-    return {"local_only": "local", "reference": "ref"}.get(mode, "rule") if isinstance(mode, str) else "rule"
-
-
-def suwa_tau(config: dict) -> float | None:
-    """sUWA's temperature τ, or None when the run is not sUWA (or its τ is not a number)."""
-    agg = config.get("aggregator")
-    if not isinstance(agg, dict) or not canonical_class_path(str(agg.get("class_path", ""))).endswith(
-            ".SmoothedUncertaintyWeighted"):
-        return None
-    init_args = agg.get("init_args")
-    return _number(init_args.get("tau")) if isinstance(init_args, dict) else None
-
-
-def method_label(config: dict) -> str:
-    kind = run_kind(config)
-    if kind != "rule":  # baselines are labelled as what they are, never as the rule in their config
-        return LOCAL_LABEL if kind == "local" else REF_LABEL
-    agg = config.get("aggregator") or {}
-    # runs written before the methods' rename carry former class paths (fdlit.methods.aliases)
-    class_path = canonical_class_path(str(agg.get("class_path", "?")) if isinstance(agg, dict) else str(agg))
-    name = class_path.rsplit(".", 1)[-1]
-    label = SHORT_NAMES.get(name, name)
-    tau = suwa_tau(config)
-    if tau is not None:  # the τ study's rows are sUWA at different temperatures; τ = 0 is AVG, τ = 1 UWA
-        label = {0.0: f"AVG (sUWA τ={tau:g})", 1.0: f"UWA (sUWA τ={tau:g})"}.get(tau, f"sUWA τ={tau:g}")
-    return label
-
-
-def setting_key(config: dict) -> str:
-    """What makes two runs the same experiment: the whole config but the logger (name, folder, W&B)."""
-    return json.dumps({k: v for k, v in config.items() if k not in ("logger", "config")}, sort_keys=True, default=str)
 
 
 def load_runs(root: str | Path, include_unfinished: bool = False,
@@ -266,15 +226,6 @@ def shared_settings(runs: list[Run]) -> tuple[dict[str, Any], list[str]]:
     varying = sorted({"aggregator" if k.startswith("aggregator.") and k != "aggregator.init_args.tau" else k
                       for k in varying})
     return shared, varying
-
-
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out = {}
-        for k, v in node.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: node}
 
 
 def _client_classes(value: Any) -> list[list[int]] | None:
@@ -566,13 +517,6 @@ def table1_latex(table: Table, caption: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------- figures
-def _colors(methods: list[str]) -> dict[str, Any]:
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab10"]
-    return {m: cmap(i % 10) for i, m in enumerate(methods)}
-
-
 def _style(method: str) -> dict[str, Any]:
     """Baselines dashed, so they are never read as one more rule."""
     return {"linestyle": "--"} if method.endswith((LOCAL_LABEL, REF_LABEL)) else {}
@@ -589,19 +533,6 @@ def _mean_curve(runs: list[Run], key: str) -> tuple[np.ndarray, np.ndarray, np.n
     return xs, mean, std
 
 
-def _legend(fig, ax) -> None:
-    """The legend under the panels, outside the data, in as many columns as fit the figure's width
-    (8-pt text is about 4.5 pt a character); the figure grows by the legend's height."""
-    handles, labels = ax.get_legend_handles_labels()
-    if not handles:
-        return
-    labels = [plain_text(label) for label in labels]
-    entry_pt = 4.5 * max(len(label) for label in labels) + 30  # text, the line's sample and the gap
-    ncols = max(1, min(3, len(labels), int(fig.get_figwidth() * 72 // entry_pt)))
-    fig.set_figheight(fig.get_figheight() + 0.17 * math.ceil(len(labels) / ncols))
-    fig.legend(handles, labels, loc="outside lower center", ncols=ncols)
-
-
 def _single_panel(fig, ax, xlabel: str, ylabel: str, xticks=None):
     """Label, grid and legend a one-panel figure."""
     ax.set_xlabel(xlabel)
@@ -609,7 +540,7 @@ def _single_panel(fig, ax, xlabel: str, ylabel: str, xticks=None):
     if xticks is not None:
         ax.set_xticks(xticks)
     ax.grid(alpha=0.3)
-    _legend(fig, ax)
+    legend_below(fig, ax)
     return fig
 
 
@@ -632,7 +563,7 @@ def figure2(table: Table):
     fig, axes = _one_panel()
     ax = axes[0, 0]
     labels = _labels(table)
-    colors = _colors(labels)
+    colors = method_colors(labels)
     for (dataset, m, kind), label in zip(table.rows, labels, strict=True):
         pts = [(k, table.cells[(dataset, m, k, "public")].mean, table.cells[(dataset, m, k, "public")].std)
                for k in numeric if (dataset, m, k, "public") in table.cells]
@@ -688,7 +619,7 @@ def accuracy_vs_epsilon(runs: list[Run]):
     if not dp:
         return None  # no run spent a privacy budget: nothing to plot against
     fig, axes = new_figure(2, width=TWO_COLUMN_IN, panel_aspect=0.8)
-    colors = _colors(sorted({key for key in list(dp) + list(plain)}, key=str))
+    colors = method_colors(sorted({key for key in list(dp) + list(plain)}, key=str))
     for col, (index, ylabel) in enumerate(((0, "best test accuracy (%)"), (1, "membership attack AUC"))):
         ax = axes[0, col]
         for key, by_eps in sorted(dp.items(), key=lambda kv: str(kv[0])):
@@ -710,7 +641,7 @@ def accuracy_vs_epsilon(runs: list[Run]):
         ax.set_xlabel("ε after the last round (log)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    _legend(fig, axes[0, 1])
+    legend_below(fig, axes[0, 1])
     return fig
 
 
@@ -718,7 +649,7 @@ def chi_vs_k(runs: list[Run], table: Table):
     """Weight concentration χ of the last round vs k, mean ± std over seeds, one line per rule."""
     numeric = [k for k in table.ks if isinstance(k, (int, float))]
     labels = _labels(table)
-    colors = _colors(labels)
+    colors = method_colors(labels)
     fig, axes = _one_panel()
     ax = axes[0, 0]
     drawn = False
@@ -747,7 +678,7 @@ def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: st
 
     width = ONE_COLUMN_IN if len(ks) == 1 else TWO_COLUMN_IN
     fig, axes = new_figure(len(ks), len(panels), width=width, panel_aspect=0.8 if len(ks) > 1 else 0.6)
-    colors = _colors(methods)
+    colors = method_colors(methods)
     for col, k in enumerate(ks):
         for row, (key, label) in enumerate(panels):
             ax = axes[row, col]
@@ -772,7 +703,7 @@ def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: st
             if col == 0:
                 ax.set_ylabel(label)
             ax.grid(alpha=0.3)
-    _legend(fig, axes[0, 0])
+    legend_below(fig, axes[0, 0])
     return fig
 
 

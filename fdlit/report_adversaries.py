@@ -6,7 +6,7 @@ attack's class path and arguments, ``redraw``, ``collude``); its x is the share 
 attack (``count``, ``round(fraction * M)`` or ``len(ids)``, over M = ``data.num_clients``). The 0 %
 point of a line is a run without attackers of the same setting: the same config apart from the
 ``adversaries`` section and the seed (and apart from the logger, as in
-:func:`fdlit.report.setting_key`). y is the honest clients' mean global accuracy at the last
+:func:`fdlit.run_labels.setting_key`). y is the honest clients' mean global accuracy at the last
 evaluated round (``adversaries/honest_global_acc``; without attackers every client is honest:
 ``after_public/global_acc_mean``), mean ± std over seeds; a second panel holds the attackers'
 weight in the teacher or the global model (``adversaries/weight``) where a rule reports it.
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from fdlit.adversaries.section import attacker_count
-from fdlit.paper_figures import TWO_COLUMN_IN, new_figure, plain_text
-from fdlit.report import _colors, _flatten, _legend, method_label, setting_key
+from fdlit.paper_figures import TWO_COLUMN_IN, legend_below, method_colors, new_figure, plain_text
+from fdlit.run_labels import _flatten, method_label, setting_key
 from fdlit.runs.directory import safe_name
 
 HONEST = "adversaries/honest_global_acc"
@@ -161,7 +161,7 @@ def adversaries_figures(runs: list) -> list[tuple[str, str, Any]]:
         weighted = [line for line in lines if len(line.points("weight")[0])]
         fig, axes = new_figure(2 if weighted else 1, width=TWO_COLUMN_IN if weighted else TWO_COLUMN_IN / 2,
                                panel_aspect=0.72)
-        colors = _colors([line.label for line in lines])
+        colors = method_colors([line.label for line in lines])
         panels = [(axes[0, 0], "acc", lines, "honest clients' accuracy (%)", 100)]
         if weighted:
             panels.append((axes[0, 1], "weight", weighted, "attackers' weight", 1))
@@ -177,7 +177,7 @@ def adversaries_figures(runs: list) -> list[tuple[str, str, Any]]:
         if weighted:  # a rule that weighs every client alike gives the attackers their share
             top = max(x for line in weighted for x in line.points("weight")[0])
             axes[0, 1].plot([0, 100 * top], [0, top], color="gray", linestyle=":")
-        _legend(fig, axes[0, 0])
+        legend_below(fig, axes[0, 0])
         stem = f"adversaries_{safe_name(label)}"
         stem = stem if stem not in stems else f"{stem}_{len(stems)}"
         stems.add(stem)
