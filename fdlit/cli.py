@@ -136,6 +136,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 experiment = resume_experiment(run_dir, rest)
                 experiment.run()
                 return 0
+        if argv[:1] == ["deploy"]:  # fit on a Flower federation (fdlit.deployment; needs the flower extra)
+            from fdlit.deployment.command import main as deploy
+
+            return deploy(argv[1:])
         extra: list[str] = []
         if argv[:1] == ["sweep"] and "--" in argv:  # fit flags for every sweep run follow "--"
             at = argv.index("--")
