@@ -69,14 +69,18 @@ class FlowerExecutor(ClientExecutor):
         self.node_cpu: dict[int, float] = {}
         self._cpu_reported: dict[int, float] = {}
         self.node_peak_rss: dict[int, int] = {}
+        self.lost_nodes: set[int] = set()
 
     def bind(self, loop: Any, config_yaml: str) -> None:
         """The loop whose tensors nodes build themselves, and the config they build them from."""
         self.loop, self.config_yaml = loop, config_yaml
 
     # ------------------------------------------------------------------ messages
-    def request(self, op: str, per_node: dict[int, tuple[dict, dict[str, torch.Tensor]]]) -> dict[int, tuple]:
-        """Send ``op`` to each node with its (meta, tensors); wait for every reply; (meta, tensors) back."""
+    def request(self, op: str, per_node: dict[int, tuple[dict, dict[str, torch.Tensor]]],
+                tolerate: bool = False) -> dict[int, tuple]:
+        """Send ``op`` to each node with its (meta, tensors); wait for every reply; (meta, tensors) back.
+        ``tolerate``: a node that does not answer within ``timeout_s`` (or that Flower reports
+        unavailable) is lost from then on, and its clients are unreachable: dropouts for the loop."""
         from flwr.app import Message
 
         live = sorted(token for _, token in self._tokens.values())
@@ -97,6 +101,9 @@ class FlowerExecutor(ClientExecutor):
                 node = sent_to[mid]
                 pending.discard(mid)
                 if reply.has_error():
+                    if tolerate:
+                        self._lose([node], f"'{op}' failed: {reply.error.reason}")
+                        continue
                     raise NodeFailure(f"node {node} failed '{op}': {reply.error.reason}")
                 self.wire[f"{op}_up"] += (n := wire_bytes(reply.content))
                 self.wire_total["up"] += n
@@ -109,10 +116,22 @@ class FlowerExecutor(ClientExecutor):
             if pending:
                 if time.monotonic() > deadline:
                     late = sorted(sent_to[m] for m in pending)
+                    if tolerate:
+                        self._lose(late, f"no reply to '{op}' within {self.timeout_s:g} s")
+                        break
                     raise NodeFailure(f"no reply to '{op}' from node(s) {late} within {self.timeout_s:g} s "
                                       f"(federation.executor timeout)")
                 time.sleep(POLL_S)
         return replies
+
+    def _lose(self, nodes: list[int], why: str) -> None:
+        for node in nodes:
+            self.lost_nodes.add(node)
+            clients = sorted(c for c, n in self.node_of.items() if n == node)
+            warnings.warn(f"FlowerExecutor: node {node} is lost ({why}); its clients {clients} are dropouts from now on")
+
+    def unreachable(self) -> frozenset[int]:
+        return frozenset(c for c, n in self.node_of.items() if n in self.lost_nodes)
 
     def _token(self, obj: torch.Tensor) -> int:
         entry = self._tokens.get(id(obj))
@@ -144,9 +163,12 @@ class FlowerExecutor(ClientExecutor):
             self._names[id(y)] = (y, ["private", i, 1])
 
     def _groups(self, clients: Sequence) -> dict[int, list[int]]:
+        """Positions in ``clients`` by the node hosting each; clients of lost nodes are left out."""
         groups: dict[int, list[int]] = {}
         for j, c in enumerate(clients):
-            groups.setdefault(self.node_of[c.client_id], []).append(j)
+            node = self.node_of[c.client_id]
+            if node not in self.lost_nodes:
+                groups.setdefault(node, []).append(j)
         return groups
 
     def _prune(self) -> None:
@@ -186,7 +208,7 @@ class FlowerExecutor(ClientExecutor):
                 self.fetch_states(clients)
         finally:
             try:
-                self.request("teardown", {n: ({}, {}) for n in self.node_ids})
+                self.request("teardown", {n: ({}, {}) for n in self.node_ids if n not in self.lost_nodes})
             except NodeFailure as exc:
                 warnings.warn(f"FlowerExecutor: a node did not confirm the end of the run: {exc}")
             self.node_ids = []
@@ -242,7 +264,7 @@ class FlowerExecutor(ClientExecutor):
                                "epochs": epochs, "batch_size": batch_size,
                                "then_predict": [self._ref(x, node, out) for x in inputs]}, out)
         losses = [math.nan] * len(clients)
-        replies = self.request("train", per_node)
+        replies = self.request("train", per_node, tolerate=True)
         for node, (meta, _) in replies.items():
             for j, loss in zip(groups[node], meta["losses"]):
                 losses[j] = loss
@@ -263,10 +285,12 @@ class FlowerExecutor(ClientExecutor):
             refs[node] = self._ref(x, node, out)
             per_node[node] = ({"ids": [clients[j].client_id for j in idx], "x": refs[node]}, out)
         rows: list[Optional[torch.Tensor]] = [None] * len(clients)
-        for node, (_, tensors) in self.request("predict", per_node).items():
+        for node, (_, tensors) in self.request("predict", per_node, tolerate=True).items():
             for j, z in zip(groups[node], tensors["logits"]):
                 rows[j] = z
-        result = torch.stack(rows).to(x.device)
+        shape = next(z.shape for z in rows if z is not None)
+        # unreachable clients: NaN logits (evaluation reports no accuracy for them)
+        result = torch.stack([torch.full(shape, math.nan) if z is None else z for z in rows]).to(x.device)
         self._latest = (weakref.ref(result), refs)  # nodes keep these logits for the upload hook
         return result
 
@@ -309,7 +333,8 @@ class FlowerExecutor(ClientExecutor):
             for j, state in zip(groups[node], from_bytes(tensors["states"])):
                 clients[j].load_client_state(state)
                 states[j] = state
-        return states
+        # an unreachable client: the last state the server fetched of it
+        return [c.client_state() if s is None else s for c, s in zip(clients, states)]
 
     def push_states(self, clients) -> None:
         from fdlit.deployment.node import to_bytes
