@@ -64,11 +64,9 @@ def interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def run(options, fit_args: list[str], on_started=None) -> int:
-    """Start (or reach) the deployment, run, print the summary; every local process stopped at the end.
-    ``on_started(deployment)``: called once the local SuperLink and SuperNodes are up (tests)."""
-    from fdlit.deployment.launcher import (LocalDeployment, flower_env, submit, wait_for_result, work_folder,
-                                           write_app, write_connection)
+def run(options, fit_args: list[str]) -> int:
+    """Start (or reach) the deployment, run, print the summary; every local process stopped at the end."""
+    from fdlit.deployment.launcher import LocalDeployment, flower_env, work_folder
     from fdlit.federation import format_summary
     from fdlit.runs.directory import read_summary
 
@@ -79,20 +77,8 @@ def run(options, fit_args: list[str], on_started=None) -> int:
             if options.superlink is None:
                 deployment = LocalDeployment(options.nodes, work)
                 deployment.start()
-                address = deployment.address
-                if on_started is not None:
-                    on_started(deployment)
-            else:
-                address = options.superlink
-            write_connection(env, address, options.root_certificates)
-            result_file = work / "result.json"
-            result_file.unlink(missing_ok=True)
-            app = write_app(work / "app", {"fit-args": json.dumps(fit_args), "nodes": options.nodes,
-                                           "timeout": float(options.timeout), "node-wait": float(options.node_wait),
-                                           "threads": options.threads, "result-file": str(result_file)})
-            run_id = submit(app, env)
-            print(f"fdlit deploy: Flower run {run_id} on {address} with {options.nodes} SuperNodes", file=sys.stderr)
-            outcome = wait_for_result(result_file, run_id, env, options.run_timeout)
+            address = options.superlink or deployment.address
+            outcome = run_on(address, work, env, options, fit_args)
         finally:
             if deployment is not None:
                 deployment.stop()
@@ -100,5 +86,24 @@ def run(options, fit_args: list[str], on_started=None) -> int:
         where = f"; run directory {outcome['run_dir']}" if outcome.get("run_dir") else ""
         print(f"fdlit deploy: the run failed: {outcome.get('error', 'unknown error')}{where}", file=sys.stderr)
         return 1
+    if outcome.get("remote"):
+        print("fdlit deploy: the run finished; its run directory is on the SuperLink's machine (logger.run_dir there)")
+        return 0
     print(format_summary(read_summary(Path(outcome["run_dir"]))))
     return 0
+
+
+def run_on(address: str, work: Path, env: dict, options, fit_args: list[str]) -> dict:
+    """Submit one fit run to the SuperLink at ``address`` and wait for its outcome (the ServerApp's
+    result: status, run directory, error)."""
+    from fdlit.deployment.launcher import submit, wait_for_result, write_app, write_connection
+
+    write_connection(env, address, options.root_certificates)
+    result_file = work / "result.json"
+    result_file.unlink(missing_ok=True)
+    app = write_app(work / "app", {"fit-args": json.dumps(fit_args), "nodes": options.nodes,
+                                   "timeout": float(options.timeout), "node-wait": float(options.node_wait),
+                                   "threads": options.threads, "result-file": str(result_file)})
+    run_id = submit(app, env)
+    print(f"fdlit deploy: Flower run {run_id} on {address} with {options.nodes} SuperNodes", file=sys.stderr)
+    return wait_for_result(result_file, run_id, env, options.run_timeout)

@@ -28,6 +28,7 @@ import torch
 
 from fdlit.deployment.wire import pack, unpack, wire_bytes
 from fdlit.execution.executor import ClientExecutor
+from fdlit.execution.tokens import Tokens
 
 MESSAGE_TYPE = "query.fdlit"
 POLL_S = 0.05  # how often the ServerApp asks the SuperLink for replies (Flower's own loop waits 3 s)
@@ -58,8 +59,7 @@ class FlowerExecutor(ClientExecutor):
         self.config_yaml = ""
         self.node_ids: list[int] = []
         self.node_of: dict[int, int] = {}  # client id -> node id
-        self._tokens: dict[int, tuple[weakref.ref, int]] = {}
-        self._counter = itertools.count()
+        self._token = Tokens()  # what went down to the nodes once, named afterwards
         self._has: dict[int, set[int]] = {}
         self._names: dict[int, tuple[torch.Tensor, list]] = {}
         self._latest: Optional[tuple[weakref.ref, dict]] = None  # the last predict's output, its input per node
@@ -77,13 +77,13 @@ class FlowerExecutor(ClientExecutor):
 
     # ------------------------------------------------------------------ messages
     def request(self, op: str, per_node: dict[int, tuple[dict, dict[str, torch.Tensor]]],
-                tolerate: bool = False) -> dict[int, tuple]:
+                tolerate: bool = False, timeout_s: Optional[float] = None) -> dict[int, tuple]:
         """Send ``op`` to each node with its (meta, tensors); wait for every reply; (meta, tensors) back.
         ``tolerate``: a node that does not answer within ``timeout_s`` (or that Flower reports
         unavailable) is lost from then on, and its clients are unreachable: dropouts for the loop."""
         from flwr.app import Message
 
-        live = sorted(token for _, token in self._tokens.values())
+        live = self._token.live()
         messages, sent_to = [], {}
         for node, (meta, tensors) in per_node.items():
             content = pack({"op": op, "live": live, **meta}, tensors)
@@ -93,7 +93,8 @@ class FlowerExecutor(ClientExecutor):
         for mid, msg in zip(self.grid.push_messages(messages), messages):
             sent_to[mid] = msg.metadata.dst_node_id
         replies: dict[int, tuple] = {}
-        deadline = time.monotonic() + self.timeout_s
+        timeout_s = timeout_s or self.timeout_s
+        deadline = time.monotonic() + timeout_s
         pending = set(sent_to)
         while pending:
             for reply in self.grid.pull_messages(list(pending)):
@@ -117,9 +118,9 @@ class FlowerExecutor(ClientExecutor):
                 if time.monotonic() > deadline:
                     late = sorted(sent_to[m] for m in pending)
                     if tolerate:
-                        self._lose(late, f"no reply to '{op}' within {self.timeout_s:g} s")
+                        self._lose(late, f"no reply to '{op}' within {timeout_s:g} s")
                         break
-                    raise NodeFailure(f"no reply to '{op}' from node(s) {late} within {self.timeout_s:g} s "
+                    raise NodeFailure(f"no reply to '{op}' from node(s) {late} within {timeout_s:g} s "
                                       f"(federation.executor timeout)")
                 time.sleep(POLL_S)
         return replies
@@ -132,14 +133,6 @@ class FlowerExecutor(ClientExecutor):
 
     def unreachable(self) -> frozenset[int]:
         return frozenset(c for c, n in self.node_of.items() if n in self.lost_nodes)
-
-    def _token(self, obj: torch.Tensor) -> int:
-        entry = self._tokens.get(id(obj))
-        if entry is not None and entry[0]() is obj:
-            return entry[1]
-        token = next(self._counter)
-        self._tokens[id(obj)] = (weakref.ref(obj), token)
-        return token
 
     def _ref(self, obj: Optional[torch.Tensor], node: int, out: dict[str, torch.Tensor]):
         """How ``node`` finds ``obj``: by name when it builds it itself, else by token (sent once)."""
@@ -172,9 +165,7 @@ class FlowerExecutor(ClientExecutor):
         return groups
 
     def _prune(self) -> None:
-        for key in [k for k, (ref, _) in self._tokens.items() if ref() is None]:
-            del self._tokens[key]  # the server dropped it: nodes may drop it too
-        live = {token for _, token in self._tokens.values()}
+        live = set(self._token.live())  # what the server dropped, nodes may drop too
         for has in self._has.values():
             has.intersection_update(live)
 
@@ -186,7 +177,9 @@ class FlowerExecutor(ClientExecutor):
             if time.monotonic() > deadline:
                 raise NodeFailure(f"{len(nodes)} of {self.nodes} SuperNodes connected within {self.node_wait_s:g} s")
             time.sleep(0.2)
-        hello = self.request("hello", {n: ({}, {}) for n in nodes[: self.nodes]})
+        # the first message starts each node's worker, set-up builds the federation there: node_wait_s
+        start_s = max(self.timeout_s, self.node_wait_s)
+        hello = self.request("hello", {n: ({}, {}) for n in nodes[: self.nodes]}, timeout_s=start_s)
         self.node_ids = assign_order(hello)
         if len(clients) < len(self.node_ids):
             raise NodeFailure(f"{len(self.node_ids)} SuperNodes for {len(clients)} clients: use at most one node per client")
@@ -196,7 +189,7 @@ class FlowerExecutor(ClientExecutor):
         self.node_of = {cid: n for n, ids in hosted.items() for cid in ids}
         self._has = {n: set() for n in self.node_ids}
         self.request("setup", {n: ({"config": self.config_yaml, "clients": ids, "threads": self.threads}, {})
-                               for n, ids in hosted.items()})
+                               for n, ids in hosted.items()}, timeout_s=start_s)
         self._names_of_loop()
 
     def teardown(self, clients) -> None:
@@ -327,7 +320,7 @@ class FlowerExecutor(ClientExecutor):
             return [c.client_state() for c in clients]
         groups = self._groups(clients)
         replies = self.request("get_states", {n: ({"ids": [clients[j].client_id for j in idx]}, {})
-                                              for n, idx in groups.items()})
+                                              for n, idx in groups.items()}, tolerate=True)
         states: list[Any] = [None] * len(clients)
         for node, (_, tensors) in replies.items():
             for j, state in zip(groups[node], from_bytes(tensors["states"])):

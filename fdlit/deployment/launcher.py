@@ -230,8 +230,11 @@ def wait_for_result(result_file: Path, run_id: int, env: dict, timeout_s: float)
             status = run_status(run_id, env)
             if status.startswith("finished"):
                 time.sleep(1)
-                if not result_file.exists():
-                    return {"status": "failed", "error": f"the Flower run ended ({status}) without a result"}
+                if result_file.exists():
+                    break
+                if status == "finished:completed":  # the ServerApp ran on another machine
+                    return {"status": "done", "remote": True}
+                return {"status": "failed", "error": f"the Flower run ended ({status})"}
             next_check = time.monotonic() + 10
         time.sleep(0.2)
     return json.loads(result_file.read_text())
