@@ -112,6 +112,15 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def close(a, b) -> bool:
+    """Equal within 1e-5, NaN equal to NaN, through nested lists (per-client values, trust matrices)."""
+    if isinstance(b, list):
+        return isinstance(a, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+    if isinstance(b, float) and isinstance(a, (int, float)):
+        return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-5
+    return a == b
+
+
 def metrics_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -155,9 +164,9 @@ def test_a_deployed_run_equals_fit(deployment, config, tmp_path):
     fitted = metrics_of(next((tmp_path / "fit").iterdir()))
     assert len(deployed) == len(fitted) == 2
     for d, f in zip(deployed, fitted):
-        for key, value in f.items():
-            if "acc" in key or key.startswith("comm/") and "wire" not in key:
-                assert d[key] == pytest.approx(value, abs=1e-5, nan_ok=True), key
+        for key, value in f.items():  # accuracies, losses, teacher, weights, analytic bytes, ...: all but times
+            if not key.startswith("time/"):
+                assert close(d[key], value), key
         assert d["comm/up_bytes"] == f["comm/up_bytes"] > 0 and d["comm/down_bytes"] == f["comm/down_bytes"] > 0
         # the real messages: every request and reply as Flower serialised it
         assert d["comm/wire_up_bytes"] > 0 and d["comm/wire_down_bytes"] > 0
@@ -190,5 +199,6 @@ def test_a_supernode_killed_in_round_2_is_a_dropout(deployment, tmp_path):
     assert "participation/dropped_count" not in first
     assert second["participation/dropped_count"] == len(lost)
     assert sorted(second["participation/arrived"]) == list(range(14))
-    assert all(math.isnan(second["clients/after_public/global_acc"][i]) for i in lost)
+    accs = second["clients/after_public/global_acc"]  # no accuracy (NaN, null in the JSON) for the lost clients
+    assert all(accs[i] is None for i in lost) and all(isinstance(accs[i], float) for i in range(14))
     assert math.isfinite(second["after_public/global_acc_mean"])

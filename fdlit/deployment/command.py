@@ -17,7 +17,7 @@ from fdlit.errors import ConfigError
 
 
 def deploy_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fdlit deploy", description="Run a fit config as a Flower federation. "
+    p = argparse.ArgumentParser(prog="fdlit deploy", allow_abbrev=False, description="Run a fit config as a Flower federation. "
                                 "Options not listed here are fit's (--config ..., --federation.rounds ...).")
     p.add_argument("--nodes", type=int, default=2, help="SuperNodes: started locally, or expected on --superlink")
     p.add_argument("--superlink", default=None, help="HOST:PORT of a running SuperLink (default: start one here)")
@@ -96,7 +96,7 @@ def run(options, fit_args: list[str]) -> int:
 def run_on(address: str, work: Path, env: dict, options, fit_args: list[str]) -> dict:
     """Submit one fit run to the SuperLink at ``address`` and wait for its outcome (the ServerApp's
     result: status, run directory, error)."""
-    from fdlit.deployment.launcher import submit, wait_for_result, write_app, write_connection
+    from fdlit.deployment.launcher import stop_run, submit, wait_for_result, write_app, write_connection
 
     write_connection(env, address, options.root_certificates)
     result_file = work / "result.json"
@@ -106,4 +106,8 @@ def run_on(address: str, work: Path, env: dict, options, fit_args: list[str]) ->
                                    "threads": options.threads, "result-file": str(result_file)})
     run_id = submit(app, env)
     print(f"fdlit deploy: Flower run {run_id} on {address} with {options.nodes} SuperNodes", file=sys.stderr)
-    return wait_for_result(result_file, run_id, env, options.run_timeout)
+    try:
+        return wait_for_result(result_file, run_id, env, options.run_timeout)
+    except (KeyboardInterrupt, TimeoutError):
+        stop_run(run_id, env)  # the SuperLink may outlive this process: do not leave the run going
+        raise

@@ -31,7 +31,9 @@ from fdlit.execution.executor import ClientExecutor
 from fdlit.execution.tokens import Tokens
 
 MESSAGE_TYPE = "query.fdlit"
-POLL_S = 0.05  # how often the ServerApp asks the SuperLink for replies (Flower's own loop waits 3 s)
+# how often the ServerApp asks the SuperLink for replies: soon after sending, then less often (Flower's
+# own send_and_receive waits 3 s between asks, which would add seconds to every request)
+POLL_S = (0.05, 0.5)
 
 
 class NodeFailure(RuntimeError):
@@ -96,6 +98,7 @@ class FlowerExecutor(ClientExecutor):
         timeout_s = timeout_s or self.timeout_s
         deadline = time.monotonic() + timeout_s
         pending = set(sent_to)
+        poll = POLL_S[0]
         while pending:
             for reply in self.grid.pull_messages(list(pending)):
                 mid = reply.metadata.reply_to_message_id
@@ -122,7 +125,8 @@ class FlowerExecutor(ClientExecutor):
                         break
                     raise NodeFailure(f"no reply to '{op}' from node(s) {late} within {timeout_s:g} s "
                                       f"(federation.executor timeout)")
-                time.sleep(POLL_S)
+                time.sleep(poll)
+                poll = min(poll * 1.5, POLL_S[1])
         return replies
 
     def _lose(self, nodes: list[int], why: str) -> None:

@@ -220,6 +220,11 @@ def run_status(run_id: int, env: dict) -> str:
         return ""
 
 
+def stop_run(run_id: int, env: dict) -> None:
+    """``flwr stop``: end the run on the SuperLink (its ServerApp and ClientApps)."""
+    subprocess.run([flower_bin("flwr"), "stop", str(run_id), CONNECTION], env=env, capture_output=True, timeout=60)
+
+
 def wait_for_result(result_file: Path, run_id: int, env: dict, timeout_s: float) -> dict:
     """The ServerApp's outcome: its result file, or the run's failure as the SuperLink reports it."""
     deadline, next_check = time.monotonic() + timeout_s, time.monotonic() + 10

@@ -153,11 +153,13 @@ class NodeWorker:
             public_logits = torch.stack([cached[i] for i in ids])
         payloads = loop.executor.client_hook(meta["hook"], loop.method_part, info, self._clients(ids),
                                              [loop.client_data[i] for i in ids], received, public_logits)
-        out = {f"{j}/{k}": v for j, p in enumerate(payloads) for k, v in p.items() if not k.startswith("_")}
+        # "_" keys too: in-process diagnostics and what the server part reads without counting it (e.g.
+        # FedAvg's initial model); they travel here, in the wire count, never in the analytic ledger
+        out = {f"{j}/{k}": v for j, p in enumerate(payloads) for k, v in p.items()}
         if meta.get("then_predict"):  # a hook that changed the clients (e.g. loading the global model)
             self.logits = {}
             out.update(self._then_predict(meta))
-        return {"keys": [[k for k in p if not k.startswith("_")] for p in payloads]}, out
+        return {"keys": [list(p) for p in payloads]}, out
 
     def op_get_states(self, meta, tensors):
         clients = self._clients(meta["ids"])
@@ -186,7 +188,7 @@ def alive(pid: int) -> bool:
     return True
 
 
-def serve(socket_path: str, authkey: bytes, watch: list[int], idle_timeout_s: float) -> None:
+def serve(name: str, folder: Path, authkey: bytes, watch: list[int], idle_timeout_s: float) -> None:
     """Answer relayed messages one at a time until teardown, a watched process ends, or idleness."""
     from multiprocessing.connection import Listener
 
@@ -201,25 +203,25 @@ def serve(socket_path: str, authkey: bytes, watch: list[int], idle_timeout_s: fl
                 os._exit(0)  # the SuperNode is gone (killed, stopped) or the run was abandoned
 
     threading.Thread(target=watchdog, daemon=True).start()
-    Path(socket_path).with_name("worker.pid").write_text(str(os.getpid()))  # for the launcher's clean-up
-    with Listener(socket_path, family="AF_UNIX", authkey=authkey) as listener:
+    (folder / "worker.pid").write_text(str(os.getpid()))  # for the launcher's clean-up
+    with Listener("\0" + name, family="AF_UNIX", authkey=authkey) as listener:  # an abstract socket
         while not worker.stop:
             with listener.accept() as conn:
                 content, worker.node_config = conn.recv()
                 reply = worker.handle(content)
                 conn.send(reply)
                 last[0] = time.monotonic()
-    Path(socket_path).unlink(missing_ok=True)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description="fdlit node worker (started by the fdlit ClientApp)")
-    parser.add_argument("--socket", required=True)
+    parser.add_argument("--socket", required=True, help="the abstract socket's name")
     parser.add_argument("--authkey-file", required=True)
     parser.add_argument("--watch", type=int, nargs="*", default=[])
     parser.add_argument("--idle-timeout", type=float, default=1800.0)
     args = parser.parse_args(argv)
-    serve(args.socket, Path(args.authkey_file).read_bytes(), args.watch, args.idle_timeout)
+    key = Path(args.authkey_file)
+    serve(args.socket, key.parent, key.read_bytes(), args.watch, args.idle_timeout)
 
 
 if __name__ == "__main__":
