@@ -143,7 +143,7 @@ def worker(args) -> None:
 
     import torch
 
-    from fdlit.aggregators import SmoothedUncertaintyWeightedAggregator
+    from fdlit.methods import SmoothedUncertaintyWeighted
     from fdlit.callbacks import FederationCallback
     from fdlit.clients import ClientOptimization
     from fdlit.data import FederatedData
@@ -211,7 +211,7 @@ def worker(args) -> None:
         model={"class_path": f"fdlit.models.{args.model}",
                "init_args": {"stem": "cifar", "pretrained": False} if args.model == "ResNet18" else {}},
         client=ClientOptimization(optimizer="adam", lr=1e-3, batch_size=args.batch_size),
-        aggregator=SmoothedUncertaintyWeightedAggregator(tau=0.25),
+        aggregator=SmoothedUncertaintyWeighted(tau=0.25),
     )
     loop.fit()
     for callback in callbacks:

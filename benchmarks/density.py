@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from fdlit.aggregators.density import mixture_log_likelihood
+from fdlit.methods.density import mixture_log_likelihood
 
 
 def synthetic(m: int, n: int, k: int, c: int, seed: int = 0):

@@ -51,7 +51,7 @@ def worker(args) -> None:
 
     import torch
 
-    from fdlit.aggregators import ProbabilityAveragingAggregator
+    from fdlit.methods import ProbabilityAveraging
     from fdlit.callbacks import FederationCallback
     from fdlit.clients import ClientOptimization
     from fdlit.data import FederatedData
@@ -75,7 +75,7 @@ def worker(args) -> None:
         model={"class_path": f"fdlit.models.{args.model}",
                "init_args": {"hidden": [128, 128]} if args.model == "MLP" else {}},
         client=ClientOptimization(optimizer="adam", lr=1e-3, batch_size=32, **EXECUTORS[args.executor][2]),
-        aggregator=ProbabilityAveragingAggregator(),
+        aggregator=ProbabilityAveraging(),
     )
     rss_before = _vm("VmRSS")
     loop.fit()

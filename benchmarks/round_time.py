@@ -20,7 +20,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from fdlit.aggregators import ProbabilityAveragingAggregator
+from fdlit.methods import ProbabilityAveraging
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
@@ -112,7 +112,7 @@ def fdlit_round_times(args) -> list[float]:
         rounds=args.rounds, **EPOCHS, callbacks=[RoundClock()], data=make_data(args),
         executor=SequentialExecutor(),
         model={"class_path": f"fdlit.models.{MODELS[args.model].__name__}"},
-        aggregator=ProbabilityAveragingAggregator(), client=ClientOptimization(batch_size=BATCH), seed=args.seed,
+        aggregator=ProbabilityAveraging(), client=ClientOptimization(batch_size=BATCH), seed=args.seed,
     )
     loop.fit()
     return [b - a for a, b in zip(stamps[:-1], stamps[1:])]

@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult
-from fdlit.aggregators.fedavg import FedAvg, FedAvgClient, exchanged_tensors, flatten
-from fdlit.aggregators.scaffold import local_steps
+from fdlit.methods.base import AggregationResult
+from fdlit.methods.fedavg import FedAvg, FedAvgClient, exchanged_tensors, flatten
+from fdlit.methods.scaffold import local_steps
 
 
 class FedNovaClient(FedAvgClient):

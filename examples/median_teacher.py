@@ -11,7 +11,7 @@ weights, so no weight concentration is logged. Run it from this folder (or with 
 
 from __future__ import annotations
 
-from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.methods.base import AggregationResult, Aggregator
 
 
 class MedianTeacher(Aggregator):

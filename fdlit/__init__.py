@@ -1,6 +1,6 @@
 """fdlit: federated distillation experiments.
 
-data -> clients -> methods (fdlit.aggregators) -> the round (fdlit.federation) -> execution -> runs
+data -> clients -> methods (fdlit.methods) -> the round (fdlit.federation) -> execution -> runs
 (docs/design.md)
 """
 

@@ -1,6 +1,6 @@
 """The hooks of a federation run: how run bookkeeping (run directory, W&B, checkpoints, progress)
 and user code observe the loop. Methods do not implement these: they have their own client and
-server parts (fdlit.aggregators.base).
+server parts (fdlit.methods.base).
 
 Order: on_fit_start -> [method set-up, round 0] -> per round: on_round_start -> [private phase;
 public inference; client uploads; aggregation; broadcast; public phase] -> on_round_end -> on_fit_end;

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from fdlit.aggregators import Aggregator
+from fdlit.methods import Aggregator
 from fdlit.clients import ClientOptimization
 from fdlit.config_files import read_yaml
 from fdlit.data import FederatedData
@@ -63,8 +63,8 @@ def fit_parser() -> ArgumentParser:
     parser.add_class_arguments(ClientOptimization, "client")
     parser.add_subclass_arguments(
         Aggregator, "aggregator", required=False,
-        default={"class_path": "fdlit.aggregators.SmoothedUncertaintyWeightedAggregator"},
-        help="Aggregation rule (class_path/init_args), e.g. fdlit.aggregators.ProbabilityAveragingAggregator.",
+        default={"class_path": "fdlit.methods.SmoothedUncertaintyWeighted"},
+        help="Aggregation rule (class_path/init_args), e.g. fdlit.methods.ProbabilityAveraging.",
     )
     parser.add_class_arguments(FederationLoop, "federation", skip=LOOP_OBJECTS, instantiate=False)
     parser.add_class_arguments(UploadPrivacy, "privacy")

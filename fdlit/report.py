@@ -53,6 +53,7 @@ from fdlit.errors import ConfigError
 from fdlit.paper_figures import (
     FORMATS, MIN_FONT_PT, check_formats, ONE_COLUMN_IN, PNG_DPI, TWO_COLUMN_IN, new_figure, paper_style, plain_text, save_figure,
 )
+from fdlit.methods.aliases import canonical_class_path
 from fdlit.runs.dashboards import TRUST_KEY, TRUST_MAX_ROWS
 from fdlit.runs.directory import METRICS, read_config, read_jsonl, read_summary, safe_name
 
@@ -61,9 +62,9 @@ PRIVATE_ACC = "after_private/global_acc_mean"
 LOCAL = "after_public/local_acc_mean"
 SELECTED = "selected_global_acc_mean"  # validation-selected accuracy, when the run's summary has one
 SHORT_NAMES = {
-    "ProbabilityAveragingAggregator": "AVG",
-    "UncertaintyWeightedAggregator": "UWA",
-    "SmoothedUncertaintyWeightedAggregator": "sUWA",
+    "ProbabilityAveraging": "AVG",
+    "UncertaintyWeighted": "UWA",
+    "SmoothedUncertaintyWeighted": "sUWA",
 }
 ORDER = {"AVG": 0, "UWA": 1, "sUWA": 2}
 LOCAL_LABEL = "Local only (no communication)"
@@ -138,7 +139,8 @@ def run_kind(config: dict) -> str:
 def suwa_tau(config: dict) -> Optional[float]:
     """sUWA's temperature τ, or None when the run is not sUWA (or its τ is not a number)."""
     agg = config.get("aggregator")
-    if not isinstance(agg, dict) or not str(agg.get("class_path", "")).endswith(".SmoothedUncertaintyWeightedAggregator"):
+    if not isinstance(agg, dict) or not canonical_class_path(str(agg.get("class_path", ""))).endswith(
+            ".SmoothedUncertaintyWeighted"):
         return None
     init_args = agg.get("init_args")
     return _number(init_args.get("tau")) if isinstance(init_args, dict) else None
@@ -149,7 +151,8 @@ def method_label(config: dict) -> str:
     if kind != "rule":  # baselines are labelled as what they are, never as the rule in their config
         return LOCAL_LABEL if kind == "local" else REF_LABEL
     agg = config.get("aggregator") or {}
-    class_path = str(agg.get("class_path", "?")) if isinstance(agg, dict) else str(agg)
+    # runs written before the methods' rename carry former class paths (fdlit.methods.aliases)
+    class_path = canonical_class_path(str(agg.get("class_path", "?")) if isinstance(agg, dict) else str(agg))
     name = class_path.rsplit(".", 1)[-1]
     label = SHORT_NAMES.get(name, name)
     tau = suwa_tau(config)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 # name -> (config, extra fit flags)
 METHODS = {
-    "FD AVG": ("configs/digits.yaml", ["--aggregator", "fdlit.aggregators.ProbabilityAveragingAggregator"]),
+    "FD AVG": ("configs/digits.yaml", ["--aggregator", "fdlit.methods.ProbabilityAveraging"]),
     "FD sUWA": ("configs/digits.yaml", []),
     "FedAvg": ("configs/digits_fedavg.yaml", []),
     "FedProx": ("configs/digits_fedprox.yaml", []),

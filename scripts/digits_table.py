@@ -27,9 +27,9 @@ from pathlib import Path
 
 # rule -> (config, extra fit flags); AVG / UWA / sUWA share configs/digits.yaml and differ in the aggregator
 RULES = {
-    "AVG": ("configs/digits.yaml", ["--aggregator", "fdlit.aggregators.ProbabilityAveragingAggregator"]),
-    "UWA": ("configs/digits.yaml", ["--aggregator", "fdlit.aggregators.UncertaintyWeightedAggregator"]),
-    "sUWA": ("configs/digits.yaml", ["--aggregator", "fdlit.aggregators.SmoothedUncertaintyWeightedAggregator"]),
+    "AVG": ("configs/digits.yaml", ["--aggregator", "fdlit.methods.ProbabilityAveraging"]),
+    "UWA": ("configs/digits.yaml", ["--aggregator", "fdlit.methods.UncertaintyWeighted"]),
+    "sUWA": ("configs/digits.yaml", ["--aggregator", "fdlit.methods.SmoothedUncertaintyWeighted"]),
     "UWA (logit mixing)": ("configs/digits_uwa_logits.yaml", []),
     "MM": ("configs/digits_meta_model.yaml", []),
     "LKD": ("configs/digits_lkd.yaml", []),

@@ -17,26 +17,26 @@ import digits_table
 
 CONFIG = "configs/fashion_mnist.yaml"
 LENET = "fdlit.models.LeNet5"
-A = "fdlit.aggregators."
+A = "fdlit.methods."
 NO_PUBLIC_PHASE = ["--federation.public_epochs_first", "0", "--federation.public_epochs", "0"]
 # rule -> (config, fit flags); each rule's settings are those of its digits config, with LeNet-5 wherever
 # the method has a model of its own (DS-FL's server model)
 RULES = {
-    "AVG": (CONFIG, ["--aggregator", A + "ProbabilityAveragingAggregator"]),
-    "UWA": (CONFIG, ["--aggregator", A + "UncertaintyWeightedAggregator"]),
-    "sUWA": (CONFIG, ["--aggregator", A + "SmoothedUncertaintyWeightedAggregator", "--aggregator.tau", "0.25"]),
-    "MM": (CONFIG, ["--aggregator", A + "MetaModelAggregator", "--aggregator.labelled_per_client", "15",
+    "AVG": (CONFIG, ["--aggregator", A + "ProbabilityAveraging"]),
+    "UWA": (CONFIG, ["--aggregator", A + "UncertaintyWeighted"]),
+    "sUWA": (CONFIG, ["--aggregator", A + "SmoothedUncertaintyWeighted", "--aggregator.tau", "0.25"]),
+    "MM": (CONFIG, ["--aggregator", A + "MetaModel", "--aggregator.labelled_per_client", "15",
                     "--aggregator.hidden", "64", "--aggregator.steps", "300"]),
     "Selective-FD (features)": (CONFIG, [
-        "--aggregator", A + "SelectiveFDAggregator", "--aggregator.labels", "soft",
+        "--aggregator", A + "SelectiveFD", "--aggregator.labels", "soft",
         "--aggregator.client_quantile", "0.25", "--aggregator.server_threshold", "1.0",
         "--aggregator.features", "penultimate", "--aggregator.public_per_round", "1000",
         "--aggregator.private_weight", "0.5"]),
-    "DS-FL": (CONFIG, ["--aggregator", A + "EntropyReductionAggregator", "--aggregator.temperature", "0.1",
+    "DS-FL": (CONFIG, ["--aggregator", A + "EntropyReduction", "--aggregator.temperature", "0.1",
                        "--server.model", LENET, "--server.optimizer", "adam", "--server.lr", "0.001",
                        "--server.batch_size", "64", "--server.epochs_first", "5", "--server.epochs", "2",
                        "--server.broadcast", "false"]),
-    "FedMD": (CONFIG, ["--aggregator", A + "FedMDAggregator", "--aggregator.warmup_epochs", "5"]),
+    "FedMD": (CONFIG, ["--aggregator", A + "FedMD", "--aggregator.warmup_epochs", "5"]),
     "FedAvg": (CONFIG, ["--aggregator", A + "FedAvg", *NO_PUBLIC_PHASE]),
     # SCAFFOLD's control-variate update assumes plain SGD steps (its digits config: SGD, lr 0.05)
     "SCAFFOLD": (CONFIG, ["--aggregator", A + "Scaffold", "--client.optimizer", "sgd", "--client.lr", "0.05",

@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 METHODS = {  # hard labels carry no logits, so sUWA sends its density scores (aggregator.upload: scores)
-    "AVG": ["--aggregator", "fdlit.aggregators.ProbabilityAveragingAggregator"],
-    "sUWA": ["--aggregator", "fdlit.aggregators.SmoothedUncertaintyWeightedAggregator"],
+    "AVG": ["--aggregator", "fdlit.methods.ProbabilityAveraging"],
+    "sUWA": ["--aggregator", "fdlit.methods.SmoothedUncertaintyWeighted"],
 }
 HARD = {"AVG": [], "sUWA": ["--aggregator.upload", "scores"]}
 SUMMED = {"AVG"}  # the rules whose teacher is a function of the clients' mean (the central model)

@@ -53,7 +53,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from fdlit.aggregators import ProbabilityAveragingAggregator, SmoothedUncertaintyWeightedAggregator
+from fdlit.methods import ProbabilityAveraging, SmoothedUncertaintyWeighted
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.data.federated import ClientData
@@ -155,12 +155,12 @@ def build_loop(settings: dict[str, str], aggregator: str, seed: int, clients: in
     if settings["split"] == "reference":
         adopt_reference_split(data, *reference_split(ref, seed, clients, k, public_size))
     if aggregator == "avg":
-        agg = ProbabilityAveragingAggregator()
+        agg = ProbabilityAveraging()
     elif settings["density"] == "reference":
-        agg = SmoothedUncertaintyWeightedAggregator(tau=0.25, variance_floor=REFERENCE_STD_FLOOR**2, robust=False,
+        agg = SmoothedUncertaintyWeighted(tau=0.25, variance_floor=REFERENCE_STD_FLOOR**2, robust=False,
                                                     density_method="direct")
     else:
-        agg = SmoothedUncertaintyWeightedAggregator(tau=0.25)
+        agg = SmoothedUncertaintyWeighted(tau=0.25)
     hidden = [int(h) for h in settings["hidden"].split(",")]
     return FederationLoop(
         rounds=rounds, private_epochs_first=first_epochs, private_epochs=epochs,

@@ -6,22 +6,22 @@ import pytest
 import torch
 from scipy.stats import norm, spearmanr
 
-from fdlit.aggregators import (
-    EntropyReductionAggregator,
-    EntropyWeightedAggregator,
-    FedGOAggregator,
+from fdlit.methods import (
+    EntropyReduction,
+    EntropyWeighted,
+    FedGO,
     KuLSIF,
-    LKDAggregator,
-    LogitAveragingAggregator,
-    LogitVarianceAggregator,
-    MetaModelAggregator,
-    OracleAggregator,
-    ProbabilityAveragingAggregator,
-    SelectiveFDAggregator,
+    LKD,
+    LogitAveraging,
+    LogitVariance,
+    MetaModel,
+    Oracle,
+    ProbabilityAveraging,
+    SelectiveFD,
 )
-from fdlit.aggregators.base import context_for
-from fdlit.aggregators.fedgo import train_discriminator
-from fdlit.aggregators.lkd import auc_against_unlabelled, one_vs_rest_auc
+from fdlit.methods.base import context_for
+from fdlit.methods.fedgo import train_discriminator
+from fdlit.methods.lkd import auc_against_unlabelled, one_vs_rest_auc
 from fdlit.errors import ConfigError
 
 M, N, C = 5, 64, 10
@@ -52,22 +52,22 @@ def assert_distribution(r, m=M, n=N):
 # ---------------------------------------------------------------- logit averaging
 def test_logit_averaging_is_softmax_of_mean_logits_and_differs_from_avg():
     ups = logit_uploads()
-    r = LogitAveragingAggregator().aggregate(ups, context_for(ups))
+    r = LogitAveraging().aggregate(ups, context_for(ups))
     assert_distribution(r)
     torch.testing.assert_close(r.teacher, stacked(ups).mean(0).softmax(-1))
-    assert not torch.allclose(r.teacher, ProbabilityAveragingAggregator().aggregate(ups, context_for(ups)).teacher, atol=1e-3)
+    assert not torch.allclose(r.teacher, ProbabilityAveraging().aggregate(ups, context_for(ups)).teacher, atol=1e-3)
     # identical clients: logit averaging returns that client's softmax (T = 1)
     same = [{"logits": ups[0]["logits"]} for _ in range(M)]
-    torch.testing.assert_close(LogitAveragingAggregator().aggregate(same, context_for(same)).teacher, ups[0]["logits"].softmax(-1))
-    hot = LogitAveragingAggregator(temperature=0.5).aggregate(ups, context_for(ups)).teacher
+    torch.testing.assert_close(LogitAveraging().aggregate(same, context_for(same)).teacher, ups[0]["logits"].softmax(-1))
+    hot = LogitAveraging(temperature=0.5).aggregate(ups, context_for(ups)).teacher
     assert (hot.max(-1).values >= r.teacher.max(-1).values - 1e-6).all()
 
 
 # ---------------------------------------------------------------- ERA
 def test_era_sharpens_avg_and_keeps_its_argmax():
     ups = logit_uploads()
-    avg = ProbabilityAveragingAggregator().aggregate(ups, context_for(ups)).teacher
-    r = EntropyReductionAggregator(temperature=0.1).aggregate(ups, context_for(ups))
+    avg = ProbabilityAveraging().aggregate(ups, context_for(ups)).teacher
+    r = EntropyReduction(temperature=0.1).aggregate(ups, context_for(ups))
     assert_distribution(r)
     torch.testing.assert_close(r.teacher, torch.softmax(avg / 0.1, -1))
     assert (r.teacher.argmax(-1) == avg.argmax(-1)).all()
@@ -80,7 +80,7 @@ def test_era_sharpens_avg_and_keeps_its_argmax():
     assert entropy(r.teacher).mean() < entropy(avg).mean()
     # ... and a lower T lowers the entropy of every sample (T = 0.1 ~ 1/C is close to the identity
     # near uniform: exp((p_a - p_b) / T) ~ p_a / p_b there, see the class docstring)
-    sharp = EntropyReductionAggregator(temperature=0.05).aggregate(ups, context_for(ups)).teacher
+    sharp = EntropyReduction(temperature=0.05).aggregate(ups, context_for(ups)).teacher
     assert (entropy(sharp) < entropy(avg)).all()
 
 
@@ -89,28 +89,28 @@ def test_entropy_weighting_trusts_the_confident_client():
     ups = logit_uploads(scale=0.1)  # everyone nearly uniform ...
     ups[2]["logits"] = ups[2]["logits"].clone()
     ups[2]["logits"][:, 3] += 8.0  # ... except client 2, confident on class 3
-    r = EntropyWeightedAggregator().aggregate(ups, context_for(ups))
+    r = EntropyWeighted().aggregate(ups, context_for(ups))
     assert_distribution(r)
     assert (r.weights.argmax(0) == 2).all()
     torch.testing.assert_close(r.teacher, torch.einsum("mn,mnc->nc", r.weights, stacked(ups).softmax(-1)))
     # equal entropies (permuted logits) -> uniform weights
     base = torch.randn(N, C)
     perm = [{"logits": base[:, torch.randperm(C)]} for _ in range(M)]
-    torch.testing.assert_close(EntropyWeightedAggregator().aggregate(perm, context_for(perm)).weights, torch.full((M, N), 1 / M))
+    torch.testing.assert_close(EntropyWeighted().aggregate(perm, context_for(perm)).weights, torch.full((M, N), 1 / M))
 
 
 # ---------------------------------------------------------------- logit variance
 def test_logit_variance_weights_are_proportional_to_variance():
     ups = logit_uploads()
-    r = LogitVarianceAggregator(eps=0.0).aggregate(ups, context_for(ups))
+    r = LogitVariance(eps=0.0).aggregate(ups, context_for(ups))
     assert_distribution(r)
     var = stacked(ups).var(-1, unbiased=False)
     torch.testing.assert_close(r.weights, var / var.sum(0))
     ups[1]["logits"] = ups[1]["logits"] * 3  # 9x the variance of its previous self
-    r2 = LogitVarianceAggregator(eps=0.0).aggregate(ups, context_for(ups))
+    r2 = LogitVariance(eps=0.0).aggregate(ups, context_for(ups))
     assert (r2.weights[1] > r.weights[1]).all()
     flat = [{"logits": torch.zeros(N, C)} for _ in range(M)]  # zero variance everywhere: uniform
-    torch.testing.assert_close(LogitVarianceAggregator(eps=0.0).aggregate(flat, context_for(flat)).weights, torch.full((M, N), 1 / M))
+    torch.testing.assert_close(LogitVariance(eps=0.0).aggregate(flat, context_for(flat)).weights, torch.full((M, N), 1 / M))
 
 
 # ---------------------------------------------------------------- Oracle
@@ -121,7 +121,7 @@ def test_oracle_puts_zero_weight_on_clients_lacking_the_class():
     classes = torch.zeros(M, C, dtype=torch.bool)
     for i in range(M):
         classes[i, [(2 * i) % C, (2 * i + 1) % C]] = True  # client i holds classes 2i, 2i+1
-    agg = OracleAggregator()
+    agg = Oracle()
     agg.set_truth(y, classes)
     r = agg.aggregate(ups, context_for(ups))
     assert_distribution(r)
@@ -135,7 +135,7 @@ def test_oracle_puts_zero_weight_on_clients_lacking_the_class():
 
 def test_oracle_refuses_to_run_without_labels():
     with pytest.raises(RuntimeError, match="public labels"):
-        OracleAggregator().aggregate(*with_context(logit_uploads()))
+        Oracle().aggregate(*with_context(logit_uploads()))
 
 
 # ---------------------------------------------------------------- KuLSIF
@@ -165,8 +165,8 @@ def selective_uploads(masks, hard=False, seed=0):
 def test_selective_fd_with_every_mask_on_equals_avg():
     masks = torch.ones(M, N, dtype=torch.bool)
     ups, sel = selective_uploads(masks)
-    r = SelectiveFDAggregator(server_threshold=2.0).aggregate(sel, context_for(sel))
-    avg = ProbabilityAveragingAggregator().aggregate(ups, context_for(ups))
+    r = SelectiveFD(server_threshold=2.0).aggregate(sel, context_for(sel))
+    avg = ProbabilityAveraging().aggregate(ups, context_for(ups))
     torch.testing.assert_close(r.teacher, avg.teacher)
     torch.testing.assert_close(r.weights, avg.weights)
     assert r.keep.all()
@@ -177,7 +177,7 @@ def test_selective_fd_averages_only_kept_predictions_and_drops_uncovered_and_amb
     masks = torch.rand(M, N, generator=g) > 0.5
     masks[:, 0] = False  # nobody keeps sample 0
     ups, sel = selective_uploads(masks)
-    r = SelectiveFDAggregator(server_threshold=2.0).aggregate(sel, context_for(sel))
+    r = SelectiveFD(server_threshold=2.0).aggregate(sel, context_for(sel))
     q = stacked(ups).softmax(-1)
     for x in range(1, N):
         if masks[:, x].any():
@@ -185,7 +185,7 @@ def test_selective_fd_averages_only_kept_predictions_and_drops_uncovered_and_amb
     assert not r.keep[0] and r.keep[1:].eq(masks[:, 1:].any(0)).all()
     assert_distribution(r)
     # the server selector drops exactly the samples with 2 (1 - max P) > tau_server
-    strict = SelectiveFDAggregator(server_threshold=1.0).aggregate(sel, context_for(sel))
+    strict = SelectiveFD(server_threshold=1.0).aggregate(sel, context_for(sel))
     ambiguous = 2 * (1 - r.teacher.max(-1).values) > 1.0
     assert (strict.keep == (r.keep & ~ambiguous)).all()
     assert (~strict.keep).sum() > (~r.keep).sum()
@@ -194,7 +194,7 @@ def test_selective_fd_averages_only_kept_predictions_and_drops_uncovered_and_amb
 def test_selective_fd_hard_labels_vote_and_send_one_hot():
     masks = torch.ones(M, N, dtype=torch.bool)
     ups, sel = selective_uploads(masks, hard=True)
-    r = SelectiveFDAggregator(labels="hard", server_threshold=2.0).aggregate(sel, context_for(sel))
+    r = SelectiveFD(labels="hard", server_threshold=2.0).aggregate(sel, context_for(sel))
     votes = torch.nn.functional.one_hot(stacked(ups).argmax(-1), C).float().mean(0)
     tied = (votes == votes.max(-1, keepdim=True).values).sum(-1) > 1
     assert tied.any() and (~tied).any()  # the synthetic votes have both
@@ -202,11 +202,11 @@ def test_selective_fd_hard_labels_vote_and_send_one_hot():
     kept = r.teacher[r.keep]
     assert ((kept == 0) | (kept == 1)).all()
     assert (kept.argmax(-1) == votes[r.keep].argmax(-1)).all()
-    soft = SelectiveFDAggregator(labels="hard", server_threshold=2.0, ties="soft").aggregate(sel, context_for(sel))
+    soft = SelectiveFD(labels="hard", server_threshold=2.0, ties="soft").aggregate(sel, context_for(sel))
     assert soft.keep.all()
     torch.testing.assert_close(soft.teacher[tied], votes[tied])  # the vote fractions themselves
     # a sample where 3 of 5 clients agree survives tau_server = 0.8 (2 * (1 - 0.6)); 2 of 5 does not
-    r2 = SelectiveFDAggregator(labels="hard", server_threshold=0.8).aggregate(sel, context_for(sel))
+    r2 = SelectiveFD(labels="hard", server_threshold=0.8).aggregate(sel, context_for(sel))
     assert (r2.keep == ((votes.max(-1).values >= 0.6 - 1e-6) & ~tied)).all()
 
 
@@ -217,7 +217,7 @@ def test_selective_fd_client_selector_keeps_in_distribution_public_samples():
     train_x = torch.randn(80, d, generator=g) * 0.5 + 3
     cal_x = torch.randn(20, d, generator=g) * 0.5 + 3
     public = torch.cat([torch.randn(50, d, generator=g) * 0.5 + 3, torch.randn(50, d, generator=g) * 0.5 - 3])
-    agg = SelectiveFDAggregator(client_quantile=0.25)
+    agg = SelectiveFD(client_quantile=0.25)
     mask = agg.client_part().client_mask(train_x, torch.zeros(80, dtype=torch.long), cal_x, torch.zeros(20, dtype=torch.long),
                            [0], public)
     assert mask[50:].sum() == 0  # never keeps the far-away half
@@ -237,14 +237,14 @@ def test_selective_fd_client_selector_keeps_in_distribution_public_samples():
 ])
 def test_selective_fd_rejects_bad_arguments(kwargs, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        SelectiveFDAggregator(**kwargs)
+        SelectiveFD(**kwargs)
 
 
 @pytest.mark.parametrize("cls, kwargs, field", [
-    (LogitAveragingAggregator, {"temperature": 0.0}, "aggregator.temperature"),
-    (EntropyReductionAggregator, {"temperature": -1.0}, "aggregator.temperature"),
-    (EntropyWeightedAggregator, {"temperature": math.inf}, "aggregator.temperature"),
-    (LogitVarianceAggregator, {"eps": -1.0}, "aggregator.eps"),
+    (LogitAveraging, {"temperature": 0.0}, "aggregator.temperature"),
+    (EntropyReduction, {"temperature": -1.0}, "aggregator.temperature"),
+    (EntropyWeighted, {"temperature": math.inf}, "aggregator.temperature"),
+    (LogitVariance, {"eps": -1.0}, "aggregator.eps"),
 ])
 def test_simple_rules_reject_bad_arguments(cls, kwargs, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -254,10 +254,10 @@ def test_simple_rules_reject_bad_arguments(cls, kwargs, field):
 # ---------------------------------------------------------------- FedGO
 def test_fedgo_with_equal_odds_and_equal_counts_is_avg():
     ups = logit_uploads()
-    agg = FedGOAggregator()
+    agg = FedGO()
     agg.set_discriminator_scores(torch.full((M, N), 0.7), torch.full((M,), 100))
     r = agg.aggregate(ups, context_for(ups))
-    avg = ProbabilityAveragingAggregator().aggregate(ups, context_for(ups))
+    avg = ProbabilityAveraging().aggregate(ups, context_for(ups))
     torch.testing.assert_close(r.teacher, avg.teacher)
     torch.testing.assert_close(r.weights, avg.weights)
 
@@ -266,7 +266,7 @@ def test_fedgo_weights_are_n_times_odds_normalised():
     g = torch.Generator().manual_seed(2)
     d = torch.rand(M, N, generator=g) * 0.98 + 0.01  # discriminator outputs in (0, 1)
     n_k = torch.tensor([10, 20, 30, 40, 50])
-    agg = FedGOAggregator()
+    agg = FedGO()
     agg.set_discriminator_scores(torch.logit(d.double()), n_k)
     r = agg.aggregate(*with_context(logit_uploads()))
     odds = d.double() / (1 - d.double())
@@ -291,9 +291,9 @@ def test_fedgo_rejects_bad_arguments_and_needs_discriminators():
     for kwargs, field in (({"hidden": 0}, "hidden"), ({"epochs": 0}, "epochs"), ({"lr": 0.0}, "lr"),
                           ({"upload": "model"}, "upload")):
         with pytest.raises(ConfigError, match=f"aggregator\\.{field}"):
-            FedGOAggregator(**kwargs)
+            FedGO(**kwargs)
     with pytest.raises(RuntimeError, match="discriminators"):
-        FedGOAggregator().aggregate(*with_context(logit_uploads()))
+        FedGO().aggregate(*with_context(logit_uploads()))
 
 
 # ---------------------------------------------------------------- LKD
@@ -319,7 +319,7 @@ def test_lkd_trusts_each_client_on_the_classes_it_is_reliable_for():
     ups = logit_uploads()
     for u, a in zip(ups, auc):
         u["class_auc"] = a
-    r = LKDAggregator(temperature=20.0).aggregate(ups, context_for(ups))
+    r = LKD(temperature=20.0).aggregate(ups, context_for(ups))
     assert_distribution(r)
     beta = torch.softmax(20 * auc, 0)
     pred = stacked(ups).argmax(-1)
@@ -330,15 +330,15 @@ def test_lkd_trusts_each_client_on_the_classes_it_is_reliable_for():
     for u in ups:
         u["logits"][0] = torch.nn.functional.one_hot(torch.tensor(9), C).float() * 5
     ups[0]["logits"][0] = torch.nn.functional.one_hot(torch.tensor(0), C).float() * 5
-    r = LKDAggregator(temperature=20.0).aggregate(ups, context_for(ups))
+    r = LKD(temperature=20.0).aggregate(ups, context_for(ups))
     assert float(r.weights[0, 0]) == pytest.approx(1 / (1 + (M - 1) / M), rel=1e-4)
 
 
 def test_lkd_client_auc_marks_unseen_classes_lowest():
     probs = torch.tensor([[0.9, 0.1, 0.0], [0.2, 0.8, 0.0], [0.7, 0.3, 0.0]])
-    auc = LKDAggregator.client_auc(probs, torch.tensor([0, 1, 0]), [0, 1], 3)
+    auc = LKD.client_auc(probs, torch.tensor([0, 1, 0]), [0, 1], 3)
     torch.testing.assert_close(auc, torch.tensor([1.0, 1.0, 0.0]))
-    single = LKDAggregator.client_auc(probs[:1], torch.tensor([0]), [0], 3)  # k = 1: undefined -> 1
+    single = LKD.client_auc(probs[:1], torch.tensor([0]), [0], 3)  # k = 1: undefined -> 1
     torch.testing.assert_close(single, torch.tensor([1.0, 0.0, 0.0]))
 
 
@@ -362,7 +362,7 @@ def test_lkd_public_scoring_marks_unseen_classes_zero_and_classes_without_sample
     g = torch.Generator().manual_seed(1)
     cal, pub = torch.randn(6, 4, generator=g), torch.randn(30, 4, generator=g)
     cal[:3, 0] += 10  # class 0 calibration samples score above every public sample on output 0
-    auc = LKDAggregator.client_auc_vs_public(cal, torch.tensor([0, 0, 0, 1, 1, 1]), pub, [0, 1, 2], 4)
+    auc = LKD.client_auc_vs_public(cal, torch.tensor([0, 0, 0, 1, 1, 1]), pub, [0, 1, 2], 4)
     assert float(auc[0]) == 1.0 and 0 < float(auc[1]) < 1
     assert float(auc[2]) == 0.5 and float(auc[3]) == 0.0  # local without samples; never seen
 
@@ -371,9 +371,9 @@ def test_lkd_rejects_bad_arguments():
     for kwargs, field in (({"temperature": 0.0}, "temperature"), ({"scoring": "labels"}, "scoring"),
                           ({"server_labelled_size": 1}, "server_labelled_size")):
         with pytest.raises(ConfigError, match=f"aggregator\\.{field}"):
-            LKDAggregator(**kwargs)
+            LKD(**kwargs)
     with pytest.raises(ConfigError, match="allowed: 'calibration_vs_public', 'calibration', 'server'"):
-        LKDAggregator(scoring="public")
+        LKD(scoring="public")
 
 
 # ---------------------------------------------------------------- Meta-Model
@@ -395,12 +395,12 @@ def test_meta_model_recovers_the_true_label_on_a_separable_toy_problem():
     y_lab, y_pub = torch.randint(0, c, (200,), generator=g), torch.randint(0, c, (300,), generator=g)
     z_lab, z_pub = expert_logits(y_lab, m, c, g), expert_logits(y_pub, m, c, g)
     ups = [{"logits": z_pub[i], "mm_logits": z_lab[i]} for i in range(m)]
-    agg = MetaModelAggregator(steps=200)
+    agg = MetaModel(steps=200)
     agg.set_labels(y_lab)
     r = agg.aggregate(ups, context_for(ups))
     torch.testing.assert_close(r.teacher.sum(-1), torch.ones(300))
     acc = float((r.teacher.argmax(-1) == y_pub).float().mean())
-    avg_acc = float((ProbabilityAveragingAggregator().aggregate(ups, context_for(ups)).teacher.argmax(-1) == y_pub).float().mean())
+    avg_acc = float((ProbabilityAveraging().aggregate(ups, context_for(ups)).teacher.argmax(-1) == y_pub).float().mean())
     assert acc > 0.95 and acc > avg_acc + 0.2
 
 
@@ -408,22 +408,22 @@ def test_meta_model_rejects_bad_arguments_and_needs_labels():
     for kwargs, field in (({"labelled_per_client": 0}, "labelled_per_client"), ({"hidden": -1}, "hidden"),
                           ({"steps": 0}, "steps"), ({"lr": -1.0}, "lr")):
         with pytest.raises(ConfigError, match=f"aggregator\\.{field}"):
-            MetaModelAggregator(**kwargs)
+            MetaModel(**kwargs)
     with pytest.raises(RuntimeError, match="labelled set"):
-        MetaModelAggregator().aggregate(*with_context(logit_uploads()))
+        MetaModel().aggregate(*with_context(logit_uploads()))
 
 
 def test_meta_model_labelled_size_is_a_total_split_over_the_clients():
-    agg = MetaModelAggregator(labelled_size=3000)
+    agg = MetaModel(labelled_size=3000)
     assert [agg.client_part().client_share(i, 20) for i in range(20)] == [150] * 20  # the workshop paper's 3,000 at M = 20
-    agg = MetaModelAggregator(labelled_size=7)
+    agg = MetaModel(labelled_size=7)
     assert [agg.client_part().client_share(i, 3) for i in range(3)] == [3, 2, 2]
-    assert [MetaModelAggregator().client_part().client_share(i, 4) for i in range(4)] == [15] * 4  # neither given: 15 each
-    assert MetaModelAggregator(labelled_per_client=4).client_part().client_share(0, 20) == 4
+    assert [MetaModel().client_part().client_share(i, 4) for i in range(4)] == [15] * 4  # neither given: 15 each
+    assert MetaModel(labelled_per_client=4).client_part().client_share(0, 20) == 4
     with pytest.raises(ConfigError, match=r"aggregator\.labelled_size: give the total .* not both"):
-        MetaModelAggregator(labelled_per_client=15, labelled_size=3000)
+        MetaModel(labelled_per_client=15, labelled_size=3000)
     with pytest.raises(ConfigError, match=r"aggregator\.labelled_size: must be >= 1"):
-        MetaModelAggregator(labelled_size=0)
+        MetaModel(labelled_size=0)
 
 
 def test_meta_model_labelled_size_sets_the_pooled_set_in_a_run(tmp_path):

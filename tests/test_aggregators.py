@@ -6,15 +6,15 @@ import pytest
 import torch
 from sklearn.mixture import GaussianMixture
 
-from fdlit.aggregators import (
+from fdlit.methods import (
     DiagonalGaussianMixture,
     mixture_log_likelihood,
-    ProbabilityAveragingAggregator,
-    SmoothedUncertaintyWeightedAggregator,
-    UncertaintyWeightedAggregator,
+    ProbabilityAveraging,
+    SmoothedUncertaintyWeighted,
+    UncertaintyWeighted,
     weight_concentration,
 )
-from fdlit.aggregators.base import context_for
+from fdlit.methods.base import context_for
 from fdlit.errors import ConfigError
 
 M, N, C = 5, 64, 10
@@ -37,8 +37,8 @@ def gmm_uploads(seed=0, k=3):
     return uploads
 
 
-@pytest.mark.parametrize("agg", [ProbabilityAveragingAggregator(), UncertaintyWeightedAggregator(),
-                                 SmoothedUncertaintyWeightedAggregator(tau=0.25)])
+@pytest.mark.parametrize("agg", [ProbabilityAveraging(), UncertaintyWeighted(),
+                                 SmoothedUncertaintyWeighted(tau=0.25)])
 def test_weights_are_a_distribution_and_teacher_is_probability(agg):
     ups = gmm_uploads()
     r = agg.aggregate(ups, context_for(ups))
@@ -51,7 +51,7 @@ def test_weights_are_a_distribution_and_teacher_is_probability(agg):
 
 def test_avg_is_mean_of_probabilities_and_chi_is_one_over_m():
     ups = gmm_uploads()
-    r = ProbabilityAveragingAggregator().aggregate(ups, context_for(ups))
+    r = ProbabilityAveraging().aggregate(ups, context_for(ups))
     z = torch.stack([u["logits"] for u in ups])
     torch.testing.assert_close(r.teacher, z.softmax(-1).mean(0))
     assert float(weight_concentration(r.weights)) == pytest.approx(1 / M)
@@ -59,23 +59,23 @@ def test_avg_is_mean_of_probabilities_and_chi_is_one_over_m():
 
 def test_tau_zero_is_avg_and_tau_one_is_uwa():
     ups = gmm_uploads()
-    avg = ProbabilityAveragingAggregator().aggregate(ups, context_for(ups))
-    s0 = SmoothedUncertaintyWeightedAggregator(tau=0.0).aggregate(ups, context_for(ups))
+    avg = ProbabilityAveraging().aggregate(ups, context_for(ups))
+    s0 = SmoothedUncertaintyWeighted(tau=0.0).aggregate(ups, context_for(ups))
     torch.testing.assert_close(s0.teacher, avg.teacher)
     torch.testing.assert_close(s0.weights, avg.weights)
-    uwa = UncertaintyWeightedAggregator().aggregate(ups, context_for(ups))
-    s1 = SmoothedUncertaintyWeightedAggregator(tau=1.0).aggregate(ups, context_for(ups))
+    uwa = UncertaintyWeighted().aggregate(ups, context_for(ups))
+    s1 = SmoothedUncertaintyWeighted(tau=1.0).aggregate(ups, context_for(ups))
     torch.testing.assert_close(s1.weights, uwa.weights)
     assert not torch.allclose(uwa.weights, avg.weights)
     # smoothing lowers concentration between the two extremes
-    chi = [float(weight_concentration(SmoothedUncertaintyWeightedAggregator(tau=t).aggregate(ups, context_for(ups)).weights))
+    chi = [float(weight_concentration(SmoothedUncertaintyWeighted(tau=t).aggregate(ups, context_for(ups)).weights))
            for t in (0.0, 0.25, 1.0)]
     assert chi[0] == pytest.approx(1 / M) and chi[0] < chi[1] < chi[2] <= 1
 
 
 def test_large_tau_picks_the_most_likely_client():
     ups = gmm_uploads()
-    agg = SmoothedUncertaintyWeightedAggregator(tau=1e4)
+    agg = SmoothedUncertaintyWeighted(tau=1e4)
     z = torch.stack([u["logits"] for u in ups])
     ll = agg.log_likelihoods(ups, z)
     r = agg.aggregate(ups, context_for(ups))
@@ -117,23 +117,23 @@ def test_client_without_components_gets_zero_weight_and_all_empty_falls_back_to_
     ups = gmm_uploads()
     ups[0]["gmm_means"] = ups[0]["gmm_means"][:0]
     ups[0]["gmm_stds"] = ups[0]["gmm_stds"][:0]
-    r = UncertaintyWeightedAggregator().aggregate(ups, context_for(ups))
+    r = UncertaintyWeighted().aggregate(ups, context_for(ups))
     assert torch.all(r.weights[0] == 0)
     for u in ups:
         u["gmm_means"], u["gmm_stds"] = u["gmm_means"][:0], u["gmm_stds"][:0]
-    r = UncertaintyWeightedAggregator().aggregate(ups, context_for(ups))
+    r = UncertaintyWeighted().aggregate(ups, context_for(ups))
     torch.testing.assert_close(r.weights, torch.full((M, N), 1 / M))
     assert r.stats["density/uniform_fallback_samples"] == N
 
 
 def test_scores_upload_gives_the_same_teacher_as_density_upload():
     ups = gmm_uploads()
-    agg = UncertaintyWeightedAggregator()
+    agg = UncertaintyWeighted()
     z = torch.stack([u["logits"] for u in ups])
     ll = agg.log_likelihoods(ups, z)
     score_ups = [{"logits": u["logits"], "log_likelihood": ll[i].float(), "_dropped_components": torch.tensor([0])}
                  for i, u in enumerate(ups)]
-    torch.testing.assert_close(UncertaintyWeightedAggregator(upload="scores").aggregate(score_ups, context_for(score_ups)).teacher,
+    torch.testing.assert_close(UncertaintyWeighted(upload="scores").aggregate(score_ups, context_for(score_ups)).teacher,
                                agg.aggregate(ups, context_for(ups)).teacher, atol=1e-5, rtol=1e-5)
 
 
@@ -179,12 +179,12 @@ def test_matmul_density_is_within_the_stated_tolerance_of_the_direct_form(scale,
 def test_both_density_forms_give_the_same_suwa_teacher_and_padding_is_ignored():
     ups = gmm_uploads(k=3)
     ups[1]["gmm_means"], ups[1]["gmm_stds"] = ups[1]["gmm_means"][:1], ups[1]["gmm_stds"][:1]  # K differs: padded
-    fast = SmoothedUncertaintyWeightedAggregator(density_method="matmul").aggregate(ups, context_for(ups))
-    ref = SmoothedUncertaintyWeightedAggregator(density_method="direct").aggregate(ups, context_for(ups))
+    fast = SmoothedUncertaintyWeighted(density_method="matmul").aggregate(ups, context_for(ups))
+    ref = SmoothedUncertaintyWeighted(density_method="direct").aggregate(ups, context_for(ups))
     torch.testing.assert_close(fast.weights, ref.weights, atol=1e-7, rtol=0)
     torch.testing.assert_close(fast.teacher, ref.teacher, atol=1e-7, rtol=0)
     z = torch.stack([u["logits"] for u in ups])
-    ll = SmoothedUncertaintyWeightedAggregator().log_likelihoods(ups, z)
+    ll = SmoothedUncertaintyWeighted().log_likelihoods(ups, z)
     alone = DiagonalGaussianMixture(ups[1]["gmm_means"].double(), ups[1]["gmm_stds"].double() ** 2,
                                     torch.tensor([0])).log_likelihood(z[1], "direct")
     torch.testing.assert_close(ll[1], alone, atol=1e-9, rtol=0)
@@ -194,7 +194,7 @@ def test_both_density_forms_give_the_same_suwa_teacher_and_padding_is_ignored():
                                     {"min_calibration_samples": 1}, {"density_method": "float16"}])
 def test_bad_uwa_arguments(kwargs):
     with pytest.raises(ConfigError):
-        SmoothedUncertaintyWeightedAggregator(**kwargs)
+        SmoothedUncertaintyWeighted(**kwargs)
 
 
 @pytest.mark.parametrize("tau", [1.0, 0.25])
@@ -208,26 +208,26 @@ def test_logit_mix_is_softmax_of_the_weighted_logit_sum(tau):
     w = torch.softmax(tau * ll, dim=0)
     expected = torch.einsum("mn,mnc->nc", w, z).softmax(-1)
 
-    logit_mix = SmoothedUncertaintyWeightedAggregator(tau=tau, mix="logits").aggregate(ups, context_for(ups))
-    prob_mix = SmoothedUncertaintyWeightedAggregator(tau=tau).aggregate(ups, context_for(ups))
+    logit_mix = SmoothedUncertaintyWeighted(tau=tau, mix="logits").aggregate(ups, context_for(ups))
+    prob_mix = SmoothedUncertaintyWeighted(tau=tau).aggregate(ups, context_for(ups))
     torch.testing.assert_close(logit_mix.teacher.double(), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logit_mix.weights, prob_mix.weights)  # same weights, other space
     torch.testing.assert_close(logit_mix.teacher.sum(-1), torch.ones(N))
     assert (logit_mix.teacher - prob_mix.teacher).abs().max() > 0.05
     if tau == 1.0:
-        torch.testing.assert_close(UncertaintyWeightedAggregator(mix="logits").aggregate(ups, context_for(ups)).teacher,
+        torch.testing.assert_close(UncertaintyWeighted(mix="logits").aggregate(ups, context_for(ups)).teacher,
                                    logit_mix.teacher)
 
 
 def test_logit_mix_with_tau_zero_is_logit_averaging():
-    from fdlit.aggregators import LogitAveragingAggregator
+    from fdlit.methods import LogitAveraging
 
     ups = gmm_uploads()
-    torch.testing.assert_close(SmoothedUncertaintyWeightedAggregator(tau=0.0, mix="logits").aggregate(ups, context_for(ups)).teacher,
-                               LogitAveragingAggregator().aggregate(ups, context_for(ups)).teacher)
+    torch.testing.assert_close(SmoothedUncertaintyWeighted(tau=0.0, mix="logits").aggregate(ups, context_for(ups)).teacher,
+                               LogitAveraging().aggregate(ups, context_for(ups)).teacher)
 
 
-@pytest.mark.parametrize("cls", [UncertaintyWeightedAggregator, SmoothedUncertaintyWeightedAggregator])
+@pytest.mark.parametrize("cls", [UncertaintyWeighted, SmoothedUncertaintyWeighted])
 def test_bad_mix_is_refused_at_construction_naming_the_field_and_the_choices(cls):
     with pytest.raises(ConfigError, match=r"aggregator\.mix: allowed: 'probabilities', 'logits'; got 'logit'"):
         cls(mix="logit")
@@ -289,7 +289,7 @@ def test_robust_uwa_counts_repairs_and_warns_once():
         u.update(_collapsed=torch.tensor([0]), _degenerate_components=torch.tensor([0]),
                  _shrunk_components=torch.tensor([0]))
     ups[1]["_degenerate_components"] = torch.tensor([2])
-    agg = UncertaintyWeightedAggregator()
+    agg = UncertaintyWeighted()
     with pytest.warns(RuntimeWarning, match="2 degenerate components"):
         stats = agg.aggregate(ups, context_for(ups)).stats
     assert stats["density/degenerate_components"] == 2 and stats["density/collapsed_clients"] == 0
@@ -297,4 +297,4 @@ def test_robust_uwa_counts_repairs_and_warns_once():
         warnings.simplefilter("error")
         agg.aggregate(ups, context_for(ups))
     with pytest.raises(ConfigError, match=r"aggregator\.shrinkage_samples"):
-        UncertaintyWeightedAggregator(shrinkage_samples=-1)
+        UncertaintyWeighted(shrinkage_samples=-1)

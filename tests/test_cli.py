@@ -32,16 +32,16 @@ def test_dotted_flags_reach_the_objects(fast_args):
 
 
 def test_switching_to_uwa_does_not_inherit_suwa_tau(fast_args):
-    parser, cfg = parse_fit(fast_args + ["--aggregator", "fdlit.aggregators.UncertaintyWeightedAggregator"])
+    parser, cfg = parse_fit(fast_args + ["--aggregator", "fdlit.methods.UncertaintyWeighted"])
     assert Experiment(cfg, parser).loop.aggregator.tau == 1.0
 
 
 def test_class_path_picks_aggregator_and_model(fast_args):
-    parser, cfg = parse_fit(fast_args + ["--aggregator", "fdlit.aggregators.ProbabilityAveragingAggregator",
+    parser, cfg = parse_fit(fast_args + ["--aggregator", "fdlit.methods.ProbabilityAveraging",
                                          "--model", "fdlit.models.MLP", "--model.hidden", "[32]"])
     experiment = Experiment(cfg, parser)
     loop = experiment.loop
-    assert type(loop.aggregator).__name__ == "ProbabilityAveragingAggregator"
+    assert type(loop.aggregator).__name__ == "ProbabilityAveraging"
     assert loop.model_spec["class_path"] == "fdlit.models.MLP"
     assert loop.model_spec["init_args"]["hidden"] == [32]
 
@@ -65,7 +65,7 @@ BAD_INPUTS = [
     (["--data.classes_per_client", "0"], "data.classes_per_client"),
     (["--data.classes_per_client", "11"], "data.classes_per_client"),
     (["--aggregator.tau", "-1"], "aggregator.tau"),
-    (["--aggregator", "fdlit.aggregators.NoSuchAggregator"], "aggregator"),
+    (["--aggregator", "fdlit.methods.NoSuchAggregator"], "aggregator"),
     (["--model", "fdlit.models.NoSuchNet"], "model"),
     (["--data.calibration_fraction", "1.5"], "data.calibration_fraction"),
     (["--data.calibration_fraction", "0"], "data.calibration_fraction"),

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fdlit.aggregators import ProbabilityAveragingAggregator
+from fdlit.methods import ProbabilityAveraging
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
@@ -35,7 +35,7 @@ def loop(executor, client_class="fdlit.clients.ClientModule"):
         executor=executor, client_class=client_class,
         data=FederatedData(num_clients=4, classes_per_client=3, public_size=150),
         model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32]}},
-        aggregator=ProbabilityAveragingAggregator(), seed=1,
+        aggregator=ProbabilityAveraging(), seed=1,
     )
 
 

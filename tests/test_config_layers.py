@@ -87,7 +87,7 @@ def test_stacked_layers_equal_the_shipped_one_file_config():
     _, stacked = parse_fit(["--config", "datasets/digits.yaml", "--config", "methods/feddf.yaml"])
     _, shipped = parse_fit(["--config", "digits_feddf.yaml"])
     assert plain(stacked) == plain(shipped)
-    assert stacked.aggregator.class_path == "fdlit.aggregators.FedDF" and stacked.client.optimizer == "sgd"
+    assert stacked.aggregator.class_path == "fdlit.methods.FedDF" and stacked.client.optimizer == "sgd"
     assert stacked.data.num_clients == 20 and stacked.federation.public_epochs == 0
 
 
@@ -123,6 +123,6 @@ def test_the_dumped_config_is_self_contained(tmp_path):
     parser, cfg = parse_fit(["--config", "digits_feddf.yaml"])
     saved = write(tmp_path / "config.yaml", parser.dump(cfg, skip_unset=False))
     dumped = yaml.safe_load(saved.read_text())
-    assert "config" not in dumped and dumped["aggregator"]["class_path"] == "fdlit.aggregators.FedDF"
+    assert "config" not in dumped and dumped["aggregator"]["class_path"] == "fdlit.methods.FedDF"
     _, again = parse_fit(["--config", str(saved)])
     assert plain(again) == plain(cfg)

@@ -7,11 +7,11 @@ import warnings
 import pytest
 import torch
 
-from fdlit.aggregators import (
-    LKDAggregator,
-    ProbabilityAveragingAggregator,
-    SmoothedUncertaintyWeightedAggregator,
-    UncertaintyWeightedAggregator,
+from fdlit.methods import (
+    LKD,
+    ProbabilityAveraging,
+    SmoothedUncertaintyWeighted,
+    UncertaintyWeighted,
 )
 from fdlit.config import parse_fit
 from fdlit.runs.experiment import Experiment
@@ -56,8 +56,8 @@ def holder_weight(weights, loop):
 def test_lkd_scored_against_the_public_set_differs_from_avg_and_favours_the_class_holders(digits_k2):
     loop = digits_k2
     m, n = len(loop.clients), len(loop.public_y)
-    avg = ProbabilityAveragingAggregator().aggregate(uploads(loop, ProbabilityAveragingAggregator()), loop.server_context(1))
-    agg = LKDAggregator()  # scoring: calibration_vs_public, T_w = 20
+    avg = ProbabilityAveraging().aggregate(uploads(loop, ProbabilityAveraging()), loop.server_context(1))
+    agg = LKD()  # scoring: calibration_vs_public, T_w = 20
     ups = uploads(loop, agg)
     r = agg.aggregate(ups, loop.server_context(1))
     auc = torch.stack([u["class_auc"] for u in ups])
@@ -80,7 +80,7 @@ def test_lkd_scored_on_own_calibration_only_is_avg_when_every_class_has_as_many_
     """Why calibration_vs_public is the default: on its own classes every holder scores ~1, so beta is
     ~uniform over the holders of each class and, with 4 holders per class, W ~ 1/M."""
     loop = digits_k2
-    agg = LKDAggregator(scoring="calibration")
+    agg = LKD(scoring="calibration")
     r = agg.aggregate(uploads(loop, agg), loop.server_context(1))
     print("calibration-only LKD: max |W - 1/M| =", float((r.weights - 1 / len(loop.clients)).abs().max()),
           "holder weight", holder_weight(r.weights, loop))
@@ -95,8 +95,8 @@ def collapse(monkeypatch, client, row):
 
 
 @pytest.mark.parametrize("upload", ["density", "scores"])
-@pytest.mark.parametrize("make", [lambda **kw: UncertaintyWeightedAggregator(**kw),
-                                  lambda **kw: SmoothedUncertaintyWeightedAggregator(tau=0.25, **kw)],
+@pytest.mark.parametrize("make", [lambda **kw: UncertaintyWeighted(**kw),
+                                  lambda **kw: SmoothedUncertaintyWeighted(tau=0.25, **kw)],
                          ids=["uwa", "suwa-0.25"])
 def test_a_collapsed_client_no_longer_takes_the_weight(digits_k2, monkeypatch, make, upload):
     loop = digits_k2
@@ -126,8 +126,8 @@ def test_a_collapsed_client_no_longer_takes_the_weight(digits_k2, monkeypatch, m
 def test_robust_rule_changes_nothing_when_no_fit_is_degenerate(digits_k2, tau, mix):
     loop = digits_k2
     z = public_logits(loop)
-    before = SmoothedUncertaintyWeightedAggregator(tau=tau, mix=mix, robust=False)
-    after = SmoothedUncertaintyWeightedAggregator(tau=tau, mix=mix)
+    before = SmoothedUncertaintyWeighted(tau=tau, mix=mix, robust=False)
+    after = SmoothedUncertaintyWeighted(tau=tau, mix=mix)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing to repair, nothing said
         r = after.aggregate(uploads(loop, after, z), loop.server_context(1))

@@ -52,7 +52,7 @@ def test_fednova_with_equal_local_steps_is_fedavg_and_with_unequal_steps_is_not(
     """x <- x - tau_eff sum_i p_i d_i: with every tau_i = tau the result is sum_i p_i y_i (FedAvg)."""
     from fednova import FedNova
 
-    from fdlit.aggregators.base import FederationInfo, ServerContext
+    from fdlit.methods.base import FederationInfo, ServerContext
 
     x, ys = torch.zeros(4), [torch.tensor([1.0, 2.0, 0.0, -1.0]), torch.tensor([3.0, 0.0, 1.0, 1.0])]
     method = FedNova()
@@ -97,5 +97,5 @@ def test_a_class_path_python_cannot_find_says_how_python_finds_a_users_module(fa
     assert main(["fit", *fast_args, "--aggregator", "my_missing_rules.MedianTeacher"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fdlit: error: aggregator") and "my_missing_rules" in err and "PYTHONPATH" in err
-    assert main(["fit", *fast_args, "--aggregator", "fdlit.aggregators.NoSuchRule"]) == 2
+    assert main(["fit", *fast_args, "--aggregator", "fdlit.methods.NoSuchRule"]) == 2
     assert "PYTHONPATH" not in capsys.readouterr().err  # a typo in fdlit's own path is no path problem

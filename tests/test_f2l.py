@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from fdlit.aggregators import F2LAggregator, LKDAggregator
-from fdlit.aggregators.base import context_for
+from fdlit.methods import F2L, LKD
+from fdlit.methods.base import context_for
 from fdlit.errors import ConfigError
 
 
@@ -15,8 +15,8 @@ def uploads(m=6, n=40, c=5, seed=0):
 
 def test_one_region_is_lkd_and_one_client_per_region_is_lkd_across_clients():
     up = uploads()
-    flat = LKDAggregator().aggregate(up, context_for(up))
-    for agg in (F2LAggregator(regions=1), F2LAggregator(regions=6), F2LAggregator(regions=[0, 1, 2, 3, 4, 5])):
+    flat = LKD().aggregate(up, context_for(up))
+    for agg in (F2L(regions=1), F2L(regions=6), F2L(regions=[0, 1, 2, 3, 4, 5])):
         res = agg.aggregate(up, context_for(up))
         torch.testing.assert_close(res.teacher, flat.teacher)
         torch.testing.assert_close(res.weights, flat.weights)
@@ -25,8 +25,8 @@ def test_one_region_is_lkd_and_one_client_per_region_is_lkd_across_clients():
 def test_the_global_teacher_is_lkd_over_regional_lkd_teachers():
     up = uploads()
     assignment = [0, 1, 0, 2, 1, 0]
-    res = F2LAggregator(regions=assignment).aggregate(up, context_for(up))
-    lkd = LKDAggregator()
+    res = F2L(regions=assignment).aggregate(up, context_for(up))
+    lkd = LKD()
     regional = []
     for r in range(3):
         members = [up[i] for i in range(6) if assignment[i] == r]
@@ -43,14 +43,14 @@ def test_the_global_teacher_is_lkd_over_regional_lkd_teachers():
 
 def test_across_avg_weighs_each_region_by_its_size():
     up = uploads(m=4)
-    res = F2LAggregator(regions=[0, 0, 0, 1], across="avg").aggregate(up, context_for(up))
+    res = F2L(regions=[0, 0, 0, 1], across="avg").aggregate(up, context_for(up))
     torch.testing.assert_close(res.weights[3], torch.full((40,), 0.25))  # alone in its region
     torch.testing.assert_close(res.weights[:3].sum(0), torch.full((40,), 0.75))
 
 
 def test_bytes_per_tier():
     up = [{"logits": u["logits"].half(), "class_auc": u["class_auc"]} for u in uploads(m=6, n=40, c=5)]
-    stats = F2LAggregator(regions=3).aggregate(up, context_for(up)).stats
+    stats = F2L(regions=3).aggregate(up, context_for(up)).stats
     assert stats["f2l/bytes_client_to_region"] == 6 * (40 * 5 * 2 + 5 * 4)
     assert stats["f2l/bytes_region_to_global"] == 3 * (40 * 5 * 2 + 5 * 4)
     assert stats["f2l/bytes_global_to_region"] == 3 * 40 * 5 * 2
@@ -59,14 +59,14 @@ def test_bytes_per_tier():
 @pytest.mark.parametrize("kwargs", [{"regions": 0}, {"regions": [0, 2]}, {"regions": []}, {"across": "max"}])
 def test_bad_regions_name_their_field(kwargs):
     with pytest.raises(ConfigError, match=r"aggregator\.(regions|across)"):
-        F2LAggregator(**kwargs)
+        F2L(**kwargs)
 
 
 def test_regions_that_do_not_fit_the_federation_are_refused():
     with pytest.raises(ConfigError, match=r"aggregator\.regions"):
-        F2LAggregator(regions=5).assignment(4)
+        F2L(regions=5).assignment(4)
     with pytest.raises(ConfigError, match=r"aggregator\.regions"):
-        F2LAggregator(regions=[0, 1, 1]).assignment(4)
+        F2L(regions=[0, 1, 1]).assignment(4)
 
 
 def tiny(aggregator):
@@ -81,10 +81,10 @@ def tiny(aggregator):
 
 
 def test_a_fit_counts_the_client_tier_as_the_ledger_does_and_bad_regions_stop_it_before_round_1():
-    loop = tiny(F2LAggregator(regions=[0, 1, 1, 0]))
+    loop = tiny(F2L(regions=[0, 1, 1, 0]))
     loop.fit()
     (m,) = loop.history
     assert m["f2l/bytes_client_to_region"] == m["comm/up_bytes"] > 0
     assert m["f2l/bytes_global_to_region"] == 2 * 120 * 10 * loop.message_dtype.itemsize
     with pytest.raises(ConfigError, match=r"aggregator\.regions.*5 regions for 4 clients"):
-        tiny(F2LAggregator(regions=5))  # refused when the loop is built, before any data loads
+        tiny(F2L(regions=5))  # refused when the loop is built, before any data loads

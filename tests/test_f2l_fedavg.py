@@ -5,10 +5,10 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from fdlit.aggregators import F2LAggregator, F2LParams
-from fdlit.aggregators.base import FederationInfo, ServerContext, context_for
-from fdlit.aggregators.f2l_fedavg import class_auc
-from fdlit.aggregators.fedavg import exchanged_tensors, flatten
+from fdlit.methods import F2L, F2LParams
+from fdlit.methods.base import FederationInfo, ServerContext, context_for
+from fdlit.methods.f2l_fedavg import class_auc
+from fdlit.methods.fedavg import exchanged_tensors, flatten
 from fdlit.errors import ConfigError
 from tests.test_parameter_exchange import loop_for
 
@@ -141,9 +141,9 @@ def test_bad_settings_name_their_field(kwargs):
 def test_fd_f2l_switches_to_the_size_weighted_mean_once_regions_agree():
     g = torch.Generator().manual_seed(0)
     up = [{"logits": 3 * torch.randn(30, 4, generator=g), "class_auc": torch.rand(4, generator=g)} for _ in range(6)]
-    lkd = F2LAggregator(regions=3).aggregate(up, context_for(up))
-    switched = F2LAggregator(regions=3, epsilon=2.0).aggregate(up, context_for(up))
-    avg = F2LAggregator(regions=3, across="avg").aggregate(up, context_for(up))
+    lkd = F2L(regions=3).aggregate(up, context_for(up))
+    switched = F2L(regions=3, epsilon=2.0).aggregate(up, context_for(up))
+    avg = F2L(regions=3, across="avg").aggregate(up, context_for(up))
     assert lkd.stats["f2l/lkd_active"] == 1.0 and switched.stats["f2l/lkd_active"] == 0.0
     torch.testing.assert_close(switched.teacher, avg.teacher)
     assert not torch.allclose(lkd.teacher, avg.teacher, atol=1e-3)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from fdlit.aggregators import ProbabilityAveragingAggregator, UncertaintyWeightedAggregator
-from fdlit.aggregators.base import ClientPart
+from fdlit.methods import ProbabilityAveraging, UncertaintyWeighted
+from fdlit.methods.base import ClientPart
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
@@ -23,7 +23,7 @@ def small_loop(tmp_path, aggregator, rounds=2, **kw):
 
 
 def test_avg_upload_is_n_c_4_bytes_per_client_per_round(tmp_path):
-    loop = small_loop(tmp_path, ProbabilityAveragingAggregator())
+    loop = small_loop(tmp_path, ProbabilityAveraging())
     loop.fit()
     n, c, m = 200, 10, 4
     for r in (1, 2):
@@ -35,7 +35,7 @@ def test_avg_upload_is_n_c_4_bytes_per_client_per_round(tmp_path):
 
 
 def test_uwa_counts_its_density_model_and_half_precision_halves_logits(tmp_path):
-    loop = small_loop(tmp_path, UncertaintyWeightedAggregator(), rounds=1, message_dtype="float16")
+    loop = small_loop(tmp_path, UncertaintyWeighted(), rounds=1, message_dtype="float16")
     loop.fit()
     for i, cd in enumerate(loop.data.clients):
         k = len(cd.classes)  # every class has >= 2 calibration samples here
@@ -46,7 +46,7 @@ def test_uwa_counts_its_density_model_and_half_precision_halves_logits(tmp_path)
 
 
 def test_scores_upload_sends_n_floats(tmp_path):
-    loop = small_loop(tmp_path, UncertaintyWeightedAggregator(upload="scores"), rounds=1)
+    loop = small_loop(tmp_path, UncertaintyWeighted(upload="scores"), rounds=1)
     loop.fit()
     assert loop.ledger.total("up", client=0) == 200 * 10 * 4 + 200 * 4
 
@@ -60,7 +60,7 @@ def test_hooks_are_called_in_order_and_optimizer_state_persists(tmp_path):
             assert ctx.public_logits.shape == (200, 10)
             return {"extra_stat": torch.zeros(3)}  # uploaded and counted
 
-    class ExtraStat(ProbabilityAveragingAggregator):
+    class ExtraStat(ProbabilityAveraging):
         def client_part(self):
             return ExtraStatClient()
 
@@ -92,7 +92,7 @@ def test_hooks_are_called_in_order_and_optimizer_state_persists(tmp_path):
 
 
 def test_first_round_epochs_differ(tmp_path):
-    loop = small_loop(tmp_path, ProbabilityAveragingAggregator(), rounds=1)
+    loop = small_loop(tmp_path, ProbabilityAveraging(), rounds=1)
     loop.private_epochs_first, loop.public_epochs_first = 3, 0
     loop.fit()
     steps = int(next(iter(loop.clients[0].configure_optimizers().state.values()))["step"])
@@ -132,15 +132,15 @@ def test_nan_in_a_client_stops_with_client_round_and_phase(tmp_path):
                 with torch.no_grad():
                     next(loop.clients[1].parameters()).fill_(float("nan"))
 
-    loop = small_loop(tmp_path, ProbabilityAveragingAggregator(), callbacks=[Poison()])
+    loop = small_loop(tmp_path, ProbabilityAveraging(), callbacks=[Poison()])
     with pytest.raises(NumericalFault, match="client 1 .* round 2, phase 'private'"):
         loop.fit()
     assert loop.round == 1 and len(loop.history) == 1  # round 1 completed
 
 
 def test_same_seed_same_metrics(tmp_path):
-    a = small_loop(tmp_path / "a", UncertaintyWeightedAggregator(), seed=5)
-    b = small_loop(tmp_path / "b", UncertaintyWeightedAggregator(), seed=5)
+    a = small_loop(tmp_path / "a", UncertaintyWeighted(), seed=5)
+    b = small_loop(tmp_path / "b", UncertaintyWeighted(), seed=5)
     a.fit(), b.fit()
     def strip(h):
         return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in h]
@@ -150,7 +150,7 @@ def test_same_seed_same_metrics(tmp_path):
 def test_accuracies_are_micro_and_match_torchmetrics(tmp_path):
     from torchmetrics.functional.classification import multiclass_accuracy
 
-    loop = small_loop(tmp_path, ProbabilityAveragingAggregator(), rounds=1)
+    loop = small_loop(tmp_path, ProbabilityAveraging(), rounds=1)
     loop.fit()
     acc = loop.evaluate()
     preds = loop.executor.predict(loop.clients, loop.test_x).argmax(-1)
@@ -208,9 +208,9 @@ def test_ledger_state_round_trips_in_columns_and_reads_the_row_format():
 def test_evaluation_every_n_rounds_on_a_fixed_subsample_then_the_full_test_set_last(tmp_path):
     """Rounds 1, 2, 4 evaluated on the same 50 test samples, round 3 not at all, round 5 (the last)
     on the whole test set; training is unchanged, so round 5 equals a run evaluated every round."""
-    loop = small_loop(tmp_path, UncertaintyWeightedAggregator(), rounds=5, eval_every_n_rounds=2, eval_subsample=50)
+    loop = small_loop(tmp_path, UncertaintyWeighted(), rounds=5, eval_every_n_rounds=2, eval_subsample=50)
     loop.fit()
-    ref = small_loop(tmp_path, UncertaintyWeightedAggregator(), rounds=5)
+    ref = small_loop(tmp_path, UncertaintyWeighted(), rounds=5)
     ref.fit()
     total = len(loop.test_y)
     assert [m["eval/test_samples"] for m in loop.history] == [50, 50, 0, 50, total]
@@ -240,7 +240,7 @@ def test_evaluation_every_n_rounds_on_a_fixed_subsample_then_the_full_test_set_l
 
 
 def test_summary_uses_only_evaluated_rounds(tmp_path):
-    loop = small_loop(tmp_path, ProbabilityAveragingAggregator(), rounds=3, eval_every_n_rounds=3)
+    loop = small_loop(tmp_path, ProbabilityAveraging(), rounds=3, eval_every_n_rounds=3)
     loop.setup()
     nan = float("nan")
 
@@ -264,4 +264,4 @@ def test_bad_evaluation_settings_name_their_field(tmp_path, kwargs, field):
     from fdlit.errors import ConfigError
 
     with pytest.raises(ConfigError, match=field):
-        small_loop(tmp_path, ProbabilityAveragingAggregator(), **kwargs)
+        small_loop(tmp_path, ProbabilityAveraging(), **kwargs)

@@ -4,7 +4,7 @@ at toy size: they change speed, not what is computed."""
 import pytest
 import torch
 
-from fdlit.aggregators import ProbabilityAveragingAggregator
+from fdlit.methods import ProbabilityAveraging
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import SequentialExecutor, VectorizedExecutor
@@ -19,7 +19,7 @@ def run(executor, rounds=1, model="SmallCNN", **kw):
                           public_epochs=1, executor=EXECUTORS[executor](),
                           data=FederatedData(num_clients=3, classes_per_client=4, public_size=64),
                           model={"class_path": f"fdlit.models.{model}", "init_args": init},
-                          aggregator=ProbabilityAveragingAggregator(), **kw)
+                          aggregator=ProbabilityAveraging(), **kw)
     loop.fit()
     return loop
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 from jsonargparse import ArgumentParser
 
-import fdlit.aggregators as aggregators
+import fdlit.methods as aggregators
 from fdlit import cli
-from fdlit.aggregators import Aggregator
+from fdlit.methods import Aggregator
 from fdlit.models import BertClassifier, ClientNetwork, LeNet5, MLP, ResNet18, SmallCNN
 
 
@@ -23,7 +23,7 @@ def _help(capsys, *args: str) -> str:
 def test_help_lists_fdlit_models_and_rules_only(capsys):
     text = " ".join(_help(capsys, "--help").split())
     for name in ("fdlit.models.MLP", "fdlit.models.SmallCNN", "fdlit.models.LeNet5", "fdlit.models.ResNet18",
-                 "fdlit.models.BertClassifier", "fdlit.aggregators.UncertaintyWeightedAggregator"):
+                 "fdlit.models.BertClassifier", "fdlit.methods.UncertaintyWeighted"):
         assert name in text, name
     for foreign in ("torch.nn.Linear", "torch.nn.ReLU", "torchmetrics", "lightning"):
         assert foreign not in text, foreign
@@ -60,7 +60,7 @@ def test_help_after_config_shows_the_configs_values(capsys):
     assert default_of(with_config, "--federation.rounds ROUNDS") == "20"
 
 
-@pytest.mark.parametrize("model", ["torch.nn.Linear", "torch.nn.ReLU", "fdlit.aggregators.UncertaintyWeightedAggregator"])
+@pytest.mark.parametrize("model", ["torch.nn.Linear", "torch.nn.ReLU", "fdlit.methods.UncertaintyWeighted"])
 def test_a_model_fdlit_cannot_build_fails_at_parse_naming_model(tmp_path, capsys, model):
     code = cli.main(["fit", "--config", "configs/digits.yaml", "--model", model, "--logger.mode", "disabled",
                      "--logger.run_dir", str(tmp_path)])

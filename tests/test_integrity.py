@@ -219,8 +219,8 @@ def test_a_sweep_held_by_another_process_is_refused_in_one_line_and_keeps_earlie
 # ---------------------------------------------------------------------------------- config-only checks
 CONFIG_ONLY = [
     (["--federation.participation.count", "21", "--data.num_clients", "20"], "federation.participation.count"),
-    (["--aggregator", "fdlit.aggregators.F2LAggregator", "--aggregator.regions", "30"], "aggregator.regions"),
-    (["--aggregator", "fdlit.aggregators.F2LParams", "--aggregator.regions", "[0, 1]"], "aggregator.regions"),
+    (["--aggregator", "fdlit.methods.F2L", "--aggregator.regions", "30"], "aggregator.regions"),
+    (["--aggregator", "fdlit.methods.F2LParams", "--aggregator.regions", "[0, 1]"], "aggregator.regions"),
     (["--federation.participation.join_rounds", "[3, 3, 3, 3, 3, 3, 3, 3, 3, 3]", "--data.num_clients", "10",
       "--federation.rounds", "2"], "federation.participation.join_rounds"),
     (["--federation.participation.public_subset", "501"], "federation.participation.public_subset"),

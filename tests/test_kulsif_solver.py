@@ -5,8 +5,8 @@ distances change nothing."""
 import pytest
 import torch
 
-from fdlit.aggregators import kulsif
-from fdlit.aggregators.kulsif import KuLSIF, gaussian_kernel, solve_regularised_kernel, squared_distances
+from fdlit.methods import kulsif
+from fdlit.methods.kulsif import KuLSIF, gaussian_kernel, solve_regularised_kernel, squared_distances
 
 
 def float64_reference(local, aux, x, lam=None):

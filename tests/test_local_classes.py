@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fdlit.aggregators import OracleAggregator
+from fdlit.methods import Oracle
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
@@ -51,7 +51,7 @@ def test_dirichlet_clients_local_accuracy_and_the_oracle_follow_the_threshold():
 
     loop = FederationLoop(rounds=1, private_epochs_first=0, public_epochs_first=0, data=strict,
                           model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [8]}},
-                          aggregator=OracleAggregator())
+                          aggregator=Oracle())
     loop.setup()
     cid, cls = singles[0]
     # local accuracy counts no test sample of the stray class; the client (UWA's components, LKD)

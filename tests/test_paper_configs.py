@@ -22,28 +22,28 @@ PAPER = {
     "cifar10.yaml": dict(source=["Kovalchuk et al. 2026", "arXiv 2509.15147", "Table 2"],
                          M=20, k=2, k_sweep=[2, 3, 4, 5, 7, 9], private=5000, public=5000, model="ResNet18",
                          pretrained=False, optimizer="adam", lr=1e-3, batch=128, first=20, later=2, rounds=50,
-                         aggregator="SmoothedUncertaintyWeightedAggregator", tau=0.25, dataset="cifar10"),
+                         aggregator="SmoothedUncertaintyWeighted", tau=0.25, dataset="cifar10"),
     "cifar100.yaml": dict(source=["Kovalchuk et al. 2026", "arXiv 2509.15147", "Table 2"],
                           M=20, k=20, k_sweep=[20, 30, 40, 50, 70, 90], private=5000, public=5000, model="ResNet18",
                           pretrained=True, optimizer="adam", lr=1e-4, batch=128, first=1, later=1, rounds=50,
-                          aggregator="SmoothedUncertaintyWeightedAggregator", tau=0.25, dataset="cifar100"),
+                          aggregator="SmoothedUncertaintyWeighted", tau=0.25, dataset="cifar100"),
     "yahoo.yaml": dict(source=["Kovalchuk et al. 2026", "arXiv 2509.15147", "Table 2"],
                        M=20, k=2, k_sweep=[2, 3, 4, 5, 7, 9], private=1500, public=2000, model="BertClassifier",
                        pretrained=True, optimizer="adamw", lr=2e-5, batch=32, first=3, later=1, rounds=50,
-                       aggregator="SmoothedUncertaintyWeightedAggregator", tau=0.25, dataset="yahoo_answers"),
+                       aggregator="SmoothedUncertaintyWeighted", tau=0.25, dataset="yahoo_answers"),
     "cifar10_workshop.yaml": dict(source=["Kovalchuk et al. 2025"], M=20, k=5, k_sweep=[2, 5, 8], private=10000, public=5000,
                              model="ResNet18", pretrained=False, optimizer="adam", lr=1e-3, batch=128, first=20,
-                             later=5, rounds=50, aggregator="UncertaintyWeightedAggregator", tau=None,
+                             later=5, rounds=50, aggregator="UncertaintyWeighted", tau=None,
                              dataset="cifar10", init_args={"mix": "logits"}),
     "mnist.yaml": dict(source=["Kovalchuk et al. 2025"],
                        M=20, k=2, k_sweep=[2, 5, 8], private=10000, public=5000, model="LeNet5",
                        pretrained=None, optimizer="adam", lr=1e-3, batch=128, first=10, later=1, rounds=50,
-                       aggregator="UncertaintyWeightedAggregator", tau=None, dataset="mnist",
+                       aggregator="UncertaintyWeighted", tau=None, dataset="mnist",
                        init_args={"mix": "logits"}),
 }
 # the workshop paper's Meta-Model aggregator in the same two settings: 3,000 labelled images (App. A.2)
 for _name in ("mnist", "cifar10_workshop"):
-    PAPER[f"{_name}_meta_model.yaml"] = {**PAPER[f"{_name}.yaml"], "aggregator": "MetaModelAggregator",
+    PAPER[f"{_name}_meta_model.yaml"] = {**PAPER[f"{_name}.yaml"], "aggregator": "MetaModel",
                                          "init_args": {"labelled_size": 3000, "labelled_per_client": None}}
 
 

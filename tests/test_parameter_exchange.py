@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fdlit.aggregators import FedAvg, FedProx, Scaffold
-from fdlit.aggregators.fedavg import flatten
-from fdlit.aggregators.fedprox import FedProxClient
+from fdlit.methods import FedAvg, FedProx, Scaffold
+from fdlit.methods.fedavg import flatten
+from fdlit.methods.fedprox import FedProxClient
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError

@@ -6,8 +6,8 @@ import copy
 import pytest
 import torch
 
-from fdlit.aggregators import FedGOAggregator, OracleAggregator
-from fdlit.aggregators.base import FederationInfo, ServerContext, context_for
+from fdlit.methods import FedGO, Oracle
+from fdlit.methods.base import FederationInfo, ServerContext, context_for
 from fdlit.config import parse_fit
 from fdlit.federation.participation import Participation
 from fdlit.runs.experiment import Experiment
@@ -132,13 +132,13 @@ def test_rules_with_server_state_use_the_arrived_clients_and_the_rounds_rows():
     info = FederationInfo(1, 0, m, c, torch.zeros(len(rows), 2), clients=ids, public_index=rows)
     sub = [{"logits": z[i, rows]} for i in ids]
 
-    oracle, small = OracleAggregator(), OracleAggregator()
+    oracle, small = Oracle(), Oracle()
     oracle.set_truth(labels, holds)
     small.set_truth(labels[rows], holds[list(ids)])
     assert torch.equal(oracle.aggregate(sub, ServerContext(info)).teacher, small.aggregate(sub, context_for(sub)).teacher)
 
     log_odds, counts = torch.randn(m, n), torch.tensor([5, 9, 2, 30])
-    fedgo, small = FedGOAggregator(), FedGOAggregator()
+    fedgo, small = FedGO(), FedGO()
     fedgo.set_discriminator_scores(log_odds, counts)
     small.set_discriminator_scores(log_odds[list(ids)][:, rows], counts[list(ids)])
     got = fedgo.aggregate(sub, ServerContext(info))
@@ -179,7 +179,7 @@ def test_late_joiners_do_nothing_before_their_round():
 
 # ---------------------------------------------------------------- parameter exchange
 def test_fedavg_and_scaffold_with_half_the_clients_exchange_only_what_arrived():
-    for method in ("fdlit.aggregators.FedAvg", "fdlit.aggregators.scaffold.Scaffold"):
+    for method in ("fdlit.methods.FedAvg", "fdlit.methods.scaffold.Scaffold"):
         loop = make_loop("--aggregator", method, "--client.optimizer", "sgd", "--client.lr", "0.05",
                          "--federation.participation.fraction", "0.5")
         loop.fit()
@@ -202,7 +202,7 @@ def test_fedavg_and_scaffold_with_half_the_clients_exchange_only_what_arrived():
 
 
 def test_fedmd_with_a_per_round_public_subset_communicates_and_digests_only_those_rows():
-    loop = make_loop("--aggregator", "fdlit.aggregators.FedMDAggregator",
+    loop = make_loop("--aggregator", "fdlit.methods.FedMD",
                      "--federation.participation.public_subset", "50")
     loop.fit()
     for m in loop.history:

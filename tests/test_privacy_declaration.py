@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import fdlit.aggregators
-from fdlit.aggregators import ProbabilityAveragingAggregator
-from fdlit.aggregators.base import Aggregator, ClientPart, context_for
+import fdlit.methods
+from fdlit.methods import ProbabilityAveraging
+from fdlit.methods.base import Aggregator, ClientPart, context_for
 from fdlit.cli import main
 from fdlit.errors import ConfigError
 from fdlit.privacy import UploadPrivacy
 from tests.test_composition import fit_loop, tiny
 
 DP = ("--privacy.noise_multiplier", "0.8", "--privacy.clip_norm", "2.0", "--privacy.delta", "1e-4")
-PRIVACY = Path(fdlit.aggregators.__file__).parent.parent / "privacy"
+PRIVACY = Path(fdlit.methods.__file__).parent.parent / "privacy"
 
 
 def echo(r, i, messages):
@@ -50,19 +50,19 @@ class Undeclared(ExtraRows):  # its client part uploads more, below the class th
         return SecretUpload()
 
 
-class OpaqueTeacher(ProbabilityAveragingAggregator):  # changes the teacher below the ``summed`` declaration
+class OpaqueTeacher(ProbabilityAveraging):  # changes the teacher below the ``summed`` declaration
     def aggregate(self, uploads, ctx):
         return super().aggregate(uploads, ctx)
 
 
 def test_the_privacy_package_names_no_method():
-    methods = {n for n in fdlit.aggregators.__all__ if n[0].isupper()} - {"Aggregator", "AggregationResult"}
+    methods = {n for n in fdlit.methods.__all__ if n[0].isupper()} - {"Aggregator", "AggregationResult"}
     names = methods | {"UWA", "gmm", "isinstance"}
     for path in PRIVACY.glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                assert not (node.module or "").startswith("fdlit.aggregators"), path
+                assert not (node.module or "").startswith("fdlit.methods"), path
         code = ast.unparse(tree)  # docstrings included, comments not
         assert not [n for n in names if n in code], (path, [n for n in names if n in code])
 
@@ -94,8 +94,8 @@ def test_a_method_that_uploads_more_than_it_declares_is_refused_before_any_work(
 def test_central_noise_goes_once_on_the_sum_and_the_rule_receives_the_noisy_mean():
     sigma, c, n, m = 0.5, 1.0, 400, 5
     logits = [torch.randn(n, 3, generator=torch.Generator().manual_seed(i)) for i in range(m)]
-    for method, to_share in [(ProbabilityAveragingAggregator(), lambda z: z.double().softmax(-1)),
-                             (fdlit.aggregators.LogitAveragingAggregator(), lambda z: z.double())]:
+    for method, to_share in [(ProbabilityAveraging(), lambda z: z.double().softmax(-1)),
+                             (fdlit.methods.LogitAveraging(), lambda z: z.double())]:
         privacy = UploadPrivacy(noise_multiplier=sigma, clip_norm=c, accounting="secure_aggregation")
         privacy.check(method, num_classes=3)
         sent = {}
@@ -117,8 +117,8 @@ def test_central_noise_goes_once_on_the_sum_and_the_rule_receives_the_noisy_mean
 
 
 @pytest.mark.parametrize(("method", "reason"), [
-    (fdlit.aggregators.SmoothedUncertaintyWeightedAggregator(), "non-linearly"),
-    (fdlit.aggregators.EntropyReductionAggregator(), "non-linearly"),
+    (fdlit.methods.SmoothedUncertaintyWeighted(), "non-linearly"),
+    (fdlit.methods.EntropyReduction(), "non-linearly"),
     (OpaqueTeacher(), "non-linearly"),
 ])
 def test_central_noise_is_refused_for_rules_that_combine_uploads_non_linearly(method, reason):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from fdlit.aggregators import SmoothedUncertaintyWeightedAggregator
-from fdlit.aggregators.base import ClientPart
+from fdlit.methods import SmoothedUncertaintyWeighted
+from fdlit.methods.base import ClientPart
 from fdlit.callbacks import FederationCallback
 from fdlit.config import parse_fit
 from fdlit.runs.experiment import Experiment
@@ -37,7 +37,7 @@ class NoisyLogitsClient(ClientPart):
                 "n_calibration": torch.tensor([float(len(ctx.data.calibration))])}
 
 
-class NoisyLogits(SmoothedUncertaintyWeightedAggregator):
+class NoisyLogits(SmoothedUncertaintyWeighted):
     """A method defined outside fdlit whose client part is :class:`NoisyLogitsClient`."""
 
     def client_part(self):
@@ -50,7 +50,7 @@ def tiny_loop(tmp_path, executor, callbacks=(), aggregator=None):
         executor=executor, callbacks=list(callbacks),
         data=FederatedData(num_clients=4, classes_per_client=3, public_size=200),
         model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32]}},
-        aggregator=aggregator or SmoothedUncertaintyWeightedAggregator(tau=0.25),
+        aggregator=aggregator or SmoothedUncertaintyWeighted(tau=0.25),
         seed=3,
     )
 
@@ -222,7 +222,7 @@ def server_state_in(obj, seen=None) -> list[str]:
 
 @pytest.mark.parametrize("method", ["scaffold", "feddf"])
 def test_actors_get_the_client_part_only_never_the_server_state(tmp_path, ray_local, method):
-    from fdlit.aggregators import FedDF, Scaffold
+    from fdlit.methods import FedDF, Scaffold
     from fdlit.clients import ClientOptimization
 
     executor = ShippedParts(actor_executor="sequential")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fdlit.aggregators import UncertaintyWeightedAggregator
-from fdlit.aggregators.base import context_for
-from fdlit.aggregators.density import DiagonalGaussianMixture
+from fdlit.methods import UncertaintyWeighted
+from fdlit.methods.base import context_for
+from fdlit.methods.density import DiagonalGaussianMixture
 from fdlit.callbacks import FederationCallback
 from fdlit.cli import main
 from fdlit.config import parse_fit
@@ -492,7 +492,7 @@ def test_degenerate_density_fits_follow_the_rule_and_are_counted():
     gmm = DiagonalGaussianMixture.fit(logits, labels, [0, 1, 2], variance_floor=1e-4)
     assert gmm.classes.tolist() == [0] and gmm.dropped == 2 and gmm.floored == 1
     assert gmm.variances[0, 0].item() == pytest.approx(1e-4)
-    agg = UncertaintyWeightedAggregator()
+    agg = UncertaintyWeighted()
     uploads = [{"logits": logits, "gmm_means": gmm.means.float(), "gmm_stds": gmm.variances.sqrt().float(),
                 "_dropped_components": torch.tensor([gmm.dropped]), "_floored_variances": torch.tensor([gmm.floored])}]
     stats = agg.aggregate(uploads, context_for(uploads)).stats

@@ -14,9 +14,9 @@ from fdlit.report import load_runs, write_report
 
 PNG = ("png",)  # figure files for tests that look at the tables: PNG only, fast
 AGGREGATORS = {
-    "AVG": {"class_path": "fdlit.aggregators.ProbabilityAveragingAggregator", "init_args": {}},
-    "sUWA": {"class_path": "fdlit.aggregators.SmoothedUncertaintyWeightedAggregator", "init_args": {"tau": 0.25}},
-    "UWA": {"class_path": "fdlit.aggregators.UncertaintyWeightedAggregator", "init_args": {}},
+    "AVG": {"class_path": "fdlit.methods.ProbabilityAveraging", "init_args": {}},
+    "sUWA": {"class_path": "fdlit.methods.SmoothedUncertaintyWeighted", "init_args": {"tau": 0.25}},
+    "UWA": {"class_path": "fdlit.methods.UncertaintyWeighted", "init_args": {}},
 }
 # best accuracy per (method, k, seed): Table 1 must show their mean ± sample std, in %
 BEST = {("AVG", 2, 0): 0.20, ("AVG", 2, 1): 0.30, ("sUWA", 2, 0): 0.40, ("sUWA", 2, 1): 0.50,

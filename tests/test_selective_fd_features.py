@@ -4,9 +4,9 @@ refitted every round, or a frozen pretrained backbone), and a fresh public sampl
 import pytest
 import torch
 
-from fdlit.aggregators import SelectiveFDAggregator
-from fdlit.aggregators.base import ClientContext
-from fdlit.aggregators.selective import penultimate_features
+from fdlit.methods import SelectiveFD
+from fdlit.methods.base import ClientContext
+from fdlit.methods.selective import penultimate_features
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
@@ -28,7 +28,7 @@ def context(loop, i, r=1):
 
 
 def test_penultimate_features_are_the_input_of_the_last_linear_layer():
-    loop = tiny(SelectiveFDAggregator(features="penultimate"))
+    loop = tiny(SelectiveFD(features="penultimate"))
     client = loop.clients[0]
     feats = penultimate_features(client, loop.public_x)
     assert feats.shape == (len(loop.public_x), 16)
@@ -37,7 +37,7 @@ def test_penultimate_features_are_the_input_of_the_last_linear_layer():
 
 
 def test_penultimate_selectors_are_fitted_on_the_current_features_every_round():
-    agg = SelectiveFDAggregator(features="penultimate", per_class=False, auxiliary="public")
+    agg = SelectiveFD(features="penultimate", per_class=False, auxiliary="public")
     loop = tiny(agg)
     part = agg.client_part()
     ctx = context(loop, 0)
@@ -54,14 +54,14 @@ def test_penultimate_selectors_are_fitted_on_the_current_features_every_round():
     before = penultimate_features(loop.clients[0], loop.public_x)
     loop.executor.train(loop.clients, "private", loop.private, 3, 32)
     assert not torch.allclose(before, penultimate_features(loop.clients[0], loop.public_x))
-    on_inputs = SelectiveFDAggregator(per_class=False, auxiliary="public").client_part()
+    on_inputs = SelectiveFD(per_class=False, auxiliary="public").client_part()
     assert not torch.equal(expected, on_inputs.client_mask(cd.train.x, cd.train.y, cd.calibration.x, cd.calibration.y,
                                                            loop.clients[0].classes, loop.public_x,
                                                            seed=ctx.info.client_seed(0)))
 
 
 def test_each_round_uses_a_fresh_public_sample_shared_by_every_client_and_the_server():
-    agg = SelectiveFDAggregator(client_selector=False, public_per_round=50, server_threshold=2.0)
+    agg = SelectiveFD(client_selector=False, public_per_round=50, server_threshold=2.0)
     loop = tiny(agg)
     part = agg.client_part()
     s1, s2 = part.round_sample(loop.info(1)), part.round_sample(loop.info(2))
@@ -76,11 +76,11 @@ def test_each_round_uses_a_fresh_public_sample_shared_by_every_client_and_the_se
         uploads.append(up)
     result = agg.aggregate(uploads, loop.server_context(1))
     assert torch.equal(result.keep, s1)  # every sampled sample, and no other
-    assert SelectiveFDAggregator().client_part().round_sample(loop.info(1)) is None  # default: the whole public set
+    assert SelectiveFD().client_part().round_sample(loop.info(1)) is None  # default: the whole public set
 
 
 def test_a_fit_with_features_and_sampling_distils_on_the_sample_only():
-    agg = SelectiveFDAggregator(features="penultimate", public_per_round=40, server_threshold=2.0)
+    agg = SelectiveFD(features="penultimate", public_per_round=40, server_threshold=2.0)
     loop = tiny(agg)
     loop.fit()
     for m in loop.history:
@@ -91,14 +91,14 @@ def test_a_fit_with_features_and_sampling_distils_on_the_sample_only():
                                     {"backbone": "some/model"}, {"public_per_round": 0}])
 def test_bad_feature_settings_name_their_field(kwargs):
     with pytest.raises(ConfigError, match=r"aggregator\.(features|backbone|public_per_round)"):
-        SelectiveFDAggregator(**kwargs)
+        SelectiveFD(**kwargs)
 
 
 def test_a_backbone_whose_weights_are_absent_fails_saying_what_to_fetch(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty_cache"))
     with pytest.raises(ConfigError, match=r"aggregator\.backbone.*huggingface-cli download org/absent-vit"):
-        SelectiveFDAggregator(features="backbone", backbone="org/absent-vit")
+        SelectiveFD(features="backbone", backbone="org/absent-vit")
 
 
 def test_a_local_frozen_backbone_gives_the_selectors_its_features(tmp_path):
@@ -106,7 +106,7 @@ def test_a_local_frozen_backbone_gives_the_selectors_its_features(tmp_path):
     cfg = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=12, num_hidden_layers=1,
                                  num_attention_heads=2, intermediate_size=16)
     transformers.ViTModel(cfg).save_pretrained(tmp_path / "vit")
-    agg = SelectiveFDAggregator(features="backbone", backbone=str(tmp_path / "vit"), per_class=False,
+    agg = SelectiveFD(features="backbone", backbone=str(tmp_path / "vit"), per_class=False,
                                 auxiliary="public")
     loop = tiny(agg)
     part = agg.client_part()
@@ -122,7 +122,7 @@ def test_a_local_frozen_backbone_gives_the_selectors_its_features(tmp_path):
 
 def test_the_joint_loss_is_alpha_private_plus_one_minus_alpha_proxy():
     torch.manual_seed(0)
-    agg = SelectiveFDAggregator(private_weight=0.3)
+    agg = SelectiveFD(private_weight=0.3)
     px, py = torch.randn(7, 5), torch.randint(0, 4, (7,))
     qx, teacher = torch.randn(13, 5), torch.softmax(torch.randn(13, 4), -1)
     x, t = agg.client_part().distillation_set(qx, teacher, px, py)
@@ -133,14 +133,14 @@ def test_the_joint_loss_is_alpha_private_plus_one_minus_alpha_proxy():
     expected = 0.3 * torch.nn.functional.nll_loss(logp[:7], py) + 0.7 * -(teacher * logp[7:]).sum(-1).mean()
     torch.testing.assert_close(joint, expected)
     # without alpha, the public phase sees the public samples and the teacher only
-    x0, t0 = SelectiveFDAggregator().client_part().distillation_set(qx, teacher, px, py)
+    x0, t0 = SelectiveFD().client_part().distillation_set(qx, teacher, px, py)
     assert x0 is qx and t0 is teacher
     with pytest.raises(ConfigError, match=r"aggregator\.private_weight"):
-        SelectiveFDAggregator(private_weight=1.0)
+        SelectiveFD(private_weight=1.0)
 
 
 def test_a_fit_with_the_joint_loss_distils_on_private_and_kept_public_samples():
-    agg = SelectiveFDAggregator(private_weight=0.5, client_selector=False, server_threshold=2.0, public_per_round=30)
+    agg = SelectiveFD(private_weight=0.5, client_selector=False, server_threshold=2.0, public_per_round=30)
     loop = tiny(agg, rounds=1)
     seen = []
     train = loop.executor.train

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from fdlit.aggregators.base import context_for
-from fdlit.aggregators.fedmd import FedMDDigest
-from fdlit.aggregators.fedmd_client import FedMDClient
+from fdlit.methods.base import context_for
+from fdlit.methods.fedmd import FedMDDigest
+from fdlit.methods.fedmd_client import FedMDClient
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.models import MLP
 from fdlit.config import parse_fit
@@ -147,7 +147,7 @@ def test_feddf_is_fedavg_plus_server_distillation(tmp_path):
 
 
 def test_fedgo_as_published_weights_the_ensemble_by_discriminator_odds(tmp_path):
-    from fdlit.aggregators import FedGOParams
+    from fdlit.methods import FedGOParams
 
     method = FedGOParams()
     logits = torch.randn(3, 5, 4)

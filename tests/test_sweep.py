@@ -108,8 +108,8 @@ def test_tiny_grid_runs_every_combination_once_and_resumes(tmp_path, capsys):
 
 
 def test_dry_run_lists_and_runs_nothing(tmp_path, capsys):
-    path = write_sweep(tmp_path, {"aggregator": {"values": ["fdlit.aggregators.ProbabilityAveragingAggregator",
-                                                            "fdlit.aggregators.UncertaintyWeightedAggregator"]},
+    path = write_sweep(tmp_path, {"aggregator": {"values": ["fdlit.methods.ProbabilityAveraging",
+                                                            "fdlit.methods.UncertaintyWeighted"]},
                                   "data.classes_per_client": {"values": [2, 5]}})
     code = main(["sweep", str(path), "--dry_run", "--", *TINY, "--logger.run_dir", str(tmp_path / "runs")])
     assert code == 0

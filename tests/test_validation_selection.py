@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from fdlit.aggregators import ProbabilityAveragingAggregator
+from fdlit.methods import ProbabilityAveraging
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
@@ -55,7 +55,7 @@ def tiny_loop(**data):
         rounds=3, private_epochs_first=1, private_epochs=1, public_epochs_first=1, public_epochs=1,
         data=FederatedData(num_clients=4, classes_per_client=3, public_size=120, **data),
         model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}},
-        aggregator=ProbabilityAveragingAggregator(), eval_every_n_rounds=3,  # rounds 1 and 3 evaluated
+        aggregator=ProbabilityAveraging(), eval_every_n_rounds=3,  # rounds 1 and 3 evaluated
     )
 
 
@@ -103,7 +103,7 @@ def _run_dir(root, name, seed, rows):
     path = root / name
     path.mkdir(parents=True)
     config = {"seed": seed, "data": {"dataset": "digits", "partition": "classes", "classes_per_client": 2},
-              "aggregator": {"class_path": "fdlit.aggregators.ProbabilityAveragingAggregator"}}
+              "aggregator": {"class_path": "fdlit.methods.ProbabilityAveraging"}}
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     best = max(r["after_public/global_acc_mean"] for r in rows)

@@ -6,7 +6,7 @@ import torch
 from lightning.fabric import Fabric
 from torch import nn
 
-from fdlit.aggregators import ProbabilityAveragingAggregator, SmoothedUncertaintyWeightedAggregator
+from fdlit.methods import ProbabilityAveraging, SmoothedUncertaintyWeighted
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
@@ -314,8 +314,8 @@ def test_select_executor_keeps_large_models_sequential_on_cpu():
 
 
 @pytest.mark.parametrize("model,aggregator", [
-    ("MLP", ProbabilityAveragingAggregator()),
-    ("SmallCNN", SmoothedUncertaintyWeightedAggregator()),
+    ("MLP", ProbabilityAveraging()),
+    ("SmallCNN", SmoothedUncertaintyWeighted()),
 ])
 def test_federation_metrics_match_sequential(tmp_path, model, aggregator):
     """Two rounds of a digits federation with unequal private sets: same metrics either way, and

@@ -147,7 +147,7 @@ def test_under_the_agent_the_offline_run_records_what_ran(fast_args, tmp_path, c
     seen = {}
     for tau, seed in [(0.25, 0), (0.5, 0), (0.5, 1)]:
         flags = emulate_agent(monkeypatch, tmp_path, {
-            "aggregator": "fdlit.aggregators.SmoothedUncertaintyWeightedAggregator", "aggregator.tau": tau,
+            "aggregator": "fdlit.methods.SmoothedUncertaintyWeighted", "aggregator.tau": tau,
             "data.classes_per_client": 3, "seed": seed})
         assert flags[1] == f"--aggregator.tau={tau}"  # the ${args} form the command line receives
         before = set((tmp_path / "runs").glob("*"))
@@ -161,7 +161,7 @@ def test_under_the_agent_the_offline_run_records_what_ran(fast_args, tmp_path, c
                        for i in r.config.update})
         summary = {i.key: json.loads(i.value_json) for r in records if r.WhichOneof("record_type") == "summary"
                    for i in r.summary.update}
-        assert config["aggregator"] == "fdlit.aggregators.SmoothedUncertaintyWeightedAggregator"
+        assert config["aggregator"] == "fdlit.methods.SmoothedUncertaintyWeighted"
         assert config["aggregator.tau"] == tau  # the swept class keeps its init_args
         assert config["data.classes_per_client"] == 3 and "data" not in config  # one key, not flat and nested
         assert config["model.hidden"] == [128, 128]

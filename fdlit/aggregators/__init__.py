@@ -1,66 +1,44 @@
-"""Methods: each a server part (an Aggregator: client predictions or parameters -> teacher P or a
-global model) and a client part (a ClientPart) (docs/algorithms.md, docs/design.md)."""
+"""Deprecated: the former name of :mod:`fdlit.methods`, kept so that configs, checkpoints and run
+directories written with ``fdlit.aggregators.*`` class paths still run and resume.
 
-from fdlit.aggregators.averaging import ProbabilityAveragingAggregator
-from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart, weight_concentration, weight_entropy
-from fdlit.aggregators.entropy import EntropyWeightedAggregator
-from fdlit.aggregators.era import EntropyReductionAggregator
-from fdlit.aggregators.logit_averaging import LogitAveragingAggregator
-from fdlit.aggregators.f2l import F2LAggregator
-from fdlit.aggregators.f2l_fedavg import F2LParams
-from fdlit.aggregators.fedavg import FedAvg
-from fdlit.aggregators.feddf import FedDF
-from fdlit.aggregators.fedgo import FedGOAggregator
-from fdlit.aggregators.fedgo_fedavg import FedGOParams
-from fdlit.aggregators.fedmd import FedMDAggregator
-from fdlit.aggregators.fedprox import FedProx
-from fdlit.aggregators.kulsif import KuLSIF
-from fdlit.aggregators.lkd import LKDAggregator
-from fdlit.aggregators.meta_model import MetaModelAggregator
-from fdlit.aggregators.oracle import OracleAggregator
-from fdlit.aggregators.scaffold import Scaffold
-from fdlit.aggregators.selective import SelectiveFDAggregator
-from fdlit.aggregators.variance import LogitVarianceAggregator
-from fdlit.aggregators.density import DiagonalGaussianMixture, mixture_log_likelihood
-from fdlit.aggregators.uncertainty import SmoothedUncertaintyWeightedAggregator, UncertaintyWeightedAggregator
+``fdlit.aggregators.X`` is ``fdlit.methods.X`` (former class names included, fdlit.methods.aliases), and
+``fdlit.aggregators.<module>`` is the same module object as ``fdlit.methods.<module>``, so classes
+pickled under the old path load as the current ones."""
 
-__all__ = [
-    "AggregationResult",
-    "Aggregator",
-    "ClientPart",
-    "DiagonalGaussianMixture",
-    "EntropyReductionAggregator",
-    "EntropyWeightedAggregator",
-    "F2LAggregator",
-    "F2LParams",
-    "LogitAveragingAggregator",
-    "LogitVarianceAggregator",
-    "FedAvg",
-    "FedDF",
-    "FedGOAggregator",
-    "FedGOParams",
-    "FedMDAggregator",
-    "FedMDClient",
-    "FedProx",
-    "KuLSIF",
-    "LKDAggregator",
-    "MetaModelAggregator",
-    "OracleAggregator",
-    "Scaffold",
-    "SelectiveFDAggregator",
-    "ProbabilityAveragingAggregator",
-    "SmoothedUncertaintyWeightedAggregator",
-    "UncertaintyWeightedAggregator",
-    "mixture_log_likelihood",
-    "weight_concentration",
-    "weight_entropy",
-]
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
+import fdlit.methods as _methods
+from fdlit.methods.aliases import OLD_PACKAGE, PACKAGE, renamed_class
+
+warnings.warn(f"{OLD_PACKAGE} is the former name of {PACKAGE}; it still works, but write {PACKAGE} in new configs",
+              FutureWarning, stacklevel=2)
+
+
+class _SubmoduleAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import fdlit.aggregators.uncertainty`` -> the module ``fdlit.methods.uncertainty`` itself."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith(OLD_PACKAGE + "."):
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return importlib.import_module(PACKAGE + spec.name[len(OLD_PACKAGE):])
+
+    def exec_module(self, module):
+        pass  # already executed under its current name
+
+
+if not any(isinstance(f, _SubmoduleAlias) for f in sys.meta_path):
+    sys.meta_path.append(_SubmoduleAlias())
 
 
 def __getattr__(name):
-    # FedMDClient is a client module: imported only when it is asked for
-    if name == "FedMDClient":
-        from fdlit.aggregators.fedmd_client import FedMDClient
-
-        return FedMDClient
-    raise AttributeError(name)
+    cls = renamed_class(name, vars(_methods))
+    return cls if cls is not None else getattr(_methods, name)

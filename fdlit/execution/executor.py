@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
-from fdlit.aggregators.base import ClientContext, ClientPart, FederationInfo
+from fdlit.methods.base import ClientContext, ClientPart, FederationInfo
 from fdlit.data import ClientData
 
 if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
 import torch
 
-from fdlit.aggregators.base import LegacyClientPart
+from fdlit.methods.base import LegacyClientPart
 from fdlit.errors import ConfigError
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
 from fdlit.execution.tokens import Tokens

@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional, Sequence
 
 import torch
 
-from fdlit.aggregators.base import Aggregator, client_part_of
+from fdlit.methods.base import Aggregator, client_part_of
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
@@ -138,9 +138,9 @@ class FederationLoop:
         self.model_spec = model or {"class_path": "fdlit.models.SmallCNN"}
         self.optimization = client or ClientOptimization()
         if aggregator is None:
-            from fdlit.aggregators import SmoothedUncertaintyWeightedAggregator
+            from fdlit.methods import SmoothedUncertaintyWeighted
 
-            aggregator = SmoothedUncertaintyWeightedAggregator()
+            aggregator = SmoothedUncertaintyWeighted()
         self.aggregator = aggregator
         self.aggregator.check_config(self.model_spec, self.optimization)  # before any work
         self.protocol = protocol_for(self.aggregator, mode)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from fdlit.aggregators.base import weight_concentration, weight_entropy
+from fdlit.methods.base import weight_concentration, weight_entropy
 from fdlit.federation.diagnostics import trust_matrix
 
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from fdlit.aggregators.base import FederationInfo, ServerContext
+from fdlit.methods.base import FederationInfo, ServerContext
 
 
 @dataclass(frozen=True)

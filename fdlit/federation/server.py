@@ -26,7 +26,7 @@ from typing import Any, Literal, Optional
 import torch
 import torch.nn.functional as F
 
-from fdlit.aggregators.distillation import distil
+from fdlit.methods.distillation import distil
 from fdlit.clients import ClientOptimization
 from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.models.build import build_model

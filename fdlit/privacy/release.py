@@ -15,7 +15,7 @@ its kind:
 * ``unbounded``: released data with no sensitivity bound (parameters, likelihoods): differential
   privacy is refused while the method sends it.
 
-The default (``fdlit.aggregators.Aggregator.released``) is ``{"logits": "rows"}``: the public-set
+The default (``fdlit.methods.Aggregator.released``) is ``{"logits": "rows"}``: the public-set
 logits every client uploads. A method whose client part uploads more declares ``released`` in the
 same class (or below it, or on the instance); otherwise the mechanism refuses it with DP on, since
 its declaration may not cover what it sends. Likewise ``summed`` is trusted only from the class that

@@ -9,8 +9,8 @@ from typing import Any
 from fdlit.runs.directory import safe_name
 
 KEY_ALIASES = {"classes_per_client": "k", "dirichlet_alpha": "alpha", "num_clients": "M"}
-CLASS_ALIASES = {"ProbabilityAveragingAggregator": "avg", "UncertaintyWeightedAggregator": "uwa",
-                 "SmoothedUncertaintyWeightedAggregator": "suwa"}
+CLASS_ALIASES = {"ProbabilityAveraging": "avg", "UncertaintyWeighted": "uwa",
+                 "SmoothedUncertaintyWeighted": "suwa"}
 
 
 def short(key: str, value: Any) -> str:

@@ -8,15 +8,15 @@ MLSys 2020 (Algorithm 2). Client k minimises, from the global model w_t received
 (F_k: its private cross-entropy), and the server averages as FedAvg does (weighted by n_k). The
 term is added to every private step's loss by FedProx's client part (:class:`FedProxClient`, from
 the client's ``method_state``: the centre w_t and mu), so it runs under every executor. mu = 0 is FedAvg exactly.
-Messages and choices: as :mod:`fdlit.aggregators.fedavg` (the proximal term adds no message).
+Messages and choices: as :mod:`fdlit.methods.fedavg` (the proximal term adds no message).
 """
 
 from __future__ import annotations
 
 import torch
 
-from fdlit.aggregators.base import ClientContext, ClientPart
-from fdlit.aggregators.fedavg import FedAvg, FedAvgClient, flatten, parameter_slices
+from fdlit.methods.base import ClientContext, ClientPart
+from fdlit.methods.fedavg import FedAvg, FedAvgClient, flatten, parameter_slices
 from fdlit.errors import check_number
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.errors import ConfigError, check_at_least, check_number
 
 
@@ -60,7 +60,7 @@ class FedGOClient(ClientPart):
         return out
 
 
-class FedGOAggregator(Aggregator):
+class FedGO(Aggregator):
     """FedGO (Jang, Park, Lee, *Provably Near-Optimal Federated Ensemble Distillation with Negligible
     Overhead*, ICML 2025; Theorem 4):
 
@@ -143,7 +143,7 @@ class FedGOAggregator(Aggregator):
 
     def aggregate(self, uploads, ctx):
         if self.log_odds is None:
-            raise RuntimeError("FedGOAggregator has no discriminators: run its set-up or set_discriminator_scores")
+            raise RuntimeError("FedGO has no discriminators: run its set-up or set_discriminator_scores")
         z = self.stack_logits(uploads)
         log_odds, weights = self.round_weights(ctx, z.device)
         return AggregationResult(teacher=self.mix(weights, z.softmax(-1)), weights=weights,

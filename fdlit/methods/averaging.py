@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 
-from fdlit.aggregators.base import AggregationResult, Aggregator, uniform_weights
+from fdlit.methods.base import AggregationResult, Aggregator, uniform_weights
 
 
-class ProbabilityAveragingAggregator(Aggregator):
+class ProbabilityAveraging(Aggregator):
     """AVG: P(x) = (1/M) sum_i softmax(z_i(x)), W = 1/M.
 
     Source: Kovalchuk et al. 2026, App. A.3 ("Simple Averaging"), the FedMD / FedDF family. Upload per

@@ -7,9 +7,9 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from fdlit.aggregators.base import AggregationResult, ServerContext, Uploads
-from fdlit.aggregators.distillation import distil
-from fdlit.aggregators.fedavg import FedAvg, exchanged_tensors, flatten, load_flat
+from fdlit.methods.base import AggregationResult, ServerContext, Uploads
+from fdlit.methods.distillation import distil
+from fdlit.methods.fedavg import FedAvg, exchanged_tensors, flatten, load_flat
 from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.models.build import build_model
 

@@ -8,12 +8,12 @@ from typing import Any, Literal, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from fdlit.aggregators.base import AggregationResult, ClientPart, ServerContext, Uploads
-from fdlit.aggregators.distillation import distil
-from fdlit.aggregators.f2l import Regions, region_assignment, upload_bytes
-from fdlit.aggregators.fedavg import FedAvgClient, exchanged_tensors, flatten, load_flat, weighted_average
-from fdlit.aggregators.feddf import FedDF
-from fdlit.aggregators.lkd import auc_against_unlabelled
+from fdlit.methods.base import AggregationResult, ClientPart, ServerContext, Uploads
+from fdlit.methods.distillation import distil
+from fdlit.methods.f2l import Regions, region_assignment, upload_bytes
+from fdlit.methods.fedavg import FedAvgClient, exchanged_tensors, flatten, load_flat, weighted_average
+from fdlit.methods.feddf import FedDF
+from fdlit.methods.lkd import auc_against_unlabelled
 from fdlit.errors import ConfigError, check_at_least, check_number
 
 OPTIMIZERS = ("sgd", "adam")

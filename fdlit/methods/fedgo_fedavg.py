@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from fdlit.aggregators.base import ClientPart, ServerContext
-from fdlit.aggregators.fedavg import FedAvgClient
-from fdlit.aggregators.feddf import FedDF
-from fdlit.aggregators.fedgo import FedGOAggregator, FedGOClient
+from fdlit.methods.base import ClientPart, ServerContext
+from fdlit.methods.fedavg import FedAvgClient
+from fdlit.methods.feddf import FedDF
+from fdlit.methods.fedgo import FedGO, FedGOClient
 
 
 class FedGOParamsClient(FedAvgClient):
@@ -35,13 +35,13 @@ class FedGOParams(FedDF):
         w <- argmin_w  KL( P(x) || softmax(f_w(x)) ) on the public set      (``epochs`` of Adam)
 
     and the distilled w is broadcast. The discriminators D_k (client k's training inputs vs the
-    public inputs, class-balanced) are fdlit's :class:`~fdlit.aggregators.fedgo.FedGOAggregator`'s:
+    public inputs, class-balanced) are fdlit's :class:`~fdlit.methods.fedgo.FedGO`'s:
     trained once at set-up, where the client lives, and uploaded as logit D_k on the public set
     (N numbers each, counted at round 0). FedGO's reference is a generator's distribution; here, as
-    in ``FedGOAggregator``, it is the public inputs (docs/algorithms.md, "FedGO").
+    in ``FedGO``, it is the public inputs (docs/algorithms.md, "FedGO").
 
     Args:
-        epochs, lr, batch_size: server distillation, as :class:`~fdlit.aggregators.feddf.FedDF`.
+        epochs, lr, batch_size: server distillation, as :class:`~fdlit.methods.feddf.FedDF`.
         discriminator_hidden: hidden width of each discriminator D_k.
         discriminator_epochs: training epochs of each discriminator D_k (once, at set-up).
     """
@@ -51,7 +51,7 @@ class FedGOParams(FedDF):
     def __init__(self, epochs: int = 2, lr: float = 1e-3, batch_size: int = 32, discriminator_hidden: int = 64,
                  discriminator_epochs: int = 30):
         super().__init__(epochs, lr, batch_size)
-        self.fedgo = FedGOAggregator(hidden=discriminator_hidden, epochs=discriminator_epochs)
+        self.fedgo = FedGO(hidden=discriminator_hidden, epochs=discriminator_epochs)
 
     def client_part(self) -> ClientPart:
         return FedGOParamsClient(self.fedgo.client_part())

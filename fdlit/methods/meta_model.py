@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.errors import ConfigError, check_at_least, check_number
 
 
@@ -38,7 +38,7 @@ class MetaModelClient(ClientPart):
         return {"mm_logits": ctx.client.predict_logits(x).float()}
 
 
-class MetaModelAggregator(Aggregator):
+class MetaModel(Aggregator):
     """MM (Kovalchuk et al., workshop version of *Who to Trust?*; Sec. 3.1.2, Eq. 3-4):
 
         h(x) = [z_1(x), ..., z_M(x)] in R^{M*C},   P(x) = softmax( A(h(x)) )
@@ -134,7 +134,7 @@ class MetaModelAggregator(Aggregator):
 
     def aggregate(self, uploads, ctx):
         if self.labelled_y is None:
-            raise RuntimeError("MetaModelAggregator has no labelled set: run its set-up or set_labels")
+            raise RuntimeError("MetaModel has no labelled set: run its set-up or set_labels")
         z = self.stack_logits(uploads)  # M x N x C
         m, n, c = z.shape
         h_lab = torch.stack([u["mm_logits"].float() for u in uploads]).permute(1, 0, 2).reshape(-1, m * c)

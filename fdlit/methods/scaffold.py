@@ -29,8 +29,8 @@ from typing import Any, Optional
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, ClientContext, ClientPart, ServerContext, Uploads
-from fdlit.aggregators.fedavg import FedAvg, FedAvgClient, flatten, parameter_slices
+from fdlit.methods.base import AggregationResult, ClientContext, ClientPart, ServerContext, Uploads
+from fdlit.methods.fedavg import FedAvg, FedAvgClient, flatten, parameter_slices
 from fdlit.errors import ConfigError
 
 

@@ -7,8 +7,8 @@ from typing import Literal, Union
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult
-from fdlit.aggregators.lkd import LKDAggregator
+from fdlit.methods.base import AggregationResult
+from fdlit.methods.lkd import LKD
 from fdlit.errors import ConfigError, check_at_least
 
 ACROSS = ("lkd", "avg")
@@ -55,7 +55,7 @@ def region_assignment(regions: Union[int, list[int]]) -> Regions:
 
 
 
-class F2LAggregator(LKDAggregator):
+class F2L(LKD):
     """Hierarchical LKD (Nguyen et al., F2L, *Label-driven Knowledge Aggregator*; Sec. 3.1, Algorithm 1).
 
     F2L splits the clients into R regions, each with a regional server; the global server distils the
@@ -70,7 +70,7 @@ class F2LAggregator(LKDAggregator):
           ``across: avg``: V[r, x] = |r| / M
 
     so client i's weight is W[i, x] = V[r(i), x] W_r[i, x] (columns still sum to 1). The AUCs are
-    LKD's (``scoring``, see :class:`LKDAggregator`). **choice**: a regional teacher's class-c
+    LKD's (``scoring``, see :class:`LKD`). **choice**: a regional teacher's class-c
     reliability AUC_{r,c} is its members' AUCs weighted by their share beta_r[., c] of the class-c
     predictions (F2L scores the regional model itself on the server's labelled pool, which FD has
     no model for). With one region this is LKD; with M regions of one client, ``across: lkd`` is LKD.
@@ -79,7 +79,7 @@ class F2LAggregator(LKDAggregator):
     min_r gamma[r, c]), the global server combines the regions by LKD while gap >= epsilon and by
     their size-weighted mean (``across: avg``) once they agree (0, the default: always LKD). F2L as
     published, with regional FedAvg, the global student's joint loss and this switch on parameters,
-    is :class:`~fdlit.aggregators.f2l_fedavg.F2LParams`.
+    is :class:`~fdlit.methods.f2l_fedavg.F2LParams`.
 
     Bytes per tier (rule stats, per round): ``f2l/bytes_client_to_region`` (what the clients upload:
     the ledger's uplink), ``f2l/bytes_region_to_global`` (each region's teacher, N x C in the
@@ -92,7 +92,7 @@ class F2LAggregator(LKDAggregator):
             (a list of M ints, ids 0..R-1, each used).
         across: how the global server combines the regional teachers: ``lkd`` or ``avg``.
         epsilon: the switch to ``avg`` once the regions' reliabilities agree (>= 0; 0: never).
-        temperature, scoring, server_labelled_size: LKD's (see :class:`LKDAggregator`).
+        temperature, scoring, server_labelled_size: LKD's (see :class:`LKD`).
     """
 
     short_name = "f2l"

@@ -7,17 +7,17 @@ from typing import Literal, Optional
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart
-from fdlit.aggregators.kulsif import KuLSIF, squared_distances
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
+from fdlit.methods.kulsif import KuLSIF, squared_distances
 from fdlit.errors import ConfigError, check_at_least, check_number
 
 
-class SelectiveFDAggregator(Aggregator):
+class SelectiveFD(Aggregator):
     """Selective-FD (Shao, Wu, Zhang, *Selective Knowledge Sharing for Privacy-Preserving Federated
     Distillation without a Good Teacher*, Nat. Commun. 2024; Methods).
 
     Client side (``client_setup`` once, ``client_upload`` every round): client i estimates r_i(x) = p_i(x) / u(x) with KuLSIF
-    (:class:`~fdlit.aggregators.kulsif.KuLSIF`, Gaussian kernel) and keeps public sample x iff
+    (:class:`~fdlit.methods.kulsif.KuLSIF`, Gaussian kernel) and keeps public sample x iff
     r_i(x) > tau_client_i, where tau_client_i is the ``client_quantile`` (paper: 0.25) quantile of r_i
     on the client's calibration split (Selective-FD's "local validation set"). It uploads only the kept
     rows and a bit mask: soft labels = kept logits (N_i x C), hard labels = kept predicted classes (N_i
@@ -201,7 +201,7 @@ class SelectiveFDAggregator(Aggregator):
 class SelectiveFDClient(ClientPart):
     """Selective-FD's client part: the KuLSIF selectors and their mask over the public set, the
     kept rows (soft) or their labels (hard) as the upload, and the joint loss's training set.
-    Its arguments are :class:`SelectiveFDAggregator`'s of the same names."""
+    Its arguments are :class:`SelectiveFD`'s of the same names."""
 
     def __init__(self, labels: str, client_quantile: float, client_selector: bool, per_class: bool, auxiliary: str,
                  aux_samples: int, sigma: Optional[float], lam: Optional[float], features: str,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator, uniform_weights
+from fdlit.methods.base import AggregationResult, Aggregator, uniform_weights
 from fdlit.errors import check_number
 
 
-class EntropyReductionAggregator(Aggregator):
+class EntropyReduction(Aggregator):
     """ERA: P(x) = softmax( (1/M) sum_i Q_i(x) / T ), T = 0.1 (sharpens the AVG teacher).
 
     Source: DS-FL (Itahara et al., IEEE TMC 2021, entropy reduction aggregation); docs/algorithms.md

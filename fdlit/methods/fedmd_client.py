@@ -1,7 +1,7 @@
-"""Deprecated: FedMD's digest is FedMD's client part (:class:`fdlit.aggregators.fedmd.FedMDDigest`),
-which ``FedMDAggregator`` attaches to every client; ``federation.client_class`` is not needed.
+"""Deprecated: FedMD's digest is FedMD's client part (:class:`fdlit.methods.fedmd.FedMDDigest`),
+which ``FedMD`` attaches to every client; ``federation.client_class`` is not needed.
 
-Apart from :mod:`fdlit.aggregators.fedmd` because it is a client module: importing the rules
+Apart from :mod:`fdlit.methods.fedmd` because it is a client module: importing the rules
 does not import the client machinery (start-up of ``fdlit fit --help``)."""
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from typing import Optional
 
 import torch
 
-from fdlit.aggregators.fedmd import digest_loss
+from fdlit.methods.fedmd import digest_loss
 from fdlit.clients.client import ClientModule
 
 
 class FedMDClient(ClientModule):
-    """Deprecated alias: a client whose public step is FedMD's digest (what ``FedMDAggregator``'s
+    """Deprecated alias: a client whose public step is FedMD's digest (what ``FedMD``'s
     client part does for every client). Kept so that configs naming it in ``federation.client_class``
     still run; remove that line."""
 
     def __init__(self, *args, **kwargs):
-        warnings.warn("fdlit.aggregators.fedmd_client.FedMDClient is deprecated: FedMDAggregator's client part "
+        warnings.warn("fdlit.methods.fedmd_client.FedMDClient is deprecated: FedMD's client part "
                       "applies the digest; remove federation.client_class from the config", DeprecationWarning,
                       stacklevel=2)
         super().__init__(*args, **kwargs)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.methods.base import AggregationResult, Aggregator
 from fdlit.errors import check_number
 
 
-class EntropyWeightedAggregator(Aggregator):
+class EntropyWeighted(Aggregator):
     """Entropy weighting: W[:, x] = softmax_i( -H(Q_i(x)) / T ),  P(x) = sum_i W[i, x] Q_i(x).
 
     Source: the "entropy" row of FedGO's (Jang et al. 2025) table of prior weighting rules

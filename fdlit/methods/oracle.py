@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.methods.base import AggregationResult, Aggregator
 
 
-class OracleAggregator(Aggregator):
+class Oracle(Aggregator):
     """!!! USES THE TRUE PUBLIC LABELS. DIAGNOSTIC UPPER BOUND, NEVER A DEFAULT. !!!
 
     W[i, x] proportional to 1[ y(x) in C_i ],   P(x) = sum_i W[i, x] Q_i(x)
@@ -47,7 +47,7 @@ class OracleAggregator(Aggregator):
 
     def aggregate(self, uploads, ctx):
         if self.holds is None:
-            raise RuntimeError("OracleAggregator needs the public labels: run its set-up or set_truth first")
+            raise RuntimeError("Oracle needs the public labels: run its set-up or set_truth first")
         z = self.stack_logits(uploads)
         holds = ctx.info.rows(self.holds).to(z.device).float()  # arrived clients
         count = holds.sum(0, keepdim=True)

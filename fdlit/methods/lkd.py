@@ -7,7 +7,7 @@ from typing import Literal
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.errors import ConfigError, check_at_least, check_number
 
 
@@ -56,13 +56,13 @@ class LKDClient(ClientPart):
         cal_logits = ctx.client.predict_logits(cal.x.to(device))
         if self.scoring == "calibration":
             probs = cal_logits.float().softmax(-1)
-            return {"class_auc": LKDAggregator.client_auc(probs, cal.y.to(device), ctx.client.classes, c)}
-        auc = LKDAggregator.client_auc_vs_public(cal_logits.double().log_softmax(-1), cal.y.to(device),
+            return {"class_auc": LKD.client_auc(probs, cal.y.to(device), ctx.client.classes, c)}
+        auc = LKD.client_auc_vs_public(cal_logits.double().log_softmax(-1), cal.y.to(device),
                                         ctx.public_logits.double().log_softmax(-1), ctx.client.classes, c)
         return {"class_auc": auc.float()}
 
 
-class LKDAggregator(Aggregator):
+class LKD(Aggregator):
     """LKD class reliability (Nguyen et al., F2L, *Label-driven Knowledge Aggregator*; Sec. 3.3,
     Eq. 7 and Algorithm 6):
 

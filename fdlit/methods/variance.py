@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator
+from fdlit.methods.base import AggregationResult, Aggregator
 from fdlit.errors import check_number
 
 
-class LogitVarianceAggregator(Aggregator):
+class LogitVariance(Aggregator):
     """Logit-variance weighting: W[i, x] = Var_c z_i(x)_c / sum_j Var_c z_j(x)_c,  P = sum_i W[i] Q_i.
 
     Source: the "logit variance" row of FedGO's (Jang et al. 2025) table of prior weighting rules

@@ -7,8 +7,8 @@ from typing import Literal
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart
-from fdlit.aggregators.density import DENSITY_METHODS, DiagonalGaussianMixture, mixture_log_likelihood
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
+from fdlit.methods.density import DENSITY_METHODS, DiagonalGaussianMixture, mixture_log_likelihood
 from fdlit.errors import ConfigError, check_at_least, check_number
 
 MIXES = ("probabilities", "logits")  # what UWA's weights average (``mix``)
@@ -50,7 +50,7 @@ class DensityFitClient(ClientPart):
         }
 
 
-class UncertaintyWeightedAggregator(Aggregator):
+class UncertaintyWeighted(Aggregator):
     """UWA (Kovalchuk et al., *Who to Trust?*, arXiv 2509.15147, Sec. 4.4 and App. A.4).
 
     After its private phase, client i fits a diagonal Gaussian per local class k in C_i on its
@@ -72,8 +72,8 @@ class UncertaintyWeightedAggregator(Aggregator):
     log-density. A client with no component has l_i = -inf: weight 0.
 
     UWA has no ``tau`` argument on purpose: switching a config from sUWA to UWA with
-    ``--aggregator ...UncertaintyWeightedAggregator`` must not carry sUWA's tau along.
-    :class:`SmoothedUncertaintyWeightedAggregator` adds tau (0 is AVG; infinity gives all weight to
+    ``--aggregator ...UncertaintyWeighted`` must not carry sUWA's tau along.
+    :class:`SmoothedUncertaintyWeighted` adds tau (0 is AVG; infinity gives all weight to
     the client with the highest l_i(x)).
 
     Args:
@@ -85,7 +85,7 @@ class UncertaintyWeightedAggregator(Aggregator):
         density_method: how l_i is computed: ``matmul`` (the Mahalanobis term as two float64 matrix
             products on centred logits; within 1e-9 (1 + |l|) of ``direct``, ~20x faster on a CPU)
             or ``direct`` (elementwise float64, the reference form); see
-            :func:`~fdlit.aggregators.density.mixture_log_likelihood`.
+            :func:`~fdlit.methods.density.mixture_log_likelihood`.
         mix: ``probabilities`` or ``logits`` (see above).
         robust: repair degenerate density fits (default True; False is the paper's rule as written).
             A client whose logits do not move (a collapsed model, e.g. identical rows) would get a
@@ -217,7 +217,7 @@ class UncertaintyWeightedAggregator(Aggregator):
                           "density/* metrics; this warning is not repeated.", RuntimeWarning, stacklevel=3)
 
 
-class SmoothedUncertaintyWeightedAggregator(UncertaintyWeightedAggregator):
+class SmoothedUncertaintyWeighted(UncertaintyWeighted):
     """sUWA (Kovalchuk et al. 2026, Sec. 4.4, "Smoothed UWA"): W[i, x] = softmax_i(tau * l_i(x)),
     paper default tau = 0.25.
 

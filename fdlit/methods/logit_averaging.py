@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator, uniform_weights
+from fdlit.methods.base import AggregationResult, Aggregator, uniform_weights
 from fdlit.errors import check_number
 
 
-class LogitAveragingAggregator(Aggregator):
+class LogitAveraging(Aggregator):
     """Logit averaging: P(x) = softmax( (1/M) sum_i z_i(x) / T ), W = 1/M.
 
     Source: Sec. 3.1.1, Eq. 1-2 (Kovalchuk et al., workshop version of *Who to Trust?*); the

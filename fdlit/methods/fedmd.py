@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator, ClientPart, uniform_weights
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart, uniform_weights
 from fdlit.errors import check_at_least
 
 
@@ -19,7 +19,7 @@ class FedMDDigest(ClientPart):
         return digest_loss(logits, target, weight) if phase == "public" else base
 
 
-class FedMDAggregator(Aggregator):
+class FedMD(Aggregator):
     """FedMD (Li & Wang, *FedMD: Heterogenous federated learning via model distillation*, 2019, Algorithm 1).
 
     FedMD's rounds are communicate / aggregate / distribute / digest / revisit; on fdlit's round

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from fdlit.aggregators.base import AggregationResult, Aggregator, ClientContext, ClientPart, ServerContext, Uploads
+from fdlit.methods.base import AggregationResult, Aggregator, ClientContext, ClientPart, ServerContext, Uploads
 from fdlit.errors import ConfigError
 
 

@@ -1,0 +1,71 @@
+"""Methods: each a server part (an Aggregator: client predictions or parameters -> teacher P or a
+global model) and a client part (a ClientPart) (docs/algorithms.md, docs/design.md)."""
+
+from fdlit.methods.averaging import ProbabilityAveraging
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart, weight_concentration, weight_entropy
+from fdlit.methods.entropy import EntropyWeighted
+from fdlit.methods.era import EntropyReduction
+from fdlit.methods.logit_averaging import LogitAveraging
+from fdlit.methods.f2l import F2L
+from fdlit.methods.f2l_fedavg import F2LParams
+from fdlit.methods.fedavg import FedAvg
+from fdlit.methods.feddf import FedDF
+from fdlit.methods.fedgo import FedGO
+from fdlit.methods.fedgo_fedavg import FedGOParams
+from fdlit.methods.fedmd import FedMD
+from fdlit.methods.fedprox import FedProx
+from fdlit.methods.kulsif import KuLSIF
+from fdlit.methods.lkd import LKD
+from fdlit.methods.meta_model import MetaModel
+from fdlit.methods.oracle import Oracle
+from fdlit.methods.scaffold import Scaffold
+from fdlit.methods.selective import SelectiveFD
+from fdlit.methods.variance import LogitVariance
+from fdlit.methods.density import DiagonalGaussianMixture, mixture_log_likelihood
+from fdlit.methods.uncertainty import SmoothedUncertaintyWeighted, UncertaintyWeighted
+
+__all__ = [
+    "AggregationResult",
+    "Aggregator",
+    "ClientPart",
+    "DiagonalGaussianMixture",
+    "EntropyReduction",
+    "EntropyWeighted",
+    "F2L",
+    "F2LParams",
+    "LogitAveraging",
+    "LogitVariance",
+    "FedAvg",
+    "FedDF",
+    "FedGO",
+    "FedGOParams",
+    "FedMD",
+    "FedMDClient",
+    "FedProx",
+    "KuLSIF",
+    "LKD",
+    "MetaModel",
+    "Oracle",
+    "Scaffold",
+    "SelectiveFD",
+    "ProbabilityAveraging",
+    "SmoothedUncertaintyWeighted",
+    "UncertaintyWeighted",
+    "mixture_log_likelihood",
+    "weight_concentration",
+    "weight_entropy",
+]
+
+
+def __getattr__(name):
+    # FedMDClient is a client module: imported only when it is asked for
+    if name == "FedMDClient":
+        from fdlit.methods.fedmd_client import FedMDClient
+
+        return FedMDClient
+    from fdlit.methods.aliases import renamed_class
+
+    cls = renamed_class(name, globals())  # a former name (fdlit.methods.aliases), with a FutureWarning
+    if cls is None:
+        raise AttributeError(name)
+    return cls
