@@ -77,7 +77,9 @@ def measured(command: list[str]) -> dict:
 
 def run(mode: str, clients: int, rounds: int, nodes: int, out: Path) -> dict:
     run_dir = out / f"{mode}-m{clients}-r{rounds}"
-    args = ["--config", "configs/digits.yaml", "--data.num_clients", str(clients), "--federation.rounds", str(rounds),
+    k = max(2, -(-10 // clients))  # every class held by some client: 4 clients hold 3 classes each
+    args = ["--config", "configs/digits.yaml", "--data.num_clients", str(clients), "--data.classes_per_client", str(k),
+            "--federation.rounds", str(rounds),
             "--federation.executor", "fdlit.execution.SequentialExecutor", "--logger.progress", "false",
             "--logger.run_dir", str(run_dir)]
     command = [sys.executable, "-m", "fdlit", "fit", *args] if mode == "fit" else \

@@ -24,7 +24,6 @@ from pathlib import Path
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-MESSAGE_TYPE = "query.fdlit"  # every fdlit request; what to do is in the message's meta record
 WORKER_START_TIMEOUT_S = 300.0
 
 app = ClientApp()

@@ -21,23 +21,13 @@ import sys
 import time
 import warnings
 import weakref
-from collections import defaultdict
 from typing import Any, Optional, Sequence
 
 import torch
 
-from fdlit.deployment.wire import pack, unpack, wire_bytes
+from fdlit.deployment.messages import NodeFailure, NodeLink
 from fdlit.execution.executor import ClientExecutor
 from fdlit.execution.tokens import Tokens
-
-MESSAGE_TYPE = "query.fdlit"
-# how often the ServerApp asks the SuperLink for replies: soon after sending, then less often (Flower's
-# own send_and_receive waits 3 s between asks, which would add seconds to every request)
-POLL_S = (0.05, 0.5)
-
-
-class NodeFailure(RuntimeError):
-    """A node did not answer in time or its worker failed."""
 
 
 class FlowerExecutor(ClientExecutor):
@@ -54,6 +44,7 @@ class FlowerExecutor(ClientExecutor):
     def __init__(self, grid: Any, nodes: int, timeout_s: float = 600.0, node_wait_s: float = 120.0,
                  threads: Optional[int] = None):
         self.grid = grid
+        self.link = NodeLink(grid, timeout_s, lambda node: sorted(c for c, n in self.node_of.items() if n == node))
         self.nodes = nodes
         self.timeout_s, self.node_wait_s = timeout_s, node_wait_s
         self.threads = threads
@@ -66,77 +57,21 @@ class FlowerExecutor(ClientExecutor):
         self._names: dict[int, tuple[torch.Tensor, list]] = {}
         self._latest: Optional[tuple[weakref.ref, dict]] = None  # the last predict's output, its input per node
         self._cache: dict[tuple[int, int], torch.Tensor] = {}  # (id of a named input, client id) -> logits
-        self.wire: dict[str, float] = defaultdict(float)  # "<op>_<up|down>" -> bytes since the last round ended
-        self.wire_total = {"up": 0, "down": 0}
-        self.node_cpu: dict[int, float] = {}
         self._cpu_reported: dict[int, float] = {}
-        self.node_peak_rss: dict[int, int] = {}
-        self.lost_nodes: set[int] = set()
 
     def bind(self, loop: Any, config_yaml: str) -> None:
         """The loop whose tensors nodes build themselves, and the config they build them from."""
         self.loop, self.config_yaml = loop, config_yaml
 
-    # ------------------------------------------------------------------ messages
-    def request(self, op: str, per_node: dict[int, tuple[dict, dict[str, torch.Tensor]]],
-                tolerate: bool = False, timeout_s: Optional[float] = None) -> dict[int, tuple]:
-        """Send ``op`` to each node with its (meta, tensors); wait for every reply; (meta, tensors) back.
-        ``tolerate``: a node that does not answer within ``timeout_s`` (or that Flower reports
-        unavailable) is lost from then on, and its clients are unreachable: dropouts for the loop."""
-        from flwr.app import Message
+    def request(self, op: str, per_node: dict, tolerate: bool = False, timeout_s: Optional[float] = None) -> dict:
+        return self.link.request(op, per_node, self._token.live(), tolerate, timeout_s)
 
-        live = self._token.live()
-        messages, sent_to = [], {}
-        for node, (meta, tensors) in per_node.items():
-            content = pack({"op": op, "live": live, **meta}, tensors)
-            self.wire[f"{op}_down"] += (n := wire_bytes(content))
-            self.wire_total["down"] += n
-            messages.append(Message(content, dst_node_id=node, message_type=MESSAGE_TYPE))
-        for mid, msg in zip(self.grid.push_messages(messages), messages):
-            sent_to[mid] = msg.metadata.dst_node_id
-        replies: dict[int, tuple] = {}
-        timeout_s = timeout_s or self.timeout_s
-        deadline = time.monotonic() + timeout_s
-        pending = set(sent_to)
-        poll = POLL_S[0]
-        while pending:
-            for reply in self.grid.pull_messages(list(pending)):
-                mid = reply.metadata.reply_to_message_id
-                node = sent_to[mid]
-                pending.discard(mid)
-                if reply.has_error():
-                    if tolerate:
-                        self._lose([node], f"'{op}' failed: {reply.error.reason}")
-                        continue
-                    raise NodeFailure(f"node {node} failed '{op}': {reply.error.reason}")
-                self.wire[f"{op}_up"] += (n := wire_bytes(reply.content))
-                self.wire_total["up"] += n
-                meta, tensors = unpack(reply.content)
-                if "error" in meta:
-                    raise NodeFailure(f"node {node} failed '{op}':\n{meta['error']}")
-                self.node_cpu[node] = meta["cpu_s"]
-                self.node_peak_rss[node] = meta["peak_rss"]
-                replies[node] = (meta, tensors)
-            if pending:
-                if time.monotonic() > deadline:
-                    late = sorted(sent_to[m] for m in pending)
-                    if tolerate:
-                        self._lose(late, f"no reply to '{op}' within {timeout_s:g} s")
-                        break
-                    raise NodeFailure(f"no reply to '{op}' from node(s) {late} within {timeout_s:g} s "
-                                      f"(federation.executor timeout)")
-                time.sleep(poll)
-                poll = min(poll * 1.5, POLL_S[1])
-        return replies
-
-    def _lose(self, nodes: list[int], why: str) -> None:
-        for node in nodes:
-            self.lost_nodes.add(node)
-            clients = sorted(c for c, n in self.node_of.items() if n == node)
-            warnings.warn(f"FlowerExecutor: node {node} is lost ({why}); its clients {clients} are dropouts from now on")
+    @property
+    def lost_nodes(self) -> set[int]:
+        return self.link.lost
 
     def unreachable(self) -> frozenset[int]:
-        return frozenset(c for c, n in self.node_of.items() if n in self.lost_nodes)
+        return frozenset(c for c, n in self.node_of.items() if n in self.link.lost)
 
     def _ref(self, obj: Optional[torch.Tensor], node: int, out: dict[str, torch.Tensor]):
         """How ``node`` finds ``obj``: by name when it builds it itself, else by token (sent once)."""
@@ -213,15 +148,16 @@ class FlowerExecutor(ClientExecutor):
     def timing_metrics(self) -> dict[str, object]:
         """Since the last round ended: each node worker's CPU seconds, their peak memory, and the
         bytes of every Message by operation and direction (``comm/wire_*``, as serialised)."""
-        spent = [self.node_cpu.get(n, 0.0) - self._cpu_reported.get(n, 0.0) for n in self.node_ids]
-        self._cpu_reported = dict(self.node_cpu)
+        link = self.link
+        spent = [link.node_cpu.get(n, 0.0) - self._cpu_reported.get(n, 0.0) for n in self.node_ids]
+        self._cpu_reported = dict(link.node_cpu)
         out: dict[str, object] = {"time/node_cpu_s": spent, "time/nodes_cpu_s": sum(spent),
-                                  "memory/node_peak_rss_bytes": [self.node_peak_rss.get(n, 0) for n in self.node_ids]}
+                                  "memory/node_peak_rss_bytes": [link.node_peak_rss.get(n, 0) for n in self.node_ids]}
         for direction in ("up", "down"):
-            out[f"comm/wire_{direction}_bytes"] = sum(v for k, v in self.wire.items() if k.endswith(direction))
-            out[f"comm/wire_{direction}_bytes_total"] = self.wire_total[direction]
-        out.update({f"comm/wire/{k}": v for k, v in self.wire.items()})
-        self.wire.clear()
+            out[f"comm/wire_{direction}_bytes"] = sum(v for k, v in link.wire.items() if k.endswith(direction))
+            out[f"comm/wire_{direction}_bytes_total"] = link.wire_total[direction]
+        out.update({f"comm/wire/{k}": v for k, v in link.wire.items()})
+        link.wire.clear()
         return out
 
     # ------------------------------------------------------------------ predictions sent ahead
