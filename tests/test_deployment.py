@@ -92,6 +92,27 @@ def test_an_unreachable_client_has_no_accuracy_and_the_means_leave_it_out():
     assert metrics["after_private/global_acc_mean"] == 0.5 and metrics["after_private/global_acc_min"] == 0
 
 
+def test_deploy_prints_the_summary_of_a_run_without_teacher(tmp_path, monkeypatch, capsys):
+    """FedAvg's summary has NaN teacher accuracy, which summary.json holds as null."""
+    import fdlit.deployment.command as command
+    import fdlit.deployment.launcher as launcher
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = {"run": "fedavg-k2-seed0", "run_dir": str(run_dir), "rounds": 2, "final_round": 2, "finished": True,
+               "best_global_acc_mean": 0.8, "best_round": 2, "best_global_acc_mean_after_private": 0.2,
+               "best_round_after_private": 1, "final_local_acc_mean_after_private": 0.9,
+               "final_local_acc_mean_after_public": 0.8, "final_teacher_acc": None, "bytes_up_total": 10,
+               "bytes_down_total": 10, "wall_time_s": 1.0}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    monkeypatch.setattr(launcher.LocalDeployment, "start", lambda self: setattr(self, "address", "127.0.0.1:1"))
+    monkeypatch.setattr(launcher.LocalDeployment, "stop", lambda self: None)
+    monkeypatch.setattr(command, "run_on", lambda *a: {"status": "done", "run_dir": str(run_dir)})
+    options = Namespace(work_dir=str(tmp_path / "work"), superlink=None, nodes=2)
+    assert command.run(options, []) == 0
+    assert "fedavg-k2-seed0" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------- a real deployment
 def listening(port: int) -> bool:
     with socket.socket() as s:

@@ -1,4 +1,5 @@
-"""``python -m fdlit deploy [deploy options] --config X [fit flags]``: a ``fit`` run on Flower.
+"""``python -m fdlit deploy [deploy options] --config X [fit flags]``: a ``fit`` run on Flower;
+``deploy [deploy options] --resume RUN_DIR [--federation.rounds N ...]`` continues one.
 
 Deploy options are listed in :func:`deploy_parser`; everything else is ``fit``'s arguments,
 checked here (a ConfigError names the field) before any process starts.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 from pathlib import Path
@@ -48,10 +50,17 @@ def main(argv: list[str]) -> int:
     options, rest = deploy_parser().parse_known_args(argv)
     if options.nodes < 1:
         raise ConfigError("deploy --nodes", f"must be >= 1, got {options.nodes}")
-    fit_args, parser, cfg = fit_arguments(rest)
-    from fdlit.runs.experiment import Experiment
+    from fdlit.cli import split_resume
+    from fdlit.runs.experiment import Experiment, resume_experiment
 
-    Experiment(cfg, parser)  # the whole config checked before any process starts
+    run_dir, rest = split_resume(rest)
+    if run_dir is not None:  # continue a deployed (or fit) run from its checkpoint, on the nodes
+        run_dir = str(Path(run_dir).resolve())
+        resume_experiment(run_dir, rest)  # checks the run directory, its checkpoint and the flags
+        fit_args = ["--resume", run_dir, *rest]
+    else:
+        fit_args, parser, cfg = fit_arguments(rest)
+        Experiment(cfg, parser)  # the whole config checked before any process starts
     import_flwr()
     previous = signal.signal(signal.SIGTERM, interrupt)  # `kill` stops the deployment as Ctrl-C does
     try:
@@ -89,7 +98,9 @@ def run(options, fit_args: list[str]) -> int:
     if outcome.get("remote"):
         print("fdlit deploy: the run finished; its run directory is on the SuperLink's machine (logger.run_dir there)")
         return 0
-    print(format_summary(read_summary(Path(outcome["run_dir"]))))
+    # summary.json writes NaN (e.g. FedAvg's teacher accuracy) as null
+    summary = {k: math.nan if v is None else v for k, v in read_summary(Path(outcome["run_dir"])).items()}
+    print(format_summary(summary))
     return 0
 
 

@@ -6,7 +6,7 @@ replaces only the executor: a :class:`~fdlit.deployment.executor.FlowerExecutor`
 The method's server part, the privacy accountant, the ledger and the evaluation stay here.
 
 Run config (``flwr run --run-config``; :mod:`fdlit.deployment.launcher` sets it): ``fit-args`` (the
-``fit`` arguments as a JSON list), ``nodes``, ``timeout`` (seconds one request may take on a node),
+``fit`` arguments as a JSON list; ``["--resume", RUN_DIR, ...]`` continues a run), ``nodes``, ``timeout`` (seconds one request may take on a node),
 ``node-wait`` (seconds to wait for the nodes at start), ``threads`` (torch threads per node worker,
 0: its default) and ``result-file`` (where to write the run's outcome as JSON for the launcher).
 """
@@ -30,14 +30,18 @@ RUN_CONFIG_DEFAULTS = {"fit-args": "[]", "nodes": 1, "timeout": 600.0, "node-wai
 def main(grid: Grid, context: Context) -> None:
     from fdlit.config import parse_fit
     from fdlit.deployment.executor import FlowerExecutor
-    from fdlit.runs.experiment import Experiment
+    from fdlit.runs.experiment import Experiment, resume_experiment
 
     settings = {**RUN_CONFIG_DEFAULTS, **dict(context.run_config)}
     outcome: dict = {"status": "failed"}
     experiment = None
     try:
-        parser, cfg = parse_fit(json.loads(str(settings["fit-args"])))
-        experiment = Experiment(cfg, parser)
+        args = json.loads(str(settings["fit-args"]))
+        if args[:1] == ["--resume"]:  # a run directory of this machine, continued from its checkpoint
+            experiment = resume_experiment(args[1], args[2:])
+        else:
+            parser, cfg = parse_fit(args)
+            experiment = Experiment(cfg, parser)
         executor = FlowerExecutor(grid, nodes=int(settings["nodes"]), timeout_s=float(settings["timeout"]),
                                   node_wait_s=float(settings["node-wait"]), threads=int(settings["threads"]) or None)
         experiment.loop.executor = executor
