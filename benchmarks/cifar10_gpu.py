@@ -30,6 +30,7 @@ same code on a CPU (used by the test suite; the numbers then mean nothing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -95,10 +96,8 @@ class UtilisationSampler:
     def _run(self, every: float) -> None:
         while not self._stop.is_set():
             if self.active.is_set():
-                try:
+                with contextlib.suppress(Exception):  # a sample the tool could not give is skipped
                     self.samples.append(self._read())
-                except Exception:
-                    pass
             time.sleep(every)
 
     def mean(self) -> float:
@@ -143,12 +142,12 @@ def worker(args) -> None:
 
     import torch
 
-    from fdlit.methods import SmoothedUncertaintyWeighted
     from fdlit.callbacks import FederationCallback
     from fdlit.clients import ClientOptimization
     from fdlit.data import FederatedData
     from fdlit.data.datasets import DATASETS
     from fdlit.federation import FederationLoop
+    from fdlit.methods import SmoothedUncertaintyWeighted
 
     dataset = "cifar10"
     if args.data_dir is None:
@@ -217,7 +216,7 @@ def worker(args) -> None:
     for callback in callbacks:
         if hasattr(callback, "wait"):
             callback.wait()
-    times = [b - a for a, b in zip(stamps[:-1], stamps[1:])]
+    times = [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)]
     ckpt = os.path.join(run_dir, "checkpoint.pt") if args.checkpoint else None
     print(json.dumps({
         "times": times[1:], "first": times[0], "executor_used": type(loop.executor).__name__,

@@ -51,11 +51,11 @@ def worker(args) -> None:
 
     import torch
 
-    from fdlit.methods import ProbabilityAveraging
     from fdlit.callbacks import FederationCallback
     from fdlit.clients import ClientOptimization
     from fdlit.data import FederatedData
     from fdlit.federation import FederationLoop
+    from fdlit.methods import ProbabilityAveraging
 
     module, _, cls = EXECUTORS[args.executor][0].rpartition(".")
     executor = getattr(importlib.import_module(module), cls)(**EXECUTORS[args.executor][1])
@@ -79,7 +79,7 @@ def worker(args) -> None:
     )
     rss_before = _vm("VmRSS")
     loop.fit()
-    times = [b - a for a, b in zip(stamps[:-1], stamps[1:])]
+    times = [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)]
     print(json.dumps({"times": times[1:], "first": times[0], "rss_before_mib": rss_before,
                       "peak_mib": _vm("VmHWM"), "acc": loop.history[-1]["after_public/global_acc_mean"],
                       "threads": torch.get_num_threads()}))

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"{'config':<48} {'CPU s/round':>11} {'x AVG':>6}   (median of {args.repeats}, rounds 2-{args.rounds})")
     ratios = {}
     for c in configs:
-        ratios[c] = statistics.median(s / a for s, a in zip(samples[c], samples[AVG]))
+        ratios[c] = statistics.median(s / a for s, a in zip(samples[c], samples[AVG], strict=True))
         print(f"{c:<48} {statistics.median(samples[c]):11.3f} {ratios[c]:6.2f}")
     return ratios
 

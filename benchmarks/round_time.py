@@ -20,12 +20,12 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from fdlit.methods import ProbabilityAveraging
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.execution import SequentialExecutor
 from fdlit.federation import FederationLoop
+from fdlit.methods import ProbabilityAveraging
 from fdlit.models import MLP, SmallCNN
 
 warnings.filterwarnings("ignore")
@@ -115,7 +115,7 @@ def fdlit_round_times(args) -> list[float]:
         aggregator=ProbabilityAveraging(), client=ClientOptimization(batch_size=BATCH), seed=args.seed,
     )
     loop.fit()
-    return [b - a for a, b in zip(stamps[:-1], stamps[1:])]
+    return [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)]
 
 
 def main() -> None:

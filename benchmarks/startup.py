@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"{'command':<20} {'CPU s':>7} {'wall s':>7} {'RSS MiB':>8}   (median of {args.repeats})")
     med = {}
     for name, rows in samples.items():
-        cpu, wall, rss = (statistics.median(col) for col in zip(*rows))
+        cpu, wall, rss = (statistics.median(col) for col in zip(*rows, strict=True))
         med[name] = cpu
         print(f"{name:<20} {cpu:7.2f} {wall:7.2f} {rss:8.0f}")
     ratio = med["fdlit fit --help"] / med["import torch"]

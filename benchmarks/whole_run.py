@@ -60,12 +60,17 @@ def measure(cmd: list[str], env: dict[str, str], linger_s: float = 60.0) -> tupl
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_arguments(doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """``--repeats``, ``--rounds`` and ``--config``: what a whole-run benchmark varies."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--config", default="configs/digits.yaml")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    args = run_arguments(__doc__, argv)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("WANDB_MODE", None)
     become_subreaper()
@@ -85,13 +90,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"{args.config}; one thread each)")
     med = {}
     for name, rows in samples.items():
-        cpu, wall = (statistics.median(col) for col in zip(*rows))
+        cpu, wall = (statistics.median(col) for col in zip(*rows, strict=True))
         med[name] = cpu
         print(f"{name:<22} {cpu:7.2f} {wall:7.2f}")
     plain = [cpu for cpu, _ in samples["plain PyTorch loop"]]
     out = {}
     for name in list(commands)[1:]:
-        ratios = [cpu / p for (cpu, _), p in zip(samples[name], plain)]
+        ratios = [cpu / p for (cpu, _), p in zip(samples[name], plain, strict=True)]
         out[name] = statistics.median(ratios)
         print(f"ratio {name} / plain loop (CPU, paired): {out[name]:.2f}x  (range {min(ratios):.2f}-{max(ratios):.2f})")
     return out

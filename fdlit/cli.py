@@ -12,7 +12,7 @@ import argparse
 import contextlib
 import sys
 import warnings
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from jsonargparse import ActionYesNo, ArgumentParser
 
@@ -42,7 +42,7 @@ def export_parser() -> ArgumentParser:
                             "with the model's class path and init args, loadable with torch alone (see "
                             "fdlit.runs.export).", allow_abbrev=False)
     parser.add_argument("run_dir", type=str, help="The run directory.")
-    parser.add_argument("--client", type=Optional[int], default=None, help="Export client i (0-based).")
+    parser.add_argument("--client", type=int | None, default=None, help="Export client i (0-based).")
     parser.add_argument("--server", action=ActionYesNo, default=False, help="Export the server model (server.model).")
     parser.add_argument("--out", type=str, required=True, help="The file to write, e.g. model.pt.")
     return parser
@@ -62,7 +62,7 @@ def report_parser() -> ArgumentParser:
     parser = ArgumentParser(description="Write Table 1, Figure 2, App. B curves, chi and bytes figures from local runs.",
                             allow_abbrev=False)
     parser.add_argument("runs", type=str, help="Folder holding run directories (searched recursively).")
-    parser.add_argument("--out", type=Optional[str], default=None, help="Output folder; null gives <runs>/report.")
+    parser.add_argument("--out", type=str | None, default=None, help="Output folder; null gives <runs>/report.")
     parser.add_argument("--include_unfinished", action=ActionYesNo, default=False,
                         help="Also use runs that did not finish (crashed or still running).")
     parser.add_argument("--include_duplicates", action=ActionYesNo, default=False,
@@ -125,9 +125,9 @@ def _parse(argv: list[str]):
         raise parse_error(exc, subparsers.get(command, parser), command) from None
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    experiment: Optional[Experiment] = None
+    experiment: Experiment | None = None
     try:
         if argv[:1] == ["fit"]:
             run_dir, rest = split_resume(argv[1:])
@@ -209,7 +209,7 @@ def one_line_warnings(prefix: str):
         yield
 
 
-def _how_to_continue(argv: list[str], experiment: Optional[Experiment]) -> str:
+def _how_to_continue(argv: list[str], experiment: Experiment | None) -> str:
     if argv[:1] == ["sweep"]:
         return ("run the same sweep command again to continue: finished runs are skipped and an unfinished "
                 "one resumes in its own folder")

@@ -12,22 +12,23 @@ from pathlib import Path
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from fdlit.methods import Aggregator
+from fdlit.adversaries import Adversaries
 from fdlit.clients import ClientOptimization
 from fdlit.config_files import read_yaml
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, import_hint
 from fdlit.federation import FederationLoop
+from fdlit.federation.server import ServerModel
+from fdlit.methods import Aggregator
 from fdlit.models import ClientNetwork
 from fdlit.models.text import BertClassifier  # noqa: F401 (lazy in fdlit.models; imported here so help lists it)
 from fdlit.privacy import UploadPrivacy
-from fdlit.federation.server import ServerModel
 from fdlit.runs.checkpoint import CheckpointConfig
 from fdlit.runs.logger_config import LoggerConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")
-LOOP_OBJECTS = {"data", "model", "client", "aggregator", "privacy", "seed", "server"}
+LOOP_OBJECTS = {"data", "model", "client", "aggregator", "privacy", "seed", "server", "adversaries"}
 
 
 def resolve_config_path(value: str) -> str:
@@ -68,6 +69,7 @@ def fit_parser() -> ArgumentParser:
     )
     parser.add_class_arguments(FederationLoop, "federation", skip=LOOP_OBJECTS, instantiate=False)
     parser.add_class_arguments(UploadPrivacy, "privacy")
+    parser.add_class_arguments(Adversaries, "adversaries")
     parser.add_class_arguments(ServerModel, "server", skip={"model"}, instantiate=False)
     parser.add_subclass_arguments(
         ClientNetwork, "server.model", instantiate=False, required=False, default=None,

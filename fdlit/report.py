@@ -41,19 +41,29 @@ import io
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 import yaml
 
 from fdlit.data.federated import DEFAULT_CLASSES_PER_CLIENT
 from fdlit.errors import ConfigError
-from fdlit.paper_figures import (
-    FORMATS, MIN_FONT_PT, check_formats, ONE_COLUMN_IN, PNG_DPI, TWO_COLUMN_IN, new_figure, paper_style, plain_text, save_figure,
-)
 from fdlit.methods.aliases import canonical_class_path
+from fdlit.paper_figures import (
+    FORMATS,
+    MIN_FONT_PT,
+    ONE_COLUMN_IN,
+    PNG_DPI,
+    TWO_COLUMN_IN,
+    check_formats,
+    new_figure,
+    paper_style,
+    plain_text,
+    save_figure,
+)
 from fdlit.runs.dashboards import TRUST_KEY, TRUST_MAX_ROWS
 from fdlit.runs.directory import METRICS, read_config, read_jsonl, read_summary, safe_name
 
@@ -116,12 +126,12 @@ class Run:
         _, acc = self.series(ACC if phase == "public" else PRIVATE_ACC)
         return float(np.nanmax(acc)) if len(acc) else math.nan
 
-    def last(self, key: str) -> Optional[float]:
+    def last(self, key: str) -> float | None:
         _, values = self.series(key)
         return float(values[-1]) if len(values) else None
 
 
-def _number(value: Any) -> Optional[float]:
+def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -136,7 +146,7 @@ def run_kind(config: dict) -> str:
     return {"local_only": "local", "reference": "ref"}.get(mode, "rule") if isinstance(mode, str) else "rule"
 
 
-def suwa_tau(config: dict) -> Optional[float]:
+def suwa_tau(config: dict) -> float | None:
     """sUWA's temperature τ, or None when the run is not sUWA (or its τ is not a number)."""
     agg = config.get("aggregator")
     if not isinstance(agg, dict) or not canonical_class_path(str(agg.get("class_path", ""))).endswith(
@@ -226,7 +236,7 @@ def load_runs(root: str | Path, include_unfinished: bool = False,
         group = [r for r in runs if r.dataset == dataset]
         flat = [_flatten(r.config) for r in group]
         differing = _differing(flat)
-        for r, f in zip(group, flat):
+        for r, f in zip(group, flat, strict=True):
             if differing:
                 r.group = "[" + ", ".join(f"{k.rsplit('.', 1)[-1]}={f.get(k)}" for k in differing) + "] "
                 r.method = r.group + r.method
@@ -267,7 +277,7 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def _client_classes(value: Any) -> Optional[list[list[int]]]:
+def _client_classes(value: Any) -> list[list[int]] | None:
     """The summary's ``client_classes`` when it is a list of lists of class indices, else None."""
     if isinstance(value, list) and all(isinstance(c, list) and all(isinstance(i, int) and not isinstance(i, bool)
                                                                    for i in c) for c in value):
@@ -298,7 +308,7 @@ class Stat:
     values: tuple = ()  # the per-seed values (%), for the significance test
 
     @staticmethod
-    def of(values: list[float]) -> "Stat":
+    def of(values: list[float]) -> Stat:
         v = 100 * np.array(values, dtype=float)
         return Stat(float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else math.nan, len(v), tuple(v.tolist()))
 
@@ -353,7 +363,7 @@ class Table:
         """The numbers of seeds of the cells (one value: the caption says it once)."""
         return {s.n for s in [*self.cells.values(), *self.ref.values()]}
 
-    def ref_for(self, dataset: str, label: str) -> Optional[Stat]:
+    def ref_for(self, dataset: str, label: str) -> Stat | None:
         return self.ref.get((dataset, self.group_of[(dataset, label)]))
 
     def mark(self, key: tuple) -> str:
@@ -571,7 +581,7 @@ def _style(method: str) -> dict[str, Any]:
 def _mean_curve(runs: list[Run], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     by_round: dict[float, list[float]] = defaultdict(list)
     for r in runs:
-        for x, v in zip(*r.series(key)):
+        for x, v in zip(*r.series(key), strict=True):
             by_round[x].append(v)
     xs = np.array(sorted(by_round))
     mean = np.array([np.mean(by_round[x]) for x in xs])
@@ -623,11 +633,11 @@ def figure2(table: Table):
     ax = axes[0, 0]
     labels = _labels(table)
     colors = _colors(labels)
-    for (dataset, m, kind), label in zip(table.rows, labels):
+    for (dataset, m, kind), label in zip(table.rows, labels, strict=True):
         pts = [(k, table.cells[(dataset, m, k, "public")].mean, table.cells[(dataset, m, k, "public")].std)
                for k in numeric if (dataset, m, k, "public") in table.cells]
         if pts:
-            x, y, e = map(np.array, zip(*pts))
+            x, y, e = map(np.array, zip(*pts, strict=True))
             ax.errorbar(x, y, yerr=np.nan_to_num(e), marker="o", capsize=2, label=label, color=colors[label],
                         **_style(m))
     for (dataset, group), stat in table.ref.items():
@@ -663,8 +673,8 @@ def privacy_label(run: Run) -> str:
 def accuracy_vs_epsilon(runs: list[Run]):
     """Best accuracy and membership-attack AUC (``privacy/mia_auc``, the audit) against the ε spent
     by the last round (``privacy/epsilon``); runs without DP drawn as dashed horizontal lines."""
-    dp: dict[tuple, dict[float, list[tuple[float, Optional[float]]]]] = defaultdict(lambda: defaultdict(list))
-    plain: dict[tuple, list[tuple[float, Optional[float]]]] = defaultdict(list)
+    dp: dict[tuple, dict[float, list[tuple[float, float | None]]]] = defaultdict(lambda: defaultdict(list))
+    plain: dict[tuple, list[tuple[float, float | None]]] = defaultdict(list)
     for r in runs:
         if r.kind != "rule":
             continue
@@ -684,7 +694,7 @@ def accuracy_vs_epsilon(runs: list[Run]):
         for key, by_eps in sorted(dp.items(), key=lambda kv: str(kv[0])):
             eps = sorted(by_eps)
             values = [[v[index] for v in by_eps[e] if v[index] is not None] for e in eps]
-            shown = [(e, v) for e, v in zip(eps, values) if v]
+            shown = [(e, v) for e, v in zip(eps, values, strict=True) if v]
             if shown:
                 ax.errorbar([e for e, _ in shown], [np.mean(v) for _, v in shown],
                             yerr=[np.std(v, ddof=1) if len(v) > 1 else 0.0 for _, v in shown], marker="o",
@@ -712,7 +722,7 @@ def chi_vs_k(runs: list[Run], table: Table):
     fig, axes = _one_panel()
     ax = axes[0, 0]
     drawn = False
-    for (dataset, m, kind), label in zip(table.rows, labels):
+    for (dataset, m, kind), label in zip(table.rows, labels, strict=True):
         pts = []
         for k in numeric:
             chis = [c for r in runs if (r.dataset, r.method, r.k) == (dataset, m, k)
@@ -720,7 +730,7 @@ def chi_vs_k(runs: list[Run], table: Table):
             if chis:
                 pts.append((k, np.mean(chis), np.std(chis, ddof=1) if len(chis) > 1 else 0.0))
         if kind == "rule" and pts:
-            x, y, e = map(np.array, zip(*pts))
+            x, y, e = map(np.array, zip(*pts, strict=True))
             ax.errorbar(x, y, yerr=e, marker="o", capsize=2, label=label, color=colors[label])
             drawn = True
     if not drawn:
@@ -728,7 +738,7 @@ def chi_vs_k(runs: list[Run], table: Table):
     return _single_panel(fig, ax, "classes per client k", "χ (last round)", numeric)
 
 
-def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: Optional[str] = None,
+def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: str | None = None,
            xlabel: str = "round"):
     """One column per k (its x label names the k), one row per (metric, label); a line per method,
     shaded ±1 std. The reference (trained on every class) is drawn in every column. Two columns of
@@ -861,7 +871,7 @@ def _percent(value: float) -> str:
     return f"{100 * value:.2f}" if math.isfinite(value) else "–"
 
 
-def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include_unfinished: bool = False,
+def write_report(runs_dir: str | Path, out: str | Path | None = None, include_unfinished: bool = False,
                  say: Callable[[str], None] = print, include_duplicates: bool = False,
                  formats: tuple[str, ...] = FORMATS) -> Path:
     """Write the report of the runs under ``runs_dir`` into ``out``; ``formats``: the figure files
@@ -913,6 +923,9 @@ def write_report(runs_dir: str | Path, out: Optional[str | Path] = None, include
              "panel per k.", curves(runs, methods, ks, [(ACC, "global accuracy (%)")], xkey="comm/bytes_total_mib",
                                     xlabel="cumulative MiB (up + down)")),
         ]
+        from fdlit.report_adversaries import adversaries_figures  # it builds on this module's helpers
+
+        drawn += adversaries_figures(runs)
         trust = [(stem, f"Who to trust ({caption}): mean weight each client gets on public samples of each true "
                   "class; a client's own classes boxed.", fig) for stem, caption, fig in trust_figures(runs)]
         figures = [(stem, caption, fig.get_figwidth(), save_figure(fig, out / "figures", stem, formats))

@@ -35,9 +35,10 @@ import random
 import sys
 import traceback
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import yaml
 
@@ -60,9 +61,9 @@ class SweepRun:
     name: str
     group: str
     argv: list[str]  # fit arguments (without the word ``fit``)
-    config: Optional[dict] = None  # resolved config, filled by ``resolve``
-    existing: Optional[Path] = None  # finished run directory with the same config
-    partial: Optional[Path] = None  # unfinished run directory with the same config: resumed
+    config: dict | None = None  # resolved config, filled by ``resolve``
+    existing: Path | None = None  # finished run directory with the same config
+    partial: Path | None = None  # unfinished run directory with the same config: resumed
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
@@ -120,7 +121,7 @@ def expand_grid(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Every combination, in file order (first parameter varies slowest)."""
     keys = list(spec["parameters"])
     choices = [p["values"] if "values" in p else [p["value"]] for p in spec["parameters"].values()]
-    return [dict(zip(keys, combo)) for combo in itertools.product(*choices)]
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*choices)]
 
 
 def _distribution(p: dict[str, Any]) -> str:
@@ -246,7 +247,7 @@ def existing_runs(run_dir: Path) -> list[tuple[Path, dict, bool]]:
     return out
 
 
-def _furthest(paths: list[Path]) -> Optional[Path]:
+def _furthest(paths: list[Path]) -> Path | None:
     """Of several unfinished directories of one combination, the one with a checkpoint, newest."""
     return max(paths, key=lambda p: ((p / CHECKPOINT).exists(), p.name), default=None)
 
@@ -271,7 +272,7 @@ def _threads(jobs: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, jobs))
 
 
-def _run_one(argv: list[str], partial: Optional[str], threads: Optional[int]) -> dict[str, Any]:
+def _run_one(argv: list[str], partial: str | None, threads: int | None) -> dict[str, Any]:
     """One combination in a worker process: parse its flags as ``fit`` does, run it, and return its
     summary or the error (a worker never raises: the sweep records the failure and goes on)."""
     import torch

@@ -86,12 +86,12 @@ def figure(results: dict, methods: list[str], ks: list[int], num_clients: int, p
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(ks), figsize=(5.5 * len(ks), 4), squeeze=False)
-    for ax, k in zip(axes[0], ks):
+    for ax, k in zip(axes[0], ks, strict=True):
         for name in methods:
             runs = [rows for (n, kk, _), rows in results.items() if n == name and kk == k]
             # every seed has the same byte count per round (fixed message sizes), so rounds line up
             x = [(r["up"] + r["down"]) / num_clients / MB for r in runs[0]]
-            accs = list(zip(*[[100 * r["acc"] for r in rows] for rows in runs]))
+            accs = list(zip(*[[100 * r["acc"] for r in rows] for rows in runs], strict=True))
             ax.plot(x, [statistics.mean(a) for a in accs], marker="o", ms=3, label=name)
             ax.fill_between(x, [min(a) for a in accs], [max(a) for a in accs], alpha=0.2)
         ax.set_xscale("log")
@@ -122,7 +122,7 @@ def main() -> None:
     extra = [*a.extra, "--data.num_clients", str(a.num_clients)]
     with ThreadPoolExecutor(a.jobs) as pool:
         rows = list(pool.map(lambda g: run_one(a.out, *g, a.rounds, extra), grid))
-    results = dict(zip(grid, rows))
+    results = dict(zip(grid, rows, strict=True))
     text = table(results, a.methods, a.ks, a.num_clients)
     print(text)
     if a.table:

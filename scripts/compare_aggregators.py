@@ -16,12 +16,12 @@ several times a small digits run itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
+import multiprocessing
 import os
 import statistics
-import contextlib
-import multiprocessing
 import sys
 import traceback
 from concurrent.futures import ProcessPoolExecutor
@@ -129,7 +129,7 @@ def main() -> None:
         done = finished(a.out / f"{slug(name)}-k{k}-seed{seed}")
         summaries.append(json.loads(done[-1].read_text()) if done else None)
     results: dict = {}
-    for (name, k, _), s in zip(grid, summaries):  # noqa: B007
+    for (name, k, _), s in zip(grid, summaries, strict=True):  # noqa: B007
         if s is not None:
             results.setdefault((name, k), []).append(s)
     if a.json:

@@ -104,7 +104,7 @@ def main(rules=RULES, default_rules=DEFAULT_RULES, out="runs/digits_table", ks=(
         cells = []
         for k in a.ks:
             for key in metrics.values():
-                cells.append(cell([100 * s[key] for (n, kk, _), s in zip(grid, results)
+                cells.append(cell([100 * s[key] for (n, kk, _), s in zip(grid, results, strict=True)
                                    if n == name and kk == k and s.get(key) is not None]))
         print(f"| {name} | " + " | ".join(cells) + " |")
     times = [s["wall_time_s"] for s in results]
@@ -120,7 +120,7 @@ def main(rules=RULES, default_rules=DEFAULT_RULES, out="runs/digits_table", ks=(
         cells = []
         for k in a.ks:
             for budget in a.budgets:
-                cells.append(cell([100 * best_within(s["run_dir"], budget) for (n, kk, _), s in zip(grid, results)
+                cells.append(cell([100 * best_within(s["run_dir"], budget) for (n, kk, _), s in zip(grid, results, strict=True)
                                    if n == name and kk == k]))
         print(f"| {name} | " + " | ".join(cells) + " |")
 

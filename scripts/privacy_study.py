@@ -103,7 +103,7 @@ def main() -> None:
     print("| method | setting | final accuracy (%) | best accuracy (%) | ε (δ = 1e-5) | attack AUC |")
     print("|---|---|---|---|---|---|")
     for m, (name, _) in itertools.product(a.methods, names):
-        rows = [r for g, r in zip(grid, results) if g[0] == m and g[1] == name]
+        rows = [r for g, r in zip(grid, results, strict=True) if g[0] == m and g[1] == name]
         if not rows:
             continue
         eps = [r["epsilon"] for r in rows]
@@ -122,7 +122,7 @@ def figure(path: Path, grid: list, results: list[dict], names: list[tuple[str, l
     import matplotlib.ticker
 
     def cell(m: str, name: str, key: str) -> list[float]:
-        return [r[key] for g, r in zip(grid, results) if g[0] == m and g[1] == name]
+        return [r[key] for g, r in zip(grid, results, strict=True) if g[0] == m and g[1] == name]
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     width = 0.8 / len(methods)

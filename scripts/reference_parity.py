@@ -48,18 +48,18 @@ import os
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
 
-from fdlit.methods import ProbabilityAveraging, SmoothedUncertaintyWeighted
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.data.federated import ClientData
 from fdlit.data.tensor_dataset import TensorDataset
 from fdlit.execution import SequentialExecutor
 from fdlit.federation import FederationLoop
+from fdlit.methods import ProbabilityAveraging, SmoothedUncertaintyWeighted
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,7 +105,7 @@ def parse_settings(items: list[str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def class_sets(sets: Optional[list[list[int]]]):
+def class_sets(sets: list[list[int]] | None):
     """fdlit's k-class draw replaced by ``sets`` (None: unchanged) while the data is set up."""
     import fdlit.data.federated as federated
 
@@ -252,7 +252,7 @@ def print_table(result: dict[str, Any]) -> None:
               f"{s['fdlit'][r]['chi']:.4f} | {s['reference'][r]['chi']:.4f} |")
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reference", type=Path, default=default_reference())
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -299,7 +299,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         sd = statistics.pstdev(values) if len(values) > 1 else 0.0
         print(f"{agg}: best {100 * statistics.mean(values):.2f} ± {100 * sd:.2f} over seeds {a.seeds}")
     if len(best) == 2:
-        gaps = [s - v for s, v in zip(best["suwa"], best["avg"])]
+        gaps = [s - v for s, v in zip(best["suwa"], best["avg"], strict=True)]
         print(f"gap sUWA - AVG: {100 * statistics.mean(gaps):+.2f} (per seed: "
               f"{', '.join(f'{100 * g:+.2f}' for g in gaps)})")
 

@@ -6,12 +6,13 @@ import pytest
 import torch
 from scipy.stats import norm, spearmanr
 
+from fdlit.errors import ConfigError
 from fdlit.methods import (
+    LKD,
     EntropyReduction,
     EntropyWeighted,
     FedGO,
     KuLSIF,
-    LKD,
     LogitAveraging,
     LogitVariance,
     MetaModel,
@@ -22,7 +23,6 @@ from fdlit.methods import (
 from fdlit.methods.base import context_for
 from fdlit.methods.fedgo import train_discriminator
 from fdlit.methods.lkd import auc_against_unlabelled, one_vs_rest_auc
-from fdlit.errors import ConfigError
 
 M, N, C = 5, 64, 10
 
@@ -154,7 +154,7 @@ def test_kulsif_ranks_points_like_the_true_density_ratio():
 def selective_uploads(masks, hard=False, seed=0):
     ups = logit_uploads(seed)
     out = []
-    for u, mk in zip(ups, masks):
+    for u, mk in zip(ups, masks, strict=True):
         if hard:
             out.append({"logits": u["logits"][:0], "labels": u["logits"][mk].argmax(-1).to(torch.uint8), "mask": mk})
         else:
@@ -317,7 +317,7 @@ def test_lkd_trusts_each_client_on_the_classes_it_is_reliable_for():
     auc = torch.full((M, C), 0.5)
     auc[torch.arange(M), torch.arange(M)] = 1.0
     ups = logit_uploads()
-    for u, a in zip(ups, auc):
+    for u, a in zip(ups, auc, strict=True):
         u["class_auc"] = a
     r = LKD(temperature=20.0).aggregate(ups, context_for(ups))
     assert_distribution(r)
@@ -402,6 +402,27 @@ def test_meta_model_recovers_the_true_label_on_a_separable_toy_problem():
     acc = float((r.teacher.argmax(-1) == y_pub).float().mean())
     avg_acc = float((ProbabilityAveraging().aggregate(ups, context_for(ups)).teacher.argmax(-1) == y_pub).float().mean())
     assert acc > 0.95 and acc > avg_acc + 0.2
+
+
+@pytest.mark.parametrize("hidden", [64, 0])
+def test_meta_model_fit_equals_torch_optim_adam_bit_for_bit(hidden):
+    """The fit runs Adam's update in its functional form: the weights equal torch.optim.Adam's loop."""
+    g = torch.Generator().manual_seed(3)
+    features, labels = torch.randn(120, 40, generator=g), torch.randint(0, 5, (120,), generator=g)
+    agg = MetaModel(hidden=hidden, steps=60, lr=0.02, weight_decay=1e-3)
+    got = agg.fit_meta_model(features, labels, 5, seed=11)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(11)
+        body = [torch.nn.Linear(40, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 5)] if hidden else [torch.nn.Linear(40, 5)]
+        ref = torch.nn.Sequential(*body)
+    opt = torch.optim.Adam(ref.parameters(), lr=0.02, weight_decay=1e-3)
+    for _ in range(60):
+        loss = torch.nn.functional.cross_entropy(ref(features), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    for (name, a), b in zip(got.state_dict().items(), ref.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
 
 
 def test_meta_model_rejects_bad_arguments_and_needs_labels():

@@ -6,16 +6,16 @@ import pytest
 import torch
 from sklearn.mixture import GaussianMixture
 
+from fdlit.errors import ConfigError
 from fdlit.methods import (
     DiagonalGaussianMixture,
-    mixture_log_likelihood,
     ProbabilityAveraging,
     SmoothedUncertaintyWeighted,
     UncertaintyWeighted,
+    mixture_log_likelihood,
     weight_concentration,
 )
 from fdlit.methods.base import context_for
-from fdlit.errors import ConfigError
 
 M, N, C = 5, 64, 10
 

@@ -12,8 +12,8 @@ import shutil
 import pytest
 import torch
 import yaml
-
 from damage import flip_tensor_bytes
+
 from fdlit.cli import main
 from fdlit.federation.construction import available_accelerators
 from fdlit.runs.directory import CHECKPOINT, CONFIG, RunLock

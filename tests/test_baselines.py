@@ -1,16 +1,16 @@
 """Baselines (federation.mode local_only / reference) and heterogeneous clients, end to end on small data."""
 
-import paper_fixtures  # noqa: F401  (offline HF env first)
-
 import json
 import math
+from pathlib import Path
 
+import paper_fixtures  # noqa: F401  (offline HF env first)
 import torch
+from paper_fixtures import image_dataset_dict
 
 from fdlit.config import parse_fit
-from fdlit.runs.experiment import Experiment
 from fdlit.data.augment import ImageInput, WithInput
-from paper_fixtures import image_dataset_dict
+from fdlit.runs.experiment import Experiment
 
 
 def test_local_only_trains_privately_and_sends_nothing(fast_args):
@@ -25,7 +25,7 @@ def test_local_only_trains_privately_and_sends_nothing(fast_args):
         assert math.isnan(m["train/public_loss_mean"]) and math.isnan(m["teacher/acc"])
         assert m["comm/up_bytes"] == 0
     assert summary["best_global_acc_mean"] > 0.1  # it did learn something (10 classes)
-    rows = [json.loads(line) for line in open(f"{summary['run_dir']}/metrics.jsonl")]
+    rows = [json.loads(line) for line in Path(summary["run_dir"], "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2  # logged the same way as FD runs
 
 
@@ -95,7 +95,7 @@ def test_image_dataset_clients_are_vectorized_by_default_and_match_sequential(tm
         if executor == "null":
             assert type(loop.executor).__name__ == "VectorizedExecutor"
             assert loop.executor._vectorized == {c.client_id for c in loop.clients}  # no fallback
-    for vec, seq in zip(history["null"], history["fdlit.execution.SequentialExecutor"]):
+    for vec, seq in zip(history["null"], history["fdlit.execution.SequentialExecutor"], strict=True):
         for key in ("after_private/global_acc_mean", "after_public/global_acc_mean", "teacher/acc"):
             assert math.isclose(vec[key], seq[key], abs_tol=1e-6), key
         assert math.isclose(vec["train/public_loss_mean"], seq["train/public_loss_mean"], rel_tol=1e-4)

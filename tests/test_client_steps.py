@@ -5,13 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fdlit.methods import ProbabilityAveraging
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import SequentialExecutor, VectorizedExecutor
-from fdlit.federation import FederationLoop
 from fdlit.execution.vectorized import unsupported_reason
+from fdlit.federation import FederationLoop
+from fdlit.methods import ProbabilityAveraging
 
 
 class TemperatureKD(ClientModule):
@@ -52,7 +52,7 @@ def test_a_kd_temperature_subclass_trains_the_same_in_both_executors_and_differe
     for run in (seq, vec, base):
         run.fit()
     assert all(type(c) is TemperatureKD for c in vec.clients)
-    for a, b in zip(numbers(seq.history), numbers(vec.history)):
+    for a, b in zip(numbers(seq.history), numbers(vec.history), strict=True):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
     # round 1's private phase is the same; from the first public phase on the subclass differs
     assert numbers(seq.history)[0][4] == numbers(base.history)[0][4]

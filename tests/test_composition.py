@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from fdlit.cli import main
 from fdlit.config import parse_fit
@@ -197,3 +198,68 @@ def test_every_method_sampled_with_dp_stopped_and_resumed_equals_an_uninterrupte
     assert resumed == uninterrupted and len(resumed) == 2
     assert read_jsonl(stopped / "communication.jsonl") == read_jsonl(straight / "communication.jsonl")
     assert all(m["privacy/epsilon"] > 0 for m in resumed)
+
+
+# ---------------------------------------------------------------- adversarial clients
+ATTACKS = {  # attack: (a rule it fits, its flags); client 1 attacks (client 2 too where they collude)
+    "label_flipping": ("digits.yaml", ["--adversaries.attack", "fdlit.adversaries.LabelFlipping"]),
+    "targeted_label_flipping": ("digits_fedavg.yaml", ["--adversaries.attack", "fdlit.adversaries.LabelFlipping",
+                                                       "--adversaries.attack.source", "[0, 1, 3, 4, 5, 6, 7, 8, 9]",
+                                                       "--adversaries.attack.target", "2"]),
+    "random_predictions": ("digits_avg.yaml", ["--adversaries.attack", "fdlit.adversaries.RandomPredictions"]),
+    "uniform_predictions": ("digits_median.yaml", ["--adversaries.attack", "fdlit.adversaries.RandomPredictions",
+                                                   "--adversaries.attack.kind", "uniform"]),
+    "confident_wrong": ("digits_avg.yaml", ["--adversaries.attack", "fdlit.adversaries.ConfidentWrong"]),
+    "scaled_logits": ("digits_era.yaml", ["--adversaries.attack", "fdlit.adversaries.ScaledLogits"]),
+    "free_rider": ("digits_avg.yaml", ["--adversaries.attack", "fdlit.adversaries.FreeRider"]),
+    "free_rider_parameters": ("digits_fedavg.yaml", ["--adversaries.attack", "fdlit.adversaries.FreeRider"]),
+    "fabricated_density": ("digits_uwa.yaml", ["--adversaries.attack", "fdlit.adversaries.FabricatedDensity"]),
+    "sign_flipped_update": ("digits_krum.yaml", ["--adversaries.attack", "fdlit.adversaries.SignFlippedUpdate"]),
+    "scaled_update": ("digits_fedtrimmedmean.yaml", ["--adversaries.attack", "fdlit.adversaries.ScaledUpdate",
+                                                     "--adversaries.attack.scale", "10"]),
+    "colluding": ("digits.yaml", ["--adversaries.attack", "fdlit.adversaries.FabricatedDensity",
+                                  "--adversaries.ids", "[1, 2]", "--adversaries.collude", "true"]),
+}
+_honest_runs: dict = {}
+
+
+def honest_run(rule, executor, tmp_path):
+    """The run without attackers (one per rule and executor for the whole matrix)."""
+    if (rule, executor) not in _honest_runs:
+        _honest_runs[rule, executor] = fit_loop(tiny(rule, tmp_path / "honest", *executor_flags(executor)))
+    return _honest_runs[rule, executor]
+
+
+def executor_flags(executor):
+    extra = ["--federation.executor", EXECUTORS[executor]]
+    return extra + (["--federation.executor.actor_executor", "sequential"] if executor == "ray" else [])
+
+
+def outcome(loop):
+    """Every client's final parameters (an attack reaches them through the teacher, the global model or
+    the attacker's own training)."""
+    return torch.cat([p.detach().reshape(-1) for c in loop.clients for p in c.model.parameters()])
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized", "ray"])
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_every_attack_x_executor(attack, executor, tmp_path, request):
+    """Each attack runs where the clients live: it changes the clients' models against the honest run
+    under the same executor, sends the same messages (the fabricated density: one component per public
+    row, so its shapes differ), and logs its metrics."""
+    if executor == "ray":
+        request.getfixturevalue("ray_local")
+    rule, flags = ATTACKS[attack]
+    who = [] if "--adversaries.ids" in flags else ["--adversaries.ids", "[1]"]
+    loop = fit_loop(tiny(rule, tmp_path / "attacked", *executor_flags(executor), *flags, *who))
+    honest = honest_run(rule, executor, tmp_path)
+    sent, honest_sent = ledger_rows(loop), ledger_rows(honest)
+    if flags[1].endswith("FabricatedDensity"):
+        sent, honest_sent = [r[:4] for r in sent], [r[:4] for r in honest_sent]
+    assert loop.round == 2 and sent == honest_sent
+    assert not torch.equal(outcome(loop), outcome(honest))
+    last = loop.history[-1]
+    assert last["adversaries/attackers"] == (2 if attack == "colluding" else 1)
+    assert len([k for k in last if k.startswith("adversaries/honest_")]) == 2
+    if attack in ("fabricated_density", "colluding"):  # the fabricated density takes the teacher
+        assert last["adversaries/weight"] > 0.9

@@ -8,7 +8,14 @@ import torch
 from fdlit.federation.diagnostics import trust_matrix
 from fdlit.runs import LoggerConfig, WandbLogger
 from fdlit.runs.dashboards import (
-    MISSING_GREY, VIRIDIS, client_rows, png_to_array, run_summary, trust_heatmap_array, trust_heatmap_png, trust_rows,
+    MISSING_GREY,
+    VIRIDIS,
+    client_rows,
+    png_to_array,
+    run_summary,
+    trust_heatmap_array,
+    trust_heatmap_png,
+    trust_rows,
     wandb_round_payload,
 )
 

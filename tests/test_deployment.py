@@ -136,7 +136,7 @@ def processes_mentioning(text: str) -> list[int]:
 def close(a, b) -> bool:
     """Equal within 1e-5, NaN equal to NaN, through nested lists (per-client values, trust matrices)."""
     if isinstance(b, list):
-        return isinstance(a, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+        return isinstance(a, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(b, float) and isinstance(a, (int, float)):
         return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-5
     return a == b
@@ -184,7 +184,7 @@ def test_a_deployed_run_equals_fit(deployment, config, tmp_path):
     deployed = metrics_of(Path(outcome["run_dir"]))
     fitted = metrics_of(next((tmp_path / "fit").iterdir()))
     assert len(deployed) == len(fitted) == 2
-    for d, f in zip(deployed, fitted):
+    for d, f in zip(deployed, fitted, strict=True):
         for key, value in f.items():  # accuracies, losses, teacher, weights, analytic bytes, ...: all but times
             if not key.startswith("time/"):
                 assert close(d[key], value), key

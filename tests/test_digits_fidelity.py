@@ -7,13 +7,13 @@ import warnings
 import pytest
 import torch
 
+from fdlit.config import parse_fit
 from fdlit.methods import (
     LKD,
     ProbabilityAveraging,
     SmoothedUncertaintyWeighted,
     UncertaintyWeighted,
 )
-from fdlit.config import parse_fit
 from fdlit.runs.experiment import Experiment
 
 

@@ -60,7 +60,7 @@ def test_fednova_with_equal_local_steps_is_fedavg_and_with_unequal_steps_is_not(
     ctx = ServerContext(FederationInfo(1, 0, 2, 2, torch.zeros(1, 1)))
 
     def uploads(taus):
-        return [{"normalised_update": (x - y) / t, "local_steps": torch.tensor(t)} for y, t in zip(ys, taus)]
+        return [{"normalised_update": (x - y) / t, "local_steps": torch.tensor(t)} for y, t in zip(ys, taus, strict=True)]
 
     fedavg = 0.25 * ys[0] + 0.75 * ys[1]
     torch.testing.assert_close(method.aggregate(uploads([5, 5]), ctx).broadcast["parameters"], fedavg)

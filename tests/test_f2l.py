@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from fdlit.errors import ConfigError
 from fdlit.methods import F2L, LKD
 from fdlit.methods.base import context_for
-from fdlit.errors import ConfigError
 
 
 def uploads(m=6, n=40, c=5, seed=0):

@@ -5,11 +5,11 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
+from fdlit.errors import ConfigError
 from fdlit.methods import F2L, F2LParams
 from fdlit.methods.base import FederationInfo, ServerContext, context_for
 from fdlit.methods.f2l_fedavg import class_auc
 from fdlit.methods.fedavg import exchanged_tensors, flatten
-from fdlit.errors import ConfigError
 from tests.test_parameter_exchange import loop_for
 
 

@@ -1,16 +1,15 @@
 """configs/fashion_mnist.yaml and every rule of scripts/fashion_mnist_study.py run end to end on tiny IDX
 files in the real format (4 clients, 1 round), with validation selection, so the study cannot fail on a flag."""
 
-import paper_fixtures  # noqa: F401  (offline HF env first)
-
 import sys
 from pathlib import Path
 
+import paper_fixtures  # noqa: F401  (offline HF env first)
 import pytest
+from test_local_files import idx_folder
 
 from fdlit.config import parse_fit
 from fdlit.runs.experiment import Experiment
-from test_local_files import idx_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from fdlit.methods import ProbabilityAveraging, UncertaintyWeighted
-from fdlit.methods.base import ClientPart
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.federation import FederationLoop, NumericalFault
 from fdlit.federation.construction import eval_rows
+from fdlit.methods import ProbabilityAveraging, UncertaintyWeighted
+from fdlit.methods.base import ClientPart
 from fdlit.models import MLP
 
 
@@ -177,7 +177,7 @@ def test_float64_precision_runs_with_the_uwa_calibration_hook(fast_args):
         loop.fit()
         assert next(loop.clients[0].model.parameters()).dtype == torch.float64
         histories.append(loop.history)
-    for a, b in zip(*histories):
+    for a, b in zip(*histories, strict=True):
         assert a["after_public/global_acc_mean"] == pytest.approx(b["after_public/global_acc_mean"], abs=1e-9)
         assert a["teacher/acc"] == pytest.approx(b["teacher/acc"], abs=1e-9)
 

@@ -44,8 +44,9 @@ def test_every_former_class_name_resolves_to_the_current_class_with_a_warning():
 def test_the_former_package_is_the_same_modules_not_copies():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        import fdlit.aggregators as old
         from fdlit.aggregators.uncertainty import SmoothedUncertaintyWeighted as OldModuleClass
+
+        import fdlit.aggregators as old
 
     import fdlit.methods.uncertainty as current
 

@@ -4,11 +4,11 @@ at toy size: they change speed, not what is computed."""
 import pytest
 import torch
 
-from fdlit.methods import ProbabilityAveraging
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import SequentialExecutor, VectorizedExecutor
 from fdlit.federation import FederationLoop
+from fdlit.methods import ProbabilityAveraging
 
 EXECUTORS = {"sequential": SequentialExecutor, "vectorized": VectorizedExecutor}
 
@@ -25,8 +25,8 @@ def run(executor, rounds=1, model="SmallCNN", **kw):
 
 
 def max_weight_difference(a, b):
-    return max((x - y).abs().max().item() for ca, cb in zip(a.clients, b.clients)
-               for x, y in zip(ca.model.parameters(), cb.model.parameters()))
+    return max((x - y).abs().max().item() for ca, cb in zip(a.clients, b.clients, strict=True)
+               for x, y in zip(ca.model.parameters(), cb.model.parameters(), strict=True))
 
 
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])

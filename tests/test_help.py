@@ -10,7 +10,7 @@ from jsonargparse import ArgumentParser
 import fdlit.methods as aggregators
 from fdlit import cli
 from fdlit.methods import Aggregator
-from fdlit.models import BertClassifier, ClientNetwork, LeNet5, MLP, ResNet18, SmallCNN
+from fdlit.models import MLP, BertClassifier, ClientNetwork, LeNet5, ResNet18, SmallCNN
 
 
 def _help(capsys, *args: str) -> str:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from damage import flip_tensor_bytes
+
 from fdlit.cli import main
 from fdlit.clients import ClientModule  # noqa: F401 (imported up front, as a run does: Lightning takes seconds)
 from fdlit.runs.checkpoint import load_checkpoint, resume_hint

@@ -1,6 +1,6 @@
 """KuLSIF's solver: a float32 Cholesky factor refined in float64 gives float64's answer (the closed
-form solved by a general float64 LU, as Kanamori et al. 2012 write it), and shared squared
-distances change nothing."""
+form solved by a general float64 LU, as Kanamori et al. 2012 write it), float32 squared distances
+stay within float32's rounding of it, and shared squared distances change nothing."""
 
 import pytest
 import torch
@@ -27,9 +27,35 @@ def test_solver_matches_the_float64_closed_form(lam):
     aux = torch.rand(300, 16, generator=g, dtype=torch.float64) * 6 - 3
     x = torch.randn(200, 16, generator=g)
     expected = float64_reference(local, aux, x, lam)
-    got = KuLSIF.fit(local, aux, lam=lam)(x)
+    got = KuLSIF.fit(local, aux, lam=lam, dtype=torch.float64)(x)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12 * float(expected.abs().max()))
+
+
+@pytest.mark.parametrize("offset", [0.0, 100.0])  # far from the origin: norms >> spread (why they are centred)
+def test_float32_squared_distances_stay_within_float32_rounding_of_float64(offset):
+    g = torch.Generator().manual_seed(0)
+    local = torch.randn(80, 16, generator=g) + offset
+    aux = torch.rand(300, 16, generator=g, dtype=torch.float64) * 6 - 3 + offset
+    x = torch.randn(200, 16, generator=g) + offset
+    assert kulsif.kernel_dtype(None, len(aux)) == torch.float32  # the default regulariser takes this path
+    expected = float64_reference(local, aux, x)
+    fitted = KuLSIF.fit(local, aux)
+    got = fitted(x)
+    assert fitted.dtype == torch.float32 and got.dtype == torch.float64
+    scale = float(expected.abs().max())
+    err = float((got - expected).abs().max()) / scale
+    assert 1e-13 < err < 1e-5  # float32's rounding is there, and small
+    threshold = torch.quantile(expected, 0.25)  # what a selector does with r: no point near it flips
+    clear = (expected - threshold).abs() > 1e-5 * scale
+    assert torch.equal((got > threshold)[clear], (expected > threshold)[clear])
+
+
+def test_float32_distances_only_where_the_system_is_well_conditioned():
+    assert kulsif.kernel_dtype(None, 1000) == torch.float32  # 1 + 1000^0.9 ~ 502
+    assert kulsif.kernel_dtype(0.05, 10) == torch.float32
+    assert kulsif.kernel_dtype(1.0 / kulsif.FLOAT32_KERNEL_MAX_CONDITION / 2, 10) == torch.float64
+    assert kulsif.kernel_dtype(None, 100_000) == torch.float64
 
 
 def test_float32_factor_is_used_only_when_well_conditioned(monkeypatch):
@@ -48,6 +74,6 @@ def test_shared_squared_distances_give_the_same_estimator():
     g = torch.Generator().manual_seed(1)
     local, aux, x = torch.randn(60, 8, generator=g), torch.randn(150, 8, generator=g), torch.randn(40, 8, generator=g)
     alone = KuLSIF.fit(local, aux)
-    shared = KuLSIF.fit(local, aux, aux_sq_dists=squared_distances(aux, aux))
+    shared = KuLSIF.fit(local, aux, aux_sq_dists=squared_distances(aux, aux, alone.dtype))
     assert torch.equal(alone.alpha, shared.alpha)
-    assert torch.equal(alone(x), shared(x, aux_sq_dists=squared_distances(x, aux)))
+    assert torch.equal(alone(x), shared(x, aux_sq_dists=squared_distances(x, aux, alone.dtype)))

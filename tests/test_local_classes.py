@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from fdlit.methods import Oracle
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
+from fdlit.methods import Oracle
 
 
 def test_a_single_sample_of_a_class_no_longer_makes_it_local():
@@ -32,7 +32,7 @@ def find_singletons(d: FederatedData) -> list[tuple[int, int]]:
     out = []
     for c in d.clients:
         values, counts = np.unique(d.pool.y.numpy()[c.pool_index], return_counts=True)
-        out += [(c.client_id, int(v)) for v, n in zip(values, counts) if n == 1]
+        out += [(c.client_id, int(v)) for v, n in zip(values, counts, strict=True) if n == 1]
     return out
 
 

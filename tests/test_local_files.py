@@ -1,14 +1,13 @@
 """Datasets from their original files: IDX (MNIST, Fashion-MNIST; gzipped or not) and the CIFAR python
 batches, written here in the real formats; the real Fashion-MNIST files where Debian's package is installed."""
 
-import paper_fixtures  # noqa: F401  (offline HF env first)
-
 import gzip
 import pickle
 import struct
 from pathlib import Path
 
 import numpy as np
+import paper_fixtures  # noqa: F401  (offline HF env first)
 import pytest
 import torch
 

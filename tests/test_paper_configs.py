@@ -1,13 +1,12 @@
 """The shipped paper configs carry the papers' settings (docs/algorithms.md "Paper settings to reproduce"),
 and a paper run without its data fails cleanly before any run directory or W&B run exists."""
 
-import paper_fixtures  # noqa: F401  (offline HF env first)
-
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import paper_fixtures  # noqa: F401  (offline HF env first)
 import pytest
 
 from fdlit.config import parse_fit

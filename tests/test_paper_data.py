@@ -1,15 +1,14 @@
 """Paper dataset loaders on tiny local copies in the real on-disk formats (save_to_disk, hub parquet)."""
 
-import paper_fixtures  # noqa: F401  (offline HF env first)
-
 import numpy as np
+import paper_fixtures  # noqa: F401  (offline HF env first)
 import pytest
 import torch
+from paper_fixtures import image_dataset_dict, local_bert, save_parquet_hub_layout, yahoo_dataset_dict
 
 from fdlit.data import FederatedData, load_dataset
 from fdlit.data.augment import ImageInput, random_crop_flip
 from fdlit.data.hub import HUB_DATASETS, DatasetUnavailable
-from paper_fixtures import image_dataset_dict, local_bert, save_parquet_hub_layout, yahoo_dataset_dict
 
 
 @pytest.fixture(autouse=True)

@@ -2,15 +2,14 @@
 LeNet-5, BERT-tiny's wrapper on a tiny local BERT, heterogeneous per-client networks."""
 
 import paper_fixtures  # noqa: F401  (offline HF env first)
-
 import pytest
 import torch
+from paper_fixtures import local_bert
 
 from fdlit.errors import ConfigError
-from fdlit.models.build import build_model
 from fdlit.models import LeNet5, PerClient, ResNet18
+from fdlit.models.build import build_model
 from fdlit.models.resnet import WeightsUnavailable
-from paper_fixtures import local_bert
 
 
 def test_resnet18_cifar_form():

@@ -6,14 +6,14 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fdlit.methods import FedAvg, FedProx, Scaffold
-from fdlit.methods.fedavg import flatten
-from fdlit.methods.fedprox import FedProxClient
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import SequentialExecutor, VectorizedExecutor
 from fdlit.federation import FederationLoop
+from fdlit.methods import FedAvg, FedProx, Scaffold
+from fdlit.methods.fedavg import flatten
+from fdlit.methods.fedprox import FedProxClient
 
 MLP16 = {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}}
 
@@ -71,7 +71,7 @@ def test_after_the_exchange_every_client_holds_the_weighted_average():
     loop.aggregator = Spy()
     loop.fit()
     n = torch.tensor([len(cd.train.y) for cd in loop.data.clients], dtype=torch.float64)
-    expected = sum(w * u.double() for w, u in zip(n / n.sum(), uploads)).float()
+    expected = sum(w * u.double() for w, u in zip(n / n.sum(), uploads, strict=True)).float()
     assert not torch.equal(uploads[0], uploads[1])
     for i in range(4):
         torch.testing.assert_close(params(loop, i), expected)
@@ -138,15 +138,15 @@ def test_scaffold_two_rounds_of_one_full_batch_step_by_hand():
     def grad(flat, x, y):
         flat = flat.clone().requires_grad_(True)
         tensors = torch.split(flat, [s.numel() for s in shapes])
-        named = {k: t.view(s) for k, t, s in zip(names, tensors, shapes)}
+        named = {k: t.view(s) for k, t, s in zip(names, tensors, shapes, strict=True)}
         F.cross_entropy(functional_call(model, named, (x,)), y).backward()
         return flat.grad
 
     g0 = [grad(x0, x, y) for x, y in data]
-    x1 = sum(wi * (x0 - lr * g) for wi, g in zip(w, g0))
+    x1 = sum(wi * (x0 - lr * g) for wi, g in zip(w, g0, strict=True))
     c1 = sum(g0) / 2  # c_i = (x0 - y_i) / (1 * lr) = g_i(x0)
-    y2 = [x1 - lr * (grad(x1, x, y) + c1 - g) for (x, y), g in zip(data, g0)]
-    x2 = sum(wi * y for wi, y in zip(w, y2))
+    y2 = [x1 - lr * (grad(x1, x, y) + c1 - g) for (x, y), g in zip(data, g0, strict=True)]
+    x2 = sum(wi * y for wi, y in zip(w, y2, strict=True))
 
     loop.fit()
     torch.testing.assert_close(params(loop, 0), x2, rtol=1e-4, atol=1e-6)

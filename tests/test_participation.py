@@ -6,10 +6,10 @@ import copy
 import pytest
 import torch
 
-from fdlit.methods import FedGO, Oracle
-from fdlit.methods.base import FederationInfo, ServerContext, context_for
 from fdlit.config import parse_fit
 from fdlit.federation.participation import Participation
+from fdlit.methods import FedGO, Oracle
+from fdlit.methods.base import FederationInfo, ServerContext, context_for
 from fdlit.runs.experiment import Experiment
 
 SEQ, VEC = "fdlit.execution.SequentialExecutor", "fdlit.execution.VectorizedExecutor"
@@ -82,7 +82,7 @@ def same(a, b):
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 

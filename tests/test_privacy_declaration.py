@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import fdlit.methods
-from fdlit.methods import ProbabilityAveraging
-from fdlit.methods.base import Aggregator, ClientPart, context_for
 from fdlit.cli import main
 from fdlit.errors import ConfigError
+from fdlit.methods import ProbabilityAveraging
+from fdlit.methods.base import Aggregator, ClientPart, context_for
 from fdlit.privacy import UploadPrivacy
 from tests.test_composition import fit_loop, tiny
 

@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-from fdlit.methods import SmoothedUncertaintyWeighted
-from fdlit.methods.base import ClientPart
 from fdlit.callbacks import FederationCallback
 from fdlit.config import parse_fit
-from fdlit.runs.experiment import Experiment
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import RayExecutor, SequentialExecutor, VectorizedExecutor
 from fdlit.execution import ray_executor as ray_executor_module
-from fdlit.federation import FederationLoop
 from fdlit.execution.ray_executor import plan_actors
+from fdlit.federation import FederationLoop
+from fdlit.methods import SmoothedUncertaintyWeighted
+from fdlit.methods.base import ClientPart
+from fdlit.runs.experiment import Experiment
 
 
 class NoisyLogitsClient(ClientPart):
@@ -66,8 +66,9 @@ class StateRoundTrip(FederationCallback):
     checked = False
 
     def on_round_end(self, loop, round, metrics):
-        import fdlit
         import ray
+
+        import fdlit
 
         executor = loop.executor
         if round != 1 or not isinstance(executor, RayExecutor):
@@ -118,7 +119,7 @@ def test_ray_reproduces_sequential_metrics_and_final_state(tmp_path, ray_local):
     assert [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in ray_loop.ledger.messages] == \
         [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in seq.ledger.messages]
     # teardown handed the actors' final clients back to the driver: weights, Adam state, generators
-    for a, b in zip(seq.clients, ray_loop.clients):
+    for a, b in zip(seq.clients, ray_loop.clients, strict=True):
         sa, sb = a.client_state(), b.client_state()
         assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
         assert torch.equal(sa["generator"], sb["generator"])
@@ -133,12 +134,12 @@ def test_ray_reproduces_sequential_metrics_and_final_state(tmp_path, ray_local):
     assert executor.actor_executor == "vectorized"
     # the same vectorized code, but stacks of 2 clients per actor against one of 4: vmapped matmuls
     # over different batch counts may round differently in the last bit
-    for a, b in zip(comparable(ray_vec.history), comparable(vec.history)):
+    for a, b in zip(comparable(ray_vec.history), comparable(vec.history), strict=True):
         assert a.keys() == b.keys()
         for key in a:
             assert np.asarray(a[key], dtype=float) == pytest.approx(
                 np.asarray(b[key], dtype=float), rel=1e-5, abs=1e-6, nan_ok=True), key
-    for a, b in zip(ray_vec.history, seq.history):
+    for a, b in zip(ray_vec.history, seq.history, strict=True):
         assert a["after_public/global_acc_mean"] == pytest.approx(b["after_public/global_acc_mean"], abs=0.02)
 
 
@@ -222,8 +223,8 @@ def server_state_in(obj, seen=None) -> list[str]:
 
 @pytest.mark.parametrize("method", ["scaffold", "feddf"])
 def test_actors_get_the_client_part_only_never_the_server_state(tmp_path, ray_local, method):
-    from fdlit.methods import FedDF, Scaffold
     from fdlit.clients import ClientOptimization
+    from fdlit.methods import FedDF, Scaffold
 
     executor = ShippedParts(actor_executor="sequential")
     executor.shipped = []

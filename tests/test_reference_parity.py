@@ -39,7 +39,7 @@ def test_avg_and_suwa_match_the_reference_round_by_round(ref):
     for agg in ("avg", "suwa"):
         ours, theirs = result[agg]["fdlit"], result[agg]["reference"]
         assert len(ours) == len(theirs) == 3
-        for a, b in zip(ours, theirs):
+        for a, b in zip(ours, theirs, strict=True):
             assert a["acc"] == pytest.approx(b["acc"], abs=1e-6), (agg, a, b)
             assert a["teacher"] == pytest.approx(b["teacher"], abs=1e-6), (agg, a, b)
             assert a["chi"] == pytest.approx(b["chi"], rel=1e-4), (agg, a, b)

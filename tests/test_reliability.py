@@ -12,16 +12,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from fdlit.methods import UncertaintyWeighted
-from fdlit.methods.base import context_for
-from fdlit.methods.density import DiagonalGaussianMixture
 from fdlit.callbacks import FederationCallback
 from fdlit.cli import main
 from fdlit.config import parse_fit
 from fdlit.federation import NumericalFault
+from fdlit.methods import UncertaintyWeighted
+from fdlit.methods.base import context_for
+from fdlit.methods.density import DiagonalGaussianMixture
 from fdlit.runs import read_jsonl
 from fdlit.runs.checkpoint import (
-    CheckpointError, checkpoint_state, load_checkpoint, pack_client_states, save_checkpoint, unpack_client_states,
+    CheckpointError,
+    checkpoint_state,
+    load_checkpoint,
+    pack_client_states,
+    save_checkpoint,
+    unpack_client_states,
 )
 from fdlit.runs.directory import CHECKPOINT as CHECKPOINT_NAME
 from fdlit.runs.experiment import Experiment
@@ -92,7 +97,7 @@ def test_sigkill_mid_round_then_resume_matches_uninterrupted(tmp_path):
     final_ref = json.loads((ref_run / "summary.json").read_text())
     assert final["finished"] and final["final_global_acc_mean"] == final_ref["final_global_acc_mean"]
     a, b = load_checkpoint(run)["loop"], load_checkpoint(ref_run)["loop"]
-    for ca, cb in zip(a["clients"], b["clients"]):
+    for ca, cb in zip(a["clients"], b["clients"], strict=True):
         for key in ca["model"]:
             assert torch.equal(ca["model"][key], cb["model"][key])
 
@@ -194,7 +199,7 @@ def assert_same_state(a, b, where="state"):
             assert_same_state(a[k], b[k], f"{where}.{k}")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same_state(x, y, f"{where}[{i}]")
     else:
         assert a == b or (a != a and b != b), where  # NaN equals NaN here

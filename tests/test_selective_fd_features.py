@@ -4,12 +4,12 @@ refitted every round, or a frozen pretrained backbone), and a fresh public sampl
 import pytest
 import torch
 
-from fdlit.methods import SelectiveFD
-from fdlit.methods.base import ClientContext
-from fdlit.methods.selective import penultimate_features
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
+from fdlit.methods import SelectiveFD
+from fdlit.methods.base import ClientContext
+from fdlit.methods.selective import penultimate_features
 
 
 def tiny(aggregator, rounds=2):

@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
+from fdlit.clients import ClientModule, ClientOptimization
+from fdlit.config import parse_fit
 from fdlit.methods.base import context_for
 from fdlit.methods.fedmd import FedMDDigest
 from fdlit.methods.fedmd_client import FedMDClient
-from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.models import MLP
-from fdlit.config import parse_fit
 from fdlit.runs.experiment import Experiment
 from tests.test_composition import fit_loop, tiny
 
@@ -37,7 +37,7 @@ def same(a, b):
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 

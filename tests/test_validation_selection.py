@@ -9,11 +9,11 @@ import pytest
 import torch
 import yaml
 
-from fdlit.methods import ProbabilityAveraging
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
 from fdlit.federation.measurement import selected
+from fdlit.methods import ProbabilityAveraging
 from fdlit.report import load_runs, write_report
 
 
@@ -40,7 +40,7 @@ def test_no_validation_by_default_and_every_split_is_as_before():
     a = FederatedData(num_clients=6, classes_per_client=2, public_size=200).setup(3)
     b = FederatedData(num_clients=6, classes_per_client=2, public_size=200, validation_size=0).setup(3)
     assert a.validation is None and b.validation is None
-    for ca, cb in zip(a.clients, b.clients):
+    for ca, cb in zip(a.clients, b.clients, strict=True):
         assert np.array_equal(ca.pool_index, cb.pool_index) and torch.equal(ca.train.y, cb.train.y)
 
 

@@ -1,17 +1,18 @@
 """VectorizedExecutor computes what SequentialExecutor computes, on tiny CPU federations."""
 
 import math
+
 import pytest
 import torch
 from lightning.fabric import Fabric
 from torch import nn
 
-from fdlit.methods import ProbabilityAveraging, SmoothedUncertaintyWeighted
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import SequentialExecutor, VectorizedExecutor, select_executor
 from fdlit.federation import FederationLoop
+from fdlit.methods import ProbabilityAveraging, SmoothedUncertaintyWeighted
 from fdlit.models import MLP, SmallCNN
 
 # sizes chosen so clients have different numbers of batches and one ends an epoch with a single
@@ -55,10 +56,10 @@ def run_phases(executor, clients, phases=("private", "public", "private")):
 
 
 def assert_same_clients(a, b, atol=1e-5):
-    for ca, cb in zip(a, b):
-        for (name, pa), pb in zip(ca.model.named_parameters(), cb.model.parameters()):
+    for ca, cb in zip(a, b, strict=True):
+        for (name, pa), pb in zip(ca.model.named_parameters(), cb.model.parameters(), strict=True):
             torch.testing.assert_close(pa, pb, atol=atol, rtol=1e-4, msg=f"client {ca.client_id} {name}")
-        for (name, ba), bb in zip(ca.model.named_buffers(), cb.model.buffers()):  # BatchNorm statistics
+        for (name, ba), bb in zip(ca.model.named_buffers(), cb.model.buffers(), strict=True):  # BatchNorm statistics
             torch.testing.assert_close(ba, bb, atol=atol, rtol=1e-4, msg=f"client {ca.client_id} {name}")
         sa, sb = ca.configure_optimizers().state_dict(), cb.configure_optimizers().state_dict()
         assert sa["state"].keys() == sb["state"].keys()
@@ -74,7 +75,7 @@ def assert_executors_agree(seq_clients, vec_clients):
     """Train the same phases on both executors: same losses, predictions and client state."""
     seq_losses, seq_pred = run_phases(SequentialExecutor(), seq_clients)
     vec_losses, vec_pred = run_phases(VectorizedExecutor(), vec_clients)
-    for a, b in zip(seq_losses, vec_losses):
+    for a, b in zip(seq_losses, vec_losses, strict=True):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     torch.testing.assert_close(seq_pred, vec_pred, atol=1e-4, rtol=1e-4)
     assert_same_clients(seq_clients, vec_clients)
@@ -190,11 +191,11 @@ def test_image_input_module_runs_per_client_and_matches_sequential(bn, precision
         results.append((cs, losses, executor.predict(cs, public[0])))
     (seq, seq_losses, seq_pred), (vec, vec_losses, vec_pred) = results
     assert select_executor(vec).__class__ is VectorizedExecutor
-    for a, b in zip(seq_losses, vec_losses):
+    for a, b in zip(seq_losses, vec_losses, strict=True):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     torch.testing.assert_close(seq_pred, vec_pred, atol=max(atol, 1e-6), rtol=1e-4)
     assert_same_clients(seq, vec, atol=atol)
-    for a, b in zip(seq, vec):  # the augmentation streams advanced identically
+    for a, b in zip(seq, vec, strict=True):  # the augmentation streams advanced identically
         assert torch.equal(a.model.input._generator.get_state(), b.model.input._generator.get_state())
     assert all(c.model.training for c in vec)  # predict restored the training mode
 
@@ -247,7 +248,7 @@ def test_batchnorm_statistics_stay_per_client():
     vec_clients = make_clients(lambda i: TinyBN(), opt)
     seq_losses, seq_pred = run_phases(SequentialExecutor(), seq_clients)
     vec_losses, vec_pred = run_phases(VectorizedExecutor(), vec_clients)
-    for a, b in zip(seq_losses, vec_losses):
+    for a, b in zip(seq_losses, vec_losses, strict=True):
         assert a == pytest.approx(b, rel=1e-5)
     torch.testing.assert_close(seq_pred, vec_pred, atol=1e-4, rtol=1e-4)
     assert_same_clients(seq_clients, vec_clients)
@@ -335,7 +336,7 @@ def test_federation_metrics_match_sequential(tmp_path, model, aggregator):
         loops.append(loop)
     assert isinstance(loops[1].executor, VectorizedExecutor)
     assert len({len(cd.train.x) for cd in loops[0].data.clients}) > 1
-    for a, b in zip(*histories):
+    for a, b in zip(*histories, strict=True):
         for key, value in a.items():
             if key.startswith(("time/", "comm/")):
                 continue
@@ -365,8 +366,8 @@ def test_cli_knob_chooses_the_executor():
 
 # ---------------------------------------------------------------------------------- client chunks
 def assert_identical_clients(a, b):
-    for ca, cb in zip(a, b):
-        for (name, ta), tb in zip(ca.model.state_dict().items(), cb.model.state_dict().values()):
+    for ca, cb in zip(a, b, strict=True):
+        for (name, ta), tb in zip(ca.model.state_dict().items(), cb.model.state_dict().values(), strict=True):
             assert torch.equal(ta, tb), f"client {ca.client_id} {name}"
         sa, sb = ca.configure_optimizers().state_dict()["state"], cb.configure_optimizers().state_dict()["state"]
         assert sa.keys() == sb.keys()
@@ -411,7 +412,7 @@ def test_automatic_chunk_from_free_memory():
     per_client = client_memory_bytes(client, batch)
     # activations: flatten 64, linear 24, relu 24, dropout 24, linear 10 floats per sample (leaf modules), twice
     assert per_client > 4 * params and per_client - 4 * params == 2 * 16 * 4 * (64 + 24 + 24 + 24 + 10)
-    assert all(torch.equal(a, b) for a, b in zip(before, client.model.parameters())) and client.model.training
+    assert all(torch.equal(a, b) for a, b in zip(before, client.model.parameters(), strict=True)) and client.model.training
     assert auto_chunk_size(10 * per_client, per_client) == 7  # 70 % of the free memory
     assert auto_chunk_size(per_client // 2, per_client) == 1  # never 0
     with pytest.raises(ConfigError, match="federation.executor.chunk_size"):

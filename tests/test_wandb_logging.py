@@ -230,7 +230,7 @@ def test_every_sweep_file_gives_the_agent_a_command_line_fdlit_parses(name, tmp_
     spec = yaml.safe_load(path.read_text())
     assert spec["program"] and spec["command"][-1] == "${args}"
     combos = expand_grid(spec)[:2]
-    for (command, env), values in zip(agent_command_lines(spec, combos, monkeypatch, tmp_path), combos):
+    for (command, env), values in zip(agent_command_lines(spec, combos, monkeypatch, tmp_path), combos, strict=True):
         assert command[:5] == ["/usr/bin/env", "python", "-m", "fdlit", "fit"]
         assert command[-len(values):] == [f"--{k}={v}" for k, v in values.items()]  # ${args}, last: they win
         assert (tmp_path / env["WANDB_SWEEP_PARAM_PATH"]).exists()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +13,7 @@ from fdlit.clients.options import OPTIMIZERS, ClientOptimization  # noqa: F401 (
 Phase = Literal["private", "public"]
 
 
-def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
     """Mean cross-entropy against integer labels or probabilities (soft targets).
 
     With ``weight`` (per sample): ``sum(w * ce) / sum(w)``, written as log_softmax + gather / sum so
@@ -67,30 +67,30 @@ class ClientModule(nn.Module):
         self.generator = torch.Generator().manual_seed(seed * 1_000_003 + client_id)
         self.method_state: dict[str, torch.Tensor] = {}
         self.method_part = None  # the method's ClientPart, whose ``loss`` hook shapes both losses
-        self._optimizer: Optional[torch.optim.Optimizer] = None
+        self._optimizer: torch.optim.Optimizer | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
     def private_loss(self, logits: torch.Tensor, labels: torch.Tensor,
-                     weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     weight: torch.Tensor | None = None) -> torch.Tensor:
         """The private step's loss: CE against integer labels (``weight``: see :func:`cross_entropy`),
         as the method's client part makes it (e.g. plus FedProx's proximal term)."""
         return self.method_loss("private", logits, labels, weight, cross_entropy(logits, labels, weight))
 
     def public_loss(self, logits: torch.Tensor, teacher: torch.Tensor,
-                    weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    weight: torch.Tensor | None = None) -> torch.Tensor:
         """The public step's loss: CE(P || softmax(logits)) against the teacher's probabilities, as
         the method's client part makes it (e.g. FedMD's digest instead)."""
         return self.method_loss("public", logits, teacher, weight, cross_entropy(logits, teacher, weight))
 
     def method_loss(self, phase: Phase, logits: torch.Tensor, target: torch.Tensor,
-                    weight: Optional[torch.Tensor], base: torch.Tensor) -> torch.Tensor:
+                    weight: torch.Tensor | None, base: torch.Tensor) -> torch.Tensor:
         part = self.method_part
         return base if part is None else part.loss(self, phase, logits, target, weight, base)
 
     def phase_loss(self, logits: torch.Tensor, target: torch.Tensor,
-                   weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   weight: torch.Tensor | None = None) -> torch.Tensor:
         loss = self.private_loss if self.phase == "private" else self.public_loss
         return loss(logits, target, weight)
 

@@ -3,7 +3,7 @@ so that parsing a config and ``fdlit fit --help`` stay light."""
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 
@@ -33,11 +33,11 @@ class ClientOptimization:
         self,
         optimizer: Literal["adam", "adamw", "sgd"] = "adam",
         lr: float = 1e-3,
-        public_lr: Optional[float] = None,
+        public_lr: float | None = None,
         weight_decay: float = 0.0,
         momentum: float = 0.0,
         batch_size: int = 32,
-        public_batch_size: Optional[int] = None,
+        public_batch_size: int | None = None,
         fused: bool = False,
     ):
         if optimizer not in OPTIMIZERS:

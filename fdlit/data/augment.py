@@ -14,13 +14,13 @@ so augmentation is reproducible per client and independent of other clients.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 
-def random_crop_flip(x: torch.Tensor, padding: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def random_crop_flip(x: torch.Tensor, padding: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Random ``padding``-pixel translation (zero padding, i.e. crop of the padded image) + horizontal
     flip with probability 1/2, per sample, batched; works on any dtype, on x's device."""
     n, _, h, w = x.shape
@@ -58,8 +58,8 @@ class ImageInput(nn.Module):
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         self.augment, self.padding, self.seed = augment, padding, seed
-        self._generator: Optional[torch.Generator] = None
-        self._generator_device: Optional[torch.device] = None
+        self._generator: torch.Generator | None = None
+        self._generator_device: torch.device | None = None
 
     def _gen(self, device: torch.device) -> torch.Generator:
         # compared with the device it was made for (a CUDA generator may report "cuda" for "cuda:0"),

@@ -9,7 +9,7 @@ on; UWA fits its density model there, Kovalchuk et al. 2026, Sec. 4.4) and its c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Literal
 
 import numpy as np
 import torch
@@ -24,7 +24,6 @@ from fdlit.data.partition import (
     stratified_holdout,
 )
 from fdlit.errors import ConfigError, check_at_least
-
 
 DEFAULT_CLASSES_PER_CLIENT = 2
 MIN_PRIVATE_PER_CLIENT = 3  # 2 training samples and 1 calibration sample
@@ -92,20 +91,20 @@ class FederatedData:
         dataset: str = "digits",
         num_clients: int = 10,
         partition: Literal["classes", "dirichlet"] = "classes",
-        classes_per_client: Optional[int] = None,
+        classes_per_client: int | None = None,
         dirichlet_alpha: float = 0.5,
-        samples_per_client: Optional[int] = None,
+        samples_per_client: int | None = None,
         public_size: int = 500,
         test_fraction: float = 0.2,
         calibration_fraction: float = 0.2,
         calibration: Literal["split", "augmented"] = "split",
-        data_dir: Optional[str] = None,
-        augment: Optional[bool] = None,
-        max_train_samples: Optional[int] = None,
+        data_dir: str | None = None,
+        augment: bool | None = None,
+        max_train_samples: int | None = None,
         tokenizer: str = "prajjwal1/bert-tiny",
         max_length: int = 256,
         class_assignment: Literal["random", "cyclic"] = "random",
-        validation_size: Union[int, float] = 0,
+        validation_size: int | float = 0,
         local_class_min_samples: int = 2,
     ):
         check_at_least("data.num_clients", num_clients, 1)
@@ -167,7 +166,7 @@ class FederatedData:
         self.local_class_min_samples = local_class_min_samples
         self.is_setup = False
 
-    def setup(self, seed: int) -> "FederatedData":
+    def setup(self, seed: int) -> FederatedData:
         """Load the dataset and build every split; raises ConfigError before any training."""
         rng = np.random.default_rng([seed, 0xFD])
         loaded = load_dataset(self.dataset, data_dir=self.data_dir, augment=self.augment,

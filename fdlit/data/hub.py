@@ -29,7 +29,6 @@ import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -52,7 +51,7 @@ class HubSpec:
     repo_id: str
     label: str
     num_classes: int
-    image: Optional[str] = None  # image column (datasets.Image)
+    image: str | None = None  # image column (datasets.Image)
     text: tuple[str, ...] = ()  # text columns, concatenated with " " (Kovalchuk et al. 2026, App. A.2)
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
@@ -94,7 +93,7 @@ def _cache_root() -> Path:
     return Path(os.environ.get("FDLIT_CACHE", Path.home() / ".cache" / "fdlit"))
 
 
-def load_hub_splits(spec: HubSpec, data_dir: Optional[str] = None):
+def load_hub_splits(spec: HubSpec, data_dir: str | None = None):
     """Return ``{"train": datasets.Dataset, "test": datasets.Dataset}`` from data_dir, the cache or the hub."""
     try:
         import datasets as hf
@@ -158,7 +157,7 @@ def _images_to_uint8(ds, column: str) -> torch.Tensor:
     return (x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2)).contiguous()
 
 
-def _stratified_limit(labels: np.ndarray, limit: Optional[int], num_classes: int) -> Optional[np.ndarray]:
+def _stratified_limit(labels: np.ndarray, limit: int | None, num_classes: int) -> np.ndarray | None:
     """A fixed (seed-independent), class-balanced subset of at most ``limit`` rows, sorted."""
     if limit is None or limit >= len(labels):
         return None
@@ -173,9 +172,9 @@ def _stratified_limit(labels: np.ndarray, limit: Optional[int], num_classes: int
 
 def load_hub_dataset(
     name: str,
-    data_dir: Optional[str] = None,
-    augment: Optional[bool] = None,
-    max_train_samples: Optional[int] = None,
+    data_dir: str | None = None,
+    augment: bool | None = None,
+    max_train_samples: int | None = None,
     tokenizer: str = "prajjwal1/bert-tiny",
     max_length: int = 256,
 ) -> tuple[TensorDataset, TensorDataset]:
@@ -211,7 +210,7 @@ def concat_text(ds, columns: tuple[str, ...]) -> list[str]:
     """Title + content + best answer, joined with spaces (Kovalchuk et al. 2026, App. A.2);
     missing fields are empty."""
     cols = [ds[c] for c in columns]
-    return [" ".join(s.strip() for s in parts if s and s.strip()) for parts in zip(*cols)]
+    return [" ".join(s.strip() for s in parts if s and s.strip()) for parts in zip(*cols, strict=True)]
 
 
 def load_tokenizer(name_or_path: str):

@@ -20,7 +20,6 @@ import gzip
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -39,8 +38,8 @@ class LocalSource:
     format: str  # "idx", "cifar10" or "cifar100"
     url: str  # the original files (the URLs torchvision downloads from)
     subfolders: tuple[str, ...]  # where the files sit below a given folder (torchvision / tarball layouts)
-    default_dir: Optional[str] = None  # looked in when no data_dir is given
-    apt_package: Optional[str] = None
+    default_dir: str | None = None  # looked in when no data_dir is given
+    apt_package: str | None = None
 
 
 LOCAL_SOURCES: dict[str, LocalSource] = {
@@ -90,20 +89,20 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype, count=count, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
 
 
-def _idx_file(folder: Path, stem: str) -> Optional[Path]:
+def _idx_file(folder: Path, stem: str) -> Path | None:
     for name in (stem, stem + ".gz"):
         if (folder / name).is_file():
             return folder / name
     return None
 
 
-def _read_idx_folder(folder: Path) -> Optional[dict]:
+def _read_idx_folder(folder: Path) -> dict | None:
     paths = {split: [_idx_file(folder, stem) for stem in stems] for split, stems in IDX_FILES.items()}
     found = [p for pair in paths.values() for p in pair if p is not None]
     if not found:
         return None
     if len(found) < 4:
-        missing = [stem for split, stems in IDX_FILES.items() for stem, p in zip(stems, paths[split]) if p is None]
+        missing = [stem for split, stems in IDX_FILES.items() for stem, p in zip(stems, paths[split], strict=True) if p is None]
         raise ConfigError("data.data_dir", f"{folder} holds some IDX files but not {missing} (with or without .gz)")
     out = {}
     for split, (images, labels) in paths.items():
@@ -143,7 +142,7 @@ def _cifar_rows(batches: list[dict], label_key: bytes) -> tuple[np.ndarray, np.n
     return x.reshape(-1, 3, 32, 32), y
 
 
-def _read_cifar_folder(folder: Path, fmt: str) -> Optional[dict]:
+def _read_cifar_folder(folder: Path, fmt: str) -> dict | None:
     if fmt == "cifar10":
         train_files = [folder / f"data_batch_{i}" for i in range(1, 6)]
         test_file, label_key = folder / "test_batch", b"labels"
@@ -159,7 +158,7 @@ def _read_cifar_folder(folder: Path, fmt: str) -> Optional[dict]:
             "test": _cifar_rows([_unpickle(test_file)], label_key)}
 
 
-def find_local_arrays(name: str, folder: Optional[str]) -> Optional[dict]:
+def find_local_arrays(name: str, folder: str | None) -> dict | None:
     """``name``'s splits from ``folder`` (or, when None, the dataset's default location) in an original
     on-disk format; None when no such files are there (the caller then tries the hub)."""
     src = LOCAL_SOURCES.get(name)

@@ -135,10 +135,7 @@ def stratified_holdout(labels: np.ndarray, fraction: float, rng: np.random.Gener
     for c in np.unique(labels):
         idx = rng.permutation(np.flatnonzero(labels == c))
         n_hold = int(round(fraction * len(idx)))
-        if len(idx) >= 2:
-            n_hold = min(max(n_hold, 1), len(idx) - 1)
-        else:
-            n_hold = 0
+        n_hold = min(max(n_hold, 1), len(idx) - 1) if len(idx) >= 2 else 0
         hold.append(idx[:n_hold])
         train.append(idx[n_hold:])
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(hold))

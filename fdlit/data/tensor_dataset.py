@@ -3,8 +3,8 @@ tensor on the training device, so batches are index slices and there are no Data
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 
@@ -19,7 +19,7 @@ class TensorDataset:
     name: str = ""
     # factory of the module that turns stored inputs into network inputs (e.g. uint8 -> normalised
     # float + augmentation, fdlit.data.augment.ImageInput); the loop puts it in front of each model
-    input_transform: Optional[Callable[..., torch.nn.Module]] = None
+    input_transform: Callable[..., torch.nn.Module] | None = None
 
     def __post_init__(self):
         if len(self.x) != len(self.y):
@@ -32,5 +32,5 @@ class TensorDataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x.shape[1:])
 
-    def subset(self, index: torch.Tensor, name: str | None = None) -> "TensorDataset":
+    def subset(self, index: torch.Tensor, name: str | None = None) -> TensorDataset:
         return TensorDataset(self.x[index], self.y[index], self.num_classes, name or self.name, self.input_transform)

@@ -13,7 +13,6 @@ import math
 import signal
 import sys
 from pathlib import Path
-from typing import Optional
 
 from fdlit.errors import ConfigError
 
@@ -81,7 +80,7 @@ def run(options, fit_args: list[str]) -> int:
 
     with work_folder(options.work_dir) as work:
         env = flower_env(work)
-        deployment: Optional[LocalDeployment] = None
+        deployment: LocalDeployment | None = None
         try:
             if options.superlink is None:
                 deployment = LocalDeployment(options.nodes, work)

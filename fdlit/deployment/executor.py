@@ -21,7 +21,8 @@ import sys
 import time
 import warnings
 import weakref
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ class FlowerExecutor(ClientExecutor):
     """
 
     def __init__(self, grid: Any, nodes: int, timeout_s: float = 600.0, node_wait_s: float = 120.0,
-                 threads: Optional[int] = None):
+                 threads: int | None = None):
         self.grid = grid
         self.link = NodeLink(grid, timeout_s, lambda node: sorted(c for c, n in self.node_of.items() if n == node))
         self.nodes = nodes
@@ -55,7 +56,7 @@ class FlowerExecutor(ClientExecutor):
         self._token = Tokens()  # what went down to the nodes once, named afterwards
         self._has: dict[int, set[int]] = {}
         self._names: dict[int, tuple[torch.Tensor, list]] = {}
-        self._latest: Optional[tuple[weakref.ref, dict]] = None  # the last predict's output, its input per node
+        self._latest: tuple[weakref.ref, dict] | None = None  # the last predict's output, its input per node
         self._cache: dict[tuple[int, int], torch.Tensor] = {}  # (id of a named input, client id) -> logits
         self._cpu_reported: dict[int, float] = {}
 
@@ -63,7 +64,7 @@ class FlowerExecutor(ClientExecutor):
         """The loop whose tensors nodes build themselves, and the config they build them from."""
         self.loop, self.config_yaml = loop, config_yaml
 
-    def request(self, op: str, per_node: dict, tolerate: bool = False, timeout_s: Optional[float] = None) -> dict:
+    def request(self, op: str, per_node: dict, tolerate: bool = False, timeout_s: float | None = None) -> dict:
         return self.link.request(op, per_node, self._token.live(), tolerate, timeout_s)
 
     @property
@@ -73,7 +74,7 @@ class FlowerExecutor(ClientExecutor):
     def unreachable(self) -> frozenset[int]:
         return frozenset(c for c, n in self.node_of.items() if n in self.link.lost)
 
-    def _ref(self, obj: Optional[torch.Tensor], node: int, out: dict[str, torch.Tensor]):
+    def _ref(self, obj: torch.Tensor | None, node: int, out: dict[str, torch.Tensor]):
         """How ``node`` finds ``obj``: by name when it builds it itself, else by token (sent once)."""
         if obj is None:
             return None
@@ -175,10 +176,10 @@ class FlowerExecutor(ClientExecutor):
         self._cache = {k: v for k, v in self._cache.items() if k[1] not in changed}
         for node, (_, tensors) in replies.items():
             for k, x in enumerate(inputs):
-                for j, z in zip(groups[node], tensors[f"pred/{k}"]):
+                for j, z in zip(groups[node], tensors[f"pred/{k}"], strict=True):
                     self._cache[(id(x), clients[j].client_id)] = z
 
-    def _cached(self, clients, x) -> Optional[torch.Tensor]:
+    def _cached(self, clients, x) -> torch.Tensor | None:
         named = self._names.get(id(x))
         if named is None or named[0] is not x or any((id(x), c.client_id) not in self._cache for c in clients):
             return None
@@ -199,7 +200,7 @@ class FlowerExecutor(ClientExecutor):
         losses = [math.nan] * len(clients)
         replies = self.request("train", per_node, tolerate=True)
         for node, (meta, _) in replies.items():
-            for j, loss in zip(groups[node], meta["losses"]):
+            for j, loss in zip(groups[node], meta["losses"], strict=True):
                 losses[j] = loss
         self._changed(clients, range(len(clients)), replies, groups, inputs)
         self.report(phase, len(clients), len(clients))
@@ -217,9 +218,9 @@ class FlowerExecutor(ClientExecutor):
             out: dict[str, torch.Tensor] = {}
             refs[node] = self._ref(x, node, out)
             per_node[node] = ({"ids": [clients[j].client_id for j in idx], "x": refs[node]}, out)
-        rows: list[Optional[torch.Tensor]] = [None] * len(clients)
+        rows: list[torch.Tensor | None] = [None] * len(clients)
         for node, (_, tensors) in self.request("predict", per_node, tolerate=True).items():
-            for j, z in zip(groups[node], tensors["logits"]):
+            for j, z in zip(groups[node], tensors["logits"], strict=True):
                 rows[j] = z
         shape = next(z.shape for z in rows if z is not None)
         # unreachable clients: NaN logits (evaluation reports no accuracy for them)
@@ -247,7 +248,7 @@ class FlowerExecutor(ClientExecutor):
         payloads: list[dict] = [{} for _ in clients]
         replies = self.request("hook", per_node)
         for node, (meta, tensors) in replies.items():
-            for pos, (j, keys) in enumerate(zip(groups[node], meta["keys"])):
+            for pos, (j, keys) in enumerate(zip(groups[node], meta["keys"], strict=True)):
                 payloads[j] = {k: tensors[f"{pos}/{k}"].to(self.device) for k in keys}
         if hook != "upload":
             self._changed(clients, range(len(clients)), replies, groups, inputs)
@@ -263,11 +264,11 @@ class FlowerExecutor(ClientExecutor):
                                               for n, idx in groups.items()}, tolerate=True)
         states: list[Any] = [None] * len(clients)
         for node, (_, tensors) in replies.items():
-            for j, state in zip(groups[node], from_bytes(tensors["states"])):
+            for j, state in zip(groups[node], from_bytes(tensors["states"]), strict=True):
                 clients[j].load_client_state(state)
                 states[j] = state
         # an unreachable client: the last state the server fetched of it
-        return [c.client_state() if s is None else s for c, s in zip(clients, states)]
+        return [c.client_state() if s is None else s for c, s in zip(clients, states, strict=True)]
 
     def push_states(self, clients) -> None:
         from fdlit.deployment.node import to_bytes

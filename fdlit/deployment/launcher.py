@@ -11,6 +11,7 @@ or is interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,10 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
 
 import fdlit
 from fdlit.deployment.node import alive
@@ -131,10 +132,8 @@ class LocalDeployment:
 
 def signal_groups(groups: list[int], sig: int) -> None:
     for g in groups:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(g, sig)
-        except ProcessLookupError:
-            pass
 
 
 def group_alive(group: int) -> bool:
@@ -148,10 +147,8 @@ def group_alive(group: int) -> bool:
 def worker_pids(nodes_dir: Path) -> list[int]:
     pids = []
     for f in nodes_dir.glob("*/worker.pid") if nodes_dir.exists() else ():
-        try:
+        with contextlib.suppress(OSError, ValueError):
             pids.append(int(f.read_text()))
-        except (OSError, ValueError):
-            pass
     return pids
 
 
@@ -187,7 +184,7 @@ clientapp = "fdlit.deployment.client_app:app"
     return folder
 
 
-def write_connection(env: dict, address: str, root_certificates: Optional[str]) -> None:
+def write_connection(env: dict, address: str, root_certificates: str | None) -> None:
     home = Path(env["FLWR_HOME"])
     home.mkdir(parents=True, exist_ok=True)
     tls = f'root-certificates = {json.dumps(str(Path(root_certificates).resolve()))}' if root_certificates else \
@@ -246,7 +243,7 @@ def wait_for_result(result_file: Path, run_id: int, env: dict, timeout_s: float)
 
 
 @contextmanager
-def work_folder(keep: Optional[str]) -> Iterator[Path]:
+def work_folder(keep: str | None) -> Iterator[Path]:
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         yield Path(keep).resolve()

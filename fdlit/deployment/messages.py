@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 import warnings
 from collections import defaultdict
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ class NodeLink:
         self.lost: set[int] = set()
 
     def request(self, op: str, per_node: dict[int, tuple[dict, dict[str, torch.Tensor]]], live: list[int],
-                tolerate: bool = False, timeout_s: Optional[float] = None) -> dict[int, tuple]:
+                tolerate: bool = False, timeout_s: float | None = None) -> dict[int, tuple]:
         """Send ``op`` to each node with its (meta, tensors); wait for every reply; (meta, tensors) back.
         ``tolerate``: a node that does not answer within ``timeout_s`` (or that Flower reports
         unavailable) is lost from then on, and its clients are unreachable: dropouts for the loop.
@@ -55,7 +56,7 @@ class NodeLink:
             self.wire[f"{op}_down"] += (n := wire_bytes(content))
             self.wire_total["down"] += n
             messages.append(Message(content, dst_node_id=node, message_type=MESSAGE_TYPE))
-        for mid, msg in zip(self.grid.push_messages(messages), messages):
+        for mid, msg in zip(self.grid.push_messages(messages), messages, strict=True):
             sent_to[mid] = msg.metadata.dst_node_id
         replies: dict[int, tuple] = {}
         timeout_s = timeout_s or self.timeout_s

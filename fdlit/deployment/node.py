@@ -25,7 +25,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -76,7 +76,7 @@ class NodeWorker:
         out_meta.update(cpu_s=time.process_time(), peak_rss=peak_rss_bytes(), pid=os.getpid())
         return pack(out_meta, out)
 
-    def _receive(self, live: Optional[list[int]], tensors: dict[str, torch.Tensor]) -> None:
+    def _receive(self, live: list[int] | None, tensors: dict[str, torch.Tensor]) -> None:
         device = self.loop.fabric.device
         for key, t in tensors.items():
             if key.startswith("t"):
@@ -85,7 +85,7 @@ class NodeWorker:
             for token in set(self.objects) - set(live):
                 del self.objects[token]
 
-    def _ref(self, ref) -> Optional[torch.Tensor]:
+    def _ref(self, ref) -> torch.Tensor | None:
         """A tensor the server named: ``["token", n]`` (sent earlier), ``["private", i, 0|1]``
         (client i's inputs or labels, built here), or a loop attribute (``public_x``, ``test_x``...)."""
         if ref is None:
@@ -135,7 +135,7 @@ class NodeWorker:
 
     def _predict(self, ids, ref) -> torch.Tensor:
         out = self.loop.executor.predict(self._clients(ids), self._ref(ref)).float()
-        self.logits.setdefault(repr(ref), {}).update(zip(ids, out))
+        self.logits.setdefault(repr(ref), {}).update(zip(ids, out, strict=True))
         return out
 
     def op_predict(self, meta, tensors):
@@ -167,7 +167,7 @@ class NodeWorker:
 
     def op_set_states(self, meta, tensors):
         clients = self._clients(meta["ids"])
-        for client, state in zip(clients, from_bytes(tensors["states"])):
+        for client, state in zip(clients, from_bytes(tensors["states"]), strict=True):
             client.load_client_state(state)
         self.loop.executor.push_states(clients)
         return {}, {}
@@ -213,7 +213,7 @@ def serve(name: str, folder: Path, authkey: bytes, watch: list[int], idle_timeou
                 last[0] = time.monotonic()
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="fdlit node worker (started by the fdlit ClientApp)")
     parser.add_argument("--socket", required=True, help="the abstract socket's name")
     parser.add_argument("--authkey-file", required=True)

@@ -7,12 +7,13 @@ executors with ``client_state`` / ``load_client_state``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from fdlit.methods.base import ClientContext, ClientPart, FederationInfo
 from fdlit.data import ClientData
+from fdlit.methods.base import ClientContext, ClientPart, FederationInfo
 
 if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import
     from lightning.fabric import Fabric
@@ -23,16 +24,16 @@ if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import
 class ClientExecutor:
     """Interface: set clients up on the device, train them for a phase, predict with them."""
 
-    compile_backend: Optional[str] = None  # federation.compile: a torch.compile backend, or None
+    compile_backend: str | None = None  # federation.compile: a torch.compile backend, or None
     # set by the loop: progress(phase, clients done (may be fractional), clients in the phase)
-    progress: Optional[Callable[[str, float, int], None]] = None
+    progress: Callable[[str, float, int], None] | None = None
 
     def report(self, phase: str, done: float, total: int) -> None:
         """Tell the loop how far a ``train`` call is (a progress bar advances as clients finish)."""
         if self.progress is not None:
             self.progress(phase, done, total)
 
-    def configure(self, compile_backend: Optional[str] = None) -> None:
+    def configure(self, compile_backend: str | None = None) -> None:
         """Options the loop passes before ``setup``: ``compile_backend`` compiles the training
         computation with ``torch.compile(backend=...)``."""
         self.compile_backend = compile_backend
@@ -78,7 +79,7 @@ class ClientExecutor:
 
     def client_hook(self, hook: str, part: ClientPart, info: FederationInfo, clients: Sequence[ClientModule],
                     client_data: Sequence[ClientData], received: dict[str, torch.Tensor],
-                    public_logits: Optional[torch.Tensor] = None) -> list[dict[str, torch.Tensor]]:
+                    public_logits: torch.Tensor | None = None) -> list[dict[str, torch.Tensor]]:
         """Run ``part.<hook>`` (``setup``, ``upload`` or ``receive`` of a method's client part) for
         every client where the client lives; returns what each client sends up (Kovalchuk et al.
         2026, Algorithm 1, lines 6-7)."""
@@ -86,7 +87,7 @@ class ClientExecutor:
         return [
             dict(fn(ClientContext(info, client, data, None if public_logits is None else public_logits[i],
                                   received, client.method_state)) or {})
-            for i, (client, data) in enumerate(zip(clients, client_data))
+            for i, (client, data) in enumerate(zip(clients, client_data, strict=True))
         ]
 
 
@@ -123,7 +124,7 @@ class SequentialExecutor(ClientExecutor):
 
     def train(self, clients, phase, datasets, epochs, batch_size):
         losses = []
-        for client, (x, t) in zip(clients, datasets):
+        for client, (x, t) in zip(clients, datasets, strict=True):
             losses.append(self._train_one(client, phase, x, t, epochs, batch_size))
             self.report(phase, len(losses), len(clients))
         return losses

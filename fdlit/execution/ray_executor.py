@@ -34,16 +34,17 @@ import sysconfig
 import time
 import warnings
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from fdlit.methods.base import LegacyClientPart
 from fdlit.errors import ConfigError
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
 from fdlit.execution.tokens import Tokens
 from fdlit.execution.vectorized import VectorizedExecutor
+from fdlit.methods.base import LegacyClientPart
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
@@ -70,8 +71,8 @@ def plan_actors(
     cluster_gpus: float,
     num_cpus_per_actor: float = 1.0,
     num_gpus_per_client: float = 0.0,
-    num_gpus_per_actor: Optional[float] = None,
-    clients_per_actor: Optional[int] = None,
+    num_gpus_per_actor: float | None = None,
+    clients_per_actor: int | None = None,
 ) -> tuple[int, int, float]:
     """How many clients each actor holds, how many actors, and the GPUs each actor asks for.
 
@@ -154,7 +155,7 @@ class ClientWorker:
     def predict(self, ids, x_token, new, live) -> torch.Tensor:
         self._receive(new, live)
         out = self.executor.predict([self.clients[i] for i in ids], self.objects[x_token])
-        self.logits.setdefault(x_token, {}).update(zip(ids, out))
+        self.logits.setdefault(x_token, {}).update(zip(ids, out, strict=True))
         return out.cpu()
 
     def client_hook(self, hook, ids, part, info, public_x_token, received_tokens, data_tokens, x_token,
@@ -176,7 +177,7 @@ class ClientWorker:
         return [_to_cpu(self.clients[i].client_state()) for i in ids]
 
     def set_states(self, ids, states) -> None:
-        for i, state in zip(ids, states):
+        for i, state in zip(ids, states, strict=True):
             self.clients[i].load_client_state(state)
 
     def cpu_seconds(self) -> float:
@@ -220,7 +221,9 @@ def shipped_classes(part) -> set[type]:
     """The classes a client part travels with (a deprecated rule's adapter carries the rule)."""
     if part is None:
         return set()
-    return {type(part), *((type(part.method),) if isinstance(part, LegacyClientPart) else ())}
+    inner = getattr(part, "inner", None)  # a wrapped part (adversarial clients) carries the method's part
+    return {type(part), *((type(part.method),) if isinstance(part, LegacyClientPart) else ()),
+            *shipped_classes(inner), *((type(part.attack),) if hasattr(part, "attack") else ())}
 
 
 class RayExecutor(ClientExecutor):
@@ -250,14 +253,14 @@ class RayExecutor(ClientExecutor):
 
     def __init__(
         self,
-        address: Optional[str] = None,
-        num_cpus: Optional[int] = None,
+        address: str | None = None,
+        num_cpus: int | None = None,
         num_cpus_per_actor: float = 1.0,
         num_gpus_per_client: float = 0.0,
-        num_gpus_per_actor: Optional[float] = None,
-        clients_per_actor: Optional[int] = None,
+        num_gpus_per_actor: float | None = None,
+        clients_per_actor: int | None = None,
         eval_batch_size: int = 1024,
-        runtime_env: Optional[dict] = None,
+        runtime_env: dict | None = None,
         startup_timeout_s: float = 600.0,
         actor_executor: Literal["vectorized", "sequential"] = "vectorized",
     ):
@@ -285,7 +288,7 @@ class RayExecutor(ClientExecutor):
         self._started_ray = False
 
     # ------------------------------------------------------------------ set-up and teardown
-    def configure(self, compile_backend: Optional[str] = None) -> None:
+    def configure(self, compile_backend: str | None = None) -> None:
         if compile_backend is not None:  # the actors build their own executors from pickled clients
             raise ConfigError("federation.compile", "is not available with RayExecutor; use the sequential or "
                               "vectorized executor")
@@ -360,7 +363,7 @@ class RayExecutor(ClientExecutor):
             return {}
         ray = import_ray()
         now = ray.get([actor.cpu_seconds.remote() for actor in self.actors])
-        spent = [n - p for n, p in zip(now, self._actor_cpu or [0.0] * len(now))]
+        spent = [n - p for n, p in zip(now, self._actor_cpu or [0.0] * len(now), strict=True)]
         self._actor_cpu = now
         return {"time/actor_cpu_s": spent, "time/actors_cpu_s": sum(spent)}
 
@@ -396,9 +399,9 @@ class RayExecutor(ClientExecutor):
         groups = self._groups(clients)
         results = ray.get([self.actors[a].get_states.remote([clients[j].client_id for j in idx])
                            for a, idx in groups.items()])
-        states: list[Optional[dict]] = [None] * len(clients)
-        for idx, got in zip(groups.values(), results):
-            for j, state in zip(idx, got):
+        states: list[dict | None] = [None] * len(clients)
+        for idx, got in zip(groups.values(), results, strict=True):
+            for j, state in zip(idx, got, strict=True):
                 clients[j].load_client_state(state)
                 states[j] = state
         return states
@@ -452,12 +455,12 @@ class RayExecutor(ClientExecutor):
             for a, idx in groups.items()
         ]
         losses = [math.nan] * len(clients)
-        members = dict(zip(calls, groups.values()))
+        members = dict(zip(calls, groups.values(), strict=True))
         pending, done = list(calls), 0
         while pending:  # as each actor finishes its clients: the progress bar advances per actor
             ready, pending = ray.wait(pending, num_returns=1)
             for idx, got in ((members[c], ray.get(c)) for c in ready):
-                for j, loss in zip(idx, got):
+                for j, loss in zip(idx, got, strict=True):
                     losses[j] = loss
                 done += len(idx)
             self.report(phase, done, len(clients))
@@ -470,9 +473,9 @@ class RayExecutor(ClientExecutor):
         token = self._token(x)
         calls = [self.actors[a].predict.remote([clients[j].client_id for j in idx], token, *ship[a])
                  for a, idx in groups.items()]
-        out: list[Optional[torch.Tensor]] = [None] * len(clients)
-        for idx, got in zip(groups.values(), ray.get(calls)):
-            for j, z in zip(idx, got):
+        out: list[torch.Tensor | None] = [None] * len(clients)
+        for idx, got in zip(groups.values(), ray.get(calls), strict=True):
+            for j, z in zip(idx, got, strict=True):
                 out[j] = z
         result = torch.stack(out).to(x.device)
         # actors keep these logits (the latest per input) for the client hooks; remember which output that is
@@ -501,8 +504,8 @@ class RayExecutor(ClientExecutor):
             )
             for a, idx in groups.items()
         ]
-        out: list[Optional[dict]] = [None] * len(clients)
-        for idx, got in zip(groups.values(), ray.get(calls)):
-            for j, payload in zip(idx, got):
+        out: list[dict | None] = [None] * len(clients)
+        for idx, got in zip(groups.values(), ray.get(calls), strict=True):
+            for j, payload in zip(idx, got, strict=True):
                 out[j] = {k: v.to(self.device) for k, v in payload.items()}
         return out

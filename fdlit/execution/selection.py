@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,17 +36,17 @@ def forward_flops_per_sample(model: torch.nn.Module, sample: torch.Tensor) -> fl
 
 
 def select_executor(clients: Sequence[ClientModule], precision: str = "32-true",
-                    sample: Optional[torch.Tensor] = None) -> ClientExecutor:
+                    sample: torch.Tensor | None = None) -> ClientExecutor:
     """The fastest executor that applies (``federation.executor: null``): vectorized when there are
     at least two clients, all vectorizable and all of one architecture, except on a CPU for models
     above ``CPU_MAX_FLOPS_PER_SAMPLE`` (checked when a ``sample`` input on the clients' device is
     given); sequential otherwise."""
-    if len(clients) >= 2 and all(unsupported_reason(c, precision) is None for c in clients):
-        if len({architecture_key(c) for c in clients}) == 1:
-            if sample is not None and sample.device.type == "cpu":
-                if forward_flops_per_sample(clients[0].model, sample) > CPU_MAX_FLOPS_PER_SAMPLE:
-                    return SequentialExecutor()
-            return VectorizedExecutor()
-    return SequentialExecutor()
+    vectorizable = len(clients) >= 2 and all(unsupported_reason(c, precision) is None for c in clients)
+    if not vectorizable or len({architecture_key(c) for c in clients}) != 1:
+        return SequentialExecutor()
+    on_cpu = sample is not None and sample.device.type == "cpu"
+    if on_cpu and forward_flops_per_sample(clients[0].model, sample) > CPU_MAX_FLOPS_PER_SAMPLE:
+        return SequentialExecutor()
+    return VectorizedExecutor()
 
 

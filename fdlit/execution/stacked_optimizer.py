@@ -5,7 +5,8 @@ in its own format, at the end of a phase."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,7 +45,7 @@ class StackedOptimizer:
         self.weight_decay = group["weight_decay"]
         # learning rates, step counts and "has state" live on the CPU: known without a device sync
         self.lr = torch.tensor([o.param_groups[0]["lr"] for o in self.optimizers], dtype=torch.float64)
-        states = [[o.state.get(p, {}) for p in c.model.parameters()] for o, c in zip(self.optimizers, clients)]
+        states = [[o.state.get(p, {}) for p in c.model.parameters()] for o, c in zip(self.optimizers, clients, strict=True)]
         self.has_state = torch.tensor([bool(st[0]) for st in states])
 
         def gather(key: str) -> Stacked:
@@ -64,7 +65,7 @@ class StackedOptimizer:
             self.momentum = group["momentum"]
             self.buf = gather("momentum_buffer") if self.momentum else None
 
-    def step(self, p: Stacked, g: Stacked, rows: Optional[torch.Tensor]) -> None:
+    def step(self, p: Stacked, g: Stacked, rows: torch.Tensor | None) -> None:
         """Update p (the rows ``rows`` (CPU indices) of the stack, or all of it) in place with
         gradients g. Adam runs torch.optim's fused kernel where the device has one, else
         torch.optim's single-tensor arithmetic (with per-client scalars broadcast when the updated
@@ -83,7 +84,7 @@ class StackedOptimizer:
         if self.kind == "sgd":
             has = (self.has_state if rows is None else self.has_state[rows]).to(device)
             bufs = pick(self.buf) if self.momentum != 0 else [None] * len(p)
-            for pk, gk, buf in zip(p, g, bufs):
+            for pk, gk, buf in zip(p, g, bufs, strict=True):
                 if wd != 0:
                     gk = gk.add(pk, alpha=wd)
                 if buf is not None:
@@ -106,7 +107,7 @@ class StackedOptimizer:
         if self.fused is not None:
             self._fused_step(p, g, exp_avg, exp_avg_sq, lr, step, uniform)
         else:
-            for args in zip(p, g, exp_avg, exp_avg_sq):
+            for args in zip(p, g, exp_avg, exp_avg_sq, strict=True):
                 self._reference_step(*args, lr, step, uniform, per_client)
         if rows is None:
             self.step_count = step
@@ -161,15 +162,15 @@ class StackedOptimizer:
                        [steps[r] for r in range(len(rows)) for _ in p], lr=value, **kwargs)
 
     @staticmethod
-    def _put(target: Stacked, value: Stacked, rows: Optional[torch.Tensor]) -> None:
-        for t, v in zip(target, value):
+    def _put(target: Stacked, value: Stacked, rows: torch.Tensor | None) -> None:
+        for t, v in zip(target, value, strict=True):
             if rows is None:
                 if v is not t:
                     t.copy_(v)
             else:
                 t.index_copy_(0, rows, v)
 
-    def _mark(self, rows: Optional[torch.Tensor]) -> None:
+    def _mark(self, rows: torch.Tensor | None) -> None:
         if rows is None:
             self.has_state.fill_(True)
         else:
@@ -178,16 +179,16 @@ class StackedOptimizer:
     def write_back(self) -> None:
         """Optimizer state in torch.optim's per-parameter format (clients that never stepped keep
         an empty state, as in torch.optim)."""
-        for i, (c, o) in enumerate(zip(self.clients, self.optimizers)):
+        for i, (c, o) in enumerate(zip(self.clients, self.optimizers, strict=True)):
             if not bool(self.has_state[i]):
                 continue
             params = list(c.model.parameters())
             if self.kind == "adam":
                 step = torch.tensor(float(self.step_count[i]), dtype=self.step_dtype)
-                for p, m1, m2 in zip(params, self.exp_avg, self.exp_avg_sq):
+                for p, m1, m2 in zip(params, self.exp_avg, self.exp_avg_sq, strict=True):
                     o.state[p] = {"step": step.clone(), "exp_avg": _like(p, m1[i]), "exp_avg_sq": _like(p, m2[i])}
             elif self.momentum != 0:
-                for p, b in zip(params, self.buf):
+                for p, b in zip(params, self.buf, strict=True):
                     o.state[p] = {"momentum_buffer": _like(p, b[i])}
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,7 +37,7 @@ class ParamStack:
     def write_back(self) -> None:
         with torch.no_grad():
             for i, c in enumerate(self.clients):
-                for p, stacked in zip(c.model.parameters(), self.params):
+                for p, stacked in zip(c.model.parameters(), self.params, strict=True):
                     p.copy_(stacked[i])
                 for n, b in c.model.named_buffers():
                     b.copy_(self.buffers[n][i])

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch.func import functional_call, grad_and_value, vmap
@@ -64,7 +65,7 @@ SUPPORTED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 UNSUPPORTED_PRECISIONS = ("16-mixed", "16-true", "transformer-engine")
 
 
-def unsupported_reason(client: ClientModule, precision: str = "32-true") -> Optional[str]:
+def unsupported_reason(client: ClientModule, precision: str = "32-true") -> str | None:
     """Why ``client`` cannot be trained by :class:`VectorizedExecutor`; None when it can."""
     if precision in UNSUPPORTED_PRECISIONS:
         return f"precision {precision!r} (needs a grad scaler)"
@@ -99,7 +100,7 @@ def unsupported_reason(client: ClientModule, precision: str = "32-true") -> Opti
     return None
 
 
-def split_input(model: torch.nn.Module) -> tuple[Optional[torch.nn.Module], torch.nn.Module, str]:
+def split_input(model: torch.nn.Module) -> tuple[torch.nn.Module | None, torch.nn.Module, str]:
     """(input module, network, parameter-name prefix of the network). A parameter-free input module
     in front of the network (``WithInput``: uint8 -> normalised float, augmentation with its own
     generator, as the loop builds for image datasets) is run per client outside vmap, exactly as the
@@ -135,13 +136,13 @@ class VectorizedExecutor(ClientExecutor):
             where the chunk is chosen from the device's free memory (:func:`auto_chunk_size`).
     """
 
-    def __init__(self, eval_batch_size: int = 1024, strict: bool = False, chunk_size: Optional[int] = None):
+    def __init__(self, eval_batch_size: int = 1024, strict: bool = False, chunk_size: int | None = None):
         if chunk_size is not None:
             check_at_least("federation.executor.chunk_size", chunk_size, 1)
         self.eval_batch_size = eval_batch_size
         self.strict = strict
         self.chunk_size = chunk_size
-        self.fabric: Optional[Fabric] = None
+        self.fabric: Fabric | None = None
         self.fallback = SequentialExecutor(eval_batch_size)
         self._vectorized: set[int] = set()
         self._keys: dict[int, tuple] = {}
@@ -149,7 +150,7 @@ class VectorizedExecutor(ClientExecutor):
         self._auto_chunks: dict[tuple, int] = {}
         self._compiled: dict[tuple, tuple] = {}
 
-    def configure(self, compile_backend: Optional[str] = None) -> None:
+    def configure(self, compile_backend: str | None = None) -> None:
         super().configure(compile_backend)
         self.fallback.configure(compile_backend)
 
@@ -202,19 +203,19 @@ class VectorizedExecutor(ClientExecutor):
             for members in self._chunks(clients, group, datasets[group[0]][0][:batch_size]):
                 out = self._train_group([clients[i] for i in members], phase, [datasets[i] for i in members],
                                         epochs, batch_size, width, progress=(len(clients), epochs))
-                for i, loss in zip(members, out):
+                for i, loss in zip(members, out, strict=True):
                     losses[i] = loss
                 self._done += len(members)
                 self.report(phase, self._done, len(clients))
         if rest:
             out = self.fallback.train([clients[i] for i in rest], phase, [datasets[i] for i in rest], epochs, batch_size)
-            for i, loss in zip(rest, out):
+            for i, loss in zip(rest, out, strict=True):
                 losses[i] = loss
             self.report(phase, len(clients), len(clients))
         return losses
 
     def _train_group(self, clients, phase, datasets, epochs, batch_size, width=None,
-                     progress: Optional[tuple[int, int]] = None) -> list[float]:
+                     progress: tuple[int, int] | None = None) -> list[float]:
         m = len(clients)
         for c in clients:
             c.set_phase(phase)
@@ -280,7 +281,7 @@ class VectorizedExecutor(ClientExecutor):
                     for n, b in new_bufs.items():
                         stack.buffers[n].copy_(b)
                 else:
-                    for target, p in zip(stack.params, params):
+                    for target, p in zip(stack.params, params, strict=True):
                         target.index_copy_(0, dev_rows, p)
                     for n, b in new_bufs.items():
                         stack.buffers[n].index_copy_(0, dev_rows, b)
@@ -306,7 +307,7 @@ class VectorizedExecutor(ClientExecutor):
             # gradients come out per parameter as M x shape, the stack's own layout (no copy into
             # one flat vector: that concatenation was 13 % of a step);
             # BatchNorm updates its (per-client, stacked) running statistics in place
-            named = {**dict(zip(names, params)), **{"client.model." + n: b for n, b in buffers.items()}}
+            named = {**dict(zip(names, params, strict=True)), **{"client.model." + n: b for n, b in buffers.items()}}
             return functional_call(step, named, (x, t, w, state), tie_weights=tied), buffers
 
         if self.compile_backend is not None:
@@ -328,7 +329,7 @@ class VectorizedExecutor(ClientExecutor):
                 self._cache.clear()
             x_all = torch.cat([d[0] for d in datasets])
             t_all = torch.cat([d[1] for d in datasets])
-            offsets = torch.tensor([0] + [len(d[0]) for d in datasets]).cumsum(0).tolist()
+            offsets = torch.tensor([0] + [len(d[0]) for d in datasets[:-1]]).cumsum(0).tolist()  # one per client
             # the datasets are kept so their ids cannot be reused by other tensors
             self._cache[key] = (list(datasets), (x_all, t_all, offsets))
         return self._cache[key][1]
@@ -336,7 +337,7 @@ class VectorizedExecutor(ClientExecutor):
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
     def predict(self, clients, x):
-        out: list[Optional[torch.Tensor]] = [None] * len(clients)
+        out: list[torch.Tensor | None] = [None] * len(clients)
         groups, rest = self._groups(clients)
         stacks = [members for g in groups for members in self._chunks(clients, g, x[: self.eval_batch_size])]
         for members in stacks:
@@ -349,7 +350,7 @@ class VectorizedExecutor(ClientExecutor):
             inputs = [split_input(c.model)[0] for c in group]
             xx = x.to(stack.dtype) if x.is_floating_point() and stack.dtype == torch.float64 else x
             tied = _has_tied_tensors(net)
-            params = {n.removeprefix(prefix): p for n, p in zip(stack.names, stack.params)}
+            params = {n.removeprefix(prefix): p for n, p in zip(stack.names, stack.params, strict=True)}
             bufs = {n.removeprefix(prefix): b for n, b in stack.buffers.items() if n.startswith(prefix)}
             # one input pass for the whole group when every client's input module is the same
             # function in eval mode (the usual case: the dataset's normalisation); else one per client
@@ -365,7 +366,7 @@ class VectorizedExecutor(ClientExecutor):
                     with _batch_norm_in_float32(net, self.fabric.device.type):
                         chunks.append(fn(params, bufs, xb).float())
             logits = torch.cat(chunks, 1)
-            for c, mode in zip(group, modes):
+            for c, mode in zip(group, modes, strict=True):
                 c.model.train(mode)
             for j, i in enumerate(members):
                 out[i] = logits[j]
@@ -419,7 +420,7 @@ def auto_chunk_size(free_bytes: int, per_client_bytes: int, fraction: float = 0.
     return max(1, int(free_bytes * fraction) // max(1, per_client_bytes))
 
 
-def _batch_plan(clients, sizes, offsets, epochs: int, batch_size: int, width: Optional[int] = None):
+def _batch_plan(clients, sizes, offsets, epochs: int, batch_size: int, width: int | None = None):
     """Batches of every client for a whole phase as padded tensors.
 
     Consumes each client's generator exactly like ``SequentialExecutor._train_one`` (one
@@ -429,7 +430,7 @@ def _batch_plan(clients, sizes, offsets, epochs: int, batch_size: int, width: Op
     """
     width = width or max(1, min(batch_size, max(sizes)))
     plans = []
-    for c, n, off in zip(clients, sizes, offsets):
+    for c, n, off in zip(clients, sizes, offsets, strict=True):
         rows_idx, rows_w = [], []
         for _ in range(epochs):
             order = torch.randperm(n, generator=c.generator)
@@ -544,7 +545,7 @@ def _client_inputs(modules, x_all: torch.Tensor, idx: torch.Tensor, lengths: lis
     generator draws exactly what it draws in the sequential executor); zero-weight padding rows
     repeat the first sample."""
     out = []
-    for module, rows, n in zip(modules, idx, lengths):
+    for module, rows, n in zip(modules, idx, lengths, strict=True):
         y = module(x_all[rows[:n]])
         if n < len(rows):
             y = torch.cat([y, y[:1].expand(len(rows) - n, *y.shape[1:])])
@@ -557,7 +558,7 @@ def _same_module_state(modules) -> bool:
     first = modules[0]
     ref = list(first.buffers())
     return all(type(m) is type(first) and repr(m) == repr(first)
-               and all(torch.equal(a, b) for a, b in zip(ref, m.buffers())) for m in modules[1:])
+               and all(torch.equal(a, b) for a, b in zip(ref, m.buffers(), strict=True)) for m in modules[1:])
 
 
 def _has_tied_tensors(module: torch.nn.Module) -> bool:

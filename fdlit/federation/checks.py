@@ -20,6 +20,7 @@ def check_before_data(loop: Any) -> None:
     num_clients = getattr(data, "num_clients", None)
     if not isinstance(num_clients, int):  # a data object of another kind: set-up checks it
         return
+    loop.adversaries.check(loop.aggregator, loop.mode, num_clients, NUM_CLASSES.get(getattr(data, "dataset", None)))
     if loop.participation is not None:  # None: everyone, every round (also the reference baseline)
         loop.participation.check(num_clients, data.public_size)
         loop.participation.check_rounds(loop.rounds, num_clients)

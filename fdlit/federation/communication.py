@@ -68,18 +68,18 @@ class CommunicationLedger:
 
     def rows(self, start: int = 0) -> list[dict]:
         """Messages from index ``start`` on, as plain dicts (the run directory appends only new ones)."""
-        return [dict(zip(FIELDS, _values(m))) for m in self.messages[start:]]
+        return [dict(zip(FIELDS, _values(m), strict=True)) for m in self.messages[start:]]
 
     def state_dict(self) -> dict:
         # one list per field: the checkpoint holds every message of the run and is written every
         # round, and a list of per-message dicts made saving grow ~10x faster with the run's length
-        columns = list(zip(*map(_values, self.messages))) or [()] * len(FIELDS)
-        return {"columns": {name: list(col) for name, col in zip(FIELDS, columns)}}
+        columns = list(zip(*map(_values, self.messages), strict=True)) or [()] * len(FIELDS)
+        return {"columns": {name: list(col) for name, col in zip(FIELDS, columns, strict=True)}}
 
     def load_state_dict(self, state: dict) -> None:
         if "columns" in state:
             columns = state["columns"]
-            rows = [dict(zip(FIELDS, values)) for values in zip(*(columns[name] for name in FIELDS))]
+            rows = [dict(zip(FIELDS, values, strict=True)) for values in zip(*(columns[name] for name in FIELDS), strict=True)]
         else:  # checkpoints written before the columnar format
             rows = state["messages"]
         self.messages = [Message(**{**m, "shape": tuple(m["shape"])}) for m in rows]

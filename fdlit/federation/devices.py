@@ -7,13 +7,13 @@ On a CPU, or with an accelerator that has one device (MPS), only ``auto`` or ind
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 
 from fdlit.errors import ConfigError
 
-Devices = Union[int, list[int], Literal["auto"]]
+Devices = int | list[int] | Literal["auto"]
 
 
 def gpu_count(accelerator: str) -> int:
@@ -27,7 +27,7 @@ def gpu_count(accelerator: str) -> int:
     return 0
 
 
-def check_devices(accelerator: str, devices: Devices) -> Union[int, list[int]]:
+def check_devices(accelerator: str, devices: Devices) -> int | list[int]:
     """``federation.devices`` as Fabric's ``devices`` argument; a ConfigError naming what this machine
     has when it cannot be honoured."""
     if devices == "auto":

@@ -3,12 +3,10 @@ receives on the public samples of each true class, M x C. Uses public labels: di
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 
-def trust_matrix(weights: torch.Tensor, labels: torch.Tensor, num_classes: int) -> list[list[Optional[float]]]:
+def trust_matrix(weights: torch.Tensor, labels: torch.Tensor, num_classes: int) -> list[list[float | None]]:
     """``weights`` M x N (columns sum to 1), ``labels`` N true public labels -> nested M x C list.
 
     A class with no public sample has no mean: its column is None (JSON null), never a made-up 0.

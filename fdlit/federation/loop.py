@@ -13,28 +13,36 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Literal, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 
-from fdlit.methods.base import Aggregator, client_part_of
+from fdlit.adversaries import Adversaries
 from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import ClientExecutor, select_executor
 from fdlit.federation import measurement
-from fdlit.federation.checks import check_before_data
 from fdlit.federation.baselines import MODES, reference_client
+from fdlit.federation.checks import check_before_data
 from fdlit.federation.communication import CommunicationLedger
+from fdlit.federation.construction import (
+    MESSAGE_DTYPES,
+    check_loop_settings,
+    client_network,
+    device_tensors,
+    eval_rows,
+    import_client_class,
+)
 from fdlit.federation.devices import Devices, check_devices
-from fdlit.federation.construction import (MESSAGE_DTYPES, check_loop_settings, client_network, device_tensors,
-                                           eval_rows, import_client_class)
 from fdlit.federation.measurement import Evaluation, check_finite
 from fdlit.federation.participation import Participation
 from fdlit.federation.protocols import protocol_for
 from fdlit.federation.round_facts import RoundFacts
 from fdlit.federation.state import load_loop_state, loop_state
+from fdlit.methods.base import Aggregator, client_part_of
 from fdlit.models.build import ModelSpec
 from fdlit.privacy import UploadPrivacy, membership_audit
 
@@ -90,7 +98,7 @@ class FederationLoop:
         private_epochs: int = 2,
         public_epochs_first: int = 2,
         public_epochs: int = 2,
-        executor: Optional[ClientExecutor] = None,
+        executor: ClientExecutor | None = None,
         accelerator: str = "auto",
         devices: Devices = "auto",
         precision: str = "32-true",
@@ -99,19 +107,20 @@ class FederationLoop:
         mode: Literal["fd", "local_only", "reference"] = "fd",
         client_class: str = "fdlit.clients.ClientModule",
         eval_every_n_rounds: int = 1,
-        eval_subsample: Optional[int] = None,
+        eval_subsample: int | None = None,
         channels_last: bool = False,
         compile: bool = False,
         compile_backend: str = "inductor",
         participation: Participation = Participation(),
         *,
-        data: Optional[FederatedData] = None,
-        model: Optional[ModelSpec] = None,
-        client: Optional[ClientOptimization] = None,
-        aggregator: Optional[Aggregator] = None,
-        privacy: Optional[UploadPrivacy] = None,
+        data: FederatedData | None = None,
+        model: ModelSpec | None = None,
+        client: ClientOptimization | None = None,
+        aggregator: Aggregator | None = None,
+        privacy: UploadPrivacy | None = None,
         seed: int = 0,
-        server: Optional[Any] = None,
+        server: Any | None = None,
+        adversaries: Adversaries | None = None,
     ):
         check_loop_settings(
             rounds=rounds, precision=precision, message_dtype=message_dtype, mode=mode, modes=MODES,
@@ -145,7 +154,7 @@ class FederationLoop:
         self.aggregator.check_config(self.model_spec, self.optimization)  # before any work
         self.protocol = protocol_for(self.aggregator, mode)
         self.privacy = privacy or UploadPrivacy()  # default: plain logits, no mechanism
-        self.stop_reason: Optional[str] = None  # set when the privacy budget ends the run early
+        self.stop_reason: str | None = None  # set when the privacy budget ends the run early
         self.seed = seed
         # no section, or one that changes nothing: the round runs the unsampled code path; the
         # reference baseline is one pooled model, so nobody is sampled there
@@ -158,8 +167,9 @@ class FederationLoop:
         self.ledger = CommunicationLedger()
         self.received: dict[str, torch.Tensor] = {}  # what the server broadcast at set-up
         self.wall_time = 0.0
-        self._setup_started: Optional[float] = None
+        self._setup_started: float | None = None
         self.is_setup = False
+        self.adversaries = adversaries or Adversaries()
         check_before_data(self)  # what the config alone shows to be impossible, before any data loads
 
     # ------------------------------------------------------------------ set-up
@@ -185,7 +195,9 @@ class FederationLoop:
                               cd.classes, self.optimization, self.seed)
             for cd in self.client_data
         ]
-        self.method_part = client_part_of(self.aggregator)  # what of the method runs where the clients live
+        # what of the method runs where the clients live (with the attack, for adversarial clients)
+        self.method_part = self.adversaries.wrap(client_part_of(self.aggregator), self.aggregator.exchange,
+                                                 len(self.clients), self.seed)
         for client in self.clients:
             client.method_part = self.method_part
         # test_x/y, public_x/y, private, val_x/y, local_mask_matrix
@@ -214,7 +226,7 @@ class FederationLoop:
         self.is_setup = True
 
     # what every party knows (fdlit.federation.round_facts), for callbacks and tests
-    def info(self, round: int, clients: tuple[int, ...] = (), public_index: Optional[torch.Tensor] = None):
+    def info(self, round: int, clients: tuple[int, ...] = (), public_index: torch.Tensor | None = None):
         return self.facts.info(round, clients, public_index)
 
     def server_context(self, round: int, info=None):
@@ -262,7 +274,7 @@ class FederationLoop:
         for cb in self.callbacks:
             cb.on_clients_progress(self, phase, done, total)
 
-    def run_round(self, r: int, clock: Optional[float] = None) -> dict[str, Any]:
+    def run_round(self, r: int, clock: float | None = None) -> dict[str, Any]:
         """One round of Kovalchuk et al. 2026, Algorithm 1 (docs/algorithms.md, "The round")."""
         t0 = time.perf_counter()
         for cb in self.callbacks:
@@ -272,12 +284,13 @@ class FederationLoop:
         private_losses = []
         if plan.sampled:
             private_losses = self.executor.train(
-                self.subset(self.clients, plan.sampled), "private", self.subset(self.private, plan.sampled),
+                self.subset(self.clients, plan.sampled), "private",
+                self.subset(self.adversaries.private_sets(r, self.private, self.data.num_classes), plan.sampled),
                 self.private_epochs_first if plan.first else self.private_epochs, self.optimization.batch_size)
         lost = self.executor.unreachable()  # clients whose node stopped answering: dropped this round
         if lost:
             plan = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in lost])
-            private_losses = [v for i, v in zip(plan.sampled, private_losses) if i not in lost]
+            private_losses = [v for i, v in zip(plan.sampled, private_losses, strict=True) if i not in lost]
         check_finite(private_losses, r, "private", [i for i in plan.sampled if i not in lost])
         after_private = self.evaluate(plan.eval_rows) if plan.evaluated else None
         # the rest of the round: the protocol's exchange (fdlit.federation.protocols)
@@ -303,6 +316,7 @@ class FederationLoop:
         if result is not None and result.weights is not None:  # M x C who-to-trust matrix (diagnostic only)
             metrics["clients/trust_matrix"] = measurement.trust_rows(result.weights, public_y, self.data.num_classes,
                                                                      plan.arrived, len(self.clients))
+        metrics.update(self.adversaries.after_round(self, plan, result, after_public))
         self.round = r
         self.history.append(metrics)
         if clock is not None:

@@ -8,19 +8,20 @@ the who-to-trust matrix use the public labels: diagnostics only, never used for 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
-from fdlit.methods.base import weight_concentration, weight_entropy
 from fdlit.federation.diagnostics import trust_matrix
+from fdlit.methods.base import weight_concentration, weight_entropy
 
 
 class NumericalFault(RuntimeError):
     """A client produced NaN or inf; names the client, round and phase."""
 
 
-def check_finite(values, r: int, phase: str, ids: Optional[list[int]] = None) -> None:
+def check_finite(values, r: int, phase: str, ids: list[int] | None = None) -> None:
     for i, v in enumerate(values):
         bad = not torch.isfinite(v).all() if isinstance(v, torch.Tensor) else not math.isfinite(v)
         if bad:
@@ -34,13 +35,13 @@ class Evaluation:
     ``predict(x)`` returns every client's logits on x (M x T x C), wherever the clients live."""
 
     def __init__(self, predict: Callable[[torch.Tensor], torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
-                 local_masks: torch.Tensor, validation: tuple[Optional[torch.Tensor], Optional[torch.Tensor]]):
+                 local_masks: torch.Tensor, validation: tuple[torch.Tensor | None, torch.Tensor | None]):
         self.predict = predict
         self.test_x, self.test_y = test
         self.local_mask_matrix = local_masks  # M x T: test samples of each client's own classes
         self.val_x, self.val_y = validation
 
-    def __call__(self, rows: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
+    def __call__(self, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Global accuracy (whole test set, or its ``rows``) and local accuracy (those test samples
         of the client's own classes), micro-averaged, for every client."""
         x, y, masks = self.test_x, self.test_y, self.local_mask_matrix
@@ -112,7 +113,7 @@ def trust_rows(weights: torch.Tensor, public_y: torch.Tensor, num_classes: int, 
     """The M x C who-to-trust matrix; rows of clients that sent nothing this round are null."""
     matrix = trust_matrix(weights, public_y, num_classes)
     if len(arrived) < num_clients:
-        by_client = dict(zip(arrived, matrix))
+        by_client = dict(zip(arrived, matrix, strict=True))
         matrix = [by_client.get(i, [None] * num_classes) for i in range(num_clients)]
     return matrix
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -69,17 +68,17 @@ class Participation:
             Set public_subset or public_fraction, not both.
     """
 
-    fraction: Optional[float] = None
-    count: Optional[int] = None
+    fraction: float | None = None
+    count: int | None = None
     dropout: float = 0.0
-    join_rounds: Optional[list[int]] = None
+    join_rounds: list[int] | None = None
     late_joiners: int = 0
     join_round: int = 1
-    public_subset: Optional[int] = None
-    public_fraction: Optional[float] = None
+    public_subset: int | None = None
+    public_fraction: float | None = None
 
     def __post_init__(self):
-        self._num_clients: Optional[int] = None  # M, known after check()
+        self._num_clients: int | None = None  # M, known after check()
         if self.fraction is not None and self.count is not None:
             raise ConfigError(f"{FIELD}.fraction", f"set fraction or count, not both (got fraction={self.fraction}, "
                               f"count={self.count})")
@@ -201,7 +200,7 @@ class Participation:
             arrived = list(sampled)
         return sampled, arrived
 
-    def public_rows(self, seed: int, r: int, public_size: int) -> Optional[np.ndarray]:
+    def public_rows(self, seed: int, r: int, public_size: int) -> np.ndarray | None:
         """The public rows of round r (sorted), or None for all of them."""
         size = self.public_subset
         if self.public_fraction is not None:

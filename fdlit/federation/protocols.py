@@ -20,13 +20,12 @@ A method may name its own protocol class (``protocol`` attribute); otherwise its
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from fdlit.federation.measurement import check_finite
 from fdlit.federation.round_facts import RoundPlan
-
 
 
 def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +84,7 @@ class Protocol:
             fed.executor.client_hook("receive", fed.method_part, info, fed.clients, fed.client_data,
                                      fed.received)
 
-    def stop_reason(self, fed: Any, r: int) -> Optional[str]:
+    def stop_reason(self, fed: Any, r: int) -> str | None:
         """Why the run stops before round r (the privacy budget is spent), or None."""
         return fed.privacy.over_budget(r, fed.facts.sample_rate)
 
@@ -119,6 +118,7 @@ class PredictionExchange(Protocol):
         extra = fed.executor.client_hook("upload", fed.method_part, info, clients,
                                          fed.subset(fed.client_data, ids), fed.received, public_logits)
         payloads = [{"logits": public_logits[j], **payload} for j, payload in enumerate(extra)]
+        payloads = fed.adversaries.collude_uploads(r, ids, payloads)
         return fed.privacy.upload(r, payloads, fed.message_dtype, fed.seed, fed.data.num_classes,
                                   fed.facts.sample_rate, fed.send_up, ids)
 
@@ -157,7 +157,7 @@ class PredictionExchange(Protocol):
             fed.public_epochs_first if plan.first else fed.public_epochs, fed.optimization.public_batch_size,
         )
         lost = fed.executor.unreachable()  # a node that stopped answering during the public phase
-        check_finite([v for i, v in zip(ids, losses) if i not in lost], plan.round, "public",
+        check_finite([v for i, v in zip(ids, losses, strict=True) if i not in lost], plan.round, "public",
                      [i for i in ids if i not in lost])
         return losses
 
@@ -178,6 +178,7 @@ class ParameterExchange(Protocol):
         info = fed.facts.info(plan.round, () if everyone else tuple(ids))
         raw = fed.executor.client_hook("upload", fed.method_part, info, fed.subset(fed.clients, ids),
                                        fed.subset(fed.client_data, ids), fed.received)
+        raw = fed.adversaries.collude_uploads(plan.round, ids, raw)
         uploads = [fed.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
         result = fed.aggregator.aggregate(uploads, fed.facts.server_context(plan.round, info))
         for i in range(m):
@@ -196,7 +197,7 @@ class NoExchange(Protocol):
     def setup(self, fed) -> None:
         pass
 
-    def stop_reason(self, fed, r: int) -> Optional[str]:
+    def stop_reason(self, fed, r: int) -> str | None:
         return None
 
     def run(self, fed, plan, after_private):

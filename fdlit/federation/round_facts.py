@@ -7,7 +7,6 @@ participants and evaluates the same rounds (docs/participation.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -22,9 +21,9 @@ class RoundPlan:
     round: int
     sampled: list[int]
     arrived: list[int]
-    public_index: Optional[torch.Tensor]
+    public_index: torch.Tensor | None
     evaluated: bool
-    eval_rows: Optional[torch.Tensor]
+    eval_rows: torch.Tensor | None
 
     @property
     def first(self) -> bool:
@@ -42,7 +41,7 @@ class RoundFacts:
 
     def __init__(self, seed: int, rounds: int, num_clients: int, num_classes: int, public_x: torch.Tensor,
                  public_y: torch.Tensor, client_classes: tuple[tuple[int, ...], ...], participation,
-                 epochs: tuple[int, int], eval_every_n_rounds: int, eval_rows: Optional[torch.Tensor]):
+                 epochs: tuple[int, int], eval_every_n_rounds: int, eval_rows: torch.Tensor | None):
         self.seed, self.rounds, self.num_clients, self.num_classes = seed, rounds, num_clients, num_classes
         self.public_x, self.public_y, self.client_classes = public_x, public_y, client_classes
         self.participation = participation
@@ -58,7 +57,7 @@ class RoundFacts:
         """Whether round r evaluates the clients: round 1, every n-th round and the last."""
         return r == 1 or r % self.eval_every_n_rounds == 0 or r >= self.rounds
 
-    def participants(self, r: int) -> tuple[list[int], list[int], Optional[torch.Tensor]]:
+    def participants(self, r: int) -> tuple[list[int], list[int], torch.Tensor | None]:
         """Round r's sampled and arrived client ids and public rows (None: all)."""
         everyone = list(range(self.num_clients))
         if self.participation is None:
@@ -73,12 +72,12 @@ class RoundFacts:
         return RoundPlan(r, sampled, arrived, public_index, self.evaluates(r),
                          self.eval_rows if r < self.rounds else None)
 
-    def info(self, round: int, clients: tuple[int, ...] = (), public_index: Optional[torch.Tensor] = None
+    def info(self, round: int, clients: tuple[int, ...] = (), public_index: torch.Tensor | None = None
              ) -> FederationInfo:
         epochs = 0 if round == 0 else self.epochs[0] if round == 1 else self.epochs[1]
         public_x = self.public_x if public_index is None else self.public_x[public_index]
         return FederationInfo(round, self.seed, self.num_clients, self.num_classes, public_x,
                               private_epochs=epochs, clients=clients, public_index=public_index)
 
-    def server_context(self, round: int, info: Optional[FederationInfo] = None) -> ServerContext:
+    def server_context(self, round: int, info: FederationInfo | None = None) -> ServerContext:
         return ServerContext(info or self.info(round), self.public_y, self.client_classes)

@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
-from fdlit.methods.distillation import distil
 from fdlit.clients import ClientOptimization
 from fdlit.errors import ConfigError, check_at_least, check_number
+from fdlit.methods.distillation import distil
 from fdlit.models.build import build_model
 
 
-def check_model_spec(field: str, spec: Optional[dict]) -> None:
+def check_model_spec(field: str, spec: dict | None) -> None:
     """Refuse a class path that does not import or is not a torch module, before any work."""
     if spec is None:
         return
@@ -66,7 +66,7 @@ class ServerModel:
 
     def __init__(
         self,
-        model: Optional[dict] = None,
+        model: dict | None = None,
         optimizer: Literal["adam", "adamw", "sgd"] = "adam",
         lr: float = 1e-3,
         weight_decay: float = 0.0,
@@ -90,7 +90,7 @@ class ServerModel:
                                                batch_size=batch_size)
         self.batch_size, self.epochs_first, self.epochs = batch_size, epochs_first, epochs
         self.broadcast = broadcast
-        self.net: Optional[torch.nn.Module] = None
+        self.net: torch.nn.Module | None = None
 
     @property
     def enabled(self) -> bool:
@@ -124,7 +124,7 @@ class ServerModel:
                           for i in range(0, len(x), batch_size)])
 
     def round(self, first: bool, public_x: torch.Tensor, teacher: torch.Tensor,
-              test: Optional[tuple[torch.Tensor, torch.Tensor]]) -> tuple[Optional[torch.Tensor], dict[str, float]]:
+              test: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor | None, dict[str, float]]:
         """One round's server step: distil from ``teacher`` on ``public_x`` (the kept rows), evaluate
         on ``test`` (None: not evaluated this round, NaN). Returns the probabilities to broadcast
         (None unless ``broadcast``) and the metrics."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 
-
 def loop_state(fed: Any) -> dict[str, Any]:
     """Tensors and plain data only."""
     return {
@@ -30,7 +29,7 @@ def loop_state(fed: Any) -> dict[str, Any]:
 
 def load_loop_state(fed: Any, state: dict[str, Any]) -> None:
     """Continue from ``state`` (the loop is set up, before ``fit``)."""
-    for client, client_state in zip(fed.clients, state["clients"]):
+    for client, client_state in zip(fed.clients, state["clients"], strict=True):
         client.load_client_state(client_state)
     fed.executor.push_states(fed.clients)
     fed.aggregator.load_state_dict(state["method"] or {})

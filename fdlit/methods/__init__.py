@@ -3,9 +3,9 @@ global model) and a client part (a ClientPart) (docs/algorithms.md, docs/design.
 
 from fdlit.methods.averaging import ProbabilityAveraging
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart, weight_concentration, weight_entropy
+from fdlit.methods.density import DiagonalGaussianMixture, mixture_log_likelihood
 from fdlit.methods.entropy import EntropyWeighted
 from fdlit.methods.era import EntropyReduction
-from fdlit.methods.logit_averaging import LogitAveraging
 from fdlit.methods.f2l import F2L
 from fdlit.methods.f2l_fedavg import F2LParams
 from fdlit.methods.fedavg import FedAvg
@@ -14,20 +14,24 @@ from fdlit.methods.fedgo import FedGO
 from fdlit.methods.fedgo_fedavg import FedGOParams
 from fdlit.methods.fedmd import FedMD
 from fdlit.methods.fedprox import FedProx
+from fdlit.methods.krum import Krum
 from fdlit.methods.kulsif import KuLSIF
 from fdlit.methods.lkd import LKD
+from fdlit.methods.logit_averaging import LogitAveraging
 from fdlit.methods.meta_model import MetaModel
 from fdlit.methods.oracle import Oracle
+from fdlit.methods.robust_parameters import FedMedian, FedTrimmedMean
+from fdlit.methods.robust_predictions import CoordinateMedian, TrimmedMean
 from fdlit.methods.scaffold import Scaffold
 from fdlit.methods.selective import SelectiveFD
-from fdlit.methods.variance import LogitVariance
-from fdlit.methods.density import DiagonalGaussianMixture, mixture_log_likelihood
 from fdlit.methods.uncertainty import SmoothedUncertaintyWeighted, UncertaintyWeighted
+from fdlit.methods.variance import LogitVariance
 
 __all__ = [
     "AggregationResult",
     "Aggregator",
     "ClientPart",
+    "CoordinateMedian",
     "DiagonalGaussianMixture",
     "EntropyReduction",
     "EntropyWeighted",
@@ -41,7 +45,10 @@ __all__ = [
     "FedGOParams",
     "FedMD",
     "FedMDClient",
+    "FedMedian",
+    "FedTrimmedMean",
     "FedProx",
+    "Krum",
     "KuLSIF",
     "LKD",
     "MetaModel",
@@ -50,6 +57,7 @@ __all__ = [
     "SelectiveFD",
     "ProbabilityAveraging",
     "SmoothedUncertaintyWeighted",
+    "TrimmedMean",
     "UncertaintyWeighted",
     "mixture_log_likelihood",
     "weight_concentration",

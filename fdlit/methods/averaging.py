@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from fdlit.methods.base import AggregationResult, Aggregator, uniform_weights
 
 

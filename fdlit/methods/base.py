@@ -34,9 +34,9 @@ a DeprecationWarning: their client hooks ship the whole rule, server state inclu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import warnings
-from typing import TYPE_CHECKING, Any, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -65,7 +65,7 @@ class FederationInfo:
     public_x: torch.Tensor
     private_epochs: int = 0  # epochs of this round's private phase (SCAFFOLD counts its local steps)
     clients: tuple[int, ...] = ()
-    public_index: Optional[torch.Tensor] = None
+    public_index: torch.Tensor | None = None
 
     def client_ids(self) -> list[int]:
         """Ids of the clients whose uploads are given, in upload order."""
@@ -96,9 +96,9 @@ class ClientContext:
     """
 
     info: FederationInfo
-    client: "ClientModule"
-    data: "ClientData"
-    public_logits: Optional[torch.Tensor]
+    client: ClientModule
+    data: ClientData
+    public_logits: torch.Tensor | None
     received: dict[str, torch.Tensor]
     state: dict[str, torch.Tensor]
 
@@ -109,12 +109,12 @@ class ServerContext:
     rules that say they use labels (the Oracle, server-scored LKD) may read them."""
 
     info: FederationInfo
-    public_y: Optional[torch.Tensor] = None
+    public_y: torch.Tensor | None = None
     client_classes: tuple[tuple[int, ...], ...] = ()
 
 
-def context_for(uploads: "Uploads", round: int = 1, seed: int = 0, public_x: Optional[torch.Tensor] = None,
-                public_y: Optional[torch.Tensor] = None) -> ServerContext:
+def context_for(uploads: Uploads, round: int = 1, seed: int = 0, public_x: torch.Tensor | None = None,
+                public_y: torch.Tensor | None = None) -> ServerContext:
     """A server context for calling ``aggregate`` outside a run (unit tests, notebooks): every
     client uploaded, over the whole public set (``public_x``: an N x 0 placeholder when not given)."""
     n, c = uploads[0]["logits"].shape if "logits" in uploads[0] else (0, 0)
@@ -131,9 +131,9 @@ class AggregationResult:
     rule drops samples; rule stats; ``broadcast``: what a parameter-exchange method sends down to
     every client (e.g. the global parameters), handed to ``client_receive``."""
 
-    teacher: Optional[torch.Tensor]
-    weights: Optional[torch.Tensor] = None
-    keep: Optional[torch.Tensor] = None
+    teacher: torch.Tensor | None
+    weights: torch.Tensor | None = None
+    keep: torch.Tensor | None = None
     stats: dict[str, float] = field(default_factory=dict)
     broadcast: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -169,8 +169,8 @@ class ClientPart:
         teacher's targets and the client's own private data; by default the public samples only."""
         return public_x, targets
 
-    def loss(self, client: "ClientModule", phase: str, logits: torch.Tensor, target: torch.Tensor,
-             weight: Optional[torch.Tensor], base: torch.Tensor) -> torch.Tensor:
+    def loss(self, client: ClientModule, phase: str, logits: torch.Tensor, target: torch.Tensor,
+             weight: torch.Tensor | None, base: torch.Tensor) -> torch.Tensor:
         """The loss of a ``phase`` (``"private"`` or ``"public"``) step; ``base`` is the client's own
         (cross-entropy against the labels or the teacher). Add a term or replace it."""
         return base
@@ -188,7 +188,7 @@ LEGACY_HOOKS = {"client_setup": "setup", "client_upload": "upload", "client_rece
                 "distillation_set": "distillation_set"}
 
 
-def legacy_hooks(method: "Aggregator") -> list[str]:
+def legacy_hooks(method: Aggregator) -> list[str]:
     """The client hooks ``method``'s class (or a parent below :class:`Aggregator`) still defines."""
     return [name for name in LEGACY_HOOKS
             if any(name in vars(cls) for cls in type(method).__mro__ if cls not in (Aggregator, object))]
@@ -198,7 +198,7 @@ class LegacyClientPart(ClientPart):
     """The client part of a rule that defines its client hooks on the Aggregator itself (deprecated):
     each hook calls the rule's, so the whole rule, server state included, travels to workers."""
 
-    def __init__(self, method: "Aggregator"):
+    def __init__(self, method: Aggregator):
         self.method = method
         self.defined = legacy_hooks(method)
 
@@ -230,7 +230,7 @@ class LegacyClientPart(ClientPart):
         return "client_receive" in self.defined or self.method.client_part().has_receive
 
 
-def client_part_of(method: "Aggregator") -> ClientPart:
+def client_part_of(method: Aggregator) -> ClientPart:
     """The client part of ``method``: its own (``method.client_part()``), or for a rule that still
     defines ``client_upload`` etc. on the Aggregator, a :class:`LegacyClientPart` (with a warning)."""
     old = legacy_hooks(method)
@@ -257,7 +257,7 @@ class Aggregator:
     # for the privacy mechanism (fdlit.privacy.release): each upload key's kind, and which quantity's
     # client mean is all the teacher needs (None: the rule combines the uploads non-linearly)
     released: dict[str, str] = {"logits": "rows"}
-    summed: Optional[str] = None
+    summed: str | None = None
 
     def check_config(self, model: Any, client: Any) -> None:
         """Refuse, with a ConfigError, a model spec or client optimization the method cannot run

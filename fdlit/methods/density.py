@@ -43,7 +43,7 @@ class DiagonalGaussianMixture:
         *,
         robust: bool = False,
         shrinkage_samples: int = 10,
-    ) -> "DiagonalGaussianMixture":
+    ) -> DiagonalGaussianMixture:
         """Fit one component per class in ``classes`` on the logits of that class's samples.
 
         Maximum-likelihood mean and variance (as sklearn's GaussianMixture M-step with known

@@ -8,14 +8,14 @@ joint loss of Eq. 9): each gives its loss on a batch's log-probabilities.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
 
 def distil(net: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, epochs: int, batch_size: int,
            generator: torch.Generator, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-           before_epoch: Optional[Callable[[], None]] = None, train_single: bool = False) -> float:
+           before_epoch: Callable[[], None] | None = None, train_single: bool = False) -> float:
     """Train ``net`` for ``epochs`` over ``x`` in batches shuffled by ``generator``; each step
     minimises ``loss(log_q, idx)`` (log_q: float32 log-softmax of the batch x[idx], idx: its rows).
     ``before_epoch`` runs before each epoch (it may put the network in eval mode: training mode is

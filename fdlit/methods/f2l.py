@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 
+from fdlit.errors import ConfigError, check_at_least
 from fdlit.methods.base import AggregationResult
 from fdlit.methods.lkd import LKD
-from fdlit.errors import ConfigError, check_at_least
 
 ACROSS = ("lkd", "avg")
 
@@ -18,7 +18,7 @@ ACROSS = ("lkd", "avg")
 class Regions:
     """F2L's regions: a count R (client i is in region i mod R) or an explicit region id per client."""
 
-    spec: Union[int, tuple[int, ...]]
+    spec: int | tuple[int, ...]
 
     def assignment(self, num_clients: int) -> torch.Tensor:
         """Region id of every client (M,); refuses a spec that does not fit ``num_clients``."""
@@ -38,7 +38,7 @@ def upload_bytes(uploads) -> float:
     return float(sum(t.numel() * t.element_size() for u in uploads for k, t in u.items() if not k.startswith("_")))
 
 
-def region_assignment(regions: Union[int, list[int]]) -> Regions:
+def region_assignment(regions: int | list[int]) -> Regions:
     """Check ``aggregator.regions`` (a count >= 1, or ids 0..R-1 each used) before any work."""
     if isinstance(regions, bool) or not isinstance(regions, (int, list, tuple)):
         raise ConfigError("aggregator.regions", f"a count >= 1 or a list of region ids; got {regions!r}")
@@ -97,7 +97,7 @@ class F2L(LKD):
 
     short_name = "f2l"
 
-    def __init__(self, regions: Union[int, list[int]] = 4, across: Literal["lkd", "avg"] = "lkd",
+    def __init__(self, regions: int | list[int] = 4, across: Literal["lkd", "avg"] = "lkd",
                  epsilon: float = 0.0, temperature: float = 20.0,
                  scoring: Literal["calibration_vs_public", "calibration", "server"] = "calibration_vs_public",
                  server_labelled_size: int = 100):

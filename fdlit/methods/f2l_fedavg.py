@@ -3,18 +3,18 @@ server, and the switch back to FedAvg (Nguyen et al. 2022)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
+from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.methods.base import AggregationResult, ClientPart, ServerContext, Uploads
 from fdlit.methods.distillation import distil
 from fdlit.methods.f2l import Regions, region_assignment, upload_bytes
 from fdlit.methods.fedavg import FedAvgClient, exchanged_tensors, flatten, load_flat, weighted_average
 from fdlit.methods.feddf import FedDF
 from fdlit.methods.lkd import auc_against_unlabelled
-from fdlit.errors import ConfigError, check_at_least, check_number
 
 OPTIMIZERS = ("sgd", "adam")
 
@@ -104,9 +104,9 @@ class F2LParams(FedDF):
 
     short_name = "f2l_fedavg"
 
-    def __init__(self, regions: Union[int, list[int]] = 3, global_every: int = 8, epsilon: float = 0.1,
+    def __init__(self, regions: int | list[int] = 3, global_every: int = 8, epsilon: float = 0.1,
                  hard_weight: float = 0.01, update_distillation: bool = True, temperature: float = 20.0,
-                 server_labelled_size: Optional[int] = None, epochs: int = 5, lr: float = 1e-3,
+                 server_labelled_size: int | None = None, epochs: int = 5, lr: float = 1e-3,
                  batch_size: int = 32, optimizer: Literal["sgd", "adam"] = "adam"):
         super().__init__(epochs=epochs, lr=lr, batch_size=batch_size)
         self.regions = region_assignment(regions)
@@ -122,8 +122,8 @@ class F2LParams(FedDF):
         self.global_every, self.epsilon, self.hard_weight = global_every, epsilon, hard_weight
         self.update_distillation, self.temperature = update_distillation, temperature
         self.server_labelled_size, self.optimizer = server_labelled_size, optimizer
-        self.regional: Optional[torch.Tensor] = None  # R x P, the regional models
-        self.global_model: Optional[torch.Tensor] = None  # P, the old global model w_old
+        self.regional: torch.Tensor | None = None  # R x P, the regional models
+        self.global_model: torch.Tensor | None = None  # P, the old global model w_old
 
     def assignment(self, num_clients: int) -> torch.Tensor:
         return self.regions.assignment(num_clients)

@@ -23,12 +23,12 @@ a heterogeneous federation (``fdlit.models.PerClient`` with different groups) is
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
-from fdlit.methods.base import AggregationResult, Aggregator, ClientContext, ClientPart, ServerContext, Uploads
 from fdlit.errors import ConfigError
+from fdlit.methods.base import AggregationResult, Aggregator, ClientContext, ClientPart, ServerContext, Uploads
 
 
 def exchanged_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -104,7 +104,7 @@ class FedAvg(Aggregator):
     exchange = "parameters"
 
     def __init__(self):
-        self.counts: Optional[torch.Tensor] = None  # n_k, sent once at set-up
+        self.counts: torch.Tensor | None = None  # n_k, sent once at set-up
 
     def check_config(self, model: Any, client: Any) -> None:
         check_homogeneous(model)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.methods.base import AggregationResult, ServerContext, Uploads
 from fdlit.methods.distillation import distil
 from fdlit.methods.fedavg import FedAvg, exchanged_tensors, flatten, load_flat
-from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.models.build import build_model
 
 
@@ -46,7 +46,7 @@ class FedDF(FedAvg):
         check_at_least("aggregator.batch_size", batch_size, 1)
         self.epochs, self.lr, self.batch_size = epochs, lr, batch_size
         self.model_spec: Any = None
-        self.net: Optional[torch.nn.Module] = None
+        self.net: torch.nn.Module | None = None
 
     def check_config(self, model: Any, client: Any) -> None:
         super().check_config(model, client)
@@ -64,7 +64,7 @@ class FedDF(FedAvg):
         return self.net
 
     @staticmethod
-    def _logits(net: torch.nn.Module, x: torch.Tensor, flat: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _logits(net: torch.nn.Module, x: torch.Tensor, flat: torch.Tensor | None = None) -> torch.Tensor:
         """The server network's logits on x, with ``flat`` (a client's parameters) loaded first when given."""
         if flat is not None:
             load_flat(exchanged_tensors(net), flat)

@@ -7,8 +7,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.errors import ConfigError, check_at_least, check_number
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 
 
 def train_discriminator(own: torch.Tensor, reference: torch.Tensor, hidden: int = 64, epochs: int = 30,

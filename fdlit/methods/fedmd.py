@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-from fdlit.methods.base import AggregationResult, Aggregator, ClientPart, uniform_weights
 from fdlit.errors import check_at_least
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart, uniform_weights
 
 
 class FedMDDigest(ClientPart):
@@ -68,7 +66,7 @@ def centred(scores: torch.Tensor) -> torch.Tensor:
     return scores - scores.mean(-1, keepdim=True)
 
 
-def digest_loss(logits: torch.Tensor, teacher: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+def digest_loss(logits: torch.Tensor, teacher: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
     """(1/C) sum_c |(z - mean_c z) - (log P - mean_c log P)|, mean over samples (weighted by ``weight``)."""
     # log P = consensus scores - logsumexp: the consensus up to a per-row constant
     target = centred(torch.log(teacher.float().clamp_min(1e-30)))

@@ -7,12 +7,11 @@ does not import the client machinery (start-up of ``fdlit fit --help``)."""
 from __future__ import annotations
 
 import warnings
-from typing import Optional
 
 import torch
 
-from fdlit.methods.fedmd import digest_loss
 from fdlit.clients.client import ClientModule
+from fdlit.methods.fedmd import digest_loss
 
 
 class FedMDClient(ClientModule):
@@ -27,5 +26,5 @@ class FedMDClient(ClientModule):
         super().__init__(*args, **kwargs)
 
     def public_loss(self, logits: torch.Tensor, teacher: torch.Tensor,
-                    weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    weight: torch.Tensor | None = None) -> torch.Tensor:
         return digest_loss(logits, teacher, weight)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from fdlit.errors import check_number
 from fdlit.methods.base import ClientContext, ClientPart
 from fdlit.methods.fedavg import FedAvg, FedAvgClient, flatten, parameter_slices
-from fdlit.errors import check_number
 
 
 class FedProxClient(FedAvgClient):

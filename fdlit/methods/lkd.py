@@ -7,8 +7,8 @@ from typing import Literal
 
 import torch
 
-from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.errors import ConfigError, check_at_least, check_number
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 
 
 def one_vs_rest_auc(scores: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-
 import torch
 
-from fdlit.methods.base import AggregationResult, Aggregator, uniform_weights
 from fdlit.errors import check_number
+from fdlit.methods.base import AggregationResult, Aggregator, uniform_weights
 
 
 class LogitAveraging(Aggregator):

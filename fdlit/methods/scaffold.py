@@ -25,13 +25,13 @@ The update assumes plain SGD steps: ``client.optimizer`` must be ``sgd`` with ``
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
+from fdlit.errors import ConfigError
 from fdlit.methods.base import AggregationResult, ClientContext, ClientPart, ServerContext, Uploads
 from fdlit.methods.fedavg import FedAvg, FedAvgClient, flatten, parameter_slices
-from fdlit.errors import ConfigError
 
 
 def local_steps(n: int, batch_size: int, epochs: int) -> int:
@@ -63,10 +63,8 @@ class ScaffoldClient(FedAvgClient):
         opt = ctx.client.optimization
         k = local_steps(len(ctx.data.train.y), opt.batch_size, ctx.info.private_epochs)
         c_i = state["scaffold_c_i"]
-        if k > 0:  # option II
-            new = c_i - state["scaffold_c"] + (state["scaffold_x"] - y) / (k * opt.lr)
-        else:
-            new = c_i
+        # option II; a client that took no step keeps its control variate
+        new = c_i - state["scaffold_c"] + (state["scaffold_x"] - y) / (k * opt.lr) if k > 0 else c_i
         state["scaffold_c_i"] = new
         return {**super().upload(ctx), "control_delta": new - c_i}
 
@@ -88,7 +86,7 @@ class Scaffold(FedAvg):
 
     def __init__(self):
         super().__init__()
-        self.control: Optional[torch.Tensor] = None  # c, the server control variate (0 before round 1)
+        self.control: torch.Tensor | None = None  # c, the server control variate (0 before round 1)
 
     def check_config(self, model: Any, client: Any) -> None:
         super().check_config(model, client)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 
-from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
-from fdlit.methods.kulsif import KuLSIF, squared_distances
 from fdlit.errors import ConfigError, check_at_least, check_number
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
+from fdlit.methods.kulsif import KuLSIF, kernel_dtype, squared_distances
 
 
 class SelectiveFD(Aggregator):
@@ -104,13 +104,13 @@ class SelectiveFD(Aggregator):
         per_class: bool = True,
         auxiliary: Literal["uniform", "public"] = "uniform",
         aux_samples: int = 1000,
-        sigma: Optional[float] = None,
-        lam: Optional[float] = None,
+        sigma: float | None = None,
+        lam: float | None = None,
         ties: Literal["drop", "soft"] = "drop",
         features: Literal["inputs", "penultimate", "backbone"] = "inputs",
-        backbone: Optional[str] = None,
-        public_per_round: Optional[int] = None,
-        private_weight: Optional[float] = None,
+        backbone: str | None = None,
+        public_per_round: int | None = None,
+        private_weight: float | None = None,
     ):
         if labels not in ("soft", "hard"):
             raise ConfigError("aggregator.labels", f"allowed: 'soft', 'hard'; got {labels!r}")
@@ -151,7 +151,7 @@ class SelectiveFD(Aggregator):
         self.lam = lam
         self.ties = ties
 
-    def client_part(self) -> "SelectiveFDClient":
+    def client_part(self) -> SelectiveFDClient:
         return SelectiveFDClient(
             labels=self.labels, client_quantile=self.client_quantile, client_selector=self.client_selector,
             per_class=self.per_class, auxiliary=self.auxiliary, aux_samples=self.aux_samples, sigma=self.sigma,
@@ -204,8 +204,8 @@ class SelectiveFDClient(ClientPart):
     Its arguments are :class:`SelectiveFD`'s of the same names."""
 
     def __init__(self, labels: str, client_quantile: float, client_selector: bool, per_class: bool, auxiliary: str,
-                 aux_samples: int, sigma: Optional[float], lam: Optional[float], features: str,
-                 backbone: Optional[str], public_per_round: Optional[int], private_weight: Optional[float]):
+                 aux_samples: int, sigma: float | None, lam: float | None, features: str,
+                 backbone: str | None, public_per_round: int | None, private_weight: float | None):
         self.labels, self.client_quantile, self.client_selector = labels, client_quantile, client_selector
         self.per_class, self.auxiliary, self.aux_samples, self.sigma, self.lam = per_class, auxiliary, aux_samples, sigma, lam
         self.features, self.backbone, self.public_per_round = features, backbone, public_per_round
@@ -228,13 +228,14 @@ class SelectiveFDClient(ClientPart):
         mask = torch.zeros(len(public), dtype=torch.bool, device=public.device)
         # the per-class selectors share the auxiliary set: its distances are computed once
         aux_aux = public_aux = None
+        dtype = kernel_dtype(self.lam, len(aux))
         for group in groups:
             g_tr = torch.isin(train_y.to(public.device), torch.tensor(group, device=public.device))
             if int(g_tr.sum()) < 2:
                 continue  # no density to estimate from fewer than 2 samples
             if aux_aux is None:
-                aux_aux, public_aux = squared_distances(aux, aux), squared_distances(public, aux)
-            est = KuLSIF.fit(local_all[g_tr], aux, self.sigma, self.lam, aux_sq_dists=aux_aux)
+                aux_aux, public_aux = squared_distances(aux, aux, dtype), squared_distances(public, aux, dtype)
+            est = KuLSIF.fit(local_all[g_tr], aux, self.sigma, self.lam, aux_sq_dists=aux_aux, dtype=dtype)
             g_cal = torch.isin(cal_y.to(public.device), torch.tensor(group, device=public.device))
             ref = cal_x.flatten(1).to(public.device)[g_cal] if int(g_cal.sum()) else local_all[g_tr]
             threshold = torch.quantile(est(ref), self.client_quantile)
@@ -267,7 +268,7 @@ class SelectiveFDClient(ClientPart):
             ctx.state["selective_mask"] = self.fit_mask(ctx)
         return {}
 
-    def round_sample(self, info) -> Optional[torch.Tensor]:
+    def round_sample(self, info) -> torch.Tensor | None:
         """The public samples of this round (bool mask over the public set), the same on every
         client and the server; None when every round uses the whole public set."""
         n = len(info.public_x)

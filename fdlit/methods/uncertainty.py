@@ -7,9 +7,9 @@ from typing import Literal
 
 import torch
 
+from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.methods.density import DENSITY_METHODS, DiagonalGaussianMixture, mixture_log_likelihood
-from fdlit.errors import ConfigError, check_at_least, check_number
 
 MIXES = ("probabilities", "logits")  # what UWA's weights average (``mix``)
 

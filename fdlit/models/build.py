@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Union
+from collections.abc import Callable
 
 import torch
 
 from fdlit.errors import ConfigError
 
-ModelSpec = Union[dict, Callable[..., torch.nn.Module]]
+ModelSpec = dict | Callable[..., torch.nn.Module]
 
 
 def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int,

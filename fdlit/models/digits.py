@@ -7,7 +7,6 @@ config only sets the architecture's own knobs.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 from torch import nn
 
@@ -34,8 +33,8 @@ class SmallCNN(ClientNetwork):
 
     def __init__(
         self,
-        input_shape: Optional[tuple[int, ...]] = None,
-        num_classes: Optional[int] = None,
+        input_shape: tuple[int, ...] | None = None,
+        num_classes: int | None = None,
         channels: int = 16,
         hidden: int = 64,
         dropout: float = 0.0,
@@ -73,8 +72,8 @@ class MLP(ClientNetwork):
 
     def __init__(
         self,
-        input_shape: Optional[tuple[int, ...]] = None,
-        num_classes: Optional[int] = None,
+        input_shape: tuple[int, ...] | None = None,
+        num_classes: int | None = None,
         hidden: list[int] = [128, 128],
         dropout: float = 0.0,
     ):
@@ -84,7 +83,7 @@ class MLP(ClientNetwork):
         super().__init__()
         dims = [math.prod(input_shape or (1, 8, 8)), *hidden]
         layers: list[nn.Module] = [nn.Flatten()]
-        for a, b in zip(dims[:-1], dims[1:]):
+        for a, b in zip(dims[:-1], dims[1:], strict=True):
             layers += [nn.Linear(a, b), nn.ReLU(), nn.Dropout(dropout)]
         layers.append(nn.Linear(dims[-1], num_classes or 10))
         self.net = nn.Sequential(*layers)

@@ -17,7 +17,7 @@ client must end up in exactly one group. ``build_model`` resolves the spec per c
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from fdlit.errors import ConfigError
 from fdlit.models.base import ClientNetwork
@@ -30,8 +30,8 @@ class PerClient(ClientNetwork):
         groups: list of ``{class_path, init_args, clients | fraction}``.
     """
 
-    def __init__(self, groups: list[dict[str, Any]], input_shape: Optional[tuple] = None,
-                 num_classes: Optional[int] = None):
+    def __init__(self, groups: list[dict[str, Any]], input_shape: tuple | None = None,
+                 num_classes: int | None = None):
         super().__init__()
         raise ConfigError("model", "fdlit.models.PerClient is resolved per client by build_model; not a network")
 
@@ -43,7 +43,7 @@ class PerClient(ClientNetwork):
         """The model spec of every client, in client order."""
         if not groups:
             raise ConfigError("model.init_args.groups", "needs at least one group")
-        owner: list[Optional[int]] = [None] * num_clients
+        owner: list[int | None] = [None] * num_clients
         for g, group in enumerate(groups):
             if "class_path" not in group:
                 raise ConfigError("model.init_args.groups", f"group {g} has no class_path")

@@ -9,8 +9,6 @@ scaled tanh and subsampling.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from torch import nn
 
 from fdlit.models.base import ClientNetwork
@@ -24,7 +22,7 @@ class LeNet5(ClientNetwork):
         num_classes: number of classes C, filled in from the data.
     """
 
-    def __init__(self, input_shape: Optional[tuple[int, ...]] = None, num_classes: Optional[int] = None):
+    def __init__(self, input_shape: tuple[int, ...] | None = None, num_classes: int | None = None):
         super().__init__()
         c, h, w = input_shape or (1, 28, 28)
         pad = 2 if h < 32 else 0

@@ -17,7 +17,7 @@ Parameter names follow torchvision's ``resnet18`` (``conv1``, ``bn1``, ``layer1.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 from torch import nn
@@ -68,13 +68,13 @@ class ResNet18(ClientNetwork):
 
     def __init__(
         self,
-        input_shape: Optional[tuple[int, ...]] = None,
-        num_classes: Optional[int] = None,
+        input_shape: tuple[int, ...] | None = None,
+        num_classes: int | None = None,
         stem: Literal["cifar", "imagenet"] = "cifar",
         pretrained: bool = False,
         weights_repo: str = DEFAULT_WEIGHTS_REPO,
-        weights_path: Optional[str] = None,
-        upsample: Optional[int] = None,
+        weights_path: str | None = None,
+        upsample: int | None = None,
     ):
         super().__init__()
         if stem not in ("cifar", "imagenet"):
@@ -122,7 +122,7 @@ class ResNet18(ClientNetwork):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def load_imagenet_weights(repo: str = DEFAULT_WEIGHTS_REPO, path: Optional[str] = None) -> dict[str, torch.Tensor]:
+def load_imagenet_weights(repo: str = DEFAULT_WEIGHTS_REPO, path: str | None = None) -> dict[str, torch.Tensor]:
     """torchvision-named ResNet-18 ImageNet weights from a local file or the (cached) hub."""
     if path is None:
         from huggingface_hub import hf_hub_download

@@ -10,8 +10,6 @@ the hub client. Inputs are the N x 2 x L int64 tensors of :mod:`fdlit.data.hub` 
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from fdlit.errors import ConfigError
@@ -32,8 +30,8 @@ class BertClassifier(ClientNetwork):
 
     def __init__(
         self,
-        input_shape: Optional[tuple[int, ...]] = None,
-        num_classes: Optional[int] = None,
+        input_shape: tuple[int, ...] | None = None,
+        num_classes: int | None = None,
         model_name: str = DEFAULT_BERT,
         pretrained: bool = True,
     ):

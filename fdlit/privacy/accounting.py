@@ -23,7 +23,8 @@ apply. Two valid accounts remain, both computed here:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def sampled_epsilon(history: Iterable[tuple[float, float, int]], delta: float) -
     return float(get_privacy_spent(orders=alphas, rdp=rdp, delta=delta)[0])
 
 
-def make_accountant(kind: str, history: Optional[list] = None):
+def make_accountant(kind: str, history: list | None = None):
     """An Opacus accountant, with ``history`` ((noise multiplier, sample rate, steps) entries) restored."""
     from opacus.accountants import PRVAccountant, RDPAccountant  # imported only when DP is on
 

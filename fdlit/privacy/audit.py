@@ -10,7 +10,7 @@ all thresholds is the Mann-Whitney statistic, P(score(member) > score(non-member
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -34,7 +34,7 @@ themselves, which encodings (they send probabilities or labels) cannot serve.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 ROWS, POSITIVE_ROWS, CLEAR, UNBOUNDED = "rows", "positive_rows", "clear", "unbounded"
 KINDS = (ROWS, POSITIVE_ROWS, CLEAR, UNBOUNDED)
@@ -43,7 +43,7 @@ SUMMANDS = ("logits", "probabilities")
 DEFAULT = {"logits": ROWS}
 
 
-def declared_in(cls: type, name: str) -> Optional[type]:
+def declared_in(cls: type, name: str) -> type | None:
     """The class of ``cls``'s MRO that defines ``name`` (None: none does)."""
     return next((k for k in cls.__mro__ if name in vars(k)), None)
 
@@ -74,7 +74,7 @@ class Release:
         for key, kind in self.released.items():
             if kind not in KINDS:
                 raise TypeError(f"{self.name}.released[{key!r}] = {kind!r}; allowed kinds: {', '.join(KINDS)}")
-        self.summed: Optional[str] = getattr(method, "summed", None)
+        self.summed: str | None = getattr(method, "summed", None)
         if self.summed is not None and self.summed not in SUMMANDS:
             raise TypeError(f"{self.name}.summed = {self.summed!r}; allowed: None, {', '.join(SUMMANDS)}")
         self.evaluates_logits = bool(getattr(method, "evaluates_logits", False))

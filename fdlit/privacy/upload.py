@@ -47,7 +47,8 @@ themselves give no formal guarantee.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Literal, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -109,7 +110,7 @@ class UploadPrivacy:
         noise_multiplier: float = 0.0,
         clip_norm: float = 1.0,
         delta: float = 1e-5,
-        epsilon_budget: Optional[float] = None,
+        epsilon_budget: float | None = None,
         accountant: Literal["rdp", "prv"] = "rdp",
         accounting: Literal["local", "central", "secure_aggregation"] = "local",
         encoding: Literal["full", "hard", "top_k", "quantised"] = "full",
@@ -207,7 +208,7 @@ class UploadPrivacy:
 
     def upload(self, r: int, payloads: list[dict[str, torch.Tensor]], dtype: torch.dtype, seed: int,
                num_classes: int, sample_rate: float, send: Callable[[int, int, dict], dict],
-               clients: Optional[Sequence[int]] = None) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
+               clients: Sequence[int] | None = None) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
         """Clip and noise (DP on), encode, send (``send(r, client, messages)``) and decode every
         client's payload; returns what the server's rule receives and this round's privacy metrics.
         ``clients``: the id of each payload's client (None: 0 … M-1, everyone uploads); ``sample_rate``:
@@ -222,7 +223,7 @@ class UploadPrivacy:
             uploads, clipped, rows, stds = self._summed(r, ids, payloads, dtype, seed, send)
         else:
             uploads, clipped, rows, stds = [], 0, 0, []
-            for i, payload in zip(ids, payloads):
+            for i, payload in zip(ids, payloads, strict=True):
                 payload = dict(payload)
                 logits = payload.pop("logits")
                 if self.dp:
@@ -255,7 +256,7 @@ class UploadPrivacy:
         release = release + self.noise(release.shape, r, i, seed, std, release.device)
         out = list(release.split([len(p) for p in parts]))
         noised = {}
-        for k, noisy in zip(others, out[1:]):
+        for k, noisy in zip(others, out[1:], strict=True):
             if self.release.released[k] == POSITIVE_ROWS:
                 noisy = noisy.abs().clamp_min(FLOOR)
             noised[k] = noisy.to(payload[k].dtype)
@@ -267,7 +268,7 @@ class UploadPrivacy:
         receives is the noisy mean (as logits: a mean probability is made a distribution first)."""
         probabilities = self.release.summed == "probabilities"
         shares, clipped = [], 0
-        for i, payload in zip(ids, payloads):
+        for i, payload in zip(ids, payloads, strict=True):
             x = payload["logits"].double()
             x, c = clip_rows(x.softmax(-1) if probabilities else x, self.clip_norm)
             clipped += c
@@ -288,7 +289,7 @@ class UploadPrivacy:
         """The largest per-client epsilon so far (fdlit.privacy.accounting)."""
         return self.accountant.epsilon()
 
-    def over_budget(self, r: int, sample_rate: float) -> Optional[str]:
+    def over_budget(self, r: int, sample_rate: float) -> str | None:
         """Why round r must not run (it could exceed the budget: every client might take part), or None."""
         if not self.dp or self.epsilon_budget is None:
             return None

@@ -132,6 +132,8 @@ def config_fingerprint(config: dict[str, Any]) -> str:
     if isinstance(cfg.get("federation"), dict):
         cfg["federation"].pop("rounds", None)
         cfg["federation"].pop("devices", None)  # which GPU: a resumed run may continue on another one
+    if isinstance(cfg.get("adversaries"), dict) and cfg["adversaries"].get("attack") is None:
+        cfg.pop("adversaries")  # no attack: the same fingerprint as a config without the section
     if cfg.get("privacy") == default_config():  # runs saved before the privacy section existed still resume
         cfg.pop("privacy")
     elif isinstance(cfg.get("privacy"), dict) and cfg["privacy"].get("accounting") == "local":

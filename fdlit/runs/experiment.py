@@ -54,7 +54,8 @@ def loop_from_config(cfg: Namespace, init: Namespace, server: bool = True) -> Fe
         server_spec = cfg.server.model.as_dict() if cfg.server.model is not None else None
         server_model = ServerModel(**{k: v for k, v in vars(init.server).items() if k != "model"}, model=server_spec)
     return FederationLoop(**vars(init.federation), data=init.data, model=cfg.model.as_dict(), client=init.client,
-                          aggregator=init.aggregator, privacy=init.privacy, seed=cfg.seed, server=server_model)
+                          aggregator=init.aggregator, privacy=init.privacy, seed=cfg.seed, server=server_model,
+                          adversaries=init.adversaries)
 
 
 class Experiment:

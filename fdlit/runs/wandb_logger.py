@@ -28,6 +28,7 @@ from fdlit.runs.dashboards import SUMMARIES, accuracy_table_rows, run_summary, w
 from fdlit.runs.directory import safe_name
 from fdlit.runs.logger_config import LoggerConfig, Mode
 from fdlit.runs.naming import flat, setting_hash, short
+from fdlit.runs.wandb_costs import skip_unused_work, wandb_settings, without_field_docstrings
 
 
 def has_wandb_credentials() -> bool:
@@ -116,13 +117,13 @@ class WandbLogger(FederationCallback):
         print(redact(message), file=sys.stderr)
 
     def _init(self, mode: str, run_id: Optional[str]):
+        with without_field_docstrings():
+            return self._start(mode, run_id)
+
+    def _start(self, mode: str, run_id: Optional[str]):
         import wandb
 
-        # wandb imports pandas (~0.4 CPU s) at the first logged value that is not a plain number, only
-        # to ask whether it is a DataFrame; its other way of asking (by type name) gives the same answer
-        util = getattr(wandb, "util", None)
-        if hasattr(util, "pd_available") and "pandas" not in sys.modules:
-            util.pd_available = False
+        skip_unused_work(wandb)
 
         # wandb validates WANDB_MODE even when mode= is given: an empty or unknown value (e.g. an
         # exported but unset variable) would fail init; fdlit already resolved the mode
@@ -133,9 +134,8 @@ class WandbLogger(FederationCallback):
 
         # on resume, continue the same W&B run (id from the checkpoint)
         resume = {"id": run_id, "resume": "allow"} if run_id else {}
-        # wandb waits 90 s for its service by default: bounded here, then the caller goes offline;
-        # no console capture (it costs CPU every line; fdlit's summary and run directory hold the results)
-        settings = wandb.Settings(init_timeout=self.config.init_timeout_s, console="off")
+        # wandb waits 90 s for its service by default: bounded here, then the caller goes offline
+        settings = wandb_settings(wandb, self.config)
         return wandb.init(
             project=self.config.project, entity=self.config.entity, name=self.name,
             group=self.group, tags=self.config.tags or None, config=self.run_config,
@@ -184,7 +184,8 @@ class WandbLogger(FederationCallback):
             classes = [cd.classes for cd in loop.client_data]
             every = self.config.trust_every_n_rounds
             trust = every > 0 and (round == 1 or round % every == 0 or round == loop.rounds)
-            self.run.log(wandb_round_payload(wandb, metrics, classes, trust, self.config.trust_max_rows))
+            with without_field_docstrings():
+                self.run.log(wandb_round_payload(wandb, metrics, classes, trust, self.config.trust_max_rows))
         except Exception as exc:  # keep trying next round (transient), but say it once
             self._say(f"fdlit: W&B log failed ({exc}); continuing, every metric is in {self.directory}")
 
@@ -196,7 +197,8 @@ class WandbLogger(FederationCallback):
 
             columns, rows = accuracy_table_rows(loop.history, [cd.classes for cd in loop.client_data])
             if rows:  # one table, every evaluated round: not a new table artifact each round
-                self.run.log({"clients/accuracy": wandb.Table(columns=columns, data=rows)})
+                with without_field_docstrings():  # the table's artifact imports wandb's artifact models
+                    self.run.log({"clients/accuracy": wandb.Table(columns=columns, data=rows)})
         except Exception as exc:
             self._say(f"fdlit: W&B table failed ({exc}); every metric is in {self.directory}")
         try:

@@ -1,0 +1,66 @@
+"""What an attack does to a round, measured (logged under ``adversaries/``):
+
+* ``adversaries/attackers``: attackers whose upload reached the server this round;
+* ``adversaries/weight``: their total weight in what the server made of the uploads. For a rule
+  with per-client weights W (M x N, columns summing to 1): E_x sum_{i attacker} W[i, x], the
+  attackers' share of the teacher (AVG: their share of the clients); for parameter exchange, their
+  share of the global model (``clients/model_share`` where the rule reports it, e.g. Krum's selection,
+  else FedAvg's n_k / n). NaN for a rule that reports neither;
+* ``adversaries/honest_global_acc`` and ``adversaries/honest_local_acc``: the mean accuracy of the
+  clients that are not attackers this round, after the exchange (global: the whole test set;
+  local: the test samples of the client's own classes);
+* ``adversaries/attack_success`` (targeted attacks only): the share of the honest clients'
+  predictions on test samples of the attack's source classes that are the target class.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def attackers_weight(fed: Any, result: Any, arrived: list[int], attackers: frozenset[int]) -> float:
+    rows = [j for j, i in enumerate(arrived) if i in attackers]
+    if result is None:
+        return math.nan
+    if result.weights is not None:
+        return float(result.weights[rows].sum(0).mean()) if rows else 0.0
+    shares = result.stats.get("clients/model_share")
+    if shares is None and getattr(fed.aggregator, "counts", None) is not None and result.broadcast:
+        counts = fed.aggregator.counts.double()[list(arrived)]
+        shares = (counts / counts.sum()).tolist()
+    if shares is None:
+        return math.nan
+    return float(sum(shares[j] for j in rows))
+
+
+def attack_metrics(fed: Any, adversaries: Any, plan: Any, result: Any, after_public: Any) -> dict[str, Any]:
+    attackers = adversaries.of_round(plan.round)
+    arrived = list(plan.arrived)
+    out: dict[str, Any] = {"adversaries/attackers": sum(i in attackers for i in arrived),
+                           "adversaries/weight": attackers_weight(fed, result, arrived, attackers)}
+    honest = [i for i in range(len(fed.clients)) if i not in attackers]
+    for name in ("global_acc", "local_acc"):
+        accs = None if after_public is None else after_public[name]
+        out[f"adversaries/honest_{name}"] = (math.nan if accs is None or not honest
+                                             else float(accs[honest].mean()))
+    target = adversaries.attack.targeted(fed.data.num_classes)
+    if target is not None:
+        out["adversaries/attack_success"] = math.nan
+        if after_public is not None and honest:
+            out["adversaries/attack_success"] = attack_success(fed, honest, plan.eval_rows, *target)
+    return out
+
+
+@torch.no_grad()
+def attack_success(fed: Any, honest: list[int], rows, sources: list[int], target: int) -> float:
+    x, y = fed.test_x, fed.test_y
+    if rows is not None:
+        x, y = x[rows], y[rows]
+    chosen = torch.isin(y, torch.tensor(sources, device=y.device))
+    if not bool(chosen.any()):
+        return math.nan
+    preds = fed.executor.predict(fed.subset(fed.clients, honest), x[chosen]).argmax(-1)  # H x T
+    return float((preds == target).float().mean())
