@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["deploy"]:  # fit on a Flower federation (fdlit.deployment; needs the flower extra)
             from fdlit.deployment.command import main as deploy
 
-            return deploy(argv[1:])
+            return deploy(*split_resume(argv[1:]))
         extra: list[str] = []
         if argv[:1] == ["sweep"] and "--" in argv:  # fit flags for every sweep run follow "--"
             at = argv.index("--")

@@ -76,7 +76,7 @@ def test_bad_input_is_refused_before_any_process_starts(tmp_path, capsys, monkey
     with pytest.raises(ConfigError):
         from fdlit.deployment.command import main
 
-        main(["--nodes", "-1", "--config", "digits.yaml"])
+        main(None, ["--nodes", "-1", "--config", "digits.yaml"])
 
 
 def test_an_unreachable_client_has_no_accuracy_and_the_means_leave_it_out():

@@ -43,16 +43,15 @@ def fit_arguments(argv: list[str]):
     return [*argv, f"--logger.run_dir={run_dir}"], parser, cfg
 
 
-def main(argv: list[str]) -> int:
+def main(run_dir: str | None, argv: list[str]) -> int:
+    """``deploy``: ``run_dir`` is ``--resume``'s run directory (taken out of the arguments), or None."""
     from fdlit.deployment import import_flwr
 
     options, rest = deploy_parser().parse_known_args(argv)
     if options.nodes < 1:
         raise ConfigError("deploy --nodes", f"must be >= 1, got {options.nodes}")
-    from fdlit.cli import split_resume
     from fdlit.runs.experiment import Experiment, resume_experiment
 
-    run_dir, rest = split_resume(rest)
     if run_dir is not None:  # continue a deployed (or fit) run from its checkpoint, on the nodes
         run_dir = str(Path(run_dir).resolve())
         resume_experiment(run_dir, rest)  # checks the run directory, its checkpoint and the flags
