@@ -27,7 +27,8 @@ EXIT_OS, EXIT_CONFIG, EXIT_NUMERICAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="fdlit", description="fdlit: federated distillation experiments.", allow_abbrev=False)
+    parser = ArgumentParser(prog="fdlit", description="fdlit: federated distillation experiments.", allow_abbrev=False,
+                            epilog="fdlit deploy --help: run a fit config as a Flower federation (the flower extra).")
     sub = parser.add_subcommands(required=True, dest="command")
     sub.add_subcommand("fit", fit_parser(), help="Run one experiment.")
     sub.add_subcommand("sweep", sweep_parser(), help="Run a W&B sweep file locally (grid, grouped, resumable).")
@@ -136,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                 experiment = resume_experiment(run_dir, rest)
                 experiment.run()
                 return 0
+        if argv[:1] == ["deploy"]:  # fit on a Flower federation (fdlit.deployment; needs the flower extra)
+            from fdlit.deployment.command import main as deploy
+
+            return deploy(*split_resume(argv[1:]))
         extra: list[str] = []
         if argv[:1] == ["sweep"] and "--" in argv:  # fit flags for every sweep run follow "--"
             at = argv.index("--")

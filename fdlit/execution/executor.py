@@ -67,6 +67,11 @@ class ClientExecutor:
     def teardown(self, clients: Sequence[ClientModule]) -> None:
         """End of a run: hand the final client state back into ``clients`` and free workers."""
 
+    def unreachable(self) -> frozenset[int]:
+        """Ids of clients that can no longer be reached (their process or machine is gone); the loop
+        drops them from the round as dropouts. None for an executor in the loop's process."""
+        return frozenset()
+
     def timing_metrics(self) -> dict[str, object]:
         """``time/*`` metrics of the round that just ended that the loop cannot see itself (CPU
         spent in other processes); none for an executor that runs in the loop's process."""

@@ -42,6 +42,7 @@ import torch
 
 from fdlit.errors import ConfigError
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
+from fdlit.execution.tokens import Tokens
 from fdlit.execution.vectorized import VectorizedExecutor
 from fdlit.methods.base import LegacyClientPart
 
@@ -336,8 +337,7 @@ class RayExecutor(ClientExecutor):
         self.actors = [actor_cls.remote(g, precision, threads, self.eval_batch_size, self.actor_executor)
                        for g in groups]
         self._actor_of = {c.client_id: a for a, g in enumerate(groups) for c in g}
-        self._tokens: dict[int, tuple[weakref.ref, int]] = {}  # id(object) -> (weakref, token)
-        self._counter = itertools.count()
+        self._token = Tokens()
         self._has: list[set[int]] = [set() for _ in self.actors]
         self._latest_prediction: dict[int, weakref.ref] = {}  # input token -> latest predict output
         # fail here, not mid-round, if an actor cannot start (no resources, cannot import fdlit)
@@ -415,21 +415,11 @@ class RayExecutor(ClientExecutor):
                  for a, idx in groups.items()])
 
     # ------------------------------------------------------------------ shipping data down once
-    def _token(self, obj) -> int:
-        entry = self._tokens.get(id(obj))
-        if entry is not None and entry[0]() is obj:
-            return entry[1]
-        token = next(self._counter)
-        self._tokens[id(obj)] = (weakref.ref(obj), token)
-        return token
-
     def _shipment(self, objects_by_actor: dict[int, list]) -> dict[int, tuple[dict, list[int]]]:
         """Per actor: the objects it lacks (as object refs, each put once) and the live tokens."""
         ray = import_ray()
-        for key in [k for k, (ref, _) in self._tokens.items() if ref() is None]:
-            del self._tokens[key]  # the driver dropped it: actors may drop it too
         tokens = {a: [(self._token(obj), obj) for obj in objects] for a, objects in objects_by_actor.items()}
-        live = sorted(token for _, token in self._tokens.values())
+        live = self._token.live()  # objects the driver dropped: actors may drop them too
         put: dict[int, Any] = {}
         out = {}
         for a, pairs in tokens.items():

@@ -11,6 +11,7 @@ checkpoint is ``state_dict()``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -286,7 +287,11 @@ class FederationLoop:
                 self.subset(self.clients, plan.sampled), "private",
                 self.subset(self.adversaries.private_sets(r, self.private, self.data.num_classes), plan.sampled),
                 self.private_epochs_first if plan.first else self.private_epochs, self.optimization.batch_size)
-        check_finite(private_losses, r, "private", plan.sampled)
+        lost = self.executor.unreachable()  # clients whose node stopped answering: dropped this round
+        if lost:
+            plan = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in lost])
+            private_losses = [v for i, v in zip(plan.sampled, private_losses, strict=True) if i not in lost]
+        check_finite(private_losses, r, "private", [i for i in plan.sampled if i not in lost])
         after_private = self.evaluate(plan.eval_rows) if plan.evaluated else None
         # the rest of the round: the protocol's exchange (fdlit.federation.protocols)
         result, public_losses, after_public = self.protocol.run(self, plan, after_private)
@@ -300,7 +305,7 @@ class FederationLoop:
         metrics["train/public_loss_mean"] = float(torch.tensor(public_losses).mean())
         communicating = len(plan.arrived) if self.protocol.communicates else len(self.clients)
         metrics.update(self.ledger.round_metrics(r, max(communicating, 1)))
-        if self.participation is not None:
+        if self.participation is not None or lost:
             metrics.update(measurement.participation_metrics(plan.sampled, plan.arrived, len(public_y)))
         metrics.update(result.stats if result is not None else {})
         metrics["time/round_s"] = time.perf_counter() - t0

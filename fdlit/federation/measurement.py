@@ -47,15 +47,18 @@ class Evaluation:
         x, y, masks = self.test_x, self.test_y, self.local_mask_matrix
         if rows is not None:
             x, y, masks = x[rows], y[rows], masks[:, rows]
-        preds = self.predict(x).argmax(-1)  # M x T
+        logits = self.predict(x)  # M x T x C
         # micro accuracy (correct / total; torchmetrics' MulticlassAccuracy defaults to macro), for
         # all clients in one op: 80 per-client metric calls a round cost more than the predictions
-        correct = (preds == y).float()
-        out = {"global_acc": correct.mean(1).cpu(),
-               "local_acc": ((correct * masks).sum(1) / masks.sum(1).clamp_min(1)).cpu()}
+        correct = (logits.argmax(-1) == y).float()
+        out = {"global_acc": correct.mean(1), "local_acc": (correct * masks).sum(1) / masks.sum(1).clamp_min(1)}
         if self.val_y is not None:  # one more predict, on the (small) validation set
-            out["val_acc"] = (self.predict(self.val_x).argmax(-1) == self.val_y).float().mean(1).cpu()
-        return out
+            val = self.predict(self.val_x)
+            out["val_acc"] = (val.argmax(-1) == self.val_y).float().mean(1)
+        # a client whose logits are NaN could not be reached (a deployment's node is gone): no accuracy
+        unreachable = logits.flatten(1).isnan().all(1)
+        return {k: v.masked_fill(unreachable, math.nan).cpu() if bool(unreachable.any()) else v.cpu()
+                for k, v in out.items()}
 
 
 def accuracy_metrics(after_private, after_public, with_validation: bool) -> dict[str, Any]:
@@ -69,12 +72,13 @@ def accuracy_metrics(after_private, after_public, with_validation: bool) -> dict
                     metrics[f"{phase}/{name}_{stat}"] = math.nan
                 continue
             values = accs[name]
-            metrics[f"{phase}/{name}_mean"] = float(values.mean())
-            metrics[f"{phase}/{name}_min"] = float(values.min())
-            metrics[f"{phase}/{name}_max"] = float(values.max())
+            known = values[~values.isnan()]  # all but unreachable clients
+            metrics[f"{phase}/{name}_mean"] = float(known.mean()) if len(known) else math.nan
+            metrics[f"{phase}/{name}_min"] = float(known.min()) if len(known) else math.nan
+            metrics[f"{phase}/{name}_max"] = float(known.max()) if len(known) else math.nan
             metrics[f"clients/{phase}/{name}"] = values.tolist()
         if with_validation:  # selection without the test set (summary: selected_*)
-            metrics[f"{phase}/val_acc_mean"] = math.nan if accs is None else float(accs["val_acc"].mean())
+            metrics[f"{phase}/val_acc_mean"] = math.nan if accs is None else float(accs["val_acc"].nanmean())
     return metrics
 
 

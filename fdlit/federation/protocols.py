@@ -156,7 +156,9 @@ class PredictionExchange(Protocol):
             [fed.method_part.distillation_set(public_x, targets, *fed.private[i]) for i in ids],
             fed.public_epochs_first if plan.first else fed.public_epochs, fed.optimization.public_batch_size,
         )
-        check_finite(losses, plan.round, "public", ids)
+        lost = fed.executor.unreachable()  # a node that stopped answering during the public phase
+        check_finite([v for i, v in zip(ids, losses, strict=True) if i not in lost], plan.round, "public",
+                     [i for i in ids if i not in lost])
         return losses
 
 

@@ -46,6 +46,18 @@ def default_run_name(loop: FederationLoop) -> str:
     return safe_name(f"{method}-{heterogeneity}-seed{loop.seed}")  # a custom rule's short_name may hold anything
 
 
+def loop_from_config(cfg: Namespace, init: Namespace, server: bool = True) -> FederationLoop:
+    """The federation of a parsed ``fit`` config (``init``: its instantiated sections); ``server``
+    False leaves out the server model (a deployment's node builds the clients only)."""
+    server_model = None
+    if server:
+        server_spec = cfg.server.model.as_dict() if cfg.server.model is not None else None
+        server_model = ServerModel(**{k: v for k, v in vars(init.server).items() if k != "model"}, model=server_spec)
+    return FederationLoop(**vars(init.federation), data=init.data, model=cfg.model.as_dict(), client=init.client,
+                          aggregator=init.aggregator, privacy=init.privacy, seed=cfg.seed, server=server_model,
+                          adversaries=init.adversaries)
+
+
 class Experiment:
     """A ``fit`` config made into a run. ``resume_from``: a run directory to continue (from its
     checkpoint, or from round 1 in the same directory when no round completed there).
@@ -62,11 +74,7 @@ class Experiment:
         self.config_yaml = parser.dump(cfg, skip_unset=False)  # keep null keys: the saved config is complete
         self.logger: LoggerConfig = init.logger
         self.checkpoint: CheckpointConfig = init.checkpoint
-        server_spec = cfg.server.model.as_dict() if cfg.server.model is not None else None
-        server = ServerModel(**{k: v for k, v in vars(init.server).items() if k != "model"}, model=server_spec)
-        self.loop = FederationLoop(**vars(init.federation), data=init.data, model=cfg.model.as_dict(),
-                                   client=init.client, aggregator=init.aggregator, privacy=init.privacy,
-                                   seed=cfg.seed, server=server, adversaries=init.adversaries)
+        self.loop = loop_from_config(cfg, init)
         self.resume_from = Path(resume_from) if resume_from is not None else None
         # on resume: the checkpoint to continue from (default the run's checkpoint.pt; a kept one by name)
         self.checkpoint_file = Path(checkpoint_file) if checkpoint_file is not None else None

@@ -1,0 +1,292 @@
+"""FlowerExecutor: the executor interface over a Flower Grid; every call is one Message per node.
+
+The ServerApp runs fdlit's ordinary :class:`~fdlit.federation.loop.FederationLoop` with this
+executor, so every method and protocol runs unchanged. Each call (train a group of clients, predict
+with them, run a client part's hook, fetch or push client state) becomes one Message to each
+SuperNode that hosts some of those clients, and waits for their replies (``timeout_s``).
+
+Tensors: a node builds the data it holds from the config (its clients' private splits, the public,
+test and validation sets), so requests name those; any other tensor (the teacher, a broadcast, a
+public subset, a subsample's rows) goes down once per node and is named by a token afterwards, as
+the Ray executor does. Every Message's serialised size (:func:`fdlit.deployment.wire.wire_bytes`) is
+counted, by operation and direction, and reported with the round's metrics beside the ledger's
+analytic count (``comm/wire_*``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+import time
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fdlit.deployment.messages import NodeFailure, NodeLink
+from fdlit.execution.executor import ClientExecutor
+from fdlit.execution.tokens import Tokens
+
+
+class FlowerExecutor(ClientExecutor):
+    """Clients hosted by Flower SuperNodes, driven from a ServerApp.
+
+    Args:
+        grid: the ServerApp's Flower ``Grid``.
+        nodes: how many SuperNodes to wait for before set-up.
+        timeout_s: how long one request may take on a node (training included) before the run fails.
+        node_wait_s: how long to wait at set-up for ``nodes`` SuperNodes to connect.
+        threads: torch threads of each node worker (null: the worker's default).
+    """
+
+    def __init__(self, grid: Any, nodes: int, timeout_s: float = 600.0, node_wait_s: float = 120.0,
+                 threads: int | None = None):
+        self.grid = grid
+        self.link = NodeLink(grid, timeout_s, lambda node: sorted(c for c, n in self.node_of.items() if n == node))
+        self.nodes = nodes
+        self.timeout_s, self.node_wait_s = timeout_s, node_wait_s
+        self.threads = threads
+        self.loop = None
+        self.config_yaml = ""
+        self.node_ids: list[int] = []
+        self.node_of: dict[int, int] = {}  # client id -> node id
+        self._token = Tokens()  # what went down to the nodes once, named afterwards
+        self._has: dict[int, set[int]] = {}
+        self._names: dict[int, tuple[torch.Tensor, list]] = {}
+        self._latest: tuple[weakref.ref, dict] | None = None  # the last predict's output, its input per node
+        self._cache: dict[tuple[int, int], torch.Tensor] = {}  # (id of a named input, client id) -> logits
+        self._cpu_reported: dict[int, float] = {}
+
+    def bind(self, loop: Any, config_yaml: str) -> None:
+        """The loop whose tensors nodes build themselves, and the config they build them from."""
+        self.loop, self.config_yaml = loop, config_yaml
+
+    def request(self, op: str, per_node: dict, tolerate: bool = False, timeout_s: float | None = None) -> dict:
+        return self.link.request(op, per_node, self._token.live(), tolerate, timeout_s)
+
+    @property
+    def lost_nodes(self) -> set[int]:
+        return self.link.lost
+
+    def unreachable(self) -> frozenset[int]:
+        return frozenset(c for c, n in self.node_of.items() if n in self.link.lost)
+
+    def _ref(self, obj: torch.Tensor | None, node: int, out: dict[str, torch.Tensor]):
+        """How ``node`` finds ``obj``: by name when it builds it itself, else by token (sent once)."""
+        if obj is None:
+            return None
+        named = self._names.get(id(obj))
+        if named is not None and named[0] is obj:
+            return named[1]
+        token = self._token(obj)
+        if token not in self._has[node]:
+            out[f"t{token}"] = obj
+            self._has[node].add(token)
+        return ["token", token]
+
+    def _names_of_loop(self) -> None:
+        loop = self.loop
+        names = {k: getattr(loop, k, None) for k in ("public_x", "public_y", "test_x", "test_y", "val_x", "val_y")}
+        self._names = {id(t): (t, [k]) for k, t in names.items() if t is not None}
+        for i, (x, y) in enumerate(loop.private):
+            self._names[id(x)] = (x, ["private", i, 0])
+            self._names[id(y)] = (y, ["private", i, 1])
+
+    def _groups(self, clients: Sequence) -> dict[int, list[int]]:
+        """Positions in ``clients`` by the node hosting each; clients of lost nodes are left out."""
+        groups: dict[int, list[int]] = {}
+        for j, c in enumerate(clients):
+            node = self.node_of[c.client_id]
+            if node not in self.lost_nodes:
+                groups.setdefault(node, []).append(j)
+        return groups
+
+    def _prune(self) -> None:
+        live = set(self._token.live())  # what the server dropped, nodes may drop too
+        for has in self._has.values():
+            has.intersection_update(live)
+
+    # ------------------------------------------------------------------ set-up and teardown
+    def setup(self, fabric, clients) -> None:
+        self.device = fabric.device
+        deadline = time.monotonic() + self.node_wait_s
+        while len(nodes := sorted(self.grid.get_node_ids())) < self.nodes:
+            if time.monotonic() > deadline:
+                raise NodeFailure(f"{len(nodes)} of {self.nodes} SuperNodes connected within {self.node_wait_s:g} s")
+            time.sleep(0.2)
+        # the first message starts each node's worker, set-up builds the federation there: node_wait_s
+        start_s = max(self.timeout_s, self.node_wait_s)
+        hello = self.request("hello", {n: ({}, {}) for n in nodes[: self.nodes]}, timeout_s=start_s)
+        self.node_ids = assign_order(hello)
+        if len(clients) < len(self.node_ids):
+            raise NodeFailure(f"{len(self.node_ids)} SuperNodes for {len(clients)} clients: use at most one node per client")
+        base, extra = divmod(len(clients), len(self.node_ids))
+        bounds = list(itertools.accumulate([0] + [base + (p < extra) for p in range(len(self.node_ids))]))
+        hosted = {n: [c.client_id for c in clients[bounds[p]:bounds[p + 1]]] for p, n in enumerate(self.node_ids)}
+        self.node_of = {cid: n for n, ids in hosted.items() for cid in ids}
+        self._has = {n: set() for n in self.node_ids}
+        self.request("setup", {n: ({"config": self.config_yaml, "clients": ids, "threads": self.threads}, {})
+                               for n, ids in hosted.items()}, timeout_s=start_s)
+        self._names_of_loop()
+
+    def teardown(self, clients) -> None:
+        if not self.node_ids:
+            return
+        run_failed = sys.exc_info()[0] is not None
+        try:
+            if clients and not run_failed:
+                self.fetch_states(clients)
+        finally:
+            try:
+                self.request("teardown", {n: ({}, {}) for n in self.node_ids if n not in self.lost_nodes})
+            except NodeFailure as exc:
+                warnings.warn(f"FlowerExecutor: a node did not confirm the end of the run: {exc}")
+            self.node_ids = []
+
+    def timing_metrics(self) -> dict[str, object]:
+        """Since the last round ended: each node worker's CPU seconds, their peak memory, and the
+        bytes of every Message by operation and direction (``comm/wire_*``, as serialised)."""
+        link = self.link
+        spent = [link.node_cpu.get(n, 0.0) - self._cpu_reported.get(n, 0.0) for n in self.node_ids]
+        self._cpu_reported = dict(link.node_cpu)
+        out: dict[str, object] = {"time/node_cpu_s": spent, "time/nodes_cpu_s": sum(spent),
+                                  "memory/node_peak_rss_bytes": [link.node_peak_rss.get(n, 0) for n in self.node_ids]}
+        for direction in ("up", "down"):
+            out[f"comm/wire_{direction}_bytes"] = sum(v for k, v in link.wire.items() if k.endswith(direction))
+            out[f"comm/wire_{direction}_bytes_total"] = link.wire_total[direction]
+        out.update({f"comm/wire/{k}": v for k, v in link.wire.items()})
+        link.wire.clear()
+        return out
+
+    # ------------------------------------------------------------------ predictions sent ahead
+    def _next_inputs(self, phase: str) -> list[torch.Tensor]:
+        """What the loop predicts on after clients change: the test and validation sets (evaluation)
+        and, after the private phase, the public set (the uploads). Nodes send these predictions with
+        the reply that changed the clients, which saves a Message per evaluation and per upload."""
+        loop = self.loop
+        inputs = [t for t in (loop.test_x, getattr(loop, "val_x", None)) if t is not None]
+        return inputs + [loop.public_x] if phase == "private" else inputs
+
+    def _changed(self, clients, idx, replies, groups, inputs) -> None:
+        """Forget the changed clients' predictions; keep those the nodes sent ahead."""
+        changed = {clients[j].client_id for j in idx}
+        self._cache = {k: v for k, v in self._cache.items() if k[1] not in changed}
+        for node, (_, tensors) in replies.items():
+            for k, x in enumerate(inputs):
+                for j, z in zip(groups[node], tensors[f"pred/{k}"], strict=True):
+                    self._cache[(id(x), clients[j].client_id)] = z
+
+    def _cached(self, clients, x) -> torch.Tensor | None:
+        named = self._names.get(id(x))
+        if named is None or named[0] is not x or any((id(x), c.client_id) not in self._cache for c in clients):
+            return None
+        return torch.stack([self._cache[(id(x), c.client_id)] for c in clients]).to(x.device)
+
+    # ------------------------------------------------------------------ the executor interface
+    def train(self, clients, phase, datasets, epochs, batch_size):
+        self._prune()
+        groups = self._groups(clients)
+        inputs = self._next_inputs(phase)
+        per_node = {}
+        for node, idx in groups.items():
+            out: dict[str, torch.Tensor] = {}
+            refs = [[self._ref(datasets[j][0], node, out), self._ref(datasets[j][1], node, out)] for j in idx]
+            per_node[node] = ({"ids": [clients[j].client_id for j in idx], "phase": phase, "datasets": refs,
+                               "epochs": epochs, "batch_size": batch_size,
+                               "then_predict": [self._ref(x, node, out) for x in inputs]}, out)
+        losses = [math.nan] * len(clients)
+        replies = self.request("train", per_node, tolerate=True)
+        for node, (meta, _) in replies.items():
+            for j, loss in zip(groups[node], meta["losses"], strict=True):
+                losses[j] = loss
+        self._changed(clients, range(len(clients)), replies, groups, inputs)
+        self.report(phase, len(clients), len(clients))
+        return losses
+
+    def predict(self, clients, x):
+        self._prune()
+        cached = self._cached(clients, x)
+        if cached is not None:  # sent ahead with the reply that last changed these clients
+            self._latest = (weakref.ref(cached), {n: self._names[id(x)][1] for n in self._groups(clients)})
+            return cached
+        groups = self._groups(clients)
+        per_node, refs = {}, {}
+        for node, idx in groups.items():
+            out: dict[str, torch.Tensor] = {}
+            refs[node] = self._ref(x, node, out)
+            per_node[node] = ({"ids": [clients[j].client_id for j in idx], "x": refs[node]}, out)
+        rows: list[torch.Tensor | None] = [None] * len(clients)
+        for node, (_, tensors) in self.request("predict", per_node, tolerate=True).items():
+            for j, z in zip(groups[node], tensors["logits"], strict=True):
+                rows[j] = z
+        shape = next(z.shape for z in rows if z is not None)
+        # unreachable clients: NaN logits (evaluation reports no accuracy for them)
+        result = torch.stack([torch.full(shape, math.nan) if z is None else z for z in rows]).to(x.device)
+        self._latest = (weakref.ref(result), refs)  # nodes keep these logits for the upload hook
+        return result
+
+    def client_hook(self, hook, part, info, clients, client_data, received, public_logits=None):
+        self._prune()
+        cached = None
+        if public_logits is not None and self._latest is not None and self._latest[0]() is public_logits:
+            cached = self._latest[1]
+        elif public_logits is not None:
+            raise NotImplementedError("FlowerExecutor: public logits must come from its own predict")
+        groups = self._groups(clients)
+        inputs = [] if hook == "upload" else self._next_inputs(hook)  # other hooks may change the clients
+        per_node = {}
+        for node, idx in groups.items():
+            out: dict[str, torch.Tensor] = {}
+            meta = {"then_predict": [self._ref(x, node, out) for x in inputs], "hook": hook, "ids": [clients[j].client_id for j in idx], "round": info.round,
+                    "clients": list(info.clients), "public_index": self._ref(info.public_index, node, out),
+                    "received": {k: self._ref(v, node, out) for k, v in received.items()},
+                    "public_logits": None if cached is None else cached[node]}
+            per_node[node] = (meta, out)
+        payloads: list[dict] = [{} for _ in clients]
+        replies = self.request("hook", per_node)
+        for node, (meta, tensors) in replies.items():
+            for pos, (j, keys) in enumerate(zip(groups[node], meta["keys"], strict=True)):
+                payloads[j] = {k: tensors[f"{pos}/{k}"].to(self.device) for k in keys}
+        if hook != "upload":
+            self._changed(clients, range(len(clients)), replies, groups, inputs)
+        return payloads
+
+    def fetch_states(self, clients):
+        from fdlit.deployment.node import from_bytes
+
+        if not self.node_ids:
+            return [c.client_state() for c in clients]
+        groups = self._groups(clients)
+        replies = self.request("get_states", {n: ({"ids": [clients[j].client_id for j in idx]}, {})
+                                              for n, idx in groups.items()}, tolerate=True)
+        states: list[Any] = [None] * len(clients)
+        for node, (_, tensors) in replies.items():
+            for j, state in zip(groups[node], from_bytes(tensors["states"]), strict=True):
+                clients[j].load_client_state(state)
+                states[j] = state
+        # an unreachable client: the last state the server fetched of it
+        return [c.client_state() if s is None else s for c, s in zip(clients, states, strict=True)]
+
+    def push_states(self, clients) -> None:
+        from fdlit.deployment.node import to_bytes
+
+        groups = self._groups(clients)
+        self._cache = {k: v for k, v in self._cache.items() if k[1] not in {c.client_id for c in clients}}
+        self.request("set_states", {n: ({"ids": [clients[j].client_id for j in idx]},
+                                        {"states": to_bytes([clients[j].client_state() for j in idx])})
+                                    for n, idx in groups.items()})
+
+
+def assign_order(hello: dict[int, tuple[dict, dict]]) -> list[int]:
+    """The nodes in the order they take the clients: by ``partition-id`` when every node has one
+    (node_config), else by node id. Partition ids must be 0..N-1, each once."""
+    parts = {node: meta.get("partition_id") for node, (meta, _) in hello.items()}
+    if any(p is None for p in parts.values()):
+        return sorted(parts)
+    if sorted(parts.values()) != list(range(len(parts))):
+        raise NodeFailure(f"the SuperNodes' partition-id values {sorted(parts.values())} are not 0..{len(parts) - 1}, "
+                          "each once (flower-supernode --node-config \"partition-id=<i>\")")
+    return sorted(parts, key=parts.get)

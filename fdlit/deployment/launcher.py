@@ -1,0 +1,255 @@
+"""``python -m fdlit deploy``: a local Flower deployment (SuperLink + N SuperNodes on 127.0.0.1), or
+an existing SuperLink, and a ``fit`` run submitted to it as a Flower App.
+
+The App is generated per run in a work folder: a ``pyproject.toml`` naming fdlit's ServerApp and
+ClientApp and carrying the run config (the ``fit`` arguments, the node count, the timeouts), built
+into a FAB and submitted by ``flwr run``. Flower's own processes (SuperLink, SuperNodes, their
+SuperExec, the ServerApp and ClientApp processes, fdlit's node workers) all import the fdlit this
+process imported (``PYTHONPATH``). Every process started here is stopped when the run ends, fails
+or is interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import fdlit
+from fdlit.deployment.node import alive
+
+CONNECTION = "fdlit"  # the SuperLink connection's name in the generated Flower config
+
+
+def flower_bin(name: str) -> str:
+    """A Flower command from the running Python's environment (else from PATH)."""
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if found is None:
+        from fdlit.deployment import INSTALL_HINT
+
+        raise FileNotFoundError(f"'{name}' not found: Flower is not installed here. Install it with: {INSTALL_HINT}")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, process: subprocess.Popen, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode} before listening on port {port}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not listen on port {port} within {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+def flower_env(work: Path) -> dict[str, str]:
+    """Flower's processes: this fdlit first on the path, Flower's state in the work folder, quick polling."""
+    env = dict(os.environ)
+    root = str(Path(fdlit.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+    env["FLWR_HOME"] = str(work / "flwr-home")
+    env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")  # how soon a message starts a ClientApp
+    return env
+
+
+@dataclass
+class LocalDeployment:
+    """A SuperLink and ``nodes`` SuperNodes on 127.0.0.1, each in its own process group."""
+
+    nodes: int
+    work: Path
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    address: str = ""
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        env = flower_env(self.work)
+        logs = self.work / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        self.address = f"127.0.0.1:{port}"
+        self._spawn([flower_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
+                     "--database", str(self.work / "superlink.db"), "--disable-runtime-dependency-installation"], env, logs / "superlink.log")
+        wait_for_port(port, self.processes[0], timeout_s, "flower-superlink")
+        for i in range(self.nodes):
+            node_config = f"partition-id={i} num-partitions={self.nodes} state-dir='{self.work / 'nodes'}'"
+            node_port = free_port()
+            self._spawn([flower_bin("flower-supernode"), "--insecure", "--superlink", self.address,
+                         "--host", "127.0.0.1", "--port", str(node_port), "--node-config", node_config],
+                        env, logs / f"supernode-{i}.log")
+        for i, p in enumerate(self.processes[1:]):
+            if p.poll() is not None:
+                raise RuntimeError(f"flower-supernode {i} exited with code {p.returncode} (see {logs})")
+
+    def _spawn(self, command: list[str], env: dict, log: Path) -> None:
+        with open(log, "ab") as out:
+            self.processes.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                   stdin=subprocess.DEVNULL, cwd=self.work, start_new_session=True))
+
+    def supernode(self, i: int) -> subprocess.Popen:
+        return self.processes[1 + i]
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM to every process group (each process and what it started: SuperExec, ServerApp,
+        ClientApps), SIGKILL to what is left after ``grace_s``; then the node workers, which follow
+        their SuperNode by themselves."""
+        groups = [p.pid for p in self.processes]
+        signal_groups(groups, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
+            for p in self.processes:
+                p.poll()  # reap
+            time.sleep(0.1)
+        signal_groups(groups, signal.SIGKILL)  # a SuperNode retrying its connection ignores SIGTERM
+        for p in self.processes:
+            p.wait()
+        for pid in worker_pids(self.work / "nodes"):
+            while alive(pid) and time.monotonic() < deadline + grace_s:
+                time.sleep(0.1)
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def signal_groups(groups: list[int], sig: int) -> None:
+    for g in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(g, sig)
+
+
+def group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def worker_pids(nodes_dir: Path) -> list[int]:
+    pids = []
+    for f in nodes_dir.glob("*/worker.pid") if nodes_dir.exists() else ():
+        with contextlib.suppress(OSError, ValueError):
+            pids.append(int(f.read_text()))
+    return pids
+
+
+def toml_value(v) -> str:
+    return json.dumps(v) if isinstance(v, str) else repr(v).lower() if isinstance(v, bool) else repr(v)
+
+
+def write_app(folder: Path, run_config: dict) -> Path:
+    """The Flower App of one run: fdlit's ServerApp and ClientApp, and the run config."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = "\n".join(f"{k} = {toml_value(v)}" for k, v in run_config.items())
+    (folder / "pyproject.toml").write_text(f"""[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fdlit-run"
+version = "{fdlit.__version__ if hasattr(fdlit, '__version__') else '0.1.0'}"
+description = "an fdlit fit run as a Flower App"
+license = "Apache-2.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "fdlit"
+
+[tool.flwr.app.components]
+serverapp = "fdlit.deployment.server_app:app"
+clientapp = "fdlit.deployment.client_app:app"
+
+[tool.flwr.app.config]
+{config}
+""")
+    return folder
+
+
+def write_connection(env: dict, address: str, root_certificates: str | None) -> None:
+    home = Path(env["FLWR_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    tls = f'root-certificates = {json.dumps(str(Path(root_certificates).resolve()))}' if root_certificates else \
+        "insecure = true"
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+                                      f'address = "{address}"\n{tls}\n')
+
+
+def submit(app: Path, env: dict) -> int:
+    """``flwr run``: build the App into a FAB and start it on the SuperLink; returns the run id."""
+    done = subprocess.run([flower_bin("flwr"), "run", str(app), CONNECTION, "--format", "json"], env=env,
+                          capture_output=True, text=True, cwd=app, timeout=300)
+    try:
+        reply = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        reply = {}
+    if done.returncode != 0 or not reply.get("success", "run-id" in reply):
+        raise RuntimeError(f"flwr run failed: {done.stdout.strip()} {done.stderr.strip()}")
+    return int(reply["run-id"])
+
+
+def run_status(run_id: int, env: dict) -> str:
+    """The run's status as ``flwr ls`` reports it (e.g. ``running``, ``finished:completed``)."""
+    done = subprocess.run([flower_bin("flwr"), "ls", CONNECTION, "--run-id", str(run_id), "--format", "json"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    try:
+        runs = json.loads(done.stdout).get("runs", [])
+        return str(runs[0].get("status", "")) if runs else ""
+    except (json.JSONDecodeError, AttributeError, IndexError):
+        return ""
+
+
+def stop_run(run_id: int, env: dict) -> None:
+    """``flwr stop``: end the run on the SuperLink (its ServerApp and ClientApps)."""
+    subprocess.run([flower_bin("flwr"), "stop", str(run_id), CONNECTION], env=env, capture_output=True, timeout=60)
+
+
+def wait_for_result(result_file: Path, run_id: int, env: dict, timeout_s: float) -> dict:
+    """The ServerApp's outcome: its result file, or the run's failure as the SuperLink reports it."""
+    deadline, next_check = time.monotonic() + timeout_s, time.monotonic() + 10
+    while not result_file.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the run did not finish within {timeout_s:g} s (deploy --run-timeout)")
+        if time.monotonic() > next_check:  # a ServerApp that died without writing its outcome
+            status = run_status(run_id, env)
+            if status.startswith("finished"):
+                time.sleep(1)
+                if result_file.exists():
+                    break
+                if status == "finished:completed":  # the ServerApp ran on another machine
+                    return {"status": "done", "remote": True}
+                return {"status": "failed", "error": f"the Flower run ended ({status})"}
+            next_check = time.monotonic() + 10
+        time.sleep(0.2)
+    return json.loads(result_file.read_text())
+
+
+@contextmanager
+def work_folder(keep: str | None) -> Iterator[Path]:
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        yield Path(keep).resolve()
+        return
+    folder = Path(tempfile.mkdtemp(prefix="fdlit-deploy-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,101 @@
+"""Requests to the SuperNodes as Flower Messages, their replies, and what they cost on the wire.
+
+One request is one Message per node (``query.fdlit``; what to do is in its meta record), pushed
+through the ServerApp's Grid; replies are pulled with short, backing-off polling. Every Message's
+serialised size is counted by operation and direction; each reply carries its node worker's CPU
+seconds and peak memory. A node that does not answer in time is *lost* when the caller tolerates
+it (training, prediction, state): its clients become dropouts; otherwise the run stops naming it.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fdlit.deployment.wire import pack, unpack, wire_bytes
+
+MESSAGE_TYPE = "query.fdlit"
+# how often the ServerApp asks the SuperLink for replies: soon after sending, then less often (Flower's
+# own send_and_receive waits 3 s between asks, which would add seconds to every request)
+POLL_S = (0.05, 0.5)
+
+
+class NodeFailure(RuntimeError):
+    """A node did not answer in time or its worker failed."""
+
+
+class NodeLink:
+    """The ServerApp's side of the conversation with the node workers."""
+
+    def __init__(self, grid: Any, timeout_s: float, clients_of: Callable[[int], list[int]]):
+        self.grid = grid
+        self.timeout_s = timeout_s
+        self.clients_of = clients_of  # for messages: the clients a node hosts
+        self.wire: dict[str, float] = defaultdict(float)  # "<op>_<up|down>" -> bytes since the last round ended
+        self.wire_total = {"up": 0, "down": 0}
+        self.node_cpu: dict[int, float] = {}  # each node worker's CPU seconds so far
+        self.node_peak_rss: dict[int, int] = {}
+        self.lost: set[int] = set()
+
+    def request(self, op: str, per_node: dict[int, tuple[dict, dict[str, torch.Tensor]]], live: list[int],
+                tolerate: bool = False, timeout_s: float | None = None) -> dict[int, tuple]:
+        """Send ``op`` to each node with its (meta, tensors); wait for every reply; (meta, tensors) back.
+        ``tolerate``: a node that does not answer within ``timeout_s`` (or that Flower reports
+        unavailable) is lost from then on, and its clients are unreachable: dropouts for the loop.
+        ``live``: the tokens the server still holds (nodes may drop the others)."""
+        from flwr.app import Message
+
+        messages, sent_to = [], {}
+        for node, (meta, tensors) in per_node.items():
+            content = pack({"op": op, "live": live, **meta}, tensors)
+            self.wire[f"{op}_down"] += (n := wire_bytes(content))
+            self.wire_total["down"] += n
+            messages.append(Message(content, dst_node_id=node, message_type=MESSAGE_TYPE))
+        for mid, msg in zip(self.grid.push_messages(messages), messages, strict=True):
+            sent_to[mid] = msg.metadata.dst_node_id
+        replies: dict[int, tuple] = {}
+        timeout_s = timeout_s or self.timeout_s
+        deadline = time.monotonic() + timeout_s
+        pending = set(sent_to)
+        poll = POLL_S[0]
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                mid = reply.metadata.reply_to_message_id
+                node = sent_to[mid]
+                pending.discard(mid)
+                if reply.has_error():
+                    if tolerate:
+                        self._lose([node], f"'{op}' failed: {reply.error.reason}")
+                        continue
+                    raise NodeFailure(f"node {node} failed '{op}': {reply.error.reason}")
+                self.wire[f"{op}_up"] += (n := wire_bytes(reply.content))
+                self.wire_total["up"] += n
+                meta, tensors = unpack(reply.content)
+                if "error" in meta:
+                    raise NodeFailure(f"node {node} failed '{op}':\n{meta['error']}")
+                self.node_cpu[node] = meta["cpu_s"]
+                self.node_peak_rss[node] = meta["peak_rss"]
+                replies[node] = (meta, tensors)
+            if pending:
+                if time.monotonic() > deadline:
+                    late = sorted(sent_to[m] for m in pending)
+                    if tolerate:
+                        self._lose(late, f"no reply to '{op}' within {timeout_s:g} s")
+                        break
+                    raise NodeFailure(f"no reply to '{op}' from node(s) {late} within {timeout_s:g} s "
+                                      f"(deploy --timeout)")
+                time.sleep(poll)
+                poll = min(poll * 1.5, POLL_S[1])
+        return replies
+
+    def _lose(self, nodes: list[int], why: str) -> None:
+        for node in nodes:
+            self.lost.add(node)
+            warnings.warn(f"FlowerExecutor: node {node} is lost ({why}); its clients {self.clients_of(node)} are "
+                          "dropouts from now on")
+

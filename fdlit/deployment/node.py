@@ -1,0 +1,228 @@
+"""The node worker: one long-lived process per SuperNode and run that holds the node's clients.
+
+Flower starts a fresh ClientApp process for every message; rebuilding torch, the data and the
+clients each time would cost seconds per message, so the ClientApp only relays the message's
+records to this worker over a local socket, and the worker keeps its clients (modules, optimizers,
+generators, the method's client state) in memory between messages, as a Ray actor does.
+
+The worker builds the whole federation from the config the server sends at set-up, exactly as
+``fit`` does (same seed: the same split, the same initial networks, which draw from the global
+random stream in client order), and keeps the clients it hosts. Private data is never sent: train
+and hook requests name a client's private split, the public and the test set; only tensors the
+server made (the teacher, a public subset, a broadcast) travel, each once per node.
+
+It exits after the run's ``teardown``, when the SuperNode (or the process that launched the
+ClientApp) is gone, or after ``idle_timeout_s`` without a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fdlit.deployment.wire import pack, unpack
+
+
+def peak_rss_bytes(pid: int | str = "self") -> int:
+    """Peak resident memory of a process (Linux ``VmHWM``), 0 where unknown."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def to_bytes(obj: Any) -> torch.Tensor:
+    """Nested client states as one uint8 tensor (``torch.save``), to travel in an ArrayRecord."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def from_bytes(t: torch.Tensor) -> Any:
+    return torch.load(io.BytesIO(t.numpy().tobytes()), weights_only=False)
+
+
+class NodeWorker:
+    """The clients of one node and the requests the server's FlowerExecutor makes of them."""
+
+    def __init__(self):
+        self.loop = None
+        self.node_config: dict[str, Any] = {}  # flower-supernode --node-config
+        self.objects: dict[int, torch.Tensor] = {}  # token -> tensor the server sent
+        self.logits: dict[str, dict[int, torch.Tensor]] = {}  # input ref -> client id -> logits
+
+    # ------------------------------------------------------------------ requests
+    def handle(self, content):
+        meta, tensors = unpack(content)
+        op = meta.pop("op")
+        try:
+            if self.loop is not None:
+                self._receive(meta.pop("live", None), tensors)
+            out_meta, out = getattr(self, f"op_{op}")(meta, tensors)
+        except Exception:
+            out_meta, out = {"error": traceback.format_exc()}, {}
+        out_meta.update(cpu_s=time.process_time(), peak_rss=peak_rss_bytes(), pid=os.getpid())
+        return pack(out_meta, out)
+
+    def _receive(self, live: list[int] | None, tensors: dict[str, torch.Tensor]) -> None:
+        device = self.loop.fabric.device
+        for key, t in tensors.items():
+            if key.startswith("t"):
+                self.objects[int(key[1:])] = t.to(device)
+        if live is not None:
+            for token in set(self.objects) - set(live):
+                del self.objects[token]
+
+    def _ref(self, ref) -> torch.Tensor | None:
+        """A tensor the server named: ``["token", n]`` (sent earlier), ``["private", i, 0|1]``
+        (client i's inputs or labels, built here), or a loop attribute (``public_x``, ``test_x``...)."""
+        if ref is None:
+            return None
+        kind, *rest = ref
+        if kind == "token":
+            return self.objects[rest[0]]
+        if kind == "private":
+            return self.loop.private[rest[0]][rest[1]]
+        return getattr(self.loop, kind)
+
+    def _clients(self, ids):
+        return [self.loop.clients[i] for i in ids]
+
+    def op_hello(self, meta, tensors):
+        part = self.node_config.get("partition-id")
+        return {"partition_id": None if part is None else int(part)}, {}
+
+    def op_setup(self, meta, tensors):
+        from fdlit.config import parse_fit
+        from fdlit.runs.experiment import loop_from_config
+
+        torch.set_num_threads(int(meta.get("threads") or torch.get_num_threads()))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "config.yaml"
+            path.write_text(meta["config"])
+            parser, cfg = parse_fit(["--config", str(path)])
+        self.loop = loop_from_config(cfg, parser.instantiate(cfg), server=False)
+        self.loop.setup()  # the whole federation as fit builds it; this node uses its own clients
+        self.ids = list(meta["clients"])
+        return {"clients": self.ids}, {}
+
+    def op_train(self, meta, tensors):
+        datasets = [(self._ref(x), self._ref(t)) for x, t in meta["datasets"]]
+        self.logits = {}  # the clients change: earlier predictions are stale
+        losses = self.loop.executor.train(self._clients(meta["ids"]), meta["phase"], datasets, meta["epochs"],
+                                          meta["batch_size"])
+        return {"losses": [float(v) for v in losses]}, self._then_predict(meta)
+
+    def _then_predict(self, meta) -> dict[str, torch.Tensor]:
+        """Predictions the server will ask for next (evaluation, public inference), sent with this
+        reply instead of costing a message each; kept here for the upload hook."""
+        out = {}
+        for k, ref in enumerate(meta.get("then_predict", [])):
+            out[f"pred/{k}"] = self._predict(meta["ids"], ref)
+        return out
+
+    def _predict(self, ids, ref) -> torch.Tensor:
+        out = self.loop.executor.predict(self._clients(ids), self._ref(ref)).float()
+        self.logits.setdefault(repr(ref), {}).update(zip(ids, out, strict=True))
+        return out
+
+    def op_predict(self, meta, tensors):
+        return {}, {"logits": self._predict(meta["ids"], meta["x"])}
+
+    def op_hook(self, meta, tensors):
+        ids = meta["ids"]
+        loop = self.loop
+        index = self._ref(meta["public_index"])
+        info = loop.facts.info(meta["round"], tuple(meta["clients"]), index)
+        received = {k: self._ref(r) for k, r in meta["received"].items()}
+        public_logits = None
+        if meta["public_logits"] is not None:
+            cached = self.logits[repr(meta["public_logits"])]
+            public_logits = torch.stack([cached[i] for i in ids])
+        payloads = loop.executor.client_hook(meta["hook"], loop.method_part, info, self._clients(ids),
+                                             [loop.client_data[i] for i in ids], received, public_logits)
+        # "_" keys too: in-process diagnostics and what the server part reads without counting it (e.g.
+        # FedAvg's initial model); they travel here, in the wire count, never in the analytic ledger
+        out = {f"{j}/{k}": v for j, p in enumerate(payloads) for k, v in p.items()}
+        if meta.get("then_predict"):  # a hook that changed the clients (e.g. loading the global model)
+            self.logits = {}
+            out.update(self._then_predict(meta))
+        return {"keys": [list(p) for p in payloads]}, out
+
+    def op_get_states(self, meta, tensors):
+        clients = self._clients(meta["ids"])
+        return {}, {"states": to_bytes(self.loop.executor.fetch_states(clients))}
+
+    def op_set_states(self, meta, tensors):
+        clients = self._clients(meta["ids"])
+        for client, state in zip(clients, from_bytes(tensors["states"]), strict=True):
+            client.load_client_state(state)
+        self.loop.executor.push_states(clients)
+        return {}, {}
+
+    def op_teardown(self, meta, tensors):
+        self.stop = True
+        return {}, {}
+
+
+# ---------------------------------------------------------------------- the process
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def serve(name: str, folder: Path, authkey: bytes, watch: list[int], idle_timeout_s: float) -> None:
+    """Answer relayed messages one at a time until teardown, a watched process ends, or idleness."""
+    from multiprocessing.connection import Listener
+
+    worker = NodeWorker()
+    worker.stop = False
+    last = [time.monotonic()]
+
+    def watchdog():
+        while True:
+            time.sleep(0.5)
+            if not all(alive(p) for p in watch) or time.monotonic() - last[0] > idle_timeout_s:
+                os._exit(0)  # the SuperNode is gone (killed, stopped) or the run was abandoned
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    (folder / "worker.pid").write_text(str(os.getpid()))  # for the launcher's clean-up
+    with Listener("\0" + name, family="AF_UNIX", authkey=authkey) as listener:  # an abstract socket
+        while not worker.stop:
+            with listener.accept() as conn:
+                content, worker.node_config = conn.recv()
+                reply = worker.handle(content)
+                conn.send(reply)
+                last[0] = time.monotonic()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="fdlit node worker (started by the fdlit ClientApp)")
+    parser.add_argument("--socket", required=True, help="the abstract socket's name")
+    parser.add_argument("--authkey-file", required=True)
+    parser.add_argument("--watch", type=int, nargs="*", default=[])
+    parser.add_argument("--idle-timeout", type=float, default=1800.0)
+    args = parser.parse_args(argv)
+    key = Path(args.authkey_file)
+    serve(args.socket, key.parent, key.read_bytes(), args.watch, args.idle_timeout)
+
+
+if __name__ == "__main__":
+    main()

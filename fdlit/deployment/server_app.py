@@ -1,0 +1,58 @@
+"""The ServerApp: a ``fit`` run whose clients live on the SuperNodes.
+
+It parses the same ``fit`` arguments as the command line, builds the same
+:class:`~fdlit.runs.experiment.Experiment` (run directory, metrics, checkpoints, W&B, summary), and
+replaces only the executor: a :class:`~fdlit.deployment.executor.FlowerExecutor` on this run's Grid.
+The method's server part, the privacy accountant, the ledger and the evaluation stay here.
+
+Run config (``flwr run --run-config``; :mod:`fdlit.deployment.launcher` sets it): ``fit-args`` (the
+``fit`` arguments as a JSON list; ``["--resume", RUN_DIR, ...]`` continues a run), ``nodes``, ``timeout`` (seconds one request may take on a node),
+``node-wait`` (seconds to wait for the nodes at start), ``threads`` (torch threads per node worker,
+0: its default) and ``result-file`` (where to write the run's outcome as JSON for the launcher).
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from pathlib import Path
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+app = ServerApp()
+
+RUN_CONFIG_DEFAULTS = {"fit-args": "[]", "nodes": 1, "timeout": 600.0, "node-wait": 120.0, "threads": 0,
+                       "result-file": ""}
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    from fdlit.config import parse_fit
+    from fdlit.deployment.executor import FlowerExecutor
+    from fdlit.runs.experiment import Experiment, resume_experiment
+
+    settings = {**RUN_CONFIG_DEFAULTS, **dict(context.run_config)}
+    outcome: dict = {"status": "failed"}
+    experiment = None
+    try:
+        args = json.loads(str(settings["fit-args"]))
+        if args[:1] == ["--resume"]:  # a run directory of this machine, continued from its checkpoint
+            experiment = resume_experiment(args[1], args[2:])
+        else:
+            parser, cfg = parse_fit(args)
+            experiment = Experiment(cfg, parser)
+        executor = FlowerExecutor(grid, nodes=int(settings["nodes"]), timeout_s=float(settings["timeout"]),
+                                  node_wait_s=float(settings["node-wait"]), threads=int(settings["threads"]) or None)
+        experiment.loop.executor = executor
+        executor.bind(experiment.loop, experiment.config_yaml)
+        experiment.run()
+        outcome = {"status": "done"}
+    except BaseException as exc:
+        outcome = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        raise
+    finally:
+        if experiment is not None and experiment.run_path is not None:
+            outcome["run_dir"] = str(experiment.run_path)
+        if settings["result-file"]:
+            Path(str(settings["result-file"])).write_text(json.dumps(outcome))

@@ -1,0 +1,225 @@
+"""fdlit deploy: a fit config as a Flower federation (fdlit.deployment).
+
+The fast tests need no Flower process. The ``deploy`` tests start one local SuperLink and 3
+SuperNodes on loopback for the whole module, run 2 rounds of sUWA and of FedAvg through them and
+compare every accuracy and the analytic bytes with ``fit``; then kill one SuperNode during round 2
+and check that its clients are that round's dropouts; finally that every process exited and no
+port is left open. They take minutes on a busy machine: ``pytest -m "not deploy"`` skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+from fdlit.cli import main as cli_main
+from fdlit.errors import ConfigError
+
+flwr = pytest.importorskip("flwr", reason="the flower extra is not installed")
+
+from fdlit.deployment.executor import NodeFailure, assign_order  # noqa: E402
+from fdlit.deployment.wire import pack, unpack, wire_bytes  # noqa: E402
+
+ROUNDS = ["--federation.rounds", "2", "--federation.executor", "fdlit.execution.SequentialExecutor",
+          "--logger.progress", "false"]
+
+
+# ---------------------------------------------------------------------- no processes
+def test_records_carry_tensors_exactly_and_count_their_serialised_size():
+    tensors = {"logits": torch.randn(50, 10), "mask": torch.rand(7) > 0.5, "ids": torch.arange(5, dtype=torch.uint8),
+               "half": torch.randn(3, 4).to(torch.bfloat16)}
+    content = pack({"op": "train", "ids": [1, 2]}, tensors)
+    meta, back = unpack(content)
+    assert meta == {"op": "train", "ids": [1, 2]}
+    for k, t in tensors.items():
+        assert back[k].dtype == t.dtype and torch.equal(back[k], t), k
+    payload = sum(t.numel() * t.element_size() for t in tensors.values())
+    assert payload < wire_bytes(content) < payload + 4096  # the tensors plus Flower's framing
+
+
+def test_nodes_take_clients_by_partition_id_else_by_node_id():
+    hello = {30: ({"partition_id": 1}, {}), 10: ({"partition_id": 0}, {}), 20: ({"partition_id": 2}, {})}
+    assert assign_order(hello) == [10, 30, 20]
+    assert assign_order({30: ({"partition_id": None}, {}), 10: ({"partition_id": None}, {})}) == [10, 30]
+    with pytest.raises(NodeFailure, match="partition-id"):
+        assign_order({1: ({"partition_id": 0}, {}), 2: ({"partition_id": 0}, {})})
+
+
+def test_without_flwr_fdlit_says_how_to_install_it(monkeypatch):
+    from fdlit.deployment import import_flwr
+
+    monkeypatch.setitem(sys.modules, "flwr", None)
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[flower\]'"):
+        import_flwr()
+
+
+def test_bad_input_is_refused_before_any_process_starts(tmp_path, capsys, monkeypatch):
+    import fdlit.deployment.launcher as launcher
+
+    monkeypatch.setattr(launcher.LocalDeployment, "start", lambda self: pytest.fail("a process was started"))
+    assert cli_main(["deploy", "--nodes", "0", "--config", "digits.yaml"]) != 0
+    assert "--nodes" in capsys.readouterr().err
+    assert cli_main(["deploy", "--config", "digits.yaml", "--federation.rounds", "0",
+                     "--logger.run_dir", str(tmp_path)]) != 0
+    assert "federation.rounds" in capsys.readouterr().err
+    with pytest.raises(ConfigError):
+        from fdlit.deployment.command import main
+
+        main(None, ["--nodes", "-1", "--config", "digits.yaml"])
+
+
+def test_an_unreachable_client_has_no_accuracy_and_the_means_leave_it_out():
+    from fdlit.federation.measurement import Evaluation, accuracy_metrics
+
+    y = torch.tensor([0, 1, 1, 0])
+    logits = torch.stack([torch.nn.functional.one_hot(y, 2).float(), torch.full((4, 2), math.nan),
+                          torch.nn.functional.one_hot(1 - y, 2).float()])
+    evaluate = Evaluation(lambda x: logits, (torch.zeros(4, 1), y), torch.ones(3, 4), (None, None))
+    accs = evaluate()
+    assert accs["global_acc"][0] == 1 and math.isnan(accs["global_acc"][1]) and accs["global_acc"][2] == 0
+    metrics = accuracy_metrics(accs, None, False)
+    assert metrics["after_private/global_acc_mean"] == 0.5 and metrics["after_private/global_acc_min"] == 0
+
+
+def test_deploy_prints_the_summary_of_a_run_without_teacher(tmp_path, monkeypatch, capsys):
+    """FedAvg's summary has NaN teacher accuracy, which summary.json holds as null."""
+    import fdlit.deployment.command as command
+    import fdlit.deployment.launcher as launcher
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = {"run": "fedavg-k2-seed0", "run_dir": str(run_dir), "rounds": 2, "final_round": 2, "finished": True,
+               "best_global_acc_mean": 0.8, "best_round": 2, "best_global_acc_mean_after_private": 0.2,
+               "best_round_after_private": 1, "final_local_acc_mean_after_private": 0.9,
+               "final_local_acc_mean_after_public": 0.8, "final_teacher_acc": None, "bytes_up_total": 10,
+               "bytes_down_total": 10, "wall_time_s": 1.0}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    monkeypatch.setattr(launcher.LocalDeployment, "start", lambda self: setattr(self, "address", "127.0.0.1:1"))
+    monkeypatch.setattr(launcher.LocalDeployment, "stop", lambda self: None)
+    monkeypatch.setattr(command, "run_on", lambda *a: {"status": "done", "run_dir": str(run_dir)})
+    options = Namespace(work_dir=str(tmp_path / "work"), superlink=None, nodes=2)
+    assert command.run(options, []) == 0
+    assert "fedavg-k2-seed0" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- a real deployment
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:  # its command line, or its environment (FLWR_HOME: every Flower process started here)
+                seen = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if text.encode() in seen and state != "Z":
+                found.append(int(proc.name))
+    return found
+
+
+def close(a, b) -> bool:
+    """Equal within 1e-5, NaN equal to NaN, through nested lists (per-client values, trust matrices)."""
+    if isinstance(b, list):
+        return isinstance(a, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(b, float) and isinstance(a, (int, float)):
+        return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-5
+    return a == b
+
+
+def metrics_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    from fdlit.deployment.launcher import LocalDeployment, flower_env
+
+    work = tmp_path_factory.mktemp("deploy")
+    dep = LocalDeployment(3, work)
+    dep.start()
+    ports = [int(dep.address.rsplit(":", 1)[1])]
+    yield Namespace(dep=dep, work=work, env=flower_env(work))
+    dep.stop()
+    # every process exited (SuperLink, SuperNodes, SuperExecs, ServerApp, ClientApps, node workers)
+    assert all(p.returncode is not None for p in dep.processes)
+    deadline = time.monotonic() + 10
+    while processes_mentioning(str(work)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(work)) == []
+    assert not any(listening(p) for p in ports)
+
+
+def deploy_run(deployment, args: list[str], timeout: float = 300.0) -> dict:
+    from fdlit.deployment.command import fit_arguments, run_on
+
+    options = Namespace(nodes=3, timeout=timeout, node_wait=120.0, run_timeout=900.0, threads=1,
+                        root_certificates=None)
+    fit_args, _, _ = fit_arguments(args)
+    return run_on(deployment.dep.address, deployment.work, deployment.env, options, fit_args)
+
+
+@pytest.mark.deploy
+@pytest.mark.parametrize("config", ["digits.yaml", "digits_fedavg.yaml"])
+def test_a_deployed_run_equals_fit(deployment, config, tmp_path):
+    args = ["--config", config, *ROUNDS]
+    outcome = deploy_run(deployment, [*args, "--logger.run_dir", str(tmp_path / "deployed")])
+    assert outcome["status"] == "done", outcome
+    assert cli_main(["fit", *args, "--logger.run_dir", str(tmp_path / "fit")]) == 0
+    deployed = metrics_of(Path(outcome["run_dir"]))
+    fitted = metrics_of(next((tmp_path / "fit").iterdir()))
+    assert len(deployed) == len(fitted) == 2
+    for d, f in zip(deployed, fitted, strict=True):
+        for key, value in f.items():  # accuracies, losses, teacher, weights, analytic bytes, ...: all but times
+            if not key.startswith("time/"):
+                assert close(d[key], value), key
+        assert d["comm/up_bytes"] == f["comm/up_bytes"] > 0 and d["comm/down_bytes"] == f["comm/down_bytes"] > 0
+        # the real messages: every request and reply as Flower serialised it
+        assert d["comm/wire_up_bytes"] > 0 and d["comm/wire_down_bytes"] > 0
+        assert d["time/nodes_cpu_s"] > 0
+    summary = json.loads((Path(outcome["run_dir"]) / "summary.json").read_text())
+    assert summary["rounds"] == summary["final_round"] == 2 and summary["finished"]
+
+
+@pytest.mark.deploy
+def test_a_supernode_killed_in_round_2_is_a_dropout(deployment, tmp_path):
+    runs = tmp_path / "runs"
+    node = deployment.dep.supernode(2)
+
+    def kill_after_round_1():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            checkpoints = list(runs.glob("*/checkpoint.pt"))
+            if checkpoints:  # round 1 is done and saved: round 2 begins
+                os.killpg(node.pid, signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_after_round_1, daemon=True)
+    killer.start()
+    outcome = deploy_run(deployment, ["--config", "digits.yaml", *ROUNDS, "--logger.run_dir", str(runs)], timeout=60)
+    killer.join(1)
+    assert outcome["status"] == "done", outcome
+    first, second = metrics_of(Path(outcome["run_dir"]))
+    lost = list(range(14, 20))  # 20 clients on 3 nodes: the third holds 14..19
+    assert "participation/dropped_count" not in first
+    assert second["participation/dropped_count"] == len(lost)
+    assert sorted(second["participation/arrived"]) == list(range(14))
+    accs = second["clients/after_public/global_acc"]  # no accuracy (NaN, null in the JSON) for the lost clients
+    assert all(accs[i] is None for i in lost) and all(isinstance(accs[i], float) for i in range(14))
+    assert math.isfinite(second["after_public/global_acc_mean"])
