@@ -272,6 +272,19 @@ def _threads(jobs: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, jobs))
 
 
+def _stop_with_the_sweep(sweep_pid: int) -> None:
+    """Pool initializer: a worker is sent SIGTERM when the sweep process dies (Linux), so a killed sweep
+    leaves no worker behind it that goes on through the queued combinations; the worker's run then
+    stops as a terminated ``fit`` does, with its last checkpoint, and the next sweep resumes it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != sweep_pid:  # the sweep died before the request above was in place
+        os._exit(1)
+
+
 def _run_one(argv: list[str], partial: str | None, threads: int | None) -> dict[str, Any]:
     """One combination in a worker process: parse its flags as ``fit`` does, run it, and return its
     summary or the error (a worker never raises: the sweep records the failure and goes on)."""
@@ -410,7 +423,8 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
 
         # spawn: a fresh interpreter per worker (no forked torch / W&B state); each worker has its own
         # run directory and lock, and torch threads are split between the jobs
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_stop_with_the_sweep, initargs=(os.getpid(),)) as pool:
             futures = {}
             for i, run in enumerate(todo, 1):
                 out(f"fdlit sweep: [{i}/{len(todo)}] {run.name} queued"

@@ -1,4 +1,7 @@
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -270,3 +273,48 @@ def test_jobs_run_in_parallel_processes_with_split_threads_and_own_folders(tmp_p
     assert len({r["run_dir"] for r in runs}) == 2 and len(finished_dirs(tmp_path / "runs")) == 2
     assert main(["sweep", str(path), "--jobs", "2", "--", *extra]) == 0  # the parallel runs are found again
     assert "2 finished, 0 to run" in capsys.readouterr().out
+
+
+def _children(pid: int) -> set[int]:
+    """Process ids whose parent is ``pid`` (from /proc; Linux)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux")
+def test_a_killed_parallel_sweep_leaves_no_worker_running(tmp_path):
+    """SIGKILL gives the sweep no chance to clean up; its workers must still stop, not go on
+    through the combinations already queued to them (they would race a re-run of the sweep)."""
+    path = write_sweep(tmp_path, {"seed": {"values": [0, 1, 2, 3, 4, 5]}, "data.classes_per_client": {"value": 4}})
+    extra = [*TINY, "--federation.rounds", "50", "--logger.run_dir", str(tmp_path / "runs")]
+    sweep = subprocess.Popen([sys.executable, "-m", "fdlit", "sweep", str(path), "--jobs", "2", "--", *extra],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list((tmp_path / "runs").glob("*/metrics.jsonl"))) < 2:  # both workers are in a run
+            assert sweep.poll() is None and time.monotonic() < deadline, "the sweep did not start its runs"
+            time.sleep(0.5)
+        workers = _children(sweep.pid)
+        assert len(workers) >= 2
+    finally:
+        sweep.kill()
+        sweep.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_alive(w) for w in workers), "workers outlived the killed sweep"
