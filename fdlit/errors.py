@@ -1,4 +1,6 @@
-"""Errors fdlit raises for bad configuration, before any work starts."""
+"""Errors fdlit raises: bad configuration (before any work starts) and numerical faults (which client, round, phase)."""
+
+import math
 
 
 class ConfigError(ValueError):
@@ -43,3 +45,18 @@ def import_hint(message: str) -> str:
         return ""
     return (f" (a class of your own is imported by its module path: run from the folder that holds "
             f"{missing.group(1)}.py or its package, or put that folder on PYTHONPATH; docs/extending.md)")
+
+
+class NumericalFault(RuntimeError):
+    """A client produced NaN or inf; names the client, round and phase."""
+
+
+def check_finite(values, r: int, phase: str, ids: list[int] | None = None) -> None:
+    """Raise :class:`NumericalFault` naming the first client whose value (a loss, or logits) is not finite."""
+    import torch
+
+    for i, v in enumerate(values):
+        bad = not torch.isfinite(v).all() if isinstance(v, torch.Tensor) else not math.isfinite(v)
+        if bad:
+            raise NumericalFault(f"client {i if ids is None else ids[i]} produced NaN/inf in round {r}, "
+                                 f"phase '{phase}'")

@@ -1,8 +1,9 @@
 """fdlit deploy: a fit config as a Flower federation (fdlit.deployment).
 
 The fast tests need no Flower process. The ``deploy`` tests start one local SuperLink and 3
-SuperNodes on loopback for the whole module, run 2 rounds of sUWA and of FedAvg through them and
-compare every accuracy and the analytic bytes with ``fit``; then kill one SuperNode during round 2
+SuperNodes on loopback for the whole module, run 2 rounds of AVG (with DP and an encoding, released
+on the nodes) and of FedAvg through them and compare every accuracy, epsilon and the analytic bytes with
+``fit``; then kill one SuperNode during sUWA's round 2
 and check that its clients are that round's dropouts; finally that every process exited and no
 port is left open. They take minutes on a busy machine: ``pytest -m "not deploy"`` skips them.
 """
@@ -113,6 +114,29 @@ def test_deploy_prints_the_summary_of_a_run_without_teacher(tmp_path, monkeypatc
     assert "fedavg-k2-seed0" in capsys.readouterr().out
 
 
+def test_a_node_reads_the_dataset_from_its_own_data_dir(tmp_path):
+    """--node-config "data-dir=..." replaces the server's data.data_dir on that node only."""
+    from test_local_files import idx_folder
+
+    from fdlit.config import parse_fit
+    from fdlit.deployment.node import NodeWorker
+    from fdlit.runs.experiment import Experiment
+
+    here = tmp_path / "node-files"
+    idx_folder(here, n_train=300, n_test=40)
+    small = ["--data.num_clients", "4", "--data.classes_per_client", "5", "--data.samples_per_client", "20", "--data.public_size", "60",
+             "--data.validation_size", "30", "--logger.mode", "disabled", "--logger.run_dir", str(tmp_path / "runs")]
+    parser, cfg = parse_fit(["--config", "fashion_mnist.yaml", "--data.data_dir", str(tmp_path / "server-only"), *small])
+    config = Experiment(cfg, parser).config_yaml  # what the ServerApp sends every node
+    worker = NodeWorker()
+    with pytest.raises(Exception, match="server-only"):  # the server's path does not exist on this node
+        worker.op_setup({"config": config, "clients": [0, 1], "threads": 1}, {})
+    worker.node_config = {"data-dir": str(here)}
+    meta, _ = worker.op_setup({"config": config, "clients": [0, 1], "threads": 1}, {})
+    assert meta == {"clients": [0, 1]} and worker.loop.data.data_dir == str(here)
+    assert len(worker.loop.clients) == 4 and worker.loop.data.num_classes == 10
+
+
 # ---------------------------------------------------------------------- a real deployment
 def listening(port: int) -> bool:
     with socket.socket() as s:
@@ -175,7 +199,9 @@ def deploy_run(deployment, args: list[str], timeout: float = 300.0) -> dict:
 
 
 @pytest.mark.deploy
-@pytest.mark.parametrize("config", ["digits.yaml", "digits_fedavg.yaml"])
+# AVG with the privacy study's release (DP noise, top-2 encoding), made on the nodes; FedAvg's
+# parameter exchange (sUWA runs in the node-loss test below)
+@pytest.mark.parametrize("config", ["digits_dp.yaml", "digits_fedavg.yaml"])
 def test_a_deployed_run_equals_fit(deployment, config, tmp_path):
     args = ["--config", config, *ROUNDS]
     outcome = deploy_run(deployment, [*args, "--logger.run_dir", str(tmp_path / "deployed")])
@@ -197,6 +223,8 @@ def test_a_deployed_run_equals_fit(deployment, config, tmp_path):
         # the real messages: every request and reply as Flower serialised it
         assert d["comm/wire_up_bytes"] > 0 and d["comm/wire_down_bytes"] > 0
         assert d["time/nodes_cpu_s"] > 0
+        if "privacy/epsilon" in f:  # released on the nodes: the upload replies carry top-2, not 10 logits a row
+            assert d["comm/wire/hook_up"] < 2 * d["comm/up_bytes"]
     summary = json.loads((Path(outcome["run_dir"]) / "summary.json").read_text())
     assert summary["rounds"] == summary["final_round"] == 2 and summary["finished"]
 

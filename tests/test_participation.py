@@ -2,6 +2,7 @@
 loop's use of them, and the rules that keep per-client or per-sample server state."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -209,3 +210,47 @@ def test_fedmd_with_a_per_round_public_subset_communicates_and_digests_only_thos
         sent = [e for e in loop.ledger.messages if e.round == m["round"]]
         assert {e.shape[0] for e in sent if e.kind in ("logits", "teacher")} == {50}
         assert m["participation/public_size"] == 50 and m["teacher/kept_fraction"] == 1.0
+
+
+# ---------------------------------------------------------------- a node lost in the exchange (a deployment)
+class LosesClientAtUpload:
+    """Wraps an executor: from round 2's upload step on, client 1 cannot be reached (its node stopped
+    answering: no reply), as a FlowerExecutor reports a SuperNode lost mid-round."""
+
+    def __init__(self, inner, hook: str):
+        self.inner, self.hook, self.lost = inner, hook, frozenset()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _lose(self, info, clients, replies):
+        if info.round >= 2:
+            self.lost = frozenset({1})
+            return [{} if c.client_id == 1 else r for c, r in zip(clients, replies, strict=True)]
+        return replies
+
+    def upload(self, part, info, clients, *args):
+        return self._lose(info, clients, self.inner.upload(part, info, clients, *args))
+
+    def client_hook(self, hook, part, info, clients, *args):
+        replies = self.inner.client_hook(hook, part, info, clients, *args)
+        return self._lose(info, clients, replies) if hook == self.hook else replies
+
+    def unreachable(self):
+        return self.lost
+
+
+@pytest.mark.parametrize("config", ["digits.yaml", "digits_fedavg.yaml"])
+def test_a_client_lost_during_the_upload_is_a_dropout_of_that_round(config):
+    from fdlit.execution import SequentialExecutor
+
+    parser, cfg = parse_fit(["--config", config, *tiny("--federation.rounds", "3")[2:]])
+    loop = Experiment(cfg, parser).loop
+    loop.executor = LosesClientAtUpload(SequentialExecutor(), "upload")
+    loop.fit()
+    first, second, third = loop.history
+    assert "participation/dropped_count" not in first
+    for metrics in (second, third):
+        assert metrics["participation/arrived"] == [0, 2, 3] and metrics["participation/dropped_count"] == 1
+    assert {m.client for m in loop.ledger.messages if m.round == 2 and m.direction == "up"} == {0, 2, 3}
+    assert all(math.isfinite(m["after_public/global_acc_mean"]) for m in loop.history)

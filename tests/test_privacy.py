@@ -70,6 +70,38 @@ def test_the_mechanism_clips_rows_and_adds_noise_of_sigma_times_the_sensitivity(
     assert torch.equal(again[0]["logits"], uploads[0]["logits"])  # seeded per (seed, round, client)
 
 
+@pytest.mark.parametrize("executor", ["SequentialExecutor", "VectorizedExecutor"])
+def test_the_server_receives_each_clients_release_of_its_own_logits(tmp_path, executor):
+    """The release is a client step: what reaches the server's side is, for each client, the
+    clipped and noised (and encoded) version of that client's own public logits, with its own noise
+    stream; the server only decodes and accounts it."""
+    from fdlit.config import parse_fit
+    from fdlit.runs.experiment import Experiment
+
+    argv = tiny("digits_avg.yaml", tmp_path, *DP, "--privacy.encoding", "full",
+                "--federation.executor", f"fdlit.execution.{executor}")
+    parser, cfg = parse_fit(argv)
+    loop = Experiment(cfg, parser).loop
+    seen, receive = [], loop.privacy.receive
+
+    def spy(r, ids, messages, *args):
+        info = loop.facts.info(r, (), None)
+        raw = [loop.executor.predict([loop.clients[i]], info.public_x)[0] for i in ids]
+        seen.append((r, list(ids), [dict(m) for m in messages], raw))
+        return receive(r, ids, messages, *args)
+
+    loop.privacy.receive = spy
+    loop.fit()
+    assert [r for r, *_ in seen] == [1, 2]
+    for r, ids, messages, raw in seen:
+        for i, message, logits in zip(ids, messages, raw, strict=True):
+            expected = loop.release(r, i, {"logits": logits})
+            assert set(message) == {"logits", "_privacy"}
+            assert torch.allclose(message["logits"], expected["logits"], atol=1e-5)
+            assert (message["logits"] - logits).abs().mean() > 1.0  # noised (std 0.8 x 2 x 2 x sqrt(120)), not raw
+        assert not torch.equal(messages[0]["logits"] - raw[0], messages[1]["logits"] - raw[1])  # a stream per client
+
+
 def test_epsilon_after_each_round_is_the_accountants_own(tmp_path):
     loop = fit_loop(tiny("digits_avg.yaml", tmp_path, *DP))
     reference = RDPAccountant()

@@ -44,14 +44,14 @@ class NoisyLogits(SmoothedUncertaintyWeighted):
         return NoisyLogitsClient(super().client_part())
 
 
-def tiny_loop(tmp_path, executor, callbacks=(), aggregator=None):
+def tiny_loop(tmp_path, executor, callbacks=(), aggregator=None, **kwargs):
     return FederationLoop(
         rounds=2, private_epochs_first=2, private_epochs=1, public_epochs_first=1, public_epochs=1,
         executor=executor, callbacks=list(callbacks),
         data=FederatedData(num_clients=4, classes_per_client=3, public_size=200),
         model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32]}},
         aggregator=aggregator or SmoothedUncertaintyWeighted(tau=0.25),
-        seed=3,
+        seed=3, **kwargs,
     )
 
 
@@ -196,13 +196,21 @@ def test_missing_ray_names_the_package_and_the_install_command(monkeypatch):
 
 
 class ShippedParts(RayExecutor):
-    """A RayExecutor that keeps, pickled, every client part it sends to the actors."""
+    """A RayExecutor that keeps, pickled, every client part (and upload release) it sends to the actors,
+    and the inputs the driver predicts on."""
 
-    def client_hook(self, hook, part, *args, **kwargs):
+    shipped: list
+    predicted: list
+
+    def _on_actors(self, hook, part, info, clients, client_data, received, release):
         import ray
 
-        self.shipped.append((hook, ray.cloudpickle.dumps(part)))
-        return super().client_hook(hook, part, *args, **kwargs)
+        self.shipped.append((hook, ray.cloudpickle.dumps(part), ray.cloudpickle.dumps(release)))
+        return super()._on_actors(hook, part, info, clients, client_data, received, release)
+
+    def predict(self, clients, x):
+        self.predicted.append(x)
+        return super().predict(clients, x)
 
 
 def server_state_in(obj, seen=None) -> list[str]:
@@ -227,7 +235,7 @@ def test_actors_get_the_client_part_only_never_the_server_state(tmp_path, ray_lo
     from fdlit.methods import FedDF, Scaffold
 
     executor = ShippedParts(actor_executor="sequential")
-    executor.shipped = []
+    executor.shipped, executor.predicted = [], []
     loop = FederationLoop(
         rounds=2, private_epochs_first=1, private_epochs=1, executor=executor,
         data=FederatedData(num_clients=4, classes_per_client=3, public_size=120),
@@ -239,13 +247,42 @@ def test_actors_get_the_client_part_only_never_the_server_state(tmp_path, ray_lo
     server = loop.aggregator
     assert server.counts is not None  # the server holds state: n_k, and c or its distillation network
     assert server.control is not None if method == "scaffold" else server.net is not None
-    hooks = [hook for hook, _ in executor.shipped]
+    hooks = [hook for hook, _, _ in executor.shipped]
     assert hooks[:2] == ["setup", "receive"] and hooks.count("upload") == 2  # set-up, then 2 rounds
     import ray
 
-    for hook, blob in executor.shipped:
+    for hook, blob, _ in executor.shipped:
         part = ray.cloudpickle.loads(blob)
         assert type(part).__name__ == ("ScaffoldClient" if method == "scaffold" else "FedAvgClient")
         assert server_state_in(part) == [], (hook, server_state_in(part))
         assert len(blob) < 2_000  # settings only; the server's state is far larger
-    assert len(ray.cloudpickle.dumps(server)) > 10 * max(len(b) for _, b in executor.shipped)
+    assert len(ray.cloudpickle.dumps(server)) > 10 * max(len(b) for _, b, _ in executor.shipped)
+
+
+def test_the_dp_release_is_made_on_the_actors_and_equals_the_in_process_one(tmp_path, ray_local):
+    """Clipping, noise and the encoding run where the client lives: the driver never predicts on the
+    public set, what reaches the server is already encoded, and the actors got the release settings
+    (never the method); the metrics equal an in-process run's."""
+    import ray
+
+    from fdlit.methods import ProbabilityAveraging
+    from fdlit.privacy import UploadPrivacy
+    from fdlit.privacy.client_release import ClientRelease
+
+    def private():
+        return UploadPrivacy(noise_multiplier=0.1, clip_norm=5.0, encoding="top_k", top_k=2)
+
+    executor = ShippedParts(actor_executor="sequential")
+    executor.shipped, executor.predicted = [], []
+    loop = tiny_loop(tmp_path / "ray", executor, aggregator=ProbabilityAveraging(), privacy=private())
+    received, receive = [], loop.privacy.receive
+    loop.privacy.receive = lambda r, ids, messages, *a: (received.append(messages), receive(r, ids, messages, *a))[1]
+    fit_with_one_thread(loop)
+    assert executor.predicted and all(x is not loop.public_x for x in executor.predicted)  # evaluation only
+    assert len(received) == 2 and all(set(m) == {"topk_values", "topk_indices", "_privacy"} for ms in received for m in ms)
+    releases = [ray.cloudpickle.loads(r) for hook, _, r in executor.shipped if hook == "upload"]
+    assert len(releases) == 2 and all(type(r) is ClientRelease and r.noise_multiplier == 0.1 for r in releases)
+    seq = fit_with_one_thread(tiny_loop(tmp_path / "seq", SequentialExecutor(), aggregator=ProbabilityAveraging(),
+                                        privacy=private()))
+    assert comparable(loop.history) == comparable(seq.history)
+    assert loop.history[-1]["privacy/epsilon"] > 0

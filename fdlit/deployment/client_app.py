@@ -6,8 +6,9 @@ starting it on the first message, hands it the message's records and returns its
 watches this SuperNode's processes and exits with them.
 
 Node settings (``flower-supernode --node-config "..."``): ``state-dir`` (where the worker's key, pid
-and log live; default: the system's temporary folder) and ``idle-timeout`` (seconds without a
-message after which an abandoned worker exits; default 1800).
+and log live; default: the system's temporary folder), ``idle-timeout`` (seconds without a
+message after which an abandoned worker exits; default 1800) and ``data-dir`` (where this machine
+keeps the dataset's files, instead of the config's ``data.data_dir``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ import math
 import sys
 import time
 import warnings
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,7 +55,6 @@ class FlowerExecutor(ClientExecutor):
         self._token = Tokens()  # what went down to the nodes once, named afterwards
         self._has: dict[int, set[int]] = {}
         self._names: dict[int, tuple[torch.Tensor, list]] = {}
-        self._latest: tuple[weakref.ref, dict] | None = None  # the last predict's output, its input per node
         self._cache: dict[tuple[int, int], torch.Tensor] = {}  # (id of a named input, client id) -> logits
         self._cpu_reported: dict[int, float] = {}
 
@@ -163,12 +161,12 @@ class FlowerExecutor(ClientExecutor):
 
     # ------------------------------------------------------------------ predictions sent ahead
     def _next_inputs(self, phase: str) -> list[torch.Tensor]:
-        """What the loop predicts on after clients change: the test and validation sets (evaluation)
-        and, after the private phase, the public set (the uploads). Nodes send these predictions with
-        the reply that changed the clients, which saves a Message per evaluation and per upload."""
+        """What the loop predicts on after clients change: the test and validation sets (evaluation).
+        Nodes send these predictions with the reply that changed the clients, which saves a Message per
+        evaluation. Never the public set: its logits leave a node only through ``upload``, released
+        (DP, encoding) there."""
         loop = self.loop
-        inputs = [t for t in (loop.test_x, getattr(loop, "val_x", None)) if t is not None]
-        return inputs + [loop.public_x] if phase == "private" else inputs
+        return [t for t in (loop.test_x, getattr(loop, "val_x", None)) if t is not None]
 
     def _changed(self, clients, idx, replies, groups, inputs) -> None:
         """Forget the changed clients' predictions; keep those the nodes sent ahead."""
@@ -210,7 +208,6 @@ class FlowerExecutor(ClientExecutor):
         self._prune()
         cached = self._cached(clients, x)
         if cached is not None:  # sent ahead with the reply that last changed these clients
-            self._latest = (weakref.ref(cached), {n: self._names[id(x)][1] for n in self._groups(clients)})
             return cached
         groups = self._groups(clients)
         per_node, refs = {}, {}
@@ -225,32 +222,35 @@ class FlowerExecutor(ClientExecutor):
         shape = next(z.shape for z in rows if z is not None)
         # unreachable clients: NaN logits (evaluation reports no accuracy for them)
         result = torch.stack([torch.full(shape, math.nan) if z is None else z for z in rows]).to(x.device)
-        self._latest = (weakref.ref(result), refs)  # nodes keep these logits for the upload hook
         return result
 
     def client_hook(self, hook, part, info, clients, client_data, received, public_logits=None):
+        if public_logits is not None:  # the nodes make the public logits themselves (``upload``)
+            raise NotImplementedError("FlowerExecutor.client_hook: public logits come from the nodes' upload step")
+        return self._on_nodes(hook, info, clients, received)
+
+    def upload(self, part, info, clients, client_data, received, release):
+        # each node applies its own release, built from the same config (fdlit.privacy.client_release)
+        return self._on_nodes("upload_step", info, clients, received)
+
+    def _on_nodes(self, hook, info, clients, received):
         self._prune()
-        cached = None
-        if public_logits is not None and self._latest is not None and self._latest[0]() is public_logits:
-            cached = self._latest[1]
-        elif public_logits is not None:
-            raise NotImplementedError("FlowerExecutor: public logits must come from its own predict")
         groups = self._groups(clients)
-        inputs = [] if hook == "upload" else self._next_inputs(hook)  # other hooks may change the clients
+        inputs = [] if hook.startswith("upload") else self._next_inputs(hook)  # other hooks may change the clients
         per_node = {}
         for node, idx in groups.items():
             out: dict[str, torch.Tensor] = {}
             meta = {"then_predict": [self._ref(x, node, out) for x in inputs], "hook": hook, "ids": [clients[j].client_id for j in idx], "round": info.round,
                     "clients": list(info.clients), "public_index": self._ref(info.public_index, node, out),
-                    "received": {k: self._ref(v, node, out) for k, v in received.items()},
-                    "public_logits": None if cached is None else cached[node]}
+                    "received": {k: self._ref(v, node, out) for k, v in received.items()}}
             per_node[node] = (meta, out)
         payloads: list[dict] = [{} for _ in clients]
-        replies = self.request("hook", per_node)
+        # a node lost in a round's exchange: its clients are dropouts; set-up needs every node
+        replies = self.request("hook", per_node, tolerate=hook != "setup")
         for node, (meta, tensors) in replies.items():
             for pos, (j, keys) in enumerate(zip(groups[node], meta["keys"], strict=True)):
                 payloads[j] = {k: tensors[f"{pos}/{k}"].to(self.device) for k in keys}
-        if hook != "upload":
+        if not hook.startswith("upload"):
             self._changed(clients, range(len(clients)), replies, groups, inputs)
         return payloads
 

@@ -62,7 +62,6 @@ class NodeWorker:
         self.loop = None
         self.node_config: dict[str, Any] = {}  # flower-supernode --node-config
         self.objects: dict[int, torch.Tensor] = {}  # token -> tensor the server sent
-        self.logits: dict[str, dict[int, torch.Tensor]] = {}  # input ref -> client id -> logits
 
     # ------------------------------------------------------------------ requests
     def handle(self, content):
@@ -113,7 +112,9 @@ class NodeWorker:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "config.yaml"
             path.write_text(meta["config"])
-            parser, cfg = parse_fit(["--config", str(path)])
+            # data-dir: where this machine keeps the dataset's files (the server's path may not exist here)
+            local = ["--data.data_dir", str(self.node_config["data-dir"])] if self.node_config.get("data-dir") else []
+            parser, cfg = parse_fit(["--config", str(path), *local])
         self.loop = loop_from_config(cfg, parser.instantiate(cfg), server=False)
         self.loop.setup()  # the whole federation as fit builds it; this node uses its own clients
         self.ids = list(meta["clients"])
@@ -121,23 +122,20 @@ class NodeWorker:
 
     def op_train(self, meta, tensors):
         datasets = [(self._ref(x), self._ref(t)) for x, t in meta["datasets"]]
-        self.logits = {}  # the clients change: earlier predictions are stale
         losses = self.loop.executor.train(self._clients(meta["ids"]), meta["phase"], datasets, meta["epochs"],
                                           meta["batch_size"])
         return {"losses": [float(v) for v in losses]}, self._then_predict(meta)
 
     def _then_predict(self, meta) -> dict[str, torch.Tensor]:
-        """Predictions the server will ask for next (evaluation, public inference), sent with this
-        reply instead of costing a message each; kept here for the upload hook."""
+        """Predictions the server will ask for next (evaluation), sent with this reply instead of
+        costing a message each."""
         out = {}
         for k, ref in enumerate(meta.get("then_predict", [])):
             out[f"pred/{k}"] = self._predict(meta["ids"], ref)
         return out
 
     def _predict(self, ids, ref) -> torch.Tensor:
-        out = self.loop.executor.predict(self._clients(ids), self._ref(ref)).float()
-        self.logits.setdefault(repr(ref), {}).update(zip(ids, out, strict=True))
-        return out
+        return self.loop.executor.predict(self._clients(ids), self._ref(ref)).float()
 
     def op_predict(self, meta, tensors):
         return {}, {"logits": self._predict(meta["ids"], meta["x"])}
@@ -148,17 +146,15 @@ class NodeWorker:
         index = self._ref(meta["public_index"])
         info = loop.facts.info(meta["round"], tuple(meta["clients"]), index)
         received = {k: self._ref(r) for k, r in meta["received"].items()}
-        public_logits = None
-        if meta["public_logits"] is not None:
-            cached = self.logits[repr(meta["public_logits"])]
-            public_logits = torch.stack([cached[i] for i in ids])
-        payloads = loop.executor.client_hook(meta["hook"], loop.method_part, info, self._clients(ids),
-                                             [loop.client_data[i] for i in ids], received, public_logits)
+        clients, data = self._clients(ids), [loop.client_data[i] for i in ids]
+        if meta["hook"] == "upload_step":  # public inference, the upload, its release (DP, encoding): all here
+            payloads = loop.executor.upload(loop.method_part, info, clients, data, received, loop.release)
+        else:
+            payloads = loop.executor.client_hook(meta["hook"], loop.method_part, info, clients, data, received)
         # "_" keys too: in-process diagnostics and what the server part reads without counting it (e.g.
         # FedAvg's initial model); they travel here, in the wire count, never in the analytic ledger
         out = {f"{j}/{k}": v for j, p in enumerate(payloads) for k, v in p.items()}
         if meta.get("then_predict"):  # a hook that changed the clients (e.g. loading the global model)
-            self.logits = {}
             out.update(self._then_predict(meta))
         return {"keys": [list(p) for p in payloads]}, out
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fdlit.data import ClientData
+from fdlit.errors import check_finite
 from fdlit.methods.base import ClientContext, ClientPart, FederationInfo
 
 if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import
@@ -89,6 +90,21 @@ class ClientExecutor:
                                   received, client.method_state)) or {})
             for i, (client, data) in enumerate(zip(clients, client_data, strict=True))
         ]
+
+
+    def upload(self, part: ClientPart, info: FederationInfo, clients: Sequence[ClientModule],
+               client_data: Sequence[ClientData], received: dict[str, torch.Tensor],
+               release: Callable[[int, int, dict], dict]) -> list[dict[str, torch.Tensor]]:
+        """The client step that ends Stage 1 (Kovalchuk et al. 2026, Algorithm 1, lines 6-7), where each
+        client lives: its logits on the public set, its method's ``upload``, and ``release``
+        (fdlit.privacy.client_release: DP clipping and noise, the encoding); returns what each
+        client sends, so raw logits leave no client that the privacy section covers."""
+        public_logits = self.predict(clients, info.public_x)  # M x N x C
+        ids = [c.client_id for c in clients]
+        check_finite(list(public_logits), info.round, "public inference", ids)
+        extra = self.client_hook("upload", part, info, clients, client_data, received, public_logits)
+        return [release(info.round, i, {"logits": public_logits[j], **payload})
+                for j, (i, payload) in enumerate(zip(ids, extra, strict=True))]
 
 
 class SequentialExecutor(ClientExecutor):

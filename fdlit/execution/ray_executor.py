@@ -33,7 +33,6 @@ import sys
 import sysconfig
 import time
 import warnings
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -133,7 +132,6 @@ class ClientWorker:
         self.executor = executor_cls(eval_batch_size)
         self.executor.setup(self.fabric, clients)
         self.objects: dict[int, Any] = {}  # token -> tensor on this device, or ClientData
-        self.logits: dict[int, dict[int, torch.Tensor]] = {}  # input token -> client id -> logits
 
     def _receive(self, new: dict[int, Any], live: Sequence[int]) -> None:
         import ray
@@ -143,9 +141,8 @@ class ClientWorker:
             # a copy on this device: the object-store buffer may be freed once the driver drops it
             self.objects[token] = obj.to(self.fabric.device, copy=True) if isinstance(obj, torch.Tensor) else obj
         live = set(live)
-        for store in (self.objects, self.logits):
-            for token in [t for t in store if t not in live]:
-                del store[token]
+        for token in [t for t in self.objects if t not in live]:
+            del self.objects[token]
 
     def train(self, ids, phase, data_tokens, epochs, batch_size, new, live) -> list[float]:
         self._receive(new, live)
@@ -154,23 +151,20 @@ class ClientWorker:
 
     def predict(self, ids, x_token, new, live) -> torch.Tensor:
         self._receive(new, live)
-        out = self.executor.predict([self.clients[i] for i in ids], self.objects[x_token])
-        self.logits.setdefault(x_token, {}).update(zip(ids, out, strict=True))
-        return out.cpu()
+        return self.executor.predict([self.clients[i] for i in ids], self.objects[x_token]).cpu()
 
-    def client_hook(self, hook, ids, part, info, public_x_token, received_tokens, data_tokens, x_token,
-                    public_logits, new, live) -> list[dict]:
+    def client_hook(self, hook, ids, part, info, public_x_token, received_tokens, data_tokens, release,
+                    new, live) -> list[dict]:
+        """``part.<hook>`` for these clients; ``upload`` (with its ``release``) is the whole upload
+        step: public inference, the method's upload and the privacy release, here on the actor."""
         self._receive(new, live)
-        if public_logits is None and x_token is not None:  # logits this actor computed in its last predict
-            public_logits = [self.logits[x_token][i] for i in ids]
-        elif public_logits is not None:
-            public_logits = [z.to(self.fabric.device) for z in public_logits]
         info = dataclasses.replace(info, public_x=self.objects[public_x_token])
         received = {k: self.objects[t] for k, t in received_tokens.items()}
-        payloads = self.executor.client_hook(
-            hook, part, info, [self.clients[i] for i in ids], [self.objects[d] for d in data_tokens], received,
-            None if public_logits is None else torch.stack(public_logits),
-        )
+        clients, data = [self.clients[i] for i in ids], [self.objects[d] for d in data_tokens]
+        if release is not None:
+            payloads = self.executor.upload(part, info, clients, data, received, release)
+        else:
+            payloads = self.executor.client_hook(hook, part, info, clients, data, received)
         return [{k: v.cpu() for k, v in p.items()} for p in payloads]
 
     def get_states(self, ids) -> list[dict]:
@@ -339,7 +333,6 @@ class RayExecutor(ClientExecutor):
         self._actor_of = {c.client_id: a for a, g in enumerate(groups) for c in g}
         self._token = Tokens()
         self._has: list[set[int]] = [set() for _ in self.actors]
-        self._latest_prediction: dict[int, weakref.ref] = {}  # input token -> latest predict output
         # fail here, not mid-round, if an actor cannot start (no resources, cannot import fdlit)
         pending = [a.where.remote() for a in self.actors]
         ready, _ = ray.wait(pending, num_returns=len(pending), timeout=self.startup_timeout_s)
@@ -477,20 +470,20 @@ class RayExecutor(ClientExecutor):
         for idx, got in zip(groups.values(), ray.get(calls), strict=True):
             for j, z in zip(idx, got, strict=True):
                 out[j] = z
-        result = torch.stack(out).to(x.device)
-        # actors keep these logits (the latest per input) for the client hooks; remember which output that is
-        self._latest_prediction[token] = weakref.ref(result)
-        return result
+        return torch.stack(out).to(x.device)
 
     def client_hook(self, hook, part, info, clients, client_data, received, public_logits=None):
+        if public_logits is not None:  # the actors make the public logits themselves (``upload``)
+            raise NotImplementedError("RayExecutor.client_hook: public logits come from the actors' own upload step")
+        return self._on_actors(hook, part, info, clients, client_data, received, None)
+
+    def upload(self, part, info, clients, client_data, received, release):
+        return self._on_actors("upload", part, info, clients, client_data, received, release)
+
+    def _on_actors(self, hook, part, info, clients, client_data, received, release):
         ray = import_ray()
         groups = self._groups(clients)
         _ship_code_by_value(ray, shipped_classes(part))  # the method's client part only, never its server part
-        # logits the actors computed themselves need not travel back down
-        x_token = None
-        if public_logits is not None:
-            x_token = next((t for t, ref in self._latest_prediction.items() if ref() is public_logits), None)
-        cached = x_token is not None
         # tensors go down once (tokens); the info travels without its public inputs
         shared = [info.public_x, *received.values()]
         ship = self._shipment({a: [*shared, *(client_data[j] for j in idx)] for a, idx in groups.items()})
@@ -499,8 +492,7 @@ class RayExecutor(ClientExecutor):
         calls = [
             self.actors[a].client_hook.remote(
                 hook, [clients[j].client_id for j in idx], part, bare, self._token(info.public_x), received_tokens,
-                [self._token(client_data[j]) for j in idx], x_token,
-                None if cached or public_logits is None else [public_logits[j].cpu() for j in idx], *ship[a],
+                [self._token(client_data[j]) for j in idx], release, *ship[a],
             )
             for a, idx in groups.items()
         ]

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from fdlit.errors import ConfigError, check_at_least, check_choice, import_hint
+from fdlit.federation.baselines import reference_client
+from fdlit.methods.base import client_part_of
 from fdlit.models.build import build_model
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -124,3 +126,19 @@ def device_tensors(data: Any, client_data: list, device: torch.device) -> dict[s
         "val_y": validation.y.to(device) if validation is not None else None,
         "local_mask_matrix": torch.stack([data.local_test_mask(cd.classes) for cd in client_data]).float().to(device),
     }
+
+
+def build_clients(loop: Any) -> None:
+    """The loop's ``client_data`` and ``clients`` (one pooled client for the reference baseline), and
+    the method's client part every client carries (``method_part``: wrapped by the attack for
+    adversarial clients): what of the method runs where the clients live."""
+    loop.client_data = [reference_client(loop.data, loop.seed)] if loop.mode == "reference" else loop.data.clients
+    loop.clients = [
+        loop.client_class(client_network(loop.model_spec, loop.data, cd.client_id, loop.seed), cd.client_id,
+                          cd.classes, loop.optimization, loop.seed)
+        for cd in loop.client_data
+    ]
+    loop.method_part = loop.adversaries.wrap(client_part_of(loop.aggregator), loop.aggregator.exchange,
+                                             len(loop.clients), loop.seed)
+    for client in loop.clients:
+        client.method_part = loop.method_part

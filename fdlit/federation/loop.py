@@ -25,13 +25,13 @@ from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import ClientExecutor, select_executor
 from fdlit.federation import measurement
-from fdlit.federation.baselines import MODES, reference_client
+from fdlit.federation.baselines import MODES
 from fdlit.federation.checks import check_before_data
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.construction import (
     MESSAGE_DTYPES,
+    build_clients,
     check_loop_settings,
-    client_network,
     device_tensors,
     eval_rows,
     import_client_class,
@@ -42,9 +42,9 @@ from fdlit.federation.participation import Participation
 from fdlit.federation.protocols import protocol_for
 from fdlit.federation.round_facts import RoundFacts
 from fdlit.federation.state import load_loop_state, loop_state
-from fdlit.methods.base import Aggregator, client_part_of
+from fdlit.methods.base import Aggregator
 from fdlit.models.build import ModelSpec
-from fdlit.privacy import UploadPrivacy, membership_audit
+from fdlit.privacy import UploadPrivacy
 
 
 class FederationLoop:
@@ -187,19 +187,10 @@ class FederationLoop:
             self.data.setup(self.seed)
         if self.protocol.communicates:
             self.privacy.check(self.aggregator, self.data.num_classes)
+            self.release = self.privacy.client_release(self.message_dtype, self.seed)  # applied on each client
         self.fabric = make_device(self.accelerator, self.precision, self.fabric_devices)
         device = self.fabric.device
-        self.client_data = [reference_client(self.data, self.seed)] if self.mode == "reference" else self.data.clients
-        self.clients = [
-            self.client_class(client_network(self.model_spec, self.data, cd.client_id, self.seed), cd.client_id,
-                              cd.classes, self.optimization, self.seed)
-            for cd in self.client_data
-        ]
-        # what of the method runs where the clients live (with the attack, for adversarial clients)
-        self.method_part = self.adversaries.wrap(client_part_of(self.aggregator), self.aggregator.exchange,
-                                                 len(self.clients), self.seed)
-        for client in self.clients:
-            client.method_part = self.method_part
+        build_clients(self)  # client_data, clients, method_part
         # test_x/y, public_x/y, private, val_x/y, local_mask_matrix
         self.__dict__.update(device_tensors(self.data, self.client_data, device))
         if self.participation is not None:
@@ -231,11 +222,6 @@ class FederationLoop:
 
     def server_context(self, round: int, info=None):
         return self.facts.server_context(round, info)
-
-    @property
-    def sample_rate(self) -> float:
-        """Per-round sampling rate q of a client (1.0: everyone, every round)."""
-        return 1.0 if self.participation is None else self.participation.sample_rate
 
     @staticmethod
     def subset(items: Sequence, ids: list[int]) -> Sequence:
@@ -295,27 +281,11 @@ class FederationLoop:
         after_private = self.evaluate(plan.eval_rows) if plan.evaluated else None
         # the rest of the round: the protocol's exchange (fdlit.federation.protocols)
         result, public_losses, after_public = self.protocol.run(self, plan, after_private)
+        if later := self.executor.unreachable() - set(lost):  # lost during the exchange: dropouts too
+            plan, lost = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in later]), lost | later
 
-        metrics = {"round": r, **measurement.accuracy_metrics(after_private, after_public, self.val_y is not None)}
-        rows = plan.eval_rows
-        metrics["eval/test_samples"] = 0 if not plan.evaluated else len(self.test_y) if rows is None else len(rows)
-        public_y = self.public_y if plan.public_index is None else self.public_y[plan.public_index]
-        metrics.update(measurement.teacher_metrics(result, public_y))
-        metrics["train/private_loss_mean"] = float(torch.tensor(private_losses).mean())
-        metrics["train/public_loss_mean"] = float(torch.tensor(public_losses).mean())
-        communicating = len(plan.arrived) if self.protocol.communicates else len(self.clients)
-        metrics.update(self.ledger.round_metrics(r, max(communicating, 1)))
-        if self.participation is not None or lost:
-            metrics.update(measurement.participation_metrics(plan.sampled, plan.arrived, len(public_y)))
-        metrics.update(result.stats if result is not None else {})
-        metrics["time/round_s"] = time.perf_counter() - t0
-        metrics.update(self.executor.timing_metrics())  # e.g. Ray actors' CPU seconds
-        if self.privacy.audit and r == self.rounds:  # membership inference on the final client models
-            metrics.update(membership_audit(lambda x: self.executor.predict(self.clients, x), self.private,
-                                            self.test_x, self.test_y, self.local_mask_matrix))
-        if result is not None and result.weights is not None:  # M x C who-to-trust matrix (diagnostic only)
-            metrics["clients/trust_matrix"] = measurement.trust_rows(result.weights, public_y, self.data.num_classes,
-                                                                     plan.arrived, len(self.clients))
+        metrics = measurement.round_metrics(self, plan, result, (private_losses, public_losses),
+                                            (after_private, after_public), lost, t0)
         metrics.update(self.adversaries.after_round(self, plan, result, after_public))
         self.round = r
         self.history.append(metrics)

@@ -8,25 +8,16 @@ the who-to-trust matrix use the public labels: diagnostics only, never used for 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from fdlit.errors import NumericalFault, check_finite  # noqa: F401  (re-exported: the round raises them)
 from fdlit.federation.diagnostics import trust_matrix
 from fdlit.methods.base import weight_concentration, weight_entropy
-
-
-class NumericalFault(RuntimeError):
-    """A client produced NaN or inf; names the client, round and phase."""
-
-
-def check_finite(values, r: int, phase: str, ids: list[int] | None = None) -> None:
-    for i, v in enumerate(values):
-        bad = not torch.isfinite(v).all() if isinstance(v, torch.Tensor) else not math.isfinite(v)
-        if bad:
-            raise NumericalFault(f"client {i if ids is None else ids[i]} produced NaN/inf in round {r}, "
-                                 f"phase '{phase}'")
+from fdlit.privacy.audit import membership_audit
 
 
 class Evaluation:
@@ -206,3 +197,34 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  bytes up / down           : {summary['bytes_up_total'] / mb:.2f} MiB / {summary['bytes_down_total'] / mb:.2f} MiB",
         f"  run directory             : {summary['run_dir']}",
     ])
+
+
+def round_metrics(fed: Any, plan: Any, result: Any, losses: tuple[list, list], evaluations: tuple[Any, Any],
+                  lost: Sequence[int], started: float) -> dict[str, Any]:
+    """One round's metrics (``fed``: the FederationLoop): accuracy after each phase, teacher quality,
+    losses, bytes, participation, the method's and the executor's statistics, the privacy audit on
+    the last round, and the who-to-trust matrix."""
+    r = plan.round
+    private_losses, public_losses = losses
+    after_private, after_public = evaluations
+    metrics = {"round": r, **accuracy_metrics(after_private, after_public, fed.val_y is not None)}
+    rows = plan.eval_rows
+    metrics["eval/test_samples"] = 0 if not plan.evaluated else len(fed.test_y) if rows is None else len(rows)
+    public_y = fed.public_y if plan.public_index is None else fed.public_y[plan.public_index]
+    metrics.update(teacher_metrics(result, public_y))
+    metrics["train/private_loss_mean"] = float(torch.tensor(private_losses).mean())
+    metrics["train/public_loss_mean"] = float(torch.tensor(public_losses).mean())
+    communicating = len(plan.arrived) if fed.protocol.communicates else len(fed.clients)
+    metrics.update(fed.ledger.round_metrics(r, max(communicating, 1)))
+    if fed.participation is not None or lost:
+        metrics.update(participation_metrics(plan.sampled, plan.arrived, len(public_y)))
+    metrics.update(result.stats if result is not None else {})
+    metrics["time/round_s"] = time.perf_counter() - started
+    metrics.update(fed.executor.timing_metrics())  # e.g. Ray actors' CPU seconds
+    if fed.privacy.audit and r == fed.rounds:  # membership inference on the final client models
+        metrics.update(membership_audit(lambda x: fed.executor.predict(fed.clients, x), fed.private,
+                                        fed.test_x, fed.test_y, fed.local_mask_matrix))
+    if result is not None and result.weights is not None:  # M x C who-to-trust matrix (diagnostic only)
+        metrics["clients/trust_matrix"] = trust_rows(result.weights, public_y, fed.data.num_classes,
+                                                     plan.arrived, len(fed.clients))
+    return metrics

@@ -93,16 +93,30 @@ class Protocol:
         raise NotImplementedError
 
 
+def info_of(fed, plan, ids: list[int], public: bool = True):
+    """What the clients ``ids`` and the server know in this round (``public``: with the round's public subset)."""
+    everyone = len(ids) == len(fed.clients)
+    return fed.facts.info(plan.round, () if everyone else tuple(ids), plan.public_index if public else None)
+
+
+def arrived(fed, ids: list[int], replies: list) -> tuple[list[int], list]:
+    """The clients whose upload arrived, and their replies: a node lost during the upload step (a
+    deployment) leaves its clients out, as dropouts of this round."""
+    lost = fed.executor.unreachable()
+    kept = [j for j, i in enumerate(ids) if i not in lost]
+    return [ids[j] for j in kept], [replies[j] for j in kept]
+
+
 class PredictionExchange(Protocol):
     """Federated distillation: predictions up, a teacher down, then the public phase."""
 
     def run(self, fed, plan, after_private):
         ids = list(plan.arrived)
+        if ids:
+            ids, uploads, privacy_stats = self.client_upload(fed, plan.round, ids, info_of(fed, plan, ids))
         if not ids:  # no upload arrived: no teacher, no public phase
             return None, [math.nan], fed.evaluate(plan.eval_rows) if plan.evaluated else None
-        everyone = len(ids) == len(fed.clients)
-        info = fed.facts.info(plan.round, () if everyone else tuple(ids), plan.public_index)
-        uploads, privacy_stats = self.client_upload(fed, plan.round, ids, info)
+        info = info_of(fed, plan, ids)  # the clients whose uploads arrived
         result, public_x, targets = self.server_aggregate(fed, plan, ids, uploads, info)
         result.stats.update(privacy_stats)
         public_losses = self.client_distil(fed, plan, ids, public_x, targets)
@@ -110,17 +124,16 @@ class PredictionExchange(Protocol):
 
     @staticmethod
     def client_upload(fed, r: int, ids: list[int], info):
-        """Client step (end of Stage 1): public inference and the method's upload; the one place
-        uploads are made: clipped and noised (DP), encoded, counted, decoded for the rule."""
-        clients = fed.subset(fed.clients, ids)
-        public_logits = fed.executor.predict(clients, info.public_x)  # M x N x C
-        check_finite(list(public_logits), r, "public inference", ids)
-        extra = fed.executor.client_hook("upload", fed.method_part, info, clients,
-                                         fed.subset(fed.client_data, ids), fed.received, public_logits)
-        payloads = [{"logits": public_logits[j], **payload} for j, payload in enumerate(extra)]
-        payloads = fed.adversaries.collude_uploads(r, ids, payloads)
-        return fed.privacy.upload(r, payloads, fed.message_dtype, fed.seed, fed.data.num_classes,
-                                  fed.facts.sample_rate, fed.send_up, ids)
+        """Client step (end of Stage 1), where each client lives: public inference, the method's upload,
+        its DP clipping/noise and encoding (fdlit.privacy.client_release); the server then counts,
+        decodes and accounts what arrived (``UploadPrivacy.receive``)."""
+        messages = fed.executor.upload(fed.method_part, info, fed.subset(fed.clients, ids),
+                                       fed.subset(fed.client_data, ids), fed.received, fed.release)
+        ids, messages = arrived(fed, ids, messages)
+        messages = fed.adversaries.collude_uploads(r, ids, messages)
+        uploads, stats = fed.privacy.receive(r, ids, messages, fed.data.num_classes, len(info.public_x),
+                                             fed.facts.sample_rate, fed.send_up, fed.seed)
+        return ids, uploads, stats
 
     @staticmethod
     def server_aggregate(fed, plan, ids: list[int], uploads, info):
@@ -172,12 +185,13 @@ class ParameterExchange(Protocol):
     def run(self, fed, plan, after_private):
         ids = list(plan.arrived)
         m = len(fed.clients)
+        if ids:
+            raw = fed.executor.client_hook("upload", fed.method_part, info_of(fed, plan, ids, public=False),
+                                           fed.subset(fed.clients, ids), fed.subset(fed.client_data, ids), fed.received)
+            ids, raw = arrived(fed, ids, raw)
         if not ids:  # no upload arrived: every client keeps what it has
             return None, [math.nan] * m, fed.evaluate(plan.eval_rows) if plan.evaluated else None
-        everyone = len(ids) == m
-        info = fed.facts.info(plan.round, () if everyone else tuple(ids))
-        raw = fed.executor.client_hook("upload", fed.method_part, info, fed.subset(fed.clients, ids),
-                                       fed.subset(fed.client_data, ids), fed.received)
+        info = info_of(fed, plan, ids, public=False)  # the clients whose uploads arrived
         raw = fed.adversaries.collude_uploads(plan.round, ids, raw)
         uploads = [fed.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
         result = fed.aggregator.aggregate(uploads, fed.facts.server_context(plan.round, info))

@@ -23,6 +23,9 @@ import numpy as np
 import torch
 
 ENCODINGS = ("full", "hard", "top_k", "quantised")
+# the message keys each encoding sends (what the server decodes; a method's other upload keys travel beside them)
+MESSAGE_KEYS = {"full": ("logits",), "hard": ("labels",), "top_k": ("topk_values", "topk_indices"),
+                "quantised": ("quantised", "quantised_scale")}
 LOG_FLOOR = math.log(1e-12)
 
 

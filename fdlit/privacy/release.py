@@ -91,12 +91,3 @@ class Release:
 
     def refusal(self, reason: str) -> str:
         return f"{reason}{'; ' + self.advice if self.advice else ''}"
-
-    def check_payload(self, payload: dict) -> None:
-        """Every key sent (``_``-prefixed ones are not) must be declared: a method's upload that its
-        declaration does not cover would leave the mechanism."""
-        extra = [k for k in payload if not k.startswith("_") and k not in self.released]
-        if extra:
-            raise RuntimeError(f"{self.name} uploads {', '.join(map(repr, extra))}, which its ``released`` "
-                               f"declaration ({self.released}) does not cover; declare each key's kind "
-                               f"({', '.join(KINDS)})")

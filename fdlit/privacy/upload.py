@@ -39,6 +39,10 @@ is not: keys declared ``clear`` (sent as they are), that a client takes part, th
 set-up stage, or with keys declared ``unbounded``, are refused with DP on). Server-side processing of
 the noisy release (aggregation, the teacher, what goes down) is post-processing and costs no privacy.
 
+Where it runs: clipping, local noise and the encoding happen on the client, where it lives (in process,
+a Ray actor, a Flower node: fdlit.privacy.client_release), so raw logits never leave a client when this
+section is on; the server decodes, adds the secure sum's noise (central) and keeps the accountant.
+
 sigma = 0 turns the mechanism off: nothing is clipped or noised and epsilon is not reported.
 Encodings (``encoding``) apply after the noise (post-processing): they send less, and by
 themselves give no formal guarantee.
@@ -55,12 +59,12 @@ import torch
 
 from fdlit.errors import ConfigError, check_choice, check_number
 from fdlit.privacy.accounting import ClientAccountant, make_accountant
-from fdlit.privacy.encoding import ENCODINGS, decode, encode
-from fdlit.privacy.release import NOISED, POSITIVE_ROWS, UNBOUNDED, Release
+from fdlit.privacy.client_release import DIAGNOSTICS, ClientRelease, clip_rows, gaussian_noise
+from fdlit.privacy.encoding import ENCODINGS, MESSAGE_KEYS, decode
+from fdlit.privacy.release import UNBOUNDED, Release
 
 ACCOUNTANTS = ("rdp", "prv")
 ACCOUNTINGS = ("local", "central", "secure_aggregation")  # secure_aggregation: another name for central
-FLOOR = 1e-2  # noisy positive rows (standard deviations) are floored (post-processing): a density needs sigma > 0
 LOG_FLOOR = 1e-12  # a noisy mean probability is floored before its log (post-processing)
 
 __all__ = ["ACCOUNTANTS", "ACCOUNTINGS", "UploadPrivacy", "clip_rows", "default_config", "make_accountant"]
@@ -72,13 +76,6 @@ def default_config() -> dict[str, Any]:
 
     return {name: par.default for name, par in inspect.signature(UploadPrivacy.__init__).parameters.items()
             if name != "self"}
-
-
-def clip_rows(x: torch.Tensor, c: float) -> tuple[torch.Tensor, int]:
-    """Rows scaled to L2 norm <= c, and how many were scaled."""
-    norms = x.norm(dim=-1, keepdim=True)
-    factor = (c / norms.clamp_min(1e-30)).clamp(max=1.0)
-    return x * factor, int((factor < 1).sum())
 
 
 class UploadPrivacy:
@@ -199,43 +196,41 @@ class UploadPrivacy:
                                   f"clipped uploads (secure aggregation); {why}; use privacy.accounting: local")
 
     # ------------------------------------------------------------------ the upload
-    def noise(self, shape, r: int, client: int, seed: int, std: float, device, stream: int = 0xD9) -> torch.Tensor:
-        """Gaussian noise from a stream of its own per (seed, round, client): the same under every
-        executor and after a resume, and no other random stream moves."""
-        key = np.random.SeedSequence([seed, r, client, stream]).generate_state(1, np.uint64)[0] >> 1
-        g = torch.Generator().manual_seed(int(key))
-        return (torch.randn(shape, generator=g, dtype=torch.float64) * std).to(device)
+    def client_release(self, dtype: torch.dtype, seed: int) -> ClientRelease:
+        """The client's side of the mechanism (fdlit.privacy.client_release), for the method declared
+        in ``check``: executors apply it where each client lives."""
+        release = self.release
+        return ClientRelease(dtype=dtype, seed=seed, noise_multiplier=self.noise_multiplier, clip_norm=self.clip_norm,
+                             central=self.central, summed=release.summed, encoding=self.encoding, top_k=self.top_k,
+                             bits=self.bits, method=release.name, released=dict(release.released))
 
-    def upload(self, r: int, payloads: list[dict[str, torch.Tensor]], dtype: torch.dtype, seed: int,
-               num_classes: int, sample_rate: float, send: Callable[[int, int, dict], dict],
-               clients: Sequence[int] | None = None) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
-        """Clip and noise (DP on), encode, send (``send(r, client, messages)``) and decode every
-        client's payload; returns what the server's rule receives and this round's privacy metrics.
-        ``clients``: the id of each payload's client (None: 0 … M-1, everyone uploads); ``sample_rate``:
-        the round's q (logged, and the before-sampling account's rate)."""
-        ids = list(range(len(payloads))) if clients is None else list(clients)
+    def receive(self, r: int, clients: Sequence[int], messages: list[dict[str, torch.Tensor]], num_classes: int,
+                num_rows: int, sample_rate: float, send: Callable[[int, int, dict], dict], seed: int = 0
+                ) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
+        """The server's side: count (``send(r, client, messages)``) and decode what each client released
+        (``ClientRelease``), add the secure sum's noise (central), account the round; returns what the
+        server's rule receives and this round's privacy metrics. ``num_rows``: the public rows each
+        upload covers; ``sample_rate``: the round's q (logged, and the before-sampling account's rate);
+        ``seed``: the run's, for the secure sum's noise stream."""
+        ids = list(clients)
         if not self.active:  # fdlit's plain upload, bit for bit
-            return [send(r, ids[j], {**p, "logits": p["logits"].to(dtype)}) for j, p in enumerate(payloads)], {}
-        if self.dp:
-            for payload in payloads:
-                self.release.check_payload(payload)
+            return [send(r, i, m) for i, m in zip(ids, messages, strict=True)], {}
+        diagnostics = [m.get(DIAGNOSTICS) for m in messages]
+        messages = [{k: v for k, v in m.items() if k != DIAGNOSTICS} for m in messages]
         if self.dp and self.central:
-            uploads, clipped, rows, stds = self._summed(r, ids, payloads, dtype, seed, send)
+            uploads, std = self._summed(r, ids, messages, seed, send)
+            stds = [std]
         else:
-            uploads, clipped, rows, stds = [], 0, 0, []
-            for i, payload in zip(ids, payloads, strict=True):
-                payload = dict(payload)
-                logits = payload.pop("logits")
-                if self.dp:
-                    logits, noised, c, std = self._privatise(r, i, seed, logits, payload)
-                    payload.update(noised)
-                    clipped, rows, stds = clipped + c, rows + len(logits), stds + [std]
-                messages = encode(logits, self.encoding, dtype, self.top_k, self.bits)
-                received = send(r, i, {**messages, **payload})
-                decoded = decode(received, self.encoding, num_classes, len(logits), self.bits)
-                uploads.append({k: v for k, v in received.items() if k not in messages} | {"logits": decoded})
+            uploads, stds = [], [float(d[2]) for d in diagnostics if d is not None]
+            keys = MESSAGE_KEYS[self.encoding]
+            for i, message in zip(ids, messages, strict=True):
+                received = send(r, i, message)
+                decoded = decode(received, self.encoding, num_classes, num_rows, self.bits)
+                uploads.append({k: v for k, v in received.items() if k not in keys} | {"logits": decoded})
         stats: dict[str, float] = {}
         if self.dp:
+            clipped = sum(float(d[0]) for d in diagnostics if d is not None)
+            rows = sum(float(d[1]) for d in diagnostics if d is not None)
             self.accountant.step(self.noise_multiplier, sample_rate, ids)
             stats = {"privacy/epsilon": self.epsilon(), "privacy/delta": self.delta,
                      "privacy/noise_multiplier": self.noise_multiplier, "privacy/clip_norm": self.clip_norm,
@@ -245,44 +240,32 @@ class UploadPrivacy:
                 stats["privacy/epsilon_sampled"] = self.accountant.epsilon_sampled()
         return uploads, stats
 
-    def _privatise(self, r, i, seed, logits, payload):
-        """Clip every released row to c; one Gaussian draw over the client's whole release (its logits
-        and every other declared row)."""
-        others = [k for k in self.release.keys(*NOISED) if k != "logits" and k in payload]
-        parts = [logits.double()] + [payload[k].double() for k in others]
-        release = torch.cat(parts)
-        release, clipped = clip_rows(release, self.clip_norm)
-        std = self.noise_multiplier * 2 * self.clip_norm * math.sqrt(len(release))  # sigma * Delta
-        release = release + self.noise(release.shape, r, i, seed, std, release.device)
-        out = list(release.split([len(p) for p in parts]))
-        noised = {}
-        for k, noisy in zip(others, out[1:], strict=True):
-            if self.release.released[k] == POSITIVE_ROWS:
-                noisy = noisy.abs().clamp_min(FLOOR)
-            noised[k] = noisy.to(payload[k].dtype)
-        return out[0].float(), noised, clipped, std
+    def upload(self, r: int, payloads: list[dict[str, torch.Tensor]], dtype: torch.dtype, seed: int,
+               num_classes: int, sample_rate: float, send: Callable[[int, int, dict], dict],
+               clients: Sequence[int] | None = None) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
+        """Both sides in one process: every client's ``payload`` released (``client_release``), then
+        received (``receive``); ``clients``: each payload's client id (None: 0 … M-1)."""
+        ids = list(range(len(payloads))) if clients is None else list(clients)
+        release = self.client_release(dtype, seed)
+        messages = [release(r, i, p) for i, p in zip(ids, payloads, strict=True)]
+        return self.receive(r, ids, messages, num_classes, len(payloads[0]["logits"]) if payloads else 0,
+                            sample_rate, send, seed)
 
-    def _summed(self, r, ids, payloads, dtype, seed, send):
-        """Central noise: each client sends its clipped rows (their masked share under secure
+    def _summed(self, r, ids, shares, seed, send):
+        """Central noise: each client sent its clipped rows (their masked share under secure
         aggregation, the same size); the sum gets one Gaussian draw, and every upload the rule
         receives is the noisy mean (as logits: a mean probability is made a distribution first)."""
         probabilities = self.release.summed == "probabilities"
-        shares, clipped = [], 0
-        for i, payload in zip(ids, payloads, strict=True):
-            x = payload["logits"].double()
-            x, c = clip_rows(x.softmax(-1) if probabilities else x, self.clip_norm)
-            clipped += c
-            shares.append(send(r, i, {"logits": x.to(dtype)})["logits"].double())
-        total = torch.stack(shares).sum(0)
+        counted = [send(r, i, {"logits": m["logits"]})["logits"].double() for i, m in zip(ids, shares, strict=True)]
+        total = torch.stack(counted).sum(0)
         std = self.noise_multiplier * 2 * self.clip_norm * math.sqrt(len(total))  # sigma * Delta
-        mean = (total + self.noise(total.shape, r, 0, seed, std, total.device, stream=0xCE)) / len(shares)
+        mean = (total + gaussian_noise(total.shape, r, 0, seed, std, total.device, stream=0xCE)
+                ) / len(counted)
         if probabilities:  # post-processing: back onto the simplex, then logits the rule can softmax
             p = mean.clamp_min(0)
             p = torch.where(p.sum(-1, keepdim=True) > 0, p, torch.ones_like(p))
             mean = (p / p.sum(-1, keepdim=True)).clamp_min(LOG_FLOOR).log()
-        uploads = [{k: v for k, v in payload.items() if k.startswith("_")} | {"logits": mean.float()}
-                   for payload in payloads]
-        return uploads, clipped, sum(len(s) for s in shares), [std]
+        return [{k: v for k, v in m.items() if k.startswith("_")} | {"logits": mean.float()} for m in shares], std
 
     # ------------------------------------------------------------------ accounting
     def epsilon(self) -> float:

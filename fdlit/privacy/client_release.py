@@ -1,0 +1,109 @@
+"""The client's side of the upload mechanism: what leaves a client, made where the client lives.
+
+A client's upload (its public-set logits and the rows its method declares) is clipped and noised
+(local differential privacy), clipped only (central: its share of the secure sum), and encoded on the
+client, so no executor — in process, Ray actor or Flower node — ever sends raw logits when the
+``privacy`` section says otherwise. The mechanism and its sensitivity are fdlit.privacy.upload's; the
+server's side (decoding, the secure sum's noise, the accountant) is ``UploadPrivacy.receive``.
+
+A ``ClientRelease`` holds plain values only (the section's knobs and the method's declaration, never
+the method), so it travels to workers and nodes with the client part.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fdlit.privacy.encoding import encode
+from fdlit.privacy.release import KINDS, NOISED, POSITIVE_ROWS
+
+FLOOR = 1e-2  # noisy positive rows (standard deviations) are floored (post-processing): a density needs sigma > 0
+DIAGNOSTICS = "_privacy"  # per client: rows clipped, rows released, noise std (in-process diagnostics, never counted)
+
+
+def clip_rows(x: torch.Tensor, c: float) -> tuple[torch.Tensor, int]:
+    """Rows scaled to L2 norm <= c, and how many were scaled."""
+    norms = x.norm(dim=-1, keepdim=True)
+    factor = (c / norms.clamp_min(1e-30)).clamp(max=1.0)
+    return x * factor, int((factor < 1).sum())
+
+
+def gaussian_noise(shape, r: int, client: int, seed: int, std: float, device, stream: int = 0xD9) -> torch.Tensor:
+    """Gaussian noise from a stream of its own per (seed, round, client): the same under every
+    executor and after a resume, and no other random stream moves."""
+    key = np.random.SeedSequence([seed, r, client, stream]).generate_state(1, np.uint64)[0] >> 1
+    g = torch.Generator().manual_seed(int(key))
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * std).to(device)
+
+
+@dataclass(frozen=True)
+class ClientRelease:
+    """What one client sends for its payload (``{"logits": N x C, **declared rows}``): see the module
+    docstring. ``noise_multiplier`` 0 and ``encoding`` full send the payload as it is (logits in
+    ``dtype``); ``central`` sends the clipped logits (or probabilities, ``summed``) for the secure sum."""
+
+    dtype: torch.dtype = torch.float32
+    seed: int = 0
+    noise_multiplier: float = 0.0
+    clip_norm: float = 1.0
+    central: bool = False
+    summed: str | None = None
+    encoding: str = "full"
+    top_k: int = 1
+    bits: int = 8
+    method: str = "the method"
+    released: dict[str, str] = field(default_factory=lambda: {"logits": "rows"})
+
+    @property
+    def dp(self) -> bool:
+        return self.noise_multiplier > 0
+
+    def __call__(self, r: int, client: int, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if not self.dp and self.encoding == "full":  # fdlit's plain upload, bit for bit
+            return {**payload, "logits": payload["logits"].to(self.dtype)}
+        if self.dp:
+            self.check_payload(payload)
+        payload = dict(payload)
+        logits = payload.pop("logits")
+        if self.dp and self.central:
+            x = logits.double()
+            x, clipped = clip_rows(x.softmax(-1) if self.summed == "probabilities" else x, self.clip_norm)
+            diag = torch.tensor([clipped, len(x), 0.0], dtype=torch.float64)
+            return {k: v for k, v in payload.items() if k.startswith("_")} | {
+                "logits": x.to(self.dtype), DIAGNOSTICS: diag}
+        diag = None
+        if self.dp:
+            logits, noised, clipped, std = self.privatise(r, client, logits, payload)
+            payload.update(noised)
+            diag = torch.tensor([clipped, len(logits), std], dtype=torch.float64)
+        out = {**encode(logits, self.encoding, self.dtype, self.top_k, self.bits), **payload}
+        return out if diag is None else out | {DIAGNOSTICS: diag}
+
+    def privatise(self, r: int, client: int, logits: torch.Tensor, payload: dict[str, torch.Tensor]):
+        """Clip every released row to c; one Gaussian draw over the client's whole release (its logits
+        and every other declared row), of std sigma * Delta, Delta = 2 c sqrt(rows)."""
+        others = [k for k, kind in self.released.items() if kind in NOISED and k != "logits" and k in payload]
+        parts = [logits.double()] + [payload[k].double() for k in others]
+        release, clipped = clip_rows(torch.cat(parts), self.clip_norm)
+        std = self.noise_multiplier * 2 * self.clip_norm * math.sqrt(len(release))  # sigma * Delta
+        release = release + gaussian_noise(release.shape, r, client, self.seed, std, release.device)
+        out = list(release.split([len(p) for p in parts]))
+        noised = {}
+        for k, noisy in zip(others, out[1:], strict=True):
+            if self.released[k] == POSITIVE_ROWS:
+                noisy = noisy.abs().clamp_min(FLOOR)
+            noised[k] = noisy.to(payload[k].dtype)
+        return out[0].float(), noised, clipped, std
+
+    def check_payload(self, payload: dict) -> None:
+        """Every key sent (``_``-prefixed ones are not) must be declared: a method's upload that its
+        declaration does not cover would leave the mechanism."""
+        extra = [k for k in payload if not k.startswith("_") and k not in self.released]
+        if extra:
+            raise RuntimeError(f"{self.method} uploads {', '.join(map(repr, extra))}, which its ``released`` "
+                               f"declaration ({self.released}) does not cover; declare each key's kind "
+                               f"({', '.join(KINDS)})")
