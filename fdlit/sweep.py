@@ -222,11 +222,16 @@ def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
 
 
 def same_run(saved: dict, resolved: dict) -> bool:
-    """Whether a saved config is this combination's: equal in everything but the logger settings
-    that do not name the run (mode, progress, W&B start-up), so logging differently reuses it."""
-    def key(config: dict) -> dict:
+    """Whether a saved config is this combination's: the same checkpoint fingerprint (so a run saved
+    by an older fdlit, before a section or knob with a no-op default existed, is still found), the
+    same number of rounds, and the same logger settings that name the run (not mode, progress or
+    W&B start-up, so logging differently reuses it)."""
+    from fdlit.runs.checkpoint import config_fingerprint
+
+    def key(config: dict) -> tuple:
         logger = config.get("logger") or {}
-        return {**config, "logger": {k: logger.get(k) for k in ("name", "group", "run_dir")}}
+        return (config_fingerprint(config), (config.get("federation") or {}).get("rounds"),
+                {k: logger.get(k) for k in ("name", "group", "run_dir")})
 
     return isinstance(saved, dict) and key(saved) == key(resolved)
 

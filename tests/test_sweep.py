@@ -110,6 +110,24 @@ def test_tiny_grid_runs_every_combination_once_and_resumes(tmp_path, capsys):
     assert len(finished_dirs(tmp_path / "runs")) == 4
 
 
+def test_runs_saved_by_an_older_fdlit_are_found_again():
+    """A finished run whose saved config predates a section or knob with a no-op default (here the
+    adversaries section and logger.system_metrics) is the same combination: an upgrade re-runs nothing;
+    a real difference (another tau, more rounds) is not."""
+    from fdlit.config import parse_fit
+    from fdlit.sweep import same_run
+
+    parser, cfg = parse_fit(["--config", "digits.yaml"])
+    now = yaml.safe_load(parser.dump(cfg, skip_unset=False))
+    old = json.loads(json.dumps(now))
+    old.pop("adversaries")
+    old["logger"].pop("system_metrics")
+    assert same_run(old, now)
+    assert not same_run({**old, "seed": 1}, now)
+    assert not same_run({**old, "federation": {**old["federation"], "rounds": 99}}, now)
+    assert not same_run({**old, "adversaries": {**now["adversaries"], "attack": "fdlit.adversaries.FreeRider"}}, now)
+
+
 def test_dry_run_lists_and_runs_nothing(tmp_path, capsys):
     path = write_sweep(tmp_path, {"aggregator": {"values": ["fdlit.methods.ProbabilityAveraging",
                                                             "fdlit.methods.UncertaintyWeighted"]},
