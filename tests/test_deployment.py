@@ -1,9 +1,9 @@
 """fdlit deploy: a fit config as a Flower federation (fdlit.deployment).
 
 The fast tests need no Flower process. The ``deploy`` tests start one local SuperLink and 3
-SuperNodes on loopback for the whole module, run 2 rounds of AVG (with DP and an encoding, released
-on the nodes) and of FedAvg through them and compare every accuracy, epsilon and the analytic bytes with
-``fit``; then kill one SuperNode during sUWA's round 2
+SuperNodes on loopback for the whole module, run 2 rounds of sUWA, of AVG with DP and an encoding
+(released on the nodes; then resumed for a third round) and of FedAvg through them and compare every
+accuracy, epsilon and the analytic bytes with ``fit``; then kill one SuperNode during round 2
 and check that its clients are that round's dropouts; finally that every process exited and no
 port is left open. They take minutes on a busy machine: ``pytest -m "not deploy"`` skips them.
 """
@@ -189,29 +189,33 @@ def deployment(tmp_path_factory):
     assert not any(listening(p) for p in ports)
 
 
-def deploy_run(deployment, args: list[str], timeout: float = 300.0) -> dict:
+def deploy_run(deployment, args: list[str], timeout: float = 300.0, resume: str | None = None) -> dict:
     from fdlit.deployment.command import fit_arguments, run_on
 
     options = Namespace(nodes=3, timeout=timeout, node_wait=120.0, run_timeout=900.0, threads=1,
                         root_certificates=None)
-    fit_args, _, _ = fit_arguments(args)
+    fit_args = ["--resume", resume, *args] if resume else fit_arguments(args)[0]
     return run_on(deployment.dep.address, deployment.work, deployment.env, options, fit_args)
 
 
+def fit_with_one_thread(args: list[str]) -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the nodes (threads=1): other thread counts round sums differently
+    try:
+        assert cli_main(["fit", *args]) == 0
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.deploy
-# AVG with the privacy study's release (DP noise, top-2 encoding), made on the nodes; FedAvg's
-# parameter exchange (sUWA runs in the node-loss test below)
-@pytest.mark.parametrize("config", ["digits_dp.yaml", "digits_fedavg.yaml"])
+# sUWA (the default); AVG with the privacy study's release (DP noise, top-2 encoding), made on the
+# nodes, then resumed; FedAvg's parameter exchange
+@pytest.mark.parametrize("config", ["digits.yaml", "digits_dp.yaml", "digits_fedavg.yaml"])
 def test_a_deployed_run_equals_fit(deployment, config, tmp_path):
     args = ["--config", config, *ROUNDS]
     outcome = deploy_run(deployment, [*args, "--logger.run_dir", str(tmp_path / "deployed")])
     assert outcome["status"] == "done", outcome
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the nodes (threads=1): other thread counts round sums differently
-    try:
-        assert cli_main(["fit", *args, "--logger.run_dir", str(tmp_path / "fit")]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    fit_with_one_thread([*args, "--logger.run_dir", str(tmp_path / "fit")])
     deployed = metrics_of(Path(outcome["run_dir"]))
     fitted = metrics_of(next((tmp_path / "fit").iterdir()))
     assert len(deployed) == len(fitted) == 2
@@ -227,28 +231,48 @@ def test_a_deployed_run_equals_fit(deployment, config, tmp_path):
             assert d["comm/wire/hook_up"] < 2 * d["comm/up_bytes"]
     summary = json.loads((Path(outcome["run_dir"]) / "summary.json").read_text())
     assert summary["rounds"] == summary["final_round"] == 2 and summary["finished"]
+    if config != "digits_dp.yaml":
+        return
+    # deploy --resume: the nodes get the checkpoint's client states, the server its accountant; round 3
+    # is a 3-round fit's round 3 (accuracies, epsilon, bytes)
+    resumed = deploy_run(deployment, ["--federation.rounds", "3"], resume=outcome["run_dir"])
+    assert resumed["status"] == "done" and resumed["run_dir"] == outcome["run_dir"], resumed
+    fit_with_one_thread([*args, "--federation.rounds", "3", "--logger.run_dir", str(tmp_path / "fit3")])
+    deployed, fitted = metrics_of(Path(outcome["run_dir"])), metrics_of(next((tmp_path / "fit3").iterdir()))
+    assert [d["round"] for d in deployed] == [1, 2, 3]
+    for key, value in fitted[2].items():
+        if not key.startswith("time/"):
+            assert close(deployed[2][key], value), key
+    assert deployed[2]["privacy/epsilon"] > deployed[1]["privacy/epsilon"]
 
 
 @pytest.mark.deploy
-def test_a_supernode_killed_in_round_2_is_a_dropout(deployment, tmp_path):
+def test_a_supernode_killed_in_round_2_is_a_dropout_and_its_successor_rejoins(deployment, tmp_path):
     runs = tmp_path / "runs"
     node = deployment.dep.supernode(2)
 
-    def kill_after_round_1():
+    def kill_after_round_1_and_restart():
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             checkpoints = list(runs.glob("*/checkpoint.pt"))
             if checkpoints:  # round 1 is done and saved: round 2 begins
                 os.killpg(node.pid, signal.SIGKILL)
+                deployment.dep.restart_supernode(2)  # the same partition on a new SuperNode
                 return
             time.sleep(0.05)
 
-    killer = threading.Thread(target=kill_after_round_1, daemon=True)
+    killer = threading.Thread(target=kill_after_round_1_and_restart, daemon=True)
     killer.start()
-    outcome = deploy_run(deployment, ["--config", "digits.yaml", *ROUNDS, "--logger.run_dir", str(runs)], timeout=60)
+    outcome = deploy_run(deployment, ["--config", "digits.yaml", *ROUNDS, "--federation.rounds", "3",
+                                      "--logger.run_dir", str(runs)], timeout=60)
     killer.join(1)
     assert outcome["status"] == "done", outcome
-    first, second = metrics_of(Path(outcome["run_dir"]))
+    first, second, third = metrics_of(Path(outcome["run_dir"]))
+    # round 3: the new SuperNode took the lost node's clients over, from the round-1 checkpoint's states
+    assert "participation/dropped_count" not in third  # nobody dropped
+    rows = [json.loads(line) for line in (Path(outcome["run_dir"]) / "communication.jsonl").read_text().splitlines()]
+    assert {r["client"] for r in rows if r["round"] == 3 and r["direction"] == "up"} == set(range(20))
+    assert all(isinstance(a, float) for a in third["clients/after_public/global_acc"])
     lost = list(range(14, 20))  # 20 clients on 3 nodes: the third holds 14..19
     assert "participation/dropped_count" not in first
     assert second["participation/dropped_count"] == len(lost)

@@ -47,6 +47,7 @@ class FlowerExecutor(ClientExecutor):
         self.link = NodeLink(grid, timeout_s, lambda node: sorted(c for c, n in self.node_of.items() if n == node))
         self.nodes = nodes
         self.timeout_s, self.node_wait_s = timeout_s, node_wait_s
+        self._unused: set[int] = set()  # connected nodes that replace no lost node
         self.threads = threads
         self.loop = None
         self.config_yaml = ""
@@ -183,8 +184,38 @@ class FlowerExecutor(ClientExecutor):
             return None
         return torch.stack([self._cache[(id(x), c.client_id)] for c in clients]).to(x.device)
 
+    def _rejoin(self) -> None:
+        """A SuperNode that connected after a node was lost (restarted with the lost one's
+        ``partition-id``; any new node when nodes have none) takes over its clients at the start of
+        a round: it builds the federation from the config, receives the clients' latest states the
+        server holds (those of the last checkpoint, else the initial ones) and takes part from then on."""
+        lost = [n for n in self.node_ids if n in self.lost_nodes]
+        if not lost:
+            return
+        fresh = [n for n in self.grid.get_node_ids() if n not in self.node_ids and n not in self._unused]
+        if not fresh:
+            return
+        hello = self.request("hello", {n: ({}, {}) for n in fresh}, tolerate=True, timeout_s=self.node_wait_s)
+        for node, (meta, _) in sorted(hello.items()):
+            part = meta.get("partition_id")
+            position = part if part is not None else self.node_ids.index(lost[0]) if lost else None
+            if position is None or not 0 <= position < len(self.node_ids) or self.node_ids[position] not in lost:
+                self._unused.add(node)  # not a lost node's partition: not asked again
+                continue
+            old = self.node_ids[position]
+            ids = [c for c, n in self.node_of.items() if n == old]
+            self.request("setup", {node: ({"config": self.config_yaml, "clients": ids, "threads": self.threads}, {})},
+                         timeout_s=max(self.timeout_s, self.node_wait_s))
+            self.node_ids[position], self._has[node] = node, set()
+            self.node_of.update({c: node for c in ids})
+            lost.remove(old)
+            self.push_states([self.loop.clients[c] for c in ids])
+            warnings.warn(f"FlowerExecutor: node {node} took over lost node {old}'s clients {ids}")
+
     # ------------------------------------------------------------------ the executor interface
     def train(self, clients, phase, datasets, epochs, batch_size):
+        if phase == "private":  # a round begins: nodes that replace lost ones join here
+            self._rejoin()
         self._prune()
         groups = self._groups(clients)
         inputs = self._next_inputs(phase)

@@ -92,14 +92,25 @@ class LocalDeployment:
                      "--database", str(self.work / "superlink.db"), "--disable-runtime-dependency-installation"], env, logs / "superlink.log")
         wait_for_port(port, self.processes[0], timeout_s, "flower-superlink")
         for i in range(self.nodes):
-            node_config = f"partition-id={i} num-partitions={self.nodes} state-dir='{self.work / 'nodes'}'"
-            node_port = free_port()
-            self._spawn([flower_bin("flower-supernode"), "--insecure", "--superlink", self.address,
-                         "--host", "127.0.0.1", "--port", str(node_port), "--node-config", node_config],
-                        env, logs / f"supernode-{i}.log")
+            self.processes.append(self._supernode_process(i))
         for i, p in enumerate(self.processes[1:]):
             if p.poll() is not None:
                 raise RuntimeError(f"flower-supernode {i} exited with code {p.returncode} (see {logs})")
+
+    def _supernode_process(self, i: int) -> subprocess.Popen:
+        node_config = f"partition-id={i} num-partitions={self.nodes} state-dir='{self.work / 'nodes'}'"
+        self._spawn([flower_bin("flower-supernode"), "--insecure", "--superlink", self.address,
+                     "--host", "127.0.0.1", "--port", str(free_port()), "--node-config", node_config],
+                    flower_env(self.work), self.work / "logs" / f"supernode-{i}.log")
+        return self.processes.pop()
+
+    def restart_supernode(self, i: int) -> subprocess.Popen:
+        """A new SuperNode with partition ``i`` (after the old one died): it takes over that
+        partition's clients at the next round (FlowerExecutor)."""
+        old = self.processes[1 + i]
+        self.processes[1 + i] = self._supernode_process(i)
+        self.processes.append(old)  # still stopped and reaped with the rest
+        return self.processes[1 + i]
 
     def _spawn(self, command: list[str], env: dict, log: Path) -> None:
         with open(log, "ab") as out:
