@@ -280,3 +280,66 @@ def test_a_supernode_killed_in_round_2_is_a_dropout_and_its_successor_rejoins(de
     accs = second["clients/after_public/global_acc"]  # no accuracy (NaN, null in the JSON) for the lost clients
     assert all(accs[i] is None for i in lost) and all(isinstance(accs[i], float) for i in range(14))
     assert math.isfinite(second["after_public/global_acc_mean"])
+
+
+def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA and a certificate for 127.0.0.1 / localhost signed by it (PEM): Flower's TLS needs no more."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    valid = {"not_valid_before": now - datetime.timedelta(days=1), "not_valid_after": now + datetime.timedelta(days=2)}
+
+    def certificate(name: str, key, issuer_name, issuer_key, ca: bool, san=None):
+        builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+                   .issuer_name(issuer_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(valid["not_valid_before"]).not_valid_after(valid["not_valid_after"])
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if san:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fdlit test CA")])
+    ca = certificate("fdlit test CA", ca_key, ca_name, ca_key, True)
+    server = certificate("127.0.0.1", key, ca_name, ca_key, False,
+                         [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
+    paths = folder / "ca.crt", folder / "server.pem", folder / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+@pytest.mark.deploy
+def test_a_tls_deployment_runs_and_refuses_a_client_without_the_ca(tmp_path):
+    """Every connection over TLS: the SuperLink with its certificate, the SuperNodes and `flwr run`
+    with the CA's; one round of FedAvg on 2 nodes completes. A connection that does not trust the CA
+    gets no run started."""
+    from fdlit.deployment.command import run_on
+    from fdlit.deployment.launcher import LocalDeployment, flower_env
+
+    certificates = make_certificates(tmp_path / "certs")
+    dep = LocalDeployment(2, tmp_path / "tls", certificates=certificates)
+    try:
+        dep.start()
+        env = flower_env(dep.work)
+        options = Namespace(nodes=2, timeout=120.0, node_wait=120.0, run_timeout=600.0, threads=1,
+                            root_certificates=str(certificates[0]))
+        args = ["--config", str(Path("configs/digits_fedavg.yaml").resolve()), *ROUNDS, "--federation.rounds", "1",
+                "--data.num_clients", "6", f"--logger.run_dir={tmp_path / 'runs'}"]
+        outcome = run_on(dep.address, dep.work, env, options, args)
+        assert outcome["status"] == "done", outcome
+        assert len(metrics_of(Path(outcome["run_dir"]))) == 1
+        with pytest.raises(RuntimeError, match="flwr run failed"):  # no CA given: plain text, refused
+            run_on(dep.address, dep.work, env, Namespace(**{**vars(options), "root_certificates": None}), args)
+    finally:
+        dep.stop()
+    assert all(p.returncode is not None for p in dep.processes)

@@ -81,6 +81,15 @@ class LocalDeployment:
     work: Path
     processes: list[subprocess.Popen] = field(default_factory=list)
     address: str = ""
+    # (CA certificate, SuperLink certificate, its key), PEM files: TLS on every connection; None: --insecure
+    certificates: tuple[Path, Path, Path] | None = None
+
+    def _security(self, server: bool) -> list[str]:
+        if self.certificates is None:
+            return ["--insecure"]
+        ca, cert, key = (str(Path(f).resolve()) for f in self.certificates)
+        return ["--ssl-ca-certfile", ca, "--ssl-certfile", cert, "--ssl-keyfile", key] if server else [
+            "--root-certificates", ca]
 
     def start(self, timeout_s: float = 60.0) -> None:
         env = flower_env(self.work)
@@ -88,7 +97,7 @@ class LocalDeployment:
         logs.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.address = f"127.0.0.1:{port}"
-        self._spawn([flower_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
+        self._spawn([flower_bin("flower-superlink"), *self._security(True), "--host", "127.0.0.1", "--port", str(port),
                      "--database", str(self.work / "superlink.db"), "--disable-runtime-dependency-installation"], env, logs / "superlink.log")
         wait_for_port(port, self.processes[0], timeout_s, "flower-superlink")
         for i in range(self.nodes):
@@ -99,7 +108,7 @@ class LocalDeployment:
 
     def _supernode_process(self, i: int) -> subprocess.Popen:
         node_config = f"partition-id={i} num-partitions={self.nodes} state-dir='{self.work / 'nodes'}'"
-        self._spawn([flower_bin("flower-supernode"), "--insecure", "--superlink", self.address,
+        self._spawn([flower_bin("flower-supernode"), *self._security(False), "--superlink", self.address,
                      "--host", "127.0.0.1", "--port", str(free_port()), "--node-config", node_config],
                     flower_env(self.work), self.work / "logs" / f"supernode-{i}.log")
         return self.processes.pop()
