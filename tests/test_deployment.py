@@ -319,18 +319,25 @@ def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
 
 
 @pytest.mark.deploy
-def test_a_tls_deployment_runs_and_refuses_a_client_without_the_ca(tmp_path):
-    """Every connection over TLS: the SuperLink with its certificate, the SuperNodes and `flwr run`
-    with the CA's; one round of FedAvg on 2 nodes completes. A connection that does not trust the CA
-    gets no run started."""
+def test_tls_and_node_authentication_admit_registered_nodes_only(tmp_path):
+    """Every connection over TLS (the SuperLink with its certificate, the SuperNodes and `flwr run`
+    with the CA's) and SuperNode authentication (each node's EC key registered with the SuperLink):
+    one round of FedAvg on the 2 registered nodes completes; a SuperNode with an unregistered key is
+    refused, and `flwr run` without the CA starts nothing."""
     from fdlit.deployment.command import run_on
-    from fdlit.deployment.launcher import LocalDeployment, flower_env
+    from fdlit.deployment.launcher import LocalDeployment, flower_bin, flower_env
 
     certificates = make_certificates(tmp_path / "certs")
-    dep = LocalDeployment(2, tmp_path / "tls", certificates=certificates)
+    dep = LocalDeployment(2, tmp_path / "tls", certificates=certificates, authenticate=True)
     try:
         dep.start()
         env = flower_env(dep.work)
+        stranger = dep.node_key(7)  # a key never registered
+        dep._spawn([flower_bin("flower-supernode"), "--root-certificates", str(certificates[0]),
+                    "--auth-supernode-private-key", str(stranger), "--superlink", dep.address],
+                   env, dep.work / "logs" / "stranger.log")
+        assert dep.processes[-1].wait(timeout=120) != 0
+        assert "Failed to activate SuperNode" in (dep.work / "logs" / "stranger.log").read_text()
         options = Namespace(nodes=2, timeout=120.0, node_wait=120.0, run_timeout=600.0, threads=1,
                             root_certificates=str(certificates[0]))
         args = ["--config", str(Path("configs/digits_fedavg.yaml").resolve()), *ROUNDS, "--federation.rounds", "1",

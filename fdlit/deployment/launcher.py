@@ -83,6 +83,9 @@ class LocalDeployment:
     address: str = ""
     # (CA certificate, SuperLink certificate, its key), PEM files: TLS on every connection; None: --insecure
     certificates: tuple[Path, Path, Path] | None = None
+    # SuperNode authentication (needs ``certificates``): each SuperNode gets an EC key whose public half
+    # is registered with the SuperLink (``flwr supernode register``); unregistered nodes are refused
+    authenticate: bool = False
 
     def _security(self, server: bool) -> list[str]:
         if self.certificates is None:
@@ -97,18 +100,46 @@ class LocalDeployment:
         logs.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.address = f"127.0.0.1:{port}"
-        self._spawn([flower_bin("flower-superlink"), *self._security(True), "--host", "127.0.0.1", "--port", str(port),
+        auth = ["--enable-supernode-auth"] if self.authenticate else []
+        self._spawn([flower_bin("flower-superlink"), *self._security(True), *auth, "--host", "127.0.0.1", "--port", str(port),
                      "--database", str(self.work / "superlink.db"), "--disable-runtime-dependency-installation"], env, logs / "superlink.log")
         wait_for_port(port, self.processes[0], timeout_s, "flower-superlink")
+        if self.authenticate:
+            write_connection(env, self.address, str(self.certificates[0]))
+            for i in range(self.nodes):
+                self.register_node_key(self.node_key(i), env)
         for i in range(self.nodes):
             self.processes.append(self._supernode_process(i))
         for i, p in enumerate(self.processes[1:]):
             if p.poll() is not None:
                 raise RuntimeError(f"flower-supernode {i} exited with code {p.returncode} (see {logs})")
 
+    def node_key(self, i: int) -> Path:
+        """SuperNode i's private EC key (OpenSSH format, made on first use), its public key beside it (.pub)."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        path = self.work / "keys" / f"supernode-{i}"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            key = ec.generate_private_key(ec.SECP384R1())
+            path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                               serialization.NoEncryption()))
+            path.chmod(0o600)
+            path.with_suffix(".pub").write_bytes(key.public_key().public_bytes(
+                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+        return path
+
+    def register_node_key(self, key: Path, env: dict) -> None:
+        done = subprocess.run([flower_bin("flwr"), "supernode", "register", str(key.with_suffix(".pub")), CONNECTION],
+                              env=env, capture_output=True, text=True, cwd=self.work, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"flwr supernode register failed: {done.stdout.strip()} {done.stderr.strip()}")
+
     def _supernode_process(self, i: int) -> subprocess.Popen:
         node_config = f"partition-id={i} num-partitions={self.nodes} state-dir='{self.work / 'nodes'}'"
-        self._spawn([flower_bin("flower-supernode"), *self._security(False), "--superlink", self.address,
+        key = ["--auth-supernode-private-key", str(self.node_key(i))] if self.authenticate else []
+        self._spawn([flower_bin("flower-supernode"), *self._security(False), *key, "--superlink", self.address,
                      "--host", "127.0.0.1", "--port", str(free_port()), "--node-config", node_config],
                     flower_env(self.work), self.work / "logs" / f"supernode-{i}.log")
         return self.processes.pop()
