@@ -158,9 +158,10 @@ def test_sample_rate_is_the_largest_per_round_share():
         p.sample_rate
     p.check(20, 100)
     assert p.sample_rate == 0.25
-    loop = make_loop("--federation.participation.count", "1")
+    loop, full = make_loop("--federation.participation.count", "1"), make_loop()
     loop.setup()
-    assert loop.sample_rate == 0.25 and make_loop().sample_rate == 1.0
+    full.setup()
+    assert loop.facts.sample_rate == 0.25 and full.facts.sample_rate == 1.0
 
 
 def test_late_joiners_do_nothing_before_their_round():
