@@ -76,6 +76,7 @@ from fdlit.run_labels import (
     setting_key,
     suwa_tau,
 )
+from fdlit.runs.checkpoint import without_noop_sections
 from fdlit.runs.dashboards import TRUST_KEY, TRUST_MAX_ROWS
 from fdlit.runs.directory import METRICS, read_config, read_jsonl, read_summary, safe_name
 
@@ -194,7 +195,7 @@ def load_runs(root: str | Path, include_unfinished: bool = False,
     # within a dataset: each dataset has its own model and schedule, as in the paper's Table 1.
     for dataset in {r.dataset for r in runs}:
         group = [r for r in runs if r.dataset == dataset]
-        flat = [_flatten(r.config) for r in group]
+        flat = [_flatten(without_noop_sections(r.config)) for r in group]  # a no-op section is no difference
         differing = _differing(flat)
         for r, f in zip(group, flat, strict=True):
             if differing:

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from fdlit.methods.aliases import canonical_class_path
+from fdlit.runs.checkpoint import without_noop_sections
 
 SHORT_NAMES = {
     "ProbabilityAveraging": "AVG",
@@ -58,7 +59,9 @@ def method_label(config: dict) -> str:
 
 
 def setting_key(config: dict) -> str:
-    """What makes two runs the same experiment: the whole config but the logger (name, folder, W&B)."""
+    """What makes two runs the same experiment: the whole config but the logger (name, folder, W&B)
+    and the sections that change nothing (a run saved before such a section existed is the same)."""
+    config = without_noop_sections(config)
     return json.dumps({k: v for k, v in config.items() if k not in ("logger", "config")}, sort_keys=True, default=str)
 
 

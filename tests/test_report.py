@@ -516,3 +516,17 @@ def test_a_trust_matrix_of_many_classes_keeps_its_labels_readable(tmp_path):
     assert fig.get_figwidth() == ONE_COLUMN_IN and min(size for _, size in text_sizes(fig)) >= 8
     assert len(ax.get_xticks()) <= 10 and len(ax.get_yticks()) <= 20  # every n-th class and client labelled
     assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["0", "2"]  # the labels still match their rows
+
+
+def test_runs_saved_before_a_no_op_section_existed_pool_with_newer_ones():
+    """A run whose config predates the adversaries section (or has the privacy section at its
+    defaults) is the same setting as one with the section but no attack: one row, not two."""
+    from fdlit.config import parse_fit
+    from fdlit.run_labels import setting_key
+
+    parser, cfg = parse_fit(["--config", "digits.yaml"])
+    now = yaml.safe_load(parser.dump(cfg, skip_unset=False))
+    old = {k: v for k, v in now.items() if k not in ("adversaries", "privacy")}
+    assert setting_key(old) == setting_key(now)
+    attacked = {**now, "adversaries": {**now["adversaries"], "attack": "fdlit.adversaries.FreeRider", "count": 2}}
+    assert setting_key(attacked) != setting_key(now)

@@ -120,24 +120,32 @@ def _digest(obj: Any, h: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------- fingerprints
-def config_fingerprint(config: dict[str, Any]) -> str:
-    """sha256 of the resolved config, without the keys a resume may change (rounds, the GPU, logger,
-    checkpoint)."""
+def without_noop_sections(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a resolved config without the sections and knobs whose values change nothing (no
+    server model, no attack, no privacy mechanism, the default threat model), so that a run saved
+    before one of them existed is the same experiment as one saved after."""
     cfg = json.loads(json.dumps(config, default=str))
+    if isinstance(cfg.get("server"), dict) and cfg["server"].get("model") is None:
+        cfg.pop("server")
+    if isinstance(cfg.get("adversaries"), dict) and cfg["adversaries"].get("attack") is None:
+        cfg.pop("adversaries")
+    if cfg.get("privacy") == default_config():
+        cfg.pop("privacy")
+    elif isinstance(cfg.get("privacy"), dict) and cfg["privacy"].get("accounting") == "local":
+        cfg["privacy"].pop("accounting")
+    return cfg
+
+
+def config_fingerprint(config: dict[str, Any]) -> str:
+    """sha256 of the resolved config without its no-op sections (``without_noop_sections``) and the
+    keys a resume may change (rounds, the GPU, logger, checkpoint)."""
+    cfg = without_noop_sections(config)
     cfg.pop("logger", None)
     cfg.pop("checkpoint", None)
     cfg.pop("config", None)
-    if isinstance(cfg.get("server"), dict) and cfg["server"].get("model") is None:
-        cfg.pop("server")  # no server model: the same fingerprint as a config without the section
     if isinstance(cfg.get("federation"), dict):
         cfg["federation"].pop("rounds", None)
         cfg["federation"].pop("devices", None)  # which GPU: a resumed run may continue on another one
-    if isinstance(cfg.get("adversaries"), dict) and cfg["adversaries"].get("attack") is None:
-        cfg.pop("adversaries")  # no attack: the same fingerprint as a config without the section
-    if cfg.get("privacy") == default_config():  # runs saved before the privacy section existed still resume
-        cfg.pop("privacy")
-    elif isinstance(cfg.get("privacy"), dict) and cfg["privacy"].get("accounting") == "local":
-        cfg["privacy"].pop("accounting")  # the default: runs saved before the threat-model knob still resume
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
 
 
