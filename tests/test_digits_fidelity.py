@@ -36,7 +36,7 @@ def public_logits(loop):
 def uploads(loop, agg, z=None):
     """What every client sends for ``agg`` in round 1, its public logits included."""
     z = public_logits(loop) if z is None else z
-    extra = loop.executor.client_hook("upload", agg.client_part(), loop.info(1), loop.clients, loop.client_data,
+    extra = loop.executor.client_hook("upload", agg.client_part(), loop.facts.info(1), loop.clients, loop.client_data,
                                       loop.received, z)
     return [{"logits": z[i], **payload} for i, payload in enumerate(extra)]
 
@@ -56,10 +56,10 @@ def holder_weight(weights, loop):
 def test_lkd_scored_against_the_public_set_differs_from_avg_and_favours_the_class_holders(digits_k2):
     loop = digits_k2
     m, n = len(loop.clients), len(loop.public_y)
-    avg = ProbabilityAveraging().aggregate(uploads(loop, ProbabilityAveraging()), loop.server_context(1))
+    avg = ProbabilityAveraging().aggregate(uploads(loop, ProbabilityAveraging()), loop.facts.server_context(1))
     agg = LKD()  # scoring: calibration_vs_public, T_w = 20
     ups = uploads(loop, agg)
-    r = agg.aggregate(ups, loop.server_context(1))
+    r = agg.aggregate(ups, loop.facts.server_context(1))
     auc = torch.stack([u["class_auc"] for u in ups])
     for i, cd in enumerate(loop.client_data):  # unseen classes 0; own classes in (0.5, 1): public holds all
         own = torch.zeros(10, dtype=torch.bool)
@@ -81,7 +81,7 @@ def test_lkd_scored_on_own_calibration_only_is_avg_when_every_class_has_as_many_
     ~uniform over the holders of each class and, with 4 holders per class, W ~ 1/M."""
     loop = digits_k2
     agg = LKD(scoring="calibration")
-    r = agg.aggregate(uploads(loop, agg), loop.server_context(1))
+    r = agg.aggregate(uploads(loop, agg), loop.facts.server_context(1))
     print("calibration-only LKD: max |W - 1/M| =", float((r.weights - 1 / len(loop.clients)).abs().max()),
           "holder weight", holder_weight(r.weights, loop))
     assert float((r.weights - 1 / len(loop.clients)).abs().max()) < 0.005
@@ -107,18 +107,18 @@ def test_a_collapsed_client_no_longer_takes_the_weight(digits_k2, monkeypatch, m
     assert (z[0] == z[0, :1]).all()  # identical rows
 
     paper = make(upload=upload, robust=False)  # the rule as written: its floored density spikes everywhere
-    r = paper.aggregate(uploads(loop, paper, z), loop.server_context(1))
+    r = paper.aggregate(uploads(loop, paper, z), loop.facts.server_context(1))
     assert float(r.weights[0].mean()) > 0.99
 
     agg = make(upload=upload)  # robust (default)
     with pytest.warns(RuntimeWarning, match="1 collapsed clients"):
-        r = agg.aggregate(uploads(loop, agg, z), loop.server_context(1))
+        r = agg.aggregate(uploads(loop, agg, z), loop.facts.server_context(1))
     assert float(r.weights[0].mean()) < 2 / m
     assert r.stats["density/collapsed_clients"] == 1.0 and r.stats["density/dropped_components"] == 2.0
     torch.testing.assert_close(r.weights.sum(0), torch.ones(len(loop.public_y)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once: the next round is only counted
-        assert agg.aggregate(uploads(loop, agg, z), loop.server_context(1)).stats["density/collapsed_clients"] == 1.0
+        assert agg.aggregate(uploads(loop, agg, z), loop.facts.server_context(1)).stats["density/collapsed_clients"] == 1.0
 
 
 @pytest.mark.parametrize("mix", ["probabilities", "logits"])
@@ -130,8 +130,8 @@ def test_robust_rule_changes_nothing_when_no_fit_is_degenerate(digits_k2, tau, m
     after = SmoothedUncertaintyWeighted(tau=tau, mix=mix)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing to repair, nothing said
-        r = after.aggregate(uploads(loop, after, z), loop.server_context(1))
-    r0 = before.aggregate(uploads(loop, before, z), loop.server_context(1))
+        r = after.aggregate(uploads(loop, after, z), loop.facts.server_context(1))
+    r0 = before.aggregate(uploads(loop, before, z), loop.facts.server_context(1))
     assert torch.equal(r.teacher, r0.teacher) and torch.equal(r.weights, r0.weights)
     assert all(r.stats[f"density/{k}"] == 0 for k in ("collapsed_clients", "degenerate_components",
                                                        "shrunk_components", "dropped_components"))

@@ -59,7 +59,7 @@ def test_dirichlet_clients_local_accuracy_and_the_oracle_follow_the_threshold():
     on_stray = loop.test_y == cls
     assert loop.local_mask_matrix[cid][on_stray].sum() == 0
     assert loop.clients[cid].classes == strict.clients[cid].classes
-    ctx = loop.server_context(0)
+    ctx = loop.facts.server_context(0)
     assert ctx.client_classes[cid] == tuple(strict.clients[cid].classes) and cls not in ctx.client_classes[cid]
     oracle = loop.aggregator
     oracle.server_setup([], ctx)

@@ -24,7 +24,7 @@ def tiny(aggregator, rounds=2):
 
 def context(loop, i, r=1):
     logits = loop.executor.predict(loop.clients, loop.public_x)
-    return ClientContext(loop.info(r), loop.clients[i], loop.client_data[i], logits[i], {}, loop.clients[i].method_state)
+    return ClientContext(loop.facts.info(r), loop.clients[i], loop.client_data[i], logits[i], {}, loop.clients[i].method_state)
 
 
 def test_penultimate_features_are_the_input_of_the_last_linear_layer():
@@ -64,9 +64,9 @@ def test_each_round_uses_a_fresh_public_sample_shared_by_every_client_and_the_se
     agg = SelectiveFD(client_selector=False, public_per_round=50, server_threshold=2.0)
     loop = tiny(agg)
     part = agg.client_part()
-    s1, s2 = part.round_sample(loop.info(1)), part.round_sample(loop.info(2))
+    s1, s2 = part.round_sample(loop.facts.info(1)), part.round_sample(loop.facts.info(2))
     assert int(s1.sum()) == int(s2.sum()) == 50 and not torch.equal(s1, s2)
-    assert torch.equal(s1, part.round_sample(loop.info(1)))  # reproducible from (seed, round)
+    assert torch.equal(s1, part.round_sample(loop.facts.info(1)))  # reproducible from (seed, round)
     uploads = []
     for i in range(len(loop.clients)):
         ctx = context(loop, i)
@@ -74,9 +74,9 @@ def test_each_round_uses_a_fresh_public_sample_shared_by_every_client_and_the_se
         up = part.upload(ctx)
         assert torch.equal(up["mask"], s1) and len(up["logits"]) == 50  # only this round's samples go up
         uploads.append(up)
-    result = agg.aggregate(uploads, loop.server_context(1))
+    result = agg.aggregate(uploads, loop.facts.server_context(1))
     assert torch.equal(result.keep, s1)  # every sampled sample, and no other
-    assert SelectiveFD().client_part().round_sample(loop.info(1)) is None  # default: the whole public set
+    assert SelectiveFD().client_part().round_sample(loop.facts.info(1)) is None  # default: the whole public set
 
 
 def test_a_fit_with_features_and_sampling_distils_on_the_sample_only():

@@ -216,13 +216,6 @@ class FederationLoop:
         self.executor.progress = self._clients_progress
         self.is_setup = True
 
-    # what every party knows (fdlit.federation.round_facts), for callbacks and tests
-    def info(self, round: int, clients: tuple[int, ...] = (), public_index: torch.Tensor | None = None):
-        return self.facts.info(round, clients, public_index)
-
-    def server_context(self, round: int, info=None):
-        return self.facts.server_context(round, info)
-
     @staticmethod
     def subset(items: Sequence, ids: list[int]) -> Sequence:
         """``items`` (one per client) of the clients ``ids``; the list itself when that is everyone."""
