@@ -91,7 +91,6 @@ class ClientExecutor:
             for i, (client, data) in enumerate(zip(clients, client_data, strict=True))
         ]
 
-
     def upload(self, part: ClientPart, info: FederationInfo, clients: Sequence[ClientModule],
                client_data: Sequence[ClientData], received: dict[str, torch.Tensor],
                release: Callable[[int, int, dict], dict]) -> list[dict[str, torch.Tensor]]:
