@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,13 @@ FLOAT32_MAX_CONDITION = 1e4
 # their rounding moves the weights by at most ~bound * 1e-7 relative
 FLOAT32_KERNEL_MAX_CONDITION = 1e3
 REFINEMENT_STEPS = 2
+# Conjugate gradients: each float32 pass reduces the float64 residual by this factor at least (float32
+# rounding of a 1,000-term product is ~1e-6), passes stop at RESIDUAL_TOLERANCE relative to the right-hand
+# side, and after CG_MAX_ITERATIONS inner steps in all (~ the matrix-vector products one Cholesky costs here)
+# the factorisation takes over
+CG_PASS_TOLERANCE = 1e-5
+RESIDUAL_TOLERANCE = 1e-13
+CG_MAX_ITERATIONS = 60
 
 
 def kernel_dtype(lam: float | None, n: int) -> torch.dtype:
@@ -50,25 +58,80 @@ def gaussian_kernel(a: torch.Tensor, b: torch.Tensor, sigma: float,
     return torch.exp(d2 * (-0.5 / sigma**2)).double()
 
 
-def solve_regularised_kernel(k_aa: torch.Tensor, lam: float, rhs: torch.Tensor) -> torch.Tensor:
+def solve_regularised_kernel(k_aa: torch.Tensor, lam: float, rhs: torch.Tensor,
+                             k_aa32: torch.Tensor | None = None) -> torch.Tensor:
     """x with (K/n + lambda I) x = rhs for a Gaussian kernel matrix K (n x n), in float64.
 
     The matrix is symmetric positive definite with eigenvalues in [lambda, 1 + lambda] (a kernel
     bounded by 1 has row sums, hence eigenvalues, at most n), so its condition number is at most
-    (1 + lambda) / lambda. Below ``FLOAT32_MAX_CONDITION`` it is factored by a float32 Cholesky
-    (half a float64 factorisation's time) and the solution refined in float64 (Wilkinson's
-    iterative refinement: each step gains about -log10(cond * 2^-24) digits, two reach float64's
-    accuracy here); above, a float64 Cholesky."""
+    (1 + lambda) / lambda. Below ``FLOAT32_MAX_CONDITION`` the system is solved by conjugate
+    gradients in float32 inside float64 iterative refinement (:func:`refined_conjugate_gradients`):
+    a kernel over spread-out points is close to the identity, so a handful of matrix-vector products
+    replace an n^3/3 factorisation; where they do not converge fast, by a float32 Cholesky factor
+    refined in float64 (Wilkinson's iterative refinement: each step gains about -log10(cond * 2^-24)
+    digits, two reach float64's accuracy here). Above the bound, a float64 Cholesky.
+    ``k_aa32``: K in float32, when the kernel was computed in float32 (saves the copy)."""
     n = len(k_aa)
+    if (1.0 + lam) / lam > FLOAT32_MAX_CONDITION:
+        lhs = k_aa / n
+        lhs.diagonal().add_(lam)
+        return torch.cholesky_solve(rhs, torch.linalg.cholesky(lhs))
+    k32 = k_aa.float() if k_aa32 is None else k_aa32
+    x = refined_conjugate_gradients(k_aa, k32, lam, rhs) if rhs.shape[-1] == 1 else None
+    if x is not None:
+        return x
     lhs = k_aa / n
     lhs.diagonal().add_(lam)
-    if (1.0 + lam) / lam > FLOAT32_MAX_CONDITION:
-        return torch.cholesky_solve(rhs, torch.linalg.cholesky(lhs))
     factor = torch.linalg.cholesky(lhs.float())
     x = torch.cholesky_solve(rhs.float(), factor).double()
     for _ in range(REFINEMENT_STEPS):
         x += torch.cholesky_solve((rhs - lhs @ x).float(), factor).double()
     return x
+
+
+def refined_conjugate_gradients(k_aa: torch.Tensor, k32: torch.Tensor, lam: float,
+                                rhs: torch.Tensor) -> torch.Tensor | None:
+    """(K/n + lambda I) x = rhs (one column) by float64 iterative refinement whose corrections are
+    float32 conjugate-gradient solves (Hestenes and Stiefel 1952) of the residual, each to
+    ``CG_PASS_TOLERANCE``; the float64 residual ends below ``RESIDUAL_TOLERANCE`` of rhs, so x is
+    float64's solution to within the condition number times that. None when ``CG_MAX_ITERATIONS``
+    inner steps do not get there."""
+    n = len(k_aa)
+    largest = float(rhs.abs().max())
+    if largest == 0:
+        return torch.zeros_like(rhs)
+    # solved for rhs scaled by a power of two (exact) to O(1): norms of tiny vectors underflow
+    scale = math.ldexp(1.0, math.frexp(largest)[1])
+    rhs = rhs / scale
+    x = torch.zeros_like(rhs)
+    target = RESIDUAL_TOLERANCE * float(rhs.norm())
+    budget = CG_MAX_ITERATIONS
+    while budget > 0:
+        residual = rhs - k_aa @ x / n - lam * x
+        size = float(residual.norm())
+        if size <= target:
+            return x * scale
+        # float32 CG on K/n + lambda I for the correction, of the residual scaled to norm 1 (the pass's
+        # tolerance is then relative, and float32's range is never approached)
+        r = (residual / size).float()
+        z, p = torch.zeros_like(r), r.clone()
+        rr = 1.0
+        while budget > 0 and rr > CG_PASS_TOLERANCE**2:
+            q = k32 @ p
+            q.div_(n).add_(p, alpha=lam)
+            curvature = float((p * q).sum())
+            if not curvature > 0:  # float32 breakdown: refine from here (or give up when the budget is spent)
+                budget -= 1
+                break
+            step = rr / curvature
+            z.add_(p, alpha=step)
+            r.sub_(q, alpha=step)
+            rr, rr_old = float(r.square().sum()), rr
+            p.mul_(rr / rr_old).add_(r)
+            budget -= 1
+        x += z.double() * size
+    residual = rhs - k_aa @ x / n - lam * x
+    return x * scale if float(residual.norm()) <= target else None
 
 
 def median_bandwidth(x: torch.Tensor, max_points: int = 1000) -> float:
@@ -115,9 +178,12 @@ class KuLSIF:
         sigma = float(sigma) if sigma is not None else median_bandwidth(x)
         lam = float(lam) if lam is not None else float(min(n, m)) ** -0.9
         dtype = dtype or kernel_dtype(lam, n)
-        k_aa = gaussian_kernel(a, a, sigma, aux_sq_dists, dtype)
+        d_aa = squared_distances(a, a, dtype) if aux_sq_dists is None else aux_sq_dists
+        # gaussian_kernel's float32 exponential, kept in float32 too for the solver's float32 passes
+        k_aa32 = torch.exp(d_aa * (-0.5 / sigma**2)) if d_aa.dtype == torch.float32 else None
+        k_aa = k_aa32.double() if k_aa32 is not None else gaussian_kernel(a, a, sigma, d_aa)
         k_ax = gaussian_kernel(a, x, sigma, dtype=dtype)
-        alpha = -solve_regularised_kernel(k_aa, lam, k_ax.sum(1, keepdim=True)) / (n * m * lam)
+        alpha = -solve_regularised_kernel(k_aa, lam, k_ax.sum(1, keepdim=True), k_aa32) / (n * m * lam)
         return cls(a, x, alpha[:, 0], sigma, lam, dtype)
 
     def __call__(self, x: torch.Tensor, aux_sq_dists: torch.Tensor | None = None) -> torch.Tensor:
