@@ -128,6 +128,10 @@ def _parse(argv: list[str]):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     experiment: Experiment | None = None
+    if argv[:1] in (["fit"], ["deploy"]):
+        from fdlit.execution.allocator import keep_large_blocks
+
+        keep_large_blocks()  # a run's tensors reused, not page-faulted in again every step
     try:
         if argv[:1] == ["fit"]:
             run_dir, rest = split_resume(argv[1:])

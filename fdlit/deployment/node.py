@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--idle-timeout", type=float, default=1800.0)
     args = parser.parse_args(argv)
     key = Path(args.authkey_file)
+    from fdlit.execution.allocator import keep_large_blocks
+
+    keep_large_blocks()  # this process trains the node's clients, as a fit does
     serve(args.socket, key.parent, key.read_bytes(), args.watch, args.idle_timeout)
 
 

@@ -121,6 +121,9 @@ class ClientWorker:
                  actor_executor: str = "vectorized"):
         import ray
 
+        from fdlit.execution.allocator import keep_large_blocks
+
+        keep_large_blocks()  # the actor's process trains its clients, as a fit does
         torch.set_num_threads(num_threads)
         gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
         from fdlit.execution.device import make_device
