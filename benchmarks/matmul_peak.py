@@ -6,7 +6,8 @@ Peak: the batched matmuls of one training step alone (forward and both backward 
 linear layer, stacked over the M clients as the vectorized step stacks them: ``torch.bmm`` on
 M x batch x in by M x in x out), timed in a loop. Achieved: the same matmul FLOPs, counted per real
 training sample (6 x in x out per linear layer and sample), divided by the CPU seconds of the
-executor's ``train`` calls in rounds 2 to ``--rounds`` of the config (W&B disabled). One thread. The
+executor's ``train`` calls in rounds 2 to ``--rounds`` of the config (W&B disabled; glibc's allocator
+set as ``fdlit fit`` sets it). One thread. The
 model must be an MLP (linear layers only; the FLOP count ignores activations, the loss and the
 optimizer, which the share therefore includes as overhead).
 """
@@ -82,6 +83,9 @@ def main(argv: list[str] | None = None) -> float:
     if args.rounds < 2:
         parser.error("--rounds must be >= 2 (round 1 is not counted)")
     torch.set_num_threads(1)
+    from fdlit.execution.allocator import keep_large_blocks
+
+    keep_large_blocks()  # as `fdlit fit` does
     shares = []
     for _ in range(args.repeats):  # interleaved: load on a shared machine hits both alike
         achieved, shapes, clients, batch = achieved_flops(args.config, args.rounds)
