@@ -4,7 +4,7 @@ PyTorch's CPU tensors come from ``malloc``. glibc maps each block above its mmap
 raised on the fly up to 32 MiB) with a fresh ``mmap`` and unmaps it on free, and trims the heap's
 free top above 128 KiB, so a round that builds and drops the same large tensors every step (public-set
 logits, kernel matrices, activations of a batch) page-faults all their memory in again, zero-filled
-by the kernel, every time. With a fixed 32 MiB threshold (glibc's maximum on 64-bit) and a 128 MiB
+by the kernel, every time. With a fixed 32 MiB threshold (mallopt(3)'s documented maximum on 64-bit) and a 128 MiB
 trim threshold, those blocks are served from the heap's free lists: on digits, Selective-FD (features)
 costs 0.74x of its CPU per round with glibc's defaults, three quarters of its system time gone; blocks
 above 32 MiB are still mapped (docs/speed-and-scale.md, Memory allocation).
@@ -36,7 +36,7 @@ def keep_large_blocks() -> bool:
     try:
         libc = ctypes.CDLL(None)  # this process's own symbols: its C library's
         mallopt = libc.mallopt
-        libc.gnu_get_libc_version  # noqa: B018 - glibc only: musl's mallopt is a stub
+        libc.gnu_get_libc_version  # noqa: B018 - glibc only: other C libraries' mallopt differs or does nothing
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))

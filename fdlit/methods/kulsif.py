@@ -55,7 +55,13 @@ def gaussian_kernel(a: torch.Tensor, b: torch.Tensor, sigma: float,
     d2 = squared_distances(a, b, dtype) if sq_dists is None else sq_dists
     if d2.dtype == torch.float64:
         return torch.exp(-d2 / (2.0 * sigma**2))
-    return torch.exp(d2 * (-0.5 / sigma**2)).double()
+    return float32_kernel(d2, sigma).double()
+
+
+def float32_kernel(sq_dists: torch.Tensor, sigma: float) -> torch.Tensor:
+    """The Gaussian kernel of float32 squared distances, in float32 (``gaussian_kernel`` returns it
+    in float64; the solver's float32 passes use it as it is)."""
+    return torch.exp(sq_dists * (-0.5 / sigma**2))
 
 
 def solve_regularised_kernel(k_aa: torch.Tensor, lam: float, rhs: torch.Tensor,
@@ -179,8 +185,7 @@ class KuLSIF:
         lam = float(lam) if lam is not None else float(min(n, m)) ** -0.9
         dtype = dtype or kernel_dtype(lam, n)
         d_aa = squared_distances(a, a, dtype) if aux_sq_dists is None else aux_sq_dists
-        # gaussian_kernel's float32 exponential, kept in float32 too for the solver's float32 passes
-        k_aa32 = torch.exp(d_aa * (-0.5 / sigma**2)) if d_aa.dtype == torch.float32 else None
+        k_aa32 = float32_kernel(d_aa, sigma) if d_aa.dtype == torch.float32 else None
         k_aa = k_aa32.double() if k_aa32 is not None else gaussian_kernel(a, a, sigma, d_aa)
         k_ax = gaussian_kernel(a, x, sigma, dtype=dtype)
         alpha = -solve_regularised_kernel(k_aa, lam, k_ax.sum(1, keepdim=True), k_aa32) / (n * m * lam)
