@@ -77,17 +77,15 @@ def solve_regularised_kernel(k_aa: torch.Tensor, lam: float, rhs: torch.Tensor,
     refined in float64 (Wilkinson's iterative refinement: each step gains about -log10(cond * 2^-24)
     digits, two reach float64's accuracy here). Above the bound, a float64 Cholesky.
     ``k_aa32``: K in float32, when the kernel was computed in float32 (saves the copy)."""
-    n = len(k_aa)
-    if (1.0 + lam) / lam > FLOAT32_MAX_CONDITION:
-        lhs = k_aa / n
-        lhs.diagonal().add_(lam)
-        return torch.cholesky_solve(rhs, torch.linalg.cholesky(lhs))
-    k32 = k_aa.float() if k_aa32 is None else k_aa32
-    x = refined_conjugate_gradients(k_aa, k32, lam, rhs) if rhs.shape[-1] == 1 else None
-    if x is not None:
-        return x
-    lhs = k_aa / n
+    well_conditioned = (1.0 + lam) / lam <= FLOAT32_MAX_CONDITION
+    if well_conditioned and rhs.shape[-1] == 1:
+        x = refined_conjugate_gradients(k_aa, k_aa.float() if k_aa32 is None else k_aa32, lam, rhs)
+        if x is not None:
+            return x
+    lhs = k_aa / len(k_aa)
     lhs.diagonal().add_(lam)
+    if not well_conditioned:
+        return torch.cholesky_solve(rhs, torch.linalg.cholesky(lhs))
     factor = torch.linalg.cholesky(lhs.float())
     x = torch.cholesky_solve(rhs.float(), factor).double()
     for _ in range(REFINEMENT_STEPS):
@@ -112,11 +110,13 @@ def refined_conjugate_gradients(k_aa: torch.Tensor, k32: torch.Tensor, lam: floa
     x = torch.zeros_like(rhs)
     target = RESIDUAL_TOLERANCE * float(rhs.norm())
     budget = CG_MAX_ITERATIONS
-    while budget > 0:
+    while True:
         residual = rhs - k_aa @ x / n - lam * x
         size = float(residual.norm())
         if size <= target:
             return x * scale
+        if budget == 0:
+            return None
         # float32 CG on K/n + lambda I for the correction, of the residual scaled to norm 1 (the pass's
         # tolerance is then relative, and float32's range is never approached)
         r = (residual / size).float()
@@ -136,8 +136,6 @@ def refined_conjugate_gradients(k_aa: torch.Tensor, k32: torch.Tensor, lam: floa
             p.mul_(rr / rr_old).add_(r)
             budget -= 1
         x += z.double() * size
-    residual = rhs - k_aa @ x / n - lam * x
-    return x * scale if float(residual.norm()) <= target else None
 
 
 def median_bandwidth(x: torch.Tensor, max_points: int = 1000) -> float:
