@@ -167,16 +167,21 @@ DP = ("--privacy.noise_multiplier", "1.0", "--privacy.clip_norm", "5.0")
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_every_method_under_client_sampling_and_dropout(rule, tmp_path):
-    """Every shipped method with half the clients sampled and a fifth of those dropped: the round's
-    uploads come from a subset, so a server part that indexes per-client state by position (FedDF's
-    n_k, FedGO's discriminator scores) must use the round's client ids."""
-    loop = fit_loop(tiny(rule, tmp_path, *SAMPLED))
+def test_every_method_under_client_sampling_dropout_and_a_public_subset(rule, tmp_path):
+    """Every shipped method with half the clients sampled, a fifth of those dropped and half the
+    public rows per round: the round's uploads come from a subset, so a server part that indexes
+    per-client state by position (FedDF's n_k, FedGO's discriminator scores) must use the round's
+    client ids, and a client part that keeps state over the public set (Selective-FD's masks) must
+    use the round's rows."""
+    loop = fit_loop(tiny(rule, tmp_path, *SAMPLED, "--federation.participation.public_fraction", "0.5"))
     assert loop.round == 2
     for m in loop.history:
         assert len(m["participation/clients"]) == 3 and set(m["participation/arrived"]) <= set(m["participation/clients"])
+        assert m["participation/public_size"] == 60
     up = round_clients(loop, "up")
     assert all(up.get(m["round"], set()) == set(m["participation/arrived"]) for m in loop.history)
+    rows = [r for r in loop.ledger.messages if r.round >= 1 and r.direction == "up" and r.kind in ("logits", "mask")]
+    assert all(r.shape[0] <= 60 for r in rows)  # nothing beyond this round's public rows goes up
 
 
 @pytest.mark.parametrize("rule", RULES)

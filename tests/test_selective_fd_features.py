@@ -153,3 +153,20 @@ def test_a_fit_with_the_joint_loss_distils_on_private_and_kept_public_samples():
     loop.fit()
     public = [sizes for phase, sizes in seen if phase == "public"]
     assert public == [[len(cd.train.x) + 30 for cd in loop.client_data]]
+
+
+def test_selectors_evaluated_on_some_rows_give_the_full_mask_on_those_rows():
+    """Penultimate selectors are refitted every round but only the round's sampled rows are
+    evaluated: the same mask there as evaluating every row, off elsewhere; every row still spans the
+    auxiliary box."""
+    loop = tiny(SelectiveFD(features="penultimate"))
+    part = SelectiveFD(features="penultimate").client_part()
+    cd, client = loop.client_data[1], loop.clients[1]
+    args = (penultimate_features(client, cd.train.x), cd.train.y, penultimate_features(client, cd.calibration.x),
+            cd.calibration.y, client.classes, penultimate_features(client, loop.public_x))
+    full = part.client_mask(*args, seed=3)
+    rows = torch.zeros(len(loop.public_x), dtype=torch.bool)
+    rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(0))[:40]] = True
+    some = part.client_mask(*args, seed=3, rows=rows)
+    assert 0 < int(full.sum()) < len(full)
+    assert torch.equal(some, full & rows)

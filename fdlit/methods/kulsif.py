@@ -101,41 +101,42 @@ def refined_conjugate_gradients(k_aa: torch.Tensor, k32: torch.Tensor, lam: floa
     float64's solution to within the condition number times that. None when ``CG_MAX_ITERATIONS``
     inner steps do not get there."""
     n = len(k_aa)
-    largest = float(rhs.abs().max())
+    b = rhs[:, 0]
+    largest = float(b.abs().max())
     if largest == 0:
         return torch.zeros_like(rhs)
     # solved for rhs scaled by a power of two (exact) to O(1): norms of tiny vectors underflow
     scale = math.ldexp(1.0, math.frexp(largest)[1])
-    rhs = rhs / scale
-    x = torch.zeros_like(rhs)
-    target = RESIDUAL_TOLERANCE * float(rhs.norm())
+    b = b / scale
+    x = torch.zeros_like(b)
+    target = RESIDUAL_TOLERANCE * float(b.norm())
     budget = CG_MAX_ITERATIONS
     while True:
-        residual = rhs - k_aa @ x / n - lam * x
+        residual = torch.addmv(b.sub(x, alpha=lam), k_aa, x, alpha=-1.0 / n)
         size = float(residual.norm())
         if size <= target:
-            return x * scale
+            return (x * scale)[:, None]
         if budget == 0:
             return None
         # float32 CG on K/n + lambda I for the correction, of the residual scaled to norm 1 (the pass's
-        # tolerance is then relative, and float32's range is never approached)
+        # tolerance is then relative, and float32's range is never approached); one fused kernel per
+        # vector update, as the matrix-vector products are memory-bound and the rest is call overhead
         r = (residual / size).float()
         z, p = torch.zeros_like(r), r.clone()
         rr = 1.0
         while budget > 0 and rr > CG_PASS_TOLERANCE**2:
-            q = k32 @ p
-            q.div_(n).add_(p, alpha=lam)
-            curvature = float((p * q).sum())
+            q = torch.addmv(p, k32, p, beta=lam, alpha=1.0 / n)
+            curvature = float(torch.dot(p, q))
             if not curvature > 0:  # float32 breakdown: refine from here (or give up when the budget is spent)
                 budget -= 1
                 break
             step = rr / curvature
             z.add_(p, alpha=step)
             r.sub_(q, alpha=step)
-            rr, rr_old = float(r.square().sum()), rr
-            p.mul_(rr / rr_old).add_(r)
+            rr, rr_old = float(torch.dot(r, r)), rr
+            torch.add(r, p, alpha=rr / rr_old, out=p)
             budget -= 1
-        x += z.double() * size
+        x.add_(z.double(), alpha=size)
 
 
 def median_bandwidth(x: torch.Tensor, max_points: int = 1000) -> float:

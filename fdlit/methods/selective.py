@@ -212,9 +212,12 @@ class SelectiveFDClient(ClientPart):
         self.private_weight = private_weight
         self._backbone_model = None
 
-    def client_mask(self, train_x, train_y, cal_x, cal_y, classes, public_x, seed: int = 0) -> torch.Tensor:
+    def client_mask(self, train_x, train_y, cal_x, cal_y, classes, public_x, seed: int = 0,
+                    rows: torch.Tensor | None = None) -> torch.Tensor:
         """Mask over the public samples for one client: OR over its (per-class) KuLSIF selectors.
-        The x arguments are points of the selectors' feature space (inputs or features)."""
+        The x arguments are points of the selectors' feature space (inputs or features). ``rows``
+        (bool over ``public_x``): the selectors are evaluated on these rows only, the rest of the mask
+        is off; every public row still spans the auxiliary box."""
         public = public_x.flatten(1).double()
         local_all = train_x.flatten(1).double().to(public.device)
         if self.auxiliary == "public":
@@ -226,6 +229,10 @@ class SelectiveFDClient(ClientPart):
             aux = lo + (hi - lo) * torch.rand(self.aux_samples, public.shape[1], generator=g, dtype=torch.float64).to(public.device)
         groups = [[c] for c in classes] if self.per_class else [list(classes)]
         mask = torch.zeros(len(public), dtype=torch.bool, device=public.device)
+        if rows is not None:
+            rows = rows.to(public.device)
+            public = public[rows]
+        kept = torch.zeros(len(public), dtype=torch.bool, device=public.device)
         # the per-class selectors share the auxiliary set: its distances are computed once
         aux_aux = public_aux = None
         dtype = kernel_dtype(self.lam, len(aux))
@@ -239,7 +246,10 @@ class SelectiveFDClient(ClientPart):
             g_cal = torch.isin(cal_y.to(public.device), torch.tensor(group, device=public.device))
             ref = cal_x.flatten(1).to(public.device)[g_cal] if int(g_cal.sum()) else local_all[g_tr]
             threshold = torch.quantile(est(ref), self.client_quantile)
-            mask |= est(public, aux_sq_dists=public_aux) > threshold
+            kept |= est(public, aux_sq_dists=public_aux) > threshold
+        if rows is None:
+            return kept
+        mask[rows] = kept
         return mask
 
     def embed(self, ctx, x: torch.Tensor) -> torch.Tensor:
@@ -250,7 +260,8 @@ class SelectiveFDClient(ClientPart):
             return self.backbone_features(x)
         return x
 
-    def fit_mask(self, ctx) -> torch.Tensor:
+    def fit_mask(self, ctx, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The client's mask over ``ctx.info.public_x`` (``rows``: see :meth:`client_mask`)."""
         device = ctx.info.public_x.device
         if not self.client_selector:
             return torch.ones(len(ctx.info.public_x), dtype=torch.bool, device=device)
@@ -258,7 +269,7 @@ class SelectiveFDClient(ClientPart):
         return self.client_mask(
             self.embed(ctx, data.train.x.to(device)), data.train.y, self.embed(ctx, data.calibration.x.to(device)),
             data.calibration.y, ctx.client.classes, self.embed(ctx, ctx.info.public_x),
-            seed=ctx.info.client_seed(ctx.client.client_id),
+            seed=ctx.info.client_seed(ctx.client.client_id), rows=rows,
         )
 
     def setup(self, ctx):
@@ -281,11 +292,14 @@ class SelectiveFDClient(ClientPart):
 
     def upload(self, ctx):
         public_logits = ctx.public_logits
-        mask = (self.fit_mask(ctx) if self.features == "penultimate" else ctx.state["selective_mask"])
-        mask = mask.to(public_logits.device)
-        if ctx.info.public_index is not None:  # the mask covers the full public set; this round uses some rows
-            mask = mask[ctx.info.public_index.to(mask.device)]
         sample = self.round_sample(ctx.info)
+        if self.features == "penultimate":
+            # refitted on this round's public rows (``info.public_x``), evaluated on the sampled ones only
+            mask = self.fit_mask(ctx, rows=sample).to(public_logits.device)
+        else:
+            mask = ctx.state["selective_mask"].to(public_logits.device)
+            if ctx.info.public_index is not None:  # the set-up's mask covers the full public set
+                mask = mask[ctx.info.public_index.to(mask.device)]
         if sample is not None:
             mask = mask & sample.to(mask.device)
         kept = public_logits[mask]
