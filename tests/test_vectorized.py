@@ -429,3 +429,56 @@ def test_free_device_memory_counts_the_allocators_cache_as_free(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 50 * gib)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10 * gib)
     assert vectorized.free_device_memory(torch.device("cuda", 0)) == 42 * gib
+
+
+# ---------------------------------------------------------------------------------- weight layout
+def test_linear_weights_are_stacked_in_their_gradients_layout(monkeypatch):
+    """The vmapped backward returns a Linear weight's gradient as the transpose of x^T g; the stack
+    keeps those weights (and Adam's moments) in that layout, so the fused update reads every
+    tensor in one order and copies no gradient (Linear weights, biases, a convolution alike)."""
+    from fdlit.execution import stacked_optimizer
+
+    seen = []
+    original = stacked_optimizer.StackedOptimizer._fused_step
+
+    def spy(self, p, g, exp_avg, exp_avg_sq, *args):
+        seen.extend((pk.shape, pk.stride(), gk.stride(), m.stride()) for pk, gk, m in zip(p, g, exp_avg, strict=True))
+        return original(self, p, g, exp_avg, exp_avg_sq, *args)
+
+    monkeypatch.setattr(stacked_optimizer.StackedOptimizer, "_fused_step", spy)
+    clients = make_clients(lambda i: TinyBN(), ClientOptimization())
+    run_phases(VectorizedExecutor(), clients, phases=("private",))
+    assert seen and all(p_stride == g_stride == m_stride for _, p_stride, g_stride, m_stride in seen)
+    linear = [(shape, stride) for shape, stride, _, _ in seen if len(shape) == 3]  # M x 10 x 256
+    assert linear and all(stride == (shape[1] * shape[2], 1, shape[1]) for shape, stride in linear)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_a_transposed_stack_takes_the_same_update_as_a_contiguous_one(optimizer):
+    """The optimizer's arithmetic is elementwise: a stack in the gradients' layout and a contiguous
+    stack of the same weights, given the same gradients, end bit for bit the same (whole stack and
+    a subset of rows)."""
+    from fdlit.execution.stacked_optimizer import StackedOptimizer
+    from fdlit.execution.stacking import ParamStack, is_transposed, select_rows
+
+    kw = {"momentum": 0.9} if optimizer == "sgd" else {}
+    opts = [ClientOptimization(optimizer=optimizer, lr=lr, **kw) for lr in (1e-2, 3e-2, 1e-2)]
+    results = []
+    for layout in (False, True):
+        torch.manual_seed(0)
+        clients = [ClientModule(MLP((1, 8, 8), 10, hidden=[12]), i, [0, 1], o, seed=3) for i, o in enumerate(opts)]
+        stack = ParamStack(clients, gradient_layout=layout)
+        assert any(is_transposed(p) for p in stack.params) == layout
+        opt = StackedOptimizer(clients, stack)
+        g = torch.Generator().manual_seed(5)
+        for rows in (None, torch.tensor([0, 2]), None):
+            params = stack.params if rows is None else [select_rows(p, rows) for p in stack.params]
+            grads = [torch.empty_like(p).copy_(torch.randn(p.shape, generator=g)) for p in params]
+            opt.step(params, grads, rows)
+            if rows is not None:
+                for target, p in zip(stack.params, params, strict=True):
+                    target.index_copy_(0, rows, p)
+        stack.write_back()
+        opt.write_back()
+        results.append(clients)
+    assert_identical_clients(*results)

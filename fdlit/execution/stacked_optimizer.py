@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fdlit.execution.stacking import ParamStack, Stacked, scalar_dtype
+from fdlit.execution.stacking import ParamStack, Stacked, is_transposed, scalar_dtype, select_rows
 
 if TYPE_CHECKING:
     from fdlit.clients import ClientModule
@@ -49,8 +49,9 @@ class StackedOptimizer:
         self.has_state = torch.tensor([bool(st[0]) for st in states])
 
         def gather(key: str) -> Stacked:
-            return [torch.stack([st[k][key].to(p.dtype) if st[k] and st[k].get(key) is not None
-                                 else torch.zeros_like(p[0]) for st in states]).contiguous()  # as the params
+            return [torch.empty_like(p).copy_(torch.stack([  # in the params' layout
+                        st[k][key].to(p.dtype) if st[k] and st[k].get(key) is not None else torch.zeros_like(p[0])
+                        for st in states]))
                     for k, p in enumerate(stack.params)]
 
         if self.kind == "adam":
@@ -72,7 +73,7 @@ class StackedOptimizer:
         clients differ in learning rate or step count)."""
         device, dt = p[0].device, p[0].dtype
         dev_rows = None if rows is None else rows.to(device)
-        pick = (lambda ts: ts) if rows is None else (lambda ts: [t.index_select(0, dev_rows) for t in ts])
+        pick = (lambda ts: ts) if rows is None else (lambda ts: [select_rows(t, dev_rows) for t in ts])
         lr = self.lr if rows is None else self.lr[rows]
         uniform_lr = bool((lr == lr[0]).all())
 
@@ -148,7 +149,11 @@ class StackedOptimizer:
         call per learning rate, each row with its client's step."""
         kwargs = dict(beta1=self.beta1, beta2=self.beta2, weight_decay=self.weight_decay, eps=self.eps,
                       amsgrad=False, maximize=False)
-        g = [gk.contiguous() for gk in g]
+        # the kernel walks raw memory: weight, gradient and moments in one layout, contiguous (a
+        # transposed stack goes in as its contiguous transpose, the same elements in the same order)
+        g = [gk if gk.stride() == pk.stride() else torch.empty_like(pk).copy_(gk) for pk, gk in zip(p, g, strict=True)]
+        p, g, exp_avg, exp_avg_sq = ([t.transpose(1, 2) if is_transposed(t) else t for t in ts]
+                                     for ts in (p, g, exp_avg, exp_avg_sq))
         device = p[0].device
         if uniform:
             steps = [torch.full((), float(step[0]), dtype=torch.float32, device=device)] * len(p)

@@ -54,7 +54,7 @@ from fdlit.data.augment import WithInput
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
 from fdlit.execution.stacked_optimizer import StackedOptimizer
-from fdlit.execution.stacking import ParamStack
+from fdlit.execution.stacking import ParamStack, is_transposed, select_rows, transposed
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
@@ -225,7 +225,7 @@ class VectorizedExecutor(ClientExecutor):
         if epochs == 0:
             return [0.0] * m  # what the sequential executor reports for no steps
         template = clients[0].model
-        stack = ParamStack(clients)
+        stack = ParamStack(clients, gradient_layout=True)
         opt = StackedOptimizer(clients, stack)
         device, dtype = stack.device, stack.dtype
 
@@ -261,7 +261,7 @@ class VectorizedExecutor(ClientExecutor):
                     state = loss_state
                 else:
                     dev_rows = rows.to(device)
-                    params = [p.index_select(0, dev_rows) for p in stack.params]
+                    params = [select_rows(p, dev_rows) for p in stack.params]
                     bufs = {n: stack.buffers[n].index_select(0, dev_rows) for n in buffer_names}
                     idx, w = index[s].index_select(0, dev_rows), weight[s].index_select(0, dev_rows)
                     state = {k: v.index_select(0, dev_rows) for k, v in loss_state.items()}
@@ -527,7 +527,10 @@ def _at_least_two(fn, params, buffers, *per_client, shared_last: bool = False):
         return fn(params, buffers, *per_client)
 
     def two(t):
-        return {k: two(v) for k, v in t.items()} if isinstance(t, dict) else torch.cat([t, t])
+        if isinstance(t, dict):
+            return {k: two(v) for k, v in t.items()}
+        doubled = torch.cat([t, t])
+        return transposed(doubled) if is_transposed(t) else doubled  # in t's layout: the same kernels
 
     args = [a if shared_last and i == len(per_client) - 1 else two(a) for i, a in enumerate(per_client)]
     doubled = {n: two(p) for n, p in params.items()} if isinstance(params, dict) else [two(p) for p in params]
