@@ -43,8 +43,8 @@ class ParamStack:
     ``gradient_layout`` (training): the weights of ``torch.nn.Linear`` layers are stored transposed
     (:func:`transposed`), the layout in which the vmapped backward returns their gradients (x^T g,
     viewed as M x out x in): the fused optimizer then reads weight, gradient and moments in one
-    order without copying the gradient first (that transposing copy was ~15 % of a digits training
-    step). Every other parameter is contiguous."""
+    order without a transposing copy of every gradient (~15 % of a digits training step). Every
+    other parameter is contiguous."""
 
     def __init__(self, clients: Sequence[ClientModule], gradient_layout: bool = False):
         self.clients = clients
@@ -52,11 +52,11 @@ class ParamStack:
         self.names = [n for n, _ in model.named_parameters()]
         linear = {f"{n}.weight" if n else "weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
         per_client = [list(c.model.parameters()) for c in clients]
+        stacked = [torch.stack([ps[k].detach() for ps in per_client]) for k in range(len(self.names))]
         # contiguous otherwise: a stack of channels-last weights would keep that layout per slice, which the
         # stacked optimizer's fused kernel (raw pointers, one layout for weights and gradients) cannot mix
-        self.params = [torch.stack([ps[k].detach() for ps in per_client]) for k in range(len(self.names))]
         self.params = [transposed(p) if gradient_layout and name in linear and p.dim() == 3 else p.contiguous()
-                       for name, p in zip(self.names, self.params, strict=True)]
+                       for name, p in zip(self.names, stacked, strict=True)]
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
         # BatchNorm running statistics, one stacked tensor per buffer name
         self.buffers = {n: torch.stack([dict(c.model.named_buffers())[n].detach() for c in clients])
