@@ -2,7 +2,10 @@
 configs that use them run, with a FutureWarning, and run directories written before the rename resume to
 the same numbers. ``tests/legacy_runs/`` holds three such runs (sUWA, SCAFFOLD with client state, the
 meta-model with a set-up exchange) stopped after round 1 by the code before the rename, with the metrics
-and messages of the same run left uninterrupted for 2 rounds."""
+and messages of the same run left uninterrupted for 2 rounds. The metrics are compared within a relative
+1e-3: the vectorized executor that resumes them has since changed its matmul layout, which moves round 2
+by float rounding (1e-7 relative; 3e-5 for the meta-model's teacher, refitted over 300 Adam steps), while
+a resume that loses state (weights, optimizer moments, a method's set-up) moves it by far more."""
 
 import shutil
 import warnings
@@ -22,14 +25,27 @@ def without_time(rows):
     return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
 
 
+def close(got, expected, rel=1e-3):
+    """Equal structure and integers, floats within ``rel`` (nested lists and dicts alike)."""
+    if isinstance(expected, dict):
+        return isinstance(got, dict) and got.keys() == expected.keys() and all(
+            close(got[k], expected[k], rel) for k in expected)
+    if isinstance(expected, list):
+        return isinstance(got, list) and len(got) == len(expected) and all(
+            close(g, e, rel) for g, e in zip(got, expected, strict=True))
+    if isinstance(expected, float):
+        return got == pytest.approx(expected, rel=rel, abs=1e-9)
+    return got == expected
+
+
 @pytest.mark.parametrize("name", ["digits", "digits_scaffold", "digits_meta_model"])
 def test_a_run_written_before_the_rename_resumes_to_the_uninterrupted_numbers(name, tmp_path):
     run = tmp_path / name
     shutil.copytree(LEGACY / name, run)
     assert "fdlit.aggregators." in (run / "config.yaml").read_text()  # really written with the former names
     assert main(["fit", "--resume", str(run), "--federation.rounds", "2"]) == 0
-    assert without_time(read_jsonl(run / "metrics.jsonl")) == without_time(
-        read_jsonl(run / "expected_metrics.jsonl"))
+    assert close(without_time(read_jsonl(run / "metrics.jsonl")), without_time(
+        read_jsonl(run / "expected_metrics.jsonl")))
     assert read_jsonl(run / "communication.jsonl") == read_jsonl(run / "expected_communication.jsonl")
 
 
