@@ -13,6 +13,7 @@ class ProbabilityAveraging(Aggregator):
     """
 
     short_name = "avg"
+    label = "AVG"  # how tables and figures name the method
     summed = "probabilities"  # the teacher is the clients' mean probability
 
     def aggregate(self, uploads, ctx):

@@ -253,6 +253,7 @@ class Aggregator:
     """
 
     short_name = "rule"
+    label: str | None = None  # how reports name the method (None: its class name)
     exchange = "predictions"  # or "parameters" (see the module docstring)
     # for the privacy mechanism (fdlit.privacy.release): each upload key's kind, and which quantity's
     # client mean is all the teacher needs (None: the rule combines the uploads non-linearly)

@@ -25,6 +25,7 @@ class EntropyWeighted(Aggregator):
     """
 
     short_name = "entropy"
+    label = "Entropy-weighted"  # how tables and figures name the method
 
     def __init__(self, temperature: float = 1.0):
         check_number("aggregator.temperature", temperature)

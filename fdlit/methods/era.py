@@ -29,6 +29,7 @@ class EntropyReduction(Aggregator):
     """
 
     short_name = "era"
+    label = "ERA"  # how tables and figures name the method
 
     def __init__(self, temperature: float = 0.1):
         check_number("aggregator.temperature", temperature)

@@ -96,6 +96,7 @@ class F2L(LKD):
     """
 
     short_name = "f2l"
+    label = "F2L"  # how tables and figures name the method
 
     def __init__(self, regions: int | list[int] = 4, across: Literal["lkd", "avg"] = "lkd",
                  epsilon: float = 0.0, temperature: float = 20.0,

@@ -103,6 +103,7 @@ class F2LParams(FedDF):
     """
 
     short_name = "f2l_fedavg"
+    label = "F2L (parameters)"  # how tables and figures name the method
 
     def __init__(self, regions: int | list[int] = 3, global_every: int = 8, epsilon: float = 0.1,
                  hard_weight: float = 0.01, update_distillation: bool = True, temperature: float = 20.0,

@@ -100,6 +100,7 @@ class FedAvg(Aggregator):
     """FedAvg (McMahan et al. 2017): w_{t+1} = sum_k (n_k / n) w_{t+1}^k (see the module docstring)."""
 
     short_name = "fedavg"
+    label = "FedAvg"  # how tables and figures name the method
     released = {"parameters": "unbounded"}
     exchange = "parameters"
 

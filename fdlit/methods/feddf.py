@@ -38,6 +38,7 @@ class FedDF(FedAvg):
     """
 
     short_name = "feddf"
+    label = "FedDF"  # how tables and figures name the method
 
     def __init__(self, epochs: int = 2, lr: float = 1e-3, batch_size: int = 32):
         super().__init__()

@@ -94,6 +94,7 @@ class FedGO(Aggregator):
     """
 
     short_name = "fedgo"
+    label = "FedGO"  # how tables and figures name the method
 
     def __init__(self, hidden: int = 64, epochs: int = 30, lr: float = 1e-3, weight_decay: float = 1e-4,
                  upload: Literal["scores", "parameters"] = "scores"):

@@ -47,6 +47,7 @@ class FedGOParams(FedDF):
     """
 
     short_name = "fedgo_fedavg"
+    label = "FedGO (parameters)"  # how tables and figures name the method
 
     def __init__(self, epochs: int = 2, lr: float = 1e-3, batch_size: int = 32, discriminator_hidden: int = 64,
                  discriminator_epochs: int = 30):

@@ -42,6 +42,7 @@ class FedMD(Aggregator):
     """
 
     short_name = "fedmd"
+    label = "FedMD"  # how tables and figures name the method
     uses_public_labels = True  # only through the warm-up
 
     def __init__(self, warmup_epochs: int = 0):

@@ -53,6 +53,7 @@ class FedProx(FedAvg):
     """
 
     short_name = "fedprox"
+    label = "FedProx"  # how tables and figures name the method
 
     def __init__(self, mu: float = 0.01):
         super().__init__()

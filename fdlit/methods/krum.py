@@ -36,6 +36,7 @@ class Krum(FedAvg):
     """
 
     short_name = "krum"
+    label = "Krum"  # how tables and figures name the method
 
     def __init__(self, byzantine: int = 1, selected: int = 1):
         super().__init__()

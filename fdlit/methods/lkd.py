@@ -118,6 +118,7 @@ class LKD(Aggregator):
     """
 
     short_name = "lkd"
+    label = "LKD"  # how tables and figures name the method
     released = {"logits": "rows", "lkd_logits": "unbounded", "class_auc": "unbounded"}
 
     def __init__(self, temperature: float = 20.0,

@@ -23,6 +23,7 @@ class LogitAveraging(Aggregator):
     """
 
     short_name = "logitavg"
+    label = "Logit averaging"  # how tables and figures name the method
     summed = "logits"  # the teacher is a function of the clients' mean logits
 
     def __init__(self, temperature: float = 1.0):

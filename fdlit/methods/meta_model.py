@@ -74,6 +74,7 @@ class MetaModel(Aggregator):
     """
 
     short_name = "mm"
+    label = "MM"  # how tables and figures name the method
     released = {"logits": "rows", "mm_logits": "unbounded"}
 
     def __init__(self, labelled_per_client: int | None = None, hidden: int = 64, steps: int = 300,

@@ -22,6 +22,7 @@ class Oracle(Aggregator):
     """
 
     short_name = "oracle"
+    label = "Oracle"  # how tables and figures name the method
 
     def __init__(self):
         self.holds: torch.Tensor | None = None  # M x N bool: client i holds the class of sample x

@@ -26,6 +26,7 @@ class FedMedian(FedAvg):
     unweighted by n_k, as in Yin et al. The client part and set-up are FedAvg's."""
 
     short_name = "fedmedian"
+    label = "FedMedian"  # how tables and figures name the method
 
     def aggregate(self, uploads, ctx):
         return _global(*coordinate_median(torch.stack([u["parameters"] for u in uploads])))
@@ -43,6 +44,7 @@ class FedTrimmedMean(FedAvg):
     """
 
     short_name = "fedtrimmedmean"
+    label = "FedTrimmedMean"  # how tables and figures name the method
 
     def __init__(self, beta: float = 0.2):
         super().__init__()

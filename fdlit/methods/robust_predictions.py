@@ -28,6 +28,7 @@ class CoordinateMedian(Aggregator):
     """
 
     short_name = "median"
+    label = "Median"  # how tables and figures name the method
 
     def aggregate(self, uploads, ctx):
         return _teacher(*coordinate_median(self.stack_logits(uploads).softmax(-1)))
@@ -47,6 +48,7 @@ class TrimmedMean(Aggregator):
     """
 
     short_name = "trimmed_mean"
+    label = "Trimmed mean"  # how tables and figures name the method
 
     def __init__(self, beta: float = 0.2):
         if not 0 <= beta < 0.5:

@@ -82,6 +82,7 @@ class Scaffold(FedAvg):
     """SCAFFOLD option II (Karimireddy et al. 2020): c_i+ = c_i - c + (x - y_i)/(K eta) (module docstring)."""
 
     short_name = "scaffold"
+    label = "SCAFFOLD"  # how tables and figures name the method
     released = {"parameters": "unbounded", "control_delta": "unbounded"}
 
     def __init__(self):

@@ -93,6 +93,7 @@ class SelectiveFD(Aggregator):
     """
 
     short_name = "selfd"
+    label = "Selective-FD"  # how tables and figures name the method
     released = {"logits": "rows", "labels": "unbounded", "mask": "unbounded"}
 
     def __init__(

@@ -105,6 +105,7 @@ class UncertaintyWeighted(Aggregator):
     """
 
     short_name = "uwa"
+    label = "UWA"  # how tables and figures name the method
 
     def __init__(
         self,
@@ -226,6 +227,7 @@ class SmoothedUncertaintyWeighted(UncertaintyWeighted):
     """
 
     short_name = "suwa"
+    label = "sUWA"  # how tables and figures name the method
 
     def __init__(
         self,

@@ -25,6 +25,7 @@ class LogitVariance(Aggregator):
     """
 
     short_name = "logitvar"
+    label = "Logit-variance-weighted"  # how tables and figures name the method
 
     def __init__(self, eps: float = 1e-8):
         check_number("aggregator.eps", eps, inclusive=True)
