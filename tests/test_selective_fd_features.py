@@ -9,6 +9,7 @@ from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
 from fdlit.methods import SelectiveFD
 from fdlit.methods.base import ClientContext
+from fdlit.methods.contexts import DistillationContext
 from fdlit.methods.selective import penultimate_features
 
 
@@ -125,7 +126,7 @@ def test_the_joint_loss_is_alpha_private_plus_one_minus_alpha_proxy():
     agg = SelectiveFD(private_weight=0.3)
     px, py = torch.randn(7, 5), torch.randint(0, 4, (7,))
     qx, teacher = torch.randn(13, 5), torch.softmax(torch.randn(13, 4), -1)
-    x, t = agg.client_part().distillation_set(qx, teacher, px, py)
+    x, t = agg.client_part().distillation_set(DistillationContext(0, qx, teacher, px, py))
     assert x.shape == (20, 5) and torch.equal(x[:7], px) and torch.equal(x[7:], qx)
     net = torch.nn.Linear(5, 4)
     logp = net(x).log_softmax(-1)
@@ -133,7 +134,7 @@ def test_the_joint_loss_is_alpha_private_plus_one_minus_alpha_proxy():
     expected = 0.3 * torch.nn.functional.nll_loss(logp[:7], py) + 0.7 * -(teacher * logp[7:]).sum(-1).mean()
     torch.testing.assert_close(joint, expected)
     # without alpha, the public phase sees the public samples and the teacher only
-    x0, t0 = SelectiveFD().client_part().distillation_set(qx, teacher, px, py)
+    x0, t0 = SelectiveFD().client_part().distillation_set(DistillationContext(0, qx, teacher, px, py))
     assert x0 is qx and t0 is teacher
     with pytest.raises(ConfigError, match=r"aggregator\.private_weight"):
         SelectiveFD(private_weight=1.0)

@@ -37,15 +37,23 @@ class AdversarialClientPart(ClientPart):
             ctx.state[START_PARAMETERS] = flatten(exchanged_tensors(ctx.client.model)).clone()
         return out
 
-    def distillation_set(self, public_x, targets, private_x, private_y):
-        return self.inner.distillation_set(public_x, targets, private_x, private_y)
+    def distillation_set(self, ctx):
+        return self.inner.distillation_set(ctx)
 
-    def loss(self, client, phase, logits, target, weight, base):
-        return self.inner.loss(client, phase, logits, target, weight, base)
+    def loss(self, ctx):
+        return self.inner.loss(ctx)
 
     @property
     def loss_state_keys(self):
         return self.inner.loss_state_keys
+
+    @property
+    def rowwise_loss(self):
+        return self.inner.rowwise_loss
+
+    @property
+    def has_loss(self):
+        return self.inner.has_loss
 
     @property
     def has_setup(self):

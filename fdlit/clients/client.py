@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fdlit.clients.loss_context import LossContext
 from fdlit.clients.options import OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
 
 Phase = Literal["private", "public"]
@@ -86,8 +87,24 @@ class ClientModule(nn.Module):
 
     def method_loss(self, phase: Phase, logits: torch.Tensor, target: torch.Tensor,
                     weight: torch.Tensor | None, base: torch.Tensor) -> torch.Tensor:
+        """``base`` as the method's client part makes it (its ``loss`` hook, given a LossContext).
+
+        Under padded batches (``weight`` given: the vectorized executor) a ``rowwise_loss`` hook is
+        evaluated on each row as a batch of one and averaged over the real rows, so a hook written as
+        a plain mean over its batch trains exactly as it does one client at a time."""
         part = self.method_part
-        return base if part is None else part.loss(self, phase, logits, target, weight, base)
+        if part is None or not part.has_loss:
+            return base
+        if weight is None or not part.rowwise_loss:
+            return part.loss(LossContext(self, phase, logits, target, base, self.method_state, weight))
+
+        def one_row(row_logits, row_target):
+            row_logits, row_target = row_logits[None], row_target[None]
+            return part.loss(LossContext(self, phase, row_logits, row_target, cross_entropy(row_logits, row_target),
+                                         self.method_state))
+
+        per_row = torch.func.vmap(one_row, randomness="different")(logits, target)
+        return (per_row * weight).sum() / weight.sum()
 
     def phase_loss(self, logits: torch.Tensor, target: torch.Tensor,
                    weight: torch.Tensor | None = None) -> torch.Tensor:

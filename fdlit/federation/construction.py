@@ -15,7 +15,7 @@ import torch
 
 from fdlit.errors import ConfigError, check_at_least, check_choice, import_hint
 from fdlit.federation.baselines import reference_client
-from fdlit.methods.base import client_part_of
+from fdlit.methods.compat import client_part_of
 from fdlit.models.build import build_model
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -40,6 +40,7 @@ from fdlit.federation.devices import Devices, check_devices
 from fdlit.federation.measurement import Evaluation, check_finite
 from fdlit.federation.participation import Participation
 from fdlit.federation.protocols import protocol_for
+from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.federation.round_facts import RoundFacts
 from fdlit.federation.state import load_loop_state, loop_state
 from fdlit.methods.base import Aggregator
@@ -208,6 +209,7 @@ class FederationLoop:
             self.executor = select_executor(self.clients, self.precision, sample=self.public_x[:1])
         self.executor.configure(self.compile_backend)
         self.executor.setup(self.fabric, self.clients)
+        self.public_rows = PublicRowsGuard(len(self.public_x))
         self.evaluate = Evaluation(lambda x: self.executor.predict(self.clients, x), (self.test_x, self.test_y),
                                    self.local_mask_matrix, (self.val_x, self.val_y))
         if self.server is not None:  # on the driver, whatever the executor

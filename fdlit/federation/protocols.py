@@ -26,6 +26,7 @@ import torch
 
 from fdlit.federation.measurement import check_finite
 from fdlit.federation.round_facts import RoundPlan
+from fdlit.methods.contexts import DistillationContext
 
 
 def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +140,9 @@ class PredictionExchange(Protocol):
     def server_aggregate(fed, plan, ids: list[int], uploads, info):
         """Server step (Stage 2): the teacher from the uploads, optionally the server model's
         predictions instead, sent down to the clients it heard from."""
+        fed.public_rows.before_aggregate(fed.aggregator, plan.round, plan.public_index)
         result = fed.aggregator.aggregate(uploads, fed.facts.server_context(plan.round, info))
+        fed.public_rows.after_aggregate(fed.aggregator, plan.round, plan.public_index)
         keep = result.keep
         teacher = result.teacher if keep is None else result.teacher[keep]
         public_x = info.public_x if keep is None else info.public_x[keep]
@@ -166,7 +169,7 @@ class PredictionExchange(Protocol):
             return [math.nan] * len(ids)
         losses = fed.executor.train(
             fed.subset(fed.clients, ids), "public",
-            [fed.method_part.distillation_set(public_x, targets, *fed.private[i]) for i in ids],
+            [fed.method_part.distillation_set(DistillationContext(i, public_x, targets, *fed.private[i])) for i in ids],
             fed.public_epochs_first if plan.first else fed.public_epochs, fed.optimization.public_batch_size,
         )
         lost = fed.executor.unreachable()  # a node that stopped answering during the public phase

@@ -77,7 +77,8 @@ class RoundFacts:
         epochs = 0 if round == 0 else self.epochs[0] if round == 1 else self.epochs[1]
         public_x = self.public_x if public_index is None else self.public_x[public_index]
         return FederationInfo(round, self.seed, self.num_clients, self.num_classes, public_x,
-                              private_epochs=epochs, clients=clients, public_index=public_index)
+                              private_epochs=epochs, clients=clients, public_index=public_index,
+                              public_size=len(self.public_x))
 
     def server_context(self, round: int, info: FederationInfo | None = None) -> ServerContext:
         return ServerContext(info or self.info(round), self.public_y, self.client_classes)

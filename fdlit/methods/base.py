@@ -36,92 +36,25 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fdlit.clients import ClientModule
-    from fdlit.data import ClientData
+from fdlit.methods.client_part import ClientPart
+from fdlit.methods.compat import LegacyAggregatorHooks, LegacyClientPart, client_part_of, legacy_hooks
+from fdlit.methods.contexts import (
+    ClientContext,
+    DistillationContext,
+    FederationInfo,
+    LossContext,
+    ServerContext,
+    Uploads,
+    context_for,
+)
 
-Uploads = list[dict[str, torch.Tensor]]
-
-
-@dataclass(frozen=True)
-class FederationInfo:
-    """What every participant knows of the federation. ``round`` is 0 during set-up;
-    ``public_x`` (the unlabelled public inputs of this round) is on the reader's device.
-
-    With participation (``fdlit.federation.participation``), ``clients`` names the clients whose
-    uploads the server got, in the order of ``uploads`` (empty: all ``num_clients``, in id order),
-    and ``public_index`` the rows of the full public set that ``public_x`` holds this round (None:
-    all of them). Server state kept per client or per public sample is indexed with
-    :meth:`client_ids` and :meth:`rows`."""
-
-    round: int
-    seed: int
-    num_clients: int
-    num_classes: int
-    public_x: torch.Tensor
-    private_epochs: int = 0  # epochs of this round's private phase (SCAFFOLD counts its local steps)
-    clients: tuple[int, ...] = ()
-    public_index: torch.Tensor | None = None
-
-    def client_ids(self) -> list[int]:
-        """Ids of the clients whose uploads are given, in upload order."""
-        return list(self.clients) if self.clients else list(range(self.num_clients))
-
-    def rows(self, per_client: torch.Tensor) -> torch.Tensor:
-        """``per_client`` (M x N x ..., server state over every client and the full public set)
-        restricted to this round's clients and public rows."""
-        out = per_client
-        if self.clients:
-            out = out[torch.tensor(self.clients, device=out.device)]
-        if self.public_index is not None:
-            out = out[:, self.public_index.to(out.device)]
-        return out
-
-    def client_seed(self, client_id: int) -> int:
-        """A seed of the client's own, for seeded client-side work (fdlit's convention)."""
-        return self.seed * 1_000_003 + client_id
-
-
-@dataclass
-class ClientContext:
-    """What a client-side hook sees: the client, its private data, what it received.
-
-    ``public_logits`` are the client's logits on the public set this round (None during set-up);
-    ``received`` is what the server broadcast at set-up; ``state`` is the method's client-side state,
-    which lives and is checkpointed with the client (``ClientModule.method_state``).
-    """
-
-    info: FederationInfo
-    client: ClientModule
-    data: ClientData
-    public_logits: torch.Tensor | None
-    received: dict[str, torch.Tensor]
-    state: dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class ServerContext:
-    """What the server side sees. ``public_y`` and ``client_classes`` are simulation truth: only
-    rules that say they use labels (the Oracle, server-scored LKD) may read them."""
-
-    info: FederationInfo
-    public_y: torch.Tensor | None = None
-    client_classes: tuple[tuple[int, ...], ...] = ()
-
-
-def context_for(uploads: Uploads, round: int = 1, seed: int = 0, public_x: torch.Tensor | None = None,
-                public_y: torch.Tensor | None = None) -> ServerContext:
-    """A server context for calling ``aggregate`` outside a run (unit tests, notebooks): every
-    client uploaded, over the whole public set (``public_x``: an N x 0 placeholder when not given)."""
-    n, c = uploads[0]["logits"].shape if "logits" in uploads[0] else (0, 0)
-    if public_x is None:
-        public_x = torch.zeros(n, 0)
-    info = FederationInfo(round=round, seed=seed, num_clients=len(uploads), num_classes=c, public_x=public_x)
-    return ServerContext(info, public_y)
+__all__ = ["AggregationResult", "Aggregator", "ClientContext", "ClientPart", "DistillationContext", "FederationInfo",
+           "LegacyClientPart", "LossContext", "ServerContext", "Uploads", "client_part_of", "context_for",
+           "legacy_hooks", "uniform_weights", "weight_concentration", "weight_entropy"]
 
 
 @dataclass
@@ -138,112 +71,7 @@ class AggregationResult:
     broadcast: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-class ClientPart:
-    """A method's client part (see the module docstring): hooks run where the client lives.
-
-    Settings only, never server state: executors ship this object to workers. Per-client state goes
-    in ``ctx.state`` (the client's ``method_state``). ``loss_state_keys`` names the ``method_state``
-    tensors :meth:`loss` reads; the vectorized executor stacks exactly those per client and hands
-    each client its own slice.
-    """
-
-    loss_state_keys: tuple[str, ...] = ()
-
-    def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """Once, before round 1: what the client sends up for the server's set-up."""
-        return {}
-
-    def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """Every round, after the private phase and public inference: what the client sends up
-        besides its public logits (it may replace ``"logits"``, e.g. with the kept rows only)."""
-        return {}
-
-    def receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """After the server's broadcast (``ctx.received``) at set-up and, for parameter exchange,
-        every round: e.g. load the global parameters. Returns nothing to send."""
-        return {}
-
-    def distillation_set(self, public_x: torch.Tensor, targets: torch.Tensor, private_x: torch.Tensor,
-                         private_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The public phase's training set (inputs, soft targets) from the kept public samples, the
-        teacher's targets and the client's own private data; by default the public samples only."""
-        return public_x, targets
-
-    def loss(self, client: ClientModule, phase: str, logits: torch.Tensor, target: torch.Tensor,
-             weight: torch.Tensor | None, base: torch.Tensor) -> torch.Tensor:
-        """The loss of a ``phase`` (``"private"`` or ``"public"``) step; ``base`` is the client's own
-        (cross-entropy against the labels or the teacher). Add a term or replace it."""
-        return base
-
-    @property
-    def has_setup(self) -> bool:
-        return type(self).setup is not ClientPart.setup
-
-    @property
-    def has_receive(self) -> bool:
-        return type(self).receive is not ClientPart.receive
-
-
-LEGACY_HOOKS = {"client_setup": "setup", "client_upload": "upload", "client_receive": "receive",
-                "distillation_set": "distillation_set"}
-
-
-def legacy_hooks(method: Aggregator) -> list[str]:
-    """The client hooks ``method``'s class (or a parent below :class:`Aggregator`) still defines."""
-    return [name for name in LEGACY_HOOKS
-            if any(name in vars(cls) for cls in type(method).__mro__ if cls not in (Aggregator, object))]
-
-
-class LegacyClientPart(ClientPart):
-    """The client part of a rule that defines its client hooks on the Aggregator itself (deprecated):
-    each hook calls the rule's, so the whole rule, server state included, travels to workers."""
-
-    def __init__(self, method: Aggregator):
-        self.method = method
-        self.defined = legacy_hooks(method)
-
-    def setup(self, ctx):
-        return self.method.client_setup(ctx)
-
-    def upload(self, ctx):
-        return self.method.client_upload(ctx)
-
-    def receive(self, ctx):
-        return self.method.client_receive(ctx)
-
-    def distillation_set(self, public_x, targets, private_x, private_y):
-        return self.method.distillation_set(public_x, targets, private_x, private_y)
-
-    def loss(self, client, phase, logits, target, weight, base):
-        return self.method.client_part().loss(client, phase, logits, target, weight, base)
-
-    @property
-    def loss_state_keys(self) -> tuple[str, ...]:
-        return self.method.client_part().loss_state_keys
-
-    @property
-    def has_setup(self) -> bool:
-        return "client_setup" in self.defined or self.method.client_part().has_setup
-
-    @property
-    def has_receive(self) -> bool:
-        return "client_receive" in self.defined or self.method.client_part().has_receive
-
-
-def client_part_of(method: Aggregator) -> ClientPart:
-    """The client part of ``method``: its own (``method.client_part()``), or for a rule that still
-    defines ``client_upload`` etc. on the Aggregator, a :class:`LegacyClientPart` (with a warning)."""
-    old = legacy_hooks(method)
-    if not old:
-        return method.client_part()
-    warnings.warn(f"{type(method).__name__} defines {', '.join(old)} on the Aggregator; these hooks are "
-                  "deprecated: define a ClientPart (setup, upload, receive, distillation_set, loss) and return "
-                  "it from client_part(), so that workers get the client part only, not the server state",
-                  DeprecationWarning, stacklevel=2)
-    return LegacyClientPart(method)
-
-
-class Aggregator:
+class Aggregator(LegacyAggregatorHooks):
     """A method's server part, which also builds its client part (see the module docstring).
 
     ``uploads[i]`` is what client i sent this round: always ``"logits"`` (N x C, the logits on the
@@ -271,21 +99,6 @@ class Aggregator:
     def client_part(self) -> ClientPart:
         """The method's client part, built from its settings (never from its server state)."""
         return ClientPart()
-
-    # deprecated client hooks (before ClientPart): they forward to the client part, so that an old
-    # rule's ``super().client_upload(ctx)`` still reaches its parent's client part
-    def client_setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        return self.client_part().setup(ctx)
-
-    def client_upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        return self.client_part().upload(ctx)
-
-    def client_receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        return self.client_part().receive(ctx)
-
-    def distillation_set(self, public_x: torch.Tensor, targets: torch.Tensor, private_x: torch.Tensor,
-                         private_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.client_part().distillation_set(public_x, targets, private_x, private_y)
 
     # ------------------------------------------------------------------ server part
     def server_setup(self, uploads: Uploads, ctx: ServerContext) -> dict[str, torch.Tensor]:

@@ -13,8 +13,10 @@ class FedMDDigest(ClientPart):
     client's class scores and the consensus scores, both centred per row (softmax and the consensus
     it is sent as do not depend on a per-row constant)."""
 
-    def loss(self, client, phase, logits, target, weight, base):
-        return digest_loss(logits, target, weight) if phase == "public" else base
+    rowwise_loss = False  # digest_loss averages over real rows itself
+
+    def loss(self, ctx):
+        return digest_loss(ctx.logits, ctx.target, ctx.weight) if ctx.phase == "public" else ctx.base
 
 
 class FedMD(Aggregator):

@@ -24,6 +24,7 @@ class FedProxClient(FedAvgClient):
     """FedProx's client part: keeps w_t on receipt; the private loss gains (mu/2)||w - w_t||^2."""
 
     loss_state_keys = ("prox_center", "prox_mu")
+    rowwise_loss = False  # a term of the parameters added to the client's own (exact) loss
 
     def __init__(self, mu: float):
         self.mu = mu
@@ -35,14 +36,14 @@ class FedProxClient(FedAvgClient):
         ctx.state["prox_mu"] = torch.tensor(float(self.mu), dtype=center.dtype, device=center.device)
         return {}
 
-    def loss(self, client, phase, logits, target, weight, base):
-        state = client.method_state
-        if phase != "private" or "prox_center" not in state:
-            return base
+    def loss(self, ctx):
+        state = ctx.state
+        if ctx.phase != "private" or "prox_center" not in state:
+            return ctx.base
         mu, total = state["prox_mu"], 0.0
-        for p, center in parameter_slices(client.model, state["prox_center"]):
+        for p, center in parameter_slices(ctx.client.model, state["prox_center"]):
             total = total + 0.5 * mu * (p - center).pow(2).sum()
-        return base + total
+        return ctx.base + total
 
 
 class FedProx(FedAvg):

@@ -45,6 +45,7 @@ class ScaffoldClient(FedAvgClient):
     private loss, option II's update of c_i after the private phase."""
 
     loss_state_keys = ("linear_term",)
+    rowwise_loss = False  # a term of the parameters added to the client's own (exact) loss
 
     def receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         super().receive(ctx)
@@ -68,14 +69,14 @@ class ScaffoldClient(FedAvgClient):
         state["scaffold_c_i"] = new
         return {**super().upload(ctx), "control_delta": new - c_i}
 
-    def loss(self, client, phase, logits, target, weight, base):
-        state = client.method_state
-        if phase != "private" or "linear_term" not in state:
-            return base
+    def loss(self, ctx):
+        state = ctx.state
+        if ctx.phase != "private" or "linear_term" not in state:
+            return ctx.base
         total = 0.0
-        for p, g in parameter_slices(client.model, state["linear_term"]):
+        for p, g in parameter_slices(ctx.client.model, state["linear_term"]):
             total = total + (p * g).sum()
-        return base + total
+        return ctx.base + total
 
 
 class Scaffold(FedAvg):

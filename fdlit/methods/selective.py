@@ -311,8 +311,9 @@ class SelectiveFDClient(ClientPart):
         # hard labels: only class ids go up; the (empty) logits message costs nothing
         return {"logits": kept[:0], "labels": kept.argmax(-1).to(label_dtype), "mask": mask}
 
-    def distillation_set(self, public_x, targets, private_x, private_y):
+    def distillation_set(self, ctx):
         """The joint loss's training set: private samples and kept public samples with scaled targets."""
+        public_x, targets, private_x, private_y = ctx.public_x, ctx.targets, ctx.private_x, ctx.private_y
         if self.private_weight is None or not len(private_x):
             return public_x, targets
         a, m_k, m_p = self.private_weight, len(private_x), len(public_x)

@@ -1,0 +1,70 @@
+"""A method's client part: the hooks that run where the client lives.
+
+Every hook gets a typed context (:mod:`fdlit.methods.contexts`) and returns what the client sends
+(a dict of tensors, or a :class:`~fdlit.messages.Message` to say which arrays are released data and
+which are protocol arrays; the round turns either into a Message and counts every byte of it).
+The framework, not the hook, carries the execution rules: padding rows never reach ``loss`` unmasked,
+a hook runs unchanged under every executor, and what a hook returns is counted once, wherever the
+client lives (docs/extending.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fdlit.methods.contexts import ClientContext, DistillationContext, LossContext
+
+
+class ClientPart:
+    """A method's client part: hooks run where the client lives.
+
+    Settings only, never server state: executors ship this object to workers. Per-client state goes
+    in ``ctx.state`` (the client's ``method_state``). ``loss_state_keys`` names the ``method_state``
+    tensors :meth:`loss` reads; the vectorized executor stacks exactly those per client and hands
+    each client its own slice.
+
+    ``rowwise_loss``: True (the default) lets the framework make :meth:`loss` exact under padded
+    batches by evaluating it one row at a time and averaging over real rows (a loss that is a mean
+    over rows plus terms that do not depend on the rows, e.g. a proximal term, is then exact). A part
+    that averages with ``ctx.mean`` itself sets it False and is called once on the padded batch.
+    """
+
+    loss_state_keys: tuple[str, ...] = ()
+    rowwise_loss: bool = True
+
+    def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """Once, before round 1: what the client sends up for the server's set-up."""
+        return {}
+
+    def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """Every round, after the private phase and public inference: what the client sends up
+        besides its public logits (it may replace ``"logits"``, e.g. with the kept rows only)."""
+        return {}
+
+    def receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """After the server's broadcast (``ctx.received``) at set-up and, for parameter exchange,
+        every round: e.g. load the global parameters. Returns nothing to send."""
+        return {}
+
+    def distillation_set(self, ctx: DistillationContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The public phase's training set (inputs, soft targets) from the kept public samples, the
+        teacher's targets and the client's own private data; by default the public samples only."""
+        return ctx.public_x, ctx.targets
+
+    def loss(self, ctx: LossContext) -> torch.Tensor:
+        """The loss of a ``ctx.phase`` (``"private"`` or ``"public"``) step; ``ctx.base`` is the
+        client's own (cross-entropy against the labels or the teacher). Add a term or replace it."""
+        return ctx.base
+
+    @property
+    def has_setup(self) -> bool:
+        return type(self).setup is not ClientPart.setup
+
+    @property
+    def has_receive(self) -> bool:
+        return type(self).receive is not ClientPart.receive
+
+    @property
+    def has_loss(self) -> bool:
+        """Whether the part changes the client's loss (the framework skips the hook otherwise)."""
+        return type(self).loss is not ClientPart.loss

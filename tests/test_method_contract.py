@@ -1,0 +1,132 @@
+"""The method contract: a method written the natural way from docs/extending.md (examples/ema_teacher.py)
+trains the same under every executor, and its server state cannot silently mix public samples."""
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fdlit.clients.client import ClientModule
+from fdlit.clients.options import ClientOptimization
+from fdlit.cli import main
+from fdlit.config import parse_fit
+from fdlit.methods.base import ClientPart, FederationInfo, ServerContext, client_part_of
+from fdlit.runs.experiment import Experiment
+from tests.test_examples import EXAMPLES, EXECUTORS
+
+
+@pytest.fixture
+def examples_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+
+
+def ema_args(tmp_path, *extra):
+    return ["--config", "digits.yaml", "--config", str(EXAMPLES / "ema_teacher.yaml"), "--logger.mode", "disabled",
+            "--logger.progress", "false", "--logger.run_dir", str(tmp_path), "--federation.rounds", "2",
+            "--federation.private_epochs_first", "2", "--federation.private_epochs", "1",
+            "--federation.public_epochs_first", "1", "--federation.public_epochs", "1", "--data.num_clients", "5",
+            "--data.classes_per_client", "6", "--data.public_size", "120", "--model.hidden", "[16]", *extra]
+
+
+def fit(argv):
+    parser, cfg = parse_fit(argv)
+    loop = Experiment(cfg, parser).loop
+    loop.fit()
+    return loop
+
+
+def numbers(history):
+    return [{k: v for k, v in m.items() if not k.startswith(("time/", "ray/")) and isinstance(v, float)}
+            for m in history]
+
+
+class KLAtTwo(ClientPart):
+    """A public loss written as a plain batch mean (it never looks at padding)."""
+
+    def loss(self, ctx):
+        if ctx.phase != "public":
+            return ctx.base
+        return F.kl_div(F.log_softmax(ctx.logits / 2, -1), ctx.target, reduction="batchmean") * 4
+
+
+def test_a_loss_that_ignores_padding_is_exact_on_a_padded_batch():
+    torch.manual_seed(0)
+    client = ClientModule(torch.nn.Linear(3, 4), 0, [0, 1], ClientOptimization())
+    client.method_part = KLAtTwo()
+    logits, target = torch.randn(5, 4), torch.softmax(torch.randn(5, 4), -1)
+    real = client.public_loss(logits, target)
+    # the vectorized executor pads the batch with zero-weight rows (any values)
+    padded_logits = torch.cat([logits, 50 * torch.randn(3, 4)])
+    padded_target = torch.cat([target, torch.softmax(torch.randn(3, 4), -1)])
+    weight = torch.tensor([1.0] * 5 + [0.0] * 3)
+    torch.testing.assert_close(client.public_loss(padded_logits, padded_target, weight), real, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("executor", ["vectorized", "ray"])
+def test_the_ema_teacher_trains_as_it_does_one_client_at_a_time(executor, tmp_path, examples_on_path, request):
+    extra = ["--federation.executor", EXECUTORS[executor]]
+    if executor == "ray":
+        request.getfixturevalue("ray_local")
+        extra += ["--federation.executor.actor_executor", "sequential"]
+    sequential = fit(ema_args(tmp_path / "seq", "--federation.executor", EXECUTORS["sequential"]))
+    other = fit(ema_args(tmp_path / executor, *extra))
+    assert sequential.history[-1]["train/public_loss_mean"] > 0
+    for a, b in zip(numbers(sequential.history), numbers(other.history), strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert math.isclose(a[key], b[key], rel_tol=1e-6, abs_tol=1e-6) or (math.isnan(a[key]) and math.isnan(b[key])), key
+
+
+def test_state_over_one_rounds_public_rows_is_refused_under_a_public_subset(tmp_path, examples_on_path, capsys):
+    argv = ema_args(tmp_path, "--config", "studies/participation.yaml", "--federation.rounds", "3")
+    assert main(["fit", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fdlit: error: aggregator: EMATeacher keeps ema")
+    assert "public_ids" in err[0]
+
+
+def test_state_indexed_by_public_ids_runs_under_a_public_subset(tmp_path, examples_on_path):
+    loop = fit(ema_args(tmp_path, "--config", "studies/participation.yaml", "--federation.rounds", "3",
+                        "--aggregator.init_args.full_public_set", "true"))
+    assert loop.round == 3 and loop.aggregator.ema.shape[0] == 120
+
+
+def test_the_ema_over_public_ids_mixes_only_the_same_samples(examples_on_path):
+    from ema_teacher import EMATeacher
+
+    method = EMATeacher(beta=0.5, full_public_set=True)
+
+    def round_with(ids, probs):
+        info = FederationInfo(1, 0, 1, 2, torch.zeros(len(ids), 1), public_index=torch.tensor(ids), public_size=4)
+        return method.aggregate([{"logits": probs.log()}], ServerContext(info)).teacher
+
+    first = round_with([0, 1], torch.tensor([[0.9, 0.1], [0.2, 0.8]]))
+    torch.testing.assert_close(first, torch.tensor([[0.9, 0.1], [0.2, 0.8]]))
+    second = round_with([1, 3], torch.tensor([[0.6, 0.4], [0.5, 0.5]]))  # sample 1 again, sample 3 new
+    torch.testing.assert_close(second, torch.tensor([[0.4, 0.6], [0.5, 0.5]]))
+
+
+def test_hooks_with_the_former_positional_signatures_still_run_with_a_warning():
+    class Old(ClientPart):
+        def loss(self, client, phase, logits, target, weight, base):
+            return base * 2
+
+        def distillation_set(self, public_x, targets, private_x, private_y):
+            return private_x, targets
+
+    from fdlit.methods.averaging import ProbabilityAveraging
+
+    class Rule(ProbabilityAveraging):
+        def client_part(self):
+            return Old()
+
+    with pytest.warns(DeprecationWarning, match="positional"):
+        part = client_part_of(Rule())
+    client = ClientModule(torch.nn.Linear(3, 2), 0, [0], ClientOptimization())
+    client.method_part = part
+    logits, labels = torch.randn(4, 2), torch.tensor([0, 1, 0, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(client.private_loss(logits, labels), 2 * F.cross_entropy(logits, labels))
