@@ -17,7 +17,7 @@ from fdlit.clients import ClientOptimization
 from fdlit.config_files import read_yaml
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, import_hint
-from fdlit.federation import FederationLoop
+from fdlit.federation.settings import FederationSettings
 from fdlit.federation.server import ServerModel
 from fdlit.methods import Aggregator
 from fdlit.models import ClientNetwork
@@ -28,7 +28,6 @@ from fdlit.runs.logger_config import LoggerConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")
-LOOP_OBJECTS = {"data", "model", "client", "aggregator", "privacy", "seed", "server", "adversaries"}
 
 
 def resolve_config_path(value: str) -> str:
@@ -67,7 +66,7 @@ def fit_parser() -> ArgumentParser:
         default={"class_path": "fdlit.methods.SmoothedUncertaintyWeighted"},
         help="Aggregation rule (class_path/init_args), e.g. fdlit.methods.ProbabilityAveraging.",
     )
-    parser.add_class_arguments(FederationLoop, "federation", skip=LOOP_OBJECTS, instantiate=False)
+    parser.add_class_arguments(FederationSettings, "federation", instantiate=False)
     parser.add_class_arguments(UploadPrivacy, "privacy")
     parser.add_class_arguments(Adversaries, "adversaries")
     parser.add_class_arguments(ServerModel, "server", skip={"model"}, instantiate=False)

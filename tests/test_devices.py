@@ -41,8 +41,8 @@ def test_the_loop_hands_the_chosen_gpu_to_fabric(monkeypatch):
     import fdlit.federation.construction as construction
 
     monkeypatch.setattr(construction, "available_accelerators", lambda: ["auto", "cpu", "cuda", "gpu"])
-    assert FederationLoop(accelerator="cuda", devices=1).fabric_devices == [1]
-    assert FederationLoop().fabric_devices == 1
+    assert FederationLoop(accelerator="cuda", devices=1).settings.fabric_devices == [1]
+    assert FederationLoop().settings.fabric_devices == 1
 
 
 def test_the_command_line_refuses_a_gpu_on_this_cpu_before_any_work(fast_args, tmp_path, capsys):

@@ -24,7 +24,7 @@ def digits_k2(tmp_path_factory):
             "--logger.run_dir", str(tmp_path_factory.mktemp("runs"))]
     loop = Experiment(parse_fit(argv)[1]).loop
     loop.setup()
-    loop.executor.train(loop.clients, "private", loop.private, loop.private_epochs_first, loop.optimization.batch_size)
+    loop.executor.train(loop.clients, "private", loop.private, loop.settings.private_epochs_first, loop.optimization.batch_size)
     loop.executor.teardown(loop.clients)
     return loop
 

@@ -85,6 +85,6 @@ def test_a_fit_counts_the_client_tier_as_the_ledger_does_and_bad_regions_stop_it
     loop.fit()
     (m,) = loop.history
     assert m["f2l/bytes_client_to_region"] == m["comm/up_bytes"] > 0
-    assert m["f2l/bytes_global_to_region"] == 2 * 120 * 10 * loop.message_dtype.itemsize
+    assert m["f2l/bytes_global_to_region"] == 2 * 120 * 10 * loop.settings.message_dtype.itemsize
     with pytest.raises(ConfigError, match=r"aggregator\.regions.*5 regions for 4 clients"):
         tiny(F2L(regions=5))  # refused when the loop is built, before any data loads

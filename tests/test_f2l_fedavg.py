@@ -68,7 +68,7 @@ def regional_setup(num_regions=2, seed=0, same=False):
     """A server-side F2LParams after set-up, with R regional models of a small MLP on 40 samples."""
     loop = loop_for(F2LParams(regions=num_regions, global_every=1, epochs=2, lr=0.01), rounds=1, clients=4)
     loop.setup()
-    loop.protocol.method_setup(loop)
+    loop.protocol.method_setup(loop.parts)
     method = loop.aggregator
     torch.manual_seed(seed)
     models = [flatten(exchanged_tensors(c.model)) for c in loop.clients[:num_regions]]

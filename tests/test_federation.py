@@ -93,7 +93,7 @@ def test_hooks_are_called_in_order_and_optimizer_state_persists(tmp_path):
 
 def test_first_round_epochs_differ(tmp_path):
     loop = small_loop(tmp_path, ProbabilityAveraging(), rounds=1)
-    loop.private_epochs_first, loop.public_epochs_first = 3, 0
+    loop.settings.private_epochs_first, loop.settings.public_epochs_first = 3, 0
     loop.fit()
     steps = int(next(iter(loop.clients[0].configure_optimizers().state.values()))["step"])
     n_train = len(loop.data.clients[0].train)
@@ -225,7 +225,7 @@ def test_evaluation_every_n_rounds_on_a_fixed_subsample_then_the_full_test_set_l
         {k: v for k, v in ref_last.items() if not k.startswith("time/")}
 
     # the subsample: fixed by the seed, sorted, and the accuracies are those of these rows
-    rows = loop.eval_rows
+    rows = loop.facts.eval_rows
     assert len(rows) == 50 and torch.equal(rows, rows.sort().values)
     assert torch.equal(rows, eval_rows(50, total, loop.seed))
     preds = loop.executor.predict(loop.clients, loop.test_x).argmax(-1)[:, rows]

@@ -126,7 +126,7 @@ def test_fedmd_warmup_trains_on_the_labelled_public_set_and_sends_nothing(tmp_pa
                                      str(epochs), "--client.lr", "0.01", "--data.public_size", "400"))
         loop = Experiment(cfg, parser).loop
         loop.setup()
-        loop.protocol.public_warmup(loop)
+        loop.protocol.public_warmup(loop.parts)
         loops[epochs] = loop
     assert loops[5].ledger.messages == []
     # every client learnt the public set's labels, beyond its own few classes

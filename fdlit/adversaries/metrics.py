@@ -21,46 +21,46 @@ from typing import Any
 import torch
 
 
-def attackers_weight(fed: Any, result: Any, arrived: list[int], attackers: frozenset[int]) -> float:
+def attackers_weight(method: Any, result: Any, arrived: list[int], attackers: frozenset[int]) -> float:
     rows = [j for j, i in enumerate(arrived) if i in attackers]
     if result is None:
         return math.nan
     if result.weights is not None:
         return float(result.weights[rows].sum(0).mean()) if rows else 0.0
     shares = result.stats.get("clients/model_share")
-    if shares is None and getattr(fed.aggregator, "counts", None) is not None and result.broadcast:
-        counts = fed.aggregator.counts.double()[list(arrived)]
+    if shares is None and getattr(method, "counts", None) is not None and result.broadcast:
+        counts = method.counts.double()[list(arrived)]
         shares = (counts / counts.sum()).tolist()
     if shares is None:
         return math.nan
     return float(sum(shares[j] for j in rows))
 
 
-def attack_metrics(fed: Any, adversaries: Any, plan: Any, result: Any, after_public: Any) -> dict[str, Any]:
+def attack_metrics(parts: Any, adversaries: Any, plan: Any, result: Any, after_public: Any) -> dict[str, Any]:
     attackers = adversaries.of_round(plan.round)
     arrived = list(plan.arrived)
     out: dict[str, Any] = {"adversaries/attackers": sum(i in attackers for i in arrived),
-                           "adversaries/weight": attackers_weight(fed, result, arrived, attackers)}
-    honest = [i for i in range(len(fed.clients)) if i not in attackers]
+                           "adversaries/weight": attackers_weight(parts.server.method, result, arrived, attackers)}
+    honest = [i for i in range(len(parts.clients)) if i not in attackers]
     for name in ("global_acc", "local_acc"):
         accs = None if after_public is None else after_public[name]
         out[f"adversaries/honest_{name}"] = (math.nan if accs is None or not honest
                                              else float(accs[honest].mean()))
-    target = adversaries.attack.targeted(fed.data.num_classes)
+    target = adversaries.attack.targeted(parts.num_classes)
     if target is not None:
         out["adversaries/attack_success"] = math.nan
         if after_public is not None and honest:
-            out["adversaries/attack_success"] = attack_success(fed, honest, plan.eval_rows, *target)
+            out["adversaries/attack_success"] = attack_success(parts, honest, plan.eval_rows, *target)
     return out
 
 
 @torch.no_grad()
-def attack_success(fed: Any, honest: list[int], rows, sources: list[int], target: int) -> float:
-    x, y = fed.test_x, fed.test_y
+def attack_success(parts: Any, honest: list[int], rows, sources: list[int], target: int) -> float:
+    x, y = parts.tensors.test_x, parts.tensors.test_y
     if rows is not None:
         x, y = x[rows], y[rows]
     chosen = torch.isin(y, torch.tensor(sources, device=y.device))
     if not bool(chosen.any()):
         return math.nan
-    preds = fed.executor.predict(fed.subset(fed.clients, honest), x[chosen]).argmax(-1)  # H x T
+    preds = parts.clients.predict(x[chosen], honest).argmax(-1)  # H x T
     return float((preds == target).float().mean())

@@ -165,25 +165,27 @@ class Adversaries:
         shared = payloads[attacking[0]]
         return [dict(shared) if j in attacking else p for j, p in enumerate(payloads)]
 
-    def after_round(self, fed: Any, plan: Any, result: Any, after_public: Any) -> dict[str, Any]:
-        """Keep what the free-rider sends back next round, and the round's attack metrics."""
+    def after_round(self, parts: Any, plan: Any, result: Any, after_public: Any) -> dict[str, Any]:
+        """Keep what the free-rider sends back next round, and the round's attack metrics
+        (``parts``: the federation's RoundParts)."""
         if self.attackers is None:
             return {}
         if self.attack.needs_teacher and result is not None and result.teacher is not None:
-            self._remember_teacher(fed, plan.public_index, result.teacher)
+            self._remember_teacher(parts.server.received, len(parts.tensors.public_x), plan.public_index,
+                                   result.teacher)
         from fdlit.adversaries.metrics import attack_metrics
 
-        return attack_metrics(fed, self, plan, result, after_public)
+        return attack_metrics(parts, self, plan, result, after_public)
 
     @staticmethod
-    def _remember_teacher(fed: Any, public_index: torch.Tensor | None, teacher: torch.Tensor) -> None:
-        full = fed.received.get(LAST_TEACHER)
+    def _remember_teacher(received: dict, public_size: int, public_index: torch.Tensor | None,
+                          teacher: torch.Tensor) -> None:
+        full = received.get(LAST_TEACHER)
         if public_index is None:
             full = teacher.detach().clone()
         else:
             if full is None:
-                full = torch.full((len(fed.public_x), teacher.shape[-1]), 1.0 / teacher.shape[-1],
-                                  device=teacher.device)
+                full = torch.full((public_size, teacher.shape[-1]), 1.0 / teacher.shape[-1], device=teacher.device)
             full = full.clone()
             full[public_index.to(full.device)] = teacher.detach()
-        fed.received[LAST_TEACHER] = full  # in the checkpoint with the set-up broadcast: resumes exactly
+        received[LAST_TEACHER] = full  # in the checkpoint with the set-up broadcast: resumes exactly

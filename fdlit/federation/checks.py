@@ -13,19 +13,18 @@ from typing import Any
 from fdlit.data.datasets import NUM_CLASSES
 
 
-def check_before_data(loop: Any) -> None:
+def check_before_data(settings: Any, data: Any, method: Any, privacy: Any, adversaries: Any) -> None:
     """Raise ConfigError for a setting the config alone shows to be impossible or one under which no
-    client would ever train (``loop``: the FederationLoop being built)."""
-    data = loop.data
+    client would ever train (``settings``: the federation section)."""
     num_clients = getattr(data, "num_clients", None)
     if not isinstance(num_clients, int):  # a data object of another kind: set-up checks it
         return
-    loop.adversaries.check(loop.aggregator, loop.mode, num_clients, NUM_CLASSES.get(getattr(data, "dataset", None)))
-    if loop.participation is not None:  # None: everyone, every round (also the reference baseline)
-        loop.participation.check(num_clients, data.public_size)
-        loop.participation.check_rounds(loop.rounds, num_clients)
-    if loop.mode != "fd":
+    adversaries.check(method, settings.mode, num_clients, NUM_CLASSES.get(getattr(data, "dataset", None)))
+    if settings.participation is not None:  # None: everyone, every round (also the reference baseline)
+        settings.participation.check(num_clients, data.public_size)
+        settings.participation.check_rounds(settings.rounds, num_clients)
+    if settings.mode != "fd":
         return
-    loop.aggregator.check_clients(num_clients)  # e.g. F2L: every region needs a client
+    method.check_clients(num_clients)  # e.g. F2L: every region needs a client
     if getattr(data, "dataset", None) in NUM_CLASSES:  # a hub dataset's classes are known once it is loaded
-        loop.privacy.check(loop.aggregator, NUM_CLASSES[data.dataset])
+        privacy.check(method, NUM_CLASSES[data.dataset])

@@ -49,7 +49,7 @@ def check_accelerator(accelerator: str) -> str:
 
 
 def check_loop_settings(*, rounds: int, epochs: dict[str, int], precision: str, message_dtype: str, mode: str,
-                        modes: tuple[str, ...], accelerator: str, seed: Any, eval_every_n_rounds: int,
+                        modes: tuple[str, ...], accelerator: str, eval_every_n_rounds: int,
                         eval_subsample: Any, compile: bool, compile_backend: str) -> None:
     """The ``federation`` section's own checks, named by field, before anything is built."""
     check_at_least("federation.rounds", rounds, 1)
@@ -59,8 +59,6 @@ def check_loop_settings(*, rounds: int, epochs: dict[str, int], precision: str, 
     check_choice("federation.message_dtype", message_dtype, sorted(MESSAGE_DTYPES))
     check_choice("federation.mode", mode, modes)
     check_accelerator(accelerator)
-    if not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
-        raise ConfigError("seed", f"must be an integer in [0, {MAX_SEED}], got {seed!r}")
     check_at_least("federation.eval_every_n_rounds", eval_every_n_rounds, 1)
     if eval_subsample is not None:
         check_at_least("federation.eval_subsample", eval_subsample, 1)
@@ -70,6 +68,12 @@ def check_loop_settings(*, rounds: int, epochs: dict[str, int], precision: str, 
         known = list_backends(exclude_tags=())
         if compile_backend not in known:
             raise ConfigError("federation.compile_backend", f"allowed: {', '.join(known)}; got {compile_backend!r}")
+
+
+def check_seed(seed: Any) -> int:
+    if not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
+        raise ConfigError("seed", f"must be an integer in [0, {MAX_SEED}], got {seed!r}")
+    return seed
 
 
 def import_client_class(path: str) -> type:
@@ -114,31 +118,16 @@ def eval_rows(eval_subsample: Any, total: int, seed: int) -> torch.Tensor | None
     return torch.randperm(total, generator=g)[:eval_subsample].sort().values
 
 
-def device_tensors(data: Any, client_data: list, device: torch.device) -> dict[str, Any]:
-    """The held-out, public and private tensors on the run's device, and the M x T mask of the test
-    samples of each client's own classes (local accuracy)."""
-    validation = getattr(data, "validation", None)  # data.validation_size > 0 only
-    return {
-        "test_x": data.test.x.to(device), "test_y": data.test.y.to(device),
-        "public_x": data.public.x.to(device), "public_y": data.public.y.to(device),
-        "private": [(cd.train.x.to(device), cd.train.y.to(device)) for cd in client_data],
-        "val_x": validation.x.to(device) if validation is not None else None,
-        "val_y": validation.y.to(device) if validation is not None else None,
-        "local_mask_matrix": torch.stack([data.local_test_mask(cd.classes) for cd in client_data]).float().to(device),
-    }
-
-
-def build_clients(loop: Any) -> None:
-    """The loop's ``client_data`` and ``clients`` (one pooled client for the reference baseline), and
-    the method's client part every client carries (``method_part``: wrapped by the attack for
-    adversarial clients): what of the method runs where the clients live."""
-    loop.client_data = [reference_client(loop.data, loop.seed)] if loop.mode == "reference" else loop.data.clients
-    loop.clients = [
-        loop.client_class(client_network(loop.model_spec, loop.data, cd.client_id, loop.seed), cd.client_id,
-                          cd.classes, loop.optimization, loop.seed)
-        for cd in loop.client_data
-    ]
-    loop.method_part = loop.adversaries.wrap(client_part_of(loop.aggregator), loop.aggregator.exchange,
-                                             len(loop.clients), loop.seed)
-    for client in loop.clients:
-        client.method_part = loop.method_part
+def build_clients(data: Any, mode: str, client_class: type, model_spec: Any, optimization: Any, method: Any,
+                  adversaries: Any, seed: int) -> tuple[list, list, Any]:
+    """The clients' data and modules (one pooled client for the reference baseline), and the method's
+    client part every client carries (wrapped by the attack for adversarial clients): what of the
+    method runs where the clients live."""
+    client_data = [reference_client(data, seed)] if mode == "reference" else data.clients
+    clients = [client_class(client_network(model_spec, data, cd.client_id, seed), cd.client_id, cd.classes,
+                            optimization, seed)
+               for cd in client_data]
+    method_part = adversaries.wrap(client_part_of(method), method.exchange, len(clients), seed)
+    for client in clients:
+        client.method_part = method_part
+    return client_data, clients, method_part

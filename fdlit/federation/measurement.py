@@ -199,32 +199,33 @@ def format_summary(summary: dict[str, Any]) -> str:
     ])
 
 
-def round_metrics(fed: Any, plan: Any, result: Any, losses: tuple[list, list], evaluations: tuple[Any, Any],
-                  lost: Sequence[int], started: float) -> dict[str, Any]:
-    """One round's metrics (``fed``: the FederationLoop): accuracy after each phase, teacher quality,
-    losses, bytes, participation, the method's and the executor's statistics, the privacy audit on
-    the last round, and the who-to-trust matrix."""
+def round_metrics(parts: Any, communicates: bool, plan: Any, result: Any, losses: tuple[list, list],
+                  evaluations: tuple[Any, Any], lost: Sequence[int], started: float) -> dict[str, Any]:
+    """One round's metrics (``parts``: the federation's RoundParts; ``communicates``: whether the
+    round's protocol sends anything): accuracy after each phase, teacher quality, losses, bytes,
+    participation, the method's and the executor's statistics, the privacy audit on the last round,
+    and the who-to-trust matrix."""
     r = plan.round
+    t, clients, server = parts.tensors, parts.clients, parts.server
     private_losses, public_losses = losses
     after_private, after_public = evaluations
-    metrics = {"round": r, **accuracy_metrics(after_private, after_public, fed.val_y is not None)}
+    metrics = {"round": r, **accuracy_metrics(after_private, after_public, t.val_y is not None)}
     rows = plan.eval_rows
-    metrics["eval/test_samples"] = 0 if not plan.evaluated else len(fed.test_y) if rows is None else len(rows)
-    public_y = fed.public_y if plan.public_index is None else fed.public_y[plan.public_index]
+    metrics["eval/test_samples"] = 0 if not plan.evaluated else len(t.test_y) if rows is None else len(rows)
+    public_y = t.public_y if plan.public_index is None else t.public_y[plan.public_index]
     metrics.update(teacher_metrics(result, public_y))
     metrics["train/private_loss_mean"] = float(torch.tensor(private_losses).mean())
     metrics["train/public_loss_mean"] = float(torch.tensor(public_losses).mean())
-    communicating = len(plan.arrived) if fed.protocol.communicates else len(fed.clients)
-    metrics.update(fed.ledger.round_metrics(r, max(communicating, 1)))
-    if fed.participation is not None or lost:
+    communicating = len(plan.arrived) if communicates else len(clients)
+    metrics.update(server.ledger.round_metrics(r, max(communicating, 1)))
+    if parts.settings.participation is not None or lost:
         metrics.update(participation_metrics(plan.sampled, plan.arrived, len(public_y)))
     metrics.update(result.stats if result is not None else {})
     metrics["time/round_s"] = time.perf_counter() - started
-    metrics.update(fed.executor.timing_metrics())  # e.g. Ray actors' CPU seconds
-    if fed.privacy.audit and r == fed.rounds:  # membership inference on the final client models
-        metrics.update(membership_audit(lambda x: fed.executor.predict(fed.clients, x), fed.private,
-                                        fed.test_x, fed.test_y, fed.local_mask_matrix))
+    metrics.update(clients.executor.timing_metrics())  # e.g. Ray actors' CPU seconds
+    if server.privacy.audit and r == parts.settings.rounds:  # membership inference on the final client models
+        metrics.update(membership_audit(clients.predict, t.private, t.test_x, t.test_y, t.local_masks))
     if result is not None and result.weights is not None:  # M x C who-to-trust matrix (diagnostic only)
-        metrics["clients/trust_matrix"] = trust_rows(result.weights, public_y, fed.data.num_classes,
-                                                     plan.arrived, len(fed.clients))
+        metrics["clients/trust_matrix"] = trust_rows(result.weights, public_y, parts.num_classes,
+                                                     plan.arrived, len(clients))
     return metrics

@@ -18,6 +18,7 @@ from jsonargparse import ArgumentParser, Namespace
 from fdlit.config import fit_parser, parse_fit
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.federation.server import ServerModel
+from fdlit.federation.settings import FederationSettings
 from fdlit.runs.checkpoint import (
     CheckpointConfig, CheckpointError, Checkpointer, check_config, check_resumable, load_checkpoint, offer_kept,
     restore_checkpoint, resume_hint,
@@ -53,7 +54,7 @@ def loop_from_config(cfg: Namespace, init: Namespace, server: bool = True) -> Fe
     if server:
         server_spec = cfg.server.model.as_dict() if cfg.server.model is not None else None
         server_model = ServerModel(**{k: v for k, v in vars(init.server).items() if k != "model"}, model=server_spec)
-    return FederationLoop(**vars(init.federation), data=init.data, model=cfg.model.as_dict(), client=init.client,
+    return FederationLoop(FederationSettings(**vars(init.federation)), data=init.data, model=cfg.model.as_dict(), client=init.client,
                           aggregator=init.aggregator, privacy=init.privacy, seed=cfg.seed, server=server_model,
                           adversaries=init.adversaries)
 

@@ -1,0 +1,90 @@
+"""The clients' side of a federation: the clients, where they live (the executor), their data and the
+method's client part. The round reaches clients only through these steps; where the executor keeps
+them (in process, vmapped, Ray actors, Flower nodes) is its business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from fdlit.methods.client_part import ClientPart
+from fdlit.methods.contexts import DistillationContext, FederationInfo
+
+
+class ClientSide:
+    """Every client of the federation and the steps the round asks of them.
+
+    Args:
+        executor: where the clients live (``fdlit.execution.ClientExecutor``).
+        clients: one ``ClientModule`` per client (the loop's copies; remote executors keep theirs).
+        client_data: each client's data (``fdlit.data.ClientData``).
+        method_part: the method's client part every client carries.
+        private: each client's private (inputs, labels) on the run's device.
+        release: the privacy layer's client step (clip, noise, encode), or None when nothing is sent.
+    """
+
+    def __init__(self, executor: Any, clients: list, client_data: list, method_part: ClientPart,
+                 private: list[tuple[torch.Tensor, torch.Tensor]],
+                 release: Callable[[int, int, dict], dict] | None = None):
+        self.executor, self.clients, self.client_data = executor, clients, client_data
+        self.method_part, self.private, self.release = method_part, private, release
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    @staticmethod
+    def subset(items: Sequence, ids: Sequence[int]) -> Sequence:
+        """``items`` (one per client) of the clients ``ids``; the list itself when that is everyone."""
+        return items if len(ids) == len(items) else [items[i] for i in ids]
+
+    def train(self, ids: Sequence[int], phase: str, datasets: Sequence[tuple[torch.Tensor, torch.Tensor]],
+              epochs: int, batch_size: int) -> list[float]:
+        """Clients ``ids`` train one phase on their ``datasets``; their mean losses."""
+        return self.executor.train(self.subset(self.clients, ids), phase, datasets, epochs, batch_size)
+
+    def predict(self, x: torch.Tensor, ids: Sequence[int] | None = None) -> torch.Tensor:
+        """Logits of the clients ``ids`` (None: all) on ``x``: M x N x C."""
+        return self.executor.predict(self.clients if ids is None else self.subset(self.clients, ids), x)
+
+    def _hook(self, hook: str, info: FederationInfo, ids: Sequence[int], received: dict) -> list[dict]:
+        return self.executor.client_hook(hook, self.method_part, info, self.subset(self.clients, ids),
+                                         self.subset(self.client_data, ids), received)
+
+    def setup_step(self, info: FederationInfo) -> list[dict]:
+        """Round 0: every client's set-up message (the client part's ``setup``)."""
+        return self._hook("setup", info, range(len(self.clients)), {})
+
+    def receive_step(self, info: FederationInfo, received: dict) -> None:
+        """Every client takes in what the server sent (the client part's ``receive``)."""
+        self._hook("receive", info, range(len(self.clients)), received)
+
+    def parameter_upload(self, info: FederationInfo, ids: Sequence[int], received: dict) -> list[dict]:
+        """Parameter exchange: what the client part's ``upload`` sends, for the clients ``ids``."""
+        return self._hook("upload", info, ids, received)
+
+    def prediction_upload(self, info: FederationInfo, ids: Sequence[int], received: dict) -> list[dict]:
+        """Federated distillation: public inference, the client part's ``upload`` and the privacy
+        release, where each client lives; what each client sends."""
+        return self.executor.upload(self.method_part, info, self.subset(self.clients, ids),
+                                    self.subset(self.client_data, ids), received, self.release)
+
+    def distillation_sets(self, ids: Sequence[int], public_x: torch.Tensor, targets: torch.Tensor) -> list:
+        """The public phase's training set of each client ``ids`` (the client part's ``distillation_set``)."""
+        return [self.method_part.distillation_set(DistillationContext(i, public_x, targets, *self.private[i]))
+                for i in ids]
+
+    def unreachable(self) -> frozenset[int]:
+        """Clients whose node stopped answering (a deployment): dropouts of the round."""
+        return self.executor.unreachable()
+
+    def state_dict(self) -> list[dict]:
+        """Every client's state, fetched from where it lives."""
+        return self.executor.fetch_states(self.clients)
+
+    def load_state_dict(self, states: list[dict]) -> None:
+        for client, state in zip(self.clients, states, strict=True):
+            client.load_client_state(state)
+        self.executor.push_states(self.clients)

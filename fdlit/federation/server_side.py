@@ -1,0 +1,70 @@
+"""The server's side of a federation: the method's server part, the privacy layer's server step and
+accountant, the server model, the set-up broadcast and the byte ledger, each with its state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fdlit.federation.communication import CommunicationLedger
+from fdlit.federation.public_rows import PublicRowsGuard
+from fdlit.methods.base import AggregationResult, Aggregator, ServerContext
+
+
+class ServerSide:
+    """What the server holds across rounds.
+
+    Args:
+        method: the method's server part (its Aggregator).
+        privacy: the ``privacy`` section (its server step decodes, adds the secure sum's noise, accounts).
+        server_model: the optional server model (``fdlit.federation.server.ServerModel``) or None.
+        message_dtype: the dtype the teacher is sent in.
+    """
+
+    def __init__(self, method: Aggregator, privacy: Any, server_model: Any, message_dtype: torch.dtype):
+        self.method, self.privacy, self.server_model = method, privacy, server_model
+        self.message_dtype = message_dtype
+        self.ledger = CommunicationLedger()
+        self.received: dict[str, torch.Tensor] = {}  # what the server broadcast at set-up
+        self.public_rows: PublicRowsGuard | None = None  # set once the public set's size is known
+
+    def send_up(self, r: int, client: int, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Count what ``client`` sent in round ``r`` and hand it on."""
+        # keys starting with "_" are in-process diagnostics, not messages
+        return {kind: t if kind.startswith("_") else self.ledger.send(r, client, "up", kind, t)
+                for kind, t in payload.items()}
+
+    def send_down(self, r: int, client: int, message: dict[str, torch.Tensor]) -> None:
+        for kind, tensor in message.items():
+            self.ledger.send(r, client, "down", kind, tensor)
+
+    def aggregate(self, uploads: list, ctx: ServerContext) -> AggregationResult:
+        """The method's ``aggregate``, under the rule that keeps its state honest on a public subset."""
+        info = ctx.info
+        if self.public_rows is not None:
+            self.public_rows.before_aggregate(self.method, info.round, info.public_index)
+        result = self.method.aggregate(uploads, ctx)
+        if self.public_rows is not None:
+            self.public_rows.after_aggregate(self.method, info.round, info.public_index)
+        return result
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method.state_dict(),
+            "privacy": self.privacy.state_dict(),  # the accountant: a resumed run reports the same epsilon
+            "received": dict(self.received),
+            "ledger": self.ledger.state_dict(),
+            "server": self.server_model.state_dict() if self.server_model is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.method.load_state_dict(state["method"] or {})
+        self.privacy.load_state_dict(state.get("privacy") or {})
+        self.received = dict(state["received"])
+        self.ledger.load_state_dict(state["ledger"])
+        if self.server_model is not None:
+            if state.get("server") is None:
+                raise ValueError("the checkpoint holds no server model state, but the config has a server model")
+            self.server_model.load_state_dict(state["server"])
