@@ -17,8 +17,8 @@ from fdlit.clients import ClientOptimization
 from fdlit.config_files import read_yaml
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, import_hint
-from fdlit.federation.settings import FederationSettings
 from fdlit.federation.server import ServerModel
+from fdlit.federation.settings import FederationSettings
 from fdlit.methods import Aggregator
 from fdlit.models import ClientNetwork
 from fdlit.models.text import BertClassifier  # noqa: F401 (lazy in fdlit.models; imported here so help lists it)

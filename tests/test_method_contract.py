@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fdlit.cli import main
 from fdlit.clients.client import ClientModule
 from fdlit.clients.options import ClientOptimization
-from fdlit.cli import main
 from fdlit.config import parse_fit
 from fdlit.methods.base import ClientPart, FederationInfo, ServerContext, client_part_of
 from fdlit.runs.experiment import Experiment
