@@ -51,7 +51,8 @@ def test_bytes_fedavg_two_p_floats_per_client_per_round_scaffold_twice_that():
     assert p == 64 * 16 + 16 + 16 * 10 + 10
     for i in range(4):
         assert fedavg.ledger.total("down", round=0, client=i) == p * 4  # the initial model
-        assert fedavg.ledger.total("up", round=0, client=i) == 8  # n_i, one int64
+        # n_i (one int64); client 0 also sends the initial model the server starts from
+        assert fedavg.ledger.total("up", round=0, client=i) == 8 + (p * 4 if i == 0 else 0)
         for r in (1, 2):
             assert fedavg.ledger.total(round=r, client=i) == 2 * p * 4
             assert fedavg.ledger.total("up", round=r, client=i) == p * 4

@@ -87,7 +87,7 @@ def test_the_server_receives_each_clients_release_of_its_own_logits(tmp_path, ex
     def spy(r, ids, messages, *args):
         info = loop.facts.info(r, (), None)
         raw = [loop.executor.predict([loop.clients[i]], info.public_x)[0] for i in ids]
-        seen.append((r, list(ids), [dict(m) for m in messages], raw))
+        seen.append((r, list(ids), list(messages), raw))
         return receive(r, ids, messages, *args)
 
     loop.privacy.receive = spy
@@ -96,7 +96,8 @@ def test_the_server_receives_each_clients_release_of_its_own_logits(tmp_path, ex
     for r, ids, messages, raw in seen:
         for i, message, logits in zip(ids, messages, raw, strict=True):
             expected = loop.release(r, i, {"logits": logits})
-            assert set(message) == {"logits", "_privacy"}
+            assert set(message) == {"logits"}  # the arrays sent; the release's diagnostics are metrics
+            assert set(message.metrics) == {"privacy/clipped_rows", "privacy/released_rows", "privacy/noise_std"}
             assert torch.allclose(message["logits"], expected["logits"], atol=1e-5)
             assert (message["logits"] - logits).abs().mean() > 1.0  # noised (std 0.8 x 2 x 2 x sqrt(120)), not raw
         assert not torch.equal(messages[0]["logits"] - raw[0], messages[1]["logits"] - raw[1])  # a stream per client

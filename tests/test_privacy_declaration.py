@@ -12,6 +12,7 @@ import torch
 import fdlit.methods
 from fdlit.cli import main
 from fdlit.errors import ConfigError
+from fdlit.messages import Message
 from fdlit.methods import ProbabilityAveraging
 from fdlit.methods.base import Aggregator, ClientPart, context_for
 from fdlit.privacy import UploadPrivacy
@@ -72,8 +73,9 @@ def test_a_declared_extra_matrix_is_clipped_and_noised_in_the_same_release_and_c
     privacy.check(ExtraRows(), num_classes=3)
     logits, prototypes = torch.randn(50, 3) * 0.1, torch.randn(4, 3) * 0.1  # inside the ball: noise only
     held = torch.tensor([0, 2])
-    payload = {"logits": logits, "prototypes": prototypes, "labels_held": held, "_diagnostic": torch.ones(1)}
+    payload = Message({"logits": logits, "prototypes": prototypes, "labels_held": held}, metrics={"diagnostic": 1.0})
     uploads, stats = privacy.upload(1, [payload], torch.float32, 0, 3, 1.0, echo)
+    assert uploads[0].metrics["diagnostic"] == 1.0  # a metric is reported, never released or noised
     assert stats["privacy/noise_std_mean"] == pytest.approx(0.5 * 2 * 1.0 * math.sqrt(54))
     assert (uploads[0]["prototypes"] - prototypes).abs().mean() > 1.0  # noised with std ~7
     assert torch.equal(uploads[0]["labels_held"], held)

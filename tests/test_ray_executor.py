@@ -279,7 +279,8 @@ def test_the_dp_release_is_made_on_the_actors_and_equals_the_in_process_one(tmp_
     loop.privacy.receive = lambda r, ids, messages, *a: (received.append(messages), receive(r, ids, messages, *a))[1]
     fit_with_one_thread(loop)
     assert executor.predicted and all(x is not loop.public_x for x in executor.predicted)  # evaluation only
-    assert len(received) == 2 and all(set(m) == {"topk_values", "topk_indices", "_privacy"} for ms in received for m in ms)
+    assert len(received) == 2 and all(set(m) == {"topk_values", "topk_indices"} and "privacy/noise_std" in m.metrics
+                                     for ms in received for m in ms)
     releases = [ray.cloudpickle.loads(r) for hook, _, r in executor.shipped if hook == "upload"]
     assert len(releases) == 2 and all(type(r) is ClientRelease and r.noise_multiplier == 0.1 for r in releases)
     seq = fit_with_one_thread(tiny_loop(tmp_path / "seq", SequentialExecutor(), aggregator=ProbabilityAveraging(),

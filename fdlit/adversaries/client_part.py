@@ -7,6 +7,7 @@ settings only and every executor can ship it."""
 from __future__ import annotations
 
 from fdlit.adversaries.attacks import START_PARAMETERS, Attack
+from fdlit.messages import as_message
 from fdlit.methods.base import ClientPart
 
 
@@ -26,7 +27,8 @@ class AdversarialClientPart(ClientPart):
         payload = self.inner.upload(ctx)
         if not self.attackers.attacks(ctx.client.client_id, ctx.info.round):
             return payload
-        return self.attack.upload(ctx, dict(payload or {}))
+        message = as_message(payload)
+        return message.with_arrays(self.attack.upload(ctx, dict(message.arrays)))
 
     def receive(self, ctx):
         out = self.inner.receive(ctx)

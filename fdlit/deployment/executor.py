@@ -28,6 +28,7 @@ import torch
 from fdlit.deployment.messages import NodeFailure, NodeLink
 from fdlit.execution.executor import ClientExecutor
 from fdlit.execution.tokens import Tokens
+from fdlit.messages import Message
 
 
 class FlowerExecutor(ClientExecutor):
@@ -275,12 +276,12 @@ class FlowerExecutor(ClientExecutor):
                     "clients": list(info.clients), "public_index": self._ref(info.public_index, node, out),
                     "received": {k: self._ref(v, node, out) for k, v in received.items()}}
             per_node[node] = (meta, out)
-        payloads: list[dict] = [{} for _ in clients]
+        payloads: list[Message] = [Message() for _ in clients]
         # a node lost in a round's exchange: its clients are dropouts; set-up needs every node
         replies = self.request("hook", per_node, tolerate=hook != "setup")
         for node, (meta, tensors) in replies.items():
-            for pos, (j, keys) in enumerate(zip(groups[node], meta["keys"], strict=True)):
-                payloads[j] = {k: tensors[f"{pos}/{k}"].to(self.device) for k in keys}
+            for pos, (j, keys, typed) in enumerate(zip(groups[node], meta["keys"], meta["typed"], strict=True)):
+                payloads[j] = Message({k: tensors[f"{pos}/{k}"].to(self.device) for k in keys}, **typed)
         if not hook.startswith("upload"):
             self._changed(clients, range(len(clients)), replies, groups, inputs)
         return payloads

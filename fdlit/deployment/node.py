@@ -151,12 +151,13 @@ class NodeWorker:
             payloads = loop.executor.upload(loop.method_part, info, clients, data, received, loop.release)
         else:
             payloads = loop.executor.client_hook(meta["hook"], loop.method_part, info, clients, data, received)
-        # "_" keys too: in-process diagnostics and what the server part reads without counting it (e.g.
-        # FedAvg's initial model); they travel here, in the wire count, never in the analytic ledger
-        out = {f"{j}/{k}": v for j, p in enumerate(payloads) for k, v in p.items()}
+        # each message's arrays as tensors; its metrics, config and sensitivity in the JSON part
+        out = {f"{j}/{k}": v for j, p in enumerate(payloads) for k, v in p.arrays.items()}
         if meta.get("then_predict"):  # a hook that changed the clients (e.g. loading the global model)
             out.update(self._then_predict(meta))
-        return {"keys": [list(p) for p in payloads]}, out
+        return {"keys": [list(p.arrays) for p in payloads],
+                "typed": [{"metrics": p.metrics, "config": p.config, "sensitivity": p.sensitivity}
+                          for p in payloads]}, out
 
     def op_get_states(self, meta, tensors):
         clients = self._clients(meta["ids"])

@@ -14,6 +14,7 @@ import torch
 
 from fdlit.data import ClientData
 from fdlit.errors import check_finite
+from fdlit.messages import Message, as_message
 from fdlit.methods.base import ClientContext, ClientPart, FederationInfo
 
 if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import
@@ -80,20 +81,20 @@ class ClientExecutor:
 
     def client_hook(self, hook: str, part: ClientPart, info: FederationInfo, clients: Sequence[ClientModule],
                     client_data: Sequence[ClientData], received: dict[str, torch.Tensor],
-                    public_logits: torch.Tensor | None = None) -> list[dict[str, torch.Tensor]]:
+                    public_logits: torch.Tensor | None = None) -> list[Message]:
         """Run ``part.<hook>`` (``setup``, ``upload`` or ``receive`` of a method's client part) for
         every client where the client lives; returns what each client sends up (Kovalchuk et al.
         2026, Algorithm 1, lines 6-7)."""
         fn = getattr(part, hook)
         return [
-            dict(fn(ClientContext(info, client, data, None if public_logits is None else public_logits[i],
-                                  received, client.method_state)) or {})
+            as_message(fn(ClientContext(info, client, data, None if public_logits is None else public_logits[i],
+                                        received, client.method_state)))
             for i, (client, data) in enumerate(zip(clients, client_data, strict=True))
         ]
 
     def upload(self, part: ClientPart, info: FederationInfo, clients: Sequence[ClientModule],
                client_data: Sequence[ClientData], received: dict[str, torch.Tensor],
-               release: Callable[[int, int, dict], dict]) -> list[dict[str, torch.Tensor]]:
+               release: Callable[[int, int, Message], Message]) -> list[Message]:
         """The client step that ends Stage 1 (Kovalchuk et al. 2026, Algorithm 1, lines 6-7), where each
         client lives: its logits on the public set, its method's ``upload``, and ``release``
         (fdlit.privacy.client_release: DP clipping and noise, the encoding); returns what each
@@ -102,7 +103,7 @@ class ClientExecutor:
         ids = [c.client_id for c in clients]
         check_finite(list(public_logits), info.round, "public inference", ids)
         extra = self.client_hook("upload", part, info, clients, client_data, received, public_logits)
-        return [release(info.round, i, {"logits": public_logits[j], **payload})
+        return [release(info.round, i, payload.with_arrays({"logits": public_logits[j], **payload.arrays}))
                 for j, (i, payload) in enumerate(zip(ids, extra, strict=True))]
 
 

@@ -9,6 +9,8 @@ from typing import Literal
 
 import torch
 
+from fdlit.messages import array_bytes
+
 Direction = Literal["up", "down"]
 
 
@@ -35,9 +37,7 @@ class CommunicationLedger:
 
     def send(self, round: int, client: int, direction: Direction, kind: str, payload: torch.Tensor) -> torch.Tensor:
         """Count ``payload`` as sent and return it (so call sites read as sending)."""
-        nbytes = payload.numel() * payload.element_size()
-        if payload.dtype == torch.bool:  # masks travel as bits
-            nbytes = (payload.numel() + 7) // 8
+        nbytes = array_bytes(payload)  # masks travel as bits
         self.messages.append(
             Message(round, client, direction, kind, str(payload.dtype).removeprefix("torch."), tuple(payload.shape), nbytes)
         )

@@ -10,6 +10,7 @@ import torch
 
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.public_rows import PublicRowsGuard
+from fdlit.messages import Message, as_message
 from fdlit.methods.base import AggregationResult, Aggregator, ServerContext
 
 
@@ -30,14 +31,15 @@ class ServerSide:
         self.received: dict[str, torch.Tensor] = {}  # what the server broadcast at set-up
         self.public_rows: PublicRowsGuard | None = None  # set once the public set's size is known
 
-    def send_up(self, r: int, client: int, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Count what ``client`` sent in round ``r`` and hand it on."""
-        # keys starting with "_" are in-process diagnostics, not messages
-        return {kind: t if kind.startswith("_") else self.ledger.send(r, client, "up", kind, t)
-                for kind, t in payload.items()}
+    def send_up(self, r: int, client: int, payload: Message | dict[str, torch.Tensor]) -> Message:
+        """Count every array ``client`` sent in round ``r`` and hand the message on."""
+        message = as_message(payload)
+        for kind, tensor in message.arrays.items():
+            self.ledger.send(r, client, "up", kind, tensor)
+        return message
 
-    def send_down(self, r: int, client: int, message: dict[str, torch.Tensor]) -> None:
-        for kind, tensor in message.items():
+    def send_down(self, r: int, client: int, message: Message | dict[str, torch.Tensor]) -> None:
+        for kind, tensor in as_message(message).arrays.items():
             self.ledger.send(r, client, "down", kind, tensor)
 
     def aggregate(self, uploads: list, ctx: ServerContext) -> AggregationResult:

@@ -35,7 +35,7 @@ class Regions:
 
 def upload_bytes(uploads) -> float:
     """What the clients sent up (the client-to-region tier): every message, not in-process ``_`` keys."""
-    return float(sum(t.numel() * t.element_size() for u in uploads for k, t in u.items() if not k.startswith("_")))
+    return float(sum(t.numel() * t.element_size() for u in uploads for t in u.values()))
 
 
 def region_assignment(regions: int | list[int]) -> Regions:

@@ -84,8 +84,8 @@ class FedAvgClient(ClientPart):
 
     def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         out = {"num_samples": torch.tensor(len(ctx.data.train.y), dtype=torch.int64)}
-        if ctx.client.client_id == 0:  # the server's initial model ("_": in-process, not a message)
-            out["_initial"] = flatten(exchanged_tensors(ctx.client.model))
+        if ctx.client.client_id == 0:  # the server's initial model, asked of one client (a message, counted)
+            out["initial_parameters"] = flatten(exchanged_tensors(ctx.client.model))
         return out
 
     def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
@@ -116,7 +116,7 @@ class FedAvg(Aggregator):
     # ------------------------------------------------------------------ server part
     def server_setup(self, uploads: Uploads, ctx: ServerContext) -> dict[str, torch.Tensor]:
         self.counts = torch.stack([u["num_samples"].cpu() for u in uploads])
-        return {"parameters": next(u["_initial"] for u in uploads if "_initial" in u)}
+        return {"parameters": next(u["initial_parameters"] for u in uploads if "initial_parameters" in u)}
 
     def average(self, uploads: Uploads, ctx: ServerContext, key: str = "parameters") -> torch.Tensor:
         """The n_k-weighted mean over the uploads that arrived (under client sampling, McMahan et

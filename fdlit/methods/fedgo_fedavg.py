@@ -19,7 +19,7 @@ class FedGOParamsClient(FedAvgClient):
         self.fedgo = fedgo
 
     def setup(self, ctx) -> dict[str, torch.Tensor]:
-        out = super().setup(ctx)  # n_k and (client 0, in-process) the initial model
+        out = super().setup(ctx)  # n_k and (client 0) the initial model
         odds = self.fedgo.setup(ctx)
         odds.pop("num_samples")  # already sent once by FedAvg's part
         return {**out, **odds}

@@ -8,6 +8,7 @@ from typing import Literal
 import torch
 
 from fdlit.errors import ConfigError, check_at_least, check_number
+from fdlit.messages import Message, metric_values
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.methods.density import DENSITY_METHODS, DiagonalGaussianMixture, mixture_log_likelihood
 
@@ -32,22 +33,21 @@ class DensityFitClient(ClientPart):
             self.variance_floor, self.min_calibration_samples,
             robust=self.robust, shrinkage_samples=self.shrinkage_samples,
         )
-        diagnostics = {  # degenerate fits are counted in the logs ("_": not sent, not counted)
-            "_dropped_components": torch.tensor([gmm.dropped]),
-            "_floored_variances": torch.tensor([gmm.floored]),
-            "_degenerate_components": torch.tensor([gmm.degenerate]),
-            "_shrunk_components": torch.tensor([gmm.shrunk]),
-            "_collapsed": torch.tensor([int(gmm.collapsed)]),
+        diagnostics = {  # degenerate fits, reported for the run's log (not part of the protocol)
+            "density/dropped_components": float(gmm.dropped),
+            "density/floored_variances": float(gmm.floored),
+            "density/degenerate_components": float(gmm.degenerate),
+            "density/shrunk_components": float(gmm.shrunk),
+            "density/collapsed_clients": float(int(gmm.collapsed)),
         }
         if self.send == "scores":
-            return {"log_likelihood": gmm.log_likelihood(ctx.public_logits, self.density_method).float(),
-                    **diagnostics}
-        return {
+            return Message({"log_likelihood": gmm.log_likelihood(ctx.public_logits, self.density_method).float()},
+                           metrics=diagnostics)
+        return Message({
             "gmm_means": gmm.means.float(),
             "gmm_stds": gmm.variances.sqrt().float(),
             "gmm_classes": gmm.classes.to(torch.int16),
-            **diagnostics,
-        }
+        }, metrics=diagnostics)
 
 
 class UncertaintyWeighted(Aggregator):
@@ -189,15 +189,15 @@ class UncertaintyWeighted(Aggregator):
             teacher = self.mix(weights, z.softmax(-1))
         finite = ll[torch.isfinite(ll)]
 
-        def total(key):
-            return float(sum(int(u[key].sum()) for u in uploads if key in u))
+        def total(name):
+            return float(sum(metric_values(uploads, name)))
 
         stats = {
-            "density/dropped_components": total("_dropped_components"),
-            "density/floored_variances": total("_floored_variances"),
-            "density/collapsed_clients": total("_collapsed"),
-            "density/degenerate_components": total("_degenerate_components"),
-            "density/shrunk_components": total("_shrunk_components"),
+            "density/dropped_components": total("density/dropped_components"),
+            "density/floored_variances": total("density/floored_variances"),
+            "density/collapsed_clients": total("density/collapsed_clients"),
+            "density/degenerate_components": total("density/degenerate_components"),
+            "density/shrunk_components": total("density/shrunk_components"),
             "density/uniform_fallback_samples": float(hopeless.sum()),
             "density/log_likelihood_mean": float(finite.mean()) if finite.numel() else float("nan"),
         }

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fdlit.messages import Message, as_message
 from fdlit.privacy.encoding import encode
 from fdlit.privacy.release import KINDS, NOISED, POSITIVE_ROWS
 
 FLOOR = 1e-2  # noisy positive rows (standard deviations) are floored (post-processing): a density needs sigma > 0
-DIAGNOSTICS = "_privacy"  # per client: rows clipped, rows released, noise std (in-process diagnostics, never counted)
+# what a client reports of its release (Message.metrics): rows clipped, rows released, noise std
+DIAGNOSTICS = ("privacy/clipped_rows", "privacy/released_rows", "privacy/noise_std")
 
 
 def clip_rows(x: torch.Tensor, c: float) -> tuple[torch.Tensor, int]:
@@ -62,26 +64,29 @@ class ClientRelease:
     def dp(self) -> bool:
         return self.noise_multiplier > 0
 
-    def __call__(self, r: int, client: int, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def __call__(self, r: int, client: int, payload: Message | dict[str, torch.Tensor]) -> Message:
+        message = as_message(payload)
+        arrays = dict(message.arrays)
         if not self.dp and self.encoding == "full":  # fdlit's plain upload, bit for bit
-            return {**payload, "logits": payload["logits"].to(self.dtype)}
+            return message.with_arrays({**arrays, "logits": arrays["logits"].to(self.dtype)})
         if self.dp:
-            self.check_payload(payload)
-        payload = dict(payload)
-        logits = payload.pop("logits")
+            self.check_payload(arrays)
+        logits = arrays.pop("logits")
         if self.dp and self.central:
             x = logits.double()
             x, clipped = clip_rows(x.softmax(-1) if self.summed == "probabilities" else x, self.clip_norm)
-            diag = torch.tensor([clipped, len(x), 0.0], dtype=torch.float64)
-            return {k: v for k, v in payload.items() if k.startswith("_")} | {
-                "logits": x.to(self.dtype), DIAGNOSTICS: diag}
-        diag = None
+            out = message.with_arrays({"logits": x.to(self.dtype)})
+            out.metrics.update(zip(DIAGNOSTICS, (clipped, len(x), 0.0), strict=True))
+            return out
+        diagnostics = None
         if self.dp:
-            logits, noised, clipped, std = self.privatise(r, client, logits, payload)
-            payload.update(noised)
-            diag = torch.tensor([clipped, len(logits), std], dtype=torch.float64)
-        out = {**encode(logits, self.encoding, self.dtype, self.top_k, self.bits), **payload}
-        return out if diag is None else out | {DIAGNOSTICS: diag}
+            logits, noised, clipped, std = self.privatise(r, client, logits, arrays)
+            arrays.update(noised)
+            diagnostics = (clipped, len(logits), std)
+        out = message.with_arrays({**encode(logits, self.encoding, self.dtype, self.top_k, self.bits), **arrays})
+        if diagnostics is not None:
+            out.metrics.update(zip(DIAGNOSTICS, diagnostics, strict=True))
+        return out
 
     def privatise(self, r: int, client: int, logits: torch.Tensor, payload: dict[str, torch.Tensor]):
         """Clip every released row to c; one Gaussian draw over the client's whole release (its logits
@@ -100,9 +105,9 @@ class ClientRelease:
         return out[0].float(), noised, clipped, std
 
     def check_payload(self, payload: dict) -> None:
-        """Every key sent (``_``-prefixed ones are not) must be declared: a method's upload that its
-        declaration does not cover would leave the mechanism."""
-        extra = [k for k in payload if not k.startswith("_") and k not in self.released]
+        """Every array sent must be declared: a method's upload that its declaration does not cover
+        would leave the mechanism."""
+        extra = [k for k in payload if k not in self.released]
         if extra:
             raise RuntimeError(f"{self.method} uploads {', '.join(map(repr, extra))}, which its ``released`` "
                                f"declaration ({self.released}) does not cover; declare each key's kind "

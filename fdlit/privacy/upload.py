@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from fdlit.errors import ConfigError, check_choice, check_number
+from fdlit.messages import as_message
 from fdlit.privacy.accounting import ClientAccountant, make_accountant
 from fdlit.privacy.client_release import DIAGNOSTICS, ClientRelease, clip_rows, gaussian_noise
 from fdlit.privacy.encoding import ENCODINGS, MESSAGE_KEYS, decode
@@ -215,8 +216,9 @@ class UploadPrivacy:
         ids = list(clients)
         if not self.active:  # fdlit's plain upload, bit for bit
             return [send(r, i, m) for i, m in zip(ids, messages, strict=True)], {}
-        diagnostics = [m.get(DIAGNOSTICS) for m in messages]
-        messages = [{k: v for k, v in m.items() if k != DIAGNOSTICS} for m in messages]
+        messages = [as_message(m) for m in messages]
+        diagnostics = [tuple(m.metrics[k] for k in DIAGNOSTICS) if DIAGNOSTICS[0] in m.metrics else None
+                       for m in messages]
         if self.dp and self.central:
             uploads, std = self._summed(r, ids, messages, seed, send)
             stds = [std]
@@ -224,9 +226,10 @@ class UploadPrivacy:
             uploads, stds = [], [float(d[2]) for d in diagnostics if d is not None]
             keys = MESSAGE_KEYS[self.encoding]
             for i, message in zip(ids, messages, strict=True):
-                received = send(r, i, message)
+                received = as_message(send(r, i, message))
                 decoded = decode(received, self.encoding, num_classes, num_rows, self.bits)
-                uploads.append({k: v for k, v in received.items() if k not in keys} | {"logits": decoded})
+                uploads.append(received.with_arrays({k: v for k, v in received.items() if k not in keys}
+                                                    | {"logits": decoded}))
         stats: dict[str, float] = {}
         if self.dp:
             clipped = sum(float(d[0]) for d in diagnostics if d is not None)
@@ -265,7 +268,7 @@ class UploadPrivacy:
             p = mean.clamp_min(0)
             p = torch.where(p.sum(-1, keepdim=True) > 0, p, torch.ones_like(p))
             mean = (p / p.sum(-1, keepdim=True)).clamp_min(LOG_FLOOR).log()
-        return [{k: v for k, v in m.items() if k.startswith("_")} | {"logits": mean.float()} for m in shares], std
+        return [m.with_arrays({"logits": mean.float()}) for m in shares], std
 
     # ------------------------------------------------------------------ accounting
     def epsilon(self) -> float:
