@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"fdlit sweep: {len(result['failed'])} runs failed: {', '.join(result['failed'])}", file=sys.stderr)
                 return 1
         elif cfg.command == "report":
-            from fdlit.report import write_report
+            from fdlit.reporting import write_report
 
             with one_line_warnings("fdlit report"):  # a plotting library's warning, without its source line
                 index = write_report(cfg.report.runs, cfg.report.out, include_unfinished=cfg.report.include_unfinished,

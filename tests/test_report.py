@@ -10,7 +10,7 @@ import yaml
 
 from fdlit.cli import main
 from fdlit.errors import ConfigError
-from fdlit.report import load_runs, write_report
+from fdlit.reporting import load_runs, write_report
 
 PNG = ("png",)  # figure files for tests that look at the tables: PNG only, fast
 AGGREGATORS = {
@@ -160,7 +160,7 @@ def test_a_validation_selected_accuracy_is_used_only_when_every_run_has_one(tmp_
 
 
 def test_trust_matrix_of_every_run_boxes_own_classes_and_tau_plot(tmp_path):
-    from fdlit.report import trust_figures
+    from fdlit.reporting import trust_figures
 
     root = tmp_path / "runs"
     for tau in (0.25, 1.0):
@@ -316,7 +316,7 @@ def test_a_run_that_left_k_at_its_default_is_labelled_k2(tmp_path):
 
 
 def test_privacy_runs_get_accuracy_and_attack_auc_against_epsilon(tmp_path):
-    from fdlit.report import accuracy_vs_epsilon, load_runs
+    from fdlit.reporting import accuracy_vs_epsilon, load_runs
 
     root = tmp_path / "runs"
     for seed in (0, 1):
@@ -353,7 +353,7 @@ def welch_p(a, b):
 
 
 def test_bold_only_when_welch_t_test_separates_the_best_from_the_second(tmp_path):
-    from fdlit.report import Stat, beats
+    from fdlit.reporting import Stat, beats
 
     root = tmp_path / "runs"
     seeds = {  # k=2: sUWA clearly best; k=5: AVG and sUWA overlap, UWA clearly worse
@@ -384,8 +384,8 @@ def test_bold_only_when_welch_t_test_separates_the_best_from_the_second(tmp_path
 def test_figures_are_paper_sized_with_readable_text_and_no_titles(runs_dir):
     import re
 
-    from fdlit.paper_figures import ONE_COLUMN_IN, TWO_COLUMN_IN, paper_style, text_sizes, titles
-    from fdlit.report import ACC, LOCAL, chi_vs_k, curves, figure2, table1, trust_figures
+    from fdlit.reporting import ACC, LOCAL, chi_vs_k, curves, figure2, table1, trust_figures
+    from fdlit.reporting.paper_figures import ONE_COLUMN_IN, TWO_COLUMN_IN, paper_style, text_sizes, titles
 
     runs, _ = load_runs(runs_dir)
     table = table1(runs)
@@ -503,8 +503,8 @@ def test_report_with_hostile_values_runs_no_script_in_headless_chromium(tmp_path
 
 
 def test_a_trust_matrix_of_many_classes_keeps_its_labels_readable(tmp_path):
-    from fdlit.paper_figures import ONE_COLUMN_IN, paper_style, text_sizes
-    from fdlit.report import trust_figures
+    from fdlit.reporting import trust_figures
+    from fdlit.reporting.paper_figures import ONE_COLUMN_IN, paper_style, text_sizes
 
     path = fake_run(tmp_path / "runs", "sUWA", 2, 0, 0.5, summary={"client_classes": [[c, c + 1] for c in range(30)]})
     rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
@@ -522,7 +522,7 @@ def test_runs_saved_before_a_no_op_section_existed_pool_with_newer_ones():
     """A run whose config predates the adversaries section (or has the privacy section at its
     defaults) is the same setting as one with the section but no attack: one row, not two."""
     from fdlit.config import parse_fit
-    from fdlit.run_labels import setting_key
+    from fdlit.reporting.labels import setting_key
 
     parser, cfg = parse_fit(["--config", "digits.yaml"])
     now = yaml.safe_load(parser.dump(cfg, skip_unset=False))

@@ -10,7 +10,7 @@ import yaml
 from fdlit.cli import main
 from fdlit.config import fit_parser
 from fdlit.errors import ConfigError
-from fdlit.report import write_report
+from fdlit.reporting import write_report
 from fdlit.runs import read_jsonl
 from fdlit.sweep import agent_flags, expand_grid, load_sweep, lookup, plan, resolve, run_sweep
 
