@@ -40,7 +40,8 @@ import yaml
 
 from fdlit.errors import ConfigError
 from fdlit.runs import strict_json
-from fdlit.runs.directory import CHECKPOINT, CONFIG, RunLock, read_config, read_summary, safe_name, write_atomic
+from fdlit.runs.atomic_write import write_file
+from fdlit.runs.directory import CHECKPOINT, CONFIG, RunLock, read_config, read_summary, safe_name
 from fdlit.runs.naming import short
 from fdlit.sweep_file import (  # noqa: F401  (the sweep file's names, importable from here)
     ARGS_MACRO,
@@ -208,8 +209,8 @@ def results_path(runs: list[SweepRun], name: str) -> Path:
 
 def _record(path: Path, spec: dict[str, Any], records: dict[str, dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, strict_json.dumps({"sweep": spec["name"], "method": spec.get("method", "grid"),
-                                          "runs": list(records.values())}, indent=1))  # never half a file
+    write_file(path, strict_json.dumps({"sweep": spec["name"], "method": spec.get("method", "grid"),
+                                        "runs": list(records.values())}, indent=1), field="sweep")  # never half a file
 
 
 def _recorded(path: Path) -> dict[str, dict]:

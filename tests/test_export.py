@@ -1,6 +1,9 @@
 """``fdlit export``: a trained network as a plain state dict, loadable with torch alone."""
 
+import errno
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +90,54 @@ def test_an_input_step_in_front_of_the_network_is_described():
     assert described["class_path"] == "fdlit.data.augment.ImageInput"
     assert described["init_args"]["mean"] == pytest.approx([0.5, 0.4, 0.3])
     assert describe_input(None) is None
+
+
+# ---------------------------------------------------------------------------------- where it writes
+def test_export_onto_the_runs_own_checkpoint_is_refused_and_the_checkpoint_is_unchanged(trained_run, capsys):
+    run_dir, _ = trained_run
+    checkpoint = run_dir / "checkpoint.pt"
+    before = checkpoint.read_bytes()
+    for target in (checkpoint, run_dir / "config.yaml", run_dir / "model.pt"):
+        assert main(["export", str(run_dir), "--client", "0", "--out", str(target)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "inside the run directory" in err[0] and str(target) in err[0], err
+    assert checkpoint.read_bytes() == before and not (run_dir / "model.pt").exists()
+    assert not list(run_dir.glob("*.tmp"))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_export_to_a_device_is_refused_and_the_device_stays_a_device(trained_run, capsys):
+    run_dir, _ = trained_run
+    assert main(["export", str(run_dir), "--client", "0", "--out", "/dev/full"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'/dev/full' is not a regular file" in err[0], err
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+def test_export_to_a_link_or_a_folder_is_refused(trained_run, tmp_path, capsys):
+    run_dir, _ = trained_run
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (tmp_path / "link.pt").symlink_to(victim)
+    (tmp_path / "folder.pt").mkdir()
+    for target, said in ((tmp_path / "link.pt", "is a link"), (tmp_path / "folder.pt", "is a folder")):
+        assert main(["export", str(run_dir), "--client", "0", "--out", str(target)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
+    assert victim.read_text() == "keep me" and (tmp_path / "link.pt").is_symlink()
+
+
+def test_export_to_a_full_disk_says_so_in_one_line_and_leaves_no_temporary_file(trained_run, tmp_path, capsys,
+                                                                                monkeypatch):
+    run_dir, _ = trained_run
+    out = tmp_path / "model.pt"
+    out.write_bytes(b"an earlier export")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    assert main(["export", str(run_dir), "--client", "0", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"fdlit: stopped: No space left on device: {out}; nothing was changed"], err
+    assert out.read_bytes() == b"an earlier export" and sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]

@@ -3,6 +3,7 @@ them with the page (what each part is: :mod:`fdlit.reporting`)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from fdlit.reporting.paper_figures import FORMATS, check_formats, paper_style, s
 from fdlit.reporting.runs import ACC, LOCAL, _k_sort, _method_sort, load_runs
 from fdlit.reporting.table import table1, table1_caption
 from fdlit.reporting.table_files import table1_csv, table1_latex, table1_markdown
+from fdlit.runs.atomic_write import is_run_directory, write_file
 
 
 def write_report(runs_dir: str | Path, out: str | Path | None = None, include_unfinished: bool = False,
@@ -31,9 +33,7 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None, include_un
     """Write the report of the runs under ``runs_dir`` into ``out``; ``formats``: the figure files
     (``pdf``, ``svg``, ``png``; the PNG is always written, the page shows it). The page's path back."""
     formats = check_formats(formats)
-    out = Path(out) if out else Path(runs_dir) / "report"
-    if out.exists() and not out.is_dir():
-        raise ConfigError("out", f"must be a folder (or not exist yet), but {str(out)!r} is a file")
+    out = check_out(Path(out) if out else Path(runs_dir) / "report")
     runs, skipped = load_runs(runs_dir, include_unfinished, include_duplicates)
     skipped = [(p.relative_to(runs_dir) if p.is_relative_to(runs_dir) else p, why) for p, why in skipped]
     if skipped:
@@ -44,9 +44,8 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None, include_un
         bytes_total(r)
     table = table1(runs)
     caption = table1_caption(table, any(r.selected for r in runs))
-    (out / "table1.md").write_text(caption + "\n\n" + table1_markdown(table), encoding="utf-8")
-    (out / "table1.csv").write_text(table1_csv(table), encoding="utf-8")
-    (out / "table1.tex").write_text(table1_latex(table, caption), encoding="utf-8")
+    tables = {"table1.md": caption + "\n\n" + table1_markdown(table), "table1.csv": table1_csv(table),
+              "table1.tex": table1_latex(table, caption)}
 
     methods = sorted({r.method for r in runs}, key=_method_sort)
     ks = table.ks or sorted({r.k for r in runs}, key=_k_sort)
@@ -83,7 +82,24 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None, include_un
         figures = [(stem, caption, fig.get_figwidth(), save_figure(fig, out / "figures", stem, formats))
                    for stem, caption, fig in drawn + trust if fig is not None]
     trust_stems = {stem for stem, *_ in trust}
-    index = out / "index.html"
-    index.write_text(page_html(runs, skipped, runs_dir, table, caption, figures, trust_stems, formats),
-                     encoding="utf-8")
+    page = page_html(runs, skipped, runs_dir, table, caption, figures, trust_stems, formats)
+    # the page first: the tables are never there without the page that says what they hold
+    index = write_file(out / "index.html", page)
+    for name, text in tables.items():
+        write_file(out / name, text)
     return index
+
+
+def check_out(out: Path) -> Path:
+    """The report's folder: a folder or nothing yet, and not a run directory (its files are the run's)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError("out", f"must be a folder (or not exist yet), but {str(out)!r} is a file")
+    if is_run_directory(out):
+        raise ConfigError("out", f"{str(out)!r} is a run directory, whose files only its run writes; "
+                          "choose another folder (by default <runs>/report)")
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError("out", f"{str(probe)!r} is not a folder you can write to; got {str(out)!r}")
+    return out

@@ -52,6 +52,7 @@ import torch
 from fdlit.callbacks import FederationCallback
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.privacy.upload import default_config
+from fdlit.runs.atomic_write import write_file
 from fdlit.runs.checkpoint_contents import (  # noqa: F401  (the checkpoint's names, importable from here)
     _detached,
     content_digest,
@@ -148,27 +149,11 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
     """Write ``state`` with its checksum to ``path`` atomically: a kill at any moment leaves either
     the old or the new checkpoint, never a torn one. A failed write is an OSError."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
     state = {**state, "sha256": content_digest(state)}
     try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:  # disk full, Ctrl-C: the previous checkpoint stays, and no half-written .tmp
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, RuntimeError):  # torch's zip writer reports ENOSPC, EIO, EFBIG like this
-            raise CheckpointWriteError(path, exc) from None
-        raise
-    try:  # make the rename itself durable (power loss); not possible on every filesystem
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+        write_file(path, lambda f: torch.save(state, f), field="checkpoint", run_dir=path.parent, sync_folder=True)
+    except RuntimeError as exc:  # torch's zip writer reports ENOSPC, EIO, EFBIG like this
+        raise CheckpointWriteError(path, exc) from None
     return path
 
 

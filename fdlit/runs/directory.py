@@ -34,6 +34,7 @@ import yaml
 from fdlit.callbacks import FederationCallback
 from fdlit.errors import ConfigError
 from fdlit.runs import strict_json
+from fdlit.runs.atomic_write import write_file
 
 try:
     import fcntl
@@ -113,16 +114,9 @@ def kept_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # disk full, Ctrl-C: the old file stays, no half-written .tmp is left
-        tmp.unlink(missing_ok=True)
-        raise
+    """Replace one of a run directory's own files (config.yaml, summary.json, a rebuilt log)
+    atomically: the old file stays until the new one is complete (fdlit.runs.atomic_write)."""
+    write_file(path, text, field="run_dir", run_dir=Path(path).parent)
 
 
 def append_jsonl(path: Path, rows: list[dict]) -> None:

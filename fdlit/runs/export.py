@@ -24,13 +24,13 @@ Loading it::
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from fdlit.errors import ConfigError
+from fdlit.runs.atomic_write import check_target, write_file
 from fdlit.runs.checkpoint import CheckpointError, check_config, load_checkpoint, restore_checkpoint
 from fdlit.runs.directory import CHECKPOINT, CONFIG
 
@@ -44,13 +44,12 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
     path, out = Path(run_dir), Path(out)
     if not path.is_dir() or not (path / CONFIG).exists():
         raise CheckpointError(f"{run_dir!s} is not an fdlit run directory (no {CONFIG})")
-    if out.is_dir() or not out.parent.is_dir():
-        raise ConfigError("out", f"must be a file in an existing folder; got {str(out)!r}")
+    if client is not None and server:
+        raise ConfigError("client", "choose one model: --client i or --server")
+    check_target(out, "out")  # a plain file outside any run directory: never the run's checkpoint, never /dev/full
     state = load_checkpoint(path / CHECKPOINT)
     loop_state = state["loop"]
     clients = loop_state["num_clients"]
-    if client is not None and server:
-        raise ConfigError("client", "choose one model: --client i or --server")
     if server and loop_state.get("server") is None:
         raise ConfigError("server", f"this run has no server model (server.model); export a client with "
                           f"--client 0..{clients - 1}")
@@ -75,9 +74,7 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
         "source": {"run_dir": str(path.resolve()), "round": int(loop_state["round"]), "model": which,
                    "classes": classes},
     }
-    tmp = out.with_name(f".{out.name}.tmp")
-    torch.save(exported, tmp)
-    os.replace(tmp, out)  # a reader never sees half a file
+    write_file(out, lambda f: torch.save(exported, f), "out")  # a reader never sees half a file
     return {k: v for k, v in exported.items() if k != "state_dict"}
 
 
