@@ -41,7 +41,16 @@ import yaml
 from fdlit.errors import ConfigError
 from fdlit.runs import strict_json
 from fdlit.runs.atomic_write import write_file
-from fdlit.runs.directory import CHECKPOINT, CONFIG, RunLock, read_config, read_summary, safe_name
+from fdlit.runs.directory import (
+    CHECKPOINT,
+    CONFIG,
+    RunFileError,
+    RunLock,
+    read_config,
+    read_run_file,
+    read_summary,
+    safe_name,
+)
 from fdlit.runs.naming import short
 from fdlit.sweep_file import (  # noqa: F401  (the sweep file's names, importable from here)
     ARGS_MACRO,
@@ -127,12 +136,13 @@ def existing_runs(run_dir: Path) -> list[tuple[Path, dict, bool]]:
     for path in sorted(p for p in Path(run_dir).glob("*") if p.is_dir() and (p / CONFIG).exists()):
         try:
             config = read_config(path)
-        except (OSError, yaml.YAMLError):
+        except (OSError, yaml.YAMLError, RunFileError):
             continue
         try:
-            finished = bool(read_summary(path).get("finished"))
-        except (OSError, json.JSONDecodeError):
-            finished = False  # killed before its first round ended
+            summary = read_summary(path)
+            finished = isinstance(summary, dict) and bool(summary.get("finished"))
+        except (OSError, ValueError):
+            finished = False  # killed before its first round ended (or a summary fdlit refuses to read)
         out.append((path, config, finished))
     return out
 
@@ -217,9 +227,9 @@ def _recorded(path: Path) -> dict[str, dict]:
     """The records an earlier run of the sweep left in its results file (none if it is unreadable),
     so that running it again keeps every record it does not replace."""
     try:
-        runs = json.loads(path.read_text()).get("runs", [])
+        runs = json.loads(read_run_file(path)).get("runs", [])
         return {r["name"]: r for r in runs if isinstance(r, dict) and isinstance(r.get("name"), str)}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError):  # RunFileError is a ValueError
         return {}
 
 

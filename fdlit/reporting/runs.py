@@ -3,7 +3,6 @@ its method's label, k, seed, dataset and the settings it differs in from the oth
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from fdlit.data.federated import DEFAULT_CLASSES_PER_CLIENT
 from fdlit.errors import ConfigError
 from fdlit.reporting.labels import LOCAL_LABEL, _flatten, _number, _section, method_label, run_kind, setting_key
 from fdlit.runs.checkpoint import without_noop_sections
-from fdlit.runs.directory import METRICS, read_config, read_jsonl, read_summary
+from fdlit.runs.directory import METRICS, RunFileError, read_config, read_jsonl, read_summary
 
 ACC = "after_public/global_acc_mean"
 PRIVATE_ACC = "after_private/global_acc_mean"
@@ -55,7 +54,10 @@ class Run:
         return self.use_selected and self.has_selected
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
-        rows = [(m["round"], m[key]) for m in self.metrics if m.get(key) is not None]
+        """(rounds, values) of the rows where both are numbers: a value someone edited into a list,
+        a dict or text is a missing value, not a failed report."""
+        rows = [(_number(m.get("round")), _number(m.get(key))) for m in self.metrics]
+        rows = [(r, v) for r, v in rows if r is not None and v is not None]
         return np.array([r for r, _ in rows], dtype=float), np.array([v for _, v in rows], dtype=float)
 
     def best(self, phase: str = "public") -> float:
@@ -87,14 +89,18 @@ def load_runs(root: str | Path, include_unfinished: bool = False,
     for path in sorted(p.parent for p in root.rglob(METRICS)):
         try:
             config = read_config(path)
+        except RunFileError as exc:  # a device, a link out of the folder, too large: refused unread
+            skipped.append((path, exc.reason))
+            continue
         except (OSError, yaml.YAMLError):
             skipped.append((path, "config.yaml unreadable"))
             continue
         try:
-            summary = read_summary(path)
-        except (OSError, json.JSONDecodeError):
-            summary = {}
-        run = Run(path, config if isinstance(config, dict) else {}, read_jsonl(path / METRICS),
+            summary, metrics = _summary(path), read_jsonl(path / METRICS)
+        except RunFileError as exc:
+            skipped.append((path, exc.reason))
+            continue
+        run = Run(path, config if isinstance(config, dict) else {}, metrics,
                   summary if isinstance(summary, dict) else {})
         if not run.metrics:
             skipped.append((path, "no metrics"))
@@ -125,9 +131,12 @@ def load_runs(root: str | Path, include_unfinished: bool = False,
         runs.append(run)
     runs.sort(key=lambda r: r.path)
     if not runs:
+        refused = [f"{p.relative_to(root) if p.is_relative_to(root) else p}: {why}" for p, why in skipped
+                   if why not in ("unfinished", "no metrics")]
         raise ConfigError("runs", f"no {'' if include_unfinished else 'finished '}run directories "
                           f"(config.yaml + metrics.jsonl) under {str(root)!r}"
-                          + ("" if include_unfinished else "; --include_unfinished uses unfinished ones"))
+                          + ("" if include_unfinished else "; --include_unfinished uses unfinished ones")
+                          + (f"; left out: {'; '.join(refused[:3])}" if refused else ""))
     # runs that differ in anything but the studied knobs (e.g. two sweeps with different rounds in
     # one folder) are never pooled: the differing settings become part of the row label. Compared
     # within a dataset: each dataset has its own model and schedule, as in the paper's Table 1.
@@ -143,6 +152,15 @@ def load_runs(root: str | Path, include_unfinished: bool = False,
     for r in runs:
         r.use_selected = every
     return runs, skipped
+
+
+def _summary(path: Path) -> dict:
+    try:
+        return read_summary(path)
+    except RunFileError:
+        raise
+    except (OSError, ValueError):  # no summary yet (killed in its first round), or not JSON
+        return {}
 
 
 STUDIED = ("seed", "logger.", "checkpoint.", "aggregator", "data.classes_per_client", "data.dirichlet_alpha",

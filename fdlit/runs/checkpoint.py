@@ -61,7 +61,7 @@ from fdlit.runs.checkpoint_contents import (  # noqa: F401  (the checkpoint's na
     set_rng_state,
     unpack_client_states,
 )
-from fdlit.runs.directory import CHECKPOINT, kept_checkpoints, round_checkpoint
+from fdlit.runs.directory import CHECKPOINT, RunFileError, check_run_file, kept_checkpoints, round_checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from fdlit.federation.loop import FederationLoop
@@ -176,6 +176,12 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 def read_verified(path: Path) -> dict[str, Any] | str:
     """The checkpoint at ``path`` (client states still packed) if it is an intact fdlit checkpoint,
     else one sentence saying what is wrong with it."""
+    try:
+        check_run_file(path)  # a regular file of its run folder: never a device or a link out of it
+    except RunFileError as exc:
+        return str(exc).split(": ", 1)[1]
+    except OSError:
+        pass  # torch.load says what is wrong with it
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
