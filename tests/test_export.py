@@ -141,3 +141,50 @@ def test_export_to_a_full_disk_says_so_in_one_line_and_leaves_no_temporary_file(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"fdlit: stopped: No space left on device: {out}; nothing was changed"], err
     assert out.read_bytes() == b"an earlier export" and sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
+
+
+# ---------------------------------------------------------------------------------- what it imports
+EVIL = "from pathlib import Path\nPath({touched!r}).write_text('ran')\nimport torch\nclass Net(torch.nn.Module):\n" \
+       "    def __init__(self, **kwargs):\n        super().__init__()\n"
+
+
+def run_naming(trained_run, tmp_path, monkeypatch, edit):
+    """A copy of the trained run whose config.yaml ``edit`` changed, and ``evilmod.py`` in the working
+    folder that leaves a file behind when it is imported."""
+    import shutil
+
+    import yaml
+
+    run_dir, _ = trained_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    config = yaml.safe_load((copy / "config.yaml").read_text())
+    edit(config)
+    (copy / "config.yaml").write_text(yaml.safe_dump(config))
+    touched = tmp_path / "evilmod-ran"
+    (tmp_path / "evilmod.py").write_text(EVIL.format(touched=str(touched)))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return copy, touched
+
+
+@pytest.mark.parametrize("key,edit", [
+    ("model.class_path", lambda c: c["model"].update(class_path="evilmod.Net")),
+    ("federation.client_class", lambda c: c["federation"].update(client_class="evilmod.Net")),
+    ("aggregator.class_path", lambda c: c["aggregator"].update(class_path="fdlit.runs.export.importlib.import_module")),
+])
+def test_export_never_imports_a_class_path_from_outside_fdlit(key, edit, trained_run, tmp_path, capsys, monkeypatch):
+    copy, touched = run_naming(trained_run, tmp_path, monkeypatch, edit)
+    assert main(["export", str(copy), "--client", "0", "--out", str(tmp_path / "m.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fdlit: error: {key}: ") and err[0].endswith("add --trust_config")
+    assert not touched.exists() and "evilmod" not in sys.modules and not (tmp_path / "m.pt").exists()
+
+
+def test_trust_config_lets_the_runs_own_code_run(trained_run, tmp_path, capsys, monkeypatch):
+    copy, touched = run_naming(trained_run, tmp_path, monkeypatch, lambda c: c["model"].update(class_path="evilmod.Net"))
+    try:
+        main(["export", str(copy), "--client", "0", "--out", str(tmp_path / "m.pt"), "--trust_config"])
+    finally:
+        sys.modules.pop("evilmod", None)
+    assert touched.read_text() == "ran"  # asked for, the run's class is imported (and its code runs)
