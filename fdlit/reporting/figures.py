@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from fdlit.reporting.labels import LOCAL_LABEL, REF_LABEL, _section, suwa_tau
+from fdlit.reporting.labels import LOCAL_LABEL, REF_LABEL, _number, _section, suwa_tau
 from fdlit.reporting.paper_figures import (
     ONE_COLUMN_IN,
     TWO_COLUMN_IN,
@@ -218,7 +218,7 @@ def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: st
 def bytes_total(run: Run) -> None:
     """Adds ``comm/bytes_total_mib`` (up + down, cumulative) to every round of a run."""
     for m in run.metrics:
-        up, down = m.get("comm/up_bytes_total"), m.get("comm/down_bytes_total")
+        up, down = _number(m.get("comm/up_bytes_total")), _number(m.get("comm/down_bytes_total"))
         m["comm/bytes_total_mib"] = None if up is None or down is None else (up + down) / 2**20
 
 

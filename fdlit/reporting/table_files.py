@@ -1,21 +1,46 @@
 """Table 1 as files: ``table1.md`` (Markdown), ``table1.csv`` (one line per cell) and ``table1.tex``
-(booktabs)."""
+(booktabs).
+
+Every text from a run (a dataset, a label, a k) is escaped for its file: in Markdown a ``|`` cannot
+end a cell and ``<script>`` or ``<img onerror>`` stays text; in CSV a cell starting with ``=``,
+``+``, ``-``, ``@``, a tab or a carriage return is prefixed with ``'`` (OWASP's advice against CSV
+injection: a spreadsheet would run it as a formula); in LaTeX every special character is escaped;
+a line break is a space in all three."""
 
 from __future__ import annotations
 
 import csv
 import io
+import re
 
 from fdlit.reporting.labels import REF_LABEL
 from fdlit.reporting.table import Stat, Table, _first_of_block, _row_cells, _show_dataset
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+TAG_START = re.compile(r"<(?=[A-Za-z/!?])")  # what begins an HTML tag or comment; "p < 0.05" stays
+
+
+def markdown_text(text) -> str:
+    """Text for a Markdown table cell: shown as written, never a tag, never the end of the cell."""
+    text = CONTROL.sub(" ", str(text)).replace("\\", "\\\\").replace("|", "\\|").replace("&", "&amp;")
+    return TAG_START.sub("&lt;", text)
+
+
+def csv_text(value):
+    """A text cell a spreadsheet shows as text (OWASP, CSV injection); numbers as they are."""
+    if not isinstance(value, str):
+        return value
+    return CONTROL.sub(" ", "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value)
+
 
 def table1_markdown(table: Table) -> str:
     head = ["dataset"] * _show_dataset(table) + ["method"]
-    head += [f"k={k} {name}" for k in table.ks for _, name in table.phases] + [REF_LABEL] * bool(table.ref)
+    head += [f"k={markdown_text(k)} {name}" for k in table.ks for _, name in table.phases]
+    head += [REF_LABEL] * bool(table.ref)
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for i, (dataset, label, kind) in enumerate(table.rows):
-        row = [dataset] * _show_dataset(table) + [f"*{label}*" if kind != "rule" else label]
+        row = [markdown_text(dataset)] * _show_dataset(table)
+        row.append(f"*{markdown_text(label)}*" if kind != "rule" else markdown_text(label))
         for _, _, stat, mark in _row_cells(table, dataset, label):
             if stat is None:
                 row.append("–")
@@ -38,11 +63,11 @@ def table1_csv(table: Table) -> str:
     for dataset, label, kind in table.rows:
         for k, phase, stat, mark in _row_cells(table, dataset, label):
             if stat is not None:
-                writer.writerow([dataset, label, kind, k, phase, f"{stat.mean:.4f}",
+                writer.writerow([csv_text(dataset), csv_text(label), kind, csv_text(k), phase, f"{stat.mean:.4f}",
                                  "" if stat.n < 2 else f"{stat.std:.4f}", stat.n, int(mark == "best"),
                                  int(mark == "tied")])
     for (dataset, group), stat in sorted(table.ref.items()):
-        writer.writerow([dataset, group + REF_LABEL, "ref", "all", "public", f"{stat.mean:.4f}",
+        writer.writerow([csv_text(dataset), csv_text(group + REF_LABEL), "ref", "all", "public", f"{stat.mean:.4f}",
                          "" if stat.n < 2 else f"{stat.std:.4f}", stat.n, 0, 0])
     return buf.getvalue()
 
@@ -54,8 +79,13 @@ LATEX_SPECIAL = {"_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$", "{"
 
 def _latex(text: str) -> str:
     """Text for a LaTeX table: special characters escaped, the Greek letters as math, ASCII only."""
-    out = "".join(LATEX_SPECIAL.get(c, c) for c in str(text))
+    out = "".join(LATEX_SPECIAL.get(c, c) for c in CONTROL.sub(" ", str(text)))
     return out.encode("ascii", "replace").decode()  # pdflatex-safe
+
+
+def _k_latex(k) -> str:
+    """``$k=2$``; a k that is not a number (``dir0.1``, anything from an edited config) as text."""
+    return f"$k={k:g}$" if isinstance(k, (int, float)) and not isinstance(k, bool) else f"$k$={_latex(k)}"
 
 
 def _latex_cell(stat: Stat, mark: str, with_n: bool) -> str:
@@ -72,7 +102,7 @@ def table1_latex(table: Table, caption: str) -> str:
     lead = int(show_dataset) + 1
     with_n = len(table.seeds) > 1
     cols = "l" * lead + "c" * (len(phases) * len(table.ks)) + "c" * bool(table.ref)
-    k_head = " & ".join(f"\\multicolumn{{{len(phases)}}}{{c}}{{$k={_latex(str(k))}$}}" for k in table.ks)
+    k_head = " & ".join(f"\\multicolumn{{{len(phases)}}}{{c}}{{{_k_latex(k)}}}" for k in table.ks)
     rules = " ".join(f"\\cmidrule(lr){{{lead + 1 + j * len(phases)}-{lead + (j + 1) * len(phases)}}}"
                      for j in range(len(table.ks)))
     ref_head = " & Ref." if table.ref else ""

@@ -23,7 +23,7 @@ from fdlit.reporting.page import page_html
 from fdlit.reporting.paper_figures import FORMATS, check_formats, paper_style, save_figure
 from fdlit.reporting.runs import ACC, LOCAL, _k_sort, _method_sort, load_runs
 from fdlit.reporting.table import table1, table1_caption
-from fdlit.reporting.table_files import table1_csv, table1_latex, table1_markdown
+from fdlit.reporting.table_files import markdown_text, table1_csv, table1_latex, table1_markdown
 from fdlit.runs.atomic_write import is_run_directory, write_file
 
 
@@ -44,7 +44,7 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None, include_un
         bytes_total(r)
     table = table1(runs)
     caption = table1_caption(table, any(r.selected for r in runs))
-    tables = {"table1.md": caption + "\n\n" + table1_markdown(table), "table1.csv": table1_csv(table),
+    tables = {"table1.md": markdown_text(caption) + "\n\n" + table1_markdown(table), "table1.csv": table1_csv(table),
               "table1.tex": table1_latex(table, caption)}
 
     methods = sorted({r.method for r in runs}, key=_method_sort)
