@@ -19,6 +19,7 @@ LOCAL_METHODS = ("grid", "random")
 # W&B's distributions that a local random sweep samples (W&B infers uniform / int_uniform from min/max)
 DISTRIBUTIONS = ("constant", "categorical", "uniform", "int_uniform", "log_uniform_values", "q_uniform")
 ARGS_MACRO = "${args}"
+MAX_SWEEP_FILE = 2**20  # a sweep file is a few lines of YAML
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
@@ -26,6 +27,11 @@ def load_sweep(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError("sweep", f"no sweep file {str(path)!r}")
+    if not path.is_file():  # a folder, a device such as /dev/zero, a pipe: refused unread
+        raise ConfigError("sweep", f"{str(path)!r} is not a regular file; name a sweep YAML file")
+    if path.stat().st_size > MAX_SWEEP_FILE:
+        raise ConfigError("sweep", f"{str(path)!r} is larger than {MAX_SWEEP_FILE // 2**20} MiB; a sweep file is a "
+                          "short YAML file")
     spec = read_yaml(path, "sweep")  # one line naming the file and line: not UTF-8, not YAML, a key twice, empty
     method = spec.get("method", "grid")
     if method not in METHODS:

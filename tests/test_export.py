@@ -82,6 +82,24 @@ def test_export_refuses_what_the_run_does_not_have(trained_run, tmp_path, capsys
     assert not (tmp_path / "m.pt").exists()
 
 
+def test_export_arguments_are_checked_before_the_checkpoint_is_read(trained_run, tmp_path, capsys, monkeypatch):
+    import fdlit.runs.export as export
+
+    def never(path):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(export, "load_checkpoint", never)
+    run_dir, _ = trained_run
+    cases = [(["--client", "-1"], "client: must be a client's index, 0 or more; got -1"),
+             (["--client", "0", "--server"], "client: choose one model"),
+             (["--client", "0", "--out", str(tmp_path / "missing" / "m.pt")], "its folder does not exist")]
+    for flags, message in cases:
+        out = [] if "--out" in flags else ["--out", str(tmp_path / "m.pt")]
+        assert main(["export", str(run_dir), *flags, *out]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+
+
 def test_an_input_step_in_front_of_the_network_is_described():
     from fdlit.data.augment import ImageInput
     from fdlit.runs.export import describe_input

@@ -165,6 +165,20 @@ def test_missing_sweep_file_is_a_clean_cli_error(tmp_path, capsys):
     assert "nope.yaml" in capsys.readouterr().err
 
 
+def test_a_sweep_file_that_is_a_folder_a_device_or_huge_is_refused_unread(tmp_path, capsys):
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# padding\n" * 200_000)
+    targets = [(tmp_path, "is not a regular file"), (huge, "is larger than 1 MiB")]
+    if Path("/dev/zero").exists():
+        targets.append((Path("/dev/zero"), "is not a regular file"))  # read, it would never end
+    for target, said in targets:
+        start = time.monotonic()
+        assert main(["sweep", str(target)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"sweep: '{target}' {said}" in err[0], err
+        assert time.monotonic() - start < 10
+
+
 class InterruptRound:
     """Stands in for Ctrl-C / a kill: the first run of the sweep stops when ``round`` starts."""
 

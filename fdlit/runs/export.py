@@ -52,6 +52,8 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
         raise CheckpointError(f"{run_dir!s} is not an fdlit run directory (no {CONFIG})")
     if client is not None and server:
         raise ConfigError("client", "choose one model: --client i or --server")
+    if client is not None and (not isinstance(client, int) or isinstance(client, bool) or client < 0):
+        raise ConfigError("client", f"must be a client's index, 0 or more; got {client!r}")
     check_target(out, "out")  # a plain file outside any run directory: never the run's checkpoint, never /dev/full
     if not trust_config:
         check_trusted(read_config(path), path / CONFIG)
