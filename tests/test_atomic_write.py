@@ -79,3 +79,18 @@ def test_a_link_planted_as_the_temporary_file_is_not_written_through(tmp_path):
     write_file(tmp_path / "out.txt", "mine")
     assert victim.read_text() == "keep" and (tmp_path / "out.txt").read_text() == "mine"
     assert not (tmp_path / "out.txt.tmp").exists()
+
+
+def test_a_kept_checkpoint_is_copied_through_the_helper_where_hard_links_fail(tmp_path, monkeypatch):
+    from fdlit.runs.checkpoint import CheckpointConfig, Checkpointer
+
+    run = a_run(tmp_path / "run")
+    (run / "checkpoint.pt").write_bytes(b"round 3's checkpoint")
+
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    Checkpointer(run, {}, settings=CheckpointConfig(keep=1))._keep(3)
+    assert (run / "checkpoint-r3.pt").read_bytes() == b"round 3's checkpoint"
+    assert not list(run.glob("*.tmp")) and not (run / "checkpoint-r3.pt").is_symlink()

@@ -335,11 +335,11 @@ class Checkpointer(FederationCallback):
         tmp.unlink(missing_ok=True)
         try:
             os.link(self.path, tmp)  # the file just written: no second write
-        except OSError:
-            import shutil
-
-            shutil.copyfile(self.path, tmp)
-        os.replace(tmp, target)
+        except OSError:  # no hard links here: a copy, written as every file is
+            with open(self.path, "rb") as source:
+                write_file(target, lambda f: shutil.copyfileobj(source, f), field="checkpoint", run_dir=self.run_dir)
+        else:
+            os.replace(tmp, target)
         for old in kept_checkpoints(self.run_dir)[: -self.settings.keep]:
             old[1].unlink(missing_ok=True)
 
