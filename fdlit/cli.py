@@ -45,6 +45,8 @@ def export_parser() -> ArgumentParser:
     parser.add_argument("--client", type=int | None, default=None, help="Export client i (0-based).")
     parser.add_argument("--server", action=ActionYesNo, default=False, help="Export the server model (server.model).")
     parser.add_argument("--out", type=str, required=True, help="The file to write, e.g. model.pt.")
+    parser.add_argument("--trust_config", action=ActionYesNo, default=False,
+                        help="Also import classes from outside fdlit that the run's config.yaml names (its code runs).")
     return parser
 
 
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"fdlit sweep: {len(result['failed'])} runs failed: {', '.join(result['failed'])}", file=sys.stderr)
                 return 1
         elif cfg.command == "report":
-            from fdlit.report import write_report
+            from fdlit.reporting import write_report
 
             with one_line_warnings("fdlit report"):  # a plotting library's warning, without its source line
                 index = write_report(cfg.report.runs, cfg.report.out, include_unfinished=cfg.report.include_unfinished,
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             from fdlit.runs.export import export_model
 
             written = export_model(cfg.export.run_dir, cfg.export.out, client=cfg.export.client,
-                                   server=cfg.export.server)
+                                   server=cfg.export.server, trust_config=cfg.export.trust_config)
             source = written["source"]
             print(f"fdlit export: {cfg.export.out}: {source['model']} after round {source['round']} "
                   f"({written['class_path']})")

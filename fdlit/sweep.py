@@ -27,14 +27,10 @@ writes the results file (atomically, merged with the records already in it).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import math
 import os
-import random
 import sys
 import traceback
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,17 +38,31 @@ from typing import Any
 
 import yaml
 
-from fdlit.config_files import read_yaml
 from fdlit.errors import ConfigError
 from fdlit.runs import strict_json
-from fdlit.runs.directory import CHECKPOINT, CONFIG, RunLock, read_config, read_summary, safe_name, write_atomic
+from fdlit.runs.atomic_write import write_file
+from fdlit.runs.directory import (
+    CHECKPOINT,
+    CONFIG,
+    RunFileError,
+    RunLock,
+    read_config,
+    read_run_file,
+    read_summary,
+    safe_name,
+)
 from fdlit.runs.naming import short
-
-METHODS = ("grid", "random", "bayes")
-LOCAL_METHODS = ("grid", "random")
-# W&B's distributions that a local random sweep samples (W&B infers uniform / int_uniform from min/max)
-DISTRIBUTIONS = ("constant", "categorical", "uniform", "int_uniform", "log_uniform_values", "q_uniform")
-ARGS_MACRO = "${args}"
+from fdlit.sweep_file import (  # noqa: F401  (the sweep file's names, importable from here)
+    ARGS_MACRO,
+    DISTRIBUTIONS,
+    LOCAL_METHODS,
+    METHODS,
+    agent_flags,
+    combinations,
+    expand_grid,
+    load_sweep,
+    sample_random,
+)
 
 
 @dataclass
@@ -64,122 +74,6 @@ class SweepRun:
     config: dict | None = None  # resolved config, filled by ``resolve``
     existing: Path | None = None  # finished run directory with the same config
     partial: Path | None = None  # unfinished run directory with the same config: resumed
-
-
-def load_sweep(path: str | Path) -> dict[str, Any]:
-    """Read and check a sweep file; errors name the offending key."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError("sweep", f"no sweep file {str(path)!r}")
-    spec = read_yaml(path, "sweep")  # one line naming the file and line: not UTF-8, not YAML, a key twice, empty
-    method = spec.get("method", "grid")
-    if method not in METHODS:
-        raise ConfigError("method", f"allowed: {', '.join(METHODS)}; got {method!r}")
-    params = spec.get("parameters")
-    if not isinstance(params, dict) or not params:
-        raise ConfigError("parameters", "a non-empty mapping of dotted fit flags is required")
-    if method not in LOCAL_METHODS:
-        raise ConfigError("method", f"{method!r} needs W&B's sweep server (wandb sweep {path}, then wandb agent); "
-                          f"locally allowed: {', '.join(LOCAL_METHODS)}")
-    for key, p in params.items():
-        if not isinstance(p, dict):
-            raise ConfigError(f"parameters.{key}", "must be a mapping such as 'values: [...]' or 'value: x'")
-        if "values" in p and (not isinstance(p["values"], list) or not p["values"]):
-            raise ConfigError(f"parameters.{key}.values", "must be a non-empty list")
-        if "values" in p or "value" in p:
-            continue
-        if method == "grid":
-            raise ConfigError(f"parameters.{key}", "grid sweeps need 'values: [...]' or 'value: x' "
-                              "(distributions such as min/max need method: random)")
-        distribution = _distribution(p)
-        if distribution not in DISTRIBUTIONS:
-            raise ConfigError(f"parameters.{key}.distribution",
-                              f"allowed locally: {', '.join(DISTRIBUTIONS)}; got {distribution!r}")
-        if not all(isinstance(p.get(b), (int, float)) for b in ("min", "max")) or p["min"] > p["max"]:
-            raise ConfigError(f"parameters.{key}", "a distribution needs numbers 'min' <= 'max'")
-        if distribution == "log_uniform_values" and p["min"] <= 0:
-            raise ConfigError(f"parameters.{key}.min", "log_uniform_values needs min > 0")
-    if method == "random":
-        cap = spec.get("run_cap")
-        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-            raise ConfigError("run_cap", f"method: random needs 'run_cap: <runs>' (a positive integer); got {cap!r}")
-    command = spec.get("command")
-    if not isinstance(command, list) or "fit" not in command or ARGS_MACRO not in command:
-        raise ConfigError("command", "must be a list that runs fdlit 'fit' and contains '${args}'")
-    tail = [str(t) for t in command[command.index("fit") + 1:]]
-    if "--config" not in tail or tail.index("--config") > tail.index(ARGS_MACRO):
-        raise ConfigError("command", "'${args}' must come after '--config <file>' so sweep values override it")
-    other = [t for t in tail if t.startswith("${") and t != ARGS_MACRO]
-    if other:
-        raise ConfigError("command", f"only '${{args}}' is supported after 'fit', found {other}")
-    spec["_fit_tail"] = tail
-    spec.setdefault("name", path.stem)
-    return spec
-
-
-def expand_grid(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every combination, in file order (first parameter varies slowest)."""
-    keys = list(spec["parameters"])
-    choices = [p["values"] if "values" in p else [p["value"]] for p in spec["parameters"].values()]
-    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*choices)]
-
-
-def _distribution(p: dict[str, Any]) -> str:
-    if "distribution" in p:
-        return p["distribution"]
-    if "values" in p:
-        return "categorical"
-    if "value" in p:
-        return "constant"
-    both_int = all(isinstance(p.get(b), int) and not isinstance(p.get(b), bool) for b in ("min", "max"))
-    return "int_uniform" if both_int else "uniform"  # W&B's inference from min/max
-
-
-def _draw(p: dict[str, Any], rng: random.Random) -> Any:
-    kind = _distribution(p)
-    if kind == "constant":
-        return p["value"]
-    if kind == "categorical":
-        return p["values"][rng.randrange(len(p["values"]))]
-    lo, hi = p["min"], p["max"]
-    if kind == "int_uniform":
-        return rng.randint(int(lo), int(hi))
-    if kind == "log_uniform_values":
-        value = math.exp(rng.uniform(math.log(lo), math.log(hi)))
-    elif kind == "q_uniform":
-        q = p.get("q", 1.0)
-        value = round(rng.uniform(lo, hi) / q) * q
-    else:
-        value = rng.uniform(lo, hi)
-    return float(f"{value:.4g}")  # 4 significant digits: readable names, and draws stay distinct
-
-
-def sample_random(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """``run_cap`` distinct combinations drawn as W&B's random search does, from a stream seeded by
-    the sweep's name (the same sweep draws the same combinations again, so it resumes); fewer when
-    the parameters have fewer distinct combinations."""
-    rng = random.Random(zlib.crc32(str(spec["name"]).encode()))
-    params = spec["parameters"]
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for _ in range(100 * spec["run_cap"]):
-        if len(out) == spec["run_cap"]:
-            break
-        values = {k: _draw(p, rng) for k, p in params.items()}
-        key = json.dumps(values, sort_keys=True, default=str)
-        if key not in seen:
-            seen.add(key)
-            out.append(values)
-    return out
-
-
-def combinations(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    return sample_random(spec) if spec.get("method", "grid") == "random" else expand_grid(spec)
-
-
-def agent_flags(values: dict[str, Any]) -> list[str]:
-    """``${args}`` exactly as wandb agent expands it: ``--param=value`` with Python's str(value)."""
-    return [f"--{k}={v}" for k, v in values.items()]
 
 
 def _short(key: str, value: Any) -> str:
@@ -242,12 +136,13 @@ def existing_runs(run_dir: Path) -> list[tuple[Path, dict, bool]]:
     for path in sorted(p for p in Path(run_dir).glob("*") if p.is_dir() and (p / CONFIG).exists()):
         try:
             config = read_config(path)
-        except (OSError, yaml.YAMLError):
+        except (OSError, yaml.YAMLError, RunFileError):
             continue
         try:
-            finished = bool(read_summary(path).get("finished"))
-        except (OSError, json.JSONDecodeError):
-            finished = False  # killed before its first round ended
+            summary = read_summary(path)
+            finished = isinstance(summary, dict) and bool(summary.get("finished"))
+        except (OSError, ValueError):
+            finished = False  # killed before its first round ended (or a summary fdlit refuses to read)
         out.append((path, config, finished))
     return out
 
@@ -324,17 +219,17 @@ def results_path(runs: list[SweepRun], name: str) -> Path:
 
 def _record(path: Path, spec: dict[str, Any], records: dict[str, dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, strict_json.dumps({"sweep": spec["name"], "method": spec.get("method", "grid"),
-                                          "runs": list(records.values())}, indent=1))  # never half a file
+    write_file(path, strict_json.dumps({"sweep": spec["name"], "method": spec.get("method", "grid"),
+                                        "runs": list(records.values())}, indent=1), field="sweep")  # never half a file
 
 
 def _recorded(path: Path) -> dict[str, dict]:
     """The records an earlier run of the sweep left in its results file (none if it is unreadable),
     so that running it again keeps every record it does not replace."""
     try:
-        runs = json.loads(path.read_text()).get("runs", [])
+        runs = json.loads(read_run_file(path)).get("runs", [])
         return {r["name"]: r for r in runs if isinstance(r, dict) and isinstance(r.get("name"), str)}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError):  # RunFileError is a ValueError
         return {}
 
 

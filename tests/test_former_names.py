@@ -15,7 +15,7 @@ import pytest
 
 from fdlit.cli import main
 from fdlit.methods.aliases import RENAMED, canonical_class_path
-from fdlit.report import method_label
+from fdlit.reporting import method_label
 from fdlit.runs import read_jsonl
 
 LEGACY = Path(__file__).resolve().parent / "legacy_runs"

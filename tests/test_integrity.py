@@ -248,7 +248,7 @@ def test_settings_the_config_shows_impossible_stop_before_any_data_loads(args, f
 
 # ---------------------------------------------------------------------------------- report warnings
 def test_a_plotting_warning_during_the_report_is_one_line_without_source(tmp_path, capsys, monkeypatch):
-    import fdlit.report
+    import fdlit.reporting
 
     def draws_an_empty_legend(runs, out, **kwargs):
         import matplotlib
@@ -262,7 +262,7 @@ def test_a_plotting_warning_during_the_report_is_one_line_without_source(tmp_pat
         plt.close(fig)
         return Path(out) / "index.html"
 
-    monkeypatch.setattr(fdlit.report, "write_report", draws_an_empty_legend)
+    monkeypatch.setattr(fdlit.reporting, "write_report", draws_an_empty_legend)
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "report")]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fdlit report: warning: No artists with labels found"), err

@@ -10,8 +10,9 @@ import yaml
 
 from fdlit.cli import main
 from fdlit.errors import ConfigError
-from fdlit.report import load_runs, write_report
+from fdlit.reporting import load_runs, write_report
 
+ACC_KEY, PRIVATE_KEY = "after_public/global_acc_mean", "after_private/global_acc_mean"
 PNG = ("png",)  # figure files for tests that look at the tables: PNG only, fast
 AGGREGATORS = {
     "AVG": {"class_path": "fdlit.methods.ProbabilityAveraging", "init_args": {}},
@@ -160,7 +161,7 @@ def test_a_validation_selected_accuracy_is_used_only_when_every_run_has_one(tmp_
 
 
 def test_trust_matrix_of_every_run_boxes_own_classes_and_tau_plot(tmp_path):
-    from fdlit.report import trust_figures
+    from fdlit.reporting import trust_figures
 
     root = tmp_path / "runs"
     for tau in (0.25, 1.0):
@@ -316,7 +317,7 @@ def test_a_run_that_left_k_at_its_default_is_labelled_k2(tmp_path):
 
 
 def test_privacy_runs_get_accuracy_and_attack_auc_against_epsilon(tmp_path):
-    from fdlit.report import accuracy_vs_epsilon, load_runs
+    from fdlit.reporting import accuracy_vs_epsilon, load_runs
 
     root = tmp_path / "runs"
     for seed in (0, 1):
@@ -353,7 +354,7 @@ def welch_p(a, b):
 
 
 def test_bold_only_when_welch_t_test_separates_the_best_from_the_second(tmp_path):
-    from fdlit.report import Stat, beats
+    from fdlit.reporting import Stat, beats
 
     root = tmp_path / "runs"
     seeds = {  # k=2: sUWA clearly best; k=5: AVG and sUWA overlap, UWA clearly worse
@@ -384,8 +385,8 @@ def test_bold_only_when_welch_t_test_separates_the_best_from_the_second(tmp_path
 def test_figures_are_paper_sized_with_readable_text_and_no_titles(runs_dir):
     import re
 
-    from fdlit.paper_figures import ONE_COLUMN_IN, TWO_COLUMN_IN, paper_style, text_sizes, titles
-    from fdlit.report import ACC, LOCAL, chi_vs_k, curves, figure2, table1, trust_figures
+    from fdlit.reporting import ACC, LOCAL, chi_vs_k, curves, figure2, table1, trust_figures
+    from fdlit.reporting.paper_figures import ONE_COLUMN_IN, TWO_COLUMN_IN, paper_style, text_sizes, titles
 
     runs, _ = load_runs(runs_dir)
     table = table1(runs)
@@ -503,8 +504,8 @@ def test_report_with_hostile_values_runs_no_script_in_headless_chromium(tmp_path
 
 
 def test_a_trust_matrix_of_many_classes_keeps_its_labels_readable(tmp_path):
-    from fdlit.paper_figures import ONE_COLUMN_IN, paper_style, text_sizes
-    from fdlit.report import trust_figures
+    from fdlit.reporting import trust_figures
+    from fdlit.reporting.paper_figures import ONE_COLUMN_IN, paper_style, text_sizes
 
     path = fake_run(tmp_path / "runs", "sUWA", 2, 0, 0.5, summary={"client_classes": [[c, c + 1] for c in range(30)]})
     rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
@@ -522,7 +523,7 @@ def test_runs_saved_before_a_no_op_section_existed_pool_with_newer_ones():
     """A run whose config predates the adversaries section (or has the privacy section at its
     defaults) is the same setting as one with the section but no attack: one row, not two."""
     from fdlit.config import parse_fit
-    from fdlit.run_labels import setting_key
+    from fdlit.reporting.labels import setting_key
 
     parser, cfg = parse_fit(["--config", "digits.yaml"])
     now = yaml.safe_load(parser.dump(cfg, skip_unset=False))
@@ -530,3 +531,79 @@ def test_runs_saved_before_a_no_op_section_existed_pool_with_newer_ones():
     assert setting_key(old) == setting_key(now)
     attacked = {**now, "adversaries": {**now["adversaries"], "attack": "fdlit.adversaries.FreeRider", "count": 2}}
     assert setting_key(attacked) != setting_key(now)
+
+
+# ---------------------------------------------------------------------------------- what a table file may hold
+INJECTED = {"dataset": "<img src=x onerror=alert(1)>|x", "class_path": "evil.=HYPERLINK(1)|<script>alert(2)</script>",
+            "k": "@SUM(1)\n\n\\input{/etc/passwd}"}
+
+
+def injected_runs(root):
+    """Two rules of a dataset named to break each table format, with a k and a class path to match."""
+    for seed in (0, 1):
+        fake_run(root, "AVG", 2, seed, 0.3)
+        path = fake_run(root, "sUWA", 2, seed, 0.5)
+        for run in (path, path.with_name(path.name.replace("sUWA", "AVG"))):
+            config = yaml.safe_load((run / "config.yaml").read_text())
+            config["data"]["dataset"] = INJECTED["dataset"]
+            config["data"]["classes_per_client"] = INJECTED["k"]
+            if run == path:
+                config["aggregator"]["class_path"] = INJECTED["class_path"]
+            (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def test_table_cells_are_escaped_for_markdown_csv_and_latex(tmp_path):
+    import csv
+
+    injected_runs(tmp_path / "runs")
+    index = write_report(tmp_path / "runs", formats=PNG)
+    md = (index.parent / "table1.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("|")]
+    cells = [len(re.findall(r"(?<!\\)\|", line)) for line in rows]
+    assert len(set(cells)) == 1, rows  # an escaped | never ends a cell: every row has the header's cells
+    assert "<img" not in md and "<script" not in md.lower() and "&lt;img src=x onerror=alert(1)>\\|x" in md
+    assert "=HYPERLINK(1)\\|&lt;script>alert(2)&lt;/script>" in md and "<u>" in md  # the table's own markup stays
+    table = list(csv.reader((index.parent / "table1.csv").open()))
+    assert all(not cell.startswith(("=", "+", "-", "@", "\t", "\r")) for row in table for cell in row), table
+    assert {row[1] for row in table[1:]} >= {"'=HYPERLINK(1)|<script>alert(2)</script>"}
+    assert {row[3] for row in table[1:]} == {"'@SUM(1) \\input{/etc/passwd}"}  # line breaks: one space
+    tex = (index.parent / "table1.tex").read_text()
+    assert "\\input" not in tex and "\\textbackslash{}input\\{/etc/passwd\\}" in tex and "\n\n" not in tex
+    body = tex.split("\\midrule")[1].split("\\bottomrule")[0].strip().splitlines()
+    assert len(body) == 2 and all(line.count(" & ") == body[0].count(" & ") for line in body), body
+
+
+def test_a_nested_html_or_text_value_where_a_number_belongs_is_a_missing_value(tmp_path, capsys):
+    root = tmp_path / "runs"
+    fake_run(root, "AVG", 2, 0, 0.3)
+    path = fake_run(root, "sUWA", 2, 0, 0.5)
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    for row, bad in zip(rows, ({"nested": [1]}, "<b>0.9</b>", "0.95"), strict=True):
+        row.update({"round": bad if bad == "0.95" else row["round"], ACC_KEY: bad, PRIVATE_KEY: [bad],
+                    "weights/chi": bad, "comm/up_bytes_total": bad, "after_public/local_acc_mean": {"x": bad}})
+    (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (path / "summary.json").write_text(json.dumps({"finished": True, "best_global_acc_mean": {"x": 1}}))
+    assert main(["report", str(root), "--formats", "[png]"]) == 0
+    assert capsys.readouterr().err == ""
+    md = (root / "report" / "table1.md").read_text()
+    assert md_row(md, "sUWA τ=0.25") == ["– (n=1)", "– (n=1)"] and md_row(md, "AVG") == ["20.00 (n=1)", "30.00 (n=1)"]
+    assert "<b>0.9" not in (root / "report" / "index.html").read_text()
+
+
+def test_a_report_that_fails_leaves_no_table_without_its_page(runs_dir, monkeypatch):
+    def fails(*args, **kwargs):
+        raise RuntimeError("a figure that cannot be drawn")
+
+    monkeypatch.setattr("fdlit.reporting.write.accuracy_vs_tau", fails)
+    with pytest.raises(RuntimeError):
+        write_report(runs_dir, formats=PNG)
+    assert not list((runs_dir / "report").glob("table1.*")) and not (runs_dir / "report" / "index.html").exists()
+
+
+def test_the_report_is_never_written_into_a_run_directory(runs_dir, capsys):
+    run = next(p for p in runs_dir.iterdir() if (p / "metrics.jsonl").exists())
+    before = sorted(p.name for p in run.iterdir())
+    assert main(["report", str(runs_dir), "--out", str(run), "--formats", "[png]"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fdlit: error: out: '{run}' is a run directory"), err
+    assert sorted(p.name for p in run.iterdir()) == before

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from fdlit.cli import main
-from fdlit.report import load_runs, write_report
-from fdlit.report_adversaries import attack_lines, attacked_share
+from fdlit.reporting import load_runs, write_report
+from fdlit.reporting.adversaries import attack_lines, attacked_share
 from fdlit.runs import read_jsonl
 from tests.test_composition import tiny
 
@@ -95,7 +95,7 @@ def test_points_are_the_honest_accuracy_per_share_of_attackers_over_seeds(study)
 
 def test_report_draws_one_figure_per_attack_and_lists_it(study, tmp_path, monkeypatch):
     root, _ = study
-    monkeypatch.setattr("fdlit.report.trust_figures", lambda runs: [])  # 14 matrices: slow, tested elsewhere
+    monkeypatch.setattr("fdlit.reporting.write.trust_figures", lambda runs: [])  # 14 matrices: slow, tested elsewhere
     index = write_report(root, tmp_path / "out", formats=("png",))
     figures = sorted(p.name for p in (tmp_path / "out" / "figures").glob("adversaries_*.png"))
     assert figures == ["adversaries_ConfidentWrong_confidence=10.0,_target=0_.png", "adversaries_LabelFlipping.png"]

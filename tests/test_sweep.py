@@ -10,7 +10,7 @@ import yaml
 from fdlit.cli import main
 from fdlit.config import fit_parser
 from fdlit.errors import ConfigError
-from fdlit.report import write_report
+from fdlit.reporting import write_report
 from fdlit.runs import read_jsonl
 from fdlit.sweep import agent_flags, expand_grid, load_sweep, lookup, plan, resolve, run_sweep
 
@@ -163,6 +163,20 @@ def test_bad_sweep_files_name_the_field(tmp_path, parameters, command, field):
 def test_missing_sweep_file_is_a_clean_cli_error(tmp_path, capsys):
     assert main(["sweep", str(tmp_path / "nope.yaml")]) == 2
     assert "nope.yaml" in capsys.readouterr().err
+
+
+def test_a_sweep_file_that_is_a_folder_a_device_or_huge_is_refused_unread(tmp_path, capsys):
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# padding\n" * 200_000)
+    targets = [(tmp_path, "is not a regular file"), (huge, "is larger than 1 MiB")]
+    if Path("/dev/zero").exists():
+        targets.append((Path("/dev/zero"), "is not a regular file"))  # read, it would never end
+    for target, said in targets:
+        start = time.monotonic()
+        assert main(["sweep", str(target)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"sweep: '{target}' {said}" in err[0], err
+        assert time.monotonic() - start < 10
 
 
 class InterruptRound:

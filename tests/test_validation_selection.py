@@ -14,7 +14,7 @@ from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
 from fdlit.federation.measurement import selected
 from fdlit.methods import ProbabilityAveraging
-from fdlit.report import load_runs, write_report
+from fdlit.reporting import load_runs, write_report
 
 
 def test_validation_split_is_disjoint_stratified_and_taken_from_the_private_pool():

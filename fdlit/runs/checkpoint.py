@@ -41,20 +41,27 @@ import hashlib
 import json
 import os
 import pickle
-import random
 import shutil
 import threading
-from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from fdlit.callbacks import FederationCallback
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.privacy.upload import default_config
-from fdlit.runs.directory import CHECKPOINT, kept_checkpoints, round_checkpoint
+from fdlit.runs.atomic_write import write_file
+from fdlit.runs.checkpoint_contents import (  # noqa: F401  (the checkpoint's names, importable from here)
+    _detached,
+    content_digest,
+    pack_client_states,
+    rng_state,
+    set_rng_state,
+    unpack_client_states,
+)
+from fdlit.runs.directory import CHECKPOINT, RunFileError, check_run_file, kept_checkpoints, round_checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from fdlit.federation.loop import FederationLoop
@@ -88,37 +95,6 @@ class CheckpointWriteError(OSError):
         super().__init__(code, f"{os.strerror(code)} (writing the checkpoint failed: {detail})", str(path))
 
 
-# ---------------------------------------------------------------------------------- checksum
-def content_digest(state: Any) -> str:
-    """sha256 of a checkpoint's contents: every tensor's dtype, shape and bytes and every plain
-    value, in order; the same for the state written and the state read back."""
-    h = hashlib.sha256()
-    _digest(state, h)
-    return h.hexdigest()
-
-
-def _digest(obj: Any, h: Any) -> None:
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().to("cpu").contiguous().reshape(-1)
-        h.update(f"T{t.dtype}{tuple(obj.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy())  # hashlib reads the buffer: no copy
-    elif isinstance(obj, dict):
-        h.update(f"D{len(obj)}".encode())
-        for k, v in obj.items():
-            _digest(k, h)
-            _digest(v, h)
-    elif isinstance(obj, (list, tuple)):
-        h.update(f"L{len(obj)}".encode())
-        for v in obj:
-            _digest(v, h)
-    elif isinstance(obj, str):
-        data = obj.encode("utf-8", "surrogatepass")
-        h.update(f"S{len(data)}:".encode() + data)
-    else:  # numbers, None, booleans, dtypes
-        text = repr(obj).encode()
-        h.update(f"V{type(obj).__name__}{len(text)}:".encode() + text)
-
-
 # ---------------------------------------------------------------------------------- fingerprints
 def without_noop_sections(config: dict[str, Any]) -> dict[str, Any]:
     """A copy of a resolved config without the sections and knobs whose values change nothing (no
@@ -149,127 +125,8 @@ def config_fingerprint(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
 
 
-# ---------------------------------------------------------------------------------- random states
-def rng_state() -> dict[str, Any]:
-    """Global random states as tensors and plain data (numpy's array becomes an int64 tensor)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
-    state = {
-        "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# ---------------------------------------------------------------------------------- packed client states
-def _split(obj: Any, path: tuple, paths: list, tensors: list) -> Any:
-    """``obj`` with every tensor replaced by None (the skeleton); tensors and their paths appended."""
-    if isinstance(obj, torch.Tensor):
-        paths.append(path)
-        tensors.append(obj)
-        return None
-    if isinstance(obj, dict):
-        out = type(obj)((k, _split(v, path + (k,), paths, tensors)) for k, v in obj.items())
-        if hasattr(obj, "_metadata"):  # module versions in a state_dict (load_state_dict reads them)
-            out._metadata = obj._metadata
-        return out
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_split(v, path + (i,), paths, tensors) for i, v in enumerate(obj))
-    return obj
-
-
-def _fill(skeleton: Any, path: tuple, at: dict, tensors: list) -> Any:
-    """The inverse of :func:`_split`: the skeleton with ``tensors[at[path]]`` put back."""
-    if path in at:
-        return tensors[at[path]]
-    if isinstance(skeleton, dict):
-        out = type(skeleton)((k, _fill(v, path + (k,), at, tensors)) for k, v in skeleton.items())
-        if hasattr(skeleton, "_metadata"):
-            out._metadata = skeleton._metadata
-        return out
-    if isinstance(skeleton, (list, tuple)):
-        return type(skeleton)(_fill(v, path + (i,), at, tensors) for i, v in enumerate(skeleton))
-    return skeleton
-
-
-def pack_client_states(states: list[dict]) -> dict:
-    """Client states as a few large CPU tensors (a copy: later training does not change it).
-
-    Clients whose states have the same structure (keys, plain values, tensor shapes, dtypes and
-    devices) form a group, and each state tensor is stacked across the group's clients. A
-    homogeneous federation is one group: one tensor per weight, Adam moment, step count and
-    generator state, however many clients. Clients that differ (another architecture, an optimizer
-    that has not stepped yet, a method state of another shape) get their own groups; a client that
-    matches no other is a group of one, i.e. stored per client."""
-    groups: list[dict] = []
-    by_key: dict[tuple, dict] = {}
-    for i, state in enumerate(states):
-        paths: list = []
-        tensors: list = []
-        skeleton = _split(state, (), paths, tensors)
-        key = (repr(skeleton), tuple((p, tuple(t.shape), t.dtype, t.device) for p, t in zip(paths, tensors)))
-        group = by_key.get(key)
-        if group is None:
-            group = by_key[key] = {"clients": [], "skeleton": skeleton, "paths": paths, "members": []}
-            groups.append(group)
-        group["clients"].append(i)
-        group["members"].append(tensors)
-    packed = []
-    for g in groups:
-        stacked = [_stack_on_cpu([m[k].detach() for m in g["members"]]) for k in range(len(g["paths"]))]
-        packed.append({"clients": g["clients"], "skeleton": g["skeleton"], "paths": g["paths"], "tensors": stacked})
-    return {"num_clients": len(states), "groups": packed}
-
-
-def _stack_on_cpu(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """torch.stack on the CPU. Device tensors are copied into the CPU stack one by one, so packing
-    never holds a second copy of every client's state in device memory."""
-    if tensors[0].device.type == "cpu":
-        return torch.stack(tensors)
-    out = torch.empty((len(tensors), *tensors[0].shape), dtype=tensors[0].dtype)
-    for row, t in zip(out, tensors):
-        row.copy_(t)
-    return out
-
-
-def unpack_client_states(packed: dict) -> list[dict]:
-    """The per-client states :func:`pack_client_states` was given, equal tensor for tensor; every
-    client's tensors are its own (clones, not views of the stacked ones)."""
-    states: list[Any] = [None] * packed["num_clients"]
-    for g in packed["groups"]:
-        at = {tuple(p): k for k, p in enumerate(g["paths"])}
-        for j, client in enumerate(g["clients"]):
-            tensors = [t[j].clone() for t in g["tensors"]]
-            states[client] = _fill(g["skeleton"], (), at, tensors)
-    return states
-
-
-def _detached(obj: Any) -> Any:
-    """Tensors cloned (to the CPU), containers copied: a snapshot training cannot change."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return type(obj)((k, _detached(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_detached(v) for v in obj)
-    return obj
-
-
 # ---------------------------------------------------------------------------------- save / load
-def checkpoint_state(loop: "FederationLoop", config: dict[str, Any], wandb_run_id: str | None = None) -> dict[str, Any]:
+def checkpoint_state(loop: FederationLoop, config: dict[str, Any], wandb_run_id: str | None = None) -> dict[str, Any]:
     """The checkpoint of ``loop`` as it is now: a snapshot (copies), safe to write while the next
     round trains. History rows and the ledger's columns are never changed once written, so they
     are taken as they are."""
@@ -292,27 +149,11 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
     """Write ``state`` with its checksum to ``path`` atomically: a kill at any moment leaves either
     the old or the new checkpoint, never a torn one. A failed write is an OSError."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
     state = {**state, "sha256": content_digest(state)}
     try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:  # disk full, Ctrl-C: the previous checkpoint stays, and no half-written .tmp
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, RuntimeError):  # torch's zip writer reports ENOSPC, EIO, EFBIG like this
-            raise CheckpointWriteError(path, exc) from None
-        raise
-    try:  # make the rename itself durable (power loss); not possible on every filesystem
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+        write_file(path, lambda f: torch.save(state, f), field="checkpoint", run_dir=path.parent, sync_folder=True)
+    except RuntimeError as exc:  # torch's zip writer reports ENOSPC, EIO, EFBIG like this
+        raise CheckpointWriteError(path, exc) from None
     return path
 
 
@@ -335,6 +176,12 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 def read_verified(path: Path) -> dict[str, Any] | str:
     """The checkpoint at ``path`` (client states still packed) if it is an intact fdlit checkpoint,
     else one sentence saying what is wrong with it."""
+    try:
+        check_run_file(path)  # a regular file of its run folder: never a device or a link out of it
+    except RunFileError as exc:
+        return str(exc).split(": ", 1)[1]
+    except OSError:
+        pass  # torch.load says what is wrong with it
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -391,7 +238,7 @@ def check_config(config: dict[str, Any], rounds: int, state: dict[str, Any]) -> 
         raise CheckpointError(f"checkpoint is at round {state['loop']['round']}, beyond federation.rounds = {rounds}")
 
 
-def check_resumable(loop: "FederationLoop", config: dict[str, Any], state: dict[str, Any]) -> None:
+def check_resumable(loop: FederationLoop, config: dict[str, Any], state: dict[str, Any]) -> None:
     """Refuse a checkpoint that does not fit the loop, before anything is written."""
     check_config(config, loop.rounds, state)
     saved = state["loop"]
@@ -399,7 +246,7 @@ def check_resumable(loop: "FederationLoop", config: dict[str, Any], state: dict[
         raise CheckpointError(f"checkpoint has {saved['num_clients']} clients, the config {len(loop.clients)}")
 
 
-def restore_checkpoint(loop: "FederationLoop", state: dict[str, Any]) -> None:
+def restore_checkpoint(loop: FederationLoop, state: dict[str, Any]) -> None:
     """Load ``state`` into a set-up loop (clients built, nothing trained); the random states last."""
     loop.load_state_dict(state["loop"])
     set_rng_state(state["rng"])  # last: nothing after this may draw random numbers before round r+1
@@ -432,16 +279,16 @@ class Checkpointer(FederationCallback):
     starts from. ``wandb_run_id`` is a callable giving the run's W&B id (or None);
     ``saved_round``: the round of the checkpoint already in ``run_dir`` (a resumed run)."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any], wandb_run_id: Callable[[], Optional[str]] = lambda: None,
-                 settings: Optional[CheckpointConfig] = None, saved_round: int = 0):
+    def __init__(self, run_dir: Path, config: dict[str, Any], wandb_run_id: Callable[[], str | None] = lambda: None,
+                 settings: CheckpointConfig | None = None, saved_round: int = 0):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / CHECKPOINT
         self.config = config
         self.wandb_run_id = wandb_run_id
         self.settings = settings or CheckpointConfig()
         self.saved_round = saved_round  # the newest round whose checkpoint is complete on disk (0: none)
-        self._writer: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
+        self._writer: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def due(self, loop, round: int) -> bool:
         return round % self.settings.every_n_rounds == 0 or round >= loop.rounds
@@ -488,11 +335,11 @@ class Checkpointer(FederationCallback):
         tmp.unlink(missing_ok=True)
         try:
             os.link(self.path, tmp)  # the file just written: no second write
-        except OSError:
-            import shutil
-
-            shutil.copyfile(self.path, tmp)
-        os.replace(tmp, target)
+        except OSError:  # no hard links here: a copy, written as every file is
+            with open(self.path, "rb") as source:
+                write_file(target, lambda f: shutil.copyfileobj(source, f), field="checkpoint", run_dir=self.run_dir)
+        else:
+            os.replace(tmp, target)
         for old in kept_checkpoints(self.run_dir)[: -self.settings.keep]:
             old[1].unlink(missing_ok=True)
 

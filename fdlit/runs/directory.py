@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +35,7 @@ import yaml
 from fdlit.callbacks import FederationCallback
 from fdlit.errors import ConfigError
 from fdlit.runs import strict_json
+from fdlit.runs.atomic_write import write_file
 
 try:
     import fcntl
@@ -113,16 +115,9 @@ def kept_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # disk full, Ctrl-C: the old file stays, no half-written .tmp is left
-        tmp.unlink(missing_ok=True)
-        raise
+    """Replace one of a run directory's own files (config.yaml, summary.json, a rebuilt log)
+    atomically: the old file stays until the new one is complete (fdlit.runs.atomic_write)."""
+    write_file(path, text, field="run_dir", run_dir=Path(path).parent)
 
 
 def append_jsonl(path: Path, rows: list[dict]) -> None:
@@ -146,9 +141,10 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def _parse_lines(path: Path) -> tuple[list[dict], list[int]]:
     """(every readable row, numbers of the unreadable lines other than a torn last one)."""
-    if not path.exists():
+    if not os.path.lexists(path):
         return [], []
-    lines = path.read_text(errors="replace").split("\n")
+    lines = read_run_file(path).decode(errors="replace").split("\n")
+    check_lines(path, lines)
     rows, bad = [], []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -167,11 +163,90 @@ def _parse_lines(path: Path) -> tuple[list[dict], list[int]]:
 def read_config(run_dir: Path) -> dict:
     """A run's saved config as read by sweep and report (bytes that are not UTF-8 do not stop them:
     resuming the run checks the file strictly)."""
-    return yaml.safe_load((Path(run_dir) / CONFIG).read_text(errors="replace")) or {}
+    path = Path(run_dir) / CONFIG
+    config = yaml.safe_load(read_run_file(path).decode(errors="replace")) or {}
+    if _expanded_size(config, MAX_CONFIG_VALUES) > MAX_CONFIG_VALUES:  # YAML aliases can nest copies
+        raise RunFileError(path, f"expands to more than {MAX_CONFIG_VALUES} values (YAML aliases); not a config "
+                           "fdlit writes")
+    return config
 
 
 def read_summary(run_dir: Path) -> dict:
-    return json.loads((Path(run_dir) / SUMMARY).read_text())
+    path = Path(run_dir) / SUMMARY
+    text = read_run_file(path).decode(errors="replace")
+    check_lines(path, text.split("\n"))
+    return json.loads(text)
+
+
+# ---------------------------------------------------------------------------------- bounded reading
+# Caps far above what any run writes (a 1000-client run's metrics row is ~100 KiB), far below what
+# hangs or exhausts a reader; docs/reliability.md lists them.
+MiB = 2**20
+SIZE_LIMITS = {CONFIG: 16 * MiB, SUMMARY: 64 * MiB, METRICS: 1024 * MiB, COMMUNICATION: 2048 * MiB}
+DEFAULT_SIZE_LIMIT = 64 * MiB
+MAX_LINE = 16 * MiB
+MAX_CONFIG_VALUES = 1_000_000
+
+
+class RunFileError(ConfigError):
+    """A file of a run folder that fdlit refuses to read (one line naming it)."""
+
+    def __init__(self, path: Path, reason: str):
+        self.path, self.reason = Path(path), f"{Path(path).name} {reason}"
+        super().__init__("run_dir", f"{path} {reason}")
+
+
+def check_run_file(path: Path) -> Path:
+    """Refuse a run folder's file that is not a regular file, or a link out of its folder (a missing
+    file is the OSError it always was)."""
+    path = Path(path)
+    if path.is_symlink():
+        try:
+            inside = path.resolve(strict=True).is_relative_to(path.parent.resolve())
+        except (OSError, RuntimeError):  # a dangling link, a loop of links
+            raise RunFileError(path, "is a link that leads nowhere") from None
+        if not inside:
+            raise RunFileError(path, "is a link to a file outside its run folder; fdlit reads only the run's own files")
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise RunFileError(path, "is not a regular file (a device, pipe, socket or folder)")
+    return path
+
+
+def read_run_file(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of a run folder's file, refused when it is no regular file inside the folder or
+    larger than its cap (``SIZE_LIMITS``): a link to /dev/zero is refused at once, not read forever."""
+    path = check_run_file(Path(path))
+    limit = limit or SIZE_LIMITS.get(path.name, DEFAULT_SIZE_LIMIT)
+    # O_NONBLOCK: a pipe swapped in after the check cannot block the open
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RunFileError(path, "is not a regular file (a device, pipe, socket or folder)")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise RunFileError(path, f"is larger than {limit // MiB} MiB, the most fdlit reads of it")
+    return data
+
+
+def check_lines(path: Path, lines: list[str]) -> None:
+    longest = max((len(line) for line in lines), default=0)
+    if longest > MAX_LINE:
+        raise RunFileError(path, f"has a line longer than {MAX_LINE // MiB} MiB, the most fdlit reads of one line")
+
+
+def _expanded_size(node, budget: int) -> int:
+    """How many values ``node`` holds with every shared (aliased) part counted each time it occurs;
+    stops counting past ``budget``."""
+    count, stack = 0, [node]
+    while stack and count <= budget:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
 
 
 def rebuild_logs(run_dir: Path, round: int, metrics: list[dict], messages: list[dict]) -> list[str]:

@@ -24,33 +24,42 @@ Loading it::
 
 from __future__ import annotations
 
-import os
+import importlib
+import importlib.util
+import re
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from fdlit.errors import ConfigError
+from fdlit.runs.atomic_write import check_target, write_file
 from fdlit.runs.checkpoint import CheckpointError, check_config, load_checkpoint, restore_checkpoint
-from fdlit.runs.directory import CHECKPOINT, CONFIG
+from fdlit.runs.directory import CHECKPOINT, CONFIG, read_config
 
 FORMAT = "fdlit-model"
 VERSION = 1
 
 
-def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = None, server: bool = False) -> dict:
+def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = None, server: bool = False,
+                 trust_config: bool = False) -> dict:
     """Write the chosen network of ``run_dir``'s checkpoint to ``out``; what was written (without the
-    tensors) back. Every argument is checked before the run is rebuilt."""
+    tensors) back. Every argument is checked before the run is rebuilt. The run is rebuilt from its
+    config.yaml, whose class paths are imported: unless ``trust_config``, only fdlit's own classes
+    (:func:`check_trusted`)."""
     path, out = Path(run_dir), Path(out)
     if not path.is_dir() or not (path / CONFIG).exists():
         raise CheckpointError(f"{run_dir!s} is not an fdlit run directory (no {CONFIG})")
-    if out.is_dir() or not out.parent.is_dir():
-        raise ConfigError("out", f"must be a file in an existing folder; got {str(out)!r}")
+    if client is not None and server:
+        raise ConfigError("client", "choose one model: --client i or --server")
+    if client is not None and (not isinstance(client, int) or isinstance(client, bool) or client < 0):
+        raise ConfigError("client", f"must be a client's index, 0 or more; got {client!r}")
+    check_target(out, "out")  # a plain file outside any run directory: never the run's checkpoint, never /dev/full
+    if not trust_config:
+        check_trusted(read_config(path), path / CONFIG)
     state = load_checkpoint(path / CHECKPOINT)
     loop_state = state["loop"]
     clients = loop_state["num_clients"]
-    if client is not None and server:
-        raise ConfigError("client", "choose one model: --client i or --server")
     if server and loop_state.get("server") is None:
         raise ConfigError("server", f"this run has no server model (server.model); export a client with "
                           f"--client 0..{clients - 1}")
@@ -75,10 +84,61 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
         "source": {"run_dir": str(path.resolve()), "round": int(loop_state["round"]), "model": which,
                    "classes": classes},
     }
-    tmp = out.with_name(f".{out.name}.tmp")
-    torch.save(exported, tmp)
-    os.replace(tmp, out)  # a reader never sees half a file
+    write_file(out, lambda f: torch.save(exported, f), "out")  # a reader never sees half a file
     return {k: v for k, v in exported.items() if k != "state_dict"}
+
+
+DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+
+def check_trusted(config: Any, where: Path, key: str = "") -> None:
+    """Refuse a run config that names code outside fdlit, before anything of it is imported: a
+    ``class_path`` that is not a class defined in fdlit, and any dotted name whose first part is a
+    module Python would find (``evilmod.Net`` beside ``evilmod.py``); looked up without importing."""
+    if isinstance(config, dict):
+        for k, v in config.items():
+            if not key and k == "logger":
+                continue  # names and folders: nothing in it is imported
+            name = f"{key}.{k}" if key else str(k)
+            if k == "class_path" and not (isinstance(v, str) and _fdlit_class(v)):
+                _refuse(name, v, where)
+            check_trusted(v, where, name)
+    elif isinstance(config, list):
+        for i, v in enumerate(config):
+            check_trusted(v, where, f"{key}[{i}]")
+    elif isinstance(config, str) and DOTTED.fullmatch(config):
+        top = config.split(".", 1)[0]
+        if (top == "fdlit" and not _fdlit_class(config)) or (top != "fdlit" and _findable(top)):
+            _refuse(key, config, where)
+
+
+def _refuse(key: str, value: Any, where: Path) -> None:
+    raise ConfigError(key or "config", f"{value!r} in {where} is not a class of fdlit; export imports only fdlit's "
+                      "own classes from a run's config.yaml. If you trust this run folder and its code, add "
+                      "--trust_config")
+
+
+def _findable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None  # finds the file, runs nothing
+    except (ImportError, ValueError):
+        return False
+
+
+def _fdlit_class(path: str) -> bool:
+    """Whether ``path`` names a class defined in fdlit (fdlit's modules are imported to look)."""
+    if not DOTTED.fullmatch(path) or path.split(".", 1)[0] != "fdlit":
+        return False
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr, None)
+        return isinstance(obj, type) and obj.__module__.split(".", 1)[0] == "fdlit"
+    return False
 
 
 def _trained_loop(path: Path, state: dict[str, Any]):

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from fdlit.runs.atomic_write import write_file
+
 ONE_COLUMN_IN = 3.3  # a column of a two-column paper (e.g. NeurIPS, ICML, IEEE)
 TWO_COLUMN_IN = 6.9  # the full text width
 MIN_FONT_PT = 8
@@ -94,7 +96,7 @@ def save_figure(fig, folder: Path, stem: str, formats: tuple[str, ...] = FORMATS
     for fmt in sorted(set(formats) | {"png"}, key=FORMATS.index):  # the page shows the PNG
         buf = io.BytesIO()
         fig.savefig(buf, format=fmt, dpi=PNG_DPI if fmt == "png" else None, metadata=_metadata(fmt))
-        (folder / f"{stem}.{fmt}").write_bytes(buf.getvalue())
+        write_file(folder / f"{stem}.{fmt}", buf.getvalue())
         png = buf.getvalue() if fmt == "png" else png
     return png
 

@@ -1,22 +1,23 @@
 """How a run directory is named in tables and figures: its method's label (AVG, UWA, sUWA τ=…, the
-baselines), what kind of run it is, and which runs are the same experiment. Shared by fdlit.report and
-the reports built on it (fdlit.report_adversaries)."""
+baselines), what kind of run it is, and which runs are the same experiment.
+
+A method's label is its class's own ``label`` (:class:`fdlit.methods.Aggregator`; its class name
+when None). The class is found by name among the classes :mod:`fdlit.methods` exports, never
+imported from the class path a run folder holds: a run folder is data, and reading it runs no
+code. A class path outside fdlit's methods is labelled by its last dotted part, as text."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
-from fdlit.methods.aliases import canonical_class_path
+from fdlit.methods.aliases import PACKAGE, canonical_class_path
 from fdlit.runs.checkpoint import without_noop_sections
 
-SHORT_NAMES = {
-    "ProbabilityAveraging": "AVG",
-    "UncertaintyWeighted": "UWA",
-    "SmoothedUncertaintyWeighted": "sUWA",
-}
 LOCAL_LABEL = "Local only (no communication)"
 REF_LABEL = "Ref."
+
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -28,6 +29,31 @@ def _section(config: dict, name: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+@functools.cache
+def method_classes() -> dict[str, type]:
+    """Class name -> class of every method :mod:`fdlit.methods` exports (already imported with it)."""
+    import fdlit.methods as methods
+    from fdlit.methods.base import Aggregator
+
+    found = {name: vars(methods).get(name) for name in methods.__all__}
+    return {name: cls for name, cls in found.items() if isinstance(cls, type) and issubclass(cls, Aggregator)}
+
+
+def method_class(class_path: Any) -> type | None:
+    """The fdlit method a class path names (former names included), or None: looked up, not imported."""
+    if not isinstance(class_path, str):
+        return None
+    module, _, name = canonical_class_path(class_path).rpartition(".")
+    if module != PACKAGE and not module.startswith(PACKAGE + "."):
+        return None
+    return method_classes().get(name)
+
+
+def _class_path(config: dict) -> str:
+    agg = config.get("aggregator")
+    return str(agg.get("class_path", "?")) if isinstance(agg, dict) else str(agg)
+
+
 def run_kind(config: dict) -> str:
     mode = _section(config, "federation").get("mode", "fd")
     return {"local_only": "local", "reference": "ref"}.get(mode, "rule") if isinstance(mode, str) else "rule"
@@ -35,9 +61,10 @@ def run_kind(config: dict) -> str:
 
 def suwa_tau(config: dict) -> float | None:
     """sUWA's temperature τ, or None when the run is not sUWA (or its τ is not a number)."""
+    from fdlit.methods import SmoothedUncertaintyWeighted
+
     agg = config.get("aggregator")
-    if not isinstance(agg, dict) or not canonical_class_path(str(agg.get("class_path", ""))).endswith(
-            ".SmoothedUncertaintyWeighted"):
+    if not isinstance(agg, dict) or method_class(agg.get("class_path")) is not SmoothedUncertaintyWeighted:
         return None
     init_args = agg.get("init_args")
     return _number(init_args.get("tau")) if isinstance(init_args, dict) else None
@@ -47,11 +74,10 @@ def method_label(config: dict) -> str:
     kind = run_kind(config)
     if kind != "rule":  # baselines are labelled as what they are, never as the rule in their config
         return LOCAL_LABEL if kind == "local" else REF_LABEL
-    agg = config.get("aggregator") or {}
     # runs written before the methods' rename carry former class paths (fdlit.methods.aliases)
-    class_path = canonical_class_path(str(agg.get("class_path", "?")) if isinstance(agg, dict) else str(agg))
-    name = class_path.rsplit(".", 1)[-1]
-    label = SHORT_NAMES.get(name, name)
+    class_path = canonical_class_path(_class_path(config))
+    cls = method_class(class_path)
+    label = (cls.label or cls.__name__) if cls is not None else class_path.rsplit(".", 1)[-1]
     tau = suwa_tau(config)
     if tau is not None:  # the τ study's rows are sUWA at different temperatures; τ = 0 is AVG, τ = 1 UWA
         label = {0.0: f"AVG (sUWA τ={tau:g})", 1.0: f"UWA (sUWA τ={tau:g})"}.get(tau, f"sUWA τ={tau:g}")

@@ -6,7 +6,7 @@ attack's class path and arguments, ``redraw``, ``collude``); its x is the share 
 attack (``count``, ``round(fraction * M)`` or ``len(ids)``, over M = ``data.num_clients``). The 0 %
 point of a line is a run without attackers of the same setting: the same config apart from the
 ``adversaries`` section and the seed (and apart from the logger, as in
-:func:`fdlit.run_labels.setting_key`). y is the honest clients' mean global accuracy at the last
+:func:`fdlit.reporting.labels.setting_key`). y is the honest clients' mean global accuracy at the last
 evaluated round (``adversaries/honest_global_acc``; without attackers every client is honest:
 ``after_public/global_acc_mean``), mean ± std over seeds; a second panel holds the attackers'
 weight in the teacher or the global model (``adversaries/weight``) where a rule reports it.
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from fdlit.adversaries.section import attacker_count
-from fdlit.paper_figures import TWO_COLUMN_IN, legend_below, method_colors, new_figure, plain_text
-from fdlit.run_labels import _flatten, method_label, setting_key
+from fdlit.reporting.labels import _flatten, method_label, setting_key
+from fdlit.reporting.paper_figures import TWO_COLUMN_IN, legend_below, method_colors, new_figure, plain_text
 from fdlit.runs.directory import safe_name
 
 HONEST = "adversaries/honest_global_acc"

@@ -1,0 +1,204 @@
+"""The runs a report is made of: every run directory under a folder, one per (setting, seed), with
+its method's label, k, seed, dataset and the settings it differs in from the others."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from fdlit.data.federated import DEFAULT_CLASSES_PER_CLIENT
+from fdlit.errors import ConfigError
+from fdlit.reporting.labels import LOCAL_LABEL, _flatten, _number, _section, method_label, run_kind, setting_key
+from fdlit.runs.checkpoint import without_noop_sections
+from fdlit.runs.directory import METRICS, RunFileError, read_config, read_jsonl, read_summary
+
+ACC = "after_public/global_acc_mean"
+PRIVATE_ACC = "after_private/global_acc_mean"
+LOCAL = "after_public/local_acc_mean"
+SELECTED = "selected_global_acc_mean"  # validation-selected accuracy, when the run's summary has one
+ORDER = {"AVG": 0, "UWA": 1, "sUWA": 2}
+PHASES = (("private", "after private"), ("public", "after public"))
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    metrics: list[dict]
+    summary: dict
+    method: str = ""
+    k: Any = None  # classes per client (int) or a label such as "dir0.1"
+    seed: int = 0
+    kind: str = "rule"  # "rule" (federated distillation), "local" (local_only) or "ref" (reference)
+    dataset: str = ""
+    group: str = ""  # the settings this run differs in from others of its dataset, e.g. "[rounds=5] "
+    # validation-selected numbers are used only when every run has them: one table never mixes
+    # them with test-best numbers (set by load_runs)
+    use_selected: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.summary.get("finished"))
+
+    @property
+    def has_selected(self) -> bool:
+        return _number(self.summary.get(SELECTED)) is not None
+
+    @property
+    def selected(self) -> bool:
+        return self.use_selected and self.has_selected
+
+    def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(rounds, values) of the rows where both are numbers: a value someone edited into a list,
+        a dict or text is a missing value, not a failed report."""
+        rows = [(_number(m.get("round")), _number(m.get(key))) for m in self.metrics]
+        rows = [(r, v) for r, v in rows if r is not None and v is not None]
+        return np.array([r for r, _ in rows], dtype=float), np.array([v for _, v in rows], dtype=float)
+
+    def best(self, phase: str = "public") -> float:
+        """Best mean global accuracy (fraction) after the ``private`` or ``public`` phase."""
+        keys = ((SELECTED, "best_global_acc_mean") if phase == "public"
+                else (SELECTED + "_after_private", "best_global_acc_mean_after_private"))
+        keys = keys if self.selected else keys[1:]
+        for key in keys:
+            value = _number(self.summary.get(key))
+            if value is not None:
+                return value
+        _, acc = self.series(ACC if phase == "public" else PRIVATE_ACC)
+        return float(np.nanmax(acc)) if len(acc) else math.nan
+
+    def last(self, key: str) -> float | None:
+        _, values = self.series(key)
+        return float(values[-1]) if len(values) else None
+
+
+def load_runs(root: str | Path, include_unfinished: bool = False,
+              include_duplicates: bool = False) -> tuple[list[Run], list[tuple[Path, str]]]:
+    """Runs under ``root`` (any depth), one per (setting, seed) unless ``include_duplicates``, and the
+    run directories left out with the reason (unreadable, unfinished, or the same setting and seed
+    as a run that is used)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError("runs", f"{str(root)!r} is not a folder")
+    candidates, skipped = [], []
+    for path in sorted(p.parent for p in root.rglob(METRICS)):
+        try:
+            config = read_config(path)
+        except RunFileError as exc:  # a device, a link out of the folder, too large: refused unread
+            skipped.append((path, exc.reason))
+            continue
+        except (OSError, yaml.YAMLError):
+            skipped.append((path, "config.yaml unreadable"))
+            continue
+        try:
+            summary, metrics = _summary(path), read_jsonl(path / METRICS)
+        except RunFileError as exc:
+            skipped.append((path, exc.reason))
+            continue
+        run = Run(path, config if isinstance(config, dict) else {}, metrics,
+                  summary if isinstance(summary, dict) else {})
+        if not run.metrics:
+            skipped.append((path, "no metrics"))
+            continue
+        if not (run.finished or include_unfinished):
+            skipped.append((path, "unfinished"))
+            continue
+        candidates.append(run)
+    # one run per (setting, seed): finished first, then the most rounds, then the newest folder
+    runs, used = [], {}
+    newest_first = sorted(candidates, key=lambda r: r.path.name, reverse=True)
+    for run in sorted(newest_first, key=lambda r: (not r.finished, -len(r.metrics))):
+        key = setting_key(run.config)
+        if key in used and not include_duplicates:
+            skipped.append((run.path, f"same setting and seed as {used[key].name}"))
+            continue
+        used.setdefault(key, run.path)
+        data = _section(run.config, "data")
+        run.method, run.kind = method_label(run.config), run_kind(run.config)
+        run.dataset = str(data.get("dataset", ""))
+        run.k = ((data.get("classes_per_client") or DEFAULT_CLASSES_PER_CLIENT)
+                 if data.get("partition", "classes") == "classes" else f"dir{data.get('dirichlet_alpha')}")
+        run.seed = run.config.get("seed", 0)
+        # a hand-edited config may hold anything: the table's keys must be plain values
+        run.k = run.k if isinstance(run.k, (int, float, str)) else str(run.k)
+        run.seed = run.seed if isinstance(run.seed, (int, float, str)) else str(run.seed)
+        run.summary["client_classes"] = _client_classes(run.summary.get("client_classes"))
+        runs.append(run)
+    runs.sort(key=lambda r: r.path)
+    if not runs:
+        refused = [f"{p.relative_to(root) if p.is_relative_to(root) else p}: {why}" for p, why in skipped
+                   if why not in ("unfinished", "no metrics")]
+        raise ConfigError("runs", f"no {'' if include_unfinished else 'finished '}run directories "
+                          f"(config.yaml + metrics.jsonl) under {str(root)!r}"
+                          + ("" if include_unfinished else "; --include_unfinished uses unfinished ones")
+                          + (f"; left out: {'; '.join(refused[:3])}" if refused else ""))
+    # runs that differ in anything but the studied knobs (e.g. two sweeps with different rounds in
+    # one folder) are never pooled: the differing settings become part of the row label. Compared
+    # within a dataset: each dataset has its own model and schedule, as in the paper's Table 1.
+    for dataset in {r.dataset for r in runs}:
+        group = [r for r in runs if r.dataset == dataset]
+        flat = [_flatten(without_noop_sections(r.config)) for r in group]  # a no-op section is no difference
+        differing = _differing(flat)
+        for r, f in zip(group, flat, strict=True):
+            if differing:
+                r.group = "[" + ", ".join(f"{k.rsplit('.', 1)[-1]}={f.get(k)}" for k in differing) + "] "
+                r.method = r.group + r.method
+    every = all(r.has_selected for r in runs)
+    for r in runs:
+        r.use_selected = every
+    return runs, skipped
+
+
+def _summary(path: Path) -> dict:
+    try:
+        return read_summary(path)
+    except RunFileError:
+        raise
+    except (OSError, ValueError):  # no summary yet (killed in its first round), or not JSON
+        return {}
+
+
+STUDIED = ("seed", "logger.", "checkpoint.", "aggregator", "data.classes_per_client", "data.dirichlet_alpha",
+           "federation.mode")
+
+
+def _differing(flat: list[dict[str, Any]]) -> list[str]:
+    return sorted(k for k in set().union(*flat)
+                  if not k.startswith(STUDIED) and len({repr(f.get(k)) for f in flat}) > 1)
+
+
+def shared_settings(runs: list[Run]) -> tuple[dict[str, Any], list[str]]:
+    """(settings every run has in common, the keys that vary), without run names and folders."""
+    flat = [_flatten(r.config) for r in runs]
+    keys = sorted(set().union(*flat))
+    shared = {k: flat[0].get(k) for k in keys
+              if not k.startswith(("logger.", "checkpoint.")) and len({repr(f.get(k)) for f in flat}) == 1}
+    varying = [k for k in keys if k not in shared and not k.startswith(("logger.", "checkpoint."))]
+    # a rule's own knobs vary with the rule: "aggregator" says it once
+    varying = sorted({"aggregator" if k.startswith("aggregator.") and k != "aggregator.init_args.tau" else k
+                      for k in varying})
+    return shared, varying
+
+
+def _client_classes(value: Any) -> list[list[int]] | None:
+    """The summary's ``client_classes`` when it is a list of lists of class indices, else None."""
+    if isinstance(value, list) and all(isinstance(c, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                   for i in c) for c in value):
+        return value
+    return None
+
+
+def _k_sort(k: Any) -> tuple:
+    return (0, k, "") if isinstance(k, (int, float)) else (1, 0, str(k))
+
+
+def _method_sort(m: str) -> tuple:
+    prefix, _, label = m.rpartition("] ")
+    base = label.split(" ")[0]  # AVG, UWA, sUWA first, in the paper's order; the local baseline last
+    return (prefix, 10 if label == LOCAL_LABEL else ORDER.get(base, 9), m)
+

@@ -1,0 +1,168 @@
+"""Table 1 of Kovalchuk et al. (2026): a row per rule, a column per k and phase, mean ± std over
+seeds, and the bold rule (Welch's t-test over seeds). Its files are written by
+:mod:`fdlit.reporting.table_files`, its HTML by :mod:`fdlit.reporting.page`."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from fdlit.reporting.labels import REF_LABEL
+from fdlit.reporting.runs import PHASES, Run, _k_sort, _method_sort
+
+ALPHA = 0.05  # significance level of the bold rule
+MIN_SEEDS = 3  # fewer seeds than this: no test, so no bold
+
+
+@dataclass
+class Stat:
+    mean: float  # %
+    std: float  # %, sample std over seeds; nan with one seed
+    n: int
+    values: tuple = ()  # the per-seed values (%), for the significance test
+
+    @staticmethod
+    def of(values: list[float]) -> Stat:
+        v = 100 * np.array(values, dtype=float)
+        return Stat(float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else math.nan, len(v), tuple(v.tolist()))
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.mean)
+
+    def text(self) -> str:
+        if not self.finite:
+            return "–"  # the runs have no such measurement (e.g. no evaluation after the private phase)
+        return f"{self.mean:.2f} ± {self.std:.2f}" if self.n > 1 else f"{self.mean:.2f}"
+
+
+def beats(a: Stat, b: Stat) -> bool:
+    """Whether ``a`` is better than ``b`` by Welch's t-test (unequal variances, two-sided, p < ALPHA)
+    over seeds, both with at least MIN_SEEDS seeds. With no spread in either (every seed the same),
+    the higher mean wins."""
+    if a.n < MIN_SEEDS or b.n < MIN_SEEDS or not (a.finite and b.finite) or not a.mean > b.mean:
+        return False
+    if a.std == 0 and b.std == 0:
+        return True
+    from scipy.stats import ttest_ind
+
+    p = float(ttest_ind(a.values, b.values, equal_var=False).pvalue)
+    return math.isfinite(p) and p < ALPHA
+
+
+BOLD_RULE = (f"Bold: the best rule of a column, only when it beats the second best by Welch's t-test over seeds "
+             f"(two-sided, p < {ALPHA:g}, n ≥ {MIN_SEEDS} seeds each); otherwise every rule not shown worse than "
+             "the best by that test is underlined (tied for best).")
+
+
+@dataclass
+class Table:
+    """Kovalchuk et al. (2026) Table 1: rows (dataset, method, kind), columns k x phase, a Ref. column."""
+    rows: list[tuple[str, str, str]]  # (dataset, label, kind), kind "rule" or "local"
+    ks: list
+    cells: dict  # (dataset, label, k, phase) -> Stat
+    ref: dict  # (dataset, group) -> Stat over all reference runs of that block (any k), after the public phase
+    group_of: dict  # (dataset, label) -> group prefix
+    bold: set  # (dataset, label, k, phase): the best rule of its block and column, by the test (BOLD_RULE)
+    tied: set = frozenset()  # (dataset, label, k, phase): tied for the best of its column (no clear winner)
+
+    @property
+    def phases(self) -> list[tuple[str, str]]:
+        """The phases with at least one measured cell: no column is empty."""
+        return [(p, name) for p, name in PHASES
+                if any(s.finite for (_, _, _, phase), s in self.cells.items() if phase == p)]
+
+    @property
+    def seeds(self) -> set[int]:
+        """The numbers of seeds of the cells (one value: the caption says it once)."""
+        return {s.n for s in [*self.cells.values(), *self.ref.values()]}
+
+    def ref_for(self, dataset: str, label: str) -> Stat | None:
+        return self.ref.get((dataset, self.group_of[(dataset, label)]))
+
+    def mark(self, key: tuple) -> str:
+        """"best", "tied" or ""."""
+        return "best" if key in self.bold else "tied" if key in self.tied else ""
+
+
+def table1(runs: list[Run]) -> Table:
+    groups: dict[tuple, list[Run]] = defaultdict(list)
+    refs: dict[tuple, list[float]] = defaultdict(list)
+    group_of = {}
+    for r in runs:
+        if r.kind == "ref":  # one model on all classes: its k is meaningless, so it is pooled over k
+            refs[(r.dataset, r.group)].append(r.best("public"))
+            continue
+        groups[(r.dataset, r.method, r.kind, r.k)].append(r)
+        group_of[(r.dataset, r.method)] = r.group
+    cells = {}
+    for (dataset, label, _, k), group in groups.items():
+        for phase, _ in PHASES:
+            cells[(dataset, label, k, phase)] = Stat.of([r.best(phase) for r in group])
+    rows = sorted({(d, m, kind) for d, m, kind, _ in groups}, key=lambda row: (row[0], _method_sort(row[1])))
+    for dataset, group in refs:  # a block with only reference runs still gets a row to show them on
+        if not any(d == dataset and group_of.get((d, m)) == group for d, m, _ in rows):
+            rows.append((dataset, group + REF_LABEL, "ref"))
+            group_of[(dataset, group + REF_LABEL)] = group
+    ks = sorted({k for *_, k in groups}, key=_k_sort)
+    bold, tied = set(), set()
+    for dataset, group in {(d, group_of[(d, m)]) for d, m, _ in rows}:
+        rules = [m for d, m, kind in rows if d == dataset and kind == "rule" and group_of[(d, m)] == group]
+        if len(rules) < 2:
+            continue  # marks compare several rules, never a baseline
+        for k in ks:
+            for phase, _ in PHASES:
+                scored = sorted(((cells[(dataset, m, k, phase)], m) for m in rules
+                                 if (dataset, m, k, phase) in cells and cells[(dataset, m, k, phase)].finite),
+                                key=lambda sm: -sm[0].mean)
+                if len(scored) < 2:
+                    continue
+                (top, best), (second, _) = scored[0], scored[1]
+                if beats(top, second):
+                    bold.add((dataset, best, k, phase))
+                else:
+                    tied |= {(dataset, m, k, phase) for stat, m in scored if not beats(top, stat)}
+    return Table(rows, ks, cells, {key: Stat.of(v) for key, v in refs.items()}, group_of, bold, tied)
+
+
+def _first_of_block(table: Table, i: int) -> bool:
+    dataset, label, _ = table.rows[i]
+    if i == 0:
+        return True
+    prev_dataset, prev_label, _ = table.rows[i - 1]
+    return (prev_dataset, table.group_of[(prev_dataset, prev_label)]) != (dataset, table.group_of[(dataset, label)])
+
+
+def _show_dataset(table: Table) -> bool:
+    """A dataset column only when the table holds several (one dataset is named in the caption)."""
+    return len({d for d, _, _ in table.rows}) > 1
+
+
+def _row_cells(table: Table, dataset: str, label: str):
+    """A row's cells in column order: (k, phase, Stat or None for an empty cell, mark)."""
+    for k in table.ks:
+        for phase, _ in table.phases:
+            key = (dataset, label, k, phase)
+            yield k, phase, table.cells.get(key), table.mark(key)
+
+
+def table1_caption(table: Table, selected: bool) -> str:
+    what = "Validation-selected (selected_global_acc_mean)" if selected else "Best"
+    datasets = sorted({d for d, _, _ in table.rows if d})
+    on = f" on {', '.join(datasets)}" if datasets and not _show_dataset(table) else ""
+    after = ("after the private and after the public phase" if len(table.phases) > 1
+             else f"{table.phases[0][1] if table.phases else 'after public'} phase")
+    seeds = f"n = {next(iter(table.seeds))} seeds per cell" if len(table.seeds) == 1 else "n seeds per cell as shown"
+    parts = [f"{what} mean global test accuracy (%){on} {after}, mean ± std over seeds ({seeds}; no std with n = 1).",
+             BOLD_RULE]
+    if table.ref:
+        parts.append("Ref.: fully informed reference.")
+    if any(kind == "local" for _, _, kind in table.rows):
+        parts.append("Local only: no communication (baselines are never marked).")
+    if any("(sUWA τ=" in label for _, label, _ in table.rows):
+        parts.append("sUWA with τ = 0 is AVG and with τ = 1 is UWA.")
+    return " ".join(parts)
+
