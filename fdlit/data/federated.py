@@ -17,6 +17,8 @@ import torch
 from fdlit.data.datasets import NUM_CLASSES, TensorDataset, augment_images, load_dataset
 from fdlit.data.partition import (
     assign_k_classes,
+    block_k_classes,
+    check_blocks,
     check_k_classes,
     cyclic_k_classes,
     dirichlet_partition,
@@ -70,7 +72,9 @@ class FederatedData:
         tokenizer: hub id or local folder of the tokenizer for text datasets (BERT-tiny's).
         max_length: tokens per text sample (padded/truncated) for text datasets.
         class_assignment: for ``partition=classes``: ``random`` (a balanced random draw of k classes per
-            client, seeded) or ``cyclic`` (client i holds classes i, ..., i+k-1 mod C; needs M + k - 1 >= C).
+            client, seeded), ``cyclic`` (client i holds classes i, ..., i+k-1 mod C; needs M + k - 1 >= C) or
+            ``blocks`` (a seeded permutation of the classes cut into C/k disjoint groups of k; client i holds
+            group i mod (C/k); needs k | C and (C/k) | M, so every group has M*k/C clients).
         validation_size: a labelled validation set, drawn (stratified) from the private pool before
             the clients get their data, so it is disjoint from the test, public and private sets. An
             integer is a number of samples, a float in (0, 1) a share of the private pool; 0 (the
@@ -103,7 +107,7 @@ class FederatedData:
         max_train_samples: int | None = None,
         tokenizer: str = "prajjwal1/bert-tiny",
         max_length: int = 256,
-        class_assignment: Literal["random", "cyclic"] = "random",
+        class_assignment: Literal["random", "cyclic", "blocks"] = "random",
         validation_size: int | float = 0,
         local_class_min_samples: int = 2,
     ):
@@ -132,8 +136,8 @@ class FederatedData:
             raise ConfigError("data.calibration_fraction", f"must be in (0, 1), got {calibration_fraction}")
         if calibration not in ("split", "augmented"):
             raise ConfigError("data.calibration", f"allowed: 'split', 'augmented'; got {calibration!r}")
-        if class_assignment not in ("random", "cyclic"):
-            raise ConfigError("data.class_assignment", f"allowed: 'random', 'cyclic'; got {class_assignment!r}")
+        if class_assignment not in ("random", "cyclic", "blocks"):
+            raise ConfigError("data.class_assignment", f"allowed: 'random', 'cyclic', 'blocks'; got {class_assignment!r}")
         if isinstance(validation_size, bool) or not (
                 (isinstance(validation_size, int) and validation_size >= 0)
                 or (isinstance(validation_size, float) and 0 < validation_size < 1)):
@@ -146,6 +150,8 @@ class FederatedData:
             check_k_classes(num_clients, known, classes_per_client)
             if class_assignment == "cyclic":
                 cyclic_k_classes(num_clients, known, classes_per_client)
+            elif class_assignment == "blocks":
+                check_blocks(num_clients, known, classes_per_client)
         self.dataset = dataset
         self.num_clients = num_clients
         self.partition = partition
@@ -225,6 +231,8 @@ class FederatedData:
         if self.partition == "classes":
             if self.class_assignment == "cyclic":
                 class_sets = cyclic_k_classes(self.num_clients, self.num_classes, self.classes_per_client)
+            elif self.class_assignment == "blocks":
+                class_sets = block_k_classes(self.num_clients, self.num_classes, self.classes_per_client, rng)
             else:
                 class_sets = assign_k_classes(self.num_clients, self.num_classes, self.classes_per_client, rng)
             parts = sample_k_class_clients(pool_labels, class_sets, self.samples_per_client, rng)
