@@ -156,6 +156,11 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
                            "subclass whose constructor takes input_shape and num_classes (`fdlit fit --help` lists "
                            "fdlit's)")
     keys = re.findall(r'Parser key "([^"]+)":', text)  # nested for class_path arguments: model, then hidden
+    literal = re.search(r"Expected a typing\.Literal\[([^\]]*)\]", text)
+    given = re.search(r"(?:Got value|Given value): (.*)$", text, re.MULTILINE)
+    if keys and literal and given:  # a choice field (data.class_assignment, ...) given a value it does not have
+        allowed = literal.group(1) + (", null" if "NoneType" in text else "")
+        return ConfigError(".".join(keys), f"allowed: {allowed}; got {given.group(1).strip()!r}")
     detail = " ".join(line.strip() for line in re.sub(r'Parser key "[^"]+":', "", text).splitlines() if line.strip())
     return ConfigError(".".join(keys) if keys else command, detail + import_hint(text))
 

@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fdlit.data.datasets import NUM_CLASSES, TensorDataset, augment_images, load_dataset
+from fdlit.data.datasets import NUM_CLASSES, TensorDataset, augment_images, input_scalings, load_dataset
 from fdlit.data.partition import (
     assign_k_classes,
     block_k_classes,
@@ -88,6 +88,11 @@ class FederatedData:
             calibration sample; 1 counts a class held by a single sample as local. A client with no
             class above the threshold keeps its most frequent class(es). Under ``partition=classes``
             the assigned classes are the local ones.
+        input_scaling: how image pixels become network inputs: ``standardize`` ((x/255 - mean) / std with the
+            dataset's channel statistics; MNIST, Fashion-MNIST, CIFAR-10/100) or ``unit`` (x/255, in [0, 1]);
+            null gives the dataset's own (``standardize`` for those, ``unit`` for digits, which has only
+            ``unit``; text datasets have none). The step is the input layer the loop puts in front of every
+            network (``input_transform``), so training, inference, export and the server model all see it.
     """
 
     def __init__(
@@ -110,6 +115,7 @@ class FederatedData:
         class_assignment: Literal["random", "cyclic", "blocks"] = "random",
         validation_size: int | float = 0,
         local_class_min_samples: int = 2,
+        input_scaling: Literal["standardize", "unit"] | None = None,
     ):
         check_at_least("data.num_clients", num_clients, 1)
         if partition not in ("classes", "dirichlet"):
@@ -144,6 +150,7 @@ class FederatedData:
             raise ConfigError("data.validation_size", "allowed: a number of samples (an integer >= 0; 0 keeps no "
                               f"validation set) or a share of the private pool (a float in (0, 1)); got {validation_size!r}")
         check_at_least("data.local_class_min_samples", local_class_min_samples, 1)
+        check_input_scaling(dataset, input_scaling)
         known = NUM_CLASSES.get(dataset)
         if partition == "classes" and known is not None:
             # here, not only in setup: a sweep's up-front check instantiates every config
@@ -170,6 +177,7 @@ class FederatedData:
         self.class_assignment = class_assignment
         self.validation_size = validation_size
         self.local_class_min_samples = local_class_min_samples
+        self.input_scaling = input_scaling
         self.is_setup = False
 
     def setup(self, seed: int) -> FederatedData:
@@ -177,7 +185,7 @@ class FederatedData:
         rng = np.random.default_rng([seed, 0xFD])
         loaded = load_dataset(self.dataset, data_dir=self.data_dir, augment=self.augment,
                               max_train_samples=self.max_train_samples, tokenizer=self.tokenizer,
-                              max_length=self.max_length)
+                              max_length=self.max_length, input_scaling=self.input_scaling)
         full, test = (loaded if isinstance(loaded, tuple) else (loaded, None))
         labels = full.y.numpy()
         if test is None:
@@ -289,6 +297,18 @@ class FederatedData:
     def local_test_mask(self, classes: list[int]) -> torch.Tensor:
         """Test samples whose label is one of ``classes`` (for local accuracy)."""
         return torch.isin(self.test.y, torch.tensor(classes))
+
+
+def check_input_scaling(dataset: str, value: str | None) -> None:
+    """``data.input_scaling`` must be one of the scalings and one the dataset has (null: its default)."""
+    if value is None:
+        return
+    if value not in ("standardize", "unit"):
+        raise ConfigError("data.input_scaling", f"allowed: 'standardize', 'unit', null (the dataset's own); got {value!r}")
+    supported = input_scalings(dataset)
+    if dataset in NUM_CLASSES and value not in supported:
+        what = f"allowed: {', '.join(map(repr, supported))} or null" if supported else "it is a text dataset: leave it null"
+        raise ConfigError("data.input_scaling", f"{dataset!r} has no {value!r} scaling ({what}); got {value!r}")
 
 
 def _fix_size(take: np.ndarray, rest: np.ndarray, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

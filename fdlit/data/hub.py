@@ -177,9 +177,13 @@ def load_hub_dataset(
     max_train_samples: int | None = None,
     tokenizer: str = "prajjwal1/bert-tiny",
     max_length: int = 256,
+    input_scaling: str | None = None,
 ) -> tuple[TensorDataset, TensorDataset]:
-    """(train, test) of a paper dataset as tensors; see the module docstring."""
+    """(train, test) of a paper dataset as tensors; see the module docstring. ``input_scaling`` (images):
+    ``standardize`` (the default, also for None) maps pixels to (x/255 - mean) / std with the dataset's
+    channel statistics, ``unit`` to x/255 in [0, 1]."""
     spec = HUB_DATASETS[name]
+    unit = input_scaling == "unit"
     local = find_local_arrays(name, data_dir) if spec.image else None  # original files (IDX, CIFAR batches)
     splits = local if local is not None else load_hub_splits(spec, data_dir)
     out = []
@@ -196,7 +200,8 @@ def load_hub_dataset(
                 x = torch.from_numpy(np.ascontiguousarray(ds[0]))
             else:
                 x = _cached(f"{name}-{split_name}-{_fingerprint(ds)}", lambda ds=ds: {"x": _images_to_uint8(ds, spec.image)})["x"]
-            transform = partial(ImageInput, mean=spec.mean, std=spec.std,
+            mean, std = ((0.0,) * len(spec.mean), (1.0,) * len(spec.std)) if unit else (spec.mean, spec.std)
+            transform = partial(ImageInput, mean=mean, std=std,
                                 augment=spec.augment if augment is None else augment)
         else:
             key = hashlib.sha1(f"{_fingerprint(ds)}|{tokenizer}|{max_length}".encode()).hexdigest()[:16]
