@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from jsonargparse import ActionYesNo, ArgumentParser
 
-from fdlit.config import fit_parser, parse_error, rewrite_config_args
+from fdlit.config import PARSER_MODE, fit_parser, parse_error, rewrite_config_args
 from fdlit.errors import ConfigError
 from fdlit.federation import NumericalFault
 
@@ -28,6 +28,7 @@ EXIT_OS, EXIT_CONFIG, EXIT_NUMERICAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="fdlit", description="fdlit: federated distillation experiments.", allow_abbrev=False,
+                            parser_mode=PARSER_MODE,  # passed on to the subcommands, fit's included
                             epilog="fdlit deploy --help: run a fit config as a Flower federation (the flower extra).")
     sub = parser.add_subcommands(required=True, dest="command")
     sub.add_subcommand("fit", fit_parser(), help="Run one experiment.")

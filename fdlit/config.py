@@ -10,7 +10,8 @@ import difflib
 import re
 from pathlib import Path
 
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader, set_loader
 
 from fdlit.adversaries import Adversaries
 from fdlit.clients import ClientOptimization
@@ -28,6 +29,13 @@ from fdlit.runs.logger_config import LoggerConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")
+
+
+def shipped_configs() -> Path | None:
+    """fdlit's own ``configs/`` folder (beside the package in a source checkout or an editable install);
+    None when fdlit was installed as a wheel, which does not ship it."""
+    folder = PACKAGE_ROOT.parent / "configs"
+    return folder if (folder / "datasets").is_dir() else None
 LOOP_OBJECTS = {"data", "model", "client", "aggregator", "privacy", "seed", "server", "adversaries"}
 
 
@@ -48,8 +56,23 @@ def resolve_config_path(value: str) -> str:
                       + (f"; parts to stack in {', '.join(f'{d}/' for d in layers)}" if layers else ""))
 
 
+def _load_without_layers(text: str):
+    """jsonargparse's YAML loading, less a document's top-level ``config:`` list: fdlit expands it itself
+    (``rewrite_config_args``), finding parts beside the file or in fdlit's configs/, where jsonargparse
+    would look for a single name beside the file only."""
+    value = YAML_LOADER(text)
+    if isinstance(value, dict):
+        value.pop("config", None)
+    return value
+
+
+YAML_LOADER = get_loader("yaml")
+PARSER_MODE = "fdlit_yaml"  # the fit parser's mode (``parser_mode``); the top-level parser passes it on
+set_loader(PARSER_MODE, _load_without_layers, exceptions=(yaml.YAMLError,))
+
+
 def fit_parser() -> ArgumentParser:
-    parser = ArgumentParser(description="Run one federated-distillation experiment. Continue a killed run with "
+    parser = ArgumentParser(parser_mode=PARSER_MODE, description="Run one federated-distillation experiment. Continue a killed run with "
                             "`fdlit fit --resume RUN_DIR` (config and seed come from RUN_DIR).", env_prefix="FDLIT",
                             default_env=False, allow_abbrev=False)  # --data.num_client must not mean num_clients
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config file (path, or a name in configs/)")
@@ -99,11 +122,24 @@ def config_layers(path: str, _including: tuple[Path, ...] = ()) -> list[str]:
         raise ConfigError("config", f"{path}: `config:` must be a file name or a list of file names, got {listed!r}")
     layers: list[str] = []
     for entry in entries:
-        target = file.parent / entry
-        if not target.is_file():
-            raise ConfigError("config", f"{path} lists {entry!r}, which does not exist ({target})")
-        layers += config_layers(str(target), (*_including, file))
+        layers += config_layers(str(listed_file(path, entry)), (*_including, file))
     return [*layers, path]
+
+
+def listed_file(path: str, entry: str) -> Path:
+    """Where an entry of ``path``'s ``config:`` list is: beside ``path`` first (a copied config with its
+    parts copied too, or a part changed locally), then fdlit's shipped ``configs/`` (a copied config whose
+    parts are fdlit's own)."""
+    local = Path(path).resolve().parent / entry
+    if local.is_file():
+        return local
+    shipped = shipped_configs()
+    if shipped is not None and (shipped / entry).is_file():
+        return shipped / entry
+    where = (f"nor in fdlit's configs/ ({shipped / entry})" if shipped is not None else
+             "and this fdlit has no configs/ folder to fall back on (installed as a package, which does not ship "
+             "it: copy the part beside the file, or install fdlit from a checkout with `pip install -e .`)")
+    raise ConfigError("config", f"{path} lists {entry!r}, which is neither beside it ({local}) {where}")
 
 
 def rewrite_config_args(argv: list[str]) -> list[str]:
