@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from jsonargparse import ActionYesNo, ArgumentParser
 
-from fdlit.config import PARSER_MODE, fit_parser, parse_error, rewrite_config_args
+from fdlit.config import PARSER_MODE, config_files, fit_parser, parse_error, rewrite_config_args
 from fdlit.errors import ConfigError
 from fdlit.federation import NumericalFault
 
@@ -123,7 +123,7 @@ def _parse(argv: list[str]):
         return parser, parser.parse_args(argv)
     except argparse.ArgumentError as exc:
         command = argv[0] if argv and argv[0] in subparsers else "fdlit"
-        raise parse_error(exc, subparsers.get(command, parser), command) from None
+        raise parse_error(exc, subparsers.get(command, parser), command, config_files(argv)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ EMPTY an empty folder; RUN a copy of a finished run (``RUN:<damage>`` damages it
 sweep file made from the case's ``sweep`` parameters; a name in RAW a file with those bytes.
 """
 
+import re
 import shutil
 
 import pytest
@@ -265,7 +266,7 @@ CASES = [
      "checksum written with it; the newest intact checkpoint kept is round 2's; continue from it with: "),
     ("resume-flipped-kept", resume("RUN:flipped_kept/checkpoint-r2.pt"), "resume", "checkpoint-r2.pt is damaged"),
     ("resume-kept-missing", resume("RUN/checkpoint-r9.pt"), "resume", "no run directory"),
-    ("resume-config-unknown-key", resume("RUN:unknown_key"), "data.nosuch", "no such key"),
+    ("resume-config-unknown-key", resume("RUN:unknown_key"), "data.nosuch", "config.yaml:"),
     ("resume-no-checkpoint", resume("RUN:missing_all"), "resume", "no round of that run completed"),
     ("resume-no-checkpoint-but-kept", resume("RUN:missing"), "resume", "has no checkpoint.pt; the newest intact "
      "checkpoint kept is round 2's; continue from it with: python -m fdlit fit --resume "),
@@ -397,7 +398,8 @@ def test_bad_input_exits_2_names_the_field_and_changes_nothing(case, tmp_path, c
             lock.release()
     err = capsys.readouterr().err
     assert code == 2, err
-    assert err.startswith(f"fdlit: error: {field}: "), err
+    # a key of a config file is also named with the file and line that hold it: "<file>:<line>: <field>: "
+    assert re.match(rf"fdlit: error: (\S+:\d+: )?{re.escape(field)}: ", err), err
     assert allowed in err, err
     assert len(err.strip().splitlines()) == 1, err  # one line, no traceback or usage dump
     assert not (world / "NEW").exists()
