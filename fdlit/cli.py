@@ -28,13 +28,17 @@ EXIT_OS, EXIT_CONFIG, EXIT_NUMERICAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="fdlit", description="fdlit: federated distillation experiments.", allow_abbrev=False,
-                            parser_mode=PARSER_MODE,  # passed on to the subcommands, fit's included
-                            epilog="fdlit deploy --help: run a fit config as a Flower federation (the flower extra).")
+                            parser_mode=PARSER_MODE)  # passed on to the subcommands, fit's included
     sub = parser.add_subcommands(required=True, dest="command")
     sub.add_subcommand("fit", fit_parser(), help="Run one experiment.")
     sub.add_subcommand("sweep", sweep_parser(), help="Run a W&B sweep file locally (grid, grouped, resumable).")
     sub.add_subcommand("report", report_parser(), help="Tables and figures (HTML, PDF, SVG, PNG, LaTeX) from run directories.")
     sub.add_subcommand("export", export_parser(), help="A trained client's or the server's network as a plain state dict.")
+    # parsed by their own modules (main hands them their arguments); listed here so that --help names them
+    sub.add_subcommand("deploy", ArgumentParser(), help="Run a fit config as a Flower federation (the flower extra; "
+                       "`fdlit deploy --help`).")
+    sub.add_subcommand("data", ArgumentParser(), help="`fdlit data fetch <dataset> --to DIR`: save a paper dataset "
+                       "in the files --data.data_dir reads (on a machine with network, for one without).")
     return parser
 
 
@@ -146,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
             from fdlit.deployment.command import main as deploy
 
             return deploy(*split_resume(argv[1:]))
+        if argv[:1] == ["data"]:  # data fetch: a hub dataset in the files --data.data_dir reads
+            from fdlit.data.fetch import main as data
+
+            return data(argv[1:])
         extra: list[str] = []
         if argv[:1] == ["sweep"] and "--" in argv:  # fit flags for every sweep run follow "--"
             at = argv.index("--")

@@ -303,7 +303,8 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
         return ConfigError("config", " ".join(text.split()))
     choice = re.match(r"argument command: invalid choice: (\S+)", text)
     if choice:
-        return ConfigError("command", f"allowed: fit, sweep, report; got {choice.group(1)}")
+        commands = list(getattr(parser._subcommands_action, "choices", None) or ["fit", "sweep", "report"])
+        return ConfigError("command", f"allowed: {', '.join(commands)}; got {choice.group(1)}")
     if "subclass of ClientNetwork" in text:  # model or server.model named a class fdlit cannot build
         field = "server.model" if re.search(r'^\W*(Parser key ")?server\.model\b', text) else "model"
         named = re.search(r"Import path (\S+) does not|but (\S+) either not accessible", text)

@@ -85,7 +85,8 @@ def fetch_hint(spec: HubSpec) -> str:
         f"    python -c \"from datasets import load_dataset; load_dataset('{spec.repo_id}')\"\n"
         f"or download a copy and point fdlit at it:\n"
         f"    hf download --repo-type dataset {spec.repo_id} --local-dir DIR   # then --data.data_dir DIR\n"
-        f"(--data.data_dir also accepts a DatasetDict.save_to_disk folder or a Hugging Face cache directory)\n"
+        f"(--data.data_dir also accepts a DatasetDict.save_to_disk folder or a Hugging Face cache directory), or\n"
+        f"    python -m fdlit data fetch {spec.name} --to DIR   # the original file format; then --data.data_dir DIR\n"
         + local_fetch_hint(spec.name)
         + "\nWithout network, HF_HUB_OFFLINE=1 reads the Hugging Face cache only, without trying the hub."
     ).rstrip()
@@ -172,7 +173,7 @@ def _fingerprint(ds) -> str:
     return getattr(ds, "_fingerprint", None) or hashlib.sha1(repr(ds).encode()).hexdigest()
 
 
-def _images_to_uint8(ds, column: str) -> torch.Tensor:
+def images_to_uint8(ds, column: str) -> torch.Tensor:
     arrays = [np.asarray(im.convert("RGB") if im.mode not in ("L", "RGB") else im) for im in ds[column]]
     x = torch.from_numpy(np.stack(arrays))
     return (x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2)).contiguous()
@@ -220,7 +221,7 @@ def load_hub_dataset(
             if local is not None:  # already decoded: nothing worth caching
                 x = torch.from_numpy(np.ascontiguousarray(ds[0]))
             else:
-                x = _cached(f"{name}-{split_name}-{_fingerprint(ds)}", lambda ds=ds: {"x": _images_to_uint8(ds, spec.image)})["x"]
+                x = _cached(f"{name}-{split_name}-{_fingerprint(ds)}", lambda ds=ds: {"x": images_to_uint8(ds, spec.image)})["x"]
             mean, std = ((0.0,) * len(spec.mean), (1.0,) * len(spec.std)) if unit else (spec.mean, spec.std)
             transform = partial(ImageInput, mean=mean, std=std,
                                 augment=spec.augment if augment is None else augment)
