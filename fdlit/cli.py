@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from jsonargparse import ActionYesNo, ArgumentParser
 
-from fdlit.config import fit_parser, parse_error, rewrite_config_args
+from fdlit.config import PARSER_MODE, config_files, fit_parser, parse_error, rewrite_config_args
 from fdlit.errors import ConfigError
 from fdlit.federation import NumericalFault
 
@@ -28,12 +28,17 @@ EXIT_OS, EXIT_CONFIG, EXIT_NUMERICAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="fdlit", description="fdlit: federated distillation experiments.", allow_abbrev=False,
-                            epilog="fdlit deploy --help: run a fit config as a Flower federation (the flower extra).")
+                            parser_mode=PARSER_MODE)  # passed on to the subcommands, fit's included
     sub = parser.add_subcommands(required=True, dest="command")
     sub.add_subcommand("fit", fit_parser(), help="Run one experiment.")
     sub.add_subcommand("sweep", sweep_parser(), help="Run a W&B sweep file locally (grid, grouped, resumable).")
     sub.add_subcommand("report", report_parser(), help="Tables and figures (HTML, PDF, SVG, PNG, LaTeX) from run directories.")
     sub.add_subcommand("export", export_parser(), help="A trained client's or the server's network as a plain state dict.")
+    # parsed by their own modules (main hands them their arguments); listed here so that --help names them
+    sub.add_subcommand("deploy", ArgumentParser(), help="Run a fit config as a Flower federation (the flower extra; "
+                       "`fdlit deploy --help`).")
+    sub.add_subcommand("data", ArgumentParser(), help="`fdlit data fetch <dataset> --to DIR`: save a paper dataset "
+                       "in the files --data.data_dir reads (on a machine with network, for one without).")
     return parser
 
 
@@ -124,7 +129,7 @@ def _parse(argv: list[str]):
         return parser, parser.parse_args(argv)
     except argparse.ArgumentError as exc:
         command = argv[0] if argv and argv[0] in subparsers else "fdlit"
-        raise parse_error(exc, subparsers.get(command, parser), command) from None
+        raise parse_error(exc, subparsers.get(command, parser), command, config_files(argv)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
             from fdlit.deployment.command import main as deploy
 
             return deploy(*split_resume(argv[1:]))
+        if argv[:1] == ["data"]:  # data fetch: a hub dataset in the files --data.data_dir reads
+            from fdlit.data.fetch import main as data
+
+            return data(argv[1:])
         extra: list[str] = []
         if argv[:1] == ["sweep"] and "--" in argv:  # fit flags for every sweep run follow "--"
             at = argv.index("--")

@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
+import inspect
 import re
+import sys
+import typing
 from pathlib import Path
 
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader, set_loader
 
 from fdlit.adversaries import Adversaries
 from fdlit.clients import ClientOptimization
-from fdlit.config_files import read_yaml
+from fdlit.config_files import key_line, read_yaml
 from fdlit.data import FederatedData
-from fdlit.errors import ConfigError, import_hint
+from fdlit.errors import ConfigError, UnknownConfigKey, import_hint
 from fdlit.federation.server import ServerModel
 from fdlit.federation.settings import FederationSettings
 from fdlit.methods import Aggregator
@@ -28,6 +33,13 @@ from fdlit.runs.logger_config import LoggerConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")
+
+
+def shipped_configs() -> Path | None:
+    """fdlit's own ``configs/`` folder (beside the package in a source checkout or an editable install);
+    None when fdlit was installed as a wheel, which does not ship it."""
+    folder = PACKAGE_ROOT.parent / "configs"
+    return folder if (folder / "datasets").is_dir() else None
 
 
 def resolve_config_path(value: str) -> str:
@@ -47,8 +59,23 @@ def resolve_config_path(value: str) -> str:
                       + (f"; parts to stack in {', '.join(f'{d}/' for d in layers)}" if layers else ""))
 
 
+def _load_without_layers(text: str):
+    """jsonargparse's YAML loading, less a document's top-level ``config:`` list: fdlit expands it itself
+    (``rewrite_config_args``), finding parts beside the file or in fdlit's configs/, where jsonargparse
+    would look for a single name beside the file only."""
+    value = YAML_LOADER(text)
+    if isinstance(value, dict):
+        value.pop("config", None)
+    return value
+
+
+YAML_LOADER = get_loader("yaml")
+PARSER_MODE = "fdlit_yaml"  # the fit parser's mode (``parser_mode``); the top-level parser passes it on
+set_loader(PARSER_MODE, _load_without_layers, exceptions=(yaml.YAMLError,))
+
+
 def fit_parser() -> ArgumentParser:
-    parser = ArgumentParser(description="Run one federated-distillation experiment. Continue a killed run with "
+    parser = ArgumentParser(parser_mode=PARSER_MODE, description="Run one federated-distillation experiment. Continue a killed run with "
                             "`fdlit fit --resume RUN_DIR` (config and seed come from RUN_DIR).", env_prefix="FDLIT",
                             default_env=False, allow_abbrev=False)  # --data.num_client must not mean num_clients
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config file (path, or a name in configs/)")
@@ -98,11 +125,24 @@ def config_layers(path: str, _including: tuple[Path, ...] = ()) -> list[str]:
         raise ConfigError("config", f"{path}: `config:` must be a file name or a list of file names, got {listed!r}")
     layers: list[str] = []
     for entry in entries:
-        target = file.parent / entry
-        if not target.is_file():
-            raise ConfigError("config", f"{path} lists {entry!r}, which does not exist ({target})")
-        layers += config_layers(str(target), (*_including, file))
+        layers += config_layers(str(listed_file(path, entry)), (*_including, file))
     return [*layers, path]
+
+
+def listed_file(path: str, entry: str) -> Path:
+    """Where an entry of ``path``'s ``config:`` list is: beside ``path`` first (a copied config with its
+    parts copied too, or a part changed locally), then fdlit's shipped ``configs/`` (a copied config whose
+    parts are fdlit's own)."""
+    local = Path(path).resolve().parent / entry
+    if local.is_file():
+        return local
+    shipped = shipped_configs()
+    if shipped is not None and (shipped / entry).is_file():
+        return shipped / entry
+    where = (f"nor in fdlit's configs/ ({shipped / entry})" if shipped is not None else
+             "and this fdlit has no configs/ folder to fall back on (installed as a package, which does not ship "
+             "it: copy the part beside the file, or install fdlit from a checkout with `pip install -e .`)")
+    raise ConfigError("config", f"{path} lists {entry!r}, which is neither beside it ({local}) {where}")
 
 
 def rewrite_config_args(argv: list[str]) -> list[str]:
@@ -128,9 +168,125 @@ def rewrite_config_args(argv: list[str]) -> list[str]:
     return out
 
 
-def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: str = "fit") -> ConfigError:
-    """A jsonargparse error as a ConfigError naming the field (and the option meant, for a typo)."""
+def config_files(argv: list[str]) -> list[str]:
+    """The files of every ``--config`` in (already rewritten) arguments, in the order they apply."""
+    files = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
+    return files + [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+
+
+def _close(word: str, candidates, n: int = 1, cutoff: float = 0.8) -> list[str]:
+    """The nearest of ``candidates``; 0.8 as for a misspelt flag (--data.num_client)."""
+    return difflib.get_close_matches(word, sorted(set(candidates)), n=n, cutoff=cutoff)
+
+
+def _unknown_key(dotted: str, parser: ArgumentParser, files: list[str], command: str,
+                 leaf_candidates: list[str] | None = None) -> ConfigError | None:
+    """A key no option has, located in the config file that holds it, with the nearest option; None
+    when no file holds it (the caller words it without a place)."""
+    options = [o[2:] for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    parts = dotted.split(".")
+    # the line of the first level no option has: `federaton:`'s, not that of the `rounds:` under it
+    wrong = len(parts) if leaf_candidates is not None else next(
+        (i for i in range(1, len(parts) + 1)
+         if not any(o == ".".join(parts[:i]) or o.startswith(".".join(parts[:i]) + ".") for o in options)), len(parts))
+    for file in files:
+        if key_line(file, dotted) is None:
+            continue
+        line = key_line(file, ".".join(parts[:wrong]))
+        if leaf_candidates is None:
+            near = _close(dotted, [o for o in options if o.count(".") == dotted.count(".")])
+        else:  # an init argument of a class_path: the class's own arguments
+            prefix, _, leaf = dotted.rpartition(".")
+            near = [f"{prefix}.{c}" for c in _close(leaf, leaf_candidates)]
+        hint = f"did you mean {near[0]}?" if near else f"`fdlit {command} --help` lists every option"
+        return UnknownConfigKey(dotted, f"no such option ({hint})", file, line)
+    return None
+
+
+def _init_parameters(class_path: str) -> list[str] | None:
+    """The constructor arguments of the class at ``class_path`` (None when it does not import)."""
+    cls = _import_class(class_path)
+    if cls is None:
+        return None
+    params = inspect.signature(cls.__init__).parameters.values()
+    return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _import_class(class_path: str):
+    module, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def _class_names(base: type) -> list[str]:
+    """Every imported subclass of ``base`` by the shortest module path that exports it
+    (``fdlit.methods.SmoothedUncertaintyWeighted``, not the module that defines it)."""
+    found, todo = [], list(base.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        parts = cls.__module__.split(".")
+        for i in range(1, len(parts) + 1):
+            if getattr(sys.modules.get(".".join(parts[:i])), cls.__name__, None) is cls:
+                found.append(f"{'.'.join(parts[:i])}.{cls.__name__}")
+                break
+    return found
+
+
+def _base_classes(parser: ArgumentParser, field: str) -> list[type]:
+    action = next((a for a in parser._actions if a.dest == field), None)
+    todo, out = [getattr(action, "_typehint", None)], []
+    while todo:
+        hint = todo.pop()
+        if isinstance(hint, type) and hint is not type(None):
+            out.append(hint)
+        else:
+            todo += typing.get_args(hint)
+    return out
+
+
+def _unresolved_class(field: str, class_path: str, parser: ArgumentParser, files: list[str]) -> ConfigError:
+    names = [n for base in _base_classes(parser, field) for n in _class_names(base)]
+    # compared by class name: the shared module path would make every class look close
+    near_names = _close(class_path.rpartition(".")[2], [n.rpartition(".")[2] for n in names], n=3, cutoff=0.6)
+    near = [n for short in near_names for n in sorted(set(names)) if n.rpartition(".")[2] == short]
+    hint = f"did you mean {' or '.join(near)}?" if near else f"`fdlit fit --help` lists fdlit's {field} classes"
+    try:  # a module of the user's own that Python cannot find: say how it finds one
+        importlib.import_module(class_path.rpartition(".")[0])
+        where = ""
+    except ImportError as exc:
+        where = import_hint(str(exc))
+    message = f"no class {class_path!r} ({hint}){where}"
+    for file in files:
+        for key in (f"{field}.class_path", field):  # `aggregator: {class_path: X}` or `aggregator: X`
+            line = key_line(file, key, class_path)
+            if line is not None:
+                return UnknownConfigKey(key, message, file, line)
+    return ConfigError(field, message)
+
+
+def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: str = "fit",
+                files: list[str] = ()) -> ConfigError:
+    """A jsonargparse error as a ConfigError naming the field (and the option meant, for a typo). A key
+    of one of the config ``files`` that no option has is named with its file and line."""
     text = str(exc).strip()
+    files = list(files)
+    keys = re.findall(r'Parser key "([^"]+)":', text)  # nested for class_path arguments: model, then hidden
+    problem = re.search(r"Problem with given class_path '([^']+)':\s*(.*)", text, re.DOTALL)
+    if keys and problem and _import_class(problem.group(1)) is None:
+        return _unresolved_class(keys[0], problem.group(1), parser, files)
+    unaccepted = re.search(r"Group '([^']+)' does not accept option '([^']+)'|Option '([^']+)' is not accepted", text)
+    key = unaccepted and (unaccepted.group(2) or unaccepted.group(3))
+    if key and key not in ("class_path", "init_args"):  # those two: a mix-up of classes, in jsonargparse's words
+        if keys and problem:  # an argument of the class at class_path
+            dotted, leaves = f"{keys[0]}.init_args.{key}", _init_parameters(problem.group(1))
+        else:
+            dotted, leaves = f"{unaccepted.group(1)}.{key}" if unaccepted.group(1) else key, None
+        located = _unknown_key(dotted, parser, files, command, leaves)
+        if located is not None:
+            return located
     unknown = re.match(r"unrecognized arguments: (\S+)", text, re.IGNORECASE)
     if unknown:
         flag = unknown.group(1).split("=", 1)[0]
@@ -139,14 +295,15 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
         hint = f"did you mean {close[0]}? " if close else ""
         return ConfigError(flag.lstrip("-"), f"no such option ({hint}`fdlit {command} --help` lists every option)")
     group = re.search(r"Group '([^']+)' does not accept option '([^']+)'", text)
-    if group:  # a key in a config file that does not exist
+    if group:  # a key in a config file that does not exist, and not found in the files given
         return ConfigError(f"{group.group(1)}.{group.group(2)}",
                            f"no such key (`fdlit {command} --help` lists every option)")
     if text.startswith("Problems parsing config"):
         return ConfigError("config", " ".join(text.split()))
     choice = re.match(r"argument command: invalid choice: (\S+)", text)
     if choice:
-        return ConfigError("command", f"allowed: fit, sweep, report; got {choice.group(1)}")
+        commands = list(getattr(parser._subcommands_action, "choices", None) or ["fit", "sweep", "report"])
+        return ConfigError("command", f"allowed: {', '.join(commands)}; got {choice.group(1)}")
     if "subclass of ClientNetwork" in text:  # model or server.model named a class fdlit cannot build
         field = "server.model" if re.search(r'^\W*(Parser key ")?server\.model\b', text) else "model"
         named = re.search(r"Import path (\S+) does not|but (\S+) either not accessible", text)
@@ -154,7 +311,11 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
         return ConfigError(field, f"{what} is not a network fdlit can build: it needs a torch.nn.Module "
                            "subclass whose constructor takes input_shape and num_classes (`fdlit fit --help` lists "
                            "fdlit's)")
-    keys = re.findall(r'Parser key "([^"]+)":', text)  # nested for class_path arguments: model, then hidden
+    literal = re.search(r"Expected a typing\.Literal\[([^\]]*)\]", text)
+    given = re.search(r"(?:Got value|Given value): (.*)$", text, re.MULTILINE)
+    if keys and literal and given:  # a choice field (data.class_assignment, ...) given a value it does not have
+        allowed = literal.group(1) + (", null" if "NoneType" in text else "")
+        return ConfigError(".".join(keys), f"allowed: {allowed}; got {given.group(1).strip()!r}")
     detail = " ".join(line.strip() for line in re.sub(r'Parser key "[^"]+":', "", text).splitlines() if line.strip())
     return ConfigError(".".join(keys) if keys else command, detail + import_hint(text))
 
@@ -164,7 +325,8 @@ def parse_fit(argv: list[str]) -> tuple[ArgumentParser, Namespace]:
     error is a ConfigError naming the field."""
     parser = fit_parser()
     parser.exit_on_error = False
+    argv = rewrite_config_args(argv)
     try:
-        return parser, parser.parse_args(rewrite_config_args(argv))
+        return parser, parser.parse_args(argv)
     except argparse.ArgumentError as exc:
-        raise parse_error(exc, parser) from None
+        raise parse_error(exc, parser, files=config_files(argv)) from None

@@ -66,3 +66,32 @@ def read_yaml(path: str | Path, field: str = "config") -> dict[str, Any]:
         raise ConfigError(field, f"{path} must hold a YAML mapping (keys and values such as 'seed: 0'), "
                           f"not a {type(value).__name__}")
     return value
+
+
+def key_line(path: str | Path, dotted: str, value: str | None = None) -> int | None:
+    """The line (1-based) of the key ``dotted`` (e.g. ``data.num_client``) in the YAML file ``path``, or
+    None when the file does not hold it (with ``value``: holds it with that scalar value). ``init_args``
+    levels may be written or left out, and a key may itself be dotted (``data.num_clients: 5``), as
+    jsonargparse accepts both."""
+    try:
+        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    want = [p for p in dotted.split(".") if p != "init_args"]
+
+    def walk(node, prefix: list[str]) -> int | None:
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        for key, value_node in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                continue
+            here = prefix + [p for p in str(key.value).split(".") if p != "init_args"]
+            if here == want and (value is None or getattr(value_node, "value", None) == value):
+                return key.start_mark.line + 1
+            if want[:len(here)] == here:
+                found = walk(value_node, here)
+                if found is not None:
+                    return found
+        return None
+
+    return walk(root, [])

@@ -60,3 +60,12 @@ def check_finite(values, r: int, phase: str, ids: list[int] | None = None) -> No
         if bad:
             raise NumericalFault(f"client {i if ids is None else ids[i]} produced NaN/inf in round {r}, "
                                  f"phase '{phase}'")
+
+
+class UnknownConfigKey(ConfigError):
+    """A key in a config file that is no option: the message starts with the file and line that hold it."""
+
+    def __init__(self, field: str, message: str, file: str, line: int):
+        super().__init__(field, message)
+        self.file, self.line = file, line
+        self.args = (f"{file}:{line}: {field}: {message}",)

@@ -7,6 +7,7 @@ EMPTY an empty folder; RUN a copy of a finished run (``RUN:<damage>`` damages it
 sweep file made from the case's ``sweep`` parameters; a name in RAW a file with those bytes.
 """
 
+import re
 import shutil
 
 import pytest
@@ -92,6 +93,16 @@ CASES = [
     ("num-clients-5000", fit("--data.num_clients", "5000"), "data.num_clients", "must be <= 479"),
     ("num-clients-0", fit("--data.num_clients", "0"), "data.num_clients", ">= 1"),
     ("num-clients-text", fit("--data.num_clients", "abc"), "data.num_clients", "Expected a <class 'int'>"),
+    ("assignment-unknown", fit("--data.class_assignment", "round_robin"), "data.class_assignment",
+     "allowed: 'random', 'cyclic', 'blocks'; got 'round_robin'"),
+    ("blocks-k-3", fit("--data.class_assignment", "blocks", "--data.classes_per_client", "3"),
+     "data.classes_per_client", "must divide 10; got 3"),
+    ("blocks-18-clients", fit("--data.class_assignment", "blocks", "--data.num_clients", "18"),
+     "data.class_assignment", "multiple of 5; got 18"),
+    ("scaling-unknown", fit("--data.input_scaling", "minmax"), "data.input_scaling",
+     "allowed: 'standardize', 'unit', null; got 'minmax'"),
+    ("scaling-digits-standardize", fit("--data.input_scaling", "standardize"), "data.input_scaling",
+     "allowed: 'unit' or null"),
     ("public-1437", fit("--data.public_size", "1437"), "data.public_size", "must be <= 1378"),
     ("public-5000", fit("--data.public_size", "5000"), "data.public_size", "must be <="),
     ("public-0", fit("--data.public_size", "0"), "data.public_size", ">= 1"),
@@ -255,7 +266,7 @@ CASES = [
      "checksum written with it; the newest intact checkpoint kept is round 2's; continue from it with: "),
     ("resume-flipped-kept", resume("RUN:flipped_kept/checkpoint-r2.pt"), "resume", "checkpoint-r2.pt is damaged"),
     ("resume-kept-missing", resume("RUN/checkpoint-r9.pt"), "resume", "no run directory"),
-    ("resume-config-unknown-key", resume("RUN:unknown_key"), "data.nosuch", "no such key"),
+    ("resume-config-unknown-key", resume("RUN:unknown_key"), "data.nosuch", "config.yaml:"),
     ("resume-no-checkpoint", resume("RUN:missing_all"), "resume", "no round of that run completed"),
     ("resume-no-checkpoint-but-kept", resume("RUN:missing"), "resume", "has no checkpoint.pt; the newest intact "
      "checkpoint kept is round 2's; continue from it with: python -m fdlit fit --resume "),
@@ -387,7 +398,8 @@ def test_bad_input_exits_2_names_the_field_and_changes_nothing(case, tmp_path, c
             lock.release()
     err = capsys.readouterr().err
     assert code == 2, err
-    assert err.startswith(f"fdlit: error: {field}: "), err
+    # a key of a config file is also named with the file and line that hold it: "<file>:<line>: <field>: "
+    assert re.match(rf"fdlit: error: (\S+:\d+: )?{re.escape(field)}: ", err), err
     assert allowed in err, err
     assert len(err.strip().splitlines()) == 1, err  # one line, no traceback or usage dump
     assert not (world / "NEW").exists()

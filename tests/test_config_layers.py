@@ -3,11 +3,13 @@ file (relative to the file, recursively) before the file itself, and the shipped
 (configs/datasets, configs/methods, configs/studies) stack on the command line to the shipped one-file
 configs."""
 
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
+import fdlit.config
 from fdlit.config import config_layers, parse_fit, rewrite_config_args
 from fdlit.errors import ConfigError
 
@@ -126,3 +128,46 @@ def test_the_dumped_config_is_self_contained(tmp_path):
     assert "config" not in dumped and dumped["aggregator"]["class_path"] == "fdlit.methods.FedDF"
     _, again = parse_fit(["--config", str(saved)])
     assert plain(again) == plain(cfg)
+
+
+def test_a_copied_config_finds_its_parts_in_fdlits_configs(tmp_path, monkeypatch):
+    """configs/digits.yaml copied alone elsewhere: its parts (datasets/digits.yaml, methods/suwa.yaml) are
+    fdlit's shipped ones, whatever the working directory."""
+    copy = tmp_path / "mine" / "digits.yaml"
+    copy.parent.mkdir()
+    shutil.copy(CONFIGS / "digits.yaml", copy)
+    monkeypatch.chdir(tmp_path)
+    assert config_layers(str(copy)) == [str(CONFIGS / "datasets" / "digits.yaml"),
+                                        str(CONFIGS / "methods" / "suwa.yaml"), str(copy)]
+    _, cfg = parse_fit(["--config", str(copy)])
+    _, shipped = parse_fit(["--config", str(CONFIGS / "digits.yaml")])
+    assert plain(cfg) == plain(shipped) and cfg.data.num_clients == 20
+
+
+def test_a_part_beside_the_copy_wins_over_the_shipped_one(tmp_path, monkeypatch):
+    for part in ("digits.yaml", "datasets/digits.yaml", "methods/suwa.yaml"):
+        write(tmp_path / part, (CONFIGS / part).read_text())
+    local = tmp_path / "datasets" / "digits.yaml"
+    local.write_text(local.read_text().replace("num_clients: 20", "num_clients: 10"))
+    monkeypatch.chdir(tmp_path)
+    assert config_layers(str(tmp_path / "digits.yaml"))[0] == str(local)
+    _, cfg = parse_fit(["--config", str(tmp_path / "digits.yaml")])
+    assert cfg.data.num_clients == 10 and cfg.aggregator.init_args.tau == 0.25
+
+
+def test_a_single_listed_name_found_only_in_fdlits_configs(tmp_path, monkeypatch):
+    top = write(tmp_path / "top.yaml", "config: datasets/digits.yaml\nseed: 4\n")
+    monkeypatch.chdir(tmp_path)
+    _, cfg = parse_fit(["--config", str(top)])
+    assert (cfg.seed, cfg.data.num_clients, cfg.model.class_path) == (4, 20, "fdlit.models.MLP")
+
+
+def test_a_part_found_nowhere_says_where_it_looked_and_an_install_without_configs_says_so(tmp_path, monkeypatch):
+    top = write(tmp_path / "top.yaml", "config: [datasets/nosuch.yaml]\n")
+    with pytest.raises(ConfigError) as err:
+        parse_fit(["--config", str(top)])
+    assert str(tmp_path / "datasets" / "nosuch.yaml") in str(err.value)
+    assert str(CONFIGS / "datasets" / "nosuch.yaml") in str(err.value)
+    monkeypatch.setattr(fdlit.config, "PACKAGE_ROOT", tmp_path / "site-packages" / "fdlit")  # a wheel install
+    with pytest.raises(ConfigError, match="no configs/ folder.*installed as a package.*pip install -e"):
+        parse_fit(["--config", str(top)])

@@ -82,3 +82,16 @@ def test_any_module_taking_input_shape_and_num_classes_is_accepted():
 
     _, cfg = parse_fit(["--config", "configs/digits.yaml", "--model", f"{__name__}.OwnNet", "--model.width", "8"])
     assert cfg.model.class_path.endswith("OwnNet") and cfg.model.init_args.width == 8
+
+
+def test_top_level_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--help"])
+    assert exc.value.code in (0, None)
+    text = capsys.readouterr().out
+    listed = text.split("Available subcommands:", 1)[1]
+    for command in ("fit", "sweep", "report", "export", "deploy", "data"):
+        assert f"\n    {command} " in listed, command
+    assert cli.main(["nosuch"]) == 2
+    assert capsys.readouterr().err.strip() == ("fdlit: error: command: allowed: fit, sweep, report, export, deploy, "
+                                               "data; got 'nosuch'")

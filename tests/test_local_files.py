@@ -179,3 +179,54 @@ def test_a_cifar_batch_that_would_run_code_is_refused(tmp_path):
     path.write_bytes(pickle.dumps({b"data": Evil()}))
     with pytest.raises(ConfigError, match="not a CIFAR python batch.*builtins.print is not allowed"):
         _unpickle(path)
+
+
+def test_input_scaling_unit_and_standardize_on_idx_files(tmp_path):
+    idx_folder(tmp_path / "fm", n_train=400, n_test=50, seed=2)
+    common = dict(num_clients=5, classes_per_client=2, samples_per_client=20, public_size=50,
+                  data_dir=str(tmp_path / "fm"))
+    stored = None
+    for scaling in ("unit", "standardize", None):
+        data = FederatedData("fashion_mnist", input_scaling=scaling, **common).setup(0)
+        x = data.public.x
+        stored = x if stored is None else stored
+        assert torch.equal(x, stored) and x.dtype == torch.uint8  # stored pixels never change
+        out = data.input_transform().eval()(x)
+        if scaling == "unit":
+            assert out.min().item() >= 0 and out.max().item() <= 1
+            assert out.min().item() == x.min().item() / 255 and out.max().item() == x.max().item() / 255
+            assert out.mean().item() == pytest.approx(x.float().mean().item() / 255, rel=1e-5)
+        else:  # Fashion-MNIST's training-set statistics, as before the knob existed
+            assert out.mean().item() == pytest.approx((x.float().mean().item() / 255 - 0.2860) / 0.3530, rel=1e-4)
+            assert out.min().item() == pytest.approx(-0.2860 / 0.3530 + x.min().item() / 255 / 0.3530, abs=1e-5)
+            assert out.max().item() > 1.5  # (255/255 - 0.286) / 0.353 = 2.02 for the brightest pixel
+
+
+def test_input_scaling_unit_on_cifar_batches_is_per_channel_x_over_255(tmp_path):
+    cifar_folder(tmp_path / "cifar-10-batches-py", fine=False, per_batch=20)
+    unit, _ = load_dataset("cifar10", data_dir=str(tmp_path), input_scaling="unit", augment=False)
+    std, _ = load_dataset("cifar10", data_dir=str(tmp_path), augment=False)
+    x = unit.x[:8]
+    assert torch.equal(unit.input_transform().eval()(x), x.float() / 255)
+    red = std.input_transform().eval()(x)[:, 0]
+    assert torch.allclose(red, (x[:, 0].float() / 255 - 0.4914) / 0.2470)
+
+
+def test_bad_input_scaling_names_the_allowed_values():
+    with pytest.raises(ConfigError, match=r"data\.input_scaling: allowed: 'standardize', 'unit', null.*got 'minmax'"):
+        FederatedData("fashion_mnist", input_scaling="minmax")
+    with pytest.raises(ConfigError, match=r"'digits' has no 'standardize' scaling \(allowed: 'unit' or null\)"):
+        FederatedData("digits", input_scaling="standardize")
+    with pytest.raises(ConfigError, match="text dataset"):
+        FederatedData("yahoo_answers", partition="dirichlet", input_scaling="unit")
+    assert FederatedData("digits", input_scaling="unit").input_scaling == "unit"
+
+
+@pytest.mark.skipif(not DEBIAN_FASHION.is_dir(), reason="apt-get install dataset-fashion-mnist")
+def test_real_fashion_mnist_standardized_has_zero_mean_and_unit_std():
+    std, _ = load_dataset("fashion_mnist")
+    unit, _ = load_dataset("fashion_mnist", input_scaling="unit")
+    x = std.x[:20000]
+    s, u = std.input_transform().eval()(x), unit.input_transform().eval()(x)
+    assert s.mean().item() == pytest.approx(0.0, abs=0.01) and s.std().item() == pytest.approx(1.0, abs=0.01)
+    assert u.min().item() == 0.0 and u.max().item() == 1.0 and u.mean().item() == pytest.approx(0.286, abs=0.002)

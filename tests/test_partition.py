@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from fdlit.data import FederatedData
-from fdlit.data.partition import assign_k_classes, dirichlet_partition
+from fdlit.data.partition import assign_k_classes, block_k_classes, dirichlet_partition
 from fdlit.errors import ConfigError
 
 
@@ -114,3 +114,47 @@ def test_cyclic_assignment_that_cannot_cover_every_class_is_refused():
 def test_samples_per_client_under_dirichlet_is_refused_not_ignored():
     with pytest.raises(ConfigError, match=r"data\.samples_per_client.*max_train_samples"):
         FederatedData(num_clients=5, partition="dirichlet", samples_per_client=100)
+
+
+@pytest.mark.parametrize("m,k", [(20, 2), (10, 5), (4, 5), (10, 1), (3, 10)])
+def test_blocks_cut_a_permutation_into_disjoint_groups_each_held_by_m_k_over_c_clients(m, k):
+    sets = block_k_classes(m, 10, k, np.random.default_rng(3))
+    groups = {tuple(s) for s in sets}
+    assert len(groups) == 10 // k and all(len(g) == k for g in groups)
+    assert sorted(c for g in groups for c in g) == list(range(10))  # disjoint, and together every class
+    assert all(sets.count(list(g)) == m * k // 10 for g in groups)
+    assert all(sets[i] == sets[i % (10 // k)] for i in range(m))  # client i holds group i mod (C/k)
+
+
+def test_blocks_are_seeded():
+    a = block_k_classes(20, 10, 2, np.random.default_rng(1))
+    assert a == block_k_classes(20, 10, 2, np.random.default_rng(1))
+    assert a != block_k_classes(20, 10, 2, np.random.default_rng(2))
+
+
+def test_blocks_assignment_in_a_federation_gives_clients_their_groups():
+    data = FederatedData(num_clients=10, classes_per_client=2, class_assignment="blocks", public_size=100).setup(4)
+    sets = [cd.classes for cd in data.clients]
+    assert all(sets[i] == sets[i % 5] for i in range(10))
+    assert sorted(c for s in sets[:5] for c in s) == list(range(10))
+    for cd in data.clients:
+        assert set(cd.train.y.tolist()) | set(cd.calibration.y.tolist()) == set(cd.classes)
+    again = FederatedData(num_clients=10, classes_per_client=2, class_assignment="blocks", public_size=100).setup(4)
+    assert [cd.classes for cd in again.clients] == sets
+    assert [cd.pool_index.tolist() for cd in again.clients] == [cd.pool_index.tolist() for cd in data.clients]
+    other = FederatedData(num_clients=10, classes_per_client=2, class_assignment="blocks", public_size=100).setup(5)
+    assert [cd.classes for cd in other.clients] != sets
+
+
+def test_blocks_that_do_not_divide_are_refused_before_any_data_loads():
+    with pytest.raises(ConfigError) as err:
+        FederatedData(num_clients=20, classes_per_client=3, class_assignment="blocks")
+    assert err.value.field == "data.classes_per_client"
+    assert "must divide 10; got 3" in str(err.value) and "blocks" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        FederatedData(num_clients=12, classes_per_client=2, class_assignment="blocks")
+    assert err.value.field == "data.class_assignment"
+    assert "5 class groups" in str(err.value) and "multiple of 5; got 12" in str(err.value)
+    # cifar100 (known class count, never loaded here): 100 / 5 = 20 groups, 30 clients
+    with pytest.raises(ConfigError, match="multiple of 20; got 30"):
+        FederatedData(dataset="cifar100", num_clients=30, classes_per_client=5, class_assignment="blocks")

@@ -48,6 +48,18 @@ DATASETS = {"digits": load_digits}
 NUM_CLASSES = {"digits": 10}
 
 
+def input_scalings(name: str) -> tuple[str, ...]:
+    """The ``data.input_scaling`` values ``name`` supports: the 8-bit image sets ``standardize`` (their channel
+    mean/std) and ``unit`` (x/255); digits only ``unit`` (its 0..16 pixels divided by 16, no published
+    statistics); text none. The first is the dataset's default."""
+    if name == "digits":
+        return ("unit",)
+    spec = _hub.HUB_DATASETS.get(name)
+    if spec is None or spec.image is None:
+        return ()
+    return ("standardize", "unit")
+
+
 def load_dataset(name: str, **options):
     """Load a registered dataset; ``options`` (data_dir, augment, ...) reach loaders that accept them."""
     if name not in DATASETS:

@@ -14,9 +14,11 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fdlit.data.datasets import NUM_CLASSES, TensorDataset, augment_images, load_dataset
+from fdlit.data.datasets import NUM_CLASSES, TensorDataset, augment_images, input_scalings, load_dataset
 from fdlit.data.partition import (
     assign_k_classes,
+    block_k_classes,
+    check_blocks,
     check_k_classes,
     cyclic_k_classes,
     dirichlet_partition,
@@ -70,7 +72,9 @@ class FederatedData:
         tokenizer: hub id or local folder of the tokenizer for text datasets (BERT-tiny's).
         max_length: tokens per text sample (padded/truncated) for text datasets.
         class_assignment: for ``partition=classes``: ``random`` (a balanced random draw of k classes per
-            client, seeded) or ``cyclic`` (client i holds classes i, ..., i+k-1 mod C; needs M + k - 1 >= C).
+            client, seeded), ``cyclic`` (client i holds classes i, ..., i+k-1 mod C; needs M + k - 1 >= C) or
+            ``blocks`` (a seeded permutation of the classes cut into C/k disjoint groups of k; client i holds
+            group i mod (C/k); needs k | C and (C/k) | M, so every group has M*k/C clients).
         validation_size: a labelled validation set, drawn (stratified) from the private pool before
             the clients get their data, so it is disjoint from the test, public and private sets. An
             integer is a number of samples, a float in (0, 1) a share of the private pool; 0 (the
@@ -84,6 +88,11 @@ class FederatedData:
             calibration sample; 1 counts a class held by a single sample as local. A client with no
             class above the threshold keeps its most frequent class(es). Under ``partition=classes``
             the assigned classes are the local ones.
+        input_scaling: how image pixels become network inputs: ``standardize`` ((x/255 - mean) / std with the
+            dataset's channel statistics; MNIST, Fashion-MNIST, CIFAR-10/100) or ``unit`` (x/255, in [0, 1]);
+            null gives the dataset's own (``standardize`` for those, ``unit`` for digits, which has only
+            ``unit``; text datasets have none). The step is the input layer the loop puts in front of every
+            network (``input_transform``), so training, inference, export and the server model all see it.
     """
 
     def __init__(
@@ -103,9 +112,10 @@ class FederatedData:
         max_train_samples: int | None = None,
         tokenizer: str = "prajjwal1/bert-tiny",
         max_length: int = 256,
-        class_assignment: Literal["random", "cyclic"] = "random",
+        class_assignment: Literal["random", "cyclic", "blocks"] = "random",
         validation_size: int | float = 0,
         local_class_min_samples: int = 2,
+        input_scaling: Literal["standardize", "unit"] | None = None,
     ):
         check_at_least("data.num_clients", num_clients, 1)
         if partition not in ("classes", "dirichlet"):
@@ -132,20 +142,23 @@ class FederatedData:
             raise ConfigError("data.calibration_fraction", f"must be in (0, 1), got {calibration_fraction}")
         if calibration not in ("split", "augmented"):
             raise ConfigError("data.calibration", f"allowed: 'split', 'augmented'; got {calibration!r}")
-        if class_assignment not in ("random", "cyclic"):
-            raise ConfigError("data.class_assignment", f"allowed: 'random', 'cyclic'; got {class_assignment!r}")
+        if class_assignment not in ("random", "cyclic", "blocks"):
+            raise ConfigError("data.class_assignment", f"allowed: 'random', 'cyclic', 'blocks'; got {class_assignment!r}")
         if isinstance(validation_size, bool) or not (
                 (isinstance(validation_size, int) and validation_size >= 0)
                 or (isinstance(validation_size, float) and 0 < validation_size < 1)):
             raise ConfigError("data.validation_size", "allowed: a number of samples (an integer >= 0; 0 keeps no "
                               f"validation set) or a share of the private pool (a float in (0, 1)); got {validation_size!r}")
         check_at_least("data.local_class_min_samples", local_class_min_samples, 1)
+        check_input_scaling(dataset, input_scaling)
         known = NUM_CLASSES.get(dataset)
         if partition == "classes" and known is not None:
             # here, not only in setup: a sweep's up-front check instantiates every config
             check_k_classes(num_clients, known, classes_per_client)
             if class_assignment == "cyclic":
                 cyclic_k_classes(num_clients, known, classes_per_client)
+            elif class_assignment == "blocks":
+                check_blocks(num_clients, known, classes_per_client)
         self.dataset = dataset
         self.num_clients = num_clients
         self.partition = partition
@@ -164,6 +177,7 @@ class FederatedData:
         self.class_assignment = class_assignment
         self.validation_size = validation_size
         self.local_class_min_samples = local_class_min_samples
+        self.input_scaling = input_scaling
         self.is_setup = False
 
     def setup(self, seed: int) -> FederatedData:
@@ -171,7 +185,7 @@ class FederatedData:
         rng = np.random.default_rng([seed, 0xFD])
         loaded = load_dataset(self.dataset, data_dir=self.data_dir, augment=self.augment,
                               max_train_samples=self.max_train_samples, tokenizer=self.tokenizer,
-                              max_length=self.max_length)
+                              max_length=self.max_length, input_scaling=self.input_scaling)
         full, test = (loaded if isinstance(loaded, tuple) else (loaded, None))
         labels = full.y.numpy()
         if test is None:
@@ -225,6 +239,8 @@ class FederatedData:
         if self.partition == "classes":
             if self.class_assignment == "cyclic":
                 class_sets = cyclic_k_classes(self.num_clients, self.num_classes, self.classes_per_client)
+            elif self.class_assignment == "blocks":
+                class_sets = block_k_classes(self.num_clients, self.num_classes, self.classes_per_client, rng)
             else:
                 class_sets = assign_k_classes(self.num_clients, self.num_classes, self.classes_per_client, rng)
             parts = sample_k_class_clients(pool_labels, class_sets, self.samples_per_client, rng)
@@ -281,6 +297,18 @@ class FederatedData:
     def local_test_mask(self, classes: list[int]) -> torch.Tensor:
         """Test samples whose label is one of ``classes`` (for local accuracy)."""
         return torch.isin(self.test.y, torch.tensor(classes))
+
+
+def check_input_scaling(dataset: str, value: str | None) -> None:
+    """``data.input_scaling`` must be one of the scalings and one the dataset has (null: its default)."""
+    if value is None:
+        return
+    if value not in ("standardize", "unit"):
+        raise ConfigError("data.input_scaling", f"allowed: 'standardize', 'unit', null (the dataset's own); got {value!r}")
+    supported = input_scalings(dataset)
+    if dataset in NUM_CLASSES and value not in supported:
+        what = f"allowed: {', '.join(map(repr, supported))} or null" if supported else "it is a text dataset: leave it null"
+        raise ConfigError("data.input_scaling", f"{dataset!r} has no {value!r} scaling ({what}); got {value!r}")
 
 
 def _fix_size(take: np.ndarray, rest: np.ndarray, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from fdlit.data.augment import ImageInput
+from fdlit.data.hub_access import PROBE_TIMEOUT_S, cache_only, hub_endpoint, hub_reachable, offline_requested
 from fdlit.data.local_files import find_local_arrays, local_fetch_hint
 from fdlit.data.tensor_dataset import TensorDataset
 from fdlit.errors import ConfigError
@@ -84,9 +85,28 @@ def fetch_hint(spec: HubSpec) -> str:
         f"    python -c \"from datasets import load_dataset; load_dataset('{spec.repo_id}')\"\n"
         f"or download a copy and point fdlit at it:\n"
         f"    hf download --repo-type dataset {spec.repo_id} --local-dir DIR   # then --data.data_dir DIR\n"
-        f"(--data.data_dir also accepts a DatasetDict.save_to_disk folder or a Hugging Face cache directory)\n"
+        f"(--data.data_dir also accepts a DatasetDict.save_to_disk folder or a Hugging Face cache directory), or\n"
+        f"    python -m fdlit data fetch {spec.name} --to DIR   # the original file format; then --data.data_dir DIR\n"
         + local_fetch_hint(spec.name)
+        + "\nWithout network, HF_HUB_OFFLINE=1 reads the Hugging Face cache only, without trying the hub."
     ).rstrip()
+
+
+class HubUnreachable(ConnectionError):
+    """The hub did not answer the probe and the dataset is not in the cache."""
+
+
+def _load_from_hub(hf, repo_id: str, **kwargs):
+    """``datasets.load_dataset(repo_id)``; when the hub does not answer the probe, from the cache alone,
+    so an unreachable hub costs about a second, not the libraries' retries (``fdlit.data.hub_access``)."""
+    if offline_requested() or hub_reachable():
+        return hf.load_dataset(repo_id, **kwargs)
+    try:
+        with cache_only():
+            return hf.load_dataset(repo_id, **kwargs)
+    except Exception:
+        raise HubUnreachable(f"the hub at {hub_endpoint()} did not answer within {PROBE_TIMEOUT_S:g} s, and the "
+                             "dataset is not in the local cache") from None
 
 
 def _cache_root() -> Path:
@@ -110,14 +130,16 @@ def load_hub_splits(spec: HubSpec, data_dir: str | None = None):
             elif any(path.rglob("*.parquet")):  # a snapshot of the hub repository
                 dd = hf.load_dataset(str(path))
             else:
-                dd = hf.load_dataset(spec.repo_id, cache_dir=str(path))
+                dd = _load_from_hub(hf, spec.repo_id, cache_dir=str(path))
         except Exception as exc:
             raise DatasetUnavailable(
                 "data.data_dir", f"cannot read {spec.name!r} from {path} ({type(exc).__name__}: {exc}).\n" + fetch_hint(spec)
             ) from None
     else:
         try:
-            dd = hf.load_dataset(spec.repo_id)
+            dd = _load_from_hub(hf, spec.repo_id)
+        except HubUnreachable as exc:
+            raise DatasetUnavailable("data.dataset", f"{fetch_hint(spec)}\n({exc})") from None
         except Exception as exc:
             raise DatasetUnavailable(
                 "data.dataset", f"{fetch_hint(spec)}\n(datasets said: {type(exc).__name__}: {str(exc)[:300]})"
@@ -151,7 +173,7 @@ def _fingerprint(ds) -> str:
     return getattr(ds, "_fingerprint", None) or hashlib.sha1(repr(ds).encode()).hexdigest()
 
 
-def _images_to_uint8(ds, column: str) -> torch.Tensor:
+def images_to_uint8(ds, column: str) -> torch.Tensor:
     arrays = [np.asarray(im.convert("RGB") if im.mode not in ("L", "RGB") else im) for im in ds[column]]
     x = torch.from_numpy(np.stack(arrays))
     return (x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2)).contiguous()
@@ -177,9 +199,13 @@ def load_hub_dataset(
     max_train_samples: int | None = None,
     tokenizer: str = "prajjwal1/bert-tiny",
     max_length: int = 256,
+    input_scaling: str | None = None,
 ) -> tuple[TensorDataset, TensorDataset]:
-    """(train, test) of a paper dataset as tensors; see the module docstring."""
+    """(train, test) of a paper dataset as tensors; see the module docstring. ``input_scaling`` (images):
+    ``standardize`` (the default, also for None) maps pixels to (x/255 - mean) / std with the dataset's
+    channel statistics, ``unit`` to x/255 in [0, 1]."""
     spec = HUB_DATASETS[name]
+    unit = input_scaling == "unit"
     local = find_local_arrays(name, data_dir) if spec.image else None  # original files (IDX, CIFAR batches)
     splits = local if local is not None else load_hub_splits(spec, data_dir)
     out = []
@@ -195,8 +221,9 @@ def load_hub_dataset(
             if local is not None:  # already decoded: nothing worth caching
                 x = torch.from_numpy(np.ascontiguousarray(ds[0]))
             else:
-                x = _cached(f"{name}-{split_name}-{_fingerprint(ds)}", lambda ds=ds: {"x": _images_to_uint8(ds, spec.image)})["x"]
-            transform = partial(ImageInput, mean=spec.mean, std=spec.std,
+                x = _cached(f"{name}-{split_name}-{_fingerprint(ds)}", lambda ds=ds: {"x": images_to_uint8(ds, spec.image)})["x"]
+            mean, std = ((0.0,) * len(spec.mean), (1.0,) * len(spec.std)) if unit else (spec.mean, spec.std)
+            transform = partial(ImageInput, mean=mean, std=std,
                                 augment=spec.augment if augment is None else augment)
         else:
             key = hashlib.sha1(f"{_fingerprint(ds)}|{tokenizer}|{max_length}".encode()).hexdigest()[:16]
@@ -217,8 +244,10 @@ def load_tokenizer(name_or_path: str):
     """A fast tokenizer from the hub cache or a local folder, with the fetch hint when missing."""
     from transformers import AutoTokenizer
 
+    # a hub id with the hub not answering: the cache only, at once (fdlit.data.hub_access)
+    cache_only = not Path(name_or_path).expanduser().exists() and not offline_requested() and not hub_reachable()
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=cache_only)
     except Exception as exc:
         raise DatasetUnavailable(
             "data.tokenizer",

@@ -56,6 +56,34 @@ def cyclic_k_classes(num_clients: int, num_classes: int, k: int) -> list[list[in
     return [sorted((i + j) % num_classes for j in range(k)) for i in range(num_clients)]
 
 
+def check_blocks(num_clients: int, num_classes: int, k: int) -> None:
+    """Blocks need k | C (whole groups) and (C/k) | M (every group held by as many clients)."""
+    check_k_classes(num_clients, num_classes, k)
+    if num_classes % k:
+        raise ConfigError(
+            "data.classes_per_client",
+            f"class_assignment: blocks cuts the {num_classes} classes into groups of classes_per_client, so "
+            f"classes_per_client must divide {num_classes}; got {k}",
+        )
+    groups = num_classes // k
+    if num_clients % groups:
+        raise ConfigError(
+            "data.class_assignment",
+            f"blocks gives each of the {groups} class groups ({num_classes} classes / {k} per client) to "
+            f"num_clients / {groups} clients, so num_clients must be a multiple of {groups}; got {num_clients}",
+        )
+
+
+def block_k_classes(num_clients: int, num_classes: int, k: int, rng: np.random.Generator) -> list[list[int]]:
+    """Disjoint class groups: a seeded permutation of the C classes cut into C/k groups of k; client i
+    holds group i mod (C/k), so every group is held by M*k/C clients and clients either share all their
+    classes or none. The same layout as a cyclic draw with offset i*k over a permuted class order."""
+    check_blocks(num_clients, num_classes, k)
+    order = rng.permutation(num_classes)
+    groups = [sorted(int(c) for c in order[g * k:(g + 1) * k]) for g in range(num_classes // k)]
+    return [groups[i % len(groups)] for i in range(num_clients)]
+
+
 def sample_k_class_clients(
     pool_labels: np.ndarray,
     class_sets: list[list[int]],

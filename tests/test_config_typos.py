@@ -1,0 +1,74 @@
+"""A misspelt key in a config file is named with its file, its line and the nearest option; a class_path
+that does not resolve with the nearest classes of its kind. Through the real entry point, fdlit.cli.main."""
+
+from pathlib import Path
+
+import pytest
+
+from fdlit.cli import main
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def run(capsys, *argv) -> str:
+    capsys.readouterr()
+    assert main(["fit", *argv, "--print_config"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+@pytest.mark.parametrize("text,line,key,nearest", [
+    ("config: [datasets/digits.yaml]\nseed: 1\ndata:\n  dataset: digits\n  num_client: 5\n", 5,
+     "data.num_client", "data.num_clients"),
+    ("seed: 1\nfederaton:\n  rounds: 2\n", 2, "federaton.rounds", "federation.rounds"),
+    ("seeed: 3\n", 1, "seeed", "seed"),
+    ("federation:\n  rounds: 2\n  participation:\n    fractin: 0.5\n", 4, "federation.participation.fractin",
+     "federation.participation.fraction"),
+    ("aggregator:\n  class_path: fdlit.methods.SmoothedUncertaintyWeighted\n  init_args:\n    tauu: 0.3\n", 4,
+     "aggregator.init_args.tauu", "aggregator.init_args.tau"),
+    ("model:\n  class_path: fdlit.models.MLP\n  init_args:\n    hiden: [16]\n", 4, "model.init_args.hiden",
+     "model.init_args.hidden"),
+])
+def test_a_misspelt_key_names_file_line_and_nearest_option(tmp_path, capsys, text, line, key, nearest):
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    err = run(capsys, "--config", str(path))
+    assert err == f"fdlit: error: {path}:{line}: {key}: no such option (did you mean {nearest}?)"
+
+
+def test_the_misspelt_key_is_found_in_the_layer_that_holds_it(tmp_path, capsys):
+    (tmp_path / "part.yaml").write_text("client:\n  lr: 0.1\n  batchsize: 8\n")
+    top = tmp_path / "top.yaml"
+    top.write_text("config: [part.yaml]\nseed: 2\n")
+    err = run(capsys, "--config", str(top))
+    assert err == (f"fdlit: error: {tmp_path / 'part.yaml'}:3: client.batchsize: no such option "
+                   "(did you mean client.batch_size?)")
+
+
+def test_a_key_nothing_resembles_still_gets_file_and_line(tmp_path, capsys):
+    path = tmp_path / "mine.yaml"
+    path.write_text("seed: 0\ndata:\n  zzzz: 1\n")
+    assert run(capsys, "--config", str(path)).startswith(f"fdlit: error: {path}:3: data.zzzz: no such option (`fdlit fit")
+
+
+def test_a_class_path_that_does_not_resolve_lists_the_nearest_of_its_kind(tmp_path, capsys):
+    path = tmp_path / "mine.yaml"
+    path.write_text("seed: 0\naggregator:\n  class_path: fdlit.methods.SmoothedUncertainty\n")
+    assert run(capsys, "--config", str(path)) == (
+        f"fdlit: error: {path}:3: aggregator.class_path: no class 'fdlit.methods.SmoothedUncertainty' "
+        "(did you mean fdlit.methods.SmoothedUncertaintyWeighted?)")
+    path.write_text("server:\n  model:\n    class_path: fdlit.models.MPL\n")
+    assert run(capsys, "--config", str(path)) == (
+        f"fdlit: error: {path}:3: server.model.class_path: no class 'fdlit.models.MPL' (did you mean fdlit.models.MLP?)")
+    # on the command line: the same suggestion, without a place
+    assert run(capsys, "--config", str(CONFIGS / "digits.yaml"), "--aggregator", "fdlit.methods.SmoothedUncertainty") == (
+        "fdlit: error: aggregator: no class 'fdlit.methods.SmoothedUncertainty' "
+        "(did you mean fdlit.methods.SmoothedUncertaintyWeighted?)")
+
+
+def test_a_class_path_written_as_the_sections_value(tmp_path, capsys):
+    path = tmp_path / "mine.yaml"
+    path.write_text("seed: 0\n\naggregator: fdlit.methods.SmoothedUncertainty\n")
+    assert run(capsys, "--config", str(path)).startswith(
+        f"fdlit: error: {path}:3: aggregator: no class 'fdlit.methods.SmoothedUncertainty' (did you mean")
