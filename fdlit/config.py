@@ -28,8 +28,7 @@ from fdlit.methods import Aggregator
 from fdlit.models import ClientNetwork
 from fdlit.models.text import BertClassifier  # noqa: F401 (lazy in fdlit.models; imported here so help lists it)
 from fdlit.privacy import UploadPrivacy
-from fdlit.runs.checkpoint import CheckpointConfig
-from fdlit.runs.logger_config import LoggerConfig
+from fdlit.run_settings import CheckpointConfig, LoggerConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")

@@ -1,4 +1,5 @@
-"""The layout is the architecture: no import cycles inside fdlit, and methods never reach the loop."""
+"""The layout is the architecture: packages import only the layers below them, no import cycles inside
+fdlit, and methods never reach the loop."""
 
 import ast
 import re
@@ -88,3 +89,51 @@ def test_methods_never_import_the_loop_or_execution_or_runs():
             source = source if source.exists() else source.with_suffix("") / "__init__.py"
             text = source.read_text()
             assert not re.search(r"FederationLoop|\bloop\.[a-z_]", text), name  # nor receives it
+
+
+# docs/design.md's layers, lowest first: a package imports only packages of layers below its own
+LAYERS = [
+    {"fdlit", "fdlit.errors", "fdlit.callbacks", "fdlit.messages"},
+    {"fdlit.config_files", "fdlit.run_settings", "fdlit.data", "fdlit.models", "fdlit.privacy"},
+    {"fdlit.clients"},
+    {"fdlit.methods"},
+    {"fdlit.aggregators", "fdlit.adversaries"},
+    {"fdlit.execution"},
+    {"fdlit.federation"},
+    {"fdlit.config"},
+    {"fdlit.runs"},
+    {"fdlit.sweep_file", "fdlit.reporting", "fdlit.deployment"},
+    {"fdlit.sweep"},
+    {"fdlit.cli"},
+    {"fdlit.__main__"},
+]
+
+
+def package_of(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def layer_violations(graph: dict[str, set[str]], layers: list[set[str]]) -> list[str]:
+    level = {pkg: i for i, layer in enumerate(layers) for pkg in layer}
+    out = []
+    for module, edges in graph.items():
+        own = package_of(module)
+        if own not in level:
+            out.append(f"{own} is in no layer")
+            continue
+        for edge in edges:
+            other = package_of(edge)
+            if other != own and other != "fdlit" and level.get(other, len(layers)) >= level[own]:
+                out.append(f"{module} imports {edge}")
+    return sorted(set(out))
+
+
+def test_every_package_imports_only_the_layers_below_it():
+    assert layer_violations(import_graph(), LAYERS) == []
+
+
+def test_a_layer_violation_is_found_when_there_is_one():
+    layers = [{"fdlit.errors"}, {"fdlit.data"}, {"fdlit.runs"}, {"fdlit.config"}]
+    graph = {"fdlit.runs.experiment": {"fdlit.config"}, "fdlit.config": {"fdlit.runs.checkpoint", "fdlit.errors"},
+             "fdlit.data.x": {"fdlit.errors"}, "fdlit.new.y": set()}
+    assert layer_violations(graph, layers) == ["fdlit.new is in no layer", "fdlit.runs.experiment imports fdlit.config"]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from fdlit.run_settings import LoggerConfig
 from fdlit.runs import wandb_costs
-from fdlit.runs.logger_config import LoggerConfig
 
 wandb = pytest.importorskip("wandb")
 ROOT = Path(__file__).parents[1]

@@ -52,6 +52,7 @@ import torch
 from fdlit.callbacks import FederationCallback
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.privacy.upload import default_config
+from fdlit.run_settings import CheckpointConfig  # noqa: F401  (the checkpoint section, importable from here)
 from fdlit.runs.atomic_write import write_file
 from fdlit.runs.checkpoint_contents import (  # noqa: F401  (the checkpoint's names, importable from here)
     _detached,
@@ -250,27 +251,6 @@ def restore_checkpoint(loop: FederationLoop, state: dict[str, Any]) -> None:
     """Load ``state`` into a set-up loop (clients built, nothing trained); the random states last."""
     loop.load_state_dict(state["loop"])
     set_rng_state(state["rng"])  # last: nothing after this may draw random numbers before round r+1
-
-
-class CheckpointConfig:
-    """When the run directory's checkpoint is written (the ``checkpoint`` section; may change on resume).
-
-    Args:
-        every_n_rounds: write ``checkpoint.pt`` after every n-th round; the run's last round is
-            always written. A killed run resumes from the last written round and repeats the rest.
-        keep: also keep the checkpoints of the last ``keep`` written rounds as ``checkpoint-r<N>.pt``
-            (hard links to the file just written where the filesystem allows, else copies); 0
-            keeps only ``checkpoint.pt``.
-        background: write the file in a background thread while the next round runs (the state is
-            copied at the end of the round first, so what is written is that round's state).
-    """
-
-    def __init__(self, every_n_rounds: int = 1, keep: int = 0, background: bool = True):
-        check_at_least("checkpoint.every_n_rounds", every_n_rounds, 1)
-        check_at_least("checkpoint.keep", keep, 0)
-        self.every_n_rounds = every_n_rounds
-        self.keep = keep
-        self.background = background
 
 
 class Checkpointer(FederationCallback):

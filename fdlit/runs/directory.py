@@ -33,6 +33,7 @@ from typing import Any, Callable
 import yaml
 
 from fdlit.callbacks import FederationCallback
+from fdlit.run_settings import MAX_NAME, NAME_PATTERN, NAME_RULE, check_run_name  # noqa: F401
 from fdlit.errors import ConfigError
 from fdlit.runs import strict_json
 from fdlit.runs.atomic_write import write_file
@@ -48,20 +49,6 @@ COMMUNICATION = "communication.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
 LOCK = "run.lock"
-
-# a run name becomes one folder name: no separators, no "..", nothing a shell or W&B trips on
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=,-]*")
-NAME_RULE = "letters, digits and . _ - + = , (starting with a letter or digit)"
-MAX_NAME = 120
-
-
-def check_run_name(field: str, name: str) -> str:
-    """Refuse a run name that is not one plain folder name (``../x``, ``a/b``, empty, too long)."""
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or len(name) > MAX_NAME:
-        raise ConfigError(field, f"must be 1 to {MAX_NAME} characters: {NAME_RULE}, so that it names one "
-                          f"folder; got {name!r}")
-    return name
-
 
 def safe_name(text: str) -> str:
     """``text`` made into an allowed run name: other characters (``/`` of hub ids, brackets of

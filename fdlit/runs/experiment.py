@@ -28,7 +28,7 @@ from fdlit.runs.directory import (
     CHECKPOINT, CONFIG, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir, kept_checkpoints,
     read_config, rebuild_logs, safe_name,
 )
-from fdlit.runs.logger_config import LoggerConfig
+from fdlit.run_settings import LoggerConfig
 from fdlit.runs.progress import ProgressBar
 from fdlit.runs.wandb_logger import WandbLogger
 

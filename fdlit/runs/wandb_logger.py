@@ -26,7 +26,7 @@ from typing import Any, Optional
 from fdlit.callbacks import FederationCallback
 from fdlit.runs.dashboards import SUMMARIES, accuracy_table_rows, run_summary, wandb_round_payload
 from fdlit.runs.directory import safe_name
-from fdlit.runs.logger_config import LoggerConfig, Mode
+from fdlit.run_settings import LoggerConfig, Mode
 from fdlit.runs.naming import flat, setting_hash, short
 from fdlit.runs.wandb_costs import skip_unused_work, wandb_settings, without_field_docstrings
 

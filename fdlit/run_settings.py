@@ -1,12 +1,28 @@
-"""Where a run's results go: the run directory's parent and the W&B settings (the ``logger`` section)."""
+"""How a run is recorded: the ``logger`` section (where results go, W&B), the ``checkpoint`` section
+(when the checkpoint is written) and the rule a run's name follows. Plain settings, checked on
+construction; the runs layer (``fdlit.runs``) acts on them."""
 
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+import re
+from typing import Literal
 
-from fdlit.errors import ConfigError
-from fdlit.runs.directory import check_run_name
+from fdlit.errors import ConfigError, check_at_least
+
+# a run name becomes one folder name: no separators, no "..", nothing a shell or W&B trips on
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=,-]*")
+NAME_RULE = "letters, digits and . _ - + = , (starting with a letter or digit)"
+MAX_NAME = 120
+
+
+def check_run_name(field: str, name: str) -> str:
+    """Refuse a run name that is not one plain folder name (``../x``, ``a/b``, empty, too long)."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or len(name) > MAX_NAME:
+        raise ConfigError(field, f"must be 1 to {MAX_NAME} characters: {NAME_RULE}, so that it names one "
+                          f"folder; got {name!r}")
+    return name
+
 
 Mode = Literal["auto", "online", "offline", "disabled"]
 PROJECT_FORBIDDEN = "/\\#?%:"  # what W&B refuses in a project name (wandb.Settings.validate_project)
@@ -49,9 +65,9 @@ class LoggerConfig:
         self,
         mode: Mode = "auto",
         project: str = "fdlit",
-        entity: Optional[str] = None,
-        name: Optional[str] = None,
-        group: Optional[str] = None,
+        entity: str | None = None,
+        name: str | None = None,
+        group: str | None = None,
         tags: list[str] = [],
         run_dir: str = "runs",
         progress: bool = True,
@@ -84,3 +100,24 @@ class LoggerConfig:
         self.trust_every_n_rounds = trust_every_n_rounds
         self.trust_max_rows = trust_max_rows
         self.system_metrics = bool(system_metrics)
+
+
+class CheckpointConfig:
+    """When the run directory's checkpoint is written (the ``checkpoint`` section; may change on resume).
+
+    Args:
+        every_n_rounds: write ``checkpoint.pt`` after every n-th round; the run's last round is
+            always written. A killed run resumes from the last written round and repeats the rest.
+        keep: also keep the checkpoints of the last ``keep`` written rounds as ``checkpoint-r<N>.pt``
+            (hard links to the file just written where the filesystem allows, else copies); 0
+            keeps only ``checkpoint.pt``.
+        background: write the file in a background thread while the next round runs (the state is
+            copied at the end of the round first, so what is written is that round's state).
+    """
+
+    def __init__(self, every_n_rounds: int = 1, keep: int = 0, background: bool = True):
+        check_at_least("checkpoint.every_n_rounds", every_n_rounds, 1)
+        check_at_least("checkpoint.keep", keep, 0)
+        self.every_n_rounds = every_n_rounds
+        self.keep = keep
+        self.background = background
