@@ -20,7 +20,7 @@ Flower ``RecordDict`` and back without loss (bfloat16 arrays travel as their 16-
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 import torch
@@ -29,8 +29,8 @@ Scalar = int | float | str | bool
 
 
 @dataclass
-class Message(Mapping):
-    """One message; reads like a dict of its arrays (``msg["logits"]``, ``"mask" in msg``)."""
+class Message(MutableMapping):
+    """One message; reads and writes like a dict of its arrays (``msg["logits"]``, ``"mask" in msg``)."""
 
     arrays: dict[str, torch.Tensor] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
@@ -39,6 +39,13 @@ class Message(Mapping):
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.arrays[key]
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        self.arrays[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.arrays[key]
+        self.sensitivity.pop(key, None)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.arrays)

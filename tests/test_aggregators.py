@@ -7,6 +7,7 @@ import torch
 from sklearn.mixture import GaussianMixture
 
 from fdlit.errors import ConfigError
+from fdlit.messages import Message
 from fdlit.methods import (
     DiagonalGaussianMixture,
     ProbabilityAveraging,
@@ -29,11 +30,10 @@ def gmm_uploads(seed=0, k=3):
         cal_y = torch.tensor(classes).repeat(20)
         cal_z = torch.randn(len(cal_y), C, generator=g) + 4 * torch.nn.functional.one_hot(cal_y, C)
         gmm = DiagonalGaussianMixture.fit(cal_z, cal_y, classes)
-        uploads.append({
+        uploads.append(Message({
             "logits": torch.randn(N, C, generator=g) * 2,
-            "gmm_means": gmm.means.float(), "gmm_stds": gmm.variances.sqrt().float(),
-            "gmm_classes": gmm.classes, "_dropped_components": torch.tensor([0]),
-        })
+            "gmm_means": gmm.means.float(), "gmm_stds": gmm.variances.sqrt().float(), "gmm_classes": gmm.classes,
+        }, metrics={"density/dropped_components": 0.0}))
     return uploads
 
 
@@ -131,8 +131,8 @@ def test_scores_upload_gives_the_same_teacher_as_density_upload():
     agg = UncertaintyWeighted()
     z = torch.stack([u["logits"] for u in ups])
     ll = agg.log_likelihoods(ups, z)
-    score_ups = [{"logits": u["logits"], "log_likelihood": ll[i].float(), "_dropped_components": torch.tensor([0])}
-                 for i, u in enumerate(ups)]
+    score_ups = [Message({"logits": u["logits"], "log_likelihood": ll[i].float()},
+                         metrics={"density/dropped_components": 0.0}) for i, u in enumerate(ups)]
     torch.testing.assert_close(UncertaintyWeighted(upload="scores").aggregate(score_ups, context_for(score_ups)).teacher,
                                agg.aggregate(ups, context_for(ups)).teacher, atol=1e-5, rtol=1e-5)
 
@@ -286,9 +286,9 @@ def test_robust_fit_is_the_plain_fit_when_nothing_is_degenerate():
 def test_robust_uwa_counts_repairs_and_warns_once():
     ups = gmm_uploads()
     for u in ups:
-        u.update(_collapsed=torch.tensor([0]), _degenerate_components=torch.tensor([0]),
-                 _shrunk_components=torch.tensor([0]))
-    ups[1]["_degenerate_components"] = torch.tensor([2])
+        u.metrics.update({"density/collapsed_clients": 0, "density/degenerate_components": 0,
+                          "density/shrunk_components": 0})
+    ups[1].metrics["density/degenerate_components"] = 2
     agg = UncertaintyWeighted()
     with pytest.warns(RuntimeWarning, match="2 degenerate components"):
         stats = agg.aggregate(ups, context_for(ups)).stats

@@ -16,6 +16,7 @@ from fdlit.callbacks import FederationCallback
 from fdlit.cli import main
 from fdlit.config import parse_fit
 from fdlit.federation import NumericalFault
+from fdlit.messages import Message
 from fdlit.methods import UncertaintyWeighted
 from fdlit.methods.base import context_for
 from fdlit.methods.density import DiagonalGaussianMixture
@@ -498,8 +499,8 @@ def test_degenerate_density_fits_follow_the_rule_and_are_counted():
     assert gmm.classes.tolist() == [0] and gmm.dropped == 2 and gmm.floored == 1
     assert gmm.variances[0, 0].item() == pytest.approx(1e-4)
     agg = UncertaintyWeighted()
-    uploads = [{"logits": logits, "gmm_means": gmm.means.float(), "gmm_stds": gmm.variances.sqrt().float(),
-                "_dropped_components": torch.tensor([gmm.dropped]), "_floored_variances": torch.tensor([gmm.floored])}]
+    uploads = [Message({"logits": logits, "gmm_means": gmm.means.float(), "gmm_stds": gmm.variances.sqrt().float()},
+                       metrics={"density/dropped_components": gmm.dropped, "density/floored_variances": gmm.floored})]
     stats = agg.aggregate(uploads, context_for(uploads)).stats
     assert stats["density/dropped_components"] == 2 and stats["density/floored_variances"] == 1
 
