@@ -130,3 +130,35 @@ def test_hooks_with_the_former_positional_signatures_still_run_with_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.testing.assert_close(client.private_loss(logits, labels), 2 * F.cross_entropy(logits, labels))
+
+
+def test_configure_decides_what_each_client_is_sent_and_the_client_distils_from_its_own(tmp_path):
+    from fdlit.messages import Message
+    from fdlit.methods import ProbabilityAveraging
+
+    class FirstRowsForClientZero(ProbabilityAveraging):
+        def configure(self, message, client_ids, ctx):
+            sent = super().configure(message, client_ids, ctx)
+            keep = torch.zeros(len(ctx.info.public_x), dtype=torch.bool)
+            keep[:10] = True
+            sent[0] = Message({"teacher": message["teacher"][keep], "keep_mask": keep})
+            return sent
+
+    argv = ema_args(tmp_path, "--federation.rounds", "1", "--federation.public_epochs_first", "1",
+                    "--client.public_batch_size", "8", "--federation.executor", EXECUTORS["vectorized"])
+    argv[argv.index("--config", 2): argv.index("--config", 2) + 2] = []  # no EMA config: the rule below
+    parser, cfg = parse_fit(argv)
+    loop = Experiment(cfg, parser).loop
+    loop.aggregator = FirstRowsForClientZero()
+    loop.fit()
+    down = {(m.client, m.kind): m.shape for m in loop.ledger.messages if m.direction == "down" and m.round == 1}
+    assert down[(0, "teacher")] == (10, 10) and (0, "keep_mask") in down
+    assert down[(1, "teacher")] == (120, 10) and (1, "keep_mask") not in down
+
+    def steps(client):
+        return int(next(iter(client.configure_optimizers().state.values()))["step"])
+
+    private = [steps(c) for c in loop.clients]  # the same private data sizes differ, so compare the public part
+    sizes = [len(cd.train.y) for cd in loop.client_data]
+    public = [s - 2 * -(-n // 32) + (2 if n % 32 == 1 else 0) for s, n in zip(private, sizes, strict=True)]
+    assert public[0] == 2 and all(p == 15 for p in public[1:])  # 10 rows / 8 a batch vs 120 rows / 8

@@ -9,6 +9,7 @@ from __future__ import annotations
 from fdlit.adversaries.attacks import START_PARAMETERS, Attack
 from fdlit.messages import as_message
 from fdlit.methods.base import ClientPart
+from fdlit.methods.parameters import exchanged_tensors, flatten
 
 
 class AdversarialClientPart(ClientPart):
@@ -33,8 +34,6 @@ class AdversarialClientPart(ClientPart):
     def receive(self, ctx):
         out = self.inner.receive(ctx)
         if self.keeps_start and self.attackers.may_attack(ctx.client.client_id):
-            from fdlit.methods.fedavg import exchanged_tensors, flatten
-
             # the model the next round starts from, which the update attacks scale against
             ctx.state[START_PARAMETERS] = flatten(exchanged_tensors(ctx.client.model)).clone()
         return out

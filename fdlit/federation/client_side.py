@@ -5,7 +5,7 @@ them (in process, vmapped, Ray actors, Flower nodes) is its business.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -57,9 +57,17 @@ class ClientSide:
         """Round 0: every client's set-up message (the client part's ``setup``)."""
         return self._hook("setup", info, range(len(self.clients)), {})
 
-    def receive_step(self, info: FederationInfo, received: dict) -> None:
-        """Every client takes in what the server sent (the client part's ``receive``)."""
-        self._hook("receive", info, range(len(self.clients)), received)
+    def receive_step(self, info: FederationInfo, received: Mapping | dict[int, Mapping]) -> None:
+        """Every client takes in what the server sent it (the client part's ``receive``): one message for
+        all, or one per client id; clients sent the same message receive it together."""
+        if all(isinstance(k, str) for k in received):  # one message for everyone
+            self._hook("receive", info, range(len(self.clients)), dict(received))
+            return
+        groups: dict[int, tuple[Mapping, list[int]]] = {}
+        for i, message in received.items():
+            groups.setdefault(id(message), (message, []))[1].append(i)
+        for message, ids in groups.values():
+            self._hook("receive", info, ids, dict(message))
 
     def parameter_upload(self, info: FederationInfo, ids: Sequence[int], received: dict) -> list[dict]:
         """Parameter exchange: what the client part's ``upload`` sends, for the clients ``ids``."""
@@ -71,10 +79,11 @@ class ClientSide:
         return self.executor.upload(self.method_part, info, self.subset(self.clients, ids),
                                     self.subset(self.client_data, ids), received, self.release)
 
-    def distillation_sets(self, ids: Sequence[int], public_x: torch.Tensor, targets: torch.Tensor) -> list:
-        """The public phase's training set of each client ``ids`` (the client part's ``distillation_set``)."""
-        return [self.method_part.distillation_set(DistillationContext(i, public_x, targets, *self.private[i]))
-                for i in ids]
+    def distillation_sets(self, ids: Sequence[int], teachers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list:
+        """The public phase's training set of each client ``ids`` from the (public inputs, targets) it
+        was sent (the client part's ``distillation_set``)."""
+        return [self.method_part.distillation_set(DistillationContext(i, x, t, *self.private[i]))
+                for i, (x, t) in zip(ids, teachers, strict=True)]
 
     def unreachable(self) -> frozenset[int]:
         """Clients whose node stopped answering (a deployment): dropouts of the round."""

@@ -27,6 +27,7 @@ import torch
 from fdlit.federation.measurement import check_finite
 from fdlit.federation.round_facts import RoundPlan
 from fdlit.federation.round_parts import RoundParts
+from fdlit.messages import Message
 
 
 def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,6 +40,15 @@ def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Ten
         return ids, torch.nn.functional.one_hot(ids.long(), c).float()
     sent = teacher.to(dtype)
     return sent, sent.float()
+
+
+def received_teacher(message: Message, public_x: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a client distils from, rebuilt from the message it was sent: the kept public inputs and
+    the teacher's targets (class ids travel as ids: see :func:`encode_teacher`)."""
+    kind = "server_teacher" if "server_teacher" in message else "teacher"
+    sent, keep = message[kind], message.get("keep_mask")
+    targets = sent.float() if sent.is_floating_point() else torch.nn.functional.one_hot(sent.long(), num_classes).float()
+    return (public_x if keep is None else public_x[keep]), targets
 
 
 class Protocol:
@@ -117,9 +127,9 @@ class PredictionExchange(Protocol):
         if not ids:  # no upload arrived: no teacher, no public phase
             return None, [math.nan], parts.evaluated(plan)
         info = info_of(parts, plan, ids)  # the clients whose uploads arrived
-        result, public_x, targets = self.server_aggregate(parts, plan, ids, uploads, info)
+        result, teachers = self.server_aggregate(parts, plan, ids, uploads, info)
         result.stats.update(privacy_stats)
-        public_losses = self.client_distil(parts, plan, ids, public_x, targets)
+        public_losses = self.client_distil(parts, plan, ids, teachers)
         return result, public_losses, parts.evaluated(plan)
 
     @staticmethod
@@ -138,9 +148,11 @@ class PredictionExchange(Protocol):
     @staticmethod
     def server_aggregate(parts: RoundParts, plan: RoundPlan, ids: list[int], uploads, info):
         """Server step (Stage 2): the teacher from the uploads, optionally the server model's
-        predictions instead, sent down to the clients it heard from."""
+        predictions instead, sent down to the clients it heard from (what each is sent: the method's
+        ``configure``); returns the result and each client's (public inputs, targets)."""
         server, t = parts.server, parts.tensors
-        result = server.aggregate(uploads, parts.facts.server_context(plan.round, info))
+        ctx = parts.facts.server_context(plan.round, info)
+        result = server.aggregate(uploads, ctx)
         keep = result.keep
         teacher = result.teacher if keep is None else result.teacher[keep]
         public_x = info.public_x if keep is None else info.public_x[keep]
@@ -154,18 +166,21 @@ class PredictionExchange(Protocol):
             if server_teacher is not None:  # the method broadcasts the server model's predictions
                 teacher, kind = server_teacher, "server_teacher"
         teacher_sent, targets = encode_teacher(teacher, server.message_dtype)
+        message = Message({kind: teacher_sent} if keep is None else {kind: teacher_sent, "keep_mask": keep})
+        sent = server.method.configure(message, ids, ctx)
+        teachers = []
         for i in ids:
-            server.send_down(plan.round, i, {kind: teacher_sent} if keep is None else
-                             {kind: teacher_sent, "keep_mask": keep})
-        return result, public_x, targets
+            server.send_down(plan.round, i, sent[i])
+            teachers.append((public_x, targets) if sent[i] is message else received_teacher(sent[i], info.public_x, parts.num_classes))
+        return result, teachers
 
     @staticmethod
-    def client_distil(parts: RoundParts, plan: RoundPlan, ids: list[int], public_x: torch.Tensor,
-                      targets: torch.Tensor) -> list[float]:
+    def client_distil(parts: RoundParts, plan: RoundPlan, ids: list[int],
+                      teachers: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
         """Client step (Stage 2): each client that heard the teacher distils from it."""
-        if not len(public_x):
+        if not any(len(x) for x, _ in teachers):
             return [math.nan] * len(ids)
-        losses = parts.clients.train(ids, "public", parts.clients.distillation_sets(ids, public_x, targets),
+        losses = parts.clients.train(ids, "public", parts.clients.distillation_sets(ids, teachers),
                                      parts.settings.public_epochs_of(plan.round), parts.public_batch_size)
         lost = parts.clients.unreachable()  # a node that stopped answering during the public phase
         check_finite([v for i, v in zip(ids, losses, strict=True) if i not in lost], plan.round, "public",
@@ -191,10 +206,12 @@ class ParameterExchange(Protocol):
         info = info_of(parts, plan, ids, public=False)  # the clients whose uploads arrived
         raw = parts.adversaries.collude_uploads(plan.round, ids, raw)
         uploads = [server.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
-        result = server.aggregate(uploads, parts.facts.server_context(plan.round, info))
+        ctx = parts.facts.server_context(plan.round, info)
+        result = server.aggregate(uploads, ctx)
+        sent = server.method.configure(Message(result.broadcast), list(range(m)), ctx)
         for i in range(m):
-            server.send_down(plan.round, i, server.method.messages_to(i, m, result.broadcast))
-        parts.clients.receive_step(parts.facts.info(plan.round), result.broadcast)
+            server.send_down(plan.round, i, sent[i])
+        parts.clients.receive_step(parts.facts.info(plan.round), sent)
         return result, [math.nan] * m, parts.evaluated(plan)
 
 

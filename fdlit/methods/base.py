@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from fdlit.messages import Message
 from fdlit.methods.client_part import ClientPart
 from fdlit.methods.compat import LegacyAggregatorHooks, LegacyClientPart, client_part_of, legacy_hooks
 from fdlit.methods.contexts import (
@@ -108,12 +109,12 @@ class Aggregator(LegacyAggregatorHooks):
     def aggregate(self, uploads: Uploads, ctx: ServerContext) -> AggregationResult:
         raise NotImplementedError
 
-    def messages_to(self, client_id: int, num_clients: int,
-                    broadcast: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """What of a parameter-exchange broadcast client ``client_id`` is sent (and charged for); by
-        default all of it. A method whose clients receive different models (F2L's regions) hands the
-        simulation every model and charges each client for its own."""
-        return broadcast
+    def configure(self, message: Message, client_ids: list[int], ctx: ServerContext) -> dict[int, Message]:
+        """What each client ``client_ids`` is sent after aggregation (Flower's ``configure_*``): by
+        default every one the same ``message`` (the teacher and keep-mask of federated distillation,
+        the global model of parameter exchange). A method whose clients get different messages (F2L's
+        regional models) returns one per client; each client receives, and is charged for, its own."""
+        return {i: message for i in client_ids}
 
     def state_dict(self) -> dict[str, Any]:
         """Server state made by ``server_setup`` (tensors and plain data), for checkpoints."""

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fdlit.errors import ConfigError, check_at_least, check_number
+from fdlit.messages import Message
 from fdlit.methods.base import AggregationResult, ClientPart, ServerContext, Uploads
 from fdlit.methods.distillation import distil
 from fdlit.methods.f2l import Regions, region_assignment, upload_bytes
@@ -32,16 +33,15 @@ def class_auc(scores: torch.Tensor, labels: torch.Tensor, num_classes: int) -> t
 
 
 class F2LParamsClient(FedAvgClient):
-    """F2L's client part: FedAvg's, except that a client takes its own region's model from a
-    regional broadcast (the simulation hands every region's model; each client is charged for its own)."""
+    """F2L's client part: FedAvg's, except that between global rounds a client loads the regional
+    model it is sent (its own region's)."""
 
     def __init__(self, regions: Regions):
         self.regions = regions
 
     def receive(self, ctx) -> dict[str, torch.Tensor]:
         if "regional_parameters" in ctx.received:
-            region = int(self.regions.assignment(ctx.info.num_clients)[ctx.client.client_id])
-            load_flat(exchanged_tensors(ctx.client.model), ctx.received["regional_parameters"][region])
+            load_flat(exchanged_tensors(ctx.client.model), ctx.received["regional_parameters"])
             return {}
         return super().receive(ctx)
 
@@ -143,11 +143,14 @@ class F2LParams(FedDF):
     def client_part(self) -> ClientPart:
         return F2LParamsClient(self.regions)
 
-    def messages_to(self, client_id: int, num_clients: int, broadcast: dict[str, torch.Tensor]):
-        if "regional_parameters" in broadcast:
-            region = int(self.assignment(num_clients)[client_id])
-            return {"regional_parameters": broadcast["regional_parameters"][region]}
-        return broadcast
+    def configure(self, message: Message, client_ids: list[int], ctx: ServerContext) -> dict[int, Message]:
+        """Between global rounds each client is sent its own region's model only."""
+        if "regional_parameters" not in message:
+            return super().configure(message, client_ids, ctx)
+        regions = self.assignment(ctx.info.num_clients)
+        own = {int(r): Message({"regional_parameters": message["regional_parameters"][int(r)]})
+               for r in set(regions.tolist())}
+        return {i: own[int(regions[i])] for i in client_ids}
 
     # ------------------------------------------------------------------ server part
     def server_setup(self, uploads: Uploads, ctx: ServerContext) -> dict[str, torch.Tensor]:

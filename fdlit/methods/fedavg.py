@@ -9,13 +9,14 @@ epochs of the client optimizer) to w_{t+1}^k, and the server sets
 
 Messages (in the dtype the model holds its parameters, float32: 4 bytes a number), per client:
 ``parameters`` up and ``parameters`` down every round (2 x P x 4 bytes for P numbers), and at
-set-up (round 0) ``num_samples`` up (one int64) and the initial model down. The exchanged vector is
+set-up (round 0) ``num_samples`` up (one int64), the initial model up from client 0 and down to every client. The exchanged vector is
 every parameter plus every floating-point buffer (BatchNorm's running mean and variance, averaged
 like parameters as FedAvg implementations do, and counted); integer buffers (BatchNorm's
 ``num_batches_tracked``) stay local: they only matter with ``momentum=None``.
 
-Choices: the initial model w_0 is the server's (in simulation client 0's initialisation, handed to
-the server in-process: building it is not communication) and is sent down at set-up; every client
+Choices: the initial model w_0 is the server's, asked of one client (client 0's initialisation, sent
+up once at set-up and counted, as Flower's FedAvg asks one client for its initial parameters), and
+is sent down to every client at set-up; every client
 keeps its own optimizer state across rounds (fdlit's client keeps one optimizer for the run; with
 plain SGD and no momentum, as in the paper, there is none). Every client runs the same architecture:
 a heterogeneous federation (``fdlit.models.PerClient`` with different groups) is refused.
@@ -29,35 +30,7 @@ import torch
 
 from fdlit.errors import ConfigError
 from fdlit.methods.base import AggregationResult, Aggregator, ClientContext, ClientPart, ServerContext, Uploads
-
-
-def exchanged_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    """What parameter exchange sends: every parameter, then every floating-point buffer."""
-    return [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]
-
-
-def flatten(tensors) -> torch.Tensor:
-    return torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
-
-
-def load_flat(tensors, flat: torch.Tensor) -> None:
-    """Copy ``flat`` into ``tensors`` in place (the optimizer keeps referring to the same tensors)."""
-    offset = 0
-    with torch.no_grad():
-        for t in tensors:
-            n = t.numel()
-            t.copy_(flat[offset : offset + n].view_as(t))
-            offset += n
-
-
-def parameter_slices(model: torch.nn.Module, flat: torch.Tensor):
-    """(parameter, its slice of ``flat`` shaped like it) over ``model.parameters()``. Read from the
-    module, so under the vectorized executor's ``functional_call`` they are each client's own."""
-    offset = 0
-    for p in model.parameters():
-        n = p.numel()
-        yield p, flat[offset : offset + n].view_as(p)
-        offset += n
+from fdlit.methods.parameters import exchanged_tensors, flatten, load_flat, parameter_slices  # noqa: F401
 
 
 def weighted_average(vectors: list[torch.Tensor], counts: torch.Tensor) -> torch.Tensor:
