@@ -28,16 +28,21 @@ def row_tensors(obj: Any, rows: int) -> dict[str, torch.Tensor]:
 
 
 class PublicRowsGuard:
-    """Remembers which of the server part's tensors had one row per public sample of the last round."""
+    """Remembers which tensors the server part made in the last round's ``aggregate`` with one row per
+    public sample of that round (state it had before, e.g. set-up data, is not the round's rows)."""
 
     def __init__(self, public_size: int):
         self.public_size = public_size
         self.kept: dict[str, torch.Tensor] = {}
+        self.before: set[int] = set()
         self.last_round = 0
 
     def before_aggregate(self, method: Any, round: int, public_index: torch.Tensor | None) -> None:
         """Refuse when a tensor kept over the last round's public rows is still held and the rows changed."""
-        if public_index is None or not self.kept or not hasattr(method, "__dict__"):
+        if public_index is None or not hasattr(method, "__dict__"):
+            return
+        self.before = {id(t) for t in row_tensors(method, len(public_index)).values()}
+        if not self.kept:
             return
         held = {id(t) for t in row_tensors(method, len(next(iter(self.kept.values())))).values()}
         stale = [name for name, t in self.kept.items() if id(t) in held]
@@ -51,5 +56,6 @@ class PublicRowsGuard:
     def after_aggregate(self, method: Any, round: int, public_index: torch.Tensor | None) -> None:
         rows = self.public_size if public_index is None else len(public_index)
         subset = public_index is not None and rows < self.public_size
-        self.kept = row_tensors(method, rows) if subset and hasattr(method, "__dict__") else {}
+        made = row_tensors(method, rows) if subset and hasattr(method, "__dict__") else {}
+        self.kept = {name: t for name, t in made.items() if id(t) not in self.before}
         self.last_round = round
