@@ -41,7 +41,8 @@ def select_executor(clients: Sequence[ClientModule], precision: str = "32-true",
     at least two clients, all vectorizable and all of one architecture, except on a CPU for models
     above ``CPU_MAX_FLOPS_PER_SAMPLE`` (checked when a ``sample`` input on the clients' device is
     given); sequential otherwise."""
-    vectorizable = len(clients) >= 2 and all(unsupported_reason(c, precision) is None for c in clients)
+    device = None if sample is None else sample.device.type
+    vectorizable = len(clients) >= 2 and all(unsupported_reason(c, precision, device) is None for c in clients)
     if not vectorizable or len({architecture_key(c) for c in clients}) != 1:
         return SequentialExecutor()
     on_cpu = sample is not None and sample.device.type == "cpu"

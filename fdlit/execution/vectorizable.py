@@ -17,8 +17,9 @@ SUPPORTED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 UNSUPPORTED_PRECISIONS = ("16-mixed", "16-true", "transformer-engine")
 
 
-def unsupported_reason(client: ClientModule, precision: str = "32-true") -> str | None:
-    """Why ``client`` cannot be trained by :class:`VectorizedExecutor`; None when it can."""
+def unsupported_reason(client: ClientModule, precision: str = "32-true", device: str | None = None) -> str | None:
+    """Why ``client`` cannot be trained by :class:`VectorizedExecutor` on ``device`` (a device type;
+    None: not checked); None when it can."""
     if precision in UNSUPPORTED_PRECISIONS:
         return f"precision {precision!r} (needs a grad scaler)"
     from fdlit.clients import ClientModule
@@ -34,6 +35,10 @@ def unsupported_reason(client: ClientModule, precision: str = "32-true") -> str 
             return f"module {name or 'model'} ({type(module).__name__}) has buffers {own}"
         if module.momentum is None:
             return f"BatchNorm {name} with momentum=None (cumulative average)"
+        if device == "cuda" and _has_channels_last_weights(net):
+            # cuDNN's batch norm asks its input for its memory format, which vmap does not implement
+            # ("NYI: querying is_contiguous inside of vmap"); on a CPU the stack runs in the default layout
+            return f"BatchNorm {name} with channels-last weights on CUDA (federation.channels_last)"
     if not all(p.requires_grad for p in client.model.parameters()):
         return "frozen parameters"
     opt = client.configure_optimizers()
@@ -71,3 +76,7 @@ def architecture_key(client: ClientModule) -> tuple:
     shapes = tuple((n, tuple(p.shape), p.dtype, p.device) for n, p in client.model.named_parameters())
     return (type(client.model), repr(client.model), shapes, type(opt), hyper)
 
+
+def _has_channels_last_weights(net: torch.nn.Module) -> bool:
+    return any(p.dim() == 4 and not p.is_contiguous() and p.is_contiguous(memory_format=torch.channels_last)
+               for p in net.parameters())

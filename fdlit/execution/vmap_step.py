@@ -112,20 +112,23 @@ class TrainingStep(torch.nn.Module):
     ``functional_call`` under vmap: the template client's parameters are swapped for one client's
     slice of the stack, so its ``private_loss`` / ``public_loss`` (and its method part's ``loss``, which
     reads the client's slice of the stacked ``loss_state_keys``, e.g. a proximal term's centre) run
-    exactly as the sequential executor runs them. ``w`` weighs padding out."""
+    exactly as the sequential executor runs them. ``w`` weighs padding out. With ``logits_in`` the
+    network ran before (the grouped network): ``x`` is this client's logits."""
 
-    def __init__(self, client: ClientModule, net: torch.nn.Module):
+    def __init__(self, client: ClientModule, net: torch.nn.Module, logits_in: bool = False):
         super().__init__()
         self.client = client
+        self.logits_in = logits_in  # x is already the network's output (computed outside vmap)
         object.__setattr__(self, "net", net)  # a part of client.model, not a second registration
 
     def forward(self, x, t, w, state=None):
+        logits = x if self.logits_in else self.net(x)
         if not state:
-            return self.client.phase_loss(self.net(x), t, w)
+            return self.client.phase_loss(logits, t, w)
         own = self.client.method_state
         self.client.method_state = {**own, **state}  # this client's slice, for the loss to read
         try:
-            return self.client.phase_loss(self.net(x), t, w)
+            return self.client.phase_loss(logits, t, w)
         finally:
             self.client.method_state = own
 
