@@ -16,7 +16,8 @@ One thread. Forms of the same computation (M clients, each its own weights and i
 
 Forms are timed in interleaved rounds (every form once per repeat) and the median CPU time per call
 is reported with its ratio to the per-client loop. Inference: every client's logits on
-``--eval_samples`` shared inputs (the public or test set), in the executors' batch sizes.
+``--eval_samples`` shared inputs (the public or test set), 1,024 per call for the loop (the
+sequential executor's batch), ``--eval_batch`` per call for the stacked forms.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--eval_samples", type=int, default=1024)
+    p.add_argument("--eval_batch", type=int, default=128, help="samples per stacked inference call")
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -101,13 +103,13 @@ def main() -> None:
     @torch.no_grad()
     def infer_vmap():
         one = lambda p, xi: functional_call(nets[0], p, (xi,))  # noqa: E731
-        for i in range(0, len(xs), 128):  # the vectorized executor's batch
-            vmap(one, in_dims=(0, None))(stack, xs[i:i + 128])
+        for i in range(0, len(xs), args.eval_batch):  # the vectorized executor's batch
+            vmap(one, in_dims=(0, None))(stack, xs[i:i + args.eval_batch])
 
     @torch.no_grad()
     def infer_grouped():
-        for i in range(0, len(xs), 128):
-            grouped(stack, {}, xs[i:i + 128], training=False, shared=True)
+        for i in range(0, len(xs), args.eval_batch):
+            grouped(stack, {}, xs[i:i + args.eval_batch], training=False, shared=True)
 
     inference = {"per-client loop": infer_loop, "vmap": infer_vmap, "grouped": infer_grouped}
     for fn in (*forms.values(), *inference.values()):

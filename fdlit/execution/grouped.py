@@ -3,8 +3,8 @@
 On a CPU, ``torch.func.vmap`` over a convolution with per-client weights runs one grouped
 convolution on a contiguous (NCHW) tensor, and the max-pooling after it as NCHW pooling, which
 oneDNN and ATen compute slowly at LeNet-5's sizes: 20 LeNet-5 clients' training step (64 samples
-each) took 1.6-1.8x the CPU of one client after another (benchmarks/stacked_conv.py,
-docs/speed-and-scale.md). The grouped network lays the clients' activations out as one image batch
+each) took 1.4-1.6x the CPU of one client after another, the grouped network 0.6-0.8x
+(benchmarks/stacked_conv.py, docs/vectorized-executor.md). The grouped network lays the clients' activations out as one image batch
 with every client's channels side by side, B x (M*C) x H x W, in channels-last memory:
 
 * Conv2d: one convolution with ``groups = M * groups`` (weights stacked along the output channels);
@@ -19,8 +19,10 @@ It applies to networks whose forward is a chain of these layers (each layer's in
 layer's output, every layer called once; :meth:`GroupedNetwork.build` checks this on one sample) that
 start with a convolution and end in Linear (or Flatten) layers; any other network runs under vmap.
 BatchNorm runs under vmap too: channels-last batch statistics are vectorised across channels, so
-their last bits depend on the number of channels (M*C), and a chunk of clients would not compute
-exactly what the whole stack computes.
+their last bits depend on the number of channels (M*C); through the running statistics that would
+carry into inference. The convolutions' bias and weight gradients have the same property, so a
+client's last bits depend on how many clients share its step (a chunk, or clients out of batches):
+runs are deterministic, and chunks agree with the whole stack within float rounding.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ ELEMENTWISE = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tan
                nn.Identity, nn.Dropout)
 POOLING = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
 CHANNELS_LAST = torch.channels_last
+INFERENCE_ACTIVATION_BYTES = 8 << 20  # the largest activation of one inference call, all clients together
 
 
-def _chain(net: nn.Module, sample: torch.Tensor) -> list[tuple[str, nn.Module]] | None:
-    """The leaf modules of ``net`` in call order when its forward on ``sample`` is a chain of them;
-    None otherwise (a functional op between layers, a skip connection, a layer called twice)."""
+def _chain(net: nn.Module, sample: torch.Tensor) -> tuple[list[tuple[str, nn.Module]], int] | None:
+    """The leaf modules of ``net`` in call order when its forward on ``sample`` (one sample) is a
+    chain of them, and the largest layer output's element count; None otherwise (a functional op
+    between layers, a skip connection, a layer called twice)."""
     leaves = {m: n for n, m in net.named_modules() if next(m.children(), None) is None}
     calls: list[tuple[str, nn.Module, int, torch.Tensor]] = []
 
@@ -62,7 +66,7 @@ def _chain(net: nn.Module, sample: torch.Tensor) -> list[tuple[str, nn.Module]] 
         if arg != previous:
             return None
         previous = id(output)
-    return [(name, module) for name, module, _, _ in calls]
+    return [(name, module) for name, module, _, _ in calls], max(out.numel() for *_, out in calls)
 
 
 def _supported(layers: list[tuple[str, nn.Module]]) -> bool:
@@ -90,15 +94,23 @@ class GroupedNetwork:
     """A chain network's forward on stacked parameters (module docstring). Build it with
     :meth:`build`; call it with the stacked parameters and buffers (names relative to the network)."""
 
-    def __init__(self, layers: list[tuple[str, nn.Module]]):
+    def __init__(self, layers: list[tuple[str, nn.Module]], widest: int):
         self.layers = layers
+        self.widest = widest  # elements of the largest activation of one client on one sample
 
     @classmethod
     def build(cls, net: nn.Module, sample: torch.Tensor) -> GroupedNetwork | None:
         """The grouped form of ``net`` (``sample``: one input of one client), or None when ``net``
         is not a supported chain (see the module docstring)."""
-        layers = _chain(net, sample)
-        return cls(layers) if layers is not None and _supported(layers) else None
+        chain = _chain(net, sample[:1])
+        return cls(*chain) if chain is not None and _supported(chain[0]) else None
+
+    def inference_batch(self, clients: int, element_size: int, limit: int) -> int:
+        """Samples per inference call: as many as keep the largest activation of the stack under
+        ``limit`` samples (at least 1): a stack's activations of 20 LeNet-5 clients on 128 samples
+        are 48 MB, beyond the CPU caches and glibc's mmap threshold (every call then page-faults its
+        memory in again); 16 samples per call took half the CPU of 128 (benchmarks/stacked_conv.py)."""
+        return max(1, min(limit, INFERENCE_ACTIVATION_BYTES // max(1, self.widest * clients * element_size)))
 
     def __call__(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor,
                  training: bool, shared: bool = False) -> torch.Tensor:
@@ -147,8 +159,13 @@ class GroupedNetwork:
         groups = module.groups if first_shared else module.groups * m
         if first_shared and module.groups != 1:  # each client's channels side by side: one copy per client
             h, groups = h.repeat(1, m, 1, 1), module.groups * m
+        if weight.shape[1] == 1 and weight.is_contiguous():
+            # one input channel per group: the layout is ambiguous and oneDNN would write NCHW; the
+            # same memory viewed with channels-last strides makes it write channels-last (3x
+            # cheaper than NCHW plus a copy for the first LeNet-5 convolution on a shared input)
+            weight = weight.as_strided(weight.shape, (weight.stride(0), 1, weight.stride(2), weight.stride(3)))
         out = F.conv2d(h, weight, bias, module.stride, module.padding, module.dilation, groups)
-        # oneDNN writes NCHW for an NCHW-or-ambiguous input (one channel): pooling is slow there
+        # pooling and activations are slow on NCHW here
         return out if out.is_contiguous(memory_format=CHANNELS_LAST) else out.contiguous(memory_format=CHANNELS_LAST)
 
 

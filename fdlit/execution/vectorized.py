@@ -2,7 +2,9 @@
 
 Per group of same-architecture clients, each parameter is stacked into one ``M x shape`` tensor for
 the length of a phase. Every step runs the loss vmapped over the stack (``torch.func.vmap``) and one
-backward pass of the summed losses (each client's gradient lands in its own slice), so
+backward pass of the summed losses (each client's gradient lands in its own slice); on a CPU a
+convolutional chain's forward runs as one grouped network instead of under vmap
+(:mod:`fdlit.execution.grouped`; the loss is still vmapped, on each client's logits), so
 each client computes its own forward/backward on its own batch, and the optimizer update runs
 once on the stack (Adam/AdamW: ``torch.optim``'s fused kernel; SGD: its single-tensor arithmetic).
 At the end of the phase parameters and optimizer state are written back into each
@@ -27,7 +29,8 @@ Same computation as :class:`~fdlit.execution.executor.SequentialExecutor`:
 
 Chunks: ``chunk_size`` bounds how many clients are stacked at once (memory grows with the stack:
 parameters, gradients, optimizer moments and activations of every client in it); chunks run one
-after another and compute exactly what one stack computes. On CUDA, without a ``chunk_size``, the
+after another and compute exactly what one stack computes (the grouped network: within float
+rounding, its channels-last reductions span every client's channels). On CUDA, without a ``chunk_size``, the
 chunk is chosen from free memory and an estimate per client (:func:`client_memory_bytes`).
 
 Not supported (``unsupported_reason`` says why; those clients run sequentially inside this
@@ -348,16 +351,22 @@ class VectorizedExecutor(ClientExecutor):
             shared = inputs[0] is None or same_module_state(inputs)
             fn = None
             chunks = []
-            for i in range(0, len(xx), self.eval_batch_size):
-                xb = xx[i : i + self.eval_batch_size]
+            start, batch = 0, self.eval_batch_size
+            while start < len(xx):
+                xb = xx[start : start + batch]
                 with self.fabric.autocast():
                     if inputs[0] is not None:
                         xb = inputs[0](xb) if shared else torch.stack([mod(xb) for mod in inputs])
                     if fn is None:
                         grouped = self._grouped_network(group[0], net, xb[:1] if shared else xb[0, :1])
-                        forward_fn = (functools.partial(grouped, training=False, shared=shared) if grouped is not None else
-                                      vmap(functools.partial(forward, net, tied), in_dims=(0, 0, None if shared else 0)))
+                        if grouped is not None:
+                            forward_fn = functools.partial(grouped, training=False, shared=shared)
+                            batch = grouped.inference_batch(max(2, len(group)), stack.params[0].element_size(), batch)
+                            xb = xb[:batch] if shared else xb[:, :batch]  # the input module is per sample
+                        else:
+                            forward_fn = vmap(functools.partial(forward, net, tied), in_dims=(0, 0, None if shared else 0))
                         fn = functools.partial(at_least_two, forward_fn, shared_last=shared)
+                    start += batch
                     with batch_norm_in_float32(net, self.fabric.device.type):
                         chunks.append(fn(params, bufs, xb).float())
             logits = torch.cat(chunks, 1)
