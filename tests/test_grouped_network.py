@@ -141,3 +141,35 @@ def test_conv_network_names_its_allowed_values():
 
     with pytest.raises(ConfigError, match="conv_network.*auto, grouped, vmap"):
         VectorizedExecutor(conv_network="loop")
+
+
+def test_automatic_choice_on_cpu_stacks_convolutions_where_measured_faster():
+    """On a CPU (a sample given), a conv chain is vectorized (grouped network); a conv net the
+    grouped form does not cover (BatchNorm: vmap) is vectorized with digits-sized activations and
+    runs one client at a time with LeNet-sized ones; an MLP is vectorized; without a sample (no
+    device known) the CPU rules do not apply."""
+    from fdlit.clients import ClientModule
+    from fdlit.execution import select_executor
+
+    def clients(model_fn):
+        return [ClientModule(model_fn(), i, [0, 1], ClientOptimization(), seed=3) for i in range(3)]
+
+    from fdlit.execution.selection import CPU_MAX_VMAP_CONV_ACTIVATION
+
+    def conv_bn(channels):  # largest activation: channels x 26 x 26
+        return lambda: nn.Sequential(nn.Conv2d(1, channels, 3), nn.BatchNorm2d(channels), nn.Flatten(),
+                                     nn.Linear(channels * 26 * 26, 3))
+
+    sample = torch.zeros(1, 1, 28, 28)
+    chain = clients(lambda: LeNet5((1, 28, 28), 10))
+    small_bn, large_bn = clients(conv_bn(2)), clients(conv_bn(8))
+    assert 2 * 26 * 26 <= CPU_MAX_VMAP_CONV_ACTIVATION < 8 * 26 * 26
+    mlp = clients(lambda: MLP((1, 28, 28), 10, hidden=[8]))
+    assert isinstance(select_executor(chain, sample=sample), VectorizedExecutor)
+    assert isinstance(select_executor(small_bn, sample=sample), VectorizedExecutor)
+    assert isinstance(select_executor(large_bn, sample=sample), SequentialExecutor)
+    assert isinstance(select_executor(mlp, sample=sample), VectorizedExecutor)
+    # under autocast LeNet-5 runs under vmap: 6 x 28 x 28 values, above the limit
+    assert isinstance(select_executor(chain, "bf16-mixed", sample=sample), SequentialExecutor)
+    assert isinstance(select_executor(large_bn), VectorizedExecutor)
+    assert all(c.model.training for c in chain + large_bn)  # the checks ran in eval mode and restored it

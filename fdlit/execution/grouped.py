@@ -106,9 +106,9 @@ class GroupedNetwork:
         return cls(*chain) if chain is not None and _supported(chain[0]) else None
 
     def inference_batch(self, clients: int, element_size: int, limit: int) -> int:
-        """Samples per inference call: as many as keep the largest activation of the stack under
-        ``limit`` samples (at least 1): a stack's activations of 20 LeNet-5 clients on 128 samples
-        are 48 MB, beyond the CPU caches and glibc's mmap threshold (every call then page-faults its
+        """Samples per inference call: as many as keep the stack's largest activation under
+        ``INFERENCE_ACTIVATION_BYTES``, at least 1 and at most ``limit``. 20 LeNet-5 clients' first
+        activation on 128 samples is 48 MB, beyond the CPU caches and glibc's mmap threshold (every call then page-faults its
         memory in again); 16 samples per call took half the CPU of 128 (benchmarks/stacked_conv.py)."""
         return max(1, min(limit, INFERENCE_ACTIVATION_BYTES // max(1, self.widest * clients * element_size)))
 
@@ -187,9 +187,8 @@ def grouped_training_step(step, network: GroupedNetwork, names: list[str], prefi
 
     def fn(params, buffers, x, t, w, state):
         leaves = [p.detach().requires_grad_() for p in params]
-        own = {n.removeprefix(prefix): b for n, b in buffers.items()}  # the same tensors: updated in place
-        with torch.enable_grad():
-            logits = network(dict(zip(local, leaves, strict=True)), own, x, step.net.training)
+        with torch.enable_grad():  # no supported layer has buffers: ``buffers`` comes back as it went in
+            logits = network(dict(zip(local, leaves, strict=True)), {}, x, step.net.training)
             loss = losses(leaves, logits, t, w, state)
         return torch.autograd.grad(loss.sum(), leaves), (loss.detach(), buffers)
 

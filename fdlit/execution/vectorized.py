@@ -99,9 +99,10 @@ class VectorizedExecutor(ClientExecutor):
         conv_network: how a stack of convolutional networks computes its forward: ``grouped`` as one
             grouped network without vmap (:mod:`fdlit.execution.grouped`: networks that are a chain of
             supported layers starting with a convolution, at 32-true or 64-true precision), ``vmap``
-            under ``torch.func.vmap``, ``auto``: grouped on a CPU (measured 0.6-0.7x the CPU of the
-            vmapped step and of one client after another for LeNet-5, docs/speed-and-scale.md), vmap
-            elsewhere. Networks the grouped form does not cover run under vmap in every setting.
+            under ``torch.func.vmap``, ``auto``: grouped on a CPU (a 2-round Fashion-MNIST run with
+            LeNet-5 at 0.51x the sequential executor's CPU, under vmap 1.09x:
+            docs/speed-and-scale.md), vmap elsewhere (not measured on a GPU). Networks the grouped
+            form does not cover run under vmap in every setting.
     """
 
     def __init__(self, eval_batch_size: int = 128, strict: bool = False, chunk_size: int | None = None,
