@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 CPU_MAX_FLOPS_PER_SAMPLE = 30e6
 # Convolutions under vmap (networks the grouped form does not cover) on a CPU, measured as whole runs
 # against the sequential executor (docs/speed-and-scale.md): digits SmallCNN, largest activation 2,048
-# values per sample (32 x 8 x 8), 0.74x its CPU; LeNet-5 on 28 x 28, 4,704 (6 x 28 x 28), 1.09x and
+# values per sample (32 x 8 x 8), 0.73x its CPU; LeNet-5 on 28 x 28, 4,704 (6 x 28 x 28), 1.09x and
 # 1.30x. Between the two, not tuned further.
 CPU_MAX_VMAP_CONV_ACTIVATION = 4096
 
