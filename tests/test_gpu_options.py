@@ -3,14 +3,18 @@ at toy size: they change speed, not what is computed."""
 
 import pytest
 import torch
+from torch import nn
 
+from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
-from fdlit.execution import SequentialExecutor, VectorizedExecutor
+from fdlit.execution import RayExecutor, SequentialExecutor, VectorizedExecutor
+from fdlit.execution.vectorized import unsupported_reason
 from fdlit.federation import FederationLoop
 from fdlit.methods import ProbabilityAveraging
 
-EXECUTORS = {"sequential": SequentialExecutor, "vectorized": VectorizedExecutor}
+EXECUTORS = {"sequential": SequentialExecutor, "vectorized": VectorizedExecutor,
+             "vectorized-vmap": lambda: VectorizedExecutor(conv_network="vmap"), "ray": RayExecutor}
 
 
 def run(executor, rounds=1, model="SmallCNN", **kw):
@@ -29,8 +33,10 @@ def max_weight_difference(a, b):
                for x, y in zip(ca.model.parameters(), cb.model.parameters(), strict=True))
 
 
-@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
-def test_channels_last_keeps_the_layout_and_the_results(executor):
+@pytest.mark.parametrize("executor", ["sequential", "vectorized", "vectorized-vmap", "ray"])
+def test_channels_last_keeps_the_layout_and_the_results(executor, request):
+    if executor == "ray":
+        request.getfixturevalue("ray_local")  # the executor uses the running 2-CPU Ray
     plain, nhwc = run(executor), run(executor, channels_last=True)
     for c in nhwc.clients:
         convs = [p for p in c.model.parameters() if p.dim() == 4]
@@ -42,6 +48,53 @@ def test_channels_last_keeps_the_layout_and_the_results(executor):
     assert max_weight_difference(plain, nhwc) < 1e-6
     assert [m["after_public/global_acc_mean"] for m in nhwc.history] == \
         [m["after_public/global_acc_mean"] for m in plain.history]
+
+
+class ConvBatchNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                                 nn.Conv2d(4, 8, 3, padding=1), nn.Flatten(), nn.Linear(8 * 64, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def train_bn_clients(executor, channels_last: bool):
+    from lightning.fabric import Fabric
+
+    torch.manual_seed(0)
+    clients = [ClientModule(ConvBatchNorm(), i, [0, 1], ClientOptimization(), seed=3) for i in range(3)]
+    if channels_last:  # what federation.channels_last does before the executor's set-up
+        for c in clients:
+            c.model.to(memory_format=torch.channels_last)
+    executor.setup(Fabric(accelerator="cpu", devices=1, precision="32-true"), clients)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)) for n in (20, 33, 16)]
+    losses = executor.train(clients, "private", data, epochs=2, batch_size=8)
+    return clients, losses, executor.predict(clients, data[0][0])
+
+
+def test_channels_last_batchnorm_nets_train_stacked_on_cpu():
+    """A conv + BatchNorm net (under vmap: the grouped form leaves BatchNorm out) with channels-last
+    weights: the vectorized executor stacks it in the default layout on a CPU, computes what the
+    sequential executor computes and writes back in the clients' layout. On CUDA such clients run one
+    at a time (cuDNN's batch norm asks vmap's tensors for their layout, which vmap refuses)."""
+    seq, seq_losses, seq_pred = train_bn_clients(SequentialExecutor(), channels_last=True)
+    executor = VectorizedExecutor(strict=True)
+    vec, vec_losses, vec_pred = train_bn_clients(executor, channels_last=True)
+    assert not any(g is not None for g in executor._grouped.values())  # BatchNorm: the vmapped step
+    assert vec_losses == pytest.approx(seq_losses, rel=1e-5)
+    torch.testing.assert_close(vec_pred, seq_pred, atol=1e-4, rtol=1e-4)
+    for a, b in zip(seq, vec, strict=True):
+        conv = b.model.net[3].weight
+        assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+        for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
+            torch.testing.assert_close(pa, pb, atol=1e-5, rtol=1e-4)
+    assert unsupported_reason(vec[0], device="cpu") is None
+    assert "channels-last weights on CUDA" in unsupported_reason(vec[0], device="cuda")
+    plain = train_bn_clients(VectorizedExecutor(), channels_last=False)[0]
+    assert unsupported_reason(plain[0], device="cuda") is None
 
 
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])
@@ -73,7 +126,5 @@ def test_compile_with_inductor_on_the_vectorized_step():
 def test_bad_compile_settings_are_refused():
     with pytest.raises(ConfigError, match="federation.compile_backend"):
         FederationLoop(compile=True, compile_backend="no-such-backend")
-    from fdlit.execution import RayExecutor
-
     with pytest.raises(ConfigError, match="federation.compile"):
         RayExecutor().configure("aot_eager")

@@ -28,10 +28,7 @@ import dataclasses
 import itertools
 import math
 import os
-import site
 import sys
-import sysconfig
-import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,15 +37,17 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from fdlit.errors import ConfigError
-from fdlit.execution.executor import ClientExecutor, SequentialExecutor
+from fdlit.execution.executor import ClientExecutor
+from fdlit.execution.ray_actor import ClientWorker, ship_code_by_value, shipped_classes, to_cpu
+from fdlit.execution.ray_plan import plan_actors
 from fdlit.execution.tokens import Tokens
-from fdlit.execution.vectorized import VectorizedExecutor
-from fdlit.methods.base import LegacyClientPart
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
 
     from fdlit.clients import ClientModule
+
+__all__ = ["INSTALL_HINT", "ClientWorker", "RayExecutor", "import_ray", "plan_actors", "shipped_classes"]
 
 INSTALL_HINT = "pip install 'fdlit[ray]'  (or: pip install ray)"
 
@@ -62,165 +61,6 @@ def import_ray():
             f"Install it with: {INSTALL_HINT}"
         ) from None
     return ray
-
-
-def plan_actors(
-    num_clients: int,
-    cluster_cpus: float,
-    cluster_gpus: float,
-    num_cpus_per_actor: float = 1.0,
-    num_gpus_per_client: float = 0.0,
-    num_gpus_per_actor: float | None = None,
-    clients_per_actor: int | None = None,
-) -> tuple[int, int, float]:
-    """How many clients each actor holds, how many actors, and the GPUs each actor asks for.
-
-    Every actor must be placed at once (clients live in them for the whole run), so a plan the
-    cluster cannot hold is an error here rather than a run that waits forever for resources.
-    Default grouping: as many actors as the cluster's CPUs allow (``num_cpus_per_actor`` each),
-    clients split evenly (``size`` is the largest group; sizes differ by at most one); if that does not fit the GPUs, fewer, larger actors. An actor asks for
-    ``num_gpus_per_actor``, or ``num_gpus_per_client`` times its clients; a fractional ask must fit
-    within one GPU, so a GPU holds ``floor(1 / ask)`` actors.
-    """
-    if num_gpus_per_actor is not None and num_gpus_per_client:
-        raise ConfigError("federation.executor", "set num_gpus_per_client or num_gpus_per_actor, not both")
-    eps = 1e-9
-    if clients_per_actor is not None:
-        candidates = [clients_per_actor]
-    else:
-        slots = int(cluster_cpus // num_cpus_per_actor + eps) if num_cpus_per_actor > 0 else num_clients
-        candidates = range(math.ceil(num_clients / max(1, min(num_clients, slots))), num_clients + 1)
-    for size in candidates:
-        actors = math.ceil(num_clients / size)
-        size = math.ceil(num_clients / actors)  # even groups: 4 clients on 3 slots -> 2 + 2
-        actors = math.ceil(num_clients / size)
-        gpus = num_gpus_per_actor if num_gpus_per_actor is not None else num_gpus_per_client * size
-        gpus = round(gpus, 4)  # Ray's resolution is 1e-4
-        if gpus > 1 and gpus != int(gpus):
-            continue  # Ray accepts fractions <= 1 or whole numbers
-        if actors * num_cpus_per_actor > cluster_cpus + eps:
-            continue
-        whole_gpus = int(cluster_gpus + eps)
-        if gpus == 0 or (gpus <= 1 and actors <= int(1 / gpus + eps) * whole_gpus) or (
-                gpus > 1 and actors * gpus <= cluster_gpus + eps):
-            return size, actors, gpus
-    raise ConfigError(
-        "federation.executor",
-        f"no grouping of {num_clients} clients"
-        + (f" into actors of {clients_per_actor}" if clients_per_actor is not None else "")
-        + f" fits the Ray cluster ({cluster_cpus:g} CPUs, {cluster_gpus:g} GPUs) with {num_cpus_per_actor:g} CPU "
-        f"per actor and {num_gpus_per_actor if num_gpus_per_actor is not None else num_gpus_per_client:g} GPU per "
-        f"{'actor' if num_gpus_per_actor is not None else 'client'}; Ray accepts GPU fractions <= 1 or whole numbers",
-    )
-
-
-class ClientWorker:
-    """One actor's clients. Plain class: :class:`RayExecutor` turns it into a Ray actor."""
-
-    def __init__(self, clients: list[ClientModule], precision: str, num_threads: int, eval_batch_size: int,
-                 actor_executor: str = "vectorized"):
-        import ray
-
-        from fdlit.execution.allocator import keep_large_blocks
-
-        keep_large_blocks()  # the actor's process trains its clients, as a fit does
-        torch.set_num_threads(num_threads)
-        gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
-        from fdlit.execution.device import make_device
-
-        self.fabric = make_device("cuda" if gpu else "cpu", precision)
-        self.clients = {c.client_id: c for c in clients}
-        # the same code as an in-process run of that executor
-        executor_cls = VectorizedExecutor if actor_executor == "vectorized" else SequentialExecutor
-        self.executor = executor_cls(eval_batch_size)
-        self.executor.setup(self.fabric, clients)
-        self.objects: dict[int, Any] = {}  # token -> tensor on this device, or ClientData
-
-    def _receive(self, new: dict[int, Any], live: Sequence[int]) -> None:
-        import ray
-
-        for token, ref in new.items():
-            obj = ray.get(ref)
-            # a copy on this device: the object-store buffer may be freed once the driver drops it
-            self.objects[token] = obj.to(self.fabric.device, copy=True) if isinstance(obj, torch.Tensor) else obj
-        live = set(live)
-        for token in [t for t in self.objects if t not in live]:
-            del self.objects[token]
-
-    def train(self, ids, phase, data_tokens, epochs, batch_size, new, live) -> list[float]:
-        self._receive(new, live)
-        datasets = [(self.objects[x], self.objects[t]) for x, t in data_tokens]
-        return self.executor.train([self.clients[i] for i in ids], phase, datasets, epochs, batch_size)
-
-    def predict(self, ids, x_token, new, live) -> torch.Tensor:
-        self._receive(new, live)
-        return self.executor.predict([self.clients[i] for i in ids], self.objects[x_token]).cpu()
-
-    def client_hook(self, hook, ids, part, info, public_x_token, received_tokens, data_tokens, release,
-                    new, live) -> list[dict]:
-        """``part.<hook>`` for these clients; ``upload`` (with its ``release``) is the whole upload
-        step: public inference, the method's upload and the privacy release, here on the actor."""
-        self._receive(new, live)
-        info = dataclasses.replace(info, public_x=self.objects[public_x_token])
-        received = {k: self.objects[t] for k, t in received_tokens.items()}
-        clients, data = [self.clients[i] for i in ids], [self.objects[d] for d in data_tokens]
-        if release is not None:
-            payloads = self.executor.upload(part, info, clients, data, received, release)
-        else:
-            payloads = self.executor.client_hook(hook, part, info, clients, data, received)
-        return [{k: v.cpu() for k, v in p.items()} for p in payloads]
-
-    def get_states(self, ids) -> list[dict]:
-        return [_to_cpu(self.clients[i].client_state()) for i in ids]
-
-    def set_states(self, ids, states) -> None:
-        for i, state in zip(ids, states, strict=True):
-            self.clients[i].load_client_state(state)
-
-    def cpu_seconds(self) -> float:
-        """CPU seconds of this actor's process so far (every thread, start-up included)."""
-        return time.process_time()
-
-    def where(self) -> dict:
-        """Diagnostics: which fdlit this process imported, its device and threads."""
-        import fdlit
-
-        return {"fdlit": fdlit.__file__, "device": str(self.fabric.device), "threads": torch.get_num_threads(),
-                "pid": os.getpid()}
-
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
-
-
-def _ship_code_by_value(ray, classes) -> None:
-    """Classes from the user's own modules (a test file, a folder of scripts) are pickled by value,
-    so actors need not be able to import them; fdlit and installed packages travel by name."""
-    installed = [Path(p).resolve() for p in (*site.getsitepackages(), sysconfig.get_paths()["stdlib"])]
-    for cls in {base for c in classes for base in c.__mro__}:  # a user's subclass of a user's class, too
-        name = cls.__module__
-        module = sys.modules.get(name)
-        file = getattr(module, "__file__", None)
-        if name == "__main__" or name.split(".")[0] == "fdlit" or file is None:
-            continue  # __main__ is pickled by value anyway
-        path = Path(file).resolve()
-        if not any(path.is_relative_to(p) for p in installed):
-            ray.cloudpickle.register_pickle_by_value(module)
-
-
-def shipped_classes(part) -> set[type]:
-    """The classes a client part travels with (a deprecated rule's adapter carries the rule)."""
-    if part is None:
-        return set()
-    inner = getattr(part, "inner", None)  # a wrapped part (adversarial clients) carries the method's part
-    return {type(part), *((type(part.method),) if isinstance(part, LegacyClientPart) else ()),
-            *shipped_classes(inner), *((type(part.attack),) if hasattr(part, "attack") else ())}
 
 
 class RayExecutor(ClientExecutor):
@@ -328,7 +168,7 @@ class RayExecutor(ClientExecutor):
         base, extra = divmod(len(clients), n_actors)
         bounds = list(itertools.accumulate([0] + [base + (a < extra) for a in range(n_actors)]))
         groups = [list(clients[bounds[a]:bounds[a + 1]]) for a in range(n_actors)]
-        _ship_code_by_value(ray, {type(m) for c in clients for m in c.modules()}
+        ship_code_by_value(ray, {type(m) for c in clients for m in c.modules()}
                             | {k for c in clients for k in shipped_classes(c.method_part)})
         # the driver built the clients (same init as a sequential run) and ships them once, whole
         self.actors = [actor_cls.remote(g, precision, threads, self.eval_batch_size, self.actor_executor)
@@ -407,7 +247,7 @@ class RayExecutor(ClientExecutor):
         ray = import_ray()
         groups = self._groups(clients)
         ray.get([self.actors[a].set_states.remote([clients[j].client_id for j in idx],
-                                                   [_to_cpu(clients[j].client_state()) for j in idx])
+                                                   [to_cpu(clients[j].client_state()) for j in idx])
                  for a, idx in groups.items()])
 
     # ------------------------------------------------------------------ shipping data down once
@@ -486,7 +326,7 @@ class RayExecutor(ClientExecutor):
     def _on_actors(self, hook, part, info, clients, client_data, received, release):
         ray = import_ray()
         groups = self._groups(clients)
-        _ship_code_by_value(ray, shipped_classes(part))  # the method's client part only, never its server part
+        ship_code_by_value(ray, shipped_classes(part))  # the method's client part only, never its server part
         # tensors go down once (tokens); the info travels without its public inputs
         shared = [info.public_x, *received.values()]
         ship = self._shipment({a: [*shared, *(client_data[j] for j in idx)] for a, idx in groups.items()})

@@ -2,7 +2,9 @@
 
 Per group of same-architecture clients, each parameter is stacked into one ``M x shape`` tensor for
 the length of a phase. Every step runs the loss vmapped over the stack (``torch.func.vmap``) and one
-backward pass of the summed losses (each client's gradient lands in its own slice), so
+backward pass of the summed losses (each client's gradient lands in its own slice); on a CPU a
+convolutional chain's forward runs as one grouped network instead of under vmap
+(:mod:`fdlit.execution.grouped`; the loss is still vmapped, on each client's logits), so
 each client computes its own forward/backward on its own batch, and the optimizer update runs
 once on the stack (Adam/AdamW: ``torch.optim``'s fused kernel; SGD: its single-tensor arithmetic).
 At the end of the phase parameters and optimizer state are written back into each
@@ -27,7 +29,8 @@ Same computation as :class:`~fdlit.execution.executor.SequentialExecutor`:
 
 Chunks: ``chunk_size`` bounds how many clients are stacked at once (memory grows with the stack:
 parameters, gradients, optimizer moments and activations of every client in it); chunks run one
-after another and compute exactly what one stack computes. On CUDA, without a ``chunk_size``, the
+after another and compute exactly what one stack computes (the grouped network: within float
+rounding, its channels-last reductions span every client's channels). On CUDA, without a ``chunk_size``, the
 chunk is chosen from free memory and an estimate per client (:func:`client_memory_bytes`).
 
 Not supported (``unsupported_reason`` says why; those clients run sequentially inside this
@@ -41,83 +44,40 @@ executor, so runs with dropout > 0 are not bit-comparable between executors.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch.func import functional_call, grad_and_value, vmap
-from torch.nn.modules.batchnorm import _BatchNorm
 
-from fdlit.data.augment import WithInput
 from fdlit.errors import ConfigError, check_at_least
+from fdlit.execution.batch_plan import batch_plan, client_inputs, step_calls
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
+from fdlit.execution.grouped import GroupedNetwork, grouped_training_step
+from fdlit.execution.stack_memory import auto_chunk_size, client_memory_bytes, free_device_memory
 from fdlit.execution.stacked_optimizer import StackedOptimizer
-from fdlit.execution.stacking import ParamStack, is_transposed, select_rows, transposed
+from fdlit.execution.stacking import ParamStack, select_rows
+from fdlit.execution.vectorizable import architecture_key, split_input, unsupported_reason
+from fdlit.execution.vmap_step import (
+    TrainingStep,
+    at_least_two,
+    batch_norm_in_float32,
+    forward,
+    grad_and_value_of_sum,
+    has_tied_tensors,
+    same_module_state,
+)
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
 
     from fdlit.clients import ClientModule
 
-SUPPORTED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
-UNSUPPORTED_PRECISIONS = ("16-mixed", "16-true", "transformer-engine")
+GROUPED_PRECISIONS = ("32-true", "64-true", "32", "64")  # no autocast: vmap's path handles mixed BatchNorm
 
-
-def unsupported_reason(client: ClientModule, precision: str = "32-true") -> str | None:
-    """Why ``client`` cannot be trained by :class:`VectorizedExecutor`; None when it can."""
-    if precision in UNSUPPORTED_PRECISIONS:
-        return f"precision {precision!r} (needs a grad scaler)"
-    from fdlit.clients import ClientModule
-
-    if type(client).training_step is not ClientModule.training_step:
-        return f"{type(client).__name__} overrides training_step() (override private_loss / public_loss instead)"
-    _, net, prefix = split_input(client.model)
-    for name, module in net.named_modules(prefix=prefix.rstrip(".")):
-        own = [n for n, _ in module.named_buffers(recurse=False)]
-        if not own:
-            continue
-        if not isinstance(module, _BatchNorm):
-            return f"module {name or 'model'} ({type(module).__name__}) has buffers {own}"
-        if module.momentum is None:
-            return f"BatchNorm {name} with momentum=None (cumulative average)"
-    if not all(p.requires_grad for p in client.model.parameters()):
-        return "frozen parameters"
-    opt = client.configure_optimizers()
-    if type(opt) not in SUPPORTED_OPTIMIZERS:
-        return f"optimizer {type(opt).__name__}"
-    if len(opt.param_groups) != 1:
-        return "more than one parameter group"
-    group = opt.param_groups[0]
-    if [id(p) for p in group["params"]] != [id(p) for p in client.model.parameters()]:
-        return "optimizer parameters are not the model's parameters"
-    # options the stacked update does not implement (all off in ClientOptimization.build); a
-    # client's fused=True is fine: the stack uses the fused Adam kernel anyway
-    for key in ("amsgrad", "maximize", "nesterov", "dampening", "differentiable", "capturable"):
-        if group.get(key):
-            return f"optimizer option {key}={group[key]!r}"
-    return None
-
-
-def split_input(model: torch.nn.Module) -> tuple[torch.nn.Module | None, torch.nn.Module, str]:
-    """(input module, network, parameter-name prefix of the network). A parameter-free input module
-    in front of the network (``WithInput``: uint8 -> normalised float, augmentation with its own
-    generator, as the loop builds for image datasets) is run per client outside vmap, exactly as the
-    sequential executor runs it; only the network is vmapped."""
-    if isinstance(model, WithInput) and next(model.input.parameters(), None) is None:
-        return model.input, model.net, "net."
-    return None, model, ""
-
-
-def architecture_key(client: ClientModule) -> tuple:
-    """Clients with equal keys can share one vmapped step: same module (repr covers layer options
-    such as dropout rate and padding), same parameter shapes, same optimizer hyper-parameters
-    except the learning rate (which may differ per client)."""
-    opt = client.configure_optimizers()
-    hyper = tuple(sorted((k, repr(v)) for k, v in opt.param_groups[0].items() if k not in ("params", "lr", "initial_lr")))
-    shapes = tuple((n, tuple(p.shape), p.dtype, p.device) for n, p in client.model.named_parameters())
-    return (type(client.model), repr(client.model), shapes, type(opt), hyper)
+__all__ = ["VectorizedExecutor", "architecture_key", "auto_chunk_size", "client_memory_bytes", "free_device_memory",
+           "split_input", "unsupported_reason"]
 
 
 class VectorizedExecutor(ClientExecutor):
@@ -136,11 +96,24 @@ class VectorizedExecutor(ClientExecutor):
             ceil(M / chunk_size) stacks one after another, with the same results: every client's
             computation is its own). null: all clients of a group at once, except on a CUDA device,
             where the chunk is chosen from the device's free memory (:func:`auto_chunk_size`).
+        conv_network: how a stack of convolutional networks computes its forward: ``grouped`` as one
+            grouped network without vmap (:mod:`fdlit.execution.grouped`: networks that are a chain of
+            supported layers starting with a convolution, at 32-true or 64-true precision), ``vmap``
+            under ``torch.func.vmap``, ``auto``: grouped on a CPU (a 2-round Fashion-MNIST run with
+            LeNet-5 at 0.51x the sequential executor's CPU, under vmap 1.09x:
+            docs/speed-and-scale.md), vmap elsewhere (not measured on a GPU). Networks the grouped
+            form does not cover run under vmap in every setting.
     """
 
-    def __init__(self, eval_batch_size: int = 128, strict: bool = False, chunk_size: int | None = None):
+    def __init__(self, eval_batch_size: int = 128, strict: bool = False, chunk_size: int | None = None,
+                 conv_network: Literal["auto", "grouped", "vmap"] = "auto"):
         if chunk_size is not None:
             check_at_least("federation.executor.chunk_size", chunk_size, 1)
+        if conv_network not in ("auto", "grouped", "vmap"):
+            raise ConfigError("federation.executor.conv_network", f"allowed: auto, grouped, vmap; got {conv_network!r}")
+        self.conv_network = conv_network
+        self._grouped: dict[tuple, GroupedNetwork | None] = {}
+        self._precision = "32-true"
         self.eval_batch_size = eval_batch_size
         self.strict = strict
         self.chunk_size = chunk_size
@@ -159,10 +132,11 @@ class VectorizedExecutor(ClientExecutor):
     def setup(self, fabric: Fabric, clients: Sequence[ClientModule]) -> None:
         self.fabric = fabric
         precision = str(getattr(fabric.strategy.precision, "precision", "32-true"))
+        self._precision = precision
         # same device / dtype conversion as the sequential executor, so both see identical clients
         self.fallback.setup(fabric, clients)
         for c in clients:
-            reason = unsupported_reason(c, precision)
+            reason = unsupported_reason(c, precision, fabric.device.type)
             if reason is None:
                 self._vectorized.add(c.client_id)
                 # computed once: repr(model) and the optimizer walk cost ~8 % of a digits round
@@ -232,7 +206,7 @@ class VectorizedExecutor(ClientExecutor):
         x_all, t_all, offsets = self._concat(datasets)
         if x_all.is_floating_point() and x_all.dtype != dtype and dtype == torch.float64:
             x_all = x_all.to(dtype)  # 64-true: Fabric converts inputs of the sequential path alike
-        index, weight, counts = _batch_plan(clients, [len(d[0]) for d in datasets], offsets, epochs, batch_size,
+        index, weight, counts = batch_plan(clients, [len(d[0]) for d in datasets], offsets, epochs, batch_size,
                                             width)
         lengths = weight.sum(-1).long()  # S x M real samples per batch
         steps = index.shape[0]
@@ -243,14 +217,14 @@ class VectorizedExecutor(ClientExecutor):
         _, net, prefix = split_input(template)
         inputs = [split_input(c.model)[0] for c in clients]
         buffer_names = [n for n in stack.buffers if n.startswith(prefix)]  # BatchNorm's, not the input's
-        step_fn = self._step_function(clients[0], phase, net, stack.names)
+        step_fn = None  # chosen at the first step, from the network's input (grouped or vmapped)
         # method state the loss reads (e.g. SCAFFOLD's per-client correction): stacked like the parameters
         part = clients[0].method_part
         keys = [k for k in (part.loss_state_keys if part is not None else ()) if all(k in c.method_state for c in clients)]
         loss_state = {k: torch.stack([c.method_state[k] for c in clients]).to(device) for k in keys}
         total = torch.zeros(m, device=device)
         every = max(1, steps // max(epochs, 1))  # (clients, epochs): report about once per epoch
-        for s, substeps in enumerate(_substeps(counts, lengths, bool(buffer_names), index.shape[2])):
+        for s, substeps in enumerate(step_calls(counts, lengths, bool(buffer_names), index.shape[2])):
             if progress is not None and s and s % every == 0:  # the chunk's clients, part-way
                 self.report(phase, self._done + m * s / steps, progress[0])
             for rows, width in substeps:
@@ -273,10 +247,12 @@ class VectorizedExecutor(ClientExecutor):
                     if inputs[0] is None:
                         x = x_all[idx]
                     else:
-                        x = _client_inputs([inputs[j] for j in members], x_all, idx,
+                        x = client_inputs([inputs[j] for j in members], x_all, idx,
                                            [int(lengths[s, j]) for j in members])
-                    with _batch_norm_in_float32(net, self.fabric.device.type):
-                        g, (loss, new_bufs) = _at_least_two(step_fn, params, bufs, x, t_all[idx], w, state)
+                    if step_fn is None:
+                        step_fn = self._step_function(clients[0], phase, net, stack.names, prefix, x[0, :1])
+                    with batch_norm_in_float32(net, self.fabric.device.type):
+                        g, (loss, new_bufs) = at_least_two(step_fn, params, bufs, x, t_all[idx], w, state)
                 opt.step(params, [gk.to(dtype) for gk in g], rows)
                 if rows is None:
                     total += loss.detach()
@@ -292,18 +268,35 @@ class VectorizedExecutor(ClientExecutor):
         opt.write_back()
         return (total.cpu() / counts.clamp_min(1)).tolist()
 
-    def _step_function(self, client: ClientModule, phase: str, net, names: list[str]):
+    def _grouped_network(self, client: ClientModule, net, sample: torch.Tensor) -> GroupedNetwork | None:
+        """The grouped form of the network (``conv_network``), or None for the vmapped one.
+        ``sample``: one input of one client, after its input module."""
+        if (self.conv_network == "vmap" or self.compile_backend is not None
+                or self._precision not in GROUPED_PRECISIONS
+                or (self.conv_network == "auto" and sample.device.type != "cpu")):
+            return None
+        key = (self._keys[client.client_id], tuple(sample.shape[1:]), sample.dtype)
+        if key not in self._grouped:
+            self._grouped[key] = None if has_tied_tensors(net) else GroupedNetwork.build(net, sample)
+        return self._grouped[key]
+
+    def _step_function(self, client: ClientModule, phase: str, net, names: list[str], prefix: str,
+                       sample: torch.Tensor):
         """vmap(grad_and_value(loss)) over a stack, with ``client`` as the template whose parameters
-        are swapped for each client's slice. With ``federation.compile`` it is compiled once per
+        are swapped for each client's slice (the forward as one grouped network where
+        :meth:`_grouped_network` gives one). With ``federation.compile`` it is compiled once per
         architecture and phase and reused (a new function per call would recompile every phase)."""
+        grouped = self._grouped_network(client, net, sample)
+        if grouped is not None:
+            return grouped_training_step(TrainingStep(client, net, logits_in=True), grouped, names, prefix)
         key = (self._keys[client.client_id], phase)
         if self.compile_backend is not None and key in self._compiled:
             step, fn = self._compiled[key]
             step.client.phase = phase  # the template dispatches on its phase (set_phase does this too)
             return fn
-        step = _TrainingStep(client, net)
+        step = TrainingStep(client, net)
         names = ["client.model." + n for n in names]
-        tied = _has_tied_tensors(net)
+        tied = has_tied_tensors(net)
 
         def client_loss(params, buffers, x, t, w, state):
             # gradients come out per parameter as M x shape, the stack's own layout (no copy into
@@ -317,7 +310,7 @@ class VectorizedExecutor(ClientExecutor):
                                backend=self.compile_backend)
             self._compiled[key] = (step, fn)
             return fn
-        return _grad_and_value_of_sum(vmap(client_loss, randomness="different"))
+        return grad_and_value_of_sum(vmap(client_loss, randomness="different"))
 
     def _concat(self, datasets):
         """One tensor of inputs and one of targets for the whole group, and each client's offset.
@@ -351,21 +344,31 @@ class VectorizedExecutor(ClientExecutor):
             _, net, prefix = split_input(group[0].model)
             inputs = [split_input(c.model)[0] for c in group]
             xx = x.to(stack.dtype) if x.is_floating_point() and stack.dtype == torch.float64 else x
-            tied = _has_tied_tensors(net)
+            tied = has_tied_tensors(net)
             params = {n.removeprefix(prefix): p for n, p in zip(stack.names, stack.params, strict=True)}
             bufs = {n.removeprefix(prefix): b for n, b in stack.buffers.items() if n.startswith(prefix)}
             # one input pass for the whole group when every client's input module is the same
             # function in eval mode (the usual case: the dataset's normalisation); else one per client
-            shared = inputs[0] is None or _same_module_state(inputs)
-            vmapped = vmap(functools.partial(_forward, net, tied), in_dims=(0, 0, None if shared else 0))
-            fn = functools.partial(_at_least_two, vmapped, shared_last=shared)
+            shared = inputs[0] is None or same_module_state(inputs)
+            fn = None
             chunks = []
-            for i in range(0, len(xx), self.eval_batch_size):
-                xb = xx[i : i + self.eval_batch_size]
+            start, batch = 0, self.eval_batch_size
+            while start < len(xx):
+                xb = xx[start : start + batch]
                 with self.fabric.autocast():
                     if inputs[0] is not None:
                         xb = inputs[0](xb) if shared else torch.stack([mod(xb) for mod in inputs])
-                    with _batch_norm_in_float32(net, self.fabric.device.type):
+                    if fn is None:
+                        grouped = self._grouped_network(group[0], net, xb[:1] if shared else xb[0, :1])
+                        if grouped is not None:
+                            forward_fn = functools.partial(grouped, training=False, shared=shared)
+                            batch = grouped.inference_batch(max(2, len(group)), stack.params[0].element_size(), batch)
+                            xb = xb[:batch] if shared else xb[:, :batch]  # the input module is per sample
+                        else:
+                            forward_fn = vmap(functools.partial(forward, net, tied), in_dims=(0, 0, None if shared else 0))
+                        fn = functools.partial(at_least_two, forward_fn, shared_last=shared)
+                    start += batch
+                    with batch_norm_in_float32(net, self.fabric.device.type):
                         chunks.append(fn(params, bufs, xb).float())
             logits = torch.cat(chunks, 1)
             for c, mode in zip(group, modes, strict=True):
@@ -377,227 +380,3 @@ class VectorizedExecutor(ClientExecutor):
             for j, i in enumerate(rest):
                 out[i] = logits[j]
         return torch.stack(out)
-
-
-def client_memory_bytes(client: ClientModule, batch: torch.Tensor) -> int:
-    """Rough device memory one client takes in a vmapped training step: its parameters four times
-    (weights, gradients, two Adam moments) plus activations, taken as twice the bytes of every
-    leaf module's output on ``batch`` (kept for backward, and their gradients). Measured with one
-    forward pass in eval mode (no BatchNorm update, no augmentation draw)."""
-    model = client.model
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    activations = 0
-
-    def count(module, inputs, output):
-        nonlocal activations
-        outs = output if isinstance(output, (tuple, list)) else (output,)
-        activations += sum(t.numel() * t.element_size() for t in outs if isinstance(t, torch.Tensor))
-
-    leaves = [m for m in model.modules() if next(m.children(), None) is None]
-    handles = [m.register_forward_hook(count) for m in leaves]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(batch)
-    finally:
-        model.train(was_training)
-        for h in handles:
-            h.remove()
-    return 4 * params + 2 * activations
-
-
-def free_device_memory(device: torch.device) -> int:
-    """Bytes a new stack can use on a CUDA device: what the driver reports free plus what PyTorch's
-    caching allocator holds but no tensor uses. The driver's figure alone counts the cache of an
-    earlier phase as taken (on an H100 with 100 ResNet-18 clients, the driver's figure alone gave
-    stacks of 26 clients for one phase and of 1 for another)."""
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-
-
-def auto_chunk_size(free_bytes: int, per_client_bytes: int, fraction: float = 0.7) -> int:
-    """Clients per vmapped step that fit in ``fraction`` of the free device memory (at least 1);
-    the rest is left for the allocator's fragmentation and what the round keeps on the device."""
-    return max(1, int(free_bytes * fraction) // max(1, per_client_bytes))
-
-
-def _batch_plan(clients, sizes, offsets, epochs: int, batch_size: int, width: int | None = None):
-    """Batches of every client for a whole phase as padded tensors.
-
-    Consumes each client's generator exactly like ``SequentialExecutor._train_one`` (one
-    ``randperm(n)`` per epoch) and keeps its batch boundaries, including skipping a final batch of
-    one sample. Returns index (S x M x W, global rows of the concatenated data), weight (S x M x W,
-    1 for real samples, 0 for padding) and the number of steps of each client (M).
-    """
-    width = width or max(1, min(batch_size, max(sizes)))
-    plans = []
-    for c, n, off in zip(clients, sizes, offsets, strict=True):
-        rows_idx, rows_w = [], []
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=c.generator)
-            nb = -(-n // batch_size)
-            pad = nb * width - n
-            idx = torch.cat([order, order[:1].expand(pad)]).view(nb, width)  # padding: a real sample
-            w = torch.cat([torch.ones(n), torch.zeros(pad)]).view(nb, width)
-            if n > 1 and n % batch_size == 1:  # final batch of one sample: skipped
-                idx, w = idx[:-1], w[:-1]
-            rows_idx.append(idx + off)
-            rows_w.append(w)
-        plans.append((torch.cat(rows_idx), torch.cat(rows_w)))
-    counts = torch.tensor([len(p[0]) for p in plans])
-    steps = int(counts.max()) if len(plans) else 0
-    index = torch.zeros(steps, len(plans), width, dtype=torch.long)
-    weight = torch.zeros(steps, len(plans), width)
-    for j, (idx, w) in enumerate(plans):
-        index[: len(idx), j] = idx
-        weight[: len(w), j] = w
-    return index, weight, counts
-
-
-def _substeps(counts: torch.Tensor, lengths: torch.Tensor, batch_dependent: bool, width: int):
-    """Per step, the vmapped calls to make: (rows or None for all clients, batch width).
-
-    Clients that ran out of batches are left out. Without batch-dependent layers one call covers
-    every active client (short batches are zero-weight padded to the plan's ``width``). With
-    BatchNorm, padding would enter the batch statistics, so active clients are split by their batch
-    length and nothing is padded.
-    """
-    m = len(counts)
-    for s in range(lengths.shape[0]):
-        active = counts > s
-        if not batch_dependent:
-            yield [(None if bool(active.all()) else active.nonzero().squeeze(1), width)]
-            continue
-        out = []
-        for length in lengths[s][active].unique().tolist():
-            rows = (active & (lengths[s] == length)).nonzero().squeeze(1)
-            out.append((None if len(rows) == m else rows, int(length)))
-        yield out
-
-
-@contextlib.contextmanager
-def _batch_norm_in_float32(net: torch.nn.Module, device: str) -> Iterator[None]:
-    """Under bf16/fp16 autocast, BatchNorm layers normalise a float32 copy of their input and hand
-    the autocast dtype on. Autocast leaves batch_norm in its input's dtype, and vmap's batch rule
-    for it refuses a half-precision input with float32 statistics and weights; cuDNN's mixed
-    batch norm computes in float32 internally too. Outside autocast nothing changes."""
-    if not torch.is_autocast_enabled(device):
-        yield
-        return
-    dtype = torch.get_autocast_dtype(device)
-    hooks = []
-    for module in net.modules():
-        if isinstance(module, _BatchNorm):
-            hooks.append(module.register_forward_pre_hook(lambda _, args: (args[0].float(), *args[1:])))
-            hooks.append(module.register_forward_hook(lambda _, args, out: out.to(dtype)))
-    try:
-        yield
-    finally:
-        for hook in hooks:
-            hook.remove()
-
-
-def _grad_and_value_of_sum(losses_fn):
-    """``vmap(grad_and_value(loss, has_aux=True))`` computed as one backward pass of the clients'
-    summed losses through the vmapped forward: client i's loss depends on its own slice of the
-    stack only, so the gradient of the sum is, slice by slice, each client's own gradient. The
-    same mathematics as per-client ``grad`` (within float rounding: the backward's batched kernels
-    are chosen by autograd instead of functorch), without functorch's per-step transform and
-    without the import of ``torch._dynamo`` (seconds of CPU) that ``torch.func.grad`` makes on its
-    first call."""
-
-    def fn(params, buffers, *per_client):
-        leaves = [p.detach().requires_grad_() for p in params]
-        with torch.enable_grad():
-            loss, aux = losses_fn(leaves, buffers, *per_client)
-        return torch.autograd.grad(loss.sum(), leaves), (loss.detach(), aux)
-
-    return fn
-
-
-def _at_least_two(fn, params, buffers, *per_client, shared_last: bool = False):
-    """``fn`` (vmapped over clients) on a stack of at least two: a stack of one client runs doubled
-    and the copy is dropped. vmap over a single client takes other kernels (mm instead of bmm), whose
-    results differ in the last bits, so without this a client would compute differently alone (its
-    chunk, or the last client with batches left) than in a stack. ``shared_last``: the last
-    argument is the same for every client (not stacked)."""
-    first = next(iter(params.values())) if isinstance(params, dict) else params[0]
-    if first.shape[0] != 1:
-        return fn(params, buffers, *per_client)
-
-    def two(t):
-        if isinstance(t, dict):
-            return {k: two(v) for k, v in t.items()}
-        doubled = torch.cat([t, t])
-        return transposed(doubled) if is_transposed(t) else doubled  # in t's layout: the same kernels
-
-    args = [a if shared_last and i == len(per_client) - 1 else two(a) for i, a in enumerate(per_client)]
-    doubled = {n: two(p) for n, p in params.items()} if isinstance(params, dict) else [two(p) for p in params]
-    return _first(fn(doubled, {n: two(b) for n, b in buffers.items()}, *args))
-
-
-def _first(out):
-    if isinstance(out, torch.Tensor):
-        return out[:1]
-    if isinstance(out, dict):
-        return {k: _first(v) for k, v in out.items()}
-    return type(out)(_first(v) for v in out)
-
-
-def _client_inputs(modules, x_all: torch.Tensor, idx: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """Each client's input module on its own batch (real samples only, so its augmentation
-    generator draws exactly what it draws in the sequential executor); zero-weight padding rows
-    repeat the first sample."""
-    out = []
-    for module, rows, n in zip(modules, idx, lengths, strict=True):
-        y = module(x_all[rows[:n]])
-        if n < len(rows):
-            y = torch.cat([y, y[:1].expand(len(rows) - n, *y.shape[1:])])
-        out.append(y)
-    return torch.stack(out)
-
-
-def _same_module_state(modules) -> bool:
-    """Same type, options and buffers: the modules compute the same function in eval mode."""
-    first = modules[0]
-    ref = list(first.buffers())
-    return all(type(m) is type(first) and repr(m) == repr(first)
-               and all(torch.equal(a, b) for a, b in zip(ref, m.buffers(), strict=True)) for m in modules[1:])
-
-
-def _has_tied_tensors(module: torch.nn.Module) -> bool:
-    """Whether one tensor is registered under two names (tied embeddings). Only then does
-    ``functional_call`` need ``tie_weights=True``, whose module walk on every call was ~3 % of a
-    digits round."""
-    named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
-    return len({id(t) for _, t in named}) != len(named)
-
-
-def _forward(net, tied, params, buffers, x):
-    return functional_call(net, (params, buffers), (x,), tie_weights=tied)
-
-
-class _TrainingStep(torch.nn.Module):
-    """One client's training step on inputs that have been through its input module, for
-    ``functional_call`` under vmap: the template client's parameters are swapped for one client's
-    slice of the stack, so its ``private_loss`` / ``public_loss`` (and its method part's ``loss``, which
-    reads the client's slice of the stacked ``loss_state_keys``, e.g. a proximal term's centre) run
-    exactly as the sequential executor runs them. ``w`` weighs padding out."""
-
-    def __init__(self, client: ClientModule, net: torch.nn.Module):
-        super().__init__()
-        self.client = client
-        object.__setattr__(self, "net", net)  # a part of client.model, not a second registration
-
-    def forward(self, x, t, w, state=None):
-        if not state:
-            return self.client.phase_loss(self.net(x), t, w)
-        own = self.client.method_state
-        self.client.method_state = {**own, **state}  # this client's slice, for the loss to read
-        try:
-            return self.client.phase_loss(self.net(x), t, w)
-        finally:
-            self.client.method_state = own
-
-
