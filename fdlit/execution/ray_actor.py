@@ -77,7 +77,7 @@ class ClientWorker:
             payloads = self.executor.upload(part, info, clients, data, received, release)
         else:
             payloads = self.executor.client_hook(hook, part, info, clients, data, received)
-        return [{k: v.cpu() for k, v in p.items()} for p in payloads]
+        return [p.with_arrays({k: v.cpu() for k, v in p.items()}) for p in payloads]  # metrics and config kept
 
     def get_states(self, ids) -> list[dict]:
         return [to_cpu(self.clients[i].client_state()) for i in ids]

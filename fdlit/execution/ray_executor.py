@@ -342,5 +342,5 @@ class RayExecutor(ClientExecutor):
         out: list[dict | None] = [None] * len(clients)
         for idx, got in zip(groups.values(), ray.get(calls), strict=True):
             for j, payload in zip(idx, got, strict=True):
-                out[j] = {k: v.to(self.device) for k, v in payload.items()}
+                out[j] = payload.with_arrays({k: v.to(self.device) for k, v in payload.items()})
         return out
