@@ -15,7 +15,7 @@ from fdlit.data.federated import check_public_set
 from fdlit.errors import ConfigError
 from fdlit.execution import SequentialExecutor, VectorizedExecutor
 from fdlit.federation import FederationLoop
-from fdlit.methods import FD, FedAvg, FedProto, SmoothedUncertaintyWeighted
+from fdlit.methods import FedAvg, FedDistill, FedProto, SmoothedUncertaintyWeighted
 from fdlit.methods.base import context_for
 from fdlit.methods.fd import class_means
 from fdlit.methods.fedavg import flatten
@@ -58,7 +58,7 @@ def test_fd_averages_each_class_over_the_clients_that_hold_it():
     masks[1][[1, 2]] = True
     masks[2][[1]] = True  # class 1: all three; classes 3..9: nobody
     uploads = [{"class_logits": lg * m[:, None], "class_mask": m} for lg, m in zip(logits, masks, strict=True)]
-    out = FD().aggregate(uploads, context_for([{"logits": torch.zeros(0, C)}] * 3)).broadcast
+    out = FedDistill().aggregate(uploads, context_for([{"logits": torch.zeros(0, C)}] * 3)).broadcast
     g_logits, held = out["global_class_logits"], out["class_mask"]
     torch.testing.assert_close(g_logits[0], logits[0][0])
     torch.testing.assert_close(g_logits[1], (logits[0][1] + logits[1][1] + logits[2][1]) / 3)
@@ -70,7 +70,7 @@ def test_fd_averages_each_class_over_the_clients_that_hold_it():
 def test_fd_with_one_upload_sends_back_exactly_its_own_logits():
     own = torch.randn(C, C)
     mask = torch.tensor([True, False] * 5)
-    out = FD().aggregate([{"class_logits": own * mask[:, None], "class_mask": mask}],
+    out = FedDistill().aggregate([{"class_logits": own * mask[:, None], "class_mask": mask}],
                          context_for([{"logits": torch.zeros(0, C)}])).broadcast
     assert torch.equal(out["global_class_logits"], own * mask[:, None])
 
@@ -97,7 +97,7 @@ def test_class_means_are_per_class_means():
 # ---------------------------------------------------------------- the loss terms by hand
 def test_fd_loss_is_ce_plus_gamma_t2_kl_to_the_global_logits_of_the_label():
     gamma, t = 0.7, 2.0
-    part = FD(gamma=gamma, temperature=t).client_part()
+    part = FedDistill(gamma=gamma, temperature=t).client_part()
     teacher, known = torch.randn(C, C), torch.ones(C)
     known[3] = 0  # class 3: no holder, no term
     logits, y = torch.randn(5, C), torch.tensor([0, 3, 1, 1, 9])
@@ -151,21 +151,21 @@ def test_fd_with_one_client_equals_training_alone_with_its_own_class_logits_as_t
     """One client: the server's per-class average is its own, so round 2 trains exactly as the client
     trained alone (local_only, nothing sent) with its own per-class logits given as the teacher."""
     watch = OwnTeacher(give=False)
-    fed = loop_for(FD(gamma=1.0, temperature=2.0), rounds=2, clients=1, callbacks=[watch])
+    fed = loop_for(FedDistill(gamma=1.0, temperature=2.0), rounds=2, clients=1, callbacks=[watch])
     fed.fit()
     assert torch.equal(watch.seen["state"]["fd_teacher"], watch.seen["own"])  # what it received
     torch.testing.assert_close(watch.seen["own"], watch.seen["naive"])  # the mean by class, by hand
     give = OwnTeacher(give=True)
-    alone = loop_for(FD(gamma=1.0, temperature=2.0), rounds=2, clients=1, mode="local_only", callbacks=[give])
+    alone = loop_for(FedDistill(gamma=1.0, temperature=2.0), rounds=2, clients=1, mode="local_only", callbacks=[give])
     alone.fit()
     assert alone.ledger.messages == []
     assert torch.equal(params(fed), params(alone))
-    plain = loop_for(FD(gamma=1.0, temperature=2.0), rounds=2, clients=1, mode="local_only")
+    plain = loop_for(FedDistill(gamma=1.0, temperature=2.0), rounds=2, clients=1, mode="local_only")
     plain.fit()
     assert not torch.equal(params(fed), params(plain))  # the term changed round 2's training
 
 
-@pytest.mark.parametrize("method", [FD(gamma=0.0), FedProto(lam=0.0)], ids=["fd", "fedproto"])
+@pytest.mark.parametrize("method", [FedDistill(gamma=0.0), FedProto(lam=0.0)], ids=["fd", "fedproto"])
 def test_weight_zero_is_local_training_exactly(method):
     fed = loop_for(method)
     fed.fit()
@@ -177,7 +177,7 @@ def test_weight_zero_is_local_training_exactly(method):
 
 def test_bytes_of_a_round_are_the_analytic_sizes():
     m, mask = 4, math.ceil(C / 8)
-    fd, proto = loop_for(FD()), loop_for(FedProto())
+    fd, proto = loop_for(FedDistill()), loop_for(FedProto())
     fd.fit()
     proto.fit()
     d = 16  # the MLP's penultimate width
@@ -191,7 +191,7 @@ def test_bytes_of_a_round_are_the_analytic_sizes():
     assert fd.history[-1]["comm/up_bytes"] == m * (C * C * 4 + mask)
 
 
-@pytest.mark.parametrize("method", [FD, FedProto])
+@pytest.mark.parametrize("method", [FedDistill, FedProto])
 def test_vectorized_executor_trains_as_the_sequential_one(method):
     seq = loop_for(method(), rounds=3)
     seq.fit()
@@ -209,7 +209,7 @@ HETERO = {"class_path": "fdlit.models.PerClient", "init_args": {"groups": [
     {"class_path": "fdlit.models.SmallCNN", "init_args": {"hidden": 64}, "fraction": 0.5}]}}
 
 
-@pytest.mark.parametrize("method", [FD, FedProto])
+@pytest.mark.parametrize("method", [FedDistill, FedProto])
 def test_two_different_networks_exchange_without_parameters(method):
     loop = loop_for(method(), model=HETERO)
     loop.fit()
@@ -257,7 +257,7 @@ def test_public_size_zero_is_refused_for_methods_that_need_a_public_set():
         with pytest.raises(ConfigError) as err:
             check_public_set(0, method)
         assert str(err.value).startswith("data.public_size:") and "\n" not in str(err.value)
-    for method in (FD(), FedProto()):
+    for method in (FedDistill(), FedProto()):
         check_public_set(0, method)
     check_public_set(0, SmoothedUncertaintyWeighted(), mode="local_only")
     check_public_set(1, SmoothedUncertaintyWeighted())
@@ -265,7 +265,7 @@ def test_public_size_zero_is_refused_for_methods_that_need_a_public_set():
         FederatedData(public_size=-1)
 
 
-@pytest.mark.parametrize("method", [FD, FedProto])
+@pytest.mark.parametrize("method", [FedDistill, FedProto])
 def test_runs_without_a_public_set_and_with_one_alike(method):
     """The public set is not read: with 0 or 120 public samples the clients' private pools differ,
     so the runs differ, but both complete and send the same shapes."""

@@ -8,7 +8,7 @@ from fdlit.methods.entropy import EntropyWeighted
 from fdlit.methods.era import EntropyReduction
 from fdlit.methods.f2l import F2L
 from fdlit.methods.f2l_fedavg import F2LParams
-from fdlit.methods.fd import FD
+from fdlit.methods.fd import FedDistill
 from fdlit.methods.fedavg import FedAvg
 from fdlit.methods.feddf import FedDF
 from fdlit.methods.fedgo import FedGO
@@ -39,7 +39,7 @@ __all__ = [
     "EntropyWeighted",
     "F2L",
     "F2LParams",
-    "FD",
+    "FedDistill",
     "LogitAveraging",
     "LogitVariance",
     "FedAvg",

@@ -112,7 +112,7 @@ class FDClient(ClientPart):
         return ctx.base + self.gamma * t * t * (known * kl).mean()
 
 
-class FD(Aggregator):
+class FedDistill(Aggregator):
     """FD (Jeong et al. 2018): G[c] = mean over holders of F_i[c]; loss CE + gamma T^2 KL(G[y] || z)
     (module docstring).
 
