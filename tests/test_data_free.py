@@ -275,3 +275,17 @@ def test_runs_without_a_public_set_and_with_one_alike(method):
     assert none.round == some.round == 2
     assert [(m.kind, m.shape) for m in none.ledger.messages] == [(m.kind, m.shape) for m in some.ledger.messages]
     assert math.isnan(none.history[-1]["teacher/acc"])
+
+
+def test_a_live_fedproto_part_leaves_other_compiled_runs_alone():
+    """FedProto records the last linear layer's input with a process-wide hook: while a FedProto part
+    lives, another method's compiled vectorized step still compiles and trains as uncompiled."""
+    part = FedProto().client_part()
+    kw = dict(model=MLP16, executor=VectorizedExecutor(), rounds=1, public_size=0)
+    plain = loop_for(FedAvg(), **kw)
+    plain.fit()
+    torch._dynamo.reset()
+    compiled = loop_for(FedAvg(), **kw, compile=True, compile_backend="aot_eager")
+    compiled.fit()
+    torch.testing.assert_close(params(compiled), params(plain), rtol=1e-5, atol=1e-6)
+    assert part.lam == 1.0  # alive until here

@@ -27,17 +27,19 @@ Messages per client and round: ``prototypes`` (C x D float32) and ``class_counts
 parameter-exchange flow does not clip or noise them).
 
 How the loss sees f_i(x): the step's inputs do not reach a method's loss hook, so FedProto's client
-part records the input of the last ``torch.nn.Linear`` run in the process (a module forward
-pre-hook, installed once per process when the part is made or unpickled) and the loss reads it for
-the forward that produced ``ctx.logits``; it checks that the recorded layer is this client
-network's last linear layer. This works under every executor (the vectorized one records the
-batched features of its functional call). A network without a ``torch.nn.Linear`` is refused at
+part records the input of the last ``torch.nn.Linear`` run in the process (a global module forward
+pre-hook, installed once per process when the part is made or unpickled, recording only while a
+FedProto part lives and never inside a compiled graph) and the loss reads it for the forward that
+produced ``ctx.logits``; it checks that the recorded layer is this client network's last linear
+layer. This works under every executor (the vectorized one records the batched features of its
+functional call), not under ``federation.compile``. A network without a ``torch.nn.Linear`` is refused at
 set-up, before any training.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -48,16 +50,23 @@ from fdlit.methods.fd import class_means, holders_average, model_device, stack_u
 
 _last_linear_input = threading.local()  # (module, input) of the last nn.Linear run in this thread
 _capture_installed = False
+_parts: weakref.WeakSet = weakref.WeakSet()  # FedProto client parts alive in this process
 
 
 def _record(module: torch.nn.Module, args: tuple) -> None:
+    # nothing is recorded while no FedProto part lives, nor inside a compiled graph (torch.compile
+    # traces global hooks; a tensor kept from there would break other runs' compiled steps)
+    if not _parts or torch.compiler.is_compiling():
+        return
     if isinstance(module, torch.nn.Linear):
         _last_linear_input.value = (module, args[0])
 
 
-def install_feature_capture() -> None:
-    """Once per process: record every nn.Linear's input (FedProto's loss reads the last one)."""
+def install_feature_capture(part: ClientPart) -> None:
+    """Once per process: record every nn.Linear's input while ``part`` (or another FedProto part)
+    lives; FedProto's loss reads the last one."""
     global _capture_installed
+    _parts.add(part)
     if not _capture_installed:
         torch.nn.modules.module.register_module_forward_pre_hook(_record)
         _capture_installed = True
@@ -75,8 +84,9 @@ def penultimate(model: torch.nn.Module) -> torch.Tensor:
     """The features of the forward that just ran (the input of the model's last linear layer)."""
     module, features = getattr(_last_linear_input, "value", (None, None))
     if module is not last_linear(model):
-        raise RuntimeError("FedProto: the last linear layer run is not the client network's own last one; "
-                           "its penultimate features are not known for this step")
+        raise RuntimeError("FedProto: the last linear layer run is not the client network's own last one, so "
+                           "this step's penultimate features are unknown (under torch.compile nothing is recorded: "
+                           "run FedProto without federation.compile)")
     return features.flatten(1)
 
 
@@ -88,11 +98,11 @@ class FedProtoClient(ClientPart):
 
     def __init__(self, lam: float):
         self.lam = lam
-        install_feature_capture()
+        install_feature_capture(self)
 
     def __setstate__(self, state: dict) -> None:  # unpickled where the clients live (Ray actors)
         self.__dict__.update(state)
-        install_feature_capture()
+        install_feature_capture(self)
 
     def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         last_linear(ctx.client.model)  # refuse a network without a feature layer before any training
@@ -121,7 +131,7 @@ class FedProtoClient(ClientPart):
     def loss(self, ctx):
         if ctx.phase != "private" or "proto_global" not in ctx.state:
             return ctx.base
-        install_feature_capture()
+        install_feature_capture(self)
         features = penultimate(ctx.client.model)
         target = ctx.state["proto_global"][ctx.target].to(features.dtype)  # Cbar[y], B x D
         known = ctx.state["proto_known"][ctx.target].to(features.dtype)
