@@ -308,9 +308,9 @@ def check_public_set(public_size: int, method: Any, mode: str = "fd") -> None:
     that declare ``needs_public_set = False``); the baselines (mode other than ``fd``) need none."""
     if public_size == 0 and mode == "fd" and getattr(method, "needs_public_set", True):
         name = getattr(method, "label", None) or type(method).__name__
-        raise ConfigError("data.public_size", f"0 leaves no public set, and {name} needs one (every method but the "
-                          "data-free ones, FD and FedProto, distils or scores on it); allowed: >= 1 for "
-                          f"{name}, or 0 with a data-free method; got {public_size}")
+        raise ConfigError("data.public_size", f"0 leaves no public set, and {name} needs one (only methods that "
+                          "declare needs_public_set = False, the data-free FD and FedProto, run without one); "
+                          f"allowed: >= 1 for {name}, or 0 with a data-free method; got {public_size}")
 
 
 def check_input_scaling(dataset: str, value: str | None) -> None:
