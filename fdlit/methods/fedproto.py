@@ -56,7 +56,7 @@ _parts: weakref.WeakSet = weakref.WeakSet()  # FedProto client parts alive in th
 def _record(module: torch.nn.Module, args: tuple) -> None:
     # nothing is recorded while no FedProto part lives, nor inside a compiled graph (torch.compile
     # traces global hooks; a tensor kept from there would break other runs' compiled steps)
-    if not _parts or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not _parts:  # compiling first: dynamo then reads nothing else
         return
     if isinstance(module, torch.nn.Linear):
         _last_linear_input.value = (module, args[0])
