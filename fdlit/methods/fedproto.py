@@ -83,10 +83,11 @@ def last_linear(model: torch.nn.Module) -> torch.nn.Linear:
 def penultimate(model: torch.nn.Module) -> torch.Tensor:
     """The features of the forward that just ran (the input of the model's last linear layer)."""
     module, features = getattr(_last_linear_input, "value", (None, None))
-    if module is not last_linear(model):
-        raise RuntimeError("FedProto: the last linear layer run is not the client network's own last one, so "
-                           "this step's penultimate features are unknown (under torch.compile nothing is recorded: "
-                           "run FedProto without federation.compile)")
+    if module is not last_linear(model):  # the network did not run its own layers (a fused or compiled step)
+        raise ConfigError("federation.executor", "FedProto reads each step's penultimate features, which a "
+                          "compiled step (federation.compile) or the vectorized executor's grouped network "
+                          "(conv_network: grouped/auto on a CPU) does not expose; allowed with FedProto: "
+                          "federation.compile off and, for convolutional networks, conv_network: vmap")
     return features.flatten(1)
 
 
