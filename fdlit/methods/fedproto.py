@@ -32,7 +32,8 @@ pre-hook, installed once per process when the part is made or unpickled, recordi
 FedProto part lives and never inside a compiled graph) and the loss reads it for the forward that
 produced ``ctx.logits``; it checks that the recorded layer is this client network's last linear
 layer. This works under every executor (the vectorized one records the batched features of its
-functional call), not under ``federation.compile``. A network without a ``torch.nn.Linear`` is refused at
+functional call), not under ``federation.compile`` or a fused forward of several clients' networks
+(refused naming ``federation.executor``). A network without a ``torch.nn.Linear`` is refused at
 set-up, before any training.
 """
 
