@@ -9,7 +9,7 @@ on; UWA fits its density model there, Kovalchuk et al. 2026, Sec. 4.4) and its c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -54,7 +54,8 @@ class FederatedData:
         dirichlet_alpha: concentration alpha, for ``partition=dirichlet``.
         samples_per_client: private samples per client (train + calibration) for ``partition=classes``;
             null gives every pool sample of the client's classes.
-        public_size: N, size of the shared unlabelled public set.
+        public_size: N, size of the shared unlabelled public set; 0 keeps none, for the methods that
+            need no public set (FD, FedProto: ``needs_public_set = False``; others are refused).
         test_fraction: share of the dataset held out as the global test set when the dataset has no
             official test split.
         calibration_fraction: share of each client's private data kept for calibration (Kovalchuk et al. 2026: 0.2).
@@ -135,7 +136,7 @@ class FederatedData:
                               f"got {samples_per_client}")
         if samples_per_client is not None and samples_per_client < 2:
             raise ConfigError("data.samples_per_client", f"must be >= 2 or null, got {samples_per_client}")
-        check_at_least("data.public_size", public_size, 1)
+        check_at_least("data.public_size", public_size, 0)  # 0: no public set (check_public_set)
         if not 0 < test_fraction < 1:
             raise ConfigError("data.test_fraction", f"must be in (0, 1), got {test_fraction}")
         if not 0 < calibration_fraction < 1:
@@ -212,10 +213,13 @@ class FederatedData:
                 f"got {self.public_size}",
             )
         # public set: a stratified draw of public_size samples; the remainder is the private pool
-        pub_frac = self.public_size / len(rest)
-        pool_pos, pub_pos = stratified_holdout(labels[rest], pub_frac, rng)
-        # rounding per class can miss public_size by a few; trim/top up from the pool deterministically
-        pub_pos, pool_pos = _fix_size(pub_pos, pool_pos, self.public_size, rng)
+        if self.public_size == 0:  # no public set (data-free methods): every non-test sample is private
+            pool_pos, pub_pos = np.arange(len(rest)), np.zeros(0, dtype=np.int64)
+        else:
+            pub_frac = self.public_size / len(rest)
+            pool_pos, pub_pos = stratified_holdout(labels[rest], pub_frac, rng)
+            # rounding per class can miss public_size by a few; trim/top up from the pool deterministically
+            pub_pos, pool_pos = _fix_size(pub_pos, pool_pos, self.public_size, rng)
         self.num_classes = full.num_classes
         self.test = test
         self.public = full.subset(torch.from_numpy(rest[pub_pos]), f"{full.name}/public")
@@ -297,6 +301,16 @@ class FederatedData:
     def local_test_mask(self, classes: list[int]) -> torch.Tensor:
         """Test samples whose label is one of ``classes`` (for local accuracy)."""
         return torch.isin(self.test.y, torch.tensor(classes))
+
+
+def check_public_set(public_size: int, method: Any, mode: str = "fd") -> None:
+    """Refuse ``data.public_size: 0`` for a method that needs a public set (every method but those
+    that declare ``needs_public_set = False``); the baselines (mode other than ``fd``) need none."""
+    if public_size == 0 and mode == "fd" and getattr(method, "needs_public_set", True):
+        name = getattr(method, "label", None) or type(method).__name__
+        raise ConfigError("data.public_size", f"0 leaves no public set, and {name} needs one (only methods that "
+                          "declare needs_public_set = False, the data-free FD and FedProto, run without one); "
+                          f"allowed: >= 1 for {name}, or 0 with a data-free method; got {public_size}")
 
 
 def check_input_scaling(dataset: str, value: str | None) -> None:

@@ -8,11 +8,13 @@ from fdlit.methods.entropy import EntropyWeighted
 from fdlit.methods.era import EntropyReduction
 from fdlit.methods.f2l import F2L
 from fdlit.methods.f2l_fedavg import F2LParams
+from fdlit.methods.fd import FedDistill
 from fdlit.methods.fedavg import FedAvg
 from fdlit.methods.feddf import FedDF
 from fdlit.methods.fedgo import FedGO
 from fdlit.methods.fedgo_fedavg import FedGOParams
 from fdlit.methods.fedmd import FedMD
+from fdlit.methods.fedproto import FedProto
 from fdlit.methods.fedprox import FedProx
 from fdlit.methods.krum import Krum
 from fdlit.methods.kulsif import KuLSIF
@@ -37,6 +39,7 @@ __all__ = [
     "EntropyWeighted",
     "F2L",
     "F2LParams",
+    "FedDistill",
     "LogitAveraging",
     "LogitVariance",
     "FedAvg",
@@ -47,6 +50,7 @@ __all__ = [
     "FedMDClient",
     "FedMedian",
     "FedTrimmedMean",
+    "FedProto",
     "FedProx",
     "Krum",
     "KuLSIF",
