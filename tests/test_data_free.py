@@ -1,4 +1,4 @@
-"""Data-free federated distillation (FD, FedProto): the server averages by hand, the loss terms by
+"""Data-free federated distillation (FD): the server averages by hand, the loss terms by
 hand, FD with one client against the client trained with its own per-class logits, the bytes of a
 round, heterogeneous networks, the vectorized executor against the sequential one, and no public set."""
 
@@ -15,7 +15,7 @@ from fdlit.data.federated import check_public_set
 from fdlit.errors import ConfigError
 from fdlit.execution import SequentialExecutor, VectorizedExecutor
 from fdlit.federation import FederationLoop
-from fdlit.methods import FedAvg, FedDistill, FedProto, SmoothedUncertaintyWeighted
+from fdlit.methods import FedAvg, FedDistill, SmoothedUncertaintyWeighted
 from fdlit.methods.base import context_for
 from fdlit.methods.fd import class_means
 from fdlit.methods.fedavg import flatten
@@ -75,16 +75,6 @@ def test_fd_with_one_upload_sends_back_exactly_its_own_logits():
     assert torch.equal(out["global_class_logits"], own * mask[:, None])
 
 
-def test_fedproto_averages_prototypes_weighted_by_class_counts():
-    protos = [torch.randn(C, 4) for _ in range(2)]
-    counts = [torch.tensor([3, 0] + [0] * 8, dtype=torch.int32), torch.tensor([1, 5] + [0] * 8, dtype=torch.int32)]
-    uploads = [{"prototypes": p, "class_counts": n} for p, n in zip(protos, counts, strict=True)]
-    out = FedProto().aggregate(uploads, context_for([{"logits": torch.zeros(0, C)}] * 2)).broadcast
-    torch.testing.assert_close(out["global_prototypes"][0], (3 * protos[0][0] + protos[1][0]) / 4)
-    torch.testing.assert_close(out["global_prototypes"][1], protos[1][1])
-    assert out["class_mask"].tolist() == [True, True] + [False] * 8
-
-
 def test_class_means_are_per_class_means():
     values, labels = torch.arange(12.0).reshape(6, 2), torch.tensor([0, 2, 0, 2, 2, 0])
     means, counts = class_means(values, labels, 4)
@@ -111,25 +101,6 @@ def test_fd_loss_is_ce_plus_gamma_t2_kl_to_the_global_logits_of_the_label():
     assert part.loss(LossContext(None, "private", logits, y, base, {})) is base  # round 1: no teacher yet
 
 
-def test_fedproto_loss_is_ce_plus_lambda_squared_distance_to_the_prototype_of_the_label():
-    lam = 0.3
-    loop = loop_for(FedProto(lam=lam), rounds=1)
-    loop.fit()
-    client, part = loop.clients[0], loop.method_part
-    assert set(client.method_state) == {"proto_global", "proto_known"}
-    x, y = loop.private[0]
-    x, y = x[:7], y[:7]
-    net = client.model
-    hidden = net.net[:-1](x)  # the MLP's penultimate features, computed here
-    logits = net.net[-1](hidden)  # the forward the loss reads
-    got = client.private_loss(logits, y)
-    protos, known = client.method_state["proto_global"], client.method_state["proto_known"]
-    expected = F.cross_entropy(logits, y) + lam * (known[y] * (hidden - protos[y]).pow(2).mean(-1)).mean()
-    torch.testing.assert_close(got, expected)
-    assert part.lam == lam
-
-
-# ---------------------------------------------------------------- whole runs
 class OwnTeacher(FederationCallback):
     """After round 1, client 0's own per-class logits on its training split (its mean by class, as
     ``class_means`` takes it) and the class mask; ``give``: hand them to the client as FD's teacher."""
@@ -165,7 +136,7 @@ def test_fd_with_one_client_equals_training_alone_with_its_own_class_logits_as_t
     assert not torch.equal(params(fed), params(plain))  # the term changed round 2's training
 
 
-@pytest.mark.parametrize("method", [FedDistill(gamma=0.0), FedProto(lam=0.0)], ids=["fd", "fedproto"])
+@pytest.mark.parametrize("method", [FedDistill(gamma=0.0)], ids=["fd"])
 def test_weight_zero_is_local_training_exactly(method):
     fed = loop_for(method)
     fed.fit()
@@ -177,21 +148,17 @@ def test_weight_zero_is_local_training_exactly(method):
 
 def test_bytes_of_a_round_are_the_analytic_sizes():
     m, mask = 4, math.ceil(C / 8)
-    fd, proto = loop_for(FedDistill()), loop_for(FedProto())
+    fd = loop_for(FedDistill())
     fd.fit()
-    proto.fit()
-    d = 16  # the MLP's penultimate width
     for r in (1, 2):
         assert fd.ledger.total("up", round=r) == m * (C * C * 4 + mask)
         assert fd.ledger.total("down", round=r) == m * (C * C * 4 + mask)
-        assert proto.ledger.total("up", round=r) == m * (C * d * 4 + C * 4)
-        assert proto.ledger.total("down", round=r) == m * (C * d * 4 + mask)
-    assert fd.ledger.total(round=0) == proto.ledger.total(round=0) == 0
+    assert fd.ledger.total(round=0) == 0
     assert {x.kind for x in fd.ledger.messages} == {"class_logits", "class_mask", "global_class_logits"}
     assert fd.history[-1]["comm/up_bytes"] == m * (C * C * 4 + mask)
 
 
-@pytest.mark.parametrize("method", [FedDistill, FedProto])
+@pytest.mark.parametrize("method", [FedDistill])
 def test_vectorized_executor_trains_as_the_sequential_one(method):
     seq = loop_for(method(), rounds=3)
     seq.fit()
@@ -209,7 +176,7 @@ HETERO = {"class_path": "fdlit.models.PerClient", "init_args": {"groups": [
     {"class_path": "fdlit.models.SmallCNN", "init_args": {"hidden": 64}, "fraction": 0.5}]}}
 
 
-@pytest.mark.parametrize("method", [FedDistill, FedProto])
+@pytest.mark.parametrize("method", [FedDistill])
 def test_two_different_networks_exchange_without_parameters(method):
     loop = loop_for(method(), model=HETERO)
     loop.fit()
@@ -217,14 +184,6 @@ def test_two_different_networks_exchange_without_parameters(method):
     assert kinds == {"MLP", "SmallCNN"} and loop.round == 2
     assert not any(m.kind == "parameters" for m in loop.ledger.messages)
     assert all(len(c.method_state) == 2 for c in loop.clients)
-
-
-def test_fedproto_refuses_clients_whose_penultimate_widths_differ():
-    spec = {"class_path": "fdlit.models.PerClient", "init_args": {"groups": [
-        {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}, "fraction": 0.5},
-        {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32]}, "fraction": 0.5}]}}
-    with pytest.raises(ConfigError, match="^model: FedProto averages"):
-        loop_for(FedProto(), model=spec, rounds=1).fit()
 
 
 class ConvOnly(torch.nn.Module):
@@ -238,14 +197,6 @@ class ConvOnly(torch.nn.Module):
         return self.conv(x).mean((2, 3))
 
 
-def test_fedproto_refuses_a_network_without_a_linear_layer_before_training():
-    loop = loop_for(FedProto(), model={"class_path": f"{__name__}.ConvOnly"}, rounds=1)
-    with pytest.raises(ConfigError, match="^model: .*ConvOnly has no torch.nn.Linear"):
-        loop.fit()
-    assert loop.history == []
-
-
-# ---------------------------------------------------------------- no public set
 def test_no_public_set_every_non_test_sample_is_private():
     data = FederatedData(num_clients=4, classes_per_client=3, public_size=0).setup(0)
     assert len(data.public) == 0 and data.public.x.shape[1:] == data.test.x.shape[1:]
@@ -257,15 +208,14 @@ def test_public_size_zero_is_refused_for_methods_that_need_a_public_set():
         with pytest.raises(ConfigError) as err:
             check_public_set(0, method)
         assert str(err.value).startswith("data.public_size:") and "\n" not in str(err.value)
-    for method in (FedDistill(), FedProto()):
-        check_public_set(0, method)
+    check_public_set(0, FedDistill())
     check_public_set(0, SmoothedUncertaintyWeighted(), mode="local_only")
     check_public_set(1, SmoothedUncertaintyWeighted())
     with pytest.raises(ConfigError, match="data.public_size"):
         FederatedData(public_size=-1)
 
 
-@pytest.mark.parametrize("method", [FedDistill, FedProto])
+@pytest.mark.parametrize("method", [FedDistill])
 def test_runs_without_a_public_set_and_with_one_alike(method):
     """The public set is not read: with 0 or 120 public samples the clients' private pools differ,
     so the runs differ, but both complete and send the same shapes."""
@@ -276,16 +226,3 @@ def test_runs_without_a_public_set_and_with_one_alike(method):
     assert [(m.kind, m.shape) for m in none.ledger.messages] == [(m.kind, m.shape) for m in some.ledger.messages]
     assert math.isnan(none.history[-1]["teacher/acc"])
 
-
-def test_a_live_fedproto_part_leaves_other_compiled_runs_alone():
-    """FedProto records the last linear layer's input with a process-wide hook: while a FedProto part
-    lives, another method's compiled vectorized step still compiles and trains as uncompiled."""
-    part = FedProto().client_part()
-    kw = dict(model=MLP16, executor=VectorizedExecutor(), rounds=1, public_size=0)
-    plain = loop_for(FedAvg(), **kw)
-    plain.fit()
-    torch._dynamo.reset()
-    compiled = loop_for(FedAvg(), **kw, compile=True, compile_backend="aot_eager")
-    compiled.fit()
-    torch.testing.assert_close(params(compiled), params(plain), rtol=1e-5, atol=1e-6)
-    assert part.lam == 1.0  # alive until here

@@ -55,7 +55,7 @@ class FederatedData:
         samples_per_client: private samples per client (train + calibration) for ``partition=classes``;
             null gives every pool sample of the client's classes.
         public_size: N, size of the shared unlabelled public set; 0 keeps none, for the methods that
-            need no public set (FD, FedProto: ``needs_public_set = False``; others are refused).
+            need no public set (FD: ``needs_public_set = False``; others are refused).
         test_fraction: share of the dataset held out as the global test set when the dataset has no
             official test split.
         calibration_fraction: share of each client's private data kept for calibration (Kovalchuk et al. 2026: 0.2).
@@ -309,7 +309,7 @@ def check_public_set(public_size: int, method: Any, mode: str = "fd") -> None:
     if public_size == 0 and mode == "fd" and getattr(method, "needs_public_set", True):
         name = getattr(method, "label", None) or type(method).__name__
         raise ConfigError("data.public_size", f"0 leaves no public set, and {name} needs one (only methods that "
-                          "declare needs_public_set = False, the data-free FD and FedProto, run without one); "
+                          "declare needs_public_set = False, the data-free FD, run without one); "
                           f"allowed: >= 1 for {name}, or 0 with a data-free method; got {public_size}")
 
 

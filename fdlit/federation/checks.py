@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fdlit.data.datasets import NUM_CLASSES
+from fdlit.data.federated import check_public_set
 
 
 def check_before_data(settings: Any, data: Any, method: Any, privacy: Any, adversaries: Any) -> None:
@@ -25,6 +26,7 @@ def check_before_data(settings: Any, data: Any, method: Any, privacy: Any, adver
         settings.participation.check_rounds(settings.rounds, num_clients)
     if settings.mode != "fd":
         return
+    check_public_set(getattr(data, "public_size", 1), method)  # 0 only for a method that needs no public set
     method.check_clients(num_clients)  # e.g. F2L: every region needs a client
     if getattr(data, "dataset", None) in NUM_CLASSES:  # a hub dataset's classes are known once it is loaded
         privacy.check(method, NUM_CLASSES[data.dataset])

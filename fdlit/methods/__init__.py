@@ -14,7 +14,6 @@ from fdlit.methods.feddf import FedDF
 from fdlit.methods.fedgo import FedGO
 from fdlit.methods.fedgo_fedavg import FedGOParams
 from fdlit.methods.fedmd import FedMD
-from fdlit.methods.fedproto import FedProto
 from fdlit.methods.fedprox import FedProx
 from fdlit.methods.krum import Krum
 from fdlit.methods.kulsif import KuLSIF
@@ -50,7 +49,6 @@ __all__ = [
     "FedMDClient",
     "FedMedian",
     "FedTrimmedMean",
-    "FedProto",
     "FedProx",
     "Krum",
     "KuLSIF",
