@@ -117,16 +117,21 @@ def trust_heatmap_png(matrix: Sequence[Sequence[Optional[float]]], title: str = 
 def draw_trust_heatmap(fig, ax, matrix: Sequence[Sequence[Optional[float]]],
                        client_classes: Optional[Sequence[Sequence[int]]] = None,
                        max_rows: int = TRUST_MAX_ROWS) -> None:
-    """The who-to-trust heatmap on ``ax`` with its colour bar; a client's own classes boxed."""
-    from matplotlib.patches import Rectangle
-
+    """The who-to-trust heatmap on ``ax`` with its colour bar; a client's own classes marked with a
+    dot (white, dark rim: seen on any colour). Boxes would merge into a maze where a client holds
+    neighbouring classes (k = 5 of 10), and the dots show whether clients are trusted on what they hold."""
     m, labels, boxes, ylabel = trust_rows(matrix, client_classes, max_rows)
     n_rows, n_classes = m.shape
     top = float(np.nanmax(m)) if np.isfinite(m).any() else 1.0
     image = ax.imshow(m, aspect="auto", cmap="viridis", vmin=0.0, vmax=max(top, 1e-9))
     fig.colorbar(image, ax=ax, label="mean weight")
-    for i, c in boxes:  # boxes show whether clients are trusted on the classes they hold
-        ax.add_patch(Rectangle((c - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="white", linewidth=1.2))
+    if boxes:
+        box = ax.get_position()  # a dot a third of a cell wide, whatever the figure's size
+        cell_pt = 72 * min(box.width * fig.get_figwidth() / n_classes, box.height * fig.get_figheight() / n_rows)
+        ax.autoscale(False)  # the image's extent stays the axes' limits
+        rows, classes = zip(*boxes)
+        ax.scatter(classes, rows, s=(cell_pt / 3) ** 2, marker="o", facecolor="white", edgecolor="#222222",
+                   linewidth=0.5, zorder=3, label="own class")
     ax.set_xlabel("true class of public sample")
     ax.set_ylabel(ylabel)
     ax.set_xticks(range(n_classes))
