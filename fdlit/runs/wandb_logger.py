@@ -268,6 +268,8 @@ class WandbLogger(FederationCallback):
             return
         try:
             files = Path(self.run.dir)
+            if files.name != "files" or not files.parent.name.startswith(("offline-run-", "run-")):
+                return  # not W&B's own layout (<wandb>/<run folder>/files): nothing of ours goes there
             if self.mode == "offline":
                 self.linked = link_offline_folder(files.parent)
             path = files / "fdlit" / name  # not files/config.yaml: W&B writes its own config there
