@@ -12,7 +12,7 @@ import argparse
 import contextlib
 import sys
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from jsonargparse import ActionYesNo, ArgumentParser
 
@@ -33,7 +33,8 @@ def build_parser() -> ArgumentParser:
     sub.add_subcommand("fit", fit_parser(), help="Run one experiment.")
     sub.add_subcommand("sweep", sweep_parser(), help="Run a W&B sweep file locally (grid, grouped, resumable).")
     sub.add_subcommand("report", report_parser(), help="Tables and figures (HTML, PDF, SVG, PNG, LaTeX) from run directories.")
-    sub.add_subcommand("export", export_parser(), help="A trained client's or the server's network as a plain state dict.")
+    sub.add_subcommand("export", export_parser(), help="A trained client's or the server's network as TorchScript with its "
+                       "input step and a model card (torch alone loads it), or as a plain state dict.")
     # parsed by their own modules (main hands them their arguments); listed here so that --help names them
     sub.add_subcommand("deploy", ArgumentParser(), help="Run a fit config as a Flower federation (the flower extra; "
                        "`fdlit deploy --help`).")
@@ -43,13 +44,17 @@ def build_parser() -> ArgumentParser:
 
 
 def export_parser() -> ArgumentParser:
-    parser = ArgumentParser(description="Write a trained network of a run (its last checkpoint) as a plain state dict "
-                            "with the model's class path and init args, loadable with torch alone (see "
-                            "fdlit.runs.export).", allow_abbrev=False)
+    parser = ArgumentParser(description="Write a trained network of a run (its last checkpoint): by default as "
+                            "TorchScript holding its input step, with a model card (FILE.json, also inside the file), "
+                            "loadable with torch alone (torch.jit.load); or as a plain state dict with the model's "
+                            "class path and init args (see fdlit.runs.export).", allow_abbrev=False)
     parser.add_argument("run_dir", type=str, help="The run directory.")
     parser.add_argument("--client", type=int | None, default=None, help="Export client i (0-based).")
     parser.add_argument("--server", action=ActionYesNo, default=False, help="Export the server model (server.model).")
     parser.add_argument("--out", type=str, required=True, help="The file to write, e.g. model.pt.")
+    parser.add_argument("--format", type=Literal["torchscript", "state_dict"], default="torchscript",
+                        help="torchscript: the network and its input step, loadable without fdlit, and its model card "
+                             "beside it; state_dict: parameters, class path and init args (fdlit rebuilds it).")
     parser.add_argument("--trust_config", action=ActionYesNo, default=False,
                         help="Also import classes from outside fdlit that the run's config.yaml names (its code runs).")
     return parser
@@ -185,10 +190,12 @@ def main(argv: list[str] | None = None) -> int:
             from fdlit.runs.export import export_model
 
             written = export_model(cfg.export.run_dir, cfg.export.out, client=cfg.export.client,
-                                   server=cfg.export.server, trust_config=cfg.export.trust_config)
+                                   server=cfg.export.server, trust_config=cfg.export.trust_config,
+                                   format=cfg.export.format)
             source = written["source"]
+            card = f"; model card {written['card']}" if "card" in written else ""
             print(f"fdlit export: {cfg.export.out}: {source['model']} after round {source['round']} "
-                  f"({written['class_path']})")
+                  f"({written['class_path']}, {cfg.export.format}){card}")
         return 0
     except ConfigError as exc:
         print(f"fdlit: error: {exc}", file=sys.stderr)

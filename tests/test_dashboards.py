@@ -52,11 +52,13 @@ def test_round_heatmap_array_shows_weights_own_classes_and_missing_rows():
     matrix = [[0.0, 0.5, 1.0], [None, None, None], [0.25, 0.25, 0.5]]
     image, top = trust_heatmap_array(matrix, [[0], [1], [2]], cell=8)
     assert image.shape == (24, 24, 3) and image.dtype == np.uint8 and top == 1.0
-    centre = image[4::8, 4::8]  # the middle pixel of every cell
-    assert centre[0, 0].tolist() == VIRIDIS[0].tolist() and centre[0, 2].tolist() == VIRIDIS[-1].tolist()
-    assert (centre[1] == MISSING_GREY).all()  # a client that sent nothing
-    assert (image[0, :8] == 255).all() and (image[16, 16:] == 255).all()  # own classes boxed in white
-    assert not (image[0, 8:16] == 255).all()  # ... and only those
+    corner = image[0::8, 0::8]  # the top-left pixel of every cell: the colour, beside any dot
+    assert corner[0, 0].tolist() == VIRIDIS[0].tolist() and corner[0, 2].tolist() == VIRIDIS[-1].tolist()
+    assert (corner[1] == MISSING_GREY).all()  # a client that sent nothing
+    centre = image[4::8, 4::8]  # the middle pixel of every cell: white on own classes only
+    assert [(i, j) for i in range(3) for j in range(3) if (centre[i, j] == 255).all()] == [(0, 0), (1, 1), (2, 2)]
+    # a dot stays inside its cell: the cell's edges keep their colour, so neighbouring dots never merge
+    assert (image[16, 16:] == image[16, 16]).all() and not (image[16, 16] == 255).all()
 
 
 def test_payload_uses_real_wandb_table_and_image():

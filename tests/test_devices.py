@@ -28,7 +28,9 @@ def test_a_gpu_index_is_checked_against_the_gpus_there_are(monkeypatch):
     assert check_devices("cuda", 1) == [1] and check_devices("gpu", [0]) == [0] and check_devices("auto", "1") == [1]
     with pytest.raises(ConfigError, match=r"has 2 GPU\(s\) \(indices 0 to 1\); got 2"):
         check_devices("cuda", 2)
-    with pytest.raises(ConfigError, match="one device"):
+    with pytest.raises(ConfigError, match="one device.*several GPUs use the Ray executor: --federation.executor "
+                                          r"fdlit.execution.RayExecutor with num_gpus_per_client, docs/ray.md\); "
+                                          r"got \[0, 1\]"):
         check_devices("cuda", [0, 1])  # a run trains all its clients on one device
     with pytest.raises(ConfigError, match="one device"):
         check_devices("cuda", -1)

@@ -1,4 +1,5 @@
-"""``fdlit export``: a trained network as a plain state dict, loadable with torch alone."""
+"""``fdlit export``: a trained network as TorchScript with its input step and model card, loadable with torch
+alone (no fdlit); or as a plain state dict."""
 
 import errno
 import json
@@ -45,8 +46,9 @@ def test_an_exported_client_predicts_as_the_run_did_with_torch_alone(trained_run
 
     run_dir, args = trained_run
     out = tmp_path / "client2.pt"
-    assert main(["export", str(run_dir), "--client", "2", "--out", str(out)]) == 0
+    assert main(["export", str(run_dir), "--client", "2", "--out", str(out), "--format", "state_dict"]) == 0
     assert "client 2 after round 2" in capsys.readouterr().out
+    assert not (tmp_path / "client2.json").exists()  # a model card comes with TorchScript
     state = torch.load(out, weights_only=True)
     assert state["source"]["model"] == "client 2" and state["init_args"]["num_classes"] == 10
     assert state["input"] is None and len(state["source"]["classes"]) == 3
@@ -66,6 +68,94 @@ def test_an_exported_client_predicts_as_the_run_did_with_torch_alone(trained_run
     # the run measured this client's accuracy on the same test set at the end of its last round
     assert accuracy == pytest.approx(last["clients/after_public/global_acc"][2], abs=1e-6)
     assert accuracy != pytest.approx(last["clients/after_public/global_acc"][0], abs=1e-6)  # not any client's
+
+
+LOAD_TORCHSCRIPT = """
+import sys
+sys.path.append(sys.argv[4])  # torch's site-packages only: no .pth files run, no editable fdlit install
+try:
+    import fdlit  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("fdlit is importable in the loading process")
+import json
+import torch
+files = {"model_card.json": ""}
+net = torch.jit.load(sys.argv[1], _extra_files=files)
+card = json.loads(files["model_card.json"])
+x = torch.load(sys.argv[2])
+assert str(x.dtype) == "torch." + card["input"]["dtype"] and list(x.shape[1:]) == card["input"]["shape"][1:]
+with torch.no_grad():
+    torch.save(net(x), sys.argv[3])
+"""
+
+
+def test_a_torchscript_export_loads_without_fdlit_and_gives_the_clients_logits(trained_run, tmp_path, capsys):
+    from fdlit.config import parse_fit
+    from fdlit.data import FederatedData
+    from fdlit.runs.checkpoint import load_checkpoint
+    from fdlit.runs.directory import read_config
+    from fdlit.runs.export import _trained_loop
+
+    run_dir, args = trained_run
+    out = tmp_path / "client2.pt"
+    assert main(["export", str(run_dir), "--client", "2", "--out", str(out)]) == 0
+    assert "model card" in capsys.readouterr().out
+    _, cfg = parse_fit(args)
+    data = FederatedData(**cfg.data.as_dict())
+    data.setup(cfg.seed)
+    torch.save(data.test.x, tmp_path / "x.pt")
+    client = _trained_loop(run_dir, load_checkpoint(run_dir / "checkpoint.pt")).clients[2].model.eval()
+    with torch.no_grad():
+        expected = client(data.test.x)
+    site = str(Path(torch.__file__).parents[1])
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", LOAD_TORCHSCRIPT, str(out), str(tmp_path / "x.pt"),
+                           str(tmp_path / "logits.pt"), site], cwd=outside, env={"PATH": "/usr/bin:/bin",
+                          "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    logits = torch.load(tmp_path / "logits.pt")
+    assert (logits - expected).abs().max() < 1e-5
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    accuracy = (logits.argmax(-1) == data.test.y).float().mean().item()
+    assert accuracy == pytest.approx(last["clients/after_public/global_acc"][2], abs=1e-6)
+    # the card beside the file: what it is, what it takes, how it did
+    card = json.loads((tmp_path / "client2.json").read_text())
+    assert card["model"] == "client 2" and card["round"] == 2 and len(card["client_classes"]) == 3
+    assert card["classes"] == [str(c) for c in range(10)]
+    assert card["input"]["shape"] == [None, 1, 8, 8] and card["input"]["dtype"] == "float32"
+    assert card["input"]["preprocessing"].startswith("none")
+    assert card["config"] == read_config(run_dir)
+    assert card["metrics"]["after_public/global_acc"] == last["clients/after_public/global_acc"][2]
+    assert card["metrics"]["run"]["rounds"] == 2
+
+
+def test_the_traced_network_holds_its_input_step_without_augmentation():
+    from fdlit.data.augment import ImageInput, WithInput
+    from fdlit.runs.export import traced
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4))
+    module = WithInput(ImageInput(mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3), augment=True, padding=2), net).train()
+    x = torch.randint(0, 256, (5, 3, 8, 8), dtype=torch.uint8)
+    scripted = traced(module, x)
+    mean, std = torch.tensor([0.5, 0.4, 0.3]).view(1, 3, 1, 1), torch.tensor([0.2, 0.25, 0.3]).view(1, 3, 1, 1)
+    by_hand = net((x.float() / 255 - mean) / std)
+    with torch.no_grad():
+        assert torch.allclose(scripted(x), by_hand, atol=1e-6)
+        assert torch.equal(scripted(x[:2]), scripted(x)[:2])  # any batch size; no random crop or flip
+    assert module.training  # the run's module is left as it was
+
+
+def test_a_model_card_that_would_overwrite_the_model_is_refused(trained_run, tmp_path, capsys):
+    run_dir, _ = trained_run
+    assert main(["export", str(run_dir), "--client", "0", "--out", str(tmp_path / "m.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "out: the model card goes beside the model as m.json" in err[0], err
+    assert main(["export", str(run_dir), "--client", "0", "--out", str(tmp_path / "m.pt"), "--format", "onnx"]) == 2
+    assert "format" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
 def test_export_refuses_what_the_run_does_not_have(trained_run, tmp_path, capsys):

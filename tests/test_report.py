@@ -83,11 +83,12 @@ def test_table1_is_mean_and_std_over_seeds_after_each_phase(runs_dir):
     def expected(method, k, phase):
         values = [BEST[(method, k, s)] - (0.1 if phase == "private" else 0) for s in (0, 1)]
         text, n = cell(values)
-        return f"<u>{text}</u> {n}"  # two seeds: too few to test, so both rules are tied for best
+        return f"{text}†"  # two seeds: too few to test, so both rules are tied for best; every n is 2: said once
 
     assert md_row(md, "AVG") == [expected("AVG", k, phase) for k in (2, 5) for phase in ("private", "public")]
     assert md_row(md, "sUWA τ=0.25") == [expected("sUWA", k, phase) for k in (2, 5) for phase in ("private", "public")]
-    assert "**" not in md
+    assert "**" not in md and "<u>" not in md and "(n=" not in md
+    assert "(n = 2 seeds per cell;" in md and "is marked † (tied for best)" in md  # the caption says n and † once
     page = index.read_text()
     # Fig. 2, App. B, chi vs k, chi vs round, bytes, and a trust matrix per sUWA run (2 k x 2 seeds)
     assert page.count('src="data:image/png;base64,') == 9
@@ -99,7 +100,9 @@ def test_table1_is_mean_and_std_over_seeds_after_each_phase(runs_dir):
         assert f"figures/{stem}.png" in page
     # the settings header: what all runs share, what varies, the seeds
     assert '<table id="settings">' in page and "data.dataset" in page and "seeds</th><td>0, 1 (n = 2)" in page
-    assert "varies</th><td>aggregator, aggregator.init_args.tau, data.classes_per_client, seed<" in page
+    # τ is sUWA's alone and the same in all its runs: AVG lacking it does not make it vary
+    assert "varies</th><td>aggregator, data.classes_per_client, seed<" in page
+    assert "<h2>Table 1: best test accuracy (%): the round with the best test accuracy</h2>" in page
 
 
 def test_csv_and_latex_tables_next_to_the_page(runs_dir):
@@ -133,8 +136,9 @@ def test_baselines_have_their_own_labels_and_never_take_the_bold(tmp_path):
     index = write_report(root, formats=PNG)
     md = (index.parent / "table1.md").read_text()
     # too few seeds to tell the rules apart: both tied for best; the Ref. value once, on the block's first row
-    assert md_row(md, "AVG") == ["<u>25.00 ± 7.07</u> (n=2)", "<u>35.00 ± 7.07</u> (n=2)", "85.00 ± 7.07 (n=2)"]
-    assert md_row(md, "sUWA τ=0.25") == ["<u>40.00</u> (n=1)", "<u>50.00</u> (n=1)", ""]
+    # the cells' n differ (2 and 1): each cell says its own
+    assert md_row(md, "AVG") == ["25.00 ± 7.07† (n=2)", "35.00 ± 7.07† (n=2)", "85.00 ± 7.07 (n=2)"]
+    assert md_row(md, "sUWA τ=0.25") == ["40.00† (n=1)", "50.00† (n=1)", ""]
     assert md_row(md, "*Local only (no communication)*") == ["60.00 (n=1)", "70.00 (n=1)", ""]
     assert "Ref." not in [line.split("|")[1].strip() for line in md.splitlines()[4:] if line.startswith("|")]
     assert "± 0.00" not in md
@@ -149,15 +153,19 @@ def test_a_validation_selected_accuracy_is_used_only_when_every_run_has_one(tmp_
     fake_run(root, "sUWA", 2, 0, 0.50, summary={"selected_global_acc_mean": 0.45})
     index = write_report(root, formats=PNG)
     md = (index.parent / "table1.md").read_text()
-    assert md_row(md, "AVG")[1] == "<u>25.00</u> (n=1)" and md_row(md, "sUWA τ=0.25")[1] == "<u>45.00</u> (n=1)"
+    assert md_row(md, "AVG")[1] == "25.00†" and md_row(md, "sUWA τ=0.25")[1] == "45.00†"
     assert md.startswith("Validation-selected (selected_global_acc_mean)")
-    assert "<b>validation-selected</b> accuracy (<code>selected_global_acc_mean</code>" in index.read_text()
+    page = index.read_text()
+    assert "<b>validation-selected</b> accuracy (<code>selected_global_acc_mean</code>" in page
+    assert "<h2>Table 1: validation-selected test accuracy (%): the round with the best validation accuracy</h2>" \
+        in page and "best test accuracy" not in page
+    assert "Figure 2: validation-selected test accuracy vs classes per client k" in page
     # one run without a validation set: no table mixes the two selections, all fall back to test-best
     mixed = tmp_path / "mixed"
     fake_run(mixed, "AVG", 2, 0, 0.30, summary={"selected_global_acc_mean": 0.25})
     fake_run(mixed, "sUWA", 2, 0, 0.50)
     md = (write_report(mixed, formats=PNG).parent / "table1.md").read_text()
-    assert md_row(md, "AVG")[1] == "<u>30.00</u> (n=1)" and "validation-selected" not in md.lower()
+    assert md_row(md, "AVG")[1] == "30.00†" and "validation-selected" not in md.lower()
 
 
 def test_trust_matrix_of_every_run_boxes_own_classes_and_tau_plot(tmp_path):
@@ -166,12 +174,12 @@ def test_trust_matrix_of_every_run_boxes_own_classes_and_tau_plot(tmp_path):
     root = tmp_path / "runs"
     for tau in (0.25, 1.0):
         fake_run(root, "sUWA", 2, 0, 0.5, tau=tau, summary={"client_classes": [[0, 1], [1, 2]]})
-    fake_run(root, "sUWA", 3, 1, 0.5)  # no client_classes recorded: drawn, without boxes
+    fake_run(root, "sUWA", 3, 1, 0.5)  # no client_classes recorded: drawn, without dots
     runs, _ = load_runs(root)
     figures = trust_figures(runs)
     assert len(figures) == 3
     captions = [c for _, c, _ in figures]
-    assert sum("no boxes" in c for c in captions) == 1 and any("k=3, seed 1" in c for c in captions)
+    assert sum("no dots" in c for c in captions) == 1 and any("k=3, seed 1" in c for c in captions)
     # each file is named by its run
     assert sorted(stem for stem, _, _ in figures) == sorted(f"trust_{r.path.name}" for r in runs)
     import io
@@ -189,7 +197,7 @@ def test_trust_matrix_of_every_run_boxes_own_classes_and_tau_plot(tmp_path):
     plain_fig = Figure(figsize=figures[0][2].get_size_inches(), layout="constrained")
     draw_trust_heatmap(plain_fig, plain_fig.subplots(), [[0.5, 0.5, None], [0.5, 0.5, None]])
     plain = pixels(plain_fig)
-    assert boxed.shape == plain.shape and (boxed != plain).any()  # the boxes were drawn
+    assert boxed.shape == plain.shape and (boxed != plain).any()  # the dots were drawn
     index = write_report(root, formats=PNG)
     assert (index.parent / "figures" / "accuracy_vs_tau.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -222,8 +230,8 @@ def test_runs_of_different_settings_are_never_pooled(tmp_path):
     assert sorted(r.method for r in runs) == ["[rounds=3] AVG", "[rounds=5] AVG"]
     md = (write_report(root, formats=PNG).parent / "table1.md").read_text()
     # runs of different settings are not compared either: no bold between them
-    assert md_row(md, "[rounds=3] AVG") == ["10.00 (n=1)", "20.00 (n=1)"]
-    assert md_row(md, "[rounds=5] AVG") == ["50.00 (n=1)", "60.00 (n=1)"]
+    assert md_row(md, "[rounds=3] AVG") == ["10.00", "20.00"]
+    assert md_row(md, "[rounds=5] AVG") == ["50.00", "60.00"]
     assert short.exists()
 
 
@@ -298,13 +306,13 @@ def test_each_setting_and_seed_counts_once_and_the_rest_is_listed(tmp_path, caps
     assert "fdlit report: 2 run(s) used, 2 left out: " in out and "partial/" in out
     md = (index.parent / "table1.md").read_text()
     n = {0: 0.90 if used == again else 0.20, 1: 0.30}
-    assert md_row(md, "AVG")[1] == " ".join(cell(n.values()))
+    assert md_row(md, "AVG")[1] == cell(n.values())[0]
     assert "2 run(s) left out" in index.read_text()
     # asked for, the copy of seed 0 is kept too
     runs, skipped = load_runs(root, include_duplicates=True)
     assert len(runs) == 3 and [why for _, why in skipped] == ["unfinished"]
     assert main(["report", str(root), "--include_duplicates", "--out", str(tmp_path / "dup"), "--formats", "[png]"]) == 0
-    assert "(n=3)" in (tmp_path / "dup" / "table1.md").read_text()
+    assert "(n = 3 seeds per cell;" in (tmp_path / "dup" / "table1.md").read_text()
 
 
 def test_a_run_that_left_k_at_its_default_is_labelled_k2(tmp_path):
@@ -366,9 +374,10 @@ def test_bold_only_when_welch_t_test_separates_the_best_from_the_second(tmp_path
             fake_run(root, method, k, seed, best)
     md = (write_report(root, formats=PNG).parent / "table1.md").read_text()
     public = {m: md_row(md, m if m != "sUWA" else "sUWA τ=0.25")[1::2] for m in ("AVG", "UWA", "sUWA")}
-    assert public["sUWA"][0].startswith("**") and not public["UWA"][0].startswith(("**", "<u>"))
-    assert public["AVG"][1].startswith("<u>") and public["sUWA"][1].startswith("<u>")  # tied: both marked
-    assert not public["UWA"][1].startswith(("**", "<u>"))  # shown worse than the best: not tied
+    assert public["sUWA"][0].startswith("**") and not public["UWA"][0].startswith("**")
+    assert not public["UWA"][0].endswith("†")
+    assert public["AVG"][1].endswith("†") and public["sUWA"][1].endswith("†")  # tied: both marked
+    assert not public["UWA"][1].startswith("**") and not public["UWA"][1].endswith("†")  # shown worse: not tied
     assert md.count("**") == 2 * 2  # one bold cell per phase at k=2, none at k=5
 
     # the threshold is p < 0.05, two-sided, from n = 3 seeds on
@@ -382,7 +391,7 @@ def test_bold_only_when_welch_t_test_separates_the_best_from_the_second(tmp_path
     assert not beats(Stat.of([v + 0.5 for v in two]), Stat.of(two))  # n = 2: never bold, however far apart
 
 
-def test_figures_are_paper_sized_with_readable_text_and_no_titles(runs_dir):
+def test_figures_are_paper_sized_with_readable_text_and_only_panels_titled(runs_dir):
     import re
 
     from fdlit.reporting import ACC, LOCAL, chi_vs_k, curves, figure2, table1, trust_figures
@@ -399,7 +408,11 @@ def test_figures_are_paper_sized_with_readable_text_and_no_titles(runs_dir):
         assert fig.get_figwidth() in (ONE_COLUMN_IN, TWO_COLUMN_IN), name
         sizes = text_sizes(fig)
         assert sizes and min(size for _, size in sizes) >= 8, (name, sorted(sizes, key=lambda s: s[1])[:3])
-        assert titles(fig) == [], name
+        if name != "curves":
+            assert titles(fig) == [], name
+    # a figure of several panels titles each: its quantity and its k
+    assert sorted(titles(figures["curves"])) == ["global, k = 2", "global, k = 5", "local, k = 2", "local, k = 5"]
+    assert {ax.get_xlabel() for ax in figures["curves"].axes if ax.get_xlabel()} == {"round"}
     assert figures["figure2"].get_figwidth() == ONE_COLUMN_IN and figures["curves"].get_figwidth() == TWO_COLUMN_IN
     # the files: the PDF page is the figure's size (72 pt per inch), the PNG 300 dpi
     index = write_report(runs_dir, formats=("pdf", "png"))
@@ -562,7 +575,7 @@ def test_table_cells_are_escaped_for_markdown_csv_and_latex(tmp_path):
     cells = [len(re.findall(r"(?<!\\)\|", line)) for line in rows]
     assert len(set(cells)) == 1, rows  # an escaped | never ends a cell: every row has the header's cells
     assert "<img" not in md and "<script" not in md.lower() and "&lt;img src=x onerror=alert(1)>\\|x" in md
-    assert "=HYPERLINK(1)\\|&lt;script>alert(2)&lt;/script>" in md and "<u>" in md  # the table's own markup stays
+    assert "=HYPERLINK(1)\\|&lt;script>alert(2)&lt;/script>" in md and "†" in md  # the table's own mark stays
     table = list(csv.reader((index.parent / "table1.csv").open()))
     assert all(not cell.startswith(("=", "+", "-", "@", "\t", "\r")) for row in table for cell in row), table
     assert {row[1] for row in table[1:]} >= {"'=HYPERLINK(1)|<script>alert(2)</script>"}
@@ -586,7 +599,7 @@ def test_a_nested_html_or_text_value_where_a_number_belongs_is_a_missing_value(t
     assert main(["report", str(root), "--formats", "[png]"]) == 0
     assert capsys.readouterr().err == ""
     md = (root / "report" / "table1.md").read_text()
-    assert md_row(md, "sUWA τ=0.25") == ["– (n=1)", "– (n=1)"] and md_row(md, "AVG") == ["20.00 (n=1)", "30.00 (n=1)"]
+    assert md_row(md, "sUWA τ=0.25") == ["–", "–"] and md_row(md, "AVG") == ["20.00", "30.00"]
     assert "<b>0.9" not in (root / "report" / "index.html").read_text()
 
 

@@ -64,13 +64,15 @@ def test_an_offline_run_logs_its_metrics_heatmaps_at_their_cadence_and_one_table
     args = [*fast_args, "--federation.rounds", "3", "--logger.trust_every_n_rounds", "2"]
     args[args.index("--logger.mode") + 1] = "offline"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NETRC": str(tmp_path / "no-netrc"),
-           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_DIR": str(tmp_path)}  # W&B's folder: not ROOT's
     done = subprocess.run([sys.executable, "-c", RUN, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     imported = json.loads(done.stdout.split("IMPORTED=")[-1])
     assert imported == {"wandb.sdk.launch": False, "pandas": False, "matplotlib": False}
     (run_dir,) = list((tmp_path / "runs").iterdir())
+    (folder,) = (run_dir / "wandb").glob("offline-run-*")
+    assert (tmp_path / "wandb" / folder.name).resolve() == folder  # linked where `wandb sync` looks ($WANDB_DIR)
     (records,) = offline_record(run_dir, "exit")
     kinds = [r.WhichOneof("record_type") for r in records]
     assert not {"output", "output_raw", "stats"} & set(kinds)  # no console capture, no system metrics

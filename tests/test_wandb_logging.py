@@ -1,6 +1,8 @@
 """W&B integration: an offline run (no server, no credentials) holds the config and every round."""
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -17,6 +19,7 @@ def test_offline_run_saves_config_and_prints_sync_hint(fast_args, tmp_path, caps
     monkeypatch.setenv("WANDB_MODE", env_mode)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))  # no stored credentials either
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # the project folder, where the offline run is linked for `wandb sync`
     args = [a for a in fast_args]
     args[args.index("--logger.mode") + 1] = "auto"  # auto + no credentials -> offline
     assert main(["fit", *args, "--aggregator.tau", "0.4"]) == 0
@@ -65,6 +68,7 @@ def test_an_unreachable_wandb_server_costs_seconds_not_minutes(fast_args, tmp_pa
     monkeypatch.setenv("WANDB_API_KEY", "0123456789" * 4)
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     start = time.monotonic()
     assert main(["fit", *fast_args, "--logger.mode", "online", "--logger.init_timeout_s", "2"]) == 0
@@ -136,6 +140,17 @@ def offline_env(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # the project folder: a bare `wandb sync` looks in ./wandb
+    wandb.teardown()  # settings an earlier test's wandb read from its environment (a run id) are not this run's
+
+
+def wandb_sync_dry_run(cwd) -> list[str]:
+    """The .wandb files a bare ``wandb sync`` run in ``cwd`` would upload (``--dry-run``: nothing is sent)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    done = subprocess.run([sys.executable, "-c", "from wandb.cli.cli import cli; cli()", "sync", "--dry-run"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [line.split()[-1] for line in (done.stdout + done.stderr).splitlines() if line.strip().endswith(".wandb")]
 
 
 def test_under_the_agent_the_offline_run_records_what_ran(fast_args, tmp_path, capsys, monkeypatch):
@@ -176,20 +191,74 @@ def test_under_the_agent_the_offline_run_records_what_ran(fast_args, tmp_path, c
 
 
 def test_resume_names_every_offline_folder_and_a_finished_run_opens_none(fast_args, tmp_path, capsys, monkeypatch):
+    import torch
+
     offline_env(monkeypatch, tmp_path)
-    args = [*fast_args, "--federation.rounds", "1"]
+    args = [*fast_args, "--federation.rounds", "1", "--logger.init_timeout_s", "120"]  # a busy machine starts slowly
     args[args.index("--logger.mode") + 1] = "offline"
     assert main(["fit", *args]) == 0
     (run_dir,) = (tmp_path / "runs").iterdir()
-    capsys.readouterr()
+    assert "W&B unavailable" not in capsys.readouterr().err
     assert main(["fit", "--resume", str(run_dir), "--federation.rounds", "2"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     folders = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(folders) == 2 and all(str(f) in out for f in folders)  # one sync command for both sessions
+    assert "W&B unavailable" not in err
+    # one W&B run: the resumed session continues the id the checkpoint holds (wandb writes a folder per
+    # session and `wandb sync` uploads the files of one run in the order they were written)
+    run_id = torch.load(run_dir / "checkpoint.pt", weights_only=False)["wandb_run_id"]
+    assert {f.name.rsplit("-", 1)[-1] for f in folders} == {run_id}
+    assert sorted(wandb_sync_dry_run(tmp_path)) == [f"wandb/{f.name}/run-{run_id}.wandb" for f in folders]
     assert main(["fit", "--resume", str(run_dir), "--federation.rounds", "2"]) == 0
     err = capsys.readouterr().err
     assert "no W&B run opened" in err
     assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 2  # no new, empty run
+
+
+def test_a_bare_wandb_sync_in_the_project_folder_finds_the_offline_run_with_its_config(fast_args, tmp_path, capsys,
+                                                                                        monkeypatch):
+    offline_env(monkeypatch, tmp_path)
+    args = [*fast_args, "--federation.rounds", "1", "--logger.init_timeout_s", "120"]
+    args[args.index("--logger.mode") + 1] = "offline"
+    assert main(["fit", *args]) == 0
+    printed = capsys.readouterr().out
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    (folder,) = (run_dir / "wandb").glob("offline-run-*")
+    assert f"or a bare `wandb sync` in {tmp_path}" in printed
+    assert wandb_sync_dry_run(tmp_path) == [f"wandb/{folder.name}/{next(folder.glob('*.wandb')).name}"]
+    assert (tmp_path / "wandb" / folder.name).resolve() == folder.resolve()
+    # the resolved config and the printed summary are run files, recorded for upload
+    assert (folder / "files" / "fdlit" / "config.yaml").read_text() == (run_dir / "config.yaml").read_text()
+    summary = (folder / "files" / "fdlit" / "summary.txt").read_text()
+    assert summary.startswith("fdlit summary:") and summary in printed
+    (records,) = offline_record(run_dir, "files")
+    saved = {f.path for r in records if r.WhichOneof("record_type") == "files" for f in r.files.files}
+    assert {"fdlit/config.yaml", "fdlit/summary.txt"} <= saved
+    # a deleted run directory's link is dropped when the next run links its own
+    import shutil
+
+    shutil.rmtree(run_dir)
+    assert main(["fit", *args]) == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    (folder,) = (run_dir / "wandb").glob("offline-run-*")
+    assert [p.name for p in (tmp_path / "wandb").glob("offline-run-*")] == [folder.name]
+
+
+def test_online_without_credentials_is_refused_before_any_work(fast_args, tmp_path, capsys, monkeypatch):
+    for key in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE", "NETRC"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc there
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", *fast_args, "--logger.mode", "online"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fdlit: error: logger.mode: online needs W&B credentials")
+    assert all(fix in err for fix in ("`wandb login`", "WANDB_API_KEY", "--logger.mode offline", "auto"))
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "wandb").exists()  # nothing was started
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai login user password " + "k" * 40 + "\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    from fdlit.runs.wandb_logger import has_wandb_credentials
+
+    assert has_wandb_credentials()  # a `wandb login` entry counts
 
 
 def agent_command_lines(spec: dict, combos: list[dict], monkeypatch, tmp_path) -> list[tuple[list[str], dict]]:

@@ -36,7 +36,9 @@ def check_devices(accelerator: str, devices: Devices) -> int | list[int]:
     index = int(index) if isinstance(index, str) and index.isdigit() else index
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ConfigError("federation.devices", "one device: auto, or a GPU's index such as 1 or [1] (a run trains "
-                          f"all its clients on one device); got {devices!r}")
+                          "all its clients on one device; for several GPUs use the Ray executor: --federation.executor "
+                          "fdlit.execution.RayExecutor with num_gpus_per_client, docs/ray.md); "
+                          f"got {devices!r}")
     count = gpu_count(accelerator)
     if count == 0:
         raise ConfigError("federation.devices", f"this machine runs accelerator {accelerator!r} on the CPU: no GPU "

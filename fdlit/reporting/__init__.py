@@ -7,7 +7,8 @@ value from a run escaped, and a Content-Security-Policy that allows no script an
 size, text >= 8 pt, no in-plot titles, the captions are in the page) and Table 1 as ``table1.md``,
 ``table1.csv`` and ``table1.tex`` (booktabs, cells ``$m \\pm s$``):
 
-- a settings header: what all runs share, what varies, the seeds, which metric the table holds;
+- a settings header: what all runs share, what varies (a knob only some methods have, like sUWA's
+  τ, varies only when the runs that have it differ in it), the seeds, which metric the table holds;
 - Table 1 in the layout of Kovalchuk et al. (2026, Table 1): a row per rule, a column per k, each
   split into the best accuracy after the private and after the public phase, mean ± std over seeds
   (no std with n = 1); the fully informed reference (``federation.mode: reference``) in its own
@@ -16,11 +17,12 @@ size, text >= 8 pt, no in-plot titles, the captions are in the page) and Table 1
   they are: sUWA at τ = 0 is AVG, at τ = 1 UWA.
 - The bold rule: a column's best rule is bold only when it beats the second best by Welch's t-test
   over seeds (unequal variances, two-sided, p < 0.05, at least 3 seeds each); otherwise every rule
-  the test does not show to be worse than the best is underlined as tied for best.
+  the test does not show to be worse than the best is marked as tied for best (underlined; a dagger
+  in ``table1.md``).
 - Figure 2: best accuracy vs k (Kovalchuk et al. 2026, Fig. 2); accuracy vs sUWA's τ; χ vs k;
 - App. B curves: mean global and local accuracy vs round, shaded ±1 std over seeds
   (Kovalchuk et al. 2026, App. B.1); χ vs round; accuracy vs cumulative bytes (up + down);
-- the last round's who-to-trust matrix of every rule, k and seed, each client's own classes boxed,
+- the last round's who-to-trust matrix of every rule, k and seed, a dot on each client's own classes,
   in files named by the run (``trust_<run directory>``).
 
 "Best" is the best round's mean over clients (``summary.json``; the metrics when it lacks it). When a

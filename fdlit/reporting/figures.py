@@ -179,9 +179,9 @@ def chi_vs_k(runs: list[Run], table: Table):
 
 def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: str | None = None,
            xlabel: str = "round"):
-    """One column per k (its x label names the k), one row per (metric, label); a line per method,
-    shaded ±1 std. The reference (trained on every class) is drawn in every column. Two columns of
-    a paper wide (one with a single k)."""
+    """One column per k, one row per (metric, label), each panel titled with its metric and k; a line
+    per method, shaded ±1 std. The reference (trained on every class) is drawn in every column. Two
+    columns of a paper wide (one with a single k)."""
     from matplotlib.ticker import MaxNLocator
 
     width = ONE_COLUMN_IN if len(ks) == 1 else TWO_COLUMN_IN
@@ -205,7 +205,8 @@ def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: st
                 mean, std = mean * scale, std * scale
                 ax.plot(xs, mean, marker=".", label=m, color=colors[m], **_style(m))
                 ax.fill_between(xs, mean - std, mean + std, alpha=0.2, color=colors[m], linewidth=0)
-            ax.set_xlabel(plain_text(f"{xlabel}, k = {k}"))
+            ax.set_title(plain_text(f"{panel_title(label)}, k = {k}"))
+            ax.set_xlabel(plain_text(xlabel))
             if xkey is None:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if col == 0:
@@ -213,6 +214,11 @@ def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: st
             ax.grid(alpha=0.3)
     legend_below(fig, axes[0, 0])
     return fig
+
+
+def panel_title(label: str) -> str:
+    """A panel's title from its y label: the quantity without its unit (``global accuracy (%)``)."""
+    return label.split(" (")[0]
 
 
 def bytes_total(run: Run) -> None:
@@ -224,7 +230,7 @@ def bytes_total(run: Run) -> None:
 
 def trust_figures(runs: list[Run]) -> list[tuple[str, str, Any]]:
     """(file stem named by the run, caption, figure): the last-round who-to-trust matrix of every run
-    that logged one (every rule, k and seed), each client's own classes boxed where the run recorded
+    that logged one (every rule, k and seed), a dot on each client's own classes where the run recorded
     them (``client_classes`` in its summary). One column wide."""
     from fdlit.runs.dashboards import draw_trust_heatmap
 
@@ -235,7 +241,7 @@ def trust_figures(runs: list[Run]) -> list[tuple[str, str, Any]]:
             continue
         classes = r.summary.get("client_classes")
         title = f"{r.dataset + ' ' if r.dataset else ''}{r.method}, k={r.k}, seed {r.seed}, round {last['round']}"
-        caption = title + ("" if classes else " (own classes not recorded by this run: no boxes)")
+        caption = title + ("" if classes else " (own classes not recorded by this run: no dots)")
         rows = min(len(last[TRUST_KEY]), TRUST_MAX_ROWS)
         fig, axes = new_figure(1, width=ONE_COLUMN_IN, panel_aspect=min(2.2, 0.35 + 0.055 * rows))
         try:

@@ -94,6 +94,12 @@ def table1_html(table: Table) -> str:
             f"<tbody>{''.join(body)}</tbody></table>")
 
 
+def table1_heading(selected: bool) -> str:
+    """What Table 1 holds, as its heading says: the accuracy of the validation-selected round when
+    every run has a validation set, else the best round's."""
+    return ("validation-selected test accuracy (%): the round with the best validation accuracy" if selected
+            else "best test accuracy (%): the round with the best test accuracy")
+
 
 def runs_html(runs: list[Run]) -> str:
     rows = "".join(
@@ -122,7 +128,7 @@ def figures_html(items, formats) -> str:
 
 
 def page_html(runs: list[Run], skipped, runs_dir, table: Table, caption: str, figures, trust_stems: set[str],
-              formats) -> str:
+              formats, selected: bool = False) -> str:
     """The whole page: settings, the runs left out, Table 1, the figures, the trust matrices, the runs."""
     flags = "<code>--include_unfinished</code> uses unfinished ones, <code>--include_duplicates</code> keeps copies"
     note = (f"<p>{len(skipped)} run(s) left out ({flags}):</p><ul>"
@@ -142,7 +148,7 @@ def page_html(runs: list[Run], skipped, runs_dir, table: Table, caption: str, fi
 <h2>Settings</h2>
 {settings_html(runs, skipped, runs_dir)}
 {note}
-<h2>Table 1: best test accuracy (%)</h2>
+<h2>Table 1: {table1_heading(selected)}</h2>
 <p>{html.escape(caption)} Also as <code>table1.md</code>, <code>table1.csv</code>, <code>table1.tex</code> (booktabs).</p>
 {table1_html(table)}
 <h2>Figures</h2>

@@ -1,6 +1,6 @@
 """Figures a paper can print: one-column (3.3 in) or two-column (6.9 in) wide, every text >= 8 pt at
-that size, no title inside the plot (captions live in the HTML and LaTeX), written as vector PDF,
-SVG and a 300-dpi PNG.
+that size, no figure title (captions live in the HTML and LaTeX; only the panels of a figure of
+several are titled, with what tells them apart), written as vector PDF, SVG and a 300-dpi PNG.
 
 A figure is built inside :func:`paper_style` (the font sizes) with :func:`new_figure`, and written
 with :func:`save_figure`; :func:`text_sizes` lists every visible text's size (for checks).
@@ -79,7 +79,7 @@ def text_sizes(fig) -> list[tuple[str, float]]:
 
 
 def titles(fig) -> list[str]:
-    """Every title drawn inside the figure (a paper figure has none: its caption says it)."""
+    """Every title drawn inside the figure (a one-panel figure has none: its caption says it)."""
     found = [fig._suptitle.get_text()] if getattr(fig, "_suptitle", None) is not None else []
     for ax in fig.axes:
         found += [ax.get_title(loc) for loc in ("left", "center", "right") if ax.get_title(loc)]
@@ -115,8 +115,13 @@ def method_colors(methods: list[str]) -> dict[str, Any]:
 
 def legend_below(fig, ax) -> None:
     """The legend under the panels, outside the data, in as many columns as fit the figure's width
-    (8-pt text is about 4.5 pt a character); the figure grows by the legend's height."""
-    handles, labels = ax.get_legend_handles_labels()
+    (8-pt text is about 4.5 pt a character); the figure grows by the legend's height. Every panel's
+    lines are named, each once: a method with runs at one k only is drawn in that k's panel alone."""
+    named: dict[str, Any] = {}
+    for panel in [ax, *(a for a in fig.axes if a is not ax)]:
+        for handle, label in zip(*panel.get_legend_handles_labels(), strict=True):
+            named.setdefault(label, handle)
+    handles, labels = list(named.values()), list(named)
     if not handles:
         return
     labels = [plain_text(label) for label in labels]

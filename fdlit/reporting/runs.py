@@ -4,6 +4,7 @@ its method's label, k, seed, dataset and the settings it differs in from the oth
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,14 +176,22 @@ def _differing(flat: list[dict[str, Any]]) -> list[str]:
 def shared_settings(runs: list[Run]) -> tuple[dict[str, Any], list[str]]:
     """(settings every run has in common, the keys that vary), without run names and folders."""
     flat = [_flatten(r.config) for r in runs]
-    keys = sorted(set().union(*flat))
-    shared = {k: flat[0].get(k) for k in keys
-              if not k.startswith(("logger.", "checkpoint.")) and len({repr(f.get(k)) for f in flat}) == 1}
-    varying = [k for k in keys if k not in shared and not k.startswith(("logger.", "checkpoint."))]
-    # a rule's own knobs vary with the rule: "aggregator" says it once
-    varying = sorted({"aggregator" if k.startswith("aggregator.") and k != "aggregator.init_args.tau" else k
-                      for k in varying})
-    return shared, varying
+    keys = [k for k in sorted(set().union(*flat)) if not k.startswith(("logger.", "checkpoint."))]
+    shared = {k: flat[0].get(k) for k in keys if len({repr(f.get(k)) for f in flat}) == 1}
+    # a knob some runs lack because their method has none (AVG and UWA have no τ) varies only when it
+    # differs among the runs of one method that have it; the method itself is "aggregator"
+    varying = set()
+    for k in keys:
+        if k not in shared and k.startswith("aggregator.init_args."):
+            by_rule: dict[str, set[str]] = defaultdict(set)
+            for f in flat:
+                if k in f:
+                    by_rule[repr(f.get("aggregator.class_path"))].add(repr(f[k]))
+            if any(len(values) > 1 for values in by_rule.values()):
+                varying.add(k)
+        elif k not in shared:
+            varying.add("aggregator" if k.startswith("aggregator") else k)
+    return shared, sorted(varying)
 
 
 def _client_classes(value: Any) -> list[list[int]] | None:

@@ -53,9 +53,17 @@ def beats(a: Stat, b: Stat) -> bool:
     return math.isfinite(p) and p < ALPHA
 
 
-BOLD_RULE = (f"Bold: the best rule of a column, only when it beats the second best by Welch's t-test over seeds "
-             f"(two-sided, p < {ALPHA:g}, n ≥ {MIN_SEEDS} seeds each); otherwise every rule not shown worse than "
-             "the best by that test is underlined (tied for best).")
+TIED_MARK = "†"  # table1.md's mark of "tied for best" (Markdown has no underline)
+
+
+def bold_rule(tied: str = "underlined") -> str:
+    """How the best and the tied cells are marked; ``tied``: how a tied cell is shown."""
+    return (f"Bold: the best rule of a column, only when it beats the second best by Welch's t-test over seeds "
+            f"(two-sided, p < {ALPHA:g}, n ≥ {MIN_SEEDS} seeds each); otherwise every rule not shown worse than "
+            f"the best by that test is {tied} (tied for best).")
+
+
+BOLD_RULE = bold_rule()
 
 
 @dataclass
@@ -149,7 +157,8 @@ def _row_cells(table: Table, dataset: str, label: str):
             yield k, phase, table.cells.get(key), table.mark(key)
 
 
-def table1_caption(table: Table, selected: bool) -> str:
+def table1_caption(table: Table, selected: bool, tied: str = "underlined") -> str:
+    """The caption; ``tied``: how the file shows a cell tied for best (``marked †`` in Markdown)."""
     what = "Validation-selected (selected_global_acc_mean)" if selected else "Best"
     datasets = sorted({d for d, _, _ in table.rows if d})
     on = f" on {', '.join(datasets)}" if datasets and not _show_dataset(table) else ""
@@ -157,7 +166,7 @@ def table1_caption(table: Table, selected: bool) -> str:
              else f"{table.phases[0][1] if table.phases else 'after public'} phase")
     seeds = f"n = {next(iter(table.seeds))} seeds per cell" if len(table.seeds) == 1 else "n seeds per cell as shown"
     parts = [f"{what} mean global test accuracy (%){on} {after}, mean ± std over seeds ({seeds}; no std with n = 1).",
-             BOLD_RULE]
+             bold_rule(tied)]
     if table.ref:
         parts.append("Ref.: fully informed reference.")
     if any(kind == "local" for _, _, kind in table.rows):

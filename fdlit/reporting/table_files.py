@@ -14,7 +14,7 @@ import io
 import re
 
 from fdlit.reporting.labels import REF_LABEL
-from fdlit.reporting.table import Stat, Table, _first_of_block, _row_cells, _show_dataset
+from fdlit.reporting.table import TIED_MARK, Stat, Table, _first_of_block, _row_cells, _show_dataset
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 TAG_START = re.compile(r"<(?=[A-Za-z/!?])")  # what begins an HTML tag or comment; "p < 0.05" stays
@@ -34,6 +34,9 @@ def csv_text(value):
 
 
 def table1_markdown(table: Table) -> str:
+    """Bold for the best of a column, † for tied (Markdown has no underline); a cell's n only when
+    the cells' n differ (otherwise the caption says it once)."""
+    with_n = len(table.seeds) > 1
     head = ["dataset"] * _show_dataset(table) + ["method"]
     head += [f"k={markdown_text(k)} {name}" for k in table.ks for _, name in table.phases]
     head += [REF_LABEL] * bool(table.ref)
@@ -45,11 +48,11 @@ def table1_markdown(table: Table) -> str:
             if stat is None:
                 row.append("–")
                 continue
-            text = {"best": f"**{stat.text()}**", "tied": f"<u>{stat.text()}</u>"}.get(mark, stat.text())
-            row.append(f"{text} (n={stat.n})")
+            text = {"best": f"**{stat.text()}**", "tied": f"{stat.text()}{TIED_MARK}"}.get(mark, stat.text())
+            row.append(f"{text} (n={stat.n})" if with_n else text)
         if table.ref:
             ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
-            row.append(f"{ref.text()} (n={ref.n})" if ref else "")
+            row.append((f"{ref.text()} (n={ref.n})" if with_n else ref.text()) if ref else "")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 

@@ -22,7 +22,7 @@ from fdlit.reporting.labels import LOCAL_LABEL, REF_LABEL
 from fdlit.reporting.page import page_html
 from fdlit.reporting.paper_figures import FORMATS, check_formats, paper_style, save_figure
 from fdlit.reporting.runs import ACC, LOCAL, _k_sort, _method_sort, load_runs
-from fdlit.reporting.table import table1, table1_caption
+from fdlit.reporting.table import TIED_MARK, table1, table1_caption
 from fdlit.reporting.table_files import markdown_text, table1_csv, table1_latex, table1_markdown
 from fdlit.runs.atomic_write import is_run_directory, write_file
 
@@ -43,20 +43,23 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None, include_un
     for r in runs:
         bytes_total(r)
     table = table1(runs)
-    caption = table1_caption(table, any(r.selected for r in runs))
-    tables = {"table1.md": markdown_text(caption) + "\n\n" + table1_markdown(table), "table1.csv": table1_csv(table),
+    selected = any(r.selected for r in runs)
+    caption = table1_caption(table, selected)
+    md_caption = table1_caption(table, selected, tied=f"marked {TIED_MARK}")
+    best = "validation-selected" if selected else "best"  # what every accuracy of a table or figure is
+    tables = {"table1.md": markdown_text(md_caption) + "\n\n" + table1_markdown(table), "table1.csv": table1_csv(table),
               "table1.tex": table1_latex(table, caption)}
 
     methods = sorted({r.method for r in runs}, key=_method_sort)
     ks = table.ks or sorted({r.k for r in runs}, key=_k_sort)
     with paper_style():
         drawn = [  # (file stem, caption, figure or None)
-            ("figure2_accuracy_vs_k", "Figure 2: best test accuracy vs classes per client k (mean ± std over "
+            ("figure2_accuracy_vs_k", f"Figure 2: {best} test accuracy vs classes per client k (mean ± std over "
              "seeds); dashed: local only, dotted: reference.", figure2(table)),
             ("appB_accuracy_curves", "App. B: mean global (top) and local (bottom) test accuracy after the public "
              "phase vs round, one panel per k; shaded ±1 std over seeds.",
              curves(runs, methods, ks, [(ACC, "global accuracy (%)"), (LOCAL, "local accuracy (%)")])),
-            ("accuracy_vs_tau", "Best test accuracy vs sUWA's temperature τ (τ = 0 is AVG, τ = 1 is UWA), one "
+            ("accuracy_vs_tau", f"{best.capitalize()} test accuracy vs sUWA's temperature τ (τ = 0 is AVG, τ = 1 is UWA), one "
              "line per k (mean ± std over seeds).", accuracy_vs_tau(runs)),
         ]
         if any(m.get("weights/chi") is not None for r in runs for m in r.metrics):
@@ -68,7 +71,7 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None, include_un
                         [("weights/chi", "χ")])),
             ]
         drawn += [
-            ("privacy_accuracy_and_attack_vs_epsilon", "Differential privacy on uploads: best test accuracy "
+            ("privacy_accuracy_and_attack_vs_epsilon", f"Differential privacy on uploads: {best} test accuracy "
              "(left) and the membership-inference attack's AUC (right, the audit; 0.5 is chance) against the ε "
              "spent by the last round (mean ± std over seeds); dashed: the same rule without DP.",
              accuracy_vs_epsilon(runs)),
@@ -78,11 +81,11 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None, include_un
         ]
         drawn += adversaries_figures(runs)
         trust = [(stem, f"Who to trust ({caption}): mean weight each client gets on public samples of each true "
-                  "class; a client's own classes boxed.", fig) for stem, caption, fig in trust_figures(runs)]
+                  "class; a dot marks a client's own classes.", fig) for stem, caption, fig in trust_figures(runs)]
         figures = [(stem, caption, fig.get_figwidth(), save_figure(fig, out / "figures", stem, formats))
                    for stem, caption, fig in drawn + trust if fig is not None]
     trust_stems = {stem for stem, *_ in trust}
-    page = page_html(runs, skipped, runs_dir, table, caption, figures, trust_stems, formats)
+    page = page_html(runs, skipped, runs_dir, table, caption, figures, trust_stems, formats, selected)
     # the page first: the tables are never there without the page that says what they hold
     index = write_file(out / "index.html", page)
     for name, text in tables.items():

@@ -61,10 +61,10 @@ def accuracy_table_rows(history: Sequence[dict[str, Any]],
 
 def trust_rows(matrix: Sequence[Sequence[Optional[float]]], client_classes: Optional[Sequence[Sequence[int]]],
                max_rows: int = TRUST_MAX_ROWS) -> tuple[np.ndarray, list[str], list[tuple[int, int]], str]:
-    """The heatmap's rows, labels, boxed (row, class) cells and y label. Up to ``max_rows`` clients:
-    one row per client, its own classes boxed. More: one row per class c, the mean weight of the
+    """The heatmap's rows, labels, marked (row, class) cells and y label. Up to ``max_rows`` clients:
+    one row per client, its own classes marked. More: one row per class c, the mean weight of the
     clients holding c on each true class (a client with k classes counts in k rows), so the own-class
-    diagonal is boxed and the picture stays C rows high at any M."""
+    diagonal is marked and the picture stays C rows high at any M."""
     m = np.array([[np.nan if v is None else v for v in row] for row in matrix], dtype=float)
     n_clients, n_classes = m.shape
     classes = list(client_classes or [])
@@ -98,7 +98,7 @@ def trust_heatmap_png(matrix: Sequence[Sequence[Optional[float]]], title: str = 
                       client_classes: Optional[Sequence[Sequence[int]]] = None, dpi: int = 80,
                       max_rows: int = TRUST_MAX_ROWS) -> bytes:
     """Heatmap of the who-to-trust matrix as PNG bytes (at most ``max(max_rows, C)`` rows, see
-    ``trust_rows``); a client's own classes are boxed."""
+    ``trust_rows``); a dot on a client's own classes."""
     from matplotlib.figure import Figure
 
     n_rows, n_classes = trust_rows(matrix, client_classes, max_rows)[0].shape
@@ -117,16 +117,21 @@ def trust_heatmap_png(matrix: Sequence[Sequence[Optional[float]]], title: str = 
 def draw_trust_heatmap(fig, ax, matrix: Sequence[Sequence[Optional[float]]],
                        client_classes: Optional[Sequence[Sequence[int]]] = None,
                        max_rows: int = TRUST_MAX_ROWS) -> None:
-    """The who-to-trust heatmap on ``ax`` with its colour bar; a client's own classes boxed."""
-    from matplotlib.patches import Rectangle
-
+    """The who-to-trust heatmap on ``ax`` with its colour bar; a client's own classes marked with a
+    dot (white, dark rim: seen on any colour). Boxes would merge into a maze where a client holds
+    neighbouring classes (k = 5 of 10), and the dots show whether clients are trusted on what they hold."""
     m, labels, boxes, ylabel = trust_rows(matrix, client_classes, max_rows)
     n_rows, n_classes = m.shape
     top = float(np.nanmax(m)) if np.isfinite(m).any() else 1.0
     image = ax.imshow(m, aspect="auto", cmap="viridis", vmin=0.0, vmax=max(top, 1e-9))
     fig.colorbar(image, ax=ax, label="mean weight")
-    for i, c in boxes:  # boxes show whether clients are trusted on the classes they hold
-        ax.add_patch(Rectangle((c - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="white", linewidth=1.2))
+    if boxes:
+        box = ax.get_position()  # a dot a third of a cell wide, whatever the figure's size
+        cell_pt = 72 * min(box.width * fig.get_figwidth() / n_classes, box.height * fig.get_figheight() / n_rows)
+        ax.autoscale(False)  # the image's extent stays the axes' limits
+        rows, classes = zip(*boxes)
+        ax.scatter(classes, rows, s=(cell_pt / 3) ** 2, marker="o", facecolor="white", edgecolor="#222222",
+                   linewidth=0.5, zorder=3, label="own class")
     ax.set_xlabel("true class of public sample")
     ax.set_ylabel(ylabel)
     ax.set_xticks(range(n_classes))
@@ -137,8 +142,9 @@ def trust_heatmap_array(matrix: Sequence[Sequence[Optional[float]]],
                         client_classes: Optional[Sequence[Sequence[int]]] = None, max_rows: int = TRUST_MAX_ROWS,
                         cell: int = 16) -> tuple[np.ndarray, float]:
     """The heatmap of ``trust_heatmap_png`` without its text, as an RGB array (``cell`` pixels per
-    entry, rows and classes in order, white boxes on a client's own classes, grey where a client sent
-    nothing), and the weight that maps to the top of the colour scale (0 maps to its bottom)."""
+    entry, rows and classes in order, a white dot with a dark rim on a client's own classes, grey where
+    a client sent nothing), and the weight that maps to the top of the colour scale (0 maps to its
+    bottom). Dots, not outlines: outlines of neighbouring own classes (k = 5 of 10) merge into a maze."""
     m, _, boxes, _ = trust_rows(matrix, client_classes, max_rows)
     top = float(np.nanmax(m)) if np.isfinite(m).any() else 1.0
     scaled = np.clip(np.nan_to_num(m, nan=0.0) / max(top, 1e-9), 0.0, 1.0) * (len(VIRIDIS) - 1)
@@ -147,10 +153,13 @@ def trust_heatmap_array(matrix: Sequence[Sequence[Optional[float]]],
     rgb = VIRIDIS[low] * (1 - frac) + VIRIDIS[low + 1] * frac
     rgb[~np.isfinite(m)] = MISSING_GREY
     image = np.repeat(np.repeat(np.rint(rgb).astype(np.uint8), cell, 0), cell, 1)
-    edge = max(1, cell // 8)
+    offset = np.arange(cell) + 0.5 - cell / 2
+    distance = np.hypot(*np.meshgrid(offset, offset, indexing="ij"))
+    radius = cell / 5
+    disc, rim = distance <= radius, (distance > radius) & (distance <= radius + max(1.0, cell / 16))
     for i, c in boxes:
         block = image[i * cell:(i + 1) * cell, c * cell:(c + 1) * cell]
-        block[:edge], block[-edge:], block[:, :edge], block[:, -edge:] = 255, 255, 255, 255
+        block[rim], block[disc] = 34, 255
     return image, top
 
 
@@ -176,5 +185,5 @@ def wandb_round_payload(wandb: Any, metrics: dict[str, Any], client_classes: Seq
         rows = "client" if len(matrix) <= max_rows or len(client_classes) != len(matrix) else "class held (its clients)"
         payload[TRUST_KEY] = wandb.Image(image, caption=(
             f"who to trust, round {r}: mean weight per {rows} (rows, top to bottom) x true class (columns, "
-            f"left to right); viridis from 0 to {top:.3g}, white boxes: own classes, grey: nothing sent"))
+            f"left to right); viridis from 0 to {top:.3g}, white dots: own classes, grey: nothing sent"))
     return payload

@@ -30,7 +30,7 @@ from fdlit.runs.directory import (
 )
 from fdlit.run_settings import LoggerConfig
 from fdlit.runs.progress import ProgressBar
-from fdlit.runs.wandb_logger import WandbLogger
+from fdlit.runs.wandb_logger import WandbLogger, check_credentials
 
 # flags that may accompany --resume: more rounds, and how to log; everything else comes from the run
 KEPT_CHECKPOINT = re.compile(r"checkpoint(-r\d+)?\.pt")
@@ -74,6 +74,7 @@ class Experiment:
         self.config.pop("config", None)
         self.config_yaml = parser.dump(cfg, skip_unset=False)  # keep null keys: the saved config is complete
         self.logger: LoggerConfig = init.logger
+        check_credentials(self.logger)  # online without credentials: refused here, not an offline run later
         self.checkpoint: CheckpointConfig = init.checkpoint
         self.loop = loop_from_config(cfg, init)
         self.resume_from = Path(resume_from) if resume_from is not None else None

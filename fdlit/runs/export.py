@@ -1,7 +1,22 @@
 """``python -m fdlit export RUN_DIR [--client i | --server] --out FILE``: a trained network from a run's
-checkpoint, to load anywhere with plain PyTorch.
+checkpoint, to load anywhere with PyTorch alone.
 
-The file (``torch.save``; ``torch.load(FILE, weights_only=True)`` reads it) holds plain data only:
+``--format torchscript`` (the default) writes a TorchScript file (``torch.jit.trace`` of the network
+in evaluation mode) that holds the dataset's input step too (``fdlit.data.augment.ImageInput``'s
+scaling and normalisation; no augmentation), so raw test inputs go in as they are and nothing of
+fdlit is needed to load it. Its model card, ``model_card.json``, is inside the file (an extra file of
+``torch.jit.save``) and beside it (``FILE`` with the suffix ``.json``): the class labels, the input's
+shape and dtype, what the input step does, the network's class and arguments, the run's config and
+the model's final metrics. Loading it::
+
+    import json, torch
+    files = {"model_card.json": ""}
+    net = torch.jit.load("model.pt", _extra_files=files)  # fills ``files`` with the card
+    card = json.loads(files["model_card.json"])
+    logits = net(x)  # x: a batch of raw inputs of card["input"]["shape"] and card["input"]["dtype"]
+
+``--format state_dict`` writes plain data (``torch.load(FILE, weights_only=True)`` reads it), to
+rebuild the network with its class (fdlit importable):
 
 - ``class_path`` and ``init_args``: the network's class and every argument it was built with
   (``input_shape`` and ``num_classes`` resolved from the data; a per-client architecture resolved to
@@ -12,41 +27,43 @@ The file (``torch.save``; ``torch.load(FILE, weights_only=True)`` reads it) hold
   ``std``): raw inputs go through it first;
 - ``source``: the run directory, the round of the checkpoint, which model (``client 3``, ``server``),
   and a client's own classes.
-
-Loading it::
-
-    state = torch.load("model.pt", weights_only=True)
-    module, _, name = state["class_path"].rpartition(".")
-    net = getattr(importlib.import_module(module), name)(**state["init_args"])
-    net.load_state_dict(state["state_dict"])
-    net.eval()
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
+import json
 import re
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, check_choice
 from fdlit.runs.atomic_write import check_target, write_file
 from fdlit.runs.checkpoint import CheckpointError, check_config, load_checkpoint, restore_checkpoint
 from fdlit.runs.directory import CHECKPOINT, CONFIG, read_config
 
 FORMAT = "fdlit-model"
 VERSION = 1
+FORMATS = ("torchscript", "state_dict")
+CARD = "model_card.json"
+
+
+def card_path(out: str | Path) -> Path:
+    """Where the model card of a TorchScript export goes: beside it, suffix ``.json``."""
+    return Path(out).with_suffix(".json")
 
 
 def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = None, server: bool = False,
-                 trust_config: bool = False) -> dict:
+                 trust_config: bool = False, format: str = "torchscript") -> dict:
     """Write the chosen network of ``run_dir``'s checkpoint to ``out``; what was written (without the
     tensors) back. Every argument is checked before the run is rebuilt. The run is rebuilt from its
     config.yaml, whose class paths are imported: unless ``trust_config``, only fdlit's own classes
     (:func:`check_trusted`)."""
+    check_choice("format", format, FORMATS)
     path, out = Path(run_dir), Path(out)
     if not path.is_dir() or not (path / CONFIG).exists():
         raise CheckpointError(f"{run_dir!s} is not an fdlit run directory (no {CONFIG})")
@@ -55,6 +72,11 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
     if client is not None and (not isinstance(client, int) or isinstance(client, bool) or client < 0):
         raise ConfigError("client", f"must be a client's index, 0 or more; got {client!r}")
     check_target(out, "out")  # a plain file outside any run directory: never the run's checkpoint, never /dev/full
+    if format == "torchscript":
+        if card_path(out) == out:
+            raise ConfigError("out", f"the model card goes beside the model as {card_path(out).name}: give the model "
+                              f"another suffix, e.g. {out.with_suffix('.pt').name}; got {str(out)!r}")
+        check_target(card_path(out), "out")
     if not trust_config:
         check_trusted(read_config(path), path / CONFIG)
     state = load_checkpoint(path / CHECKPOINT)
@@ -77,15 +99,79 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
         spec = resolved(loop.model_spec, loop, client)
         which, classes = f"client {client}", [int(c) for c in loop.client_data[client].classes]
     net, input_module = (module.net, module.input) if hasattr(module, "net") and hasattr(module, "input") else (module, None)
+    source = {"run_dir": str(path.resolve()), "round": int(loop_state["round"]), "model": which, "classes": classes}
+    if format == "torchscript":
+        card = model_card(loop, path, spec, describe_input(input_module), source, client)
+        scripted = traced(module, loop.data.test.x[:8])
+        text = json.dumps(card, indent=2, default=str)
+        write_file(out, lambda f: torch.jit.save(scripted, f, _extra_files={CARD: text}), "out")
+        write_file(card_path(out), text + "\n", "out")
+        return {"format": "torchscript", **spec, "source": source, "card": card_path(out)}
     exported = {
         "format": FORMAT, "version": VERSION, **spec,
         "state_dict": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
         "input": describe_input(input_module),
-        "source": {"run_dir": str(path.resolve()), "round": int(loop_state["round"]), "model": which,
-                   "classes": classes},
+        "source": source,
     }
     write_file(out, lambda f: torch.save(exported, f), "out")  # a reader never sees half a file
     return {k: v for k, v in exported.items() if k != "state_dict"}
+
+
+def traced(module: torch.nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
+    """The network with its input step, in evaluation mode on the CPU, as TorchScript; checked to give
+    the module's own outputs on ``example`` (raw inputs of the dataset's dtype)."""
+    net = copy.deepcopy(module).cpu().eval()
+    example = example.cpu()
+    with torch.no_grad():
+        scripted = torch.jit.trace(net, example, check_trace=False)
+        expected, got = net(example), scripted(example)
+    if not torch.allclose(expected, got, rtol=0, atol=1e-6):
+        raise RuntimeError(f"the traced network differs from the trained one by {(expected - got).abs().max():.3g}; "
+                           "export it with --format state_dict")
+    return scripted
+
+
+def model_card(loop, path: Path, spec: dict, input_step: Optional[dict], source: dict,
+               client: Optional[int]) -> dict[str, Any]:
+    """What a user of the exported file needs to feed it and to know what it is."""
+    x = loop.data.test.x
+    if input_step is None:
+        preprocessing = "none: the network takes the dataset's inputs as they are"
+    else:
+        scaled = "pixels / 255, then " if x.dtype == torch.uint8 else ""
+        preprocessing = (f"included in the file ({input_step['class_path']}, traced for {x.dtype} inputs as the "
+                         f"dataset stores them): {scaled}(x - mean) / std per channel; no augmentation")
+    return {
+        "format": "fdlit-model-card", "version": VERSION, "model": source["model"], "round": source["round"],
+        "run_dir": source["run_dir"],
+        "classes": [str(c) for c in range(loop.data.num_classes)],  # labels: index i is class i of the dataset
+        "client_classes": source["classes"],
+        "input": {"shape": [None, *map(int, loop.data.input_shape)], "dtype": str(x.dtype).removeprefix("torch."),
+                  "preprocessing": preprocessing, "input_step": input_step},
+        "output": f"logits, shape [batch, {loop.data.num_classes}]; argmax is the predicted class",
+        "network": spec,
+        "config": read_config(path),
+        "metrics": final_metrics(path, client),
+    }
+
+
+def final_metrics(path: Path, client: Optional[int]) -> dict[str, Any]:
+    """The model's accuracies in the run's last evaluated round (a client's own entries of the
+    per-client lists; the server's ``server/*``), and the run's summary numbers."""
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()] \
+        if (path / "metrics.jsonl").exists() else []
+    rows = [r for r in rows if r.get("eval/test_samples", 1)]
+    last = rows[-1] if rows else {}
+    mine: dict[str, Any] = {"round": last.get("round")}
+    for key, value in last.items():
+        if client is not None and key.startswith("clients/") and isinstance(value, list) and client < len(value):
+            mine[key.removeprefix("clients/")] = value[client]
+        elif client is None and key.startswith("server/"):
+            mine[key] = value
+    summary_file = path / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    mine["run"] = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return mine
 
 
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")

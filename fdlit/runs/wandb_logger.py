@@ -12,6 +12,12 @@ made of every setting but the seed; under the agent a name built from the swept 
 plain numbers (last value under the metric's own name, best as ``best/<metric>``); the per-client
 table once, at the end; the trust heatmap every ``logger.trust_every_n_rounds``. Resuming a finished
 run opens no W&B run, and the offline sync hint names every offline folder of the run directory.
+
+``mode=online`` without credentials is refused before any work (:func:`check_credentials`): asking
+for online and silently getting offline would hide that nothing is uploaded. An offline folder is
+linked into W&B's own folder (``./wandb`` of the working directory, or ``$WANDB_DIR/wandb``), where a
+bare ``wandb sync`` looks, and holds the run's config.yaml and printed summary as run files, so that
+syncing uploads them too.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fdlit.callbacks import FederationCallback
+from fdlit.federation import format_summary
+from fdlit.errors import ConfigError
 from fdlit.runs.dashboards import SUMMARIES, accuracy_table_rows, run_summary, wandb_round_payload
 from fdlit.runs.directory import safe_name
 from fdlit.run_settings import LoggerConfig, Mode
@@ -31,14 +39,49 @@ from fdlit.runs.naming import flat, setting_hash, short
 from fdlit.runs.wandb_costs import skip_unused_work, wandb_settings, without_field_docstrings
 
 
+def wandb_host() -> str:
+    return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("//")[-1].split("/")[0]
+
+
 def has_wandb_credentials() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
-    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("//")[-1].split("/")[0]
     try:
-        return netrc.netrc().authenticators(host) is not None
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(wandb_host()) is not None
     except (FileNotFoundError, netrc.NetrcParseError, OSError):
         return False
+
+
+def check_credentials(config: LoggerConfig) -> None:
+    """``logger.mode: online`` needs credentials: a ConfigError before any work, not an offline run."""
+    if config.mode == "online" and not has_wandb_credentials():
+        raise ConfigError("logger.mode", f"online needs W&B credentials and there are none for {wandb_host()} (no "
+                          "WANDB_API_KEY, no netrc entry): run `wandb login`, or set WANDB_API_KEY, or use "
+                          "--logger.mode offline (or auto: online when credentials exist, else offline)")
+
+
+def project_wandb_dir() -> Path:
+    """The folder a bare ``wandb sync`` scans: ``wandb`` (or ``.wandb`` when that exists, as wandb
+    chooses) in ``$WANDB_DIR`` or the working directory."""
+    root = Path(os.environ.get("WANDB_DIR") or Path.cwd())
+    return root / (".wandb" if (root / ".wandb").exists() else "wandb")
+
+
+def link_offline_folder(folder: Path) -> Optional[Path]:
+    """Link an offline run folder into the project's W&B folder (None: it is already there). Links
+    whose run directory was deleted are removed; real folders are never touched."""
+    index = project_wandb_dir()
+    folder = folder.resolve()
+    if index.resolve() == folder.parent:
+        return None
+    index.mkdir(parents=True, exist_ok=True)
+    for old in index.glob("offline-run-*"):
+        if old.is_symlink() and not old.exists():
+            old.unlink()
+    link = index / folder.name
+    if not link.is_symlink() and not link.exists():
+        link.symlink_to(folder, target_is_directory=True)
+    return link
 
 
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # what wandb accepts
@@ -99,6 +142,7 @@ class WandbLogger(FederationCallback):
         self.directory = Path(directory)
         self.name, self.group = names(config, self.run_config, default_name)
         self.run = None
+        self.linked: Optional[Path] = None  # the offline folder's link in the project's W&B folder
         self._said: set[str] = set()
 
     def current_run_id(self) -> Optional[str]:
@@ -150,7 +194,7 @@ class WandbLogger(FederationCallback):
                   "(--federation.rounds with more rounds continues it)", file=sys.stderr)
             return
         run_id = self.run_id
-        if self.mode == "online":
+        if self.mode == "online":  # credentials were checked before any work (check_credentials)
             print(f"fdlit: starting the W&B run (waiting up to {self.config.init_timeout_s:g} s, then offline; "
                   "--logger.init_timeout_s changes it)", file=sys.stderr)
         try:
@@ -167,6 +211,8 @@ class WandbLogger(FederationCallback):
             if self.run is None:
                 self._say(f"fdlit: W&B unavailable ({exc}); continuing with the local run directory only")
                 return
+        self.save_run_file("config.yaml", (self.directory / "config.yaml").read_text()
+                           if (self.directory / "config.yaml").exists() else None)
         try:
             self.run.define_metric("round")
             self.run.define_metric("*", step_metric="round")
@@ -201,6 +247,8 @@ class WandbLogger(FederationCallback):
                     self.run.log({"clients/accuracy": wandb.Table(columns=columns, data=rows)})
         except Exception as exc:
             self._say(f"fdlit: W&B table failed ({exc}); every metric is in {self.directory}")
+        self.save_run_file("summary.txt", format_summary({"run": self.name, "run_dir": str(self.directory), **summary})
+                           if {"rounds", "best_global_acc_mean"} <= set(summary) else None)
         try:
             for key, value in run_summary(loop.history).items():
                 self.run.summary[key] = value
@@ -213,8 +261,29 @@ class WandbLogger(FederationCallback):
         except Exception as exc:
             self._say(f"fdlit: W&B finish failed ({exc}); every metric is in {self.directory}")
 
+    def save_run_file(self, name: str, text: Optional[str]) -> None:
+        """Write ``fdlit/<name>`` among the W&B run's files (uploaded live online, by ``wandb sync``
+        offline), and link an offline folder into the project's W&B folder."""
+        if self.run is None or text is None:
+            return
+        try:
+            files = Path(self.run.dir)
+            if files.name != "files" or not files.parent.name.startswith(("offline-run-", "run-")):
+                return  # not W&B's own layout (<wandb>/<run folder>/files): nothing of ours goes there
+            if self.mode == "offline":
+                self.linked = link_offline_folder(files.parent)
+            path = files / "fdlit" / name  # not files/config.yaml: W&B writes its own config there
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            self.run.save(str(path), base_path=str(files), policy="now")
+        except Exception as exc:
+            self._say(f"fdlit: W&B could not keep {name} ({type(exc).__name__}: {exc}); it is in {self.directory}")
+
     def sync_command(self) -> str:
         """``wandb sync`` with every offline folder of this run directory (a resumed run has one per
         session; wandb sync takes them all in one call)."""
         folders = sorted((self.directory / "wandb").glob("offline-run-*"))
-        return "wandb sync " + " ".join(str(f) for f in folders or [self.directory / "wandb"])
+        command = "wandb sync " + " ".join(str(f) for f in folders or [self.directory / "wandb"])
+        if self.linked is not None:
+            command += f" (or a bare `wandb sync` in {self.linked.parent.parent}: every offline run linked there)"
+        return command
