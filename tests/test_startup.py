@@ -17,14 +17,14 @@ sys.argv = ["fdlit", *sys.argv[1:]]
 try:
     runpy.run_module("fdlit", run_name="__main__")
 except SystemExit as exc:
-    assert exc.code in (0, None), exc.code
+    assert exc.code in {codes!r}, exc.code
 print("LOADED=" + ",".join(m for m in {heavy!r} if m in sys.modules))
 """
 
 
-def _loaded(*args: str) -> tuple[list[str], str]:
-    out = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY), *args], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+def _loaded(*args: str, codes=(0, None)) -> tuple[list[str], str]:
+    out = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY, codes=codes), *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     line = [x for x in out.stdout.splitlines() if x.startswith("LOADED=")][-1]
     return [m for m in line[len("LOADED="):].split(",") if m], out.stdout
@@ -35,6 +35,11 @@ def test_fit_help_imports_no_heavy_package(args):
     loaded, text = _loaded(*args)
     assert "--aggregator" in text  # the help was printed, not an error
     assert loaded == [], f"`fdlit {' '.join(args)}` imported {loaded}"
+
+
+def test_config_error_imports_no_heavy_package():
+    loaded, _ = _loaded("fit", "--config", "configs/digits.yaml", "--client.optimizer", "adagrad", codes=(2,))
+    assert loaded == [], f"a config error imported {loaded}"
 
 
 SETUP_PROBE = """
@@ -49,18 +54,30 @@ assert experiment.loop.clients and experiment.loop.executor is not None
 experiment.close()
 print("LOADED=" + ",".join(m for m in {heavy!r} if m in sys.modules))
 """
-# a CPU float32 run needs none of these; Lightning (Fabric) only for other precisions and devices
-RUN_HEAVY = ("lightning", "lightning_fabric", "torch._dynamo", "torchmetrics", "transformers", "scipy", "sklearn",
-             "pandas", "matplotlib", "ray")
+# a run imports Lightning (clients are LightningModules) and what Lightning itself imports; nothing
+# heavy besides
+RUN_HEAVY = ("lightning", "torch._dynamo", "torchmetrics", "transformers", "scipy", "sklearn", "pandas",
+             "matplotlib", "ray", "wandb")
+LIGHTNING_PROBE = """
+import sys
+import lightning.pytorch
+print("LOADED=" + ",".join(m for m in {heavy!r} if m in sys.modules))
+"""
 
 
-def test_cpu_float32_run_setup_imports_no_heavy_package(tmp_path):
-    out = subprocess.run([sys.executable, "-c", SETUP_PROBE.format(heavy=RUN_HEAVY), str(tmp_path)], cwd=ROOT,
+def _probe_loaded(probe: str, *args: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", probe.format(heavy=RUN_HEAVY), *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     line = [x for x in out.stdout.splitlines() if x.startswith("LOADED=")][-1]
-    loaded = [m for m in line[len("LOADED="):].split(",") if m]
-    assert loaded == [], f"setting up a CPU float32 digits run imported {loaded}"
+    return {m for m in line[len("LOADED="):].split(",") if m}
+
+
+def test_cpu_float32_run_setup_imports_nothing_heavy_but_lightning(tmp_path):
+    loaded = _probe_loaded(SETUP_PROBE, str(tmp_path))
+    assert "lightning" in loaded  # the clients are LightningModules
+    extra = loaded - _probe_loaded(LIGHTNING_PROBE)
+    assert not extra, f"setting up a CPU float32 digits run imported {sorted(extra)} beyond Lightning's own imports"
 
 
 def test_digits_read_without_scikit_learn_equal_its_loader():

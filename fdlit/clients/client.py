@@ -6,10 +6,15 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch import LightningModule
 from torch import nn
 
 from fdlit.clients.loss_context import LossContext
 from fdlit.clients.options import OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
+from fdlit.clients.own_module import find_own_module, step_loss
+from fdlit.clients.schedules import read_optimizers, step_schedules
+from fdlit.clients.step_log import StepLog
+from fdlit.errors import ConfigError
 
 Phase = Literal["private", "public"]
 
@@ -29,7 +34,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tens
     return (per_sample * weight).sum() / weight.sum()
 
 
-class ClientModule(nn.Module):
+class ClientModule(LightningModule):
     """Client i of the federation (Kovalchuk et al. 2026, Algorithm 1, lines 4-5 and 14).
 
     Two steps, which every executor calls (sequential, vectorized through ``torch.func.functional_call``
@@ -48,6 +53,22 @@ class ClientModule(nn.Module):
     learning rate changes between phases). ``method_state`` holds a method's client-side state
     (e.g. Selective-FD's selector mask); it moves and is checkpointed with the client.
     ``method_part`` is the method's client part (settings only; not a submodule, not checkpointed).
+
+    It is a ``lightning.pytorch.LightningModule``. Its epoch is one pass over a phase's data within a
+    round (``federation.local_epochs`` of them in the private phase, ``public_epochs`` in the public
+    one): ``on_train_epoch_start`` / ``on_train_epoch_end`` are called around each, by the executors
+    that step clients one at a time (sequential, Ray actors, Flower nodes). ``self.log(name, value)``
+    in a step is recorded outside ``torch.func`` transforms (a no-op under the vectorized executor's
+    vmap) and reaches the round's metrics as ``clients/log/<name>``: the mean over the round's steps
+    of each client, averaged over the clients that logged it.
+
+    When ``model`` is a user's own LightningModule (``model.class_path``), its ``training_step`` is the
+    private step, its ``public_step((x, teacher_probs), batch_idx)`` the public one if it has one (else
+    distillation of its ``forward`` logits against the teacher), its ``configure_optimizers`` is used
+    with its schedulers, which step in the private phase only (an "epoch" scheduler after each private
+    epoch, a "step" one after each private step): the module's training epochs are its passes over its
+    own data, as under Lightning's Trainer. Its learning rate is its own (``client.lr`` and
+    ``public_lr`` do not apply).
     """
 
     def __init__(
@@ -69,6 +90,39 @@ class ClientModule(nn.Module):
         self.method_state: dict[str, torch.Tensor] = {}
         self.method_part = None  # the method's ClientPart, whose ``loss`` hook shapes both losses
         self._optimizer: torch.optim.Optimizer | None = None
+        self._schedules: list = []
+        self._step_log = StepLog()
+        self._private_epochs = self._private_steps = 0
+        own = find_own_module(model)
+        if own is not None:  # the user's module logs into this client
+            own.log = self.log
+
+    @property
+    def own_module(self) -> LightningModule | None:
+        """The user's own LightningModule when it is the network, else None."""
+        return find_own_module(self.model)
+
+    @property
+    def method_part(self):
+        return self.__dict__.get("_method_part")
+
+    @method_part.setter
+    def method_part(self, part) -> None:
+        if part is not None and part.has_loss and self.own_module is not None:
+            raise ConfigError("model.class_path", f"{type(self.own_module).__name__} is a LightningModule with its own "
+                              f"training_step: the method's loss hook ({type(part).__name__}) cannot shape it; "
+                              "use a method without a client loss")
+        self.__dict__["_method_part"] = part
+
+    def log(self, name: str, value, *args, **kwargs) -> None:
+        """Lightning's ``self.log``: recorded for the round's metrics (``clients/log/<name>``)."""
+        self._step_log.record(name, value)
+
+    def take_logged(self) -> dict[str, float]:
+        """Means of the values logged since the last call, by name."""
+        if "_step_log" not in self.__dict__:  # a client unpickled from before logging existed
+            self._step_log = StepLog()
+        return self._step_log.take()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -113,19 +167,55 @@ class ClientModule(nn.Module):
 
     def training_step(self, batch, batch_idx: int = 0) -> torch.Tensor:
         """``batch`` = (inputs, targets) or (inputs, targets, per-sample weights)."""
+        own = self.own_module
+        if own is not None:
+            return self._own_step(own, batch, batch_idx)
         x, target, *weight = batch
         return self.phase_loss(self(x), target, weight[0] if weight else None)
+
+    def _own_step(self, own: LightningModule, batch, batch_idx: int) -> torch.Tensor:
+        x, target = batch[0], batch[1]
+        if self.phase == "public" and not hasattr(own, "public_step"):
+            return self.public_loss(self(x), target)
+        if own is not self.model:  # the dataset's input module first, as forward does
+            x = self.model.input(x)
+        step = own.training_step if self.phase == "private" else own.public_step
+        return step_loss(step((x, target), batch_idx))
+
+    def on_train_epoch_start(self) -> None:
+        if self.own_module is not None:
+            self.own_module.on_train_epoch_start()
+
+    def on_train_epoch_end(self) -> None:
+        own = self.own_module
+        if own is not None:
+            own.on_train_epoch_end()
+        if self.phase == "private":
+            self._private_epochs += 1
+            step_schedules(self._schedules, "epoch", self._private_epochs)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self.phase == "private":
+            self._private_steps += 1
+            step_schedules(self._schedules, "step", self._private_steps)
 
     def predict_step(self, batch, batch_idx: int = 0) -> torch.Tensor:
         return self(batch)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        """The client's one optimizer, built once (the own module's, with its schedulers kept aside)."""
         if self._optimizer is None:
-            self._optimizer = self.optimization.build(self.parameters())
+            own = self.own_module
+            if own is None:
+                self._optimizer = self.optimization.build(self.parameters())
+            else:
+                self._optimizer, self._schedules = read_optimizers(own.configure_optimizers())
         return self._optimizer
 
     def set_phase(self, phase: Phase) -> None:
         self.phase = phase
+        if self.own_module is not None:  # its learning rate is its own (and its schedulers')
+            return
         lr = self.optimization.lr if phase == "private" else self.optimization.public_lr
         for group in self.configure_optimizers().param_groups:
             group["lr"] = lr
@@ -150,6 +240,9 @@ class ClientModule(nn.Module):
             "optimizer": self.configure_optimizers().state_dict(),
             "generator": self.generator.get_state(),
             "method": dict(self.method_state),
+            **({"schedulers": [s.scheduler.state_dict() for s in self._schedules],
+                "private_epochs": self._private_epochs, "private_steps": self._private_steps}
+               if self._schedules else {}),
         }
 
     def load_client_state(self, state: dict) -> None:
@@ -157,3 +250,7 @@ class ClientModule(nn.Module):
         self.configure_optimizers().load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         self.method_state = dict(state.get("method", {}))
+        for schedule, saved in zip(self._schedules, state.get("schedulers", []), strict=False):
+            schedule.scheduler.load_state_dict(saved)
+        self._private_epochs = state.get("private_epochs", self._private_epochs)
+        self._private_steps = state.get("private_steps", self._private_steps)

@@ -79,6 +79,21 @@ class ClientExecutor:
         spent in other processes); none for an executor that runs in the loop's process."""
         return {}
 
+    def collect_logged(self, clients: Sequence[ClientModule]) -> None:
+        """Keep each client's ``self.log`` means of the phase just trained, for :meth:`logged_metrics`."""
+        logged = self.__dict__.setdefault("_logged", {})
+        for c in clients:
+            for name, value in c.take_logged().items():
+                logged.setdefault(name, []).append(value)
+
+    def logged_values(self) -> dict[str, list[float]]:
+        """Per-client means of what clients logged since the last call (cleared)."""
+        return self.__dict__.pop("_logged", {})
+
+    def logged_metrics(self) -> dict[str, float]:
+        """``clients/log/<name>``: the round's mean of each value the clients' steps logged."""
+        return {f"clients/log/{k}": sum(v) / len(v) for k, v in self.logged_values().items() if v}
+
     def client_hook(self, hook: str, part: ClientPart, info: FederationInfo, clients: Sequence[ClientModule],
                     client_data: Sequence[ClientData], received: dict[str, torch.Tensor],
                     public_logits: torch.Tensor | None = None) -> list[Message]:
@@ -143,6 +158,7 @@ class SequentialExecutor(ClientExecutor):
         for client, (x, t) in zip(clients, datasets, strict=True):
             losses.append(self._train_one(client, phase, x, t, epochs, batch_size))
             self.report(phase, len(losses), len(clients))
+        self.collect_logged(clients)
         return losses
 
     def _train_one(self, client: ClientModule, phase: str, x, t, epochs: int, batch_size: int) -> float:
@@ -152,7 +168,8 @@ class SequentialExecutor(ClientExecutor):
         n = len(x)
         total = torch.zeros((), device=x.device)
         steps = 0
-        for _ in range(epochs):
+        for _ in range(epochs):  # Lightning's hooks: an epoch is one pass over this phase's data
+            client.on_train_epoch_start()
             order = torch.randperm(n, generator=client.generator).to(x.device)
             for start in range(0, n, batch_size):
                 idx = order[start : start + batch_size]
@@ -162,8 +179,10 @@ class SequentialExecutor(ClientExecutor):
                 optimizer.zero_grad(set_to_none=True)
                 self._backward(loss)
                 optimizer.step()
+                client.on_train_batch_end(loss, None, steps)
                 total += loss.detach()
                 steps += 1
+            client.on_train_epoch_end()
         return float(total / max(steps, 1))
 
     def _step_loss(self, client: ClientModule, batch, batch_idx: int) -> torch.Tensor:

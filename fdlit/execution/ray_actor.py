@@ -86,6 +86,10 @@ class ClientWorker:
         for i, state in zip(ids, states, strict=True):
             self.clients[i].load_client_state(state)
 
+    def logged_values(self) -> dict[str, list[float]]:
+        """What this actor's clients logged (``self.log``) since the last call."""
+        return self.executor.logged_values()
+
     def cpu_seconds(self) -> float:
         """CPU seconds of this actor's process so far (every thread, start-up included)."""
         return time.process_time()

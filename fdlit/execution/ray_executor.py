@@ -203,6 +203,15 @@ class RayExecutor(ClientExecutor):
         self._actor_cpu = now
         return {"time/actor_cpu_s": spent, "time/actors_cpu_s": sum(spent)}
 
+    def logged_values(self) -> dict[str, list[float]]:
+        """What the clients logged, gathered from every actor."""
+        merged: dict[str, list[float]] = {}
+        if self.actors:
+            for values in import_ray().get([actor.logged_values.remote() for actor in self.actors]):
+                for name, v in values.items():
+                    merged.setdefault(name, []).extend(v)
+        return merged
+
     def teardown(self, clients: Sequence[ClientModule]) -> None:
         """Copy the final client state into ``clients`` (the driver's), free the actors, and stop
         the Ray that this executor started."""

@@ -24,6 +24,11 @@ def unsupported_reason(client: ClientModule, precision: str = "32-true", device:
         return f"precision {precision!r} (needs a grad scaler)"
     from fdlit.clients import ClientModule
 
+    if client.own_module is not None:
+        return f"the network {type(client.own_module).__name__} is a LightningModule with its own steps (sequential only)"
+    for hook in ("on_train_epoch_start", "on_train_epoch_end", "on_train_batch_end"):
+        if getattr(type(client), hook) is not getattr(ClientModule, hook):
+            return f"{type(client).__name__} overrides {hook}() (called by the sequential executor only)"
     if type(client).training_step is not ClientModule.training_step:
         return f"{type(client).__name__} overrides training_step() (override private_loss / public_loss instead)"
     _, net, prefix = split_input(client.model)

@@ -190,6 +190,13 @@ class VectorizedExecutor(ClientExecutor):
             self.report(phase, len(clients), len(clients))
         return losses
 
+    def logged_values(self) -> dict[str, list[float]]:
+        """What clients logged: those run sequentially here (under vmap ``self.log`` records nothing)."""
+        merged = super().logged_values()
+        for name, values in self.fallback.logged_values().items():
+            merged.setdefault(name, []).extend(values)
+        return merged
+
     def _train_group(self, clients, phase, datasets, epochs, batch_size, width=None,
                      progress: tuple[int, int] | None = None) -> list[float]:
         m = len(clients)

@@ -223,6 +223,7 @@ def round_metrics(parts: Any, communicates: bool, plan: Any, result: Any, losses
     metrics.update(result.stats if result is not None else {})
     metrics["time/round_s"] = time.perf_counter() - started
     metrics.update(clients.executor.timing_metrics())  # e.g. Ray actors' CPU seconds
+    metrics.update(clients.executor.logged_metrics())  # clients/log/<name>: the steps' self.log values
     if server.privacy.audit and r == parts.settings.rounds:  # membership inference on the final client models
         metrics.update(membership_audit(clients.predict, t.private, t.test_x, t.test_y, t.local_masks))
     if result is not None and result.weights is not None:  # M x C who-to-trust matrix (diagnostic only)
