@@ -43,6 +43,7 @@ def test_client_module_is_a_lightning_module():
     assert issubclass(ClientModule, LightningModule)
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # no optimizer step here
 def test_configure_optimizers_return_forms_are_read_as_lightning_reads_them():
     p = [torch.nn.Parameter(torch.zeros(2))]
     opt = torch.optim.SGD(p, lr=1.0)
@@ -154,6 +155,7 @@ def test_a_method_with_a_client_loss_is_refused_for_an_own_lightning_module(tmp_
     experiment.close()
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # no optimizer step here
 def test_the_scheduler_moves_with_the_client_state(examples_on_path):
     from lightning_client import LitClassifier
 
@@ -169,3 +171,11 @@ def test_the_scheduler_moves_with_the_client_state(examples_on_path):
     assert b.configure_optimizers().param_groups[0]["lr"] == pytest.approx(LR * 0.5 ** 3)
     b.on_train_epoch_end()
     assert b.configure_optimizers().param_groups[0]["lr"] == pytest.approx(LR * 0.5 ** 4)
+
+
+def test_logged_values_reach_the_wandb_round_payload():
+    from fdlit.runs.dashboards import wandb_round_payload
+
+    payload = wandb_round_payload(None, {"round": 1, "clients/log/train_loss": 0.5, "clients/after_private/acc": [1.0]},
+                                  [], trust=False)
+    assert payload == {"round": 1, "clients/log/train_loss": 0.5}  # scalars go to W&B, per-client lists do not
