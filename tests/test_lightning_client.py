@@ -179,3 +179,37 @@ def test_logged_values_reach_the_wandb_round_payload():
     payload = wandb_round_payload(None, {"round": 1, "clients/log/train_loss": 0.5, "clients/after_private/acc": [1.0]},
                                   [], trust=False)
     assert payload == {"round": 1, "clients/log/train_loss": 0.5}  # scalars go to W&B, per-client lists do not
+
+
+def test_a_step_scheduler_steps_per_private_step_and_hooks_run_per_epoch_of_each_phase(examples_on_path):
+    from lightning_client import LitClassifier
+
+    from fdlit.execution.device import make_device
+    from fdlit.execution.executor import SequentialExecutor
+
+    class PerStep(LitClassifier):
+        epochs_started = epochs_ended = 0
+
+        def on_train_epoch_start(self):
+            self.epochs_started += 1
+
+        def on_train_epoch_end(self):
+            self.epochs_ended += 1
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    own = PerStep((1, 4, 4), 3, hidden=8)
+    client = ClientModule(own, 0, [0, 1, 2], ClientOptimization())
+    executor = SequentialExecutor()
+    executor.setup(make_device("cpu", "32-true"), [client])
+    x, y = torch.randn(20, 1, 4, 4), torch.randint(0, 3, (20,))
+    executor.train([client], "private", [(x, y)], 2, 10)  # 2 epochs of 2 steps
+    assert client.configure_optimizers().param_groups[0]["lr"] == pytest.approx(LR * 0.5 ** 4)
+    teacher = torch.full((20, 3), 1 / 3)
+    executor.train([client], "public", [(x, teacher)], 1, 10)  # distils forward; the schedule waits
+    assert client.configure_optimizers().param_groups[0]["lr"] == pytest.approx(LR * 0.5 ** 4)
+    assert own.epochs_started == own.epochs_ended == 3
+    assert set(executor.logged_metrics()) == {"clients/log/train_loss", "clients/log/train_acc"}
