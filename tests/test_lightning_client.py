@@ -43,6 +43,7 @@ def test_client_module_is_a_lightning_module():
     assert issubclass(ClientModule, LightningModule)
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # no optimizer step here
 def test_configure_optimizers_return_forms_are_read_as_lightning_reads_them():
     p = [torch.nn.Parameter(torch.zeros(2))]
     opt = torch.optim.SGD(p, lr=1.0)
@@ -154,6 +155,7 @@ def test_a_method_with_a_client_loss_is_refused_for_an_own_lightning_module(tmp_
     experiment.close()
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # no optimizer step here
 def test_the_scheduler_moves_with_the_client_state(examples_on_path):
     from lightning_client import LitClassifier
 
@@ -169,3 +171,45 @@ def test_the_scheduler_moves_with_the_client_state(examples_on_path):
     assert b.configure_optimizers().param_groups[0]["lr"] == pytest.approx(LR * 0.5 ** 3)
     b.on_train_epoch_end()
     assert b.configure_optimizers().param_groups[0]["lr"] == pytest.approx(LR * 0.5 ** 4)
+
+
+def test_logged_values_reach_the_wandb_round_payload():
+    from fdlit.runs.dashboards import wandb_round_payload
+
+    payload = wandb_round_payload(None, {"round": 1, "clients/log/train_loss": 0.5, "clients/after_private/acc": [1.0]},
+                                  [], trust=False)
+    assert payload == {"round": 1, "clients/log/train_loss": 0.5}  # scalars go to W&B, per-client lists do not
+
+
+def test_a_step_scheduler_steps_per_private_step_and_hooks_run_per_epoch_of_each_phase(examples_on_path):
+    from lightning_client import LitClassifier
+
+    from fdlit.execution.device import make_device
+    from fdlit.execution.executor import SequentialExecutor
+
+    class PerStep(LitClassifier):
+        epochs_started = epochs_ended = 0
+
+        def on_train_epoch_start(self):
+            self.epochs_started += 1
+
+        def on_train_epoch_end(self):
+            self.epochs_ended += 1
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    own = PerStep((1, 4, 4), 3, hidden=8)
+    client = ClientModule(own, 0, [0, 1, 2], ClientOptimization())
+    executor = SequentialExecutor()
+    executor.setup(make_device("cpu", "32-true"), [client])
+    x, y = torch.randn(20, 1, 4, 4), torch.randint(0, 3, (20,))
+    executor.train([client], "private", [(x, y)], 2, 10)  # 2 epochs of 2 steps
+    assert client.configure_optimizers().param_groups[0]["lr"] == pytest.approx(LR * 0.5 ** 4)
+    teacher = torch.full((20, 3), 1 / 3)
+    executor.train([client], "public", [(x, teacher)], 1, 10)  # distils forward; the schedule waits
+    assert client.configure_optimizers().param_groups[0]["lr"] == pytest.approx(LR * 0.5 ** 4)
+    assert own.epochs_started == own.epochs_ended == 3
+    assert set(executor.logged_metrics()) == {"clients/log/train_loss", "clients/log/train_acc"}

@@ -195,7 +195,7 @@ class ClientModule(LightningModule):
             step_schedules(self._schedules, "epoch", self._private_epochs)
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        if self.phase == "private":
+        if self._schedules and self.phase == "private":
             self._private_steps += 1
             step_schedules(self._schedules, "step", self._private_steps)
 
