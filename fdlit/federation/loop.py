@@ -124,8 +124,6 @@ class FederationLoop:
         executor = s.executor
         if executor is None:  # null: the fastest executor that applies (fdlit.execution.selection)
             executor = s.executor = select_executor(clients, s.precision, sample=tensors.public_x[:1])
-        executor.configure(s.compile_backend)
-        executor.setup(self.fabric, clients)
         side = ClientSide(executor, clients, client_data, method_part, tensors.private, release)
         evaluate = Evaluation(side.predict, (tensors.test_x, tensors.test_y), tensors.local_masks,
                               (tensors.val_x, tensors.val_y))
@@ -134,9 +132,16 @@ class FederationLoop:
         if server.server_model is not None:  # on the driver, whatever the executor
             server.server_model.setup(self.data.input_shape, self.data.num_classes, self.seed, device,
                                       getattr(self.data, "input_transform", None))
-        executor.progress = self._clients_progress
+        # the parts exist before the executor starts: a remote executor names the loop's tensors in set-up
         self.parts = RoundParts(s, facts, side, server, tensors, evaluate, self.adversaries, self.data.num_classes,
                                 self.seed, self.optimization.batch_size, self.optimization.public_batch_size)
+        executor.configure(s.compile_backend)
+        try:
+            executor.setup(self.fabric, clients)
+        except BaseException:
+            self.parts = None  # not set up: a later setup() starts again
+            raise
+        executor.progress = self._clients_progress
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:

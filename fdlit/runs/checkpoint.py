@@ -110,6 +110,8 @@ def without_noop_sections(config: dict[str, Any]) -> dict[str, Any]:
         cfg.pop("privacy")
     elif isinstance(cfg.get("privacy"), dict) and cfg["privacy"].get("accounting") == "local":
         cfg["privacy"].pop("accounting")
+    if isinstance(cfg.get("data"), dict) and cfg["data"].get("input_scaling", "absent") is None:
+        cfg["data"].pop("input_scaling")  # null: the dataset's own scaling, what runs did before the knob
     return cfg
 
 
