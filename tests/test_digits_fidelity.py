@@ -38,7 +38,7 @@ def uploads(loop, agg, z=None):
     z = public_logits(loop) if z is None else z
     extra = loop.executor.client_hook("upload", agg.client_part(), loop.facts.info(1), loop.clients, loop.client_data,
                                       loop.received, z)
-    return [{"logits": z[i], **payload} for i, payload in enumerate(extra)]
+    return [payload.with_arrays({"logits": z[i], **payload.arrays}) for i, payload in enumerate(extra)]
 
 
 def holders(loop):

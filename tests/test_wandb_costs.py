@@ -54,7 +54,7 @@ RUN = r"""
 import json, sys
 from fdlit.cli import main
 assert main(["fit", *sys.argv[1:]]) == 0
-print("IMPORTED=" + json.dumps({m: m in sys.modules for m in ("wandb.sdk.launch", "pandas", "matplotlib")}))
+print("IMPORTED=" + json.dumps({m: m in sys.modules for m in ("wandb.sdk.launch", "pandas")}))
 """
 
 
@@ -69,7 +69,8 @@ def test_an_offline_run_logs_its_metrics_heatmaps_at_their_cadence_and_one_table
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     imported = json.loads(done.stdout.split("IMPORTED=")[-1])
-    assert imported == {"wandb.sdk.launch": False, "pandas": False, "matplotlib": False}
+    # (matplotlib is not checked: Lightning, which every run's clients are built on, imports it)
+    assert imported == {"wandb.sdk.launch": False, "pandas": False}
     (run_dir,) = list((tmp_path / "runs").iterdir())
     (folder,) = (run_dir / "wandb").glob("offline-run-*")
     assert (tmp_path / "wandb" / folder.name).resolve() == folder  # linked where `wandb sync` looks ($WANDB_DIR)

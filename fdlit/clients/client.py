@@ -71,6 +71,8 @@ class ClientModule(LightningModule):
     ``public_lr`` do not apply).
     """
 
+    is_fdlit_client = True  # fdlit's client, never a user's own network (fdlit.clients.own_module)
+
     def __init__(
         self,
         model: nn.Module,

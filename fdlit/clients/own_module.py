@@ -9,11 +9,11 @@ from lightning.pytorch import LightningModule
 
 def find_own_module(model: torch.nn.Module) -> LightningModule | None:
     """The user's LightningModule when it is the client's network (after the dataset's input module, if any)."""
-    from fdlit.clients.client import ClientModule
     from fdlit.data.augment import WithInput
 
     net = model.net if isinstance(model, WithInput) else model
-    return net if isinstance(net, LightningModule) and not isinstance(net, ClientModule) else None
+    # a ClientModule (fdlit's own client, marked ``is_fdlit_client``) is never a user's network
+    return net if isinstance(net, LightningModule) and not getattr(net, "is_fdlit_client", False) else None
 
 
 def step_loss(returned) -> torch.Tensor:
