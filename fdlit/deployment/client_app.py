@@ -48,8 +48,10 @@ def worker_paths(context: Context) -> tuple[str, Path]:
     return f"\0fdlit-node-{context.run_id}-{context.node_id}", folder / "worker.key"
 
 
-def connect(context: Context):
-    """A connection to this node's worker, started here if it is not running yet."""
+def connect(context: Context, watch: list[int] | None = None):
+    """A connection to this node's worker, started here if it is not running yet; the worker exits
+    when a process of ``watch`` ends (default: the process that launched this ClientApp and its parent,
+    the SuperNode)."""
     from multiprocessing.connection import Client
 
     sock, key = worker_paths(context)
@@ -59,10 +61,10 @@ def connect(context: Context):
             return Client(sock, family="AF_UNIX", authkey=key.read_bytes())
         except (FileNotFoundError, ConnectionRefusedError):
             pass  # none yet, or it has exited
-        key.write_bytes(secrets.token_bytes(32))
-        key.chmod(0o600)
-        superexec = os.getppid()  # the process that launched this ClientApp; its parent: the SuperNode
-        watch = [p for p in (superexec, parent_of(superexec)) if p > 1]
+        write_private(key, secrets.token_bytes(32))
+        if watch is None:
+            superexec = os.getppid()  # the process that launched this ClientApp; its parent: the SuperNode
+            watch = [p for p in (superexec, parent_of(superexec)) if p > 1]
         idle = str(context.node_config.get("idle-timeout", 1800))
         with open(key.with_suffix(".log"), "ab") as log:
             subprocess.Popen([sys.executable, "-m", "fdlit.deployment.node", "--socket", sock.lstrip("\0"),
@@ -79,9 +81,22 @@ def connect(context: Context):
                 time.sleep(0.05)
 
 
-@app.query("fdlit")
-def relay(msg: Message, context: Context) -> Message:
-    with connect(context) as conn:
+def write_private(path: Path, data: bytes) -> None:
+    """Write a secret readable by its owner only from its creation (no moment with a wider mode)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def relay_message(msg: Message, context: Context, watch: list[int] | None = None) -> Message:
+    """Hand a message's records to this node's worker; its reply as a Message."""
+    with connect(context, watch) as conn:
         conn.send((msg.content, dict(context.node_config)))
         reply = conn.recv()
     return Message(reply, reply_to=msg)
+
+
+@app.query("fdlit")
+def relay(msg: Message, context: Context) -> Message:
+    return relay_message(msg, context)

@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
-from fdlit.deployment.messages import NodeFailure, NodeLink
+from fdlit.deployment.messages import NodeFailure, NodeLink, assign_order
+from fdlit.deployment.replies import check_losses, check_step, messages_of
 from fdlit.execution.executor import ClientExecutor
 from fdlit.execution.tokens import Tokens
-from fdlit.messages import Message
+from fdlit.messages import Message, array_bytes
 
 
 class FlowerExecutor(ClientExecutor):
@@ -59,6 +60,12 @@ class FlowerExecutor(ClientExecutor):
         self._names: dict[int, tuple[torch.Tensor, list]] = {}
         self._cache: dict[tuple[int, int], torch.Tensor] = {}  # (id of a named input, client id) -> logits
         self._cpu_reported: dict[int, float] = {}
+        self._dropped: dict[int, str] = {}  # node -> why its reply this round was refused (its clients: dropouts)
+        self._states: dict[int, Any] = {}  # client id -> its state as sent with a round's last reply
+        self.states_every: int | None = None  # the run's checkpoint.every_n_rounds (None: no checkpoints)
+        self._round = 0
+        self._upload_bytes = 0  # bytes of the arrays the clients' uploads carried this round
+        self._expect: tuple[int, int] | None = None  # (public rows, classes) of this round's predictions
 
     def bind(self, loop: Any, config_yaml: str) -> None:
         """The loop whose tensors nodes build themselves, and the config they build them from."""
@@ -72,7 +79,8 @@ class FlowerExecutor(ClientExecutor):
         return self.link.lost
 
     def unreachable(self) -> frozenset[int]:
-        return frozenset(c for c, n in self.node_of.items() if n in self.link.lost)
+        out = self.link.lost | set(self._dropped)
+        return frozenset(c for c, n in self.node_of.items() if n in out)
 
     def _ref(self, obj: torch.Tensor | None, node: int, out: dict[str, torch.Tensor]):
         """How ``node`` finds ``obj``: by name when it builds it itself, else by token (sent once)."""
@@ -100,7 +108,7 @@ class FlowerExecutor(ClientExecutor):
         groups: dict[int, list[int]] = {}
         for j, c in enumerate(clients):
             node = self.node_of[c.client_id]
-            if node not in self.lost_nodes:
+            if node not in self.lost_nodes and node not in self._dropped:
                 groups.setdefault(node, []).append(j)
         return groups
 
@@ -158,7 +166,12 @@ class FlowerExecutor(ClientExecutor):
             out[f"comm/wire_{direction}_bytes"] = sum(v for k, v in link.wire.items() if k.endswith(direction))
             out[f"comm/wire_{direction}_bytes_total"] = link.wire_total[direction]
         out.update({f"comm/wire/{k}": v for k, v in link.wire.items()})
+        out["comm/exchanges"] = len(link.exchanges)  # requests to the nodes this round (each: one Message per node)
+        out["time/exchange_s"] = list(link.exchanges)  # each request's wall time, replies included
+        out["nodes/invalid_replies"] = sorted(self._dropped)
+        out["comm/wire_upload_bytes"], self._upload_bytes = self._upload_bytes, 0
         link.wire.clear()
+        link.exchanges.clear()
         return out
 
     # ------------------------------------------------------------------ predictions sent ahead
@@ -174,6 +187,11 @@ class FlowerExecutor(ClientExecutor):
         """Forget the changed clients' predictions; keep those the nodes sent ahead."""
         changed = {clients[j].client_id for j in idx}
         self._cache = {k: v for k, v in self._cache.items() if k[1] not in changed}
+        for i in changed:
+            self._states.pop(i, None)
+        for _, (meta, _) in replies.items():  # what the clients' steps logged (self.log), per client
+            for name, values in meta.get("logged", {}).items():
+                self.__dict__.setdefault("_logged", {}).setdefault(name, []).extend(values)
         for node, (_, tensors) in replies.items():
             for k, x in enumerate(inputs):
                 for j, z in zip(groups[node], tensors[f"pred/{k}"], strict=True):
@@ -212,6 +230,34 @@ class FlowerExecutor(ClientExecutor):
             lost.remove(old)
             self.push_states([self.loop.clients[c] for c in ids])
             warnings.warn(f"FlowerExecutor: node {node} took over lost node {old}'s clients {ids}")
+
+    # ------------------------------------------------------------------ replies checked, states kept
+    def _valid(self, replies: dict, check) -> dict:
+        """The replies that are valid; a node whose reply is not (non-finite numbers, wrong counts or
+        shapes, a numerical fault on the node) is a dropout of this round, named in a warning and in
+        the round's ``nodes/invalid_replies``."""
+        kept = {}
+        for node, (meta, tensors) in replies.items():
+            why = meta.get("invalid") or check(node, meta, tensors)
+            if why:
+                self._dropped[node] = why
+                warnings.warn(f"FlowerExecutor: node {node} sent an invalid reply in round {self._round} ({why}); "
+                              f"its clients {self.link.clients_of(node)} are dropouts of this round")
+            else:
+                kept[node] = (meta, tensors)
+        return kept
+
+    def _wants_states(self) -> bool:
+        """Whether the round ends in a checkpoint, whose client states the round's last reply then carries."""
+        every = self.states_every
+        return bool(every) and (self._round % every == 0 or self._round >= self.loop.rounds)
+
+    def _keep_states(self, replies: dict) -> None:
+        from fdlit.deployment.node import from_bytes
+
+        for _, (meta, tensors) in replies.items():
+            if "states" in tensors:
+                self._states.update(zip(meta["state_ids"], from_bytes(tensors["states"]), strict=True))
 
     # ------------------------------------------------------------------ the executor interface
     def train(self, clients, phase, datasets, epochs, batch_size):
@@ -261,29 +307,98 @@ class FlowerExecutor(ClientExecutor):
             raise NotImplementedError("FlowerExecutor.client_hook: public logits come from the nodes' upload step")
         return self._on_nodes(hook, info, clients, received)
 
-    def upload(self, part, info, clients, client_data, received, release):
-        # each node applies its own release, built from the same config (fdlit.privacy.client_release)
-        return self._on_nodes("upload_step", info, clients, received)
+    def client_step(self, step):
+        """The round's client step in one exchange per node: each node trains its sampled clients,
+        predicts the evaluation sets with them, and its arriving clients make their upload (public
+        inference, the method's upload, the privacy release, all on the node); one reply each."""
+        self._round = step.round
+        self._rejoin()  # a round begins: nodes that replace lost ones join here
+        self._dropped.clear()  # a node that sent an invalid reply last round takes part again
+        self._prune()
+        trained, uploading = self._groups(step.trained), self._groups(step.uploading)
+        inputs = self._next_inputs("private")
+        info = step.info
+        self._expect = (len(info.public_x), self.loop.facts.num_classes) if step.upload == "predictions" else None
+        per_node = {}
+        for node in sorted(set(trained) | set(uploading)):
+            out: dict[str, torch.Tensor] = {}
+            idx = trained.get(node, [])
+            meta: dict[str, Any] = {
+                "round": step.round, "ids": [step.trained[j].client_id for j in idx],
+                "datasets": [[self._ref(step.datasets[j][0], node, out), self._ref(step.datasets[j][1], node, out)]
+                             for j in idx],
+                "epochs": step.epochs, "batch_size": step.batch_size,
+                "then_predict": [self._ref(x, node, out) for x in inputs]}
+            if step.upload is not None and node in uploading:
+                meta["upload"] = {"kind": step.upload, "ids": [step.uploading[j].client_id for j in uploading[node]],
+                                  "clients": list(info.clients), "public_index": self._ref(info.public_index, node, out),
+                                  "received": {k: self._ref(v, node, out) for k, v in step.received.items()}}
+            per_node[node] = (meta, out)
+        replies = self.request("step", per_node, tolerate=True)
+        replies = self._valid(replies, lambda node, meta, tensors: check_step(
+            meta, tensors, len(trained.get(node, [])), len(uploading[node]) if node in uploading else 0, self._expect))
+        losses = [math.nan] * len(step.trained)
+        for node, (meta, _) in replies.items():
+            for j, loss in zip(trained.get(node, []), meta["losses"], strict=True):
+                losses[j] = loss
+        self._changed(step.trained, range(len(step.trained)), {n: r for n, r in replies.items() if n in trained},
+                      trained, inputs)
+        self.report("private", len(step.trained), len(step.trained))
+        messages = [Message() for _ in step.uploading]
+        for node, (meta, tensors) in replies.items():
+            for j, m in zip(uploading.get(node, []), messages_of(meta.get("upload"), tensors, self.device), strict=True):
+                messages[j] = m
+                self._upload_bytes += sum(map(array_bytes, m.arrays.values()))  # as the node sent them (released, encoded)
+        return losses, messages
+
+    def distil(self, part, clients, teachers, private, epochs, batch_size):
+        """The public phase in one exchange per node: the (public inputs, targets) each client was sent
+        go down (once per node each); the node makes each client's training set with its own data and
+        the method's ``distillation_set``, trains, predicts the evaluation sets, and sends its clients'
+        states with the reply when the round ends in a checkpoint."""
+        self._prune()
+        groups = self._groups(clients)
+        inputs = self._next_inputs("public")
+        per_node = {}
+        for node, idx in groups.items():
+            out: dict[str, torch.Tensor] = {}
+            per_node[node] = ({"ids": [clients[j].client_id for j in idx], "epochs": epochs, "batch_size": batch_size,
+                               "teachers": [[self._ref(teachers[j][0], node, out), self._ref(teachers[j][1], node, out)]
+                                            for j in idx],
+                               "then_predict": [self._ref(x, node, out) for x in inputs],
+                               "then_states": self._wants_states()}, out)
+        replies = self.request("distil", per_node, tolerate=True)
+        replies = self._valid(replies, lambda node, meta, tensors: check_losses(meta, len(groups[node])))
+        losses = [math.nan] * len(clients)
+        for node, (meta, _) in replies.items():
+            for j, loss in zip(groups[node], meta["losses"], strict=True):
+                losses[j] = loss
+        self._changed(clients, range(len(clients)), replies, groups, inputs)
+        self._keep_states(replies)
+        self.report("public", len(clients), len(clients))
+        return losses
 
     def _on_nodes(self, hook, info, clients, received):
         self._prune()
         groups = self._groups(clients)
-        inputs = [] if hook.startswith("upload") else self._next_inputs(hook)  # other hooks may change the clients
+        inputs = self._next_inputs(hook)  # a hook may change the clients (e.g. loading the global model)
         per_node = {}
         for node, idx in groups.items():
             out: dict[str, torch.Tensor] = {}
-            meta = {"then_predict": [self._ref(x, node, out) for x in inputs], "hook": hook, "ids": [clients[j].client_id for j in idx], "round": info.round,
-                    "clients": list(info.clients), "public_index": self._ref(info.public_index, node, out),
-                    "received": {k: self._ref(v, node, out) for k, v in received.items()}}
+            meta = {"then_predict": [self._ref(x, node, out) for x in inputs], "hook": hook,
+                    "ids": [clients[j].client_id for j in idx], "round": info.round, "clients": list(info.clients),
+                    "public_index": self._ref(info.public_index, node, out),
+                    "received": {k: self._ref(v, node, out) for k, v in received.items()},
+                    "then_states": hook == "receive" and self._wants_states()}  # the round's last exchange
             per_node[node] = (meta, out)
         payloads: list[Message] = [Message() for _ in clients]
         # a node lost in a round's exchange: its clients are dropouts; set-up needs every node
         replies = self.request("hook", per_node, tolerate=hook != "setup")
         for node, (meta, tensors) in replies.items():
-            for pos, (j, keys, typed) in enumerate(zip(groups[node], meta["keys"], meta["typed"], strict=True)):
-                payloads[j] = Message({k: tensors[f"{pos}/{k}"].to(self.device) for k in keys}, **typed)
-        if not hook.startswith("upload"):
-            self._changed(clients, range(len(clients)), replies, groups, inputs)
+            for j, m in zip(groups[node], messages_of(meta.get("upload"), tensors, self.device), strict=True):
+                payloads[j] = m
+        self._changed(clients, range(len(clients)), replies, groups, inputs)
+        self._keep_states(replies)
         return payloads
 
     def fetch_states(self, clients):
@@ -291,6 +406,10 @@ class FlowerExecutor(ClientExecutor):
 
         if not self.node_ids:
             return [c.client_state() for c in clients]
+        if all(c.client_id in self._states for c in clients):  # sent with the round's last reply
+            for c in clients:
+                c.load_client_state(self._states[c.client_id])
+            return [self._states[c.client_id] for c in clients]
         groups = self._groups(clients)
         replies = self.request("get_states", {n: ({"ids": [clients[j].client_id for j in idx]}, {})
                                               for n, idx in groups.items()}, tolerate=True)
@@ -306,19 +425,9 @@ class FlowerExecutor(ClientExecutor):
         from fdlit.deployment.node import to_bytes
 
         groups = self._groups(clients)
-        self._cache = {k: v for k, v in self._cache.items() if k[1] not in {c.client_id for c in clients}}
+        pushed = {c.client_id for c in clients}
+        self._cache = {k: v for k, v in self._cache.items() if k[1] not in pushed}
+        self._states = {i: v for i, v in self._states.items() if i not in pushed}
         self.request("set_states", {n: ({"ids": [clients[j].client_id for j in idx]},
                                         {"states": to_bytes([clients[j].client_state() for j in idx])})
                                     for n, idx in groups.items()})
-
-
-def assign_order(hello: dict[int, tuple[dict, dict]]) -> list[int]:
-    """The nodes in the order they take the clients: by ``partition-id`` when every node has one
-    (node_config), else by node id. Partition ids must be 0..N-1, each once."""
-    parts = {node: meta.get("partition_id") for node, (meta, _) in hello.items()}
-    if any(p is None for p in parts.values()):
-        return sorted(parts)
-    if sorted(parts.values()) != list(range(len(parts))):
-        raise NodeFailure(f"the SuperNodes' partition-id values {sorted(parts.values())} are not 0..{len(parts) - 1}, "
-                          "each once (flower-supernode --node-config \"partition-id=<i>\")")
-    return sorted(parts, key=parts.get)

@@ -139,7 +139,9 @@ class LocalDeployment:
     def _supernode_process(self, i: int) -> subprocess.Popen:
         node_config = f"partition-id={i} num-partitions={self.nodes} state-dir='{self.work / 'nodes'}'"
         key = ["--auth-supernode-private-key", str(self.node_key(i))] if self.authenticate else []
-        self._spawn([flower_bin("flower-supernode"), *self._security(False), *key, "--superlink", self.address,
+        # Flower's SuperNode with a short idle poll (fdlit.deployment.supernode): its 3 s sleeps set a round's pace
+        flower_bin("flower-supernode")  # Flower installed (else: how to install it)
+        self._spawn([sys.executable, "-m", "fdlit.deployment.supernode", *self._security(False), *key, "--superlink", self.address,
                      "--host", "127.0.0.1", "--port", str(free_port()), "--node-config", node_config],
                     flower_env(self.work), self.work / "logs" / f"supernode-{i}.log")
         return self.processes.pop()

@@ -20,9 +20,9 @@ import torch
 from fdlit.deployment.wire import pack, unpack, wire_bytes
 
 MESSAGE_TYPE = "query.fdlit"
-# how often the ServerApp asks the SuperLink for replies: soon after sending, then less often (Flower's
-# own send_and_receive waits 3 s between asks, which would add seconds to every request)
-POLL_S = (0.05, 0.5)
+# how often the ServerApp asks the SuperLink for replies: soon after sending, then every 0.1 s (Flower's
+# own send_and_receive waits 3 s between asks; a round's exchange takes well under a second on loopback)
+POLL_S = (0.02, 0.1)
 
 
 class NodeFailure(RuntimeError):
@@ -41,6 +41,7 @@ class NodeLink:
         self.node_cpu: dict[int, float] = {}  # each node worker's CPU seconds so far
         self.node_peak_rss: dict[int, int] = {}
         self.lost: set[int] = set()
+        self.exchanges: list[float] = []  # seconds each request took since the last round ended
 
     def request(self, op: str, per_node: dict[int, tuple[dict, dict[str, torch.Tensor]]], live: list[int],
                 tolerate: bool = False, timeout_s: float | None = None) -> dict[int, tuple]:
@@ -50,6 +51,7 @@ class NodeLink:
         ``live``: the tokens the server still holds (nodes may drop the others)."""
         from flwr.app import Message
 
+        started = time.monotonic()
         messages, sent_to = [], {}
         for node, (meta, tensors) in per_node.items():
             content = pack({"op": op, "live": live, **meta}, tensors)
@@ -75,11 +77,21 @@ class NodeLink:
                     raise NodeFailure(f"node {node} failed '{op}': {reply.error.reason}")
                 self.wire[f"{op}_up"] += (n := wire_bytes(reply.content))
                 self.wire_total["up"] += n
-                meta, tensors = unpack(reply.content)
-                if "error" in meta:
+                try:
+                    meta, tensors = unpack(reply.content)
+                    if not isinstance(meta, dict):
+                        raise TypeError("its JSON part is not an object")
+                except (ValueError, RuntimeError, KeyError, TypeError) as exc:  # not a reply fdlit's node makes
+                    if not tolerate:
+                        raise NodeFailure(f"node {node} sent a malformed reply to '{op}': {exc}") from None
+                    meta, tensors = {"invalid": f"a malformed reply: {exc}", "cpu_s": 0.0, "peak_rss": 0}, {}
+                if "error" in meta and tolerate and meta.get("error_kind") == "NumericalFault":
+                    # the node's own clients diverged: an invalid reply, so a dropout of the round (the caller's)
+                    meta = {**meta, "invalid": meta["error"].strip().splitlines()[-1]}
+                elif "error" in meta:
                     raise NodeFailure(f"node {node} failed '{op}':\n{meta['error']}")
-                self.node_cpu[node] = meta["cpu_s"]
-                self.node_peak_rss[node] = meta["peak_rss"]
+                self.node_cpu[node] = float(meta.get("cpu_s", self.node_cpu.get(node, 0.0)))
+                self.node_peak_rss[node] = int(meta.get("peak_rss", 0))
                 replies[node] = (meta, tensors)
             if pending:
                 if time.monotonic() > deadline:
@@ -91,6 +103,7 @@ class NodeLink:
                                       f"(deploy --timeout)")
                 time.sleep(poll)
                 poll = min(poll * 1.5, POLL_S[1])
+        self.exchanges.append(time.monotonic() - started)
         return replies
 
     def _lose(self, nodes: list[int], why: str) -> None:
@@ -99,3 +112,14 @@ class NodeLink:
             warnings.warn(f"FlowerExecutor: node {node} is lost ({why}); its clients {self.clients_of(node)} are "
                           "dropouts from now on")
 
+
+def assign_order(hello: dict[int, tuple[dict, dict]]) -> list[int]:
+    """The nodes in the order they take the clients: by ``partition-id`` when every node has one
+    (node_config), else by node id. Partition ids must be 0..N-1, each once."""
+    parts = {node: meta.get("partition_id") for node, (meta, _) in hello.items()}
+    if any(p is None for p in parts.values()):
+        return sorted(parts)
+    if sorted(parts.values()) != list(range(len(parts))):
+        raise NodeFailure(f"the SuperNodes' partition-id values {sorted(parts.values())} are not 0..{len(parts) - 1}, "
+                          "each once (flower-supernode --node-config \"partition-id=<i>\")")
+    return sorted(parts, key=parts.get)

@@ -71,8 +71,8 @@ class NodeWorker:
             if self.loop is not None:
                 self._receive(meta.pop("live", None), tensors)
             out_meta, out = getattr(self, f"op_{op}")(meta, tensors)
-        except Exception:
-            out_meta, out = {"error": traceback.format_exc()}, {}
+        except Exception as exc:
+            out_meta, out = {"error": traceback.format_exc(), "error_kind": type(exc).__name__}, {}
         out_meta.update(cpu_s=time.process_time(), peak_rss=peak_rss_bytes(), pid=os.getpid())
         return pack(out_meta, out)
 
@@ -124,7 +124,62 @@ class NodeWorker:
         datasets = [(self._ref(x), self._ref(t)) for x, t in meta["datasets"]]
         losses = self.loop.executor.train(self._clients(meta["ids"]), meta["phase"], datasets, meta["epochs"],
                                           meta["batch_size"])
-        return {"losses": [float(v) for v in losses]}, self._then_predict(meta)
+        return self._after({"losses": [float(v) for v in losses]}, meta, {})
+
+    def op_step(self, meta, tensors):
+        """The round's client step (``ClientExecutor.client_step``): private phase, evaluation
+        predictions, and the arriving clients' upload, made here as ``fit`` makes it."""
+        from fdlit.execution.executor import ClientStep
+
+        loop, upload = self.loop, meta.get("upload")
+        trained = self._clients(meta["ids"])
+        datasets = [(self._ref(x), self._ref(t)) for x, t in meta["datasets"]]
+        executor = loop.executor
+        losses = executor.train(trained, "private", datasets, meta["epochs"], meta["batch_size"]) if trained else []
+        out_meta: dict[str, Any] = {"losses": [float(v) for v in losses]}
+        out = self._then_predict(meta)  # before the upload, as the round evaluates after the private phase
+        if upload:
+            from fdlit.errors import check_finite
+
+            check_finite(losses, meta["round"], "private", meta["ids"])
+            info = loop.facts.info(meta["round"], tuple(upload["clients"]), self._ref(upload["public_index"]))
+            ids = upload["ids"]
+            step = ClientStep(meta["round"], [], [], 0, 0, upload["kind"], self._clients(ids),
+                              [loop.client_data[i] for i in ids], loop.method_part, info,
+                              {k: self._ref(r) for k, r in upload["received"].items()}, loop.release)
+            _, payloads = executor.client_step(step)
+            out_meta["upload"] = self._typed(payloads, out)
+        return self._after(out_meta, meta, out)
+
+    def op_distil(self, meta, tensors):
+        """The public phase: each client's training set from what it was sent and its own data."""
+        loop = self.loop
+        ids = meta["ids"]
+        teachers = [(self._ref(x), self._ref(t)) for x, t in meta["teachers"]]
+        losses = loop.executor.distil(loop.method_part, self._clients(ids), teachers,
+                                      [loop.private[i] for i in ids], meta["epochs"], meta["batch_size"])
+        return self._after({"losses": [float(v) for v in losses]}, meta, self._then_predict(meta))
+
+    def _after(self, out_meta: dict, meta: dict, out: dict[str, torch.Tensor]):
+        """What every reply that changed clients carries besides its answer: the predictions sent ahead,
+        what the clients' steps logged (``self.log``), and the hosted clients' states when the round ends
+        in a checkpoint (saves the server a request)."""
+        if "then_predict" in meta and not any(k.startswith("pred/") for k in out):
+            out.update(self._then_predict(meta))
+        out_meta["logged"] = self.loop.executor.logged_values()
+        if meta.get("then_states"):
+            out_meta["state_ids"] = list(self.ids)
+            out["states"] = to_bytes(self.loop.executor.fetch_states(self._clients(self.ids)))
+        return out_meta, out
+
+    @staticmethod
+    def _typed(payloads, out: dict[str, torch.Tensor]) -> dict:
+        """Messages as reply parts: arrays ``u<pos>/<key>`` into ``out``; their metrics, config and
+        sensitivity in the JSON part."""
+        for j, p in enumerate(payloads):
+            out.update({f"u{j}/{k}": v for k, v in p.arrays.items()})
+        return {"keys": [list(p.arrays) for p in payloads],
+                "typed": [{"metrics": p.metrics, "config": p.config, "sensitivity": p.sensitivity} for p in payloads]}
 
     def _then_predict(self, meta) -> dict[str, torch.Tensor]:
         """Predictions the server will ask for next (evaluation), sent with this reply instead of
@@ -147,17 +202,9 @@ class NodeWorker:
         info = loop.facts.info(meta["round"], tuple(meta["clients"]), index)
         received = {k: self._ref(r) for k, r in meta["received"].items()}
         clients, data = self._clients(ids), [loop.client_data[i] for i in ids]
-        if meta["hook"] == "upload_step":  # public inference, the upload, its release (DP, encoding): all here
-            payloads = loop.executor.upload(loop.method_part, info, clients, data, received, loop.release)
-        else:
-            payloads = loop.executor.client_hook(meta["hook"], loop.method_part, info, clients, data, received)
-        # each message's arrays as tensors; its metrics, config and sensitivity in the JSON part
-        out = {f"{j}/{k}": v for j, p in enumerate(payloads) for k, v in p.arrays.items()}
-        if meta.get("then_predict"):  # a hook that changed the clients (e.g. loading the global model)
-            out.update(self._then_predict(meta))
-        return {"keys": [list(p.arrays) for p in payloads],
-                "typed": [{"metrics": p.metrics, "config": p.config, "sensitivity": p.sensitivity}
-                          for p in payloads]}, out
+        payloads = loop.executor.client_hook(meta["hook"], loop.method_part, info, clients, data, received)
+        out: dict[str, torch.Tensor] = {}
+        return self._after({"upload": self._typed(payloads, out)}, meta, out)
 
     def op_get_states(self, meta, tensors):
         clients = self._clients(meta["ids"])

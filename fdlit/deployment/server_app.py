@@ -30,6 +30,9 @@ RUN_CONFIG_DEFAULTS = {"fit-args": "[]", "nodes": 1, "timeout": 600.0, "node-wai
 def main(grid: Grid, context: Context) -> None:
     from fdlit.config import parse_fit
     from fdlit.deployment.executor import FlowerExecutor
+    from fdlit.deployment.pace import short_object_pulls
+
+    short_object_pulls()  # replies whose arrays are still arriving: asked for again soon, not after 1-10 s
     from fdlit.runs.experiment import Experiment, resume_experiment
 
     settings = {**RUN_CONFIG_DEFAULTS, **dict(context.run_config)}
@@ -45,6 +48,7 @@ def main(grid: Grid, context: Context) -> None:
         executor = FlowerExecutor(grid, nodes=int(settings["nodes"]), timeout_s=float(settings["timeout"]),
                                   node_wait_s=float(settings["node-wait"]), threads=int(settings["threads"]) or None)
         experiment.loop.executor = executor
+        executor.states_every = experiment.checkpoint.every_n_rounds  # states come up with a checkpointed round's last reply
         executor.bind(experiment.loop, experiment.config_yaml)
         experiment.run()
         outcome = {"status": "done"}

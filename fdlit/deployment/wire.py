@@ -1,8 +1,13 @@
-"""What travels in a Flower Message: tensors as an ``ArrayRecord``, everything else as one JSON
-string in a ``ConfigRecord``; and a message's real serialised size.
+"""What travels in a Flower Message: every tensor of a request or reply in one byte array (an
+``ArrayRecord`` of one entry), everything else as one JSON string in a ``ConfigRecord``; and a
+message's real serialised size.
 
-A tensor's key is its name in the message; numpy has no bfloat16, so a bfloat16 tensor travels as
-its raw 16-bit pattern (int16) and is viewed back on arrival (the dtype is in the JSON part).
+One array, not one per tensor: Flower stores and forwards each array as objects of its own, and a
+SuperNode pushes each object to the SuperLink in a request of its own, so a reply with a client's
+logits, its upload's arrays and the evaluation predictions as separate arrays cost ~0.1 s of
+round trips per array (measured: a 250 KB reply of ~20 arrays took 2 s to reach the server, a 2 MB
+reply of two arrays 0.3 s). The JSON part lists each tensor's name, dtype, shape and place in the
+bytes; bfloat16 and every other dtype travel as their raw bytes, exactly.
 """
 
 from __future__ import annotations
@@ -12,28 +17,40 @@ from typing import Any
 
 import torch
 
-META, ARRAYS = "meta", "arrays"
+META, ARRAYS, BLOB = "meta", "arrays", "tensors"
+DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+    torch.int8, torch.uint8, torch.bool)}
 
 
 def pack(meta: dict[str, Any], tensors: dict[str, torch.Tensor]):
     """A ``RecordDict`` holding ``meta`` (JSON-serialisable) and ``tensors``."""
     from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-    bf16 = sorted(k for k, t in tensors.items() if t.dtype == torch.bfloat16)
-    arrays = {k: Array((t.view(torch.int16) if k in bf16 else t).detach().cpu().contiguous().numpy())
-              for k, t in tensors.items()}
-    meta = {**meta, "_bf16": bf16}
-    return RecordDict({META: ConfigRecord({"json": json.dumps(meta)}), ARRAYS: ArrayRecord(arrays)})
+    layout, parts, offset = [], [], 0
+    for key, t in tensors.items():
+        raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        layout.append([key, str(t.dtype).removeprefix("torch."), list(t.shape), offset, raw.numel()])
+        parts.append(raw)
+        offset += raw.numel()
+    blob = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
+    meta = {**meta, "_layout": layout}
+    return RecordDict({META: ConfigRecord({"json": json.dumps(meta)}),
+                       ARRAYS: ArrayRecord({BLOB: Array(blob.numpy())})})
 
 
 def unpack(content) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """``pack``'s inverse: (meta, tensors on the CPU)."""
+    """``pack``'s inverse: (meta, tensors on the CPU). A layout that does not fit the bytes (a reply
+    from a broken or hostile node) raises ``ValueError`` naming what is wrong."""
     meta = json.loads(content[META]["json"])
-    bf16 = set(meta.pop("_bf16", []))
+    layout = meta.pop("_layout", [])
+    blob = torch.from_numpy(content[ARRAYS][BLOB].numpy().copy()) if BLOB in content[ARRAYS] else torch.zeros(0, dtype=torch.uint8)
     tensors = {}
-    for key, array in content[ARRAYS].items():
-        t = torch.from_numpy(array.numpy().copy())
-        tensors[key] = t.view(torch.bfloat16) if key in bf16 else t
+    for key, dtype, shape, offset, size in layout:
+        if dtype not in DTYPES or offset < 0 or size < 0 or offset + size > blob.numel():
+            raise ValueError(f"tensor '{key}': dtype {dtype!r} or bytes {offset}..{offset + size} do not fit the message")
+        t = blob[offset:offset + size].view(DTYPES[dtype])
+        tensors[key] = t.reshape(shape)
     return meta, tensors
 
 

@@ -8,6 +8,7 @@ executors with ``client_state`` / ``load_client_state``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,11 +17,35 @@ from fdlit.data import ClientData
 from fdlit.errors import check_finite
 from fdlit.messages import Message, as_message
 from fdlit.methods.base import ClientContext, ClientPart, FederationInfo
+from fdlit.methods.contexts import DistillationContext
 
 if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import
     from lightning.fabric import Fabric
 
     from fdlit.clients import ClientModule
+
+
+@dataclass
+class ClientStep:
+    """One round's work of the clients before the server acts (Kovalchuk et al. 2026, Algorithm 1,
+    lines 3-7): the sampled clients train on their private data; then the clients whose upload
+    arrives send what the round's protocol asks (``upload``: ``"predictions"``, public inference with
+    the method's upload and the privacy release; ``"parameters"``, the client part's upload; None:
+    nothing). The round hands it to the executor whole, so an executor whose clients live elsewhere
+    does it in one exchange."""
+
+    round: int
+    trained: Sequence[ClientModule]
+    datasets: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    epochs: int
+    batch_size: int
+    upload: str | None = None
+    uploading: Sequence[ClientModule] = ()
+    upload_data: Sequence[ClientData] = ()
+    part: ClientPart | None = None
+    info: FederationInfo | None = None
+    received: dict[str, torch.Tensor] = field(default_factory=dict)
+    release: Callable[[int, int, Message], Message] | None = None
 
 
 class ClientExecutor:
@@ -57,6 +82,32 @@ class ClientExecutor:
     def predict(self, clients: Sequence[ClientModule], x: torch.Tensor) -> torch.Tensor:
         """Logits of every client on x: M x N x C (float32)."""
         raise NotImplementedError
+
+    def client_step(self, step: ClientStep) -> tuple[list[float], list[Message]]:
+        """The private phase, then what the arriving clients send (see :class:`ClientStep`); returns
+        the trained clients' mean losses and the uploads. Non-finite losses stop here, before any
+        upload, naming the clients."""
+        losses = []
+        if step.trained:
+            losses = self.train(step.trained, "private", step.datasets, step.epochs, step.batch_size)
+            check_finite(losses, step.round, "private", [c.client_id for c in step.trained])
+        if step.upload is None or not step.uploading:
+            return losses, []
+        if step.upload == "predictions":
+            return losses, self.upload(step.part, step.info, step.uploading, step.upload_data, step.received,
+                                       step.release)
+        return losses, self.client_hook("upload", step.part, step.info, step.uploading, step.upload_data,
+                                        step.received)
+
+    def distil(self, part: ClientPart, clients: Sequence[ClientModule],
+               teachers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+               private: Sequence[tuple[torch.Tensor, torch.Tensor]], epochs: int, batch_size: int) -> list[float]:
+        """The public phase (Kovalchuk et al. 2026, Algorithm 1, lines 12-14), where each client lives:
+        its training set from the (public inputs, targets) it was sent and its private data (the
+        client part's ``distillation_set``), then training on it; mean losses."""
+        datasets = [part.distillation_set(DistillationContext(c.client_id, x, t, *p))
+                    for c, (x, t), p in zip(clients, teachers, private, strict=True)]
+        return self.train(clients, "public", datasets, epochs, batch_size)
 
     def fetch_states(self, clients: Sequence[ClientModule]) -> list[dict]:
         """Bring the executor's client state into ``clients`` (the loop's); returns the states.

@@ -10,8 +10,10 @@ from typing import Any
 
 import torch
 
+from fdlit.execution.executor import ClientStep
+from fdlit.messages import Message
 from fdlit.methods.client_part import ClientPart
-from fdlit.methods.contexts import DistillationContext, FederationInfo
+from fdlit.methods.contexts import FederationInfo
 
 
 class ClientSide:
@@ -45,6 +47,22 @@ class ClientSide:
         """Clients ``ids`` train one phase on their ``datasets``; their mean losses."""
         return self.executor.train(self.subset(self.clients, ids), phase, datasets, epochs, batch_size)
 
+    def round_step(self, r: int, trained: Sequence[int], datasets: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                   epochs: int, batch_size: int, upload: str | None, uploading: Sequence[int],
+                   info: FederationInfo | None, received: dict) -> tuple[list[float], dict[int, Message]]:
+        """Round r's client step (:class:`~fdlit.execution.executor.ClientStep`): the clients ``trained``
+        train their private phase on ``datasets``; then the clients ``uploading`` send what ``upload``
+        names. Returns the mean losses and each uploading client's message by id (a client whose node
+        stopped answering has none)."""
+        step = ClientStep(r, self.subset(self.clients, trained), datasets, epochs, batch_size, upload,
+                          self.subset(self.clients, uploading), self.subset(self.client_data, uploading),
+                          self.method_part, info, received, self.release)
+        losses, messages = self.executor.client_step(step)
+        if not messages:
+            return losses, {}
+        lost = self.executor.unreachable()
+        return losses, {i: m for i, m in zip(uploading, messages, strict=True) if i not in lost}
+
     def predict(self, x: torch.Tensor, ids: Sequence[int] | None = None) -> torch.Tensor:
         """Logits of the clients ``ids`` (None: all) on ``x``: M x N x C."""
         return self.executor.predict(self.clients if ids is None else self.subset(self.clients, ids), x)
@@ -69,21 +87,12 @@ class ClientSide:
         for message, ids in groups.values():
             self._hook("receive", info, ids, dict(message))
 
-    def parameter_upload(self, info: FederationInfo, ids: Sequence[int], received: dict) -> list[dict]:
-        """Parameter exchange: what the client part's ``upload`` sends, for the clients ``ids``."""
-        return self._hook("upload", info, ids, received)
-
-    def prediction_upload(self, info: FederationInfo, ids: Sequence[int], received: dict) -> list[dict]:
-        """Federated distillation: public inference, the client part's ``upload`` and the privacy
-        release, where each client lives; what each client sends."""
-        return self.executor.upload(self.method_part, info, self.subset(self.clients, ids),
-                                    self.subset(self.client_data, ids), received, self.release)
-
-    def distillation_sets(self, ids: Sequence[int], teachers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list:
-        """The public phase's training set of each client ``ids`` from the (public inputs, targets) it
-        was sent (the client part's ``distillation_set``)."""
-        return [self.method_part.distillation_set(DistillationContext(i, x, t, *self.private[i]))
-                for i, (x, t) in zip(ids, teachers, strict=True)]
+    def distil(self, ids: Sequence[int], teachers: Sequence[tuple[torch.Tensor, torch.Tensor]], epochs: int,
+               batch_size: int) -> list[float]:
+        """The public phase of the clients ``ids``, each from the (public inputs, targets) it was sent
+        (its training set: the client part's ``distillation_set``, made where the client lives)."""
+        return self.executor.distil(self.method_part, self.subset(self.clients, ids), teachers,
+                                    self.subset(self.private, ids), epochs, batch_size)
 
     def unreachable(self) -> frozenset[int]:
         """Clients whose node stopped answering (a deployment): dropouts of the round."""

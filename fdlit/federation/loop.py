@@ -177,12 +177,15 @@ class FederationLoop:
         for cb in self.callbacks:
             cb.on_round_start(self, r)
         plan = parts.facts.plan(r)  # who takes part: clients not sampled do nothing this round
-        # Stage 1 starts: the private phase of the sampled clients, evaluated
-        private_losses = []
+        # Stage 1: the sampled clients' private phase, then what the arriving ones send (one client step)
+        private_losses, sent = [], {}
         if plan.sampled:
             private_sets = self.adversaries.private_sets(r, parts.tensors.private, parts.num_classes)
-            private_losses = clients.train(plan.sampled, "private", clients.subset(private_sets, plan.sampled),
-                                           self.settings.private_epochs_of(r), parts.batch_size)
+            upload = self.protocol.upload if plan.arrived else None
+            private_losses, sent = clients.round_step(
+                r, plan.sampled, clients.subset(private_sets, plan.sampled), self.settings.private_epochs_of(r),
+                parts.batch_size, upload, plan.arrived, self.protocol.upload_info(parts, plan) if upload else None,
+                parts.server.received)
         lost = clients.unreachable()  # clients whose node stopped answering: dropped this round
         if lost:
             plan = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in lost])
@@ -190,7 +193,7 @@ class FederationLoop:
         check_finite(private_losses, r, "private", [i for i in plan.sampled if i not in lost])
         after_private = parts.evaluated(plan)
         # the rest of the round: the protocol's exchange (fdlit.federation.protocols)
-        result, public_losses, after_public = self.protocol.run(parts, plan, after_private)
+        result, public_losses, after_public = self.protocol.run(parts, plan, after_private, sent)
         if later := clients.unreachable() - set(lost):  # lost during the exchange: dropouts too
             plan, lost = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in later]), lost | later
 

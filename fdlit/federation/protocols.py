@@ -1,7 +1,9 @@
 """Protocols: what is exchanged after the private phase, as client steps and server steps.
 
 A protocol turns one round's plan into messages: client steps run where the clients live (through
-the executor: inference, the method's client part, training) and return what each client sends;
+the executor: training, inference, the method's client part) and return what each client sends; the
+round's first client step (private phase, then the upload the protocol names in ``upload``) is one
+executor call, so clients that live elsewhere do it in one exchange;
 server steps run on the server (the method's server part, the server model, the ledger). Every
 message up or down goes through the communication ledger once. The loop picks the protocol once,
 from the mode and the method, and never branches on it:
@@ -58,10 +60,16 @@ class Protocol:
     (:class:`~fdlit.federation.round_parts.RoundParts`: the clients' side, the server's side, the
     round's facts) and hand the method only its contexts.
 
-    ``run`` returns (the server's AggregationResult or None, public-phase losses, accuracies after
-    the exchange or None when the round is not evaluated)."""
+    ``run`` gets what each client sent in the round's client step (by client id; clients whose
+    upload did not arrive have none) and returns (the server's AggregationResult or None, public-phase
+    losses, accuracies after the exchange or None when the round is not evaluated)."""
 
     communicates = True  # False: the baselines, which send nothing (set-up, DP and budget included)
+    upload: str | None = None  # what the round's client step sends after the private phase (ClientStep.upload)
+
+    def upload_info(self, parts: RoundParts, plan: RoundPlan) -> Any:
+        """What the uploading clients (``plan.arrived``) know in their upload step."""
+        return info_of(parts, plan, list(plan.arrived)) if self.upload else None
 
     # ------------------------------------------------------------------ round 0
     def setup(self, parts: RoundParts) -> None:
@@ -99,7 +107,8 @@ class Protocol:
         return parts.server.privacy.over_budget(r, parts.facts.sample_rate)
 
     # ------------------------------------------------------------------ a round
-    def run(self, parts: RoundParts, plan: RoundPlan, after_private: Any) -> tuple[Any, list[float], Any]:
+    def run(self, parts: RoundParts, plan: RoundPlan, after_private: Any, sent: dict[int, Message]
+            ) -> tuple[Any, list[float], Any]:
         raise NotImplementedError
 
 
@@ -109,21 +118,23 @@ def info_of(parts: RoundParts, plan: RoundPlan, ids: list[int], public: bool = T
     return parts.facts.info(plan.round, () if everyone else tuple(ids), plan.public_index if public else None)
 
 
-def arrived(parts: RoundParts, ids: list[int], replies: list) -> tuple[list[int], list]:
-    """The clients whose upload arrived, and their replies: a node lost during the upload step (a
+def arrived(parts: RoundParts, plan: RoundPlan, sent: dict[int, Message]) -> tuple[list[int], list[Message]]:
+    """The clients whose upload arrived, and their messages: a node lost during the client step (a
     deployment) leaves its clients out, as dropouts of this round."""
     lost = parts.clients.unreachable()
-    kept = [j for j, i in enumerate(ids) if i not in lost]
-    return [ids[j] for j in kept], [replies[j] for j in kept]
+    ids = [i for i in plan.arrived if i in sent and i not in lost]
+    return ids, [sent[i] for i in ids]
 
 
 class PredictionExchange(Protocol):
     """Federated distillation: predictions up, a teacher down, then the public phase."""
 
-    def run(self, parts, plan, after_private):
-        ids = list(plan.arrived)
+    upload = "predictions"
+
+    def run(self, parts, plan, after_private, sent):
+        ids, messages = arrived(parts, plan, sent)
         if ids:
-            ids, uploads, privacy_stats = self.client_upload(parts, plan.round, ids, info_of(parts, plan, ids))
+            uploads, privacy_stats = self.receive_uploads(parts, plan.round, ids, messages, info_of(parts, plan, ids))
         if not ids:  # no upload arrived: no teacher, no public phase
             return None, [math.nan], parts.evaluated(plan)
         info = info_of(parts, plan, ids)  # the clients whose uploads arrived
@@ -133,17 +144,14 @@ class PredictionExchange(Protocol):
         return result, public_losses, parts.evaluated(plan)
 
     @staticmethod
-    def client_upload(parts: RoundParts, r: int, ids: list[int], info):
-        """Client step (end of Stage 1), where each client lives: public inference, the method's upload,
-        its DP clipping/noise and encoding (fdlit.privacy.client_release); the server then counts,
-        decodes and accounts what arrived (``UploadPrivacy.receive``)."""
+    def receive_uploads(parts: RoundParts, r: int, ids: list[int], messages: list[Message], info):
+        """Server step (end of Stage 1): what the clients sent from their client step (public inference,
+        the method's upload, its DP clipping/noise and encoding, fdlit.privacy.client_release, made
+        where each client lives); the server counts, decodes and accounts it (``UploadPrivacy.receive``)."""
         server = parts.server
-        messages = parts.clients.prediction_upload(info, ids, server.received)
-        ids, messages = arrived(parts, ids, messages)
         messages = parts.adversaries.collude_uploads(r, ids, messages)
-        uploads, stats = server.privacy.receive(r, ids, messages, parts.num_classes, len(info.public_x),
-                                                parts.facts.sample_rate, server.send_up, parts.seed)
-        return ids, uploads, stats
+        return server.privacy.receive(r, ids, messages, parts.num_classes, len(info.public_x),
+                                      parts.facts.sample_rate, server.send_up, parts.seed)
 
     @staticmethod
     def server_aggregate(parts: RoundParts, plan: RoundPlan, ids: list[int], uploads, info):
@@ -180,8 +188,8 @@ class PredictionExchange(Protocol):
         """Client step (Stage 2): each client that heard the teacher distils from it."""
         if not any(len(x) for x, _ in teachers):
             return [math.nan] * len(ids)
-        losses = parts.clients.train(ids, "public", parts.clients.distillation_sets(ids, teachers),
-                                     parts.settings.public_epochs_of(plan.round), parts.public_batch_size)
+        losses = parts.clients.distil(ids, teachers, parts.settings.public_epochs_of(plan.round),
+                                      parts.public_batch_size)
         lost = parts.clients.unreachable()  # a node that stopped answering during the public phase
         check_finite([v for i, v in zip(ids, losses, strict=True) if i not in lost], plan.round, "public",
                      [i for i in ids if i not in lost])
@@ -195,12 +203,14 @@ class ParameterExchange(Protocol):
     FedAvg's next sampled clients start from it and evaluation measures it on every client. "After
     public" accuracies are those of the model every client holds after the exchange."""
 
-    def run(self, parts, plan, after_private):
-        ids, server = list(plan.arrived), parts.server
-        m = len(parts.clients)
-        if ids:
-            raw = parts.clients.parameter_upload(info_of(parts, plan, ids, public=False), ids, server.received)
-            ids, raw = arrived(parts, ids, raw)
+    upload = "parameters"
+
+    def upload_info(self, parts, plan):
+        return info_of(parts, plan, list(plan.arrived), public=False)
+
+    def run(self, parts, plan, after_private, sent):
+        server, m = parts.server, len(parts.clients)
+        ids, raw = arrived(parts, plan, sent)
         if not ids:  # no upload arrived: every client keeps what it has
             return None, [math.nan] * m, parts.evaluated(plan)
         info = info_of(parts, plan, ids, public=False)  # the clients whose uploads arrived
@@ -226,7 +236,7 @@ class NoExchange(Protocol):
     def stop_reason(self, parts, r: int) -> str | None:
         return None
 
-    def run(self, parts, plan, after_private):
+    def run(self, parts, plan, after_private, sent):
         return None, [math.nan] * len(parts.clients), after_private
 
 

@@ -1,0 +1,67 @@
+"""A node's reply checked before the round uses it, and its messages decoded.
+
+A node is another party: its reply may be broken (a bug, a diverged client, a hostile operator).
+A reply that is not numerically or structurally what the request asked for makes that node a
+dropout of the round (the FlowerExecutor names it) instead of ending the federation or reaching the
+server's aggregation. Each check returns None for a valid reply, else why it is not.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fdlit.messages import Message
+from fdlit.privacy.encoding import MESSAGE_KEYS
+
+# arrays with one row per public row (the quantised codes are packed bits: no row structure)
+ENCODED = {k for keys in MESSAGE_KEYS.values() for k in keys} - {"quantised"}
+
+
+def check_losses(meta: dict, clients: int) -> str | None:
+    """One finite mean loss per trained client."""
+    losses = meta.get("losses")
+    if not isinstance(losses, list) or len(losses) != clients:
+        return f"{len(losses) if isinstance(losses, list) else 'no'} losses for {clients} clients"
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in losses):
+        return "a non-finite training loss"
+    return None
+
+
+def check_step(meta: dict, tensors: dict[str, torch.Tensor], trained: int, uploading: int,
+               expect: tuple[int, int] | None) -> str | None:
+    """The client step's reply: losses of the ``trained`` clients, finite predictions and uploads, one
+    message per ``uploading`` client whose arrays are all there, and, for predictions (``expect``:
+    public rows, classes), one row per public row."""
+    if why := check_losses(meta, trained):
+        return why
+    for k, x in tensors.items():
+        if k.startswith(("u", "pred/")) and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            return f"non-finite numbers in '{k}'"
+    if not uploading:
+        return None
+    upload = meta.get("upload")
+    if not isinstance(upload, dict) or len(upload.get("keys", [])) != uploading or \
+            len(upload.get("typed", [])) != uploading:
+        return "no upload for its arriving clients"
+    missing = [f"u{pos}/{k}" for pos, keys in enumerate(upload["keys"]) for k in keys if f"u{pos}/{k}" not in tensors]
+    if missing:
+        return f"arrays {missing[:3]} named but not sent"
+    if expect is not None:
+        rows, classes = expect
+        for k, x in tensors.items():
+            key = k.split("/", 1)[-1]
+            if k.startswith("u") and key in ENCODED and (x.dim() == 0 or len(x) != rows):
+                return f"'{key}' of shape {tuple(x.shape)} for {rows} public rows"
+            if k.startswith("u") and key == "logits" and tuple(x.shape) != (rows, classes):
+                return f"logits of shape {tuple(x.shape)}, expected {(rows, classes)}"
+    return None
+
+
+def messages_of(upload: dict | None, tensors: dict[str, torch.Tensor], device) -> list[Message]:
+    """The typed messages of a reply: arrays ``u<pos>/<key>``; metrics, config and sensitivity in its JSON part."""
+    if not upload:
+        return []
+    return [Message({k: tensors[f"u{pos}/{k}"].to(device) for k in keys}, **typed)
+            for pos, (keys, typed) in enumerate(zip(upload["keys"], upload["typed"], strict=True))]
