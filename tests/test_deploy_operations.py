@@ -139,9 +139,13 @@ def test_stop_reaches_processes_started_in_sessions_of_their_own(tmp_path):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     child = int((tmp_path / "child").read_text())
-    dep.stop(grace_s=1.0)
-    assert dep.processes[0].returncode is not None
-    assert not running(child)
+    try:
+        dep.stop(grace_s=1.0)
+        assert dep.processes[0].returncode is not None
+        assert not running(child)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)  # the test leaves nothing behind either
 
 
 def running(pid: int) -> bool:
@@ -279,7 +283,7 @@ def serverapp_token(work: Path) -> str | None:
 
 
 @pytest.mark.deploy
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_stops_every_process_of_the_deployment(sig, tmp_path):
     """Once the SuperNodes joined (SIGINT) or the ServerApp holds the run directory (SIGTERM: its lock
     is checked for the SuperLink token first), a stop signal ends deploy with 128 + the signal's number,
