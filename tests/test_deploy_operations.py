@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import fdlit
 from fdlit.cli import main as cli_main
 
 pytest.importorskip("flwr", reason="the flower extra is not installed")
@@ -229,7 +230,7 @@ class Deploy:
 
     def __init__(self, tmp_path: Path, extra: list[str]):
         self.work, self.runs, self.err_file = tmp_path / "work", tmp_path / "runs", tmp_path / "deploy.err"
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        env = {**os.environ, "PYTHONPATH": str(Path(fdlit.__file__).resolve().parent.parent)}  # this fdlit
         with open(self.err_file, "wb") as err:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "fdlit", "deploy", "--nodes", "2", "--threads", "1", "--work-dir", str(self.work),
