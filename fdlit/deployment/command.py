@@ -8,6 +8,7 @@ checked here (a ConfigError names the field) before any process starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import signal
@@ -18,16 +19,21 @@ from fdlit.errors import ConfigError
 
 
 def deploy_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fdlit deploy", allow_abbrev=False, description="Run a fit config as a Flower federation. "
-                                "Options not listed here are fit's (--config ..., --federation.rounds ...).")
-    p.add_argument("--nodes", type=int, default=2, help="SuperNodes: started locally, or expected on --superlink")
+    from fdlit.deployment.checks import OptionParser
+
+    p = OptionParser(prog="fdlit deploy", allow_abbrev=False, description="Run a fit config as a Flower federation. "
+                     "Options not listed here are fit's (--config ..., --federation.rounds ...).")
+    p.add_argument("--nodes", type=int, default=2, help="SuperNodes: started locally, or expected on --superlink "
+                   "(1..data.num_clients)")
     p.add_argument("--superlink", default=None, help="HOST:PORT of a running SuperLink (default: start one here)")
     p.add_argument("--root-certificates", default=None, help="CA certificate (PEM) of a TLS SuperLink")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take on a node")
-    p.add_argument("--node-wait", type=float, default=120.0, help="seconds to wait for the SuperNodes to connect")
-    p.add_argument("--run-timeout", type=float, default=7 * 24 * 3600.0, help="seconds the whole run may take")
-    p.add_argument("--threads", type=int, default=0, help="torch threads per node worker (0: its default)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take on a node (> 0)")
+    p.add_argument("--node-wait", type=float, default=120.0, help="seconds to wait for the SuperNodes to connect (> 0)")
+    p.add_argument("--run-timeout", type=float, default=7 * 24 * 3600.0, help="seconds the whole run may take (> 0)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per node worker (>= 0; 0: its default)")
     p.add_argument("--work-dir", default=None, help="keep Flower's files and logs here (default: a temporary folder)")
+    p.add_argument("--node-config", default=None, help='more node settings for the SuperNodes started here, '
+                   'e.g. "data-dir=\'/data\' idle-timeout=600" (not with --superlink)')
     return p
 
 
@@ -46,6 +52,7 @@ def fit_arguments(argv: list[str]):
 def main(run_dir: str | None, argv: list[str]) -> int:
     """``deploy``: ``run_dir`` is ``--resume``'s run directory (taken out of the arguments), or None."""
     from fdlit.deployment import import_flwr
+    from fdlit.deployment.checks import check_options
 
     options, rest = deploy_parser().parse_known_args(argv)
     if options.nodes < 1:
@@ -54,41 +61,82 @@ def main(run_dir: str | None, argv: list[str]) -> int:
 
     if run_dir is not None:  # continue a deployed (or fit) run from its checkpoint, on the nodes
         run_dir = str(Path(run_dir).resolve())
-        resume_experiment(run_dir, rest)  # checks the run directory, its checkpoint and the flags
+        experiment = resume_experiment(run_dir, rest)  # checks the run directory, its checkpoint and the flags
         fit_args = ["--resume", run_dir, *rest]
     else:
         fit_args, parser, cfg = fit_arguments(rest)
-        Experiment(cfg, parser)  # the whole config checked before any process starts
+        experiment = Experiment(cfg, parser)  # the whole config checked before any process starts
     import_flwr()
-    previous = signal.signal(signal.SIGTERM, interrupt)  # `kill` stops the deployment as Ctrl-C does
-    try:
+    # the client count as fit reads it from the config (no data is built)
+    check_options(options, getattr(experiment.loop.data, "num_clients", None))
+    with stop_signals():  # `kill`, Ctrl-C and a closed terminal stop the deployment, never half of it
         return run(options, fit_args)
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP) reached ``deploy``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_stopping = [False]  # once clean-up began, further signals do not interrupt it
+
+
+def on_stop_signal(signum, frame):
+    if not _stopping[0]:
+        _stopping[0] = True
+        raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stop_signals():
+    previous = {s: signal.signal(s, on_stop_signal) for s in STOP_SIGNALS}
+    _stopping[0] = False
+    try:
+        yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def interrupt(signum, frame):
-    raise KeyboardInterrupt
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def run(options, fit_args: list[str]) -> int:
-    """Start (or reach) the deployment, run, print the summary; every local process stopped at the end."""
+    """Start (or reach) the deployment, run, print the summary; every local process stopped at the end
+    (done, failed, the SuperLink lost, or a stop signal)."""
     from fdlit.deployment.launcher import LocalDeployment, flower_env, work_folder
+    from fdlit.deployment.watch import DeploymentWatch, SuperLinkLost
     from fdlit.federation import format_summary
     from fdlit.runs.directory import read_summary
 
-    with work_folder(options.work_dir) as work:
-        env = flower_env(work)
-        deployment: LocalDeployment | None = None
-        try:
-            if options.superlink is None:
-                deployment = LocalDeployment(options.nodes, work)
-                deployment.start()
-            address = options.superlink or deployment.address
-            outcome = run_on(address, work, env, options, fit_args)
-        finally:
-            if deployment is not None:
-                deployment.stop()
+    place = RunPlace(fit_args)
+    try:
+        with work_folder(options.work_dir) as work:
+            env = flower_env(work)
+            deployment: LocalDeployment | None = None
+            try:
+                if options.superlink is None:
+                    deployment = LocalDeployment(options.nodes, work,
+                                                 node_settings=getattr(options, "node_settings", None) or {})
+                    deployment.start()
+                address = options.superlink or deployment.address
+                outcome = run_on(address, work, env, options, fit_args, DeploymentWatch(address, deployment))
+            finally:
+                _stopping[0] = True  # a signal now would leave processes behind: clean-up first
+                if deployment is not None:
+                    deployment.stop()
+    except Stopped as stop:
+        print(f"fdlit deploy: stopped by {signal.Signals(stop.signum).name}; every process started here was "
+              f"stopped; {place.kept(options.superlink)}", file=sys.stderr)
+        return 128 + stop.signum
+    except SuperLinkLost as lost:
+        print(f"fdlit deploy: the SuperLink is gone ({lost}); every process started here was stopped; "
+              f"{place.kept(options.superlink)}", file=sys.stderr)
+        return 1
+    except (RuntimeError, TimeoutError) as exc:  # a process that would not start, flwr run refused, --run-timeout
+        print(f"fdlit deploy: {' '.join(str(exc).split())}; every process started here was stopped", file=sys.stderr)
+        return 1
     if outcome["status"] != "done":
         where = f"; run directory {outcome['run_dir']}" if outcome.get("run_dir") else ""
         print(f"fdlit deploy: the run failed: {outcome.get('error', 'unknown error')}{where}", file=sys.stderr)
@@ -102,9 +150,45 @@ def run(options, fit_args: list[str]) -> int:
     return 0
 
 
-def run_on(address: str, work: Path, env: dict, options, fit_args: list[str]) -> dict:
+class RunPlace:
+    """Where this deploy's run directory is: the resumed one, or the folder that appears under
+    ``logger.run_dir`` once the ServerApp created it. For the one line that says what was kept."""
+
+    def __init__(self, fit_args: list[str]):
+        self.known: Path | None = None
+        self.parent: Path | None = None
+        self.before: set[Path] = set()
+        if fit_args[:1] == ["--resume"]:
+            path = Path(fit_args[1])
+            self.known = path.parent if path.is_file() else path
+            return
+        given = [a.split("=", 1)[1] for a in fit_args if a.startswith("--logger.run_dir=")]
+        if given:
+            self.parent = Path(given[-1])
+            self.before = set(self.parent.iterdir()) if self.parent.is_dir() else set()
+
+    def find(self) -> Path | None:
+        if self.known is not None or self.parent is None or not self.parent.is_dir():
+            return self.known
+        new = [d for d in self.parent.iterdir() if d not in self.before and (d / "config.yaml").exists()]
+        return max(new, key=lambda d: d.stat().st_mtime) if new else None
+
+    def kept(self, superlink: str | None) -> str:
+        run_dir = self.find()
+        if run_dir is None:
+            if superlink is not None:
+                return ("the run directory, if the run had begun, is on the SuperLink's machine (logger.run_dir there); "
+                        "`python -m fdlit deploy --resume RUN_DIR` continues it from its last checkpoint")
+            return "no run directory was created, nothing to continue"
+        if (run_dir / "checkpoint.pt").exists():
+            return (f"kept: {run_dir} with its last checkpoint; `python -m fdlit deploy --resume {run_dir}` "
+                    f"continues it")
+        return f"kept: {run_dir}, without a checkpoint (no round completed): run the config again to start anew"
+
+
+def run_on(address: str, work: Path, env: dict, options, fit_args: list[str], watch=None) -> dict:
     """Submit one fit run to the SuperLink at ``address`` and wait for its outcome (the ServerApp's
-    result: status, run directory, error)."""
+    result: status, run directory, error). ``watch``: a DeploymentWatch (node lines, a lost SuperLink)."""
     from fdlit.deployment.launcher import stop_run, submit, wait_for_result, write_app, write_connection
 
     write_connection(env, address, options.root_certificates)
@@ -116,7 +200,10 @@ def run_on(address: str, work: Path, env: dict, options, fit_args: list[str]) ->
     run_id = submit(app, env)
     print(f"fdlit deploy: Flower run {run_id} on {address} with {options.nodes} SuperNodes", file=sys.stderr)
     try:
-        return wait_for_result(result_file, run_id, env, options.run_timeout)
+        return wait_for_result(result_file, run_id, env, options.run_timeout,
+                               None if watch is None else watch.check)
     except (KeyboardInterrupt, TimeoutError):
-        stop_run(run_id, env)  # the SuperLink may outlive this process: do not leave the run going
+        _stopping[0] = True
+        if watch is None or watch.deployment is None:  # a SuperLink that outlives this process: end the run
+            stop_run(run_id, env)  # (a local one is stopped with everything else)
         raise

@@ -15,19 +15,19 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import fdlit
-from fdlit.deployment.node import alive
+from fdlit.deployment.processes import MARKER, stop_processes
 
 CONNECTION = "fdlit"  # the SuperLink connection's name in the generated Flower config
 
@@ -86,6 +86,11 @@ class LocalDeployment:
     # SuperNode authentication (needs ``certificates``): each SuperNode gets an EC key whose public half
     # is registered with the SuperLink (``flwr supernode register``); unregistered nodes are refused
     authenticate: bool = False
+    # more --node-config for every SuperNode (data-dir, idle-timeout, allowed-classes, ...; checked by
+    # fdlit.deployment.checks.node_settings)
+    node_settings: dict = field(default_factory=dict)
+    # in every process started here and inherited by what they start: how stop() finds them all
+    marker: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def _security(self, server: bool) -> list[str]:
         if self.certificates is None:
@@ -123,9 +128,8 @@ class LocalDeployment:
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             key = ec.generate_private_key(ec.SECP384R1())
-            path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                               serialization.NoEncryption()))
-            path.chmod(0o600)
+            write_private(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                                  serialization.NoEncryption()))
             path.with_suffix(".pub").write_bytes(key.public_key().public_bytes(
                 serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
         return path
@@ -137,7 +141,9 @@ class LocalDeployment:
             raise RuntimeError(f"flwr supernode register failed: {done.stdout.strip()} {done.stderr.strip()}")
 
     def _supernode_process(self, i: int) -> subprocess.Popen:
-        node_config = f"partition-id={i} num-partitions={self.nodes} state-dir='{self.work / 'nodes'}'"
+        settings = {"state-dir": str(self.work / "nodes"), **self.node_settings, "partition-id": i,
+                    "num-partitions": self.nodes}
+        node_config = " ".join(f"{k}={toml_value(v)}" for k, v in settings.items())
         key = ["--auth-supernode-private-key", str(self.node_key(i))] if self.authenticate else []
         # Flower's SuperNode with a short idle poll (fdlit.deployment.supernode): its 3 s sleeps set a round's pace
         flower_bin("flower-supernode")  # Flower installed (else: how to install it)
@@ -155,6 +161,7 @@ class LocalDeployment:
         return self.processes[1 + i]
 
     def _spawn(self, command: list[str], env: dict, log: Path) -> None:
+        env = {**env, MARKER: self.marker}
         with open(log, "ab") as out:
             self.processes.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                                    stdin=subprocess.DEVNULL, cwd=self.work, start_new_session=True))
@@ -163,46 +170,21 @@ class LocalDeployment:
         return self.processes[1 + i]
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM to every process group (each process and what it started: SuperExec, ServerApp,
-        ClientApps), SIGKILL to what is left after ``grace_s``; then the node workers, which follow
-        their SuperNode by themselves."""
-        groups = [p.pid for p in self.processes]
-        signal_groups(groups, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
-            for p in self.processes:
-                p.poll()  # reap
-            time.sleep(0.1)
-        signal_groups(groups, signal.SIGKILL)  # a SuperNode retrying its connection ignores SIGTERM
+        """Every process of the deployment stopped: the SuperLink, the SuperNodes and what they
+        started (SuperExecs, ServerApp, ClientApps, node workers), SIGKILL after ``grace_s``
+        (fdlit.deployment.processes)."""
+        stop_processes(self.processes, self.marker, grace_s)
         for p in self.processes:
-            p.wait()
-        for pid in worker_pids(self.work / "nodes"):
-            while alive(pid) and time.monotonic() < deadline + grace_s:
-                time.sleep(0.1)
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=grace_s)
 
 
-def signal_groups(groups: list[int], sig: int) -> None:
-    for g in groups:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(g, sig)
-
-
-def group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def worker_pids(nodes_dir: Path) -> list[int]:
-    pids = []
-    for f in nodes_dir.glob("*/worker.pid") if nodes_dir.exists() else ():
-        with contextlib.suppress(OSError, ValueError):
-            pids.append(int(f.read_text()))
-    return pids
+def write_private(path: Path, data: bytes) -> None:
+    """A new file only its owner can read, mode 0600 from its creation (no moment with a wider one)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(fd, 0o600)  # the umask may have taken the owner's bits away; never adds others'
+        f.write(data)
 
 
 def toml_value(v) -> str:
@@ -260,9 +242,13 @@ def submit(app: Path, env: dict) -> int:
 
 
 def run_status(run_id: int, env: dict) -> str:
-    """The run's status as ``flwr ls`` reports it (e.g. ``running``, ``finished:completed``)."""
-    done = subprocess.run([flower_bin("flwr"), "ls", CONNECTION, "--run-id", str(run_id), "--format", "json"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    """The run's status as ``flwr ls`` reports it (e.g. ``running``, ``finished:completed``); empty
+    where the SuperLink did not say (a lost SuperLink is the watch's to report)."""
+    try:
+        done = subprocess.run([flower_bin("flwr"), "ls", CONNECTION, "--run-id", str(run_id), "--format", "json"],
+                              env=env, capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return ""
     try:
         runs = json.loads(done.stdout).get("runs", [])
         return str(runs[0].get("status", "")) if runs else ""
@@ -272,13 +258,18 @@ def run_status(run_id: int, env: dict) -> str:
 
 def stop_run(run_id: int, env: dict) -> None:
     """``flwr stop``: end the run on the SuperLink (its ServerApp and ClientApps)."""
-    subprocess.run([flower_bin("flwr"), "stop", str(run_id), CONNECTION], env=env, capture_output=True, timeout=60)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run([flower_bin("flwr"), "stop", str(run_id), CONNECTION], env=env, capture_output=True, timeout=30)
 
 
-def wait_for_result(result_file: Path, run_id: int, env: dict, timeout_s: float) -> dict:
-    """The ServerApp's outcome: its result file, or the run's failure as the SuperLink reports it."""
+def wait_for_result(result_file: Path, run_id: int, env: dict, timeout_s: float,
+                    watch: Callable[[], None] | None = None) -> dict:
+    """The ServerApp's outcome: its result file, or the run's failure as the SuperLink reports it.
+    ``watch``: called every 0.2 s meanwhile (node lines, the SuperLink's loss)."""
     deadline, next_check = time.monotonic() + timeout_s, time.monotonic() + 10
     while not result_file.exists():
+        if watch is not None:
+            watch()
         if time.monotonic() > deadline:
             raise TimeoutError(f"the run did not finish within {timeout_s:g} s (deploy --run-timeout)")
         if time.monotonic() > next_check:  # a ServerApp that died without writing its outcome

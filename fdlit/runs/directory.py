@@ -300,7 +300,7 @@ class RunLock:
         f.truncate()
         f.write(strict_json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                             "since": datetime.now().isoformat(timespec="seconds"),
-                            "command": " ".join(sys.argv)}) + "\n")
+                            "command": " ".join(redact_secrets(sys.argv))}) + "\n")
         f.flush()
         self._file = f
         return self
@@ -309,6 +309,21 @@ class RunLock:
         if self._file is not None:
             self._file.close()  # closing the descriptor releases the flock
             self._file = None
+
+
+# flags whose value is a credential (Flower's ServerApp gets its SuperLink token as --token): the
+# lock names its holder's command line for a second process to read, never these values
+SECRET_FLAG = re.compile(r"--?[\w.-]*(token|secret|password|passwd|api[-_]?key)[\w.-]*", re.IGNORECASE)
+
+
+def redact_secrets(argv: list[str]) -> list[str]:
+    """``argv`` with the value of every secret flag (``--token X``, ``--token=X``) replaced by ``***``."""
+    out, hide = [], False
+    for arg in argv:
+        flag, eq, _ = arg.partition("=")
+        out.append("***" if hide else f"{flag}=***" if eq and SECRET_FLAG.fullmatch(flag) else arg)
+        hide = not hide and not eq and SECRET_FLAG.fullmatch(arg) is not None
+    return out
 
 
 def _describe_holder(text: str) -> str:
