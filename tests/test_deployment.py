@@ -32,14 +32,15 @@ flwr = pytest.importorskip("flwr", reason="the flower extra is not installed")
 from fdlit.deployment.executor import NodeFailure, assign_order  # noqa: E402
 from fdlit.deployment.wire import pack, unpack, wire_bytes  # noqa: E402
 
-ROUNDS = ["--federation.rounds", "2", "--federation.executor", "fdlit.execution.SequentialExecutor",
-          "--logger.progress", "false"]
+ROUNDS = ["--federation.rounds", "2", "--federation.executor", "fdlit.execution.SequentialExecutor"]
 
 
 # ---------------------------------------------------------------------- no processes
 def test_records_carry_tensors_exactly_and_count_their_serialised_size():
+    # odd sizes before wider dtypes: each must still arrive exact (one byte array carries them all)
     tensors = {"logits": torch.randn(50, 10), "mask": torch.rand(7) > 0.5, "ids": torch.arange(5, dtype=torch.uint8),
-               "half": torch.randn(3, 4).to(torch.bfloat16)}
+               "half": torch.randn(3, 4).to(torch.bfloat16), "classes": torch.tensor([3], dtype=torch.int16),
+               "means": torch.randn(1, 10), "scalar": torch.tensor(2.5, dtype=torch.float64)}
     content = pack({"op": "train", "ids": [1, 2]}, tensors)
     meta, back = unpack(content)
     assert meta == {"op": "train", "ids": [1, 2]}
@@ -47,6 +48,10 @@ def test_records_carry_tensors_exactly_and_count_their_serialised_size():
         assert back[k].dtype == t.dtype and torch.equal(back[k], t), k
     payload = sum(t.numel() * t.element_size() for t in tensors.values())
     assert payload < wire_bytes(content) < payload + 4096  # the tensors plus Flower's framing
+    # a reply whose layout does not fit its bytes (a broken or hostile node) is refused, not read past the end
+    content["meta"]["json"] = json.dumps({"_layout": [["x", "float32", [1000], 0, 4000]]})
+    with pytest.raises(ValueError, match="do not fit"):
+        unpack(content)
 
 
 def test_nodes_take_clients_by_partition_id_else_by_node_id():
@@ -211,10 +216,12 @@ def fit_with_one_thread(args: list[str]) -> None:
 # sUWA (the default); AVG with the privacy study's release (DP noise, top-2 encoding), made on the
 # nodes, then resumed; FedAvg's parameter exchange
 @pytest.mark.parametrize("config", ["digits.yaml", "digits_dp.yaml", "digits_fedavg.yaml"])
-def test_a_deployed_run_equals_fit(deployment, config, tmp_path):
+def test_a_deployed_run_equals_fit(deployment, config, tmp_path, capsys):
     args = ["--config", config, *ROUNDS]
     outcome = deploy_run(deployment, [*args, "--logger.run_dir", str(tmp_path / "deployed")])
     assert outcome["status"] == "done", outcome
+    shown = capsys.readouterr().err  # the rounds as the ServerApp ends them, as fit prints them
+    assert [line.split(":")[0] for line in shown.splitlines() if line.startswith("round ")] == ["round 1/2", "round 2/2"]
     fit_with_one_thread([*args, "--logger.run_dir", str(tmp_path / "fit")])
     deployed = metrics_of(Path(outcome["run_dir"]))
     fitted = metrics_of(next((tmp_path / "fit").iterdir()))

@@ -218,8 +218,8 @@ class LosesClientAtUpload:
     """Wraps an executor: from round 2's upload step on, client 1 cannot be reached (its node stopped
     answering: no reply), as a FlowerExecutor reports a SuperNode lost mid-round."""
 
-    def __init__(self, inner, hook: str):
-        self.inner, self.hook, self.lost = inner, hook, frozenset()
+    def __init__(self, inner):
+        self.inner, self.lost = inner, frozenset()
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -230,12 +230,9 @@ class LosesClientAtUpload:
             return [{} if c.client_id == 1 else r for c, r in zip(clients, replies, strict=True)]
         return replies
 
-    def upload(self, part, info, clients, *args):
-        return self._lose(info, clients, self.inner.upload(part, info, clients, *args))
-
-    def client_hook(self, hook, part, info, clients, *args):
-        replies = self.inner.client_hook(hook, part, info, clients, *args)
-        return self._lose(info, clients, replies) if hook == self.hook else replies
+    def client_step(self, step):  # the round's client step ends in the upload (ClientStep)
+        losses, replies = self.inner.client_step(step)
+        return losses, (self._lose(step.info, step.uploading, replies) if replies else replies)
 
     def unreachable(self):
         return self.lost
@@ -247,7 +244,7 @@ def test_a_client_lost_during_the_upload_is_a_dropout_of_that_round(config):
 
     parser, cfg = parse_fit(["--config", config, *tiny("--federation.rounds", "3")[2:]])
     loop = Experiment(cfg, parser).loop
-    loop.executor = LosesClientAtUpload(SequentialExecutor(), "upload")
+    loop.executor = LosesClientAtUpload(SequentialExecutor())
     loop.fit()
     first, second, third = loop.history
     assert "participation/dropped_count" not in first

@@ -79,6 +79,8 @@ def read_idx(path: Path) -> np.ndarray:
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
         raise ConfigError("data.data_dir", f"{path} is not an IDX file (bad magic number {raw[:4].hex()})")
     ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise ConfigError("data.data_dir", f"{path}: {len(raw)} bytes, shorter than its {ndim}-dimension header")
     dims = tuple(int(d) for d in np.frombuffer(raw, ">u4", count=ndim, offset=4))
     dtype = np.dtype(_IDX_DTYPES[raw[2]])
     count = int(np.prod(dims)) if dims else 1

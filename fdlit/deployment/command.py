@@ -186,22 +186,52 @@ class RunPlace:
         return f"kept: {run_dir}, without a checkpoint (no round completed): run the config again to start anew"
 
 
+class RoundLines:
+    """The ServerApp's per-round lines (``fit``'s), shown here as they are appended to its progress file."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = path, 0
+
+    def show(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read(1 << 16)
+        except OSError:
+            return
+        done = chunk.rfind(b"\n") + 1  # whole lines only
+        if done:
+            sys.stderr.write(chunk[:done].decode("utf-8", "replace"))
+            sys.stderr.flush()
+            self.offset += done
+
+
 def run_on(address: str, work: Path, env: dict, options, fit_args: list[str], watch=None) -> dict:
     """Submit one fit run to the SuperLink at ``address`` and wait for its outcome (the ServerApp's
     result: status, run directory, error). ``watch``: a DeploymentWatch (node lines, a lost SuperLink)."""
     from fdlit.deployment.launcher import stop_run, submit, wait_for_result, write_app, write_connection
 
     write_connection(env, address, options.root_certificates)
-    result_file = work / "result.json"
+    result_file, progress_file = work / "result.json", work / "progress.log"
     result_file.unlink(missing_ok=True)
+    progress_file.unlink(missing_ok=True)
     app = write_app(work / "app", {"fit-args": json.dumps(fit_args), "nodes": options.nodes,
                                    "timeout": float(options.timeout), "node-wait": float(options.node_wait),
-                                   "threads": options.threads, "result-file": str(result_file)})
+                                   "threads": options.threads, "result-file": str(result_file),
+                                   "progress-file": str(progress_file)})
     run_id = submit(app, env)
     print(f"fdlit deploy: Flower run {run_id} on {address} with {options.nodes} SuperNodes", file=sys.stderr)
+    lines = RoundLines(progress_file)
+
+    def check() -> None:
+        lines.show()
+        if watch is not None:
+            watch.check()
+
     try:
-        return wait_for_result(result_file, run_id, env, options.run_timeout,
-                               None if watch is None else watch.check)
+        outcome = wait_for_result(result_file, run_id, env, options.run_timeout, check)
+        lines.show()
+        return outcome
     except (KeyboardInterrupt, TimeoutError):
         _stopping[0] = True
         if watch is None or watch.deployment is None:  # a SuperLink that outlives this process: end the run

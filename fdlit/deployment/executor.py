@@ -136,9 +136,25 @@ class FlowerExecutor(ClientExecutor):
         hosted = {n: [c.client_id for c in clients[bounds[p]:bounds[p + 1]]] for p, n in enumerate(self.node_ids)}
         self.node_of = {cid: n for n, ids in hosted.items() for cid in ids}
         self._has = {n: set() for n in self.node_ids}
-        self.request("setup", {n: ({"config": self.config_yaml, "clients": ids, "threads": self.threads}, {})
-                               for n, ids in hosted.items()}, timeout_s=start_s)
+        replies = self.request("setup", {n: ({"config": self.config_yaml, "clients": ids, "threads": self.threads}, {})
+                                         for n, ids in hosted.items()}, timeout_s=start_s)
         self._names_of_loop()
+        self._local_classes(replies)
+
+    def _local_classes(self, replies: dict) -> None:
+        """Clients of a node with its own data (``local-data``) hold the classes the node reports: the
+        server measures their local accuracy on those, and the server part knows them as it knows the
+        others' (``ServerContext.client_classes``)."""
+        loop = self.loop
+        reported = {int(i): list(c) for meta, _ in replies.values() for i, c in meta.get("classes", {}).items()}
+        if not reported:
+            return
+        masks = loop.parts.tensors.local_masks
+        for i, classes in reported.items():
+            loop.clients[i].classes = classes
+            loop.client_data[i].classes = classes
+            masks[i] = loop.data.local_test_mask(classes).to(masks)
+        loop.facts.client_classes = tuple(tuple(cd.classes) for cd in loop.client_data)
 
     def teardown(self, clients) -> None:
         if not self.node_ids:

@@ -145,7 +145,7 @@ class LocalDeployment:
                     "num-partitions": self.nodes}
         node_config = " ".join(f"{k}={toml_value(v)}" for k, v in settings.items())
         key = ["--auth-supernode-private-key", str(self.node_key(i))] if self.authenticate else []
-        # Flower's SuperNode with a short idle poll (fdlit.deployment.supernode): its 3 s sleeps set a round's pace
+        # fdlit's SuperNode (fdlit.deployment.supernode): ClientApp tasks in one long-lived thread, short waits
         flower_bin("flower-supernode")  # Flower installed (else: how to install it)
         self._spawn([sys.executable, "-m", "fdlit.deployment.supernode", *self._security(False), *key, "--superlink", self.address,
                      "--host", "127.0.0.1", "--port", str(free_port()), "--node-config", node_config],

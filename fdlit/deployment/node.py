@@ -55,6 +55,32 @@ def from_bytes(t: torch.Tensor) -> Any:
     return torch.load(io.BytesIO(t.numpy().tobytes()), weights_only=True)
 
 
+def class_paths(node: Any) -> list[str]:
+    """Every ``class_path`` a parsed config names, however deep."""
+    if isinstance(node, dict):
+        own = [node["class_path"]] if isinstance(node.get("class_path"), str) else []
+        return own + [p for v in node.values() for p in class_paths(v)]
+    if isinstance(node, list):
+        return [p for v in node for p in class_paths(v)]
+    return []
+
+
+def check_class_paths(config_yaml: str, allowed: str) -> None:
+    """A node builds what the run's config names, so whoever submits a run chooses the code its node
+    runs. A node accepts fdlit's own classes and those its operator allows (``--node-config
+    "allowed-classes='mylab.,torch.optim.'"``: comma-separated prefixes of class paths); any other
+    class path refuses the run before anything is imported."""
+    import yaml
+
+    prefixes = ["fdlit.", *(p.strip() for p in str(allowed).split(",") if p.strip())]
+    refused = sorted({p for p in class_paths(yaml.safe_load(config_yaml)) if not p.startswith(tuple(prefixes))})
+    if refused:
+        from fdlit.errors import ConfigError
+
+        raise ConfigError("node-config allowed-classes", f"the run names {refused}; this node accepts class paths "
+                          f"starting with {prefixes} (add prefixes to allowed-classes to accept more)")
+
+
 class NodeWorker:
     """The clients of one node and the requests the server's FlowerExecutor makes of them."""
 
@@ -108,6 +134,8 @@ class NodeWorker:
         from fdlit.config import parse_fit
         from fdlit.runs.experiment import loop_from_config
 
+        check_class_paths(meta["config"], self.node_config.get("allowed-classes", ""))
+
         torch.set_num_threads(int(meta.get("threads") or torch.get_num_threads()))
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "config.yaml"
@@ -118,7 +146,24 @@ class NodeWorker:
         self.loop = loop_from_config(cfg, parser.instantiate(cfg), server=False)
         self.loop.setup()  # the whole federation as fit builds it; this node uses its own clients
         self.ids = list(meta["clients"])
+        if self.node_config.get("local-data"):  # the node's own data replace its clients' partitions
+            return {"clients": self.ids, "classes": self._use_local_data(str(self.node_config["local-data"]))}, {}
         return {"clients": self.ids}, {}
+
+    def _use_local_data(self, folder: str) -> dict[str, list[int]]:
+        """The node's clients train on the folder's samples (fdlit.data.node_local); their local classes
+        go to the server, which measures local accuracy on them. Nothing of the folder leaves the node."""
+        from fdlit.data.node_local import node_client_data
+
+        loop = self.loop
+        data = node_client_data(folder, loop.client_data[self.ids[0]].train, loop.data.dataset, self.ids,
+                                loop.seed, loop.data.calibration_fraction)
+        device = loop.fabric.device
+        for cd in data:
+            loop.client_data[cd.client_id] = cd
+            loop.private[cd.client_id] = (cd.train.x.to(device), cd.train.y.to(device))
+            loop.clients[cd.client_id].classes = list(cd.classes)
+        return {str(cd.client_id): list(cd.classes) for cd in data}
 
     def op_train(self, meta, tensors):
         datasets = [(self._ref(x), self._ref(t)) for x, t in meta["datasets"]]

@@ -8,13 +8,15 @@ The method's server part, the privacy accountant, the ledger and the evaluation 
 Run config (``flwr run --run-config``; :mod:`fdlit.deployment.launcher` sets it): ``fit-args`` (the
 ``fit`` arguments as a JSON list; ``["--resume", RUN_DIR, ...]`` continues a run), ``nodes``, ``timeout`` (seconds one request may take on a node),
 ``node-wait`` (seconds to wait for the nodes at start), ``threads`` (torch threads per node worker,
-0: its default) and ``result-file`` (where to write the run's outcome as JSON for the launcher).
+0: its default), ``result-file`` (where to write the run's outcome as JSON for the launcher) and
+``progress-file`` (where to append the per-round lines ``fit`` prints, for the launcher to show).
 """
 
 from __future__ import annotations
 
 import json
 import traceback
+import warnings
 from pathlib import Path
 
 from flwr.app import Context
@@ -23,7 +25,7 @@ from flwr.serverapp import Grid, ServerApp
 app = ServerApp()
 
 RUN_CONFIG_DEFAULTS = {"fit-args": "[]", "nodes": 1, "timeout": 600.0, "node-wait": 120.0, "threads": 0,
-                       "result-file": ""}
+                       "result-file": "", "progress-file": ""}
 
 
 @app.main()
@@ -48,6 +50,10 @@ def main(grid: Grid, context: Context) -> None:
         executor = FlowerExecutor(grid, nodes=int(settings["nodes"]), timeout_s=float(settings["timeout"]),
                                   node_wait_s=float(settings["node-wait"]), threads=int(settings["threads"]) or None)
         experiment.loop.executor = executor
+        if settings["progress-file"]:  # the round lines and warnings, for the deploy command to show as they come
+            stream = experiment.progress_stream = open(str(settings["progress-file"]), "a", buffering=1)  # noqa: SIM115
+            warnings.showwarning = lambda message, category, *_, **__: stream.write(
+                f"fdlit: {category.__name__}: {message}\n")
         executor.states_every = experiment.checkpoint.every_n_rounds  # states come up with a checkpointed round's last reply
         executor.bind(experiment.loop, experiment.config_yaml)
         experiment.run()

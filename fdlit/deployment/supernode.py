@@ -105,12 +105,31 @@ def runtime_address(argv: list[str]) -> str:
     return f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{value('--port', str(SUPERNODE_UVICORN_DEFAULT_PORT))}"
 
 
+def check_node_config(argv: list[str]) -> None:
+    """The node's own settings that can be checked before it connects: its local data (one line, exit 2)."""
+    if "--node-config" not in argv[:-1]:
+        return
+    from flwr.common.config import parse_config_args
+
+    from fdlit.data.node_local import read_node_data
+    from fdlit.errors import ConfigError
+
+    settings = parse_config_args([argv[argv.index("--node-config") + 1]])
+    try:
+        if settings.get("local-data"):
+            read_node_data(str(settings["local-data"]))
+    except ConfigError as exc:
+        print(f"fdlit: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     from flwr.supernode.cli import flower_supernode
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--isolation" in argv:
         raise SystemExit("fdlit.deployment.supernode: --isolation is set here (process, with fdlit's task runner)")
+    check_node_config(argv)
     short_supernode_polls()
     short_object_pulls()
     threading.Thread(target=serve_tasks, args=(runtime_address(argv),), daemon=True, name="fdlit-tasks").start()

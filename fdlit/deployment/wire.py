@@ -31,8 +31,9 @@ def pack(meta: dict[str, Any], tensors: dict[str, torch.Tensor]):
     for key, t in tensors.items():
         raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
         layout.append([key, str(t.dtype).removeprefix("torch."), list(t.shape), offset, raw.numel()])
-        parts.append(raw)
-        offset += raw.numel()
+        pad = -raw.numel() % 8  # every tensor starts 8-byte aligned, so it is viewed in place on arrival
+        parts += [raw, torch.zeros(pad, dtype=torch.uint8)]
+        offset += raw.numel() + pad
     blob = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
     meta = {**meta, "_layout": layout}
     return RecordDict({META: ConfigRecord({"json": json.dumps(meta)}),
@@ -49,7 +50,10 @@ def unpack(content) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     for key, dtype, shape, offset, size in layout:
         if dtype not in DTYPES or offset < 0 or size < 0 or offset + size > blob.numel():
             raise ValueError(f"tensor '{key}': dtype {dtype!r} or bytes {offset}..{offset + size} do not fit the message")
-        t = blob[offset:offset + size].view(DTYPES[dtype])
+        t = blob[offset:offset + size]
+        if offset % 8:  # not where pack puts it: copied to fresh (aligned) memory first
+            t = t.clone()
+        t = t.view(DTYPES[dtype])
         tensors[key] = t.reshape(shape)
     return meta, tensors
 

@@ -85,6 +85,7 @@ class Experiment:
         self.run_path: Optional[Path] = None
         self.lock: Optional[RunLock] = None
         self.checkpointer: Optional[Checkpointer] = None
+        self.progress_stream = None  # where the round lines go (None: stderr); a deployment's ServerApp: a file
 
     def setup(self) -> None:
         """On resume: check the checkpoint against the config and take the run directory's lock
@@ -123,7 +124,7 @@ class Experiment:
         self.checkpointer = Checkpointer(self.run_path, self.config, wandb.current_run_id, self.checkpoint,
                                          saved_round=saved_round)
         loop.callbacks = [
-            directory, wandb, *([ProgressBar()] if self.logger.progress else []), *user_callbacks,
+            directory, wandb, *([ProgressBar(self.progress_stream)] if self.logger.progress else []), *user_callbacks,
             self.checkpointer,  # last: saves the random state the next round starts from
         ]
 

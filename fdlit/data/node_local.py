@@ -1,0 +1,75 @@
+"""A deployed node's own data: the real way a participant (a hospital, an edge server) takes part.
+
+With ``flower-supernode --node-config "local-data='/path'"``, the node's clients train on the
+labelled images in that folder instead of their partition of the shared dataset: the server and the
+other nodes never read them, and their labels, sizes and class mix are the node's. The folder
+holds the IDX pair fdlit reads for MNIST-style sets, ``train-images-idx3-ubyte`` and
+``train-labels-idx1-ubyte`` (gzipped or not): N x H x W uint8 images in the federation dataset's
+own pixel encoding (0-255 for the image datasets, 0-16 for digits, scikit-learn's encoding) and N
+labels in 0..C-1. The node's clients split the samples evenly (a seeded shuffle), and each holds
+out its calibration share as the federation's data section says; a client's local classes are
+the classes its samples hold. A missing or malformed folder is refused at the node's start.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fdlit.data.federated import ClientData
+from fdlit.data.local_files import IDX_FILES, _idx_file, read_idx
+from fdlit.data.partition import stratified_holdout
+from fdlit.data.tensor_dataset import TensorDataset
+from fdlit.errors import ConfigError
+
+FIELD = "node-config local-data"
+
+
+def read_node_data(folder: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """The folder's (images N x H x W uint8, labels N int64); one-line ConfigError when it is not that."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(FIELD, f"{folder} is not a folder")
+    images, labels = (_idx_file(folder, stem) for stem in IDX_FILES["train"])
+    if images is None or labels is None:
+        raise ConfigError(FIELD, f"{folder} must hold {' and '.join(IDX_FILES['train'])} (IDX, gzipped or not)")
+    try:
+        x, y = read_idx(images), read_idx(labels)
+    except ConfigError as exc:
+        raise ConfigError(FIELD, str(exc).split(": ", 1)[-1]) from None
+    if x.ndim != 3 or y.ndim != 1 or len(x) != len(y) or x.dtype != np.uint8 or len(y) == 0:
+        raise ConfigError(FIELD, f"{folder}: {images.name} ({x.shape}, {x.dtype}) and {labels.name} ({y.shape}) "
+                          "are not N x H x W uint8 images with N labels")
+    return x, y.astype(np.int64)
+
+
+def node_client_data(folder: str | Path, like: TensorDataset, dataset: str, client_ids: list[int], seed: int,
+                     calibration_fraction: float) -> list[ClientData]:
+    """The node's clients' data from its own folder, shaped and encoded as ``like`` (a split of the
+    federation's dataset: its input shape, dtype, classes and input step)."""
+    x, y = read_node_data(folder)
+    channels, height, width = like.input_shape[-3:] if len(like.input_shape) >= 3 else (1, *like.input_shape[-2:])
+    if x.shape[1:] != (height, width) or channels != 1:
+        raise ConfigError(FIELD, f"images of {x.shape[1]} x {x.shape[2]} pixels; this federation's {dataset} "
+                          f"inputs are {tuple(like.input_shape)}")
+    if y.min() < 0 or y.max() >= like.num_classes:
+        raise ConfigError(FIELD, f"labels {int(y.min())}..{int(y.max())}; {dataset} has classes 0..{like.num_classes - 1}")
+    if len(y) < 3 * len(client_ids):
+        raise ConfigError(FIELD, f"{len(y)} samples for {len(client_ids)} clients; each needs at least 3")
+    inputs = torch.from_numpy(x.copy())[:, None]
+    if like.x.is_floating_point():  # digits: 0..16 pixels scaled as the dataset scales its own
+        inputs = inputs.float() / 16.0
+    rng = np.random.default_rng([seed, *client_ids])
+    out = []
+    for cid, rows in zip(client_ids, np.array_split(rng.permutation(len(y)), len(client_ids)), strict=True):
+        labels = y[rows]
+        tr, cal = stratified_holdout(labels, calibration_fraction, rng)
+        if len(tr) < 2 or len(cal) < 1:
+            raise ConfigError(FIELD, f"client {cid} gets {len(tr)} training and {len(cal)} calibration samples of "
+                              f"the folder's {len(y)}; each needs at least 2 and 1")
+        parts = [TensorDataset(inputs[rows[idx]], torch.from_numpy(labels[idx]), like.num_classes, f"client{cid}/{name}",
+                               input_transform=like.input_transform) for idx, name in ((tr, "train"), (cal, "calibration"))]
+        out.append(ClientData(cid, sorted(int(c) for c in np.unique(labels)), *parts, np.zeros(0, dtype=np.int64)))
+    return out

@@ -1,0 +1,135 @@
+"""A deployed node's own data (fdlit.data.node_local) and what a node accepts to build.
+
+The fast tests need no Flower process; the ``deploy`` test runs 3 SuperNodes on loopback, one of
+them with a folder of its own images of a single class, and checks the run trained on it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fdlit.data.datasets import load_digits
+from fdlit.data.fetch import write_idx
+from fdlit.data.node_local import node_client_data, read_node_data
+from fdlit.errors import ConfigError
+
+flwr = pytest.importorskip("flwr", reason="the flower extra is not installed")
+
+
+def digits_folder(folder: Path, label: int, count: int = 60) -> Path:
+    """An IDX pair of digits images of one class, in digits' own 0..16 pixel encoding."""
+    data = load_digits()
+    rows = (data.y == label).nonzero().flatten()[:count]
+    folder.mkdir(parents=True, exist_ok=True)
+    write_idx(folder / "train-images-idx3-ubyte.gz", (data.x[rows, 0] * 16).round().numpy().astype(np.uint8))
+    write_idx(folder / "train-labels-idx1-ubyte.gz", data.y[rows].numpy().astype(np.uint8))
+    return folder
+
+
+def test_a_node_folder_becomes_its_clients_data_in_the_federation_encoding(tmp_path):
+    folder = digits_folder(tmp_path / "own", label=9)
+    like = load_digits()
+    data = node_client_data(folder, like, "digits", [4, 5], seed=0, calibration_fraction=0.2)
+    assert [cd.client_id for cd in data] == [4, 5] and all(cd.classes == [9] for cd in data)
+    assert sum(len(cd.train) + len(cd.calibration) for cd in data) == 60
+    own = torch.cat([torch.cat([cd.train.x, cd.calibration.x]) for cd in data])
+    nines = like.x[like.y == 9][:60]
+    # the same images as the dataset holds them (0..16 pixels scaled by 1/16), in some order
+    assert torch.allclose(own.sum(), nines.sum()) and own.dtype == like.x.dtype and own.shape[1:] == like.x.shape[1:]
+
+
+def truncated_pair(folder: Path) -> Path:
+    (folder / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03\x00\x00\x00\x05junk")  # 5 x ? x ?: cut off
+    (folder / "train-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x01\x00\x00\x00\x01\x02")
+    return folder
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda f: f / "missing", "is not a folder"),
+    (lambda f: f, "must hold train-images-idx3-ubyte"),
+    (lambda f: truncated_pair(f), "bytes"),
+])
+def test_a_missing_or_malformed_node_folder_is_one_line_naming_the_setting(tmp_path, make, says):
+    with pytest.raises(ConfigError) as err:
+        read_node_data(make(tmp_path))
+    assert str(err.value).startswith("node-config local-data: ") and says in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_node_data_of_another_size_or_more_classes_is_refused(tmp_path):
+    folder = tmp_path / "big"
+    folder.mkdir()
+    write_idx(folder / "train-images-idx3-ubyte.gz", np.zeros((30, 28, 28), np.uint8))
+    write_idx(folder / "train-labels-idx1-ubyte.gz", np.zeros(30, np.uint8))
+    with pytest.raises(ConfigError, match="28 x 28 pixels"):
+        node_client_data(folder, load_digits(), "digits", [0], 0, 0.2)
+    write_idx(folder / "train-images-idx3-ubyte.gz", np.zeros((30, 8, 8), np.uint8))
+    write_idx(folder / "train-labels-idx1-ubyte.gz", np.full(30, 12, np.uint8))
+    with pytest.raises(ConfigError, match="classes 0..9"):
+        node_client_data(folder, load_digits(), "digits", [0], 0, 0.2)
+
+
+def test_a_node_refuses_its_bad_local_data_at_its_start_in_one_line(tmp_path):
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "fdlit.deployment.supernode", "--insecure", "--superlink",
+                           "127.0.0.1:1", "--node-config", f"local-data='{tmp_path / 'nowhere'}'"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and time.monotonic() - started < 60
+    assert done.stderr.strip().splitlines() == [f"fdlit: error: node-config local-data: {tmp_path / 'nowhere'} is not a folder"]
+
+
+def test_a_node_builds_only_the_class_paths_its_operator_allows():
+    from fdlit.deployment.node import check_class_paths
+
+    config = "model:\n  class_path: mylab.models.Net\naggregator:\n  class_path: fdlit.methods.FedAvg\n"
+    with pytest.raises(ConfigError) as err:
+        check_class_paths(config, "")
+    assert str(err.value).startswith("node-config allowed-classes: the run names ['mylab.models.Net']")
+    check_class_paths(config, "torch.optim., mylab.")  # the operator allows the lab's own code
+    check_class_paths("aggregator:\n  class_path: fdlit.methods.FedAvg\n", "")
+
+
+@pytest.mark.deploy
+def test_a_node_with_its_own_data_trains_on_it_and_the_server_measures_its_classes(tmp_path):
+    from fdlit.deployment.command import fit_arguments, run_on
+    from fdlit.deployment.launcher import LocalDeployment, flower_env
+
+    folder = digits_folder(tmp_path / "hospital", label=9)
+
+    class OneNodeWithItsOwnData(LocalDeployment):
+        def _supernode_process(self, i):
+            base = dict(self.node_settings)
+            self.node_settings = {**base, "local-data": str(folder)} if i == 2 else base
+            try:
+                return super()._supernode_process(i)
+            finally:
+                self.node_settings = base
+
+    work = tmp_path / "work"
+    dep = OneNodeWithItsOwnData(3, work)
+    dep.start()
+    try:
+        options = Namespace(nodes=3, timeout=120, node_wait=120.0, run_timeout=600.0, threads=1, root_certificates=None)
+        args = ["--config", "digits.yaml", "--data.num_clients", "6", "--federation.rounds", "2",
+                "--federation.executor", "fdlit.execution.SequentialExecutor", "--logger.run_dir", str(tmp_path / "runs")]
+        outcome = run_on(dep.address, work, flower_env(work), options, fit_arguments(args)[0])
+    finally:
+        dep.stop()
+    assert outcome["status"] == "done", outcome
+    run = Path(outcome["run_dir"])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["client_classes"][4:] == [[9], [9]]  # node 2 hosts clients 4 and 5: the classes it reported
+    assert all(len(c) == 2 for c in summary["client_classes"][:4])  # the others: their partition's 2 classes
+    rounds = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # trained on nines only, the node's clients call the test set's nines nines (their local accuracy)
+    assert all(a > 0.9 for a in rounds[0]["clients/after_private/local_acc"][4:])
+    assert "/hospital" not in (run / "config.yaml").read_text()  # the folder is the node's, not the run's
