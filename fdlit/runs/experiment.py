@@ -16,6 +16,7 @@ import yaml
 from jsonargparse import ArgumentParser, Namespace
 
 from fdlit.config import fit_parser, parse_fit
+from fdlit.config_ranges import check_knob_ranges
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.federation.server import ServerModel
 from fdlit.federation.settings import FederationSettings
@@ -25,8 +26,8 @@ from fdlit.runs.checkpoint import (
 )
 from fdlit.errors import ConfigError
 from fdlit.runs.directory import (
-    CHECKPOINT, CONFIG, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir, kept_checkpoints,
-    read_config, rebuild_logs, safe_name,
+    CHECKPOINT, CONFIG, LockNotAFile, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir,
+    kept_checkpoints, read_config, rebuild_logs, safe_name,
 )
 from fdlit.run_settings import LoggerConfig
 from fdlit.runs.progress import ProgressBar
@@ -69,6 +70,7 @@ class Experiment:
     def __init__(self, cfg: Namespace, parser: Optional[ArgumentParser] = None, resume_from: Optional[Path] = None,
                  checkpoint_file: Optional[Path] = None):
         parser = parser or fit_parser()
+        check_knob_ranges("aggregator", cfg.aggregator)  # what the constructors accept but overflows float32
         init = parser.instantiate(cfg)  # constructors check their arguments: ConfigError before any work
         self.config: dict[str, Any] = cfg.clone().as_dict()
         self.config.pop("config", None)
@@ -85,6 +87,7 @@ class Experiment:
         self.run_path: Optional[Path] = None
         self.lock: Optional[RunLock] = None
         self.checkpointer: Optional[Checkpointer] = None
+        self.resumed_round = 0  # the round of the checkpoint a resume continues from (0: none)
 
     def setup(self) -> None:
         """On resume: check the checkpoint against the config and take the run directory's lock
@@ -100,8 +103,15 @@ class Experiment:
             if checkpoint.exists():
                 state = load_checkpoint(checkpoint)
                 check_config(self.config, loop.rounds, state)
-            self.lock = RunLock(self.run_path).acquire()
+                self.resumed_round = state["loop"]["round"]
+            try:
+                self.lock = RunLock(self.run_path).acquire()
+            except LockNotAFile as exc:  # the run itself is fine: say so, and how it continues
+                raise CheckpointError(f"{exc.path} is {exc.what}, not fdlit's lock file (fdlit writes it as a plain "
+                                      f"file); remove it; {resume_hint(self.run_path, self.resumed_round)}"
+                                      ) from None
         loop.setup()
+        loop.settings.check_test_set(len(loop.test_y))  # needs the data; still before any training or file
         if state is not None:
             check_resumable(loop, self.config, state)
         if self.resume_from is None:
@@ -129,8 +139,9 @@ class Experiment:
 
     @property
     def saved_round(self) -> int:
-        """The round the run directory's checkpoint holds (0: none)."""
-        return self.checkpointer.saved_round if self.checkpointer is not None else 0
+        """The round the run directory's checkpoint holds (0: none); before the checkpointer exists,
+        that of the checkpoint being resumed."""
+        return self.checkpointer.saved_round if self.checkpointer is not None else self.resumed_round
 
     def finish_checkpoint(self) -> str:
         """Wait for a checkpoint still being written in the background; '' or what went wrong."""
