@@ -1,5 +1,6 @@
-"""Ranges of the methods' temperature knobs, checked on the parsed ``fit`` config before any class is
-built (fit, resume and every sweep combination go through :class:`fdlit.runs.experiment.Experiment`).
+"""Ranges of the methods' temperature knobs, checked on the parsed ``fit`` config before anything is
+built into a run, after the constructors' own checks (fit, resume and every sweep combination go through
+:class:`fdlit.runs.experiment.Experiment`).
 
 A method's constructor accepts any finite ``tau >= 0`` or ``temperature > 0``, but its rule computes
 ``softmax(tau * l)`` (sUWA's log-likelihood weights; LKD and F2L scale AUCs the same way) or

@@ -70,8 +70,8 @@ class Experiment:
     def __init__(self, cfg: Namespace, parser: Optional[ArgumentParser] = None, resume_from: Optional[Path] = None,
                  checkpoint_file: Optional[Path] = None):
         parser = parser or fit_parser()
-        check_knob_ranges("aggregator", cfg.aggregator)  # what the constructors accept but overflows float32
         init = parser.instantiate(cfg)  # constructors check their arguments: ConfigError before any work
+        check_knob_ranges("aggregator", cfg.aggregator)  # what the constructors accept but overflows float32
         self.config: dict[str, Any] = cfg.clone().as_dict()
         self.config.pop("config", None)
         self.config_yaml = parser.dump(cfg, skip_unset=False)  # keep null keys: the saved config is complete
