@@ -58,10 +58,10 @@ class Participation:
         dropout: probability in [0, 1) that a sampled client trains but its upload never arrives
             (it then receives no teacher that round).
         join_rounds: per client (M values, each >= 1), the first round it can take part in
-            (F2L's dynamic clients). null: every client from round 1.
+            (F2L's dynamic clients), at most federation.rounds. null: every client from round 1.
         late_joiners: shortcut for join_rounds: the last ``late_joiners`` client ids join at
             ``join_round``, the others at round 1.
-        join_round: the round the late joiners join (>= 2 to be late).
+        join_round: the round the late joiners join (>= 2 to be late; at most federation.rounds).
         public_subset: N', public samples drawn each round (1 <= N' <= N) and used for that round's
             uploads and distillation. null: the whole public set.
         public_fraction: N' as a share of the public set, in (0, 1]: N' = ceil(public_fraction * N).
