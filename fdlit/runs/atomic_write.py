@@ -106,8 +106,8 @@ STORAGE_LIMITS = {errno.ENOSPC: "", errno.EDQUOT: "",
 
 
 def storage_error(code: int, path: str | Path) -> OSError:
-    """The OSError a write that ran out of room ends with: the system's words (``No space left on
-    device``, ``File too large`` with what limit that is) and the file it was writing."""
+    """The OSError a failed write ends with: the system's words for ``code`` (``No space left on
+    device``; ``File too large`` with what limit that is) and the file it was writing."""
     return OSError(code, os.strerror(code) + STORAGE_LIMITS.get(code, ""), str(path))
 
 

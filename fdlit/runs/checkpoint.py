@@ -53,7 +53,7 @@ from fdlit.callbacks import FederationCallback
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.privacy.upload import default_config
 from fdlit.run_settings import CheckpointConfig  # noqa: F401  (the checkpoint section, importable from here)
-from fdlit.runs.atomic_write import STORAGE_LIMITS, storage_error, write_file
+from fdlit.runs.atomic_write import storage_error, write_file
 from fdlit.runs.checkpoint_contents import (  # noqa: F401  (the checkpoint's names, importable from here)
     _detached,
     content_digest,
@@ -88,12 +88,12 @@ def write_failure(path: Path, cause: BaseException) -> OSError:
     """Writing a checkpoint failed for a reason torch reports as a RuntimeError (its zip writer's
     ``unexpected pos`` or ``file write failed``): an OSError like the others, so it ends the command
     in one line. The system's error that made torch fail (disk full, the file size limit) is the
-    RuntimeError's context when torch wrote through fdlit's file; without it, a nearly full disk is
-    taken to be the reason, else an input/output error with torch's words."""
+    RuntimeError's context when torch wrote through fdlit's file, and is the one named; without it,
+    a nearly full disk is taken to be the reason, else an input/output error with torch's words."""
     seen, error = set(), cause
     while error is not None and id(error) not in seen:  # the chain of errors torch's error came from
         seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in STORAGE_LIMITS:
+        if isinstance(error, OSError) and error.errno:  # disk full, file size limit, read-only, I/O error
             return storage_error(error.errno, path)
         error = error.__cause__ or error.__context__
     try:
