@@ -18,8 +18,8 @@ import yaml
 from fdlit.cli import main
 from fdlit.config import parse_fit
 from fdlit.federation.settings import FederationSettings
-from fdlit.runs.checkpoint import load_checkpoint
-from fdlit.runs.directory import CHECKPOINT, LOCK, read_jsonl
+from fdlit.runs.checkpoint import config_fingerprint, load_checkpoint, save_checkpoint
+from fdlit.runs.directory import CHECKPOINT, CONFIG, LOCK, read_jsonl
 from fdlit.runs.experiment import Experiment
 
 TINY = ["--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
@@ -256,3 +256,29 @@ def test_the_stopped_line_counts_the_completed_rounds_when_no_checkpoint_could_b
         r"completed \(metrics.jsonl holds them\) but no checkpoint was written, so there is nothing to resume "
         r"from; start the run again", line), line
     assert rounds and not (run / CHECKPOINT).exists()
+
+
+def test_a_run_saved_with_a_knob_that_does_nothing_resumes_as_the_same_run(finished_run, tmp_path, capsys):
+    """Saved before such settings were refused: privacy.top_k 3 with the full encoding, its checkpoint
+    written for that config. It resumes with privacy.top_k 1, which is the same run."""
+    run = tmp_path / finished_run.name
+    shutil.copytree(finished_run, run)
+    config = run / CONFIG
+    assert config.read_text().count("  top_k: 1\n") == 1
+    config.write_text(config.read_text().replace("  top_k: 1\n", "  top_k: 3\n"))
+    _, cfg = parse_fit(["--config", str(config)])  # parsed only: the constructors would refuse it
+    saved = cfg.clone().as_dict()
+    saved.pop("config", None)
+    state = torch.load(run / CHECKPOINT, weights_only=True)
+    state.pop("sha256")
+    state["config_sha256"] = config_fingerprint(saved)
+    save_checkpoint(state, run / CHECKPOINT)
+    capsys.readouterr()
+    assert main(["fit", "--resume", str(run), "--federation.rounds", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "fdlit: the run's privacy.top_k 3 does nothing in its settings (refused for new runs); it continues " \
+           "with 1, the same run" in err
+    assert [r["round"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
+    assert yaml.safe_load(config.read_text())["privacy"]["top_k"] == 1  # and the next resume needs no reset
+    assert main(["fit", "--resume", str(run), "--federation.rounds", "4"]) == 0
+    assert "does nothing" not in capsys.readouterr().err
