@@ -35,7 +35,7 @@ def digits_test_size() -> int:
     return len(data.test.y)
 
 
-def refused(tmp_path, capsys, *args, files: dict[str, str] = {}) -> str:
+def refused(tmp_path, capsys, *args, files: dict[str, str] | None = None) -> str:
     """Run ``fit`` with ``args`` (FILE:<name> replaced by a YAML file with ``files[name]``); assert it
     is refused with exit 2 in one line and that no run directory was made; the line."""
     argv = []
