@@ -315,8 +315,31 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
     if keys and literal and given:  # a choice field (data.class_assignment, ...) given a value it does not have
         allowed = literal.group(1) + (", null" if "NoneType" in text else "")
         return ConfigError(".".join(keys), f"allowed: {allowed}; got {given.group(1).strip()!r}")
+    typed = _type_error(text)
+    if keys and typed:  # a text (or list) where a number, a flag or a list of them goes
+        return ConfigError(".".join(keys), typed)
     detail = " ".join(line.strip() for line in re.sub(r'Parser key "[^"]+":', "", text).splitlines() if line.strip())
     return ConfigError(".".join(keys) if keys else command, detail + import_hint(text))
+
+
+# jsonargparse's names of the types whose values YAML writes plainly, as an error says what is allowed
+KINDS = {"<class 'int'>": "an integer", "<class 'float'>": "a number", "<class 'bool'>": "true or false",
+         "list[int]": "a list of integers", "list[float]": "a list of numbers", "<class 'NoneType'>": "null"}
+
+
+def _type_error(text: str) -> str | None:
+    """``allowed: an integer; got 'three'`` for jsonargparse's refusal of a value of the wrong type
+    in a field of a plain type (or a union of them with null); None for any other error. A quoted
+    number is not refused: it is read as the number, as every value on the command line is."""
+    union = re.search(r"Subtypes: \[(.*)\]", text)
+    kinds = (union.group(1).split(", ") if union else
+             re.findall(r"Expected a (<class '\w+'>)\. Got value", text)[:1])
+    value = re.search(r"Given value: (.*)$", text, re.MULTILINE) or re.search(r"Got value: ?(.*)$", text, re.MULTILINE)
+    if not kinds or value is None or not all(k in KINDS for k in kinds):
+        return None
+    got = value.group(1).strip()
+    note = " (nan is not allowed)" if got.lower() in ("nan", "-nan") else ""
+    return f"allowed: {' or '.join(KINDS[k] for k in kinds)}{note}; got {got if got.startswith('[') else repr(got)}"
 
 
 def parse_fit(argv: list[str]) -> tuple[ArgumentParser, Namespace]:

@@ -119,8 +119,13 @@ def test_a_real_file_size_limit_during_the_checkpoint_write_ends_in_one_line(fas
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert len(lines) == 1, lines
-    assert lines[0].startswith("fdlit: stopped: ") and "writing the checkpoint failed" in lines[0]
-    assert lines[0].endswith("no round completed, so there is no checkpoint to resume from; start the run again")
+    run = only_run(tmp_path / "runs")
+    rounds = [json.loads(line)["round"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == [1, 2]  # both rounds ran (round 1's checkpoint fails in the background, raised after round 2)
+    assert lines[0] == (f"fdlit: stopped: File too large (the process's file size limit, `ulimit -f`, was reached): "
+                        f"{run / CHECKPOINT}; run directory {run}: rounds 1 to {rounds[-1]} completed (metrics.jsonl "
+                        "holds them) but no checkpoint was written, so there is nothing to resume from; start the run "
+                        "again")
     assert not list((tmp_path / "runs").glob("*/*.tmp"))
 
 

@@ -191,7 +191,7 @@ def test_under_the_agent_the_offline_run_records_what_ran(fast_args, tmp_path, c
     assert seen[(0.5, 0)][1] == seen[(0.5, 1)][1] != seen[(0.25, 0)][1]  # a group: every setting but the seed
 
 
-def test_resume_names_every_offline_folder_and_a_finished_run_opens_none(fast_args, tmp_path, capsys, monkeypatch):
+def test_a_run_resumed_offline_keeps_one_folder_and_a_finished_run_opens_none(fast_args, tmp_path, capsys, monkeypatch):
     import torch
 
     offline_env(monkeypatch, tmp_path)
@@ -202,19 +202,30 @@ def test_resume_names_every_offline_folder_and_a_finished_run_opens_none(fast_ar
     assert "W&B unavailable" not in capsys.readouterr().err
     assert main(["fit", "--resume", str(run_dir), "--federation.rounds", "2"]) == 0
     out, err = capsys.readouterr()
-    folders = sorted((run_dir / "wandb").glob("offline-run-*"))
-    assert len(folders) == 2 and all(str(f) in out for f in folders)  # one sync command for both sessions
     assert "W&B unavailable" not in err
-    # one W&B run: the resumed session continues the id the checkpoint holds (wandb writes a folder per
-    # session and `wandb sync` uploads the files of one run in the order they were written)
+    # one W&B run: the resumed session continues the id the checkpoint holds; wandb wrote a folder per
+    # session, and the second one was merged into the first when it ended
     run_id = torch.load(run_dir / "checkpoint.pt", weights_only=False)["wandb_run_id"]
-    # offline-run-<time>-<id>, and "-1" after it when both sessions started within the same second
-    assert {re.match(r"offline-run-[0-9_]+-([a-z0-9]+)", f.name).group(1) for f in folders} == {run_id}
-    assert sorted(wandb_sync_dry_run(tmp_path)) == sorted(f"wandb/{f.name}/run-{run_id}.wandb" for f in folders)
+    (folder,) = (run_dir / "wandb").glob("offline-run-*")
+    assert re.fullmatch(rf"offline-run-[0-9_]+-{run_id}", folder.name) and f"wandb sync {folder}" in out
+    logs = sorted(folder.glob("*.wandb"), key=lambda f: f.name != f"run-{run_id}.wandb")  # the first session's first
+    assert len(logs) == 2 and re.fullmatch(rf"run-{run_id}-[0-9_]+(-\d+)?\.wandb", logs[1].name)
+    sessions = [read_wandb_records(log) for log in logs]
+    runs = [next(r.run for r in records if r.WhichOneof("record_type") == "run") for records in sessions]
+    assert [r.run_id for r in runs] == [run_id, run_id]
+    assert runs[0].start_time.ToDatetime() < runs[1].start_time.ToDatetime()  # wandb sync uploads them in this order
+    rounds = [{i.value_json for r in records if r.WhichOneof("record_type") == "history" for i in r.history.item
+               if (i.key or "/".join(i.nested_key)) == "round"} for records in sessions]
+    assert rounds == [{"1"}, {"2"}]
+    named = [fi.path for records in sessions for r in records if r.WhichOneof("record_type") == "files"
+             for fi in r.files.files]
+    assert named and all((folder / "files" / path).is_file() for path in named)  # each log finds its files beside it
+    assert sorted(wandb_sync_dry_run(tmp_path)) == sorted(f"wandb/{folder.name}/{log.name}" for log in logs)
+    assert [p.name for p in (tmp_path / "wandb").glob("offline-run-*")] == [folder.name]  # one link in the project
     assert main(["fit", "--resume", str(run_dir), "--federation.rounds", "2"]) == 0
     err = capsys.readouterr().err
     assert "no W&B run opened" in err
-    assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 2  # no new, empty run
+    assert [f.name for f in (run_dir / "wandb").glob("offline-run-*")] == [folder.name]  # no new, empty run
 
 
 def test_a_bare_wandb_sync_in_the_project_folder_finds_the_offline_run_with_its_config(fast_args, tmp_path, capsys,

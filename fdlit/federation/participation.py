@@ -58,10 +58,10 @@ class Participation:
         dropout: probability in [0, 1) that a sampled client trains but its upload never arrives
             (it then receives no teacher that round).
         join_rounds: per client (M values, each >= 1), the first round it can take part in
-            (F2L's dynamic clients). null: every client from round 1.
+            (F2L's dynamic clients), at most federation.rounds. null: every client from round 1.
         late_joiners: shortcut for join_rounds: the last ``late_joiners`` client ids join at
             ``join_round``, the others at round 1.
-        join_round: the round the late joiners join (>= 2 to be late).
+        join_round: the round the late joiners join (>= 2 to be late; at most federation.rounds).
         public_subset: N', public samples drawn each round (1 <= N' <= N) and used for that round's
             uploads and distillation. null: the whole public set.
         public_fraction: N' as a share of the public set, in (0, 1]: N' = ceil(public_fraction * N).
@@ -125,13 +125,22 @@ class Participation:
         self._num_clients = num_clients
 
     def check_rounds(self, rounds: int, num_clients: int) -> None:
-        """Refuse a run in which no client ever takes part: every join round after the last round."""
-        first = min(self.joined(num_clients))
-        if first > rounds:
-            field = f"{FIELD}.join_rounds" if self.join_rounds is not None else f"{FIELD}.join_round"
+        """Refuse a run in which a client never takes part: its join round is after the last round
+        (no client at all, or late joiners that would only count towards M)."""
+        joined = self.joined(num_clients)
+        field = f"{FIELD}.join_rounds" if self.join_rounds is not None else f"{FIELD}.join_round"
+        if min(joined) > rounds:
             raise ConfigError(field, f"no client joins within federation.rounds = {rounds} (the first joins in "
-                              f"round {first}), so nothing would train; allowed: at least one client joining in "
+                              f"round {min(joined)}), so nothing would train; allowed: at least one client joining in "
                               f"a round <= {rounds}")
+        never = [i for i, r in enumerate(joined) if r > rounds]
+        if never:
+            ids = f"client {never[0]}" if len(never) == 1 else f"clients {never[0]}..{never[-1]}"
+            who = (f"the late joiners ({ids}) join in round {self.join_round}" if self.join_rounds is None else
+                   f"client(s) {', '.join(map(str, never[:5]))}{' ...' if len(never) > 5 else ''} join in round(s) "
+                   f"{', '.join(str(joined[i]) for i in never[:5])}")
+            raise ConfigError(field, f"{who}, after the last round (federation.rounds = {rounds}), so they would "
+                              f"never take part; allowed: join rounds in [1, {rounds}] (or raise federation.rounds)")
 
     def sample_rate_for(self, num_clients: int) -> float:
         """The largest per-round probability that a given client is sampled, over the rounds (the

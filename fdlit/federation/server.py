@@ -61,7 +61,7 @@ class ServerModel:
         epochs_first: distillation epochs over the public set in round 1 (>= 0).
         epochs: distillation epochs in later rounds (>= 0).
         broadcast: send the server model's probabilities on the public set down as the clients'
-            teacher instead of the aggregated teacher (counted as ``server_teacher``).
+            teacher instead of the aggregated teacher (counted as ``server_teacher``); needs ``model``.
     """
 
     def __init__(
@@ -85,6 +85,10 @@ class ServerModel:
         check_at_least("server.batch_size", batch_size, 1)
         check_at_least("server.epochs_first", epochs_first, 0)
         check_at_least("server.epochs", epochs, 0)
+        if broadcast and model is None:  # nothing to broadcast: the clients would distil from the aggregate
+            raise ConfigError("server.broadcast", "true needs a server model to broadcast the predictions of, and "
+                              "server.model is null; allowed: server.broadcast false, or set server.model "
+                              "(e.g. --server.model fdlit.models.MLP)")
         self.spec = model
         self.optimization = ClientOptimization(optimizer, lr, weight_decay=weight_decay, momentum=momentum,
                                                batch_size=batch_size)

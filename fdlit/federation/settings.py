@@ -11,6 +11,7 @@ from typing import Literal
 import torch
 
 from fdlit.callbacks import FederationCallback
+from fdlit.errors import ConfigError
 from fdlit.execution import ClientExecutor
 from fdlit.federation.baselines import MODES
 from fdlit.federation.construction import MESSAGE_DTYPES, check_loop_settings, import_client_class
@@ -47,7 +48,8 @@ class FederationSettings:
             "best" use evaluated rounds only.
         eval_subsample: evaluate rounds before the last on a fixed random subset of this many test
             samples (drawn once from the seed, the same subset every round); the last round always
-            uses the whole test set. null: the whole test set every time.
+            uses the whole test set. null: the whole test set every time. At most the test set's
+            size (checked once the data is set up).
         channels_last: store every client network's 4-D weights channels-last
             (``torch.channels_last``; convolutions then run in NHWC, usually faster on GPUs with
             tensor cores). Same results up to float rounding.
@@ -106,6 +108,13 @@ class FederationSettings:
         # reference baseline is one pooled model, so nobody is sampled there
         full = participation is None or participation.is_full or mode == "reference"
         self.participation = None if full else participation
+
+    def check_test_set(self, test_size: int) -> None:
+        """The bound that needs the data: a subsample larger than the test set would silently be the
+        whole set (called once the data is set up, before any training)."""
+        if self.eval_subsample is not None and self.eval_subsample > test_size:
+            raise ConfigError("federation.eval_subsample", f"allowed: an integer in [1, {test_size}] (the test set's "
+                              f"size) or null (the whole test set); got {self.eval_subsample}")
 
     def private_epochs_of(self, r: int) -> int:
         return self.private_epochs_first if r == 1 else self.private_epochs

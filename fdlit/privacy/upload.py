@@ -97,8 +97,9 @@ class UploadPrivacy:
             whose teacher is a function of the clients' mean only).
         encoding: what a client's prediction travels as: ``full`` logits, ``hard`` class ids,
             ``top_k`` probabilities, ``quantised`` probabilities (fdlit.privacy.encoding).
-        top_k: k of ``top_k``, in [1, C].
-        bits: bits per probability of ``quantised``, in [1, 16].
+        top_k: k of ``top_k``, in [1, C]; another value than 1 needs ``encoding: top_k``.
+        bits: bits per probability of ``quantised``, in [1, 16]; another value than 8 needs
+            ``encoding: quantised``.
         audit: at the last round, a loss-threshold membership-inference attack (Yeom et al. 2018)
             on every client model: ``privacy/mia_auc`` (mean) and ``clients/privacy/mia_auc``.
     """
@@ -129,6 +130,15 @@ class UploadPrivacy:
             raise ConfigError("privacy.bits", f"must be in [1, 16], got {bits}")
         if top_k < 1:
             raise ConfigError("privacy.top_k", f"must be in [1, C] (C: the number of classes), got {top_k}")
+        # a knob of another encoding changes nothing: refused rather than ignored (1 and 8: the defaults)
+        if top_k != 1 and encoding != "top_k":
+            raise ConfigError("privacy.top_k", f"applies to privacy.encoding top_k only, and privacy.encoding is "
+                              f"{encoding!r}, where it does nothing; allowed: privacy.encoding top_k with "
+                              f"privacy.top_k {top_k}, or leave privacy.top_k at 1")
+        if bits != 8 and encoding != "quantised":
+            raise ConfigError("privacy.bits", f"applies to privacy.encoding quantised only, and privacy.encoding is "
+                              f"{encoding!r}, where it does nothing; allowed: privacy.encoding quantised with "
+                              f"privacy.bits {bits}, or leave privacy.bits at 8")
         if epsilon_budget is not None and noise_multiplier == 0:
             raise ConfigError("privacy.epsilon_budget", "needs privacy.noise_multiplier > 0 (without noise "
                               "epsilon is infinite)")

@@ -6,7 +6,8 @@ is not a plain file (a device such as ``/dev/full``, a folder, a link: renaming 
 replace what it is, writing through it would change what it points to), and a target inside a run
 directory unless the write is that run's own (``run_dir``): ``export --out RUN/checkpoint.pt`` is
 refused, the checkpoint stays as it was. Disk full is one OSError naming the target (``No space
-left on device: <path>``), which the command line prints as one line.
+left on device: <path>``; a quota or the process's file size limit likewise), which the command
+line prints as one line.
 """
 
 from __future__ import annotations
@@ -89,14 +90,25 @@ def write_file(path: str | Path, content: Content, field: str = "out", run_dir: 
         os.replace(tmp, path)
     except BaseException as exc:  # disk full, Ctrl-C: the old file stays, and no half-written .tmp
         _remove(tmp)
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from None
+        if isinstance(exc, OSError) and exc.errno in STORAGE_LIMITS:
+            raise storage_error(exc.errno, path) from None
         if isinstance(exc, OSError) and exc.filename in (str(tmp), tmp):
             raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
         raise
     if sync_folder:
         _sync_folder(path.parent)
     return path
+
+
+# a write that ran out of room: the disk, the user's quota, or the process's file size limit
+STORAGE_LIMITS = {errno.ENOSPC: "", errno.EDQUOT: "",
+                  errno.EFBIG: " (the process's file size limit, `ulimit -f`, was reached)"}
+
+
+def storage_error(code: int, path: str | Path) -> OSError:
+    """The OSError a failed write ends with: the system's words for ``code`` (``No space left on
+    device``; ``File too large`` with what limit that is) and the file it was writing."""
+    return OSError(code, os.strerror(code) + STORAGE_LIMITS.get(code, ""), str(path))
 
 
 def _remove(tmp: Path) -> None:

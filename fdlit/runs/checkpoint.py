@@ -53,7 +53,7 @@ from fdlit.callbacks import FederationCallback
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.privacy.upload import default_config
 from fdlit.run_settings import CheckpointConfig  # noqa: F401  (the checkpoint section, importable from here)
-from fdlit.runs.atomic_write import write_file
+from fdlit.runs.atomic_write import storage_error, write_file
 from fdlit.runs.checkpoint_contents import (  # noqa: F401  (the checkpoint's names, importable from here)
     _detached,
     content_digest,
@@ -62,7 +62,9 @@ from fdlit.runs.checkpoint_contents import (  # noqa: F401  (the checkpoint's na
     set_rng_state,
     unpack_client_states,
 )
-from fdlit.runs.directory import CHECKPOINT, RunFileError, check_run_file, kept_checkpoints, round_checkpoint
+from fdlit.runs.directory import (
+    CHECKPOINT, METRICS, RunFileError, check_run_file, kept_checkpoints, read_jsonl, round_checkpoint,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from fdlit.federation.loop import FederationLoop
@@ -82,18 +84,33 @@ class CheckpointError(ConfigError):
         super().__init__("resume", message)
 
 
-class CheckpointWriteError(OSError):
+def write_failure(path: Path, cause: BaseException) -> OSError:
     """Writing a checkpoint failed for a reason torch reports as a RuntimeError (its zip writer's
-    ``file write failed``): an OSError like the others, so it ends the command in one line."""
+    ``unexpected pos`` or ``file write failed``): an OSError like the others, so it ends the command
+    in one line. The system's error that made torch fail (disk full, the file size limit) is the
+    RuntimeError's context when torch wrote through fdlit's file, and is the one named; without it,
+    a nearly full disk is taken to be the reason, else an input/output error with torch's words."""
+    seen, error = set(), cause
+    while error is not None and id(error) not in seen:  # the chain of errors torch's error came from
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno:  # disk full, file size limit, read-only, I/O error
+            return storage_error(error.errno, path)
+        error = error.__cause__ or error.__context__
+    try:
+        full = shutil.disk_usage(Path(path).parent).free < 2**20
+    except OSError:
+        full = False
+    if full:
+        return storage_error(errno.ENOSPC, path)
+    return CheckpointWriteError(path, cause)
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint write that failed without a system error to name (torch's words kept)."""
 
     def __init__(self, path: Path, cause: BaseException):
-        try:
-            full = shutil.disk_usage(Path(path).parent).free < 2**20
-        except OSError:
-            full = False
-        code = errno.ENOSPC if full else errno.EIO
         detail = " ".join(str(cause).split())[:160]
-        super().__init__(code, f"{os.strerror(code)} (writing the checkpoint failed: {detail})", str(path))
+        super().__init__(errno.EIO, f"{os.strerror(errno.EIO)} (writing the checkpoint failed: {detail})", str(path))
 
 
 # ---------------------------------------------------------------------------------- fingerprints
@@ -156,7 +173,7 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
     try:
         write_file(path, lambda f: torch.save(state, f), field="checkpoint", run_dir=path.parent, sync_folder=True)
     except RuntimeError as exc:  # torch's zip writer reports ENOSPC, EIO, EFBIG like this
-        raise CheckpointWriteError(path, exc) from None
+        raise write_failure(path, exc) from None
     return path
 
 
@@ -331,9 +348,23 @@ def resume_hint(run_dir: Path | None, round: int) -> str:
     read back and its checksum verified before it is called intact."""
     path = Path(run_dir) / CHECKPOINT if run_dir is not None else None
     if path is None or round <= 0 or not path.exists():
+        done = completed_rounds(run_dir) if run_dir is not None else 0
+        if done:  # rounds ran, but their checkpoint could not be written
+            rounds = "round 1" if done == 1 else f"rounds 1 to {done}"
+            return (f"{rounds} completed ({METRICS} holds them) but no checkpoint was written, so there is nothing "
+                    "to resume from; start the run again")
         return "no round completed, so there is no checkpoint to resume from; start the run again"
     state = read_verified(path)
     if isinstance(state, str):
         return f"{state}; {offer_kept(path)}"
     return (f"the checkpoint of round {state['loop']['round']} is intact; continue with: "
             f"python -m fdlit fit --resume {run_dir}")
+
+
+def completed_rounds(run_dir: Path) -> int:
+    """The last round ``run_dir``'s metrics.jsonl records (0: none, or a file fdlit cannot read)."""
+    try:
+        rounds = [row.get("round") for row in read_jsonl(Path(run_dir) / METRICS)]
+    except (OSError, ConfigError):
+        return 0
+    return max((r for r in rounds if isinstance(r, int) and not isinstance(r, bool)), default=0)

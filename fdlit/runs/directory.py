@@ -18,6 +18,7 @@ run; only a resume of that run writes into it again, and one process at a time (
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -272,6 +273,15 @@ class RunInUse(ConfigError):
                          "(the lock goes with the process, also when it is killed)")
 
 
+class LockNotAFile(ConfigError):
+    """Something other than a file is where a run directory's lock file goes."""
+
+    def __init__(self, path: Path, what: str):
+        self.path, self.what = Path(path), what
+        super().__init__("run_dir", f"{path} is {what}, not fdlit's lock file (fdlit writes it as a plain file); "
+                         "remove it and run the command again")
+
+
 class RunLock:
     """An exclusive lock on a run directory (``flock`` on ``run.lock``), held for the run's life.
 
@@ -288,7 +298,7 @@ class RunLock:
     def acquire(self) -> "RunLock":
         if fcntl is None or self._file is not None:
             return self
-        f = open(self.path, "a+")
+        f = os.fdopen(self._open(), "a+")
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -304,6 +314,23 @@ class RunLock:
         f.flush()
         self._file = f
         return self
+
+    def _open(self) -> int:
+        """The lock file's descriptor; never through a link, and only a regular file (a folder or
+        pipe in its place is refused, naming it)."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            if os.path.islink(self.path):
+                raise LockNotAFile(self.path, "a link") from None
+            if exc.errno == errno.EISDIR or self.path.is_dir():
+                raise LockNotAFile(self.path, "a folder") from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise LockNotAFile(self.path, "not a regular file (a pipe, socket or device)")
+        return fd
 
     def release(self) -> None:
         if self._file is not None:

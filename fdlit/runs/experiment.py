@@ -7,6 +7,7 @@ a checkpoint is the loop's ``state_dict()``.
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import yaml
 from jsonargparse import ArgumentParser, Namespace
 
 from fdlit.config import fit_parser, parse_fit
+from fdlit.config_ranges import check_knob_ranges
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.federation.server import ServerModel
 from fdlit.federation.settings import FederationSettings
@@ -25,8 +27,8 @@ from fdlit.runs.checkpoint import (
 )
 from fdlit.errors import ConfigError
 from fdlit.runs.directory import (
-    CHECKPOINT, CONFIG, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir, kept_checkpoints,
-    read_config, rebuild_logs, safe_name,
+    CHECKPOINT, CONFIG, LockNotAFile, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir,
+    kept_checkpoints, read_config, rebuild_logs, safe_name,
 )
 from fdlit.run_settings import LoggerConfig
 from fdlit.runs.progress import ProgressBar
@@ -67,9 +69,11 @@ class Experiment:
     ``fit`` sets up, takes the run directory's lock and holds it until it returns or raises."""
 
     def __init__(self, cfg: Namespace, parser: Optional[ArgumentParser] = None, resume_from: Optional[Path] = None,
-                 checkpoint_file: Optional[Path] = None):
+                 checkpoint_file: Optional[Path] = None, saved_values: Optional[dict[str, Any]] = None):
         parser = parser or fit_parser()
         init = parser.instantiate(cfg)  # constructors check their arguments: ConfigError before any work
+        if resume_from is None:  # a run saved before the ranges were checked resumes as it ran
+            check_knob_ranges("aggregator", cfg.aggregator)  # what the constructors accept but overflows float32
         self.config: dict[str, Any] = cfg.clone().as_dict()
         self.config.pop("config", None)
         self.config_yaml = parser.dump(cfg, skip_unset=False)  # keep null keys: the saved config is complete
@@ -86,6 +90,9 @@ class Experiment:
         self.lock: Optional[RunLock] = None
         self.checkpointer: Optional[Checkpointer] = None
         self.progress_stream = None  # where the round lines go (None: stderr); a deployment's ServerApp: a file
+        self.resumed_round = 0  # the round of the checkpoint a resume continues from (0: none)
+        # the config the checkpoint was written with: this one, but for knobs reset on resume (legacy_noop_knobs)
+        self.saved_config = with_values(self.config, saved_values or {})
 
     def setup(self) -> None:
         """On resume: check the checkpoint against the config and take the run directory's lock
@@ -100,11 +107,19 @@ class Experiment:
             checkpoint = self.checkpoint_file or self.run_path / CHECKPOINT
             if checkpoint.exists():
                 state = load_checkpoint(checkpoint)
-                check_config(self.config, loop.rounds, state)
-            self.lock = RunLock(self.run_path).acquire()
+                check_config(self.saved_config, loop.rounds, state)
+                self.resumed_round = state["loop"]["round"]
+            try:
+                self.lock = RunLock(self.run_path).acquire()
+            except LockNotAFile as exc:  # the run itself is fine: say so, and how it continues
+                raise CheckpointError(f"{exc.path} is {exc.what}, not fdlit's lock file (fdlit writes it as a plain "
+                                      f"file); remove it; {resume_hint(self.run_path, self.resumed_round)}"
+                                      ) from None
         loop.setup()
+        if self.resume_from is None:  # needs the data; still before any training or file (a saved run resumes as it ran)
+            loop.settings.check_test_set(len(loop.test_y))
         if state is not None:
-            check_resumable(loop, self.config, state)
+            check_resumable(loop, self.saved_config, state)
         if self.resume_from is None:
             self.run_path = create_run_dir(Path(self.logger.run_dir), self.name)
             self.lock = RunLock(self.run_path).acquire()
@@ -130,8 +145,9 @@ class Experiment:
 
     @property
     def saved_round(self) -> int:
-        """The round the run directory's checkpoint holds (0: none)."""
-        return self.checkpointer.saved_round if self.checkpointer is not None else 0
+        """The round the run directory's checkpoint holds (0: none); before the checkpointer exists,
+        that of the checkpoint being resumed."""
+        return self.checkpointer.saved_round if self.checkpointer is not None else self.resumed_round
 
     def finish_checkpoint(self) -> str:
         """Wait for a checkpoint still being written in the background; '' or what went wrong."""
@@ -198,8 +214,53 @@ def resume_experiment(run_dir: str, overrides: list[str]) -> Experiment:
         if kept_checkpoints(path):  # checkpoint.pt deleted, earlier ones kept
             raise CheckpointError(f"{run_dir} has no {CHECKPOINT}; {offer_kept(path / CHECKPOINT)}")
         raise CheckpointError(f"{run_dir} has no {CHECKPOINT}: no round of that run completed, start it anew")
-    parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), *overrides])
-    return Experiment(cfg, parser, resume_from=path, checkpoint_file=checkpoint)
+    saved = legacy_noop_knobs(path)
+    for field, value in saved.items():
+        print(f"fdlit: the run's {field} {value!r} does nothing in its settings (refused for new runs); it "
+              f"continues with {NOOP_DEFAULTS[field]!r}, the same run", file=sys.stderr)
+    reset = [f"--{field}={str(NOOP_DEFAULTS[field]).lower()}" for field in saved]
+    parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), *reset, *overrides])
+    return Experiment(cfg, parser, resume_from=path, checkpoint_file=checkpoint, saved_values=saved)
+
+
+# knobs that do nothing in some settings, refused there since; the value that does the same
+NOOP_DEFAULTS = {"privacy.top_k": 1, "privacy.bits": 8, "server.broadcast": False}
+
+
+def legacy_noop_knobs(path: Path) -> dict[str, Any]:
+    """{field: value} of the knobs ``path``'s saved config sets although they do nothing there
+    (privacy.top_k or privacy.bits of another encoding, server.broadcast without a server model):
+    saved before such settings were refused, the run resumes with :data:`NOOP_DEFAULTS` instead,
+    which is the same run, and its checkpoint is checked against the config as saved."""
+    try:
+        config = read_config(path)
+    except (OSError, yaml.YAMLError, ConfigError):  # an unreadable config.yaml: parse_fit says what is wrong
+        return {}
+    privacy, server = config.get("privacy"), config.get("server")
+    found = {}
+    if isinstance(privacy, dict):
+        encoding = privacy.get("encoding", "full")
+        if privacy.get("top_k", 1) != 1 and encoding != "top_k":
+            found["privacy.top_k"] = privacy["top_k"]
+        if privacy.get("bits", 8) != 8 and encoding != "quantised":
+            found["privacy.bits"] = privacy["bits"]
+    if isinstance(server, dict) and server.get("broadcast") is True and server.get("model") is None:
+        found["server.broadcast"] = True
+    return found
+
+
+def with_values(config: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``config`` with the dotted ``values`` set."""
+    if not values:
+        return config
+    out = copy.deepcopy(config)
+    for field, value in values.items():
+        *sections, key = field.split(".")
+        node = out
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[key] = value
+    return out
 
 
 def legacy_name(path: Path) -> list[str]:

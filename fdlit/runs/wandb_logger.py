@@ -11,7 +11,9 @@ agent's own key names, so a swept class keeps its ``init_args`` and nothing appe
 made of every setting but the seed; under the agent a name built from the swept values; a summary of
 plain numbers (last value under the metric's own name, best as ``best/<metric>``); the per-client
 table once, at the end; the trust heatmap every ``logger.trust_every_n_rounds``. Resuming a finished
-run opens no W&B run, and the offline sync hint names every offline folder of the run directory.
+run opens no W&B run; a run resumed offline keeps one offline folder, into which each session's
+folder is merged when it ends (fdlit.runs.wandb_offline), and the offline sync hint names every
+offline folder of the run directory.
 
 ``mode=online`` without credentials is refused before any work (:func:`check_credentials`): asking
 for online and silently getting offline would hide that nothing is uploaded. An offline folder is
@@ -37,6 +39,7 @@ from fdlit.runs.directory import safe_name
 from fdlit.run_settings import LoggerConfig, Mode
 from fdlit.runs.naming import flat, setting_hash, short
 from fdlit.runs.wandb_costs import skip_unused_work, wandb_settings, without_field_docstrings
+from fdlit.runs.wandb_offline import merge_sessions, session_folders
 
 
 def wandb_host() -> str:
@@ -255,8 +258,10 @@ class WandbLogger(FederationCallback):
             for key, value in summary.items():
                 if isinstance(value, (int, float, str)):
                     self.run.summary[f"final/{key}"] = value
+            run_id = str(self.run.id)
             self.run.finish()
             if self.mode == "offline":
+                self.merge_sessions(run_id)
                 print(f"fdlit: W&B run saved offline; upload it with: {self.sync_command()}")
         except Exception as exc:
             self._say(f"fdlit: W&B finish failed ({exc}); every metric is in {self.directory}")
@@ -279,9 +284,22 @@ class WandbLogger(FederationCallback):
         except Exception as exc:
             self._say(f"fdlit: W&B could not keep {name} ({type(exc).__name__}: {exc}); it is in {self.directory}")
 
+    def merge_sessions(self, run_id: str) -> None:
+        """A run resumed offline: its session folders made one, the first (fdlit.runs.wandb_offline)."""
+        folders = session_folders(self.directory / "wandb", run_id)
+        if len(folders) < 2:
+            return
+        import wandb
+
+        wandb.teardown()  # wandb's service ends: every file of the session is written and closed
+        if merge_sessions(self.directory / "wandb", run_id) and self.linked is not None:
+            if self.linked.is_symlink() and not self.linked.exists():  # the link of a merged folder
+                self.linked.unlink()
+            self.linked = link_offline_folder(folders[0])
+
     def sync_command(self) -> str:
-        """``wandb sync`` with every offline folder of this run directory (a resumed run has one per
-        session; wandb sync takes them all in one call)."""
+        """``wandb sync`` with every offline folder of this run directory (one per W&B run once a
+        resumed run's sessions are merged; wandb sync takes them all in one call)."""
         folders = sorted((self.directory / "wandb").glob("offline-run-*"))
         command = "wandb sync " + " ".join(str(f) for f in folders or [self.directory / "wandb"])
         if self.linked is not None:
