@@ -1,18 +1,18 @@
 """FedProto: clients exchange class prototypes, not parameters or predictions (Tan et al. 2022).
 
 Tan, Long, Liu, Zhou, Lu, Jiang, Zhang, *FedProto: Federated Prototype Learning across Heterogeneous
-Clients*, AAAI 2022 (Eq. 4-8, Algorithm 1). f_i(x) is client i's embedding: its network's penultimate
+Clients*, AAAI 2022. f_i(x) is client i's embedding: its network's penultimate
 features (the input of its output layer, ``embed(x)``: :mod:`fdlit.clients.features`). After its
 private phase client i sends, for every class c it holds, its local prototype and its sample count
 
     C_i[c] = (1 / n_ic) sum_{(x, y) in D_i, y = c} f_i(x),     n_ic = |{(x, y) in D_i : y = c}|,
 
-the server averages them per class, weighted by the counts (Eq. 6),
+the server averages them per class, weighted by the counts,
 
     Cbar[c] = sum_i n_ic C_i[c] / sum_i n_ic,
 
 and sends the global prototypes (and the mask of classes some client holds) to every client. From
-then on each private step's loss gains the prototype term (Eq. 8)
+then on each private step's loss gains the prototype term
 
     L = CE(z(x), y) + lambda * ||f_i(x) - Cbar[y]||^2 / D,
 
