@@ -13,7 +13,7 @@ from fdlit.clients.features import check_feature_network, features_and_logits
 from fdlit.clients.loss_context import LossContext
 from fdlit.clients.options import OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
 from fdlit.clients.own_module import find_own_module, step_loss
-from fdlit.clients.schedules import read_optimizers, step_schedules
+from fdlit.clients.schedules import built_once, read_optimizers, step_schedules, stepping_hook
 from fdlit.clients.step_log import StepLog
 from fdlit.errors import ConfigError
 
@@ -75,9 +75,26 @@ class ClientModule(LightningModule):
     epoch, a "step" one after each private step): the module's training epochs are its passes over its
     own data, as under Lightning's Trainer. Its learning rate is its own (``client.lr`` and
     ``public_lr`` do not apply).
+
+    A subclass may override ``configure_optimizers`` with Lightning's return forms too: it is called
+    once per client, its schedulers step as a user's LightningModule's do (in the private phase, after
+    each epoch or step; the learning rate is then the schedulers', not ``client.lr`` / ``public_lr``),
+    and the vectorized executor trains such a client one at a time (its schedulers step in the epoch
+    and batch hooks, which that executor does not call). A metric-watching scheduler
+    (ReduceLROnPlateau) is refused.
     """
 
     is_fdlit_client = True  # fdlit's client, never a user's own network (fdlit.clients.own_module)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("configure_optimizers")
+        if own is None:
+            return
+        cls.configure_optimizers = built_once(own)  # called once; its schedulers are kept and stepped
+        for hook in ("on_train_epoch_end", "on_train_batch_end"):
+            if hook not in cls.__dict__:
+                setattr(cls, hook, stepping_hook(getattr(cls, hook)))
 
     def __init__(
         self,
@@ -247,10 +264,11 @@ class ClientModule(LightningModule):
 
     def set_phase(self, phase: Phase) -> None:
         self.phase = phase
-        if self.own_module is not None:  # its learning rate is its own (and its schedulers')
+        optimizer = self.configure_optimizers()
+        if self.own_module is not None or self._schedules:  # the learning rate is its schedulers'
             return
         lr = self.optimization.lr if phase == "private" else self.optimization.public_lr
-        for group in self.configure_optimizers().param_groups:
+        for group in optimizer.param_groups:
             group["lr"] = lr
 
     @torch.inference_mode()
