@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fdlit.callbacks import FederationCallback
 from fdlit.clients import ClientOptimization
 from fdlit.clients.loss_context import LossContext
 from fdlit.data import FederatedData
@@ -126,6 +127,44 @@ def test_the_prototype_term_is_its_formula_and_its_gradient_pulls_features_to_th
 
 
 # ---------------------------------------------------------------- whole runs
+class OwnPrototypes(FederationCallback):
+    """After round 1, client 0's mean penultimate features per class on its training split, computed
+    here; ``give``: hand them to the client as FedProto's global prototypes."""
+
+    def __init__(self, give: bool):
+        self.give, self.seen = give, {}
+
+    def on_round_end(self, loop, round, metrics):
+        if round != 1:
+            return
+        client, train = loop.clients[0], loop.client_data[0].train
+        with torch.no_grad():
+            client.eval()
+            hidden = mlp_hidden(client.model, train.x)
+            client.train()
+        own = torch.stack([hidden[train.y == c].mean(0) for c in range(C)])  # one client: every class
+        self.seen = {"own": own, "state": dict(client.method_state)}
+        if self.give:
+            client.method_state.update(proto_global=own, proto_known=torch.ones(C))
+
+
+def test_one_client_trains_as_alone_with_its_own_prototypes_as_the_global_ones():
+    """One client: the count-weighted average is its own prototypes, so round 2 trains exactly as the
+    client trained alone (nothing sent) with its own prototypes given as the global ones."""
+    watch = OwnPrototypes(give=False)
+    fed = loop_for(FedProto(lam=2.0), clients=1, callbacks=[watch])
+    fed.fit()
+    torch.testing.assert_close(watch.seen["state"]["proto_global"], watch.seen["own"])
+    give = OwnPrototypes(give=True)
+    alone = loop_for(FedProto(lam=2.0), clients=1, mode="local_only", callbacks=[give])
+    alone.fit()
+    assert alone.ledger.messages == []
+    torch.testing.assert_close(params(fed), params(alone), rtol=0, atol=1e-6)
+    plain = loop_for(FedProto(lam=2.0), clients=1, mode="local_only")
+    plain.fit()
+    assert not torch.allclose(params(fed), params(plain), atol=1e-4)  # the term changed round 2's training
+
+
 def test_weight_zero_is_training_alone_exactly_and_a_positive_weight_is_not():
     alone = loop_for(FedProto(0.0), mode="local_only")
     alone.fit()
