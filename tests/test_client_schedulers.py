@@ -3,9 +3,12 @@ LightningModule's is: built once per client, its schedulers stepped after each p
 step (the learning rate after R rounds is the scheduler's closed form, under every executor), the
 schedule kept in the client's state, and a metric-watching scheduler refused with one line."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from fdlit.cli import main
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
@@ -14,6 +17,7 @@ from fdlit.execution.vectorized import unsupported_reason
 from fdlit.federation import FederationLoop
 from fdlit.methods import ProbabilityAveraging
 from fdlit.models import MLP
+from fdlit.runs import read_jsonl
 
 ROUNDS, FIRST, LATER, STEP_SIZE, GAMMA, LR, PUBLIC_LR = 3, 3, 2, 2, 0.5, 0.01, 0.003
 
@@ -130,3 +134,28 @@ def test_a_metric_watching_scheduler_is_refused_with_one_line_naming_the_client_
     message = str(err.value)
     assert message.startswith("federation.client_class (PlateauClient.configure_optimizers): ")
     assert "ReduceLROnPlateau" in message and "\n" not in message
+
+
+def fit_args(run_dir, *extra):
+    return ["fit", "--config", str(Path(__file__).resolve().parents[1] / "configs" / "digits_avg.yaml"),
+            "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", str(run_dir),
+            "--federation.rounds", str(ROUNDS), "--federation.private_epochs_first", str(FIRST),
+            "--federation.private_epochs", str(LATER), "--federation.public_epochs_first", "1",
+            "--federation.public_epochs", "1", "--data.num_clients", "3", "--data.classes_per_client", "4",
+            "--data.public_size", "60", "--model", "fdlit.models.MLP", "--model.hidden", "[16]",
+            "--federation.client_class", f"{__name__}.StepLRClient", *extra]
+
+
+def test_a_scheduled_subclass_stopped_and_resumed_equals_an_uninterrupted_run(tmp_path):
+    """The schedulers' state and epoch count travel in the checkpoint: after a resume the learning
+    rate goes on from where it was, so every round's metrics are the uninterrupted run's."""
+    assert main(fit_args(tmp_path / "straight")) == 0
+    assert main(fit_args(tmp_path / "stopped", "--federation.rounds", "1")) == 0
+    (stopped,) = [p for p in (tmp_path / "stopped").iterdir() if p.is_dir()]
+    assert main(["fit", "--resume", str(stopped), "--federation.rounds", str(ROUNDS)]) == 0
+    (straight,) = [p for p in (tmp_path / "straight").iterdir() if p.is_dir()]
+
+    def rounds(run):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(run / "metrics.jsonl")]
+
+    assert len(rounds(straight)) >= ROUNDS and rounds(stopped) == rounds(straight)
