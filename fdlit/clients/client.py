@@ -9,10 +9,11 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import nn
 
+from fdlit.clients.features import check_feature_network, features_and_logits
 from fdlit.clients.loss_context import LossContext
 from fdlit.clients.options import OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
 from fdlit.clients.own_module import find_own_module, step_loss
-from fdlit.clients.schedules import read_optimizers, step_schedules
+from fdlit.clients.schedules import built_once, read_optimizers, step_schedules, stepping_hook
 from fdlit.clients.step_log import StepLog
 from fdlit.errors import ConfigError
 
@@ -32,6 +33,11 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tens
     logp = logits.log_softmax(-1)
     per_sample = -(target * logp).sum(-1) if target.is_floating_point() else -logp.gather(-1, target[..., None])[..., 0]
     return (per_sample * weight).sum() / weight.sum()
+
+
+def part_name(part) -> str:
+    """How errors name a method's client part (its method's label where it has one)."""
+    return getattr(part, "label", None) or type(part).__name__
 
 
 class ClientModule(LightningModule):
@@ -69,9 +75,26 @@ class ClientModule(LightningModule):
     epoch, a "step" one after each private step): the module's training epochs are its passes over its
     own data, as under Lightning's Trainer. Its learning rate is its own (``client.lr`` and
     ``public_lr`` do not apply).
+
+    A subclass may override ``configure_optimizers`` with Lightning's return forms too: it is called
+    once per client, its schedulers step as a user's LightningModule's do (in the private phase, after
+    each epoch or step; the learning rate is then the schedulers', not ``client.lr`` / ``public_lr``),
+    and the vectorized executor trains such a client one at a time (its schedulers step in the epoch
+    and batch hooks, which that executor does not call). A metric-watching scheduler
+    (ReduceLROnPlateau) is refused.
     """
 
     is_fdlit_client = True  # fdlit's client, never a user's own network (fdlit.clients.own_module)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("configure_optimizers")
+        if own is None:
+            return
+        cls.configure_optimizers = built_once(own)  # called once; its schedulers are kept and stepped
+        for hook in ("on_train_epoch_end", "on_train_batch_end"):
+            if hook not in cls.__dict__:
+                setattr(cls, hook, stepping_hook(getattr(cls, hook)))
 
     def __init__(
         self,
@@ -114,7 +137,14 @@ class ClientModule(LightningModule):
             raise ConfigError("model.class_path", f"{type(self.own_module).__name__} is a LightningModule with its own "
                               f"training_step: the method's loss hook ({type(part).__name__}) cannot shape it; "
                               "use a method without a client loss")
+        if part is not None and getattr(part, "needs_features", False):
+            check_feature_network(self.model, part_name(part))
         self.__dict__["_method_part"] = part
+
+    @property
+    def needs_features(self) -> bool:
+        """Whether the method's loss reads each step's penultimate features (``LossContext.features``)."""
+        return bool(getattr(self.method_part, "needs_features", False))
 
     def log(self, name: str, value, *args, **kwargs) -> None:
         """Lightning's ``self.log``: recorded for the round's metrics (``clients/log/<name>``)."""
@@ -129,20 +159,26 @@ class ClientModule(LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
+    def features_and_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(penultimate features, logits) of one forward, the same computation as ``self(x)``."""
+        return features_and_logits(self.model, x)
+
     def private_loss(self, logits: torch.Tensor, labels: torch.Tensor,
-                     weight: torch.Tensor | None = None) -> torch.Tensor:
+                     weight: torch.Tensor | None = None, features: torch.Tensor | None = None) -> torch.Tensor:
         """The private step's loss: CE against integer labels (``weight``: see :func:`cross_entropy`),
-        as the method's client part makes it (e.g. plus FedProx's proximal term)."""
-        return self.method_loss("private", logits, labels, weight, cross_entropy(logits, labels, weight))
+        as the method's client part makes it (e.g. plus FedProx's proximal term); ``features``: the
+        step's penultimate features, for a part that needs them."""
+        return self.method_loss("private", logits, labels, weight, cross_entropy(logits, labels, weight), features)
 
     def public_loss(self, logits: torch.Tensor, teacher: torch.Tensor,
-                    weight: torch.Tensor | None = None) -> torch.Tensor:
+                    weight: torch.Tensor | None = None, features: torch.Tensor | None = None) -> torch.Tensor:
         """The public step's loss: CE(P || softmax(logits)) against the teacher's probabilities, as
         the method's client part makes it (e.g. FedMD's digest instead)."""
-        return self.method_loss("public", logits, teacher, weight, cross_entropy(logits, teacher, weight))
+        return self.method_loss("public", logits, teacher, weight, cross_entropy(logits, teacher, weight), features)
 
     def method_loss(self, phase: Phase, logits: torch.Tensor, target: torch.Tensor,
-                    weight: torch.Tensor | None, base: torch.Tensor) -> torch.Tensor:
+                    weight: torch.Tensor | None, base: torch.Tensor,
+                    features: torch.Tensor | None = None) -> torch.Tensor:
         """``base`` as the method's client part makes it (its ``loss`` hook, given a LossContext).
 
         Under padded batches (``weight`` given: the vectorized executor) a ``rowwise_loss`` hook is
@@ -151,21 +187,30 @@ class ClientModule(LightningModule):
         part = self.method_part
         if part is None or not part.has_loss:
             return base
+        if features is None and getattr(part, "needs_features", False):
+            raise ConfigError("federation.executor", f"{part_name(part)} reads each step's penultimate "
+                              "features, which the vectorized training step does not pass; allowed with it: "
+                              "fdlit.execution.SequentialExecutor, or fdlit.execution.RayExecutor with "
+                              "actor_executor: sequential")
         if weight is None or not part.rowwise_loss:
-            return part.loss(LossContext(self, phase, logits, target, base, self.method_state, weight))
+            return part.loss(LossContext(self, phase, logits, target, base, self.method_state, weight, features))
 
-        def one_row(row_logits, row_target):
+        def one_row(row_logits, row_target, row_features=None):
             row_logits, row_target = row_logits[None], row_target[None]
+            row_features = None if row_features is None else row_features[None]
             return part.loss(LossContext(self, phase, row_logits, row_target, cross_entropy(row_logits, row_target),
-                                         self.method_state))
+                                         self.method_state, features=row_features))
 
-        per_row = torch.func.vmap(one_row, randomness="different")(logits, target)
+        rows = (logits, target) if features is None else (logits, target, features)
+        per_row = torch.func.vmap(one_row, randomness="different")(*rows)
         return (per_row * weight).sum() / weight.sum()
 
-    def phase_loss(self, logits: torch.Tensor, target: torch.Tensor,
-                   weight: torch.Tensor | None = None) -> torch.Tensor:
+    def phase_loss(self, logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                   features: torch.Tensor | None = None) -> torch.Tensor:
         loss = self.private_loss if self.phase == "private" else self.public_loss
-        return loss(logits, target, weight)
+        if features is None:  # without the keyword: a subclass's own private_loss / public_loss may not take it
+            return loss(logits, target, weight)
+        return loss(logits, target, weight, features=features)
 
     def training_step(self, batch, batch_idx: int = 0) -> torch.Tensor:
         """``batch`` = (inputs, targets) or (inputs, targets, per-sample weights)."""
@@ -173,7 +218,11 @@ class ClientModule(LightningModule):
         if own is not None:
             return self._own_step(own, batch, batch_idx)
         x, target, *weight = batch
-        return self.phase_loss(self(x), target, weight[0] if weight else None)
+        weight = weight[0] if weight else None
+        if self.needs_features:  # one forward through the network's two halves: features and logits
+            features, logits = self.features_and_logits(x)
+            return self.phase_loss(logits, target, weight, features)
+        return self.phase_loss(self(x), target, weight)
 
     def _own_step(self, own: LightningModule, batch, batch_idx: int) -> torch.Tensor:
         x, target = batch[0], batch[1]
@@ -216,10 +265,11 @@ class ClientModule(LightningModule):
 
     def set_phase(self, phase: Phase) -> None:
         self.phase = phase
-        if self.own_module is not None:  # its learning rate is its own (and its schedulers')
+        optimizer = self.configure_optimizers()
+        if self.own_module is not None or self._schedules:  # the learning rate is its schedulers'
             return
         lr = self.optimization.lr if phase == "private" else self.optimization.public_lr
-        for group in self.configure_optimizers().param_groups:
+        for group in optimizer.param_groups:
             group["lr"] = lr
 
     @torch.inference_mode()
@@ -231,6 +281,18 @@ class ClientModule(LightningModule):
         p = next(self.model.parameters(), None)
         cast = p is not None and x.is_floating_point() and p.is_floating_point() and x.dtype != p.dtype
         out = torch.cat([self(x[i : i + batch_size].to(p.dtype) if cast else x[i : i + batch_size])
+                         for i in range(0, len(x), batch_size)])
+        self.train(was_training)
+        return out.float()
+
+    @torch.inference_mode()
+    def predict_features(self, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+        """Penultimate features (N x D, float32) in eval mode, as :meth:`predict_logits` runs the network."""
+        was_training = self.training
+        self.eval()
+        p = next(self.model.parameters(), None)
+        cast = p is not None and x.is_floating_point() and p.is_floating_point() and x.dtype != p.dtype
+        out = torch.cat([self.features_and_logits(x[i : i + batch_size].to(p.dtype) if cast else x[i : i + batch_size])[0]
                          for i in range(0, len(x), batch_size)])
         self.train(was_training)
         return out.float()

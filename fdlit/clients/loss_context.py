@@ -18,7 +18,9 @@ class LossContext:
     (cross-entropy against the labels or the teacher) over the same rows. ``state`` is the method's
     client-side state (under the vectorized executor: this client's slice of ``loss_state_keys``).
     ``weight`` is given only to a part that declares ``rowwise_loss = False`` (it then averages with
-    :meth:`mean` itself)."""
+    :meth:`mean` itself). ``features`` (B x D) are the penultimate features of the forward that
+    produced ``logits``, given to a part that declares ``needs_features = True`` (FedProto), else None
+    (:mod:`fdlit.clients.features`)."""
 
     client: torch.nn.Module  # the ClientModule whose step this is
     phase: str  # "private" or "public"
@@ -27,6 +29,7 @@ class LossContext:
     base: torch.Tensor
     state: dict[str, torch.Tensor]
     weight: torch.Tensor | None = None
+    features: torch.Tensor | None = None
 
     def mean(self, per_row: torch.Tensor) -> torch.Tensor:
         """The mean of per-row values over the step's real rows (padding rows weigh 0)."""

@@ -14,6 +14,7 @@ from fdlit.methods.feddf import FedDF
 from fdlit.methods.fedgo import FedGO
 from fdlit.methods.fedgo_fedavg import FedGOParams
 from fdlit.methods.fedmd import FedMD
+from fdlit.methods.fedproto import FedProto
 from fdlit.methods.fedprox import FedProx
 from fdlit.methods.krum import Krum
 from fdlit.methods.kulsif import KuLSIF
@@ -50,6 +51,7 @@ __all__ = [
     "FedMedian",
     "FedTrimmedMean",
     "FedProx",
+    "FedProto",
     "Krum",
     "KuLSIF",
     "LKD",

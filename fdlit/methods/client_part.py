@@ -27,10 +27,15 @@ class ClientPart:
     batches by evaluating it one row at a time and averaging over real rows (a loss that is a mean
     over rows plus terms that do not depend on the rows, e.g. a proximal term, is then exact). A part
     that averages with ``ctx.mean`` itself sets it False and is called once on the padded batch.
+
+    ``needs_features``: True makes the client compute each step's forward through its network's
+    ``embed`` / ``classify`` halves and hand :meth:`loss` the penultimate features (``ctx.features``);
+    a network without them is refused naming ``model`` when the part is attached (FedProto).
     """
 
     loss_state_keys: tuple[str, ...] = ()
     rowwise_loss: bool = True
+    needs_features: bool = False
 
     def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """Once, before round 1: what the client sends up for the server's set-up."""

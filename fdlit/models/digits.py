@@ -59,6 +59,13 @@ class SmallCNN(ClientNetwork):
     def forward(self, x):
         return self.head(self.features(x))
 
+    def embed(self, x):
+        """The penultimate features (the input of the output layer): ``forward(x) == classify(embed(x))``."""
+        return self.head[:-1](self.features(x))
+
+    def classify(self, features):
+        return self.head[-1](features)
+
 
 class MLP(ClientNetwork):
     """Fully connected network on flattened inputs.
@@ -90,3 +97,10 @@ class MLP(ClientNetwork):
 
     def forward(self, x):
         return self.net(x)
+
+    def embed(self, x):
+        """The penultimate features (the input of the output layer): ``forward(x) == classify(embed(x))``."""
+        return self.net[:-1](x)
+
+    def classify(self, features):
+        return self.net[-1](features)

@@ -40,3 +40,10 @@ class LeNet5(ClientNetwork):
 
     def forward(self, x):
         return self.classifier(self.features(x))
+
+    def embed(self, x):
+        """The penultimate features (the input of the output layer): ``forward(x) == classify(embed(x))``."""
+        return self.classifier[:-1](self.features(x))
+
+    def classify(self, features):
+        return self.classifier[-1](features)

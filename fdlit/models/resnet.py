@@ -115,11 +115,18 @@ class ResNet18(ClientNetwork):
                               f"weights do not match torchvision resnet18: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
     def forward(self, x):
+        return self.classify(self.embed(x))
+
+    def embed(self, x):
+        """The penultimate features (the pooled 512 channels, the input of ``fc``)."""
         if self.upsample:
             x = nn.functional.interpolate(x, size=(self.upsample, self.upsample), mode="bilinear", align_corners=False)
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+        return torch.flatten(self.avgpool(x), 1)
+
+    def classify(self, features):
+        return self.fc(features)
 
 
 def load_imagenet_weights(repo: str = DEFAULT_WEIGHTS_REPO, path: str | None = None) -> dict[str, torch.Tensor]:
