@@ -10,7 +10,6 @@ import torch
 
 from fdlit.cli import main
 from fdlit.config import parse_fit
-from fdlit.errors import ConfigError
 from fdlit.runs import read_jsonl
 from fdlit.runs.experiment import Experiment
 
@@ -22,9 +21,6 @@ EXECUTORS = {
 }
 # rules whose set-up sends messages (round 0): the cases where modes and resume went wrong
 SETUP_RULES = ("digits_meta_model.yaml", "digits_fedgo.yaml", "digits_lkd_server.yaml")
-# rules whose loss reads each step's penultimate features, which the vectorized step does not pass:
-# refused with one line naming the executor
-FEATURE_RULES = ("digits_fedproto.yaml",)
 
 
 def tiny(config, tmp_path, *extra, rounds=2):
@@ -51,12 +47,7 @@ def test_the_matrix_covers_every_shipped_rule():
 @pytest.mark.parametrize("mode", ["fd", "local_only"])
 @pytest.mark.parametrize("rule", RULES)
 def test_rule_x_executor_x_mode(rule, executor, mode, tmp_path):
-    argv = tiny(rule, tmp_path, "--federation.executor", EXECUTORS[executor], "--federation.mode", mode)
-    if executor == "vectorized" and rule in FEATURE_RULES:
-        with pytest.raises(ConfigError, match="^federation.executor: "):
-            fit_loop(argv)
-        return
-    loop = fit_loop(argv)
+    loop = fit_loop(tiny(rule, tmp_path, "--federation.executor", EXECUTORS[executor], "--federation.mode", mode))
     assert loop.round == 2 and len(loop.history) == 2
     if mode == "local_only":  # promises no communication: nothing at all, set-up included
         assert loop.ledger.messages == [] and loop.history[-1]["comm/up_bytes_total"] == 0

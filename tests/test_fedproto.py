@@ -1,7 +1,7 @@
 """FedProto (Tan et al. 2022): the count-weighted server average and a client's prototypes by hand,
 the loss context carrying the step's own penultimate features, the prototype term's value and
-gradient, weight 0 against training alone, the bytes of a round, and the refusals (a network
-without the feature split, different widths, an executor whose step passes no features)."""
+gradient, weight 0 against training alone, the bytes of a round, the vectorized executor against
+the sequential one, and the refusals (a network without the feature split, different widths)."""
 
 import math
 
@@ -230,9 +230,16 @@ def test_refuses_a_network_without_the_feature_split_before_training():
     assert loop.history == []
 
 
-def test_an_executor_whose_step_passes_no_features_is_refused_naming_the_field():
-    loop = loop_for(FedProto(), rounds=1, executor=VectorizedExecutor())
-    with pytest.raises(ConfigError) as err:
-        loop.fit()
-    assert str(err.value).startswith("federation.executor: FedProto reads") and "\n" not in str(err.value)
-    assert loop.history == []
+@pytest.mark.parametrize("model", [MLP16, {"class_path": "fdlit.models.SmallCNN", "init_args": {"hidden": D}}],
+                         ids=["mlp", "cnn"])
+def test_vectorized_executor_trains_as_the_sequential_one(model):
+    seq = loop_for(FedProto(), rounds=3, model=model)
+    seq.fit()
+    vec = loop_for(FedProto(), rounds=3, model=model, executor=VectorizedExecutor())
+    vec.fit()
+    assert len(vec.parts.clients.executor._vectorized) == 4  # stacked, not through the sequential fallback
+    for i in range(4):
+        torch.testing.assert_close(params(vec, i), params(seq, i), rtol=1e-4, atol=1e-5)
+    off = loop_for(FedProto(0.0), rounds=3, model=model, executor=VectorizedExecutor())
+    off.fit()
+    assert not torch.allclose(params(vec), params(off), atol=1e-4)  # the term is active under vmap

@@ -53,6 +53,10 @@ class AdversarialClientPart(ClientPart):
         return self.inner.rowwise_loss
 
     @property
+    def needs_features(self):
+        return self.inner.needs_features
+
+    @property
     def has_loss(self):
         return self.inner.has_loss
 

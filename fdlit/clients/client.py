@@ -189,9 +189,8 @@ class ClientModule(LightningModule):
             return base
         if features is None and getattr(part, "needs_features", False):
             raise ConfigError("federation.executor", f"{part_name(part)} reads each step's penultimate "
-                              "features, which the vectorized training step does not pass; allowed with it: "
-                              "fdlit.execution.SequentialExecutor, or fdlit.execution.RayExecutor with "
-                              "actor_executor: sequential")
+                              "features, which this executor's training step does not pass (it must call "
+                              "ClientModule.phase_loss with features=)")
         if weight is None or not part.rowwise_loss:
             return part.loss(LossContext(self, phase, logits, target, base, self.method_state, weight, features))
 

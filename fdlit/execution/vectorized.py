@@ -278,7 +278,7 @@ class VectorizedExecutor(ClientExecutor):
     def _grouped_network(self, client: ClientModule, net, sample: torch.Tensor) -> GroupedNetwork | None:
         """The grouped form of the network (``conv_network``), or None for the vmapped one.
         ``sample``: one input of one client, after its input module."""
-        if (self.conv_network == "vmap" or self.compile_backend is not None
+        if (self.conv_network == "vmap" or self.compile_backend is not None or client.needs_features
                 or self._precision not in GROUPED_PRECISIONS
                 or (self.conv_network == "auto" and sample.device.type != "cpu")):
             return None

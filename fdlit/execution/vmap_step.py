@@ -12,6 +12,7 @@ import torch
 from torch.func import functional_call
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from fdlit.clients.features import features_and_logits
 from fdlit.execution.stacking import is_transposed, transposed
 
 if TYPE_CHECKING:
@@ -122,13 +123,19 @@ class TrainingStep(torch.nn.Module):
         object.__setattr__(self, "net", net)  # a part of client.model, not a second registration
 
     def forward(self, x, t, w, state=None):
-        logits = x if self.logits_in else self.net(x)
+        features = None
+        if self.logits_in:
+            logits = x
+        elif self.client.needs_features:  # one forward through the network's halves (FedProto's loss)
+            features, logits = features_and_logits(self.net, x)
+        else:
+            logits = self.net(x)
         if not state:
-            return self.client.phase_loss(logits, t, w)
+            return self.client.phase_loss(logits, t, w, features)
         own = self.client.method_state
         self.client.method_state = {**own, **state}  # this client's slice, for the loss to read
         try:
-            return self.client.phase_loss(logits, t, w)
+            return self.client.phase_loss(logits, t, w, features)
         finally:
             self.client.method_state = own
 
