@@ -2,9 +2,9 @@
 under vmap, or in Ray actors), and the automatic choice between them. The loop never trains a client
 itself; methods' client parts run wherever the executor keeps the client."""
 
-from fdlit.execution.executor import ClientExecutor, SequentialExecutor
+from fdlit.execution.executor import ClientExecutor, ClientStep, SequentialExecutor
 from fdlit.execution.ray_executor import RayExecutor
 from fdlit.execution.selection import select_executor
 from fdlit.execution.vectorized import VectorizedExecutor
 
-__all__ = ["ClientExecutor", "RayExecutor", "SequentialExecutor", "VectorizedExecutor", "select_executor"]
+__all__ = ["ClientExecutor", "ClientStep", "RayExecutor", "SequentialExecutor", "VectorizedExecutor", "select_executor"]
