@@ -91,7 +91,14 @@ def test_an_unreachable_client_has_no_accuracy_and_the_means_leave_it_out():
     y = torch.tensor([0, 1, 1, 0])
     logits = torch.stack([torch.nn.functional.one_hot(y, 2).float(), torch.full((4, 2), math.nan),
                           torch.nn.functional.one_hot(1 - y, 2).float()])
-    evaluate = Evaluation(lambda x: logits, (torch.zeros(4, 1), y), torch.ones(3, 4), (None, None))
+    from fdlit.execution.executor import ClientExecutor
+
+    class Unreachable(ClientExecutor):  # client 1's node is gone: NaN logits
+        def predict(self, clients, x):
+            return logits
+
+    evaluate = Evaluation(lambda x, y, rows=None: Unreachable().correct([None] * 3, x, y, rows),
+                          (torch.zeros(4, 1), y), torch.ones(3, 4), (None, None))
     accs = evaluate()
     assert accs["global_acc"][0] == 1 and math.isnan(accs["global_acc"][1]) and accs["global_acc"][2] == 0
     metrics = accuracy_metrics(accs, None, False)

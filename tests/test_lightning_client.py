@@ -213,3 +213,41 @@ def test_a_step_scheduler_steps_per_private_step_and_hooks_run_per_epoch_of_each
     assert client.configure_optimizers().param_groups[0]["lr"] == pytest.approx(LR * 0.5 ** 4)
     assert own.epochs_started == own.epochs_ended == 3
     assert set(executor.logged_metrics()) == {"clients/log/train_loss", "clients/log/train_acc"}
+
+
+@pytest.mark.deploy
+def test_the_example_lightning_module_federates_deployed_and_its_logs_come_back_from_the_nodes(tmp_path, monkeypatch):
+    pytest.importorskip("flwr", reason="the flower extra is not installed")
+
+    from argparse import Namespace
+
+    from fdlit.cli import main as cli_main
+    from fdlit.deployment.command import fit_arguments, run_on
+    from fdlit.deployment.launcher import LocalDeployment, flower_env
+
+    # the nodes import the example from examples/ (their PYTHONPATH), and their operator allows its module
+    monkeypatch.setenv("PYTHONPATH", str(EXAMPLES))
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    args = [*tiny(tmp_path / "deployed", "--federation.executor", EXECUTORS["sequential"]), "--federation.rounds", "2"]
+    dep = LocalDeployment(2, tmp_path / "work", node_settings={"allowed-classes": "lightning_client."})
+    dep.start()
+    try:
+        options = Namespace(nodes=2, timeout=120, node_wait=120.0, run_timeout=600.0, threads=1, root_certificates=None)
+        outcome = run_on(dep.address, tmp_path / "work", flower_env(tmp_path / "work"), options, fit_arguments(args)[0])
+    finally:
+        dep.stop()
+    assert outcome["status"] == "done", outcome
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the nodes
+    try:
+        fit_args = [*tiny(tmp_path / "fit", "--federation.executor", EXECUTORS["sequential"]), "--federation.rounds", "2"]
+        assert cli_main(["fit", *fit_args]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    read = lambda run: [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    deployed, fitted = read(Path(outcome["run_dir"])), read(next((tmp_path / "fit").iterdir()))
+    for d, f in zip(deployed, fitted, strict=True):
+        logged = {k for k in f if k.startswith("clients/log/")}
+        assert logged == {"clients/log/train_loss", "clients/log/train_acc"} and logged <= set(d)
+        for k in [*logged, "after_public/global_acc_mean", "after_private/local_acc_mean"]:
+            assert d[k] == pytest.approx(f[k], abs=1e-5), k

@@ -190,17 +190,21 @@ class FlowerExecutor(ClientExecutor):
         link.exchanges.clear()
         return out
 
-    # ------------------------------------------------------------------ predictions sent ahead
-    def _next_inputs(self, phase: str) -> list[torch.Tensor]:
-        """What the loop predicts on after clients change: the test and validation sets (evaluation).
-        Nodes send these predictions with the reply that changed the clients, which saves a Message per
-        evaluation. Never the public set: its logits leave a node only through ``upload``, released
-        (DP, encoding) there."""
+    # ------------------------------------------------------------------ evaluation sent ahead
+    def _next_inputs(self, phase: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """What the loop evaluates after clients change: the test and validation sets. Nodes measure
+        their clients there (which samples each predicts right) and send those bits with the reply
+        that changed the clients: the predictions stay on the node and no Message is spent on them.
+        Never the public set: its logits leave a node only in the upload, released (DP, encoding) there."""
         loop = self.loop
-        return [t for t in (loop.test_x, getattr(loop, "val_x", None)) if t is not None]
+        pairs = [(loop.test_x, loop.test_y), (getattr(loop, "val_x", None), getattr(loop, "val_y", None))]
+        return [(x, y) for x, y in pairs if x is not None]
+
+    def _measure(self, inputs, node: int, out: dict[str, torch.Tensor]) -> list:
+        return [[self._ref(x, node, out), self._ref(y, node, out)] for x, y in inputs]
 
     def _changed(self, clients, idx, replies, groups, inputs) -> None:
-        """Forget the changed clients' predictions; keep those the nodes sent ahead."""
+        """Forget the changed clients' evaluation and states; keep the evaluation the nodes sent ahead."""
         changed = {clients[j].client_id for j in idx}
         self._cache = {k: v for k, v in self._cache.items() if k[1] not in changed}
         for i in changed:
@@ -209,15 +213,19 @@ class FlowerExecutor(ClientExecutor):
             for name, values in meta.get("logged", {}).items():
                 self.__dict__.setdefault("_logged", {}).setdefault(name, []).extend(values)
         for node, (_, tensors) in replies.items():
-            for k, x in enumerate(inputs):
+            for k, (x, _) in enumerate(inputs):
                 for j, z in zip(groups[node], tensors[f"pred/{k}"], strict=True):
                     self._cache[(id(x), clients[j].client_id)] = z
 
-    def _cached(self, clients, x) -> torch.Tensor | None:
-        named = self._names.get(id(x))
-        if named is None or named[0] is not x or any((id(x), c.client_id) not in self._cache for c in clients):
-            return None
-        return torch.stack([self._cache[(id(x), c.client_id)] for c in clients]).to(x.device)
+    def correct(self, clients, x, y, rows=None):
+        named, lost = self._names.get(id(x)), self.unreachable()
+        if named is None or named[0] is not x or any(
+                c.client_id not in lost and (id(x), c.client_id) not in self._cache for c in clients):
+            return super().correct(clients, x, y, rows)  # not measured ahead: the nodes predict, the server compares
+        nan = torch.full((len(y),), math.nan)  # a client that could not be reached: no accuracy
+        out = torch.stack([nan if c.client_id in lost else self._cache[(id(x), c.client_id)].float()
+                           for c in clients]).to(x.device)
+        return out if rows is None else out[:, rows]
 
     def _rejoin(self) -> None:
         """A SuperNode that connected after a node was lost (restarted with the lost one's
@@ -288,7 +296,7 @@ class FlowerExecutor(ClientExecutor):
             refs = [[self._ref(datasets[j][0], node, out), self._ref(datasets[j][1], node, out)] for j in idx]
             per_node[node] = ({"ids": [clients[j].client_id for j in idx], "phase": phase, "datasets": refs,
                                "epochs": epochs, "batch_size": batch_size,
-                               "then_predict": [self._ref(x, node, out) for x in inputs]}, out)
+                               "then_measure": self._measure(inputs, node, out)}, out)
         losses = [math.nan] * len(clients)
         replies = self.request("train", per_node, tolerate=True)
         for node, (meta, _) in replies.items():
@@ -300,9 +308,6 @@ class FlowerExecutor(ClientExecutor):
 
     def predict(self, clients, x):
         self._prune()
-        cached = self._cached(clients, x)
-        if cached is not None:  # sent ahead with the reply that last changed these clients
-            return cached
         groups = self._groups(clients)
         per_node, refs = {}, {}
         for node, idx in groups.items():
@@ -344,7 +349,7 @@ class FlowerExecutor(ClientExecutor):
                 "datasets": [[self._ref(step.datasets[j][0], node, out), self._ref(step.datasets[j][1], node, out)]
                              for j in idx],
                 "epochs": step.epochs, "batch_size": step.batch_size,
-                "then_predict": [self._ref(x, node, out) for x in inputs]}
+                "then_measure": self._measure(inputs, node, out)}
             if step.upload is not None and node in uploading:
                 meta["upload"] = {"kind": step.upload, "ids": [step.uploading[j].client_id for j in uploading[node]],
                                   "clients": list(info.clients), "public_index": self._ref(info.public_index, node, out),
@@ -381,7 +386,7 @@ class FlowerExecutor(ClientExecutor):
             per_node[node] = ({"ids": [clients[j].client_id for j in idx], "epochs": epochs, "batch_size": batch_size,
                                "teachers": [[self._ref(teachers[j][0], node, out), self._ref(teachers[j][1], node, out)]
                                             for j in idx],
-                               "then_predict": [self._ref(x, node, out) for x in inputs],
+                               "then_measure": self._measure(inputs, node, out),
                                "then_states": self._wants_states()}, out)
         replies = self.request("distil", per_node, tolerate=True)
         replies = self._valid(replies, lambda node, meta, tensors: check_losses(meta, len(groups[node])))
@@ -401,7 +406,7 @@ class FlowerExecutor(ClientExecutor):
         per_node = {}
         for node, idx in groups.items():
             out: dict[str, torch.Tensor] = {}
-            meta = {"then_predict": [self._ref(x, node, out) for x in inputs], "hook": hook,
+            meta = {"then_measure": self._measure(inputs, node, out), "hook": hook,
                     "ids": [clients[j].client_id for j in idx], "round": info.round, "clients": list(info.clients),
                     "public_index": self._ref(info.public_index, node, out),
                     "received": {k: self._ref(v, node, out) for k, v in received.items()},

@@ -182,7 +182,7 @@ class NodeWorker:
         executor = loop.executor
         losses = executor.train(trained, "private", datasets, meta["epochs"], meta["batch_size"]) if trained else []
         out_meta: dict[str, Any] = {"losses": [float(v) for v in losses]}
-        out = self._then_predict(meta)  # before the upload, as the round evaluates after the private phase
+        out = self._then_measure(meta)  # before the upload, as the round evaluates after the private phase
         if upload:
             from fdlit.errors import check_finite
 
@@ -203,14 +203,14 @@ class NodeWorker:
         teachers = [(self._ref(x), self._ref(t)) for x, t in meta["teachers"]]
         losses = loop.executor.distil(loop.method_part, self._clients(ids), teachers,
                                       [loop.private[i] for i in ids], meta["epochs"], meta["batch_size"])
-        return self._after({"losses": [float(v) for v in losses]}, meta, self._then_predict(meta))
+        return self._after({"losses": [float(v) for v in losses]}, meta, self._then_measure(meta))
 
     def _after(self, out_meta: dict, meta: dict, out: dict[str, torch.Tensor]):
         """What every reply that changed clients carries besides its answer: the predictions sent ahead,
         what the clients' steps logged (``self.log``), and the hosted clients' states when the round ends
         in a checkpoint (saves the server a request)."""
-        if "then_predict" in meta and not any(k.startswith("pred/") for k in out):
-            out.update(self._then_predict(meta))
+        if "then_measure" in meta and not any(k.startswith("pred/") for k in out):
+            out.update(self._then_measure(meta))
         out_meta["logged"] = self.loop.executor.logged_values()
         if meta.get("then_states"):
             out_meta["state_ids"] = list(self.ids)
@@ -226,12 +226,12 @@ class NodeWorker:
         return {"keys": [list(p.arrays) for p in payloads],
                 "typed": [{"metrics": p.metrics, "config": p.config, "sensitivity": p.sensitivity} for p in payloads]}
 
-    def _then_predict(self, meta) -> dict[str, torch.Tensor]:
-        """Predictions the server will ask for next (evaluation), sent with this reply instead of
-        costing a message each."""
+    def _then_measure(self, meta) -> dict[str, torch.Tensor]:
+        """The evaluation the server will ask for next (test and validation sets): which samples each
+        client predicts right, sent with this reply; the predictions themselves stay here."""
         out = {}
-        for k, ref in enumerate(meta.get("then_predict", [])):
-            out[f"pred/{k}"] = self._predict(meta["ids"], ref)
+        for k, (x, y) in enumerate(meta.get("then_measure", [])):
+            out[f"pred/{k}"] = self._predict(meta["ids"], x).argmax(-1) == self._ref(y).to(self.loop.fabric.device)
         return out
 
     def _predict(self, ids, ref) -> torch.Tensor:

@@ -7,6 +7,7 @@ executors with ``client_state`` / ``load_client_state``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -82,6 +83,19 @@ class ClientExecutor:
     def predict(self, clients: Sequence[ClientModule], x: torch.Tensor) -> torch.Tensor:
         """Logits of every client on x: M x N x C (float32)."""
         raise NotImplementedError
+
+    def correct(self, clients: Sequence[ClientModule], x: torch.Tensor, y: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Evaluation: whether each client's prediction of each sample of ``x`` (or of its ``rows``) is
+        its label ``y``, M x N as 1.0 / 0.0; a client that could not be reached (NaN logits) is a row of
+        NaN. An executor whose clients live elsewhere may measure this there, so only these bits leave."""
+        if rows is not None:
+            x, y = x[rows], y[rows]
+        logits = self.predict(clients, x)
+        out = (logits.argmax(-1) == y).float()
+        if len(y):
+            out[logits.flatten(1).isnan().all(1)] = math.nan
+        return out
 
     def client_step(self, step: ClientStep) -> tuple[list[float], list[Message]]:
         """The private phase, then what the arriving clients send (see :class:`ClientStep`); returns

@@ -67,6 +67,11 @@ class ClientSide:
         """Logits of the clients ``ids`` (None: all) on ``x``: M x N x C."""
         return self.executor.predict(self.clients if ids is None else self.subset(self.clients, ids), x)
 
+    def correct(self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Every client's correctness on (x, y), or on its ``rows``: M x N of 1.0 / 0.0, NaN rows for
+        clients that could not be reached (evaluation)."""
+        return self.executor.correct(self.clients, x, y, rows)
+
     def _hook(self, hook: str, info: FederationInfo, ids: Sequence[int], received: dict) -> list[dict]:
         return self.executor.client_hook(hook, self.method_part, info, self.subset(self.clients, ids),
                                          self.subset(self.client_data, ids), received)

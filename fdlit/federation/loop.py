@@ -125,7 +125,7 @@ class FederationLoop:
         if executor is None:  # null: the fastest executor that applies (fdlit.execution.selection)
             executor = s.executor = select_executor(clients, s.precision, sample=tensors.public_x[:1])
         side = ClientSide(executor, clients, client_data, method_part, tensors.private, release)
-        evaluate = Evaluation(side.predict, (tensors.test_x, tensors.test_y), tensors.local_masks,
+        evaluate = Evaluation(side.correct, (tensors.test_x, tensors.test_y), tensors.local_masks,
                               (tensors.val_x, tensors.val_y))
         server = self.server_side
         server.public_rows = PublicRowsGuard(len(tensors.public_x))

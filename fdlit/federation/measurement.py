@@ -23,11 +23,12 @@ from fdlit.privacy.audit import membership_audit
 class Evaluation:
     """The held-out tensors on the device and how every client is measured on them.
 
-    ``predict(x)`` returns every client's logits on x (M x T x C), wherever the clients live."""
+    ``correct(x, y, rows)`` says which samples every client predicts right (M x T), wherever the clients
+    live: an executor may measure it where they are, so their predictions need not leave them."""
 
-    def __init__(self, predict: Callable[[torch.Tensor], torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
+    def __init__(self, correct: Callable[..., torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
                  local_masks: torch.Tensor, validation: tuple[torch.Tensor | None, torch.Tensor | None]):
-        self.predict = predict
+        self.correct = correct  # (x, y, rows) -> M x N correctness, wherever the clients live
         self.test_x, self.test_y = test
         self.local_mask_matrix = local_masks  # M x T: test samples of each client's own classes
         self.val_x, self.val_y = validation
@@ -35,20 +36,16 @@ class Evaluation:
     def __call__(self, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Global accuracy (whole test set, or its ``rows``) and local accuracy (those test samples
         of the client's own classes), micro-averaged, for every client."""
-        x, y, masks = self.test_x, self.test_y, self.local_mask_matrix
-        if rows is not None:
-            x, y, masks = x[rows], y[rows], masks[:, rows]
-        logits = self.predict(x)  # M x T x C
+        masks = self.local_mask_matrix if rows is None else self.local_mask_matrix[:, rows]
         # micro accuracy (correct / total; torchmetrics' MulticlassAccuracy defaults to macro), for
         # all clients in one op: 80 per-client metric calls a round cost more than the predictions
-        correct = (logits.argmax(-1) == y).float()
+        correct = self.correct(self.test_x, self.test_y, rows)
         out = {"global_acc": correct.mean(1), "local_acc": (correct * masks).sum(1) / masks.sum(1).clamp_min(1)}
-        if self.val_y is not None:  # one more predict, on the (small) validation set
-            val = self.predict(self.val_x)
-            out["val_acc"] = (val.argmax(-1) == self.val_y).float().mean(1)
-        # a client whose logits are NaN could not be reached (a deployment's node is gone): no accuracy
-        unreachable = logits.flatten(1).isnan().all(1)
-        return {k: v.masked_fill(unreachable, math.nan).cpu() if bool(unreachable.any()) else v.cpu()
+        if self.val_y is not None:  # the (small) validation set
+            out["val_acc"] = self.correct(self.val_x, self.val_y).mean(1)
+        # a client that could not be reached (a deployment's node is gone): no accuracy
+        unreachable = correct.isnan().all(1) if correct.shape[1] else torch.zeros(len(correct), dtype=torch.bool)
+        return {k: v.masked_fill(unreachable.to(v.device), math.nan).cpu() if bool(unreachable.any()) else v.cpu()
                 for k, v in out.items()}
 
 
