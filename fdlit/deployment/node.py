@@ -144,8 +144,9 @@ class NodeWorker:
             local = ["--data.data_dir", str(self.node_config["data-dir"])] if self.node_config.get("data-dir") else []
             parser, cfg = parse_fit(["--config", str(path), *local])
         self.loop = loop_from_config(cfg, parser.instantiate(cfg), server=False)
-        self.loop.setup()  # the whole federation as fit builds it; this node uses its own clients
         self.ids = list(meta["clients"])
+        self.loop.hosted = self.ids  # every client's network is drawn (the seeded init, as in fit); these train here
+        self.loop.setup()
         if self.node_config.get("local-data"):  # the node's own data replace its clients' partitions
             return {"clients": self.ids, "classes": self._use_local_data(str(self.node_config["local-data"]))}, {}
         return {"clients": self.ids}, {}

@@ -84,6 +84,7 @@ class FederationLoop:
         self.stop_reason: str | None = None  # set when the privacy budget ends the run early
         self._setup_started: float | None = None
         self.parts: RoundParts | None = None
+        self.hosted: list[int] | None = None  # a deployment node's own clients (None: every client is here)
         # what the config alone shows to be impossible, before any data loads
         check_before_data(self.settings, self.data, self.aggregator, self.privacy, self.adversaries)
 
@@ -136,8 +137,8 @@ class FederationLoop:
         self.parts = RoundParts(s, facts, side, server, tensors, evaluate, self.adversaries, self.data.num_classes,
                                 self.seed, self.optimization.batch_size, self.optimization.public_batch_size)
         executor.configure(s.compile_backend)
-        try:
-            executor.setup(self.fabric, clients)
+        try:  # a deployment's node sets up only the clients it hosts (``hosted``); every client is built (seeded init)
+            executor.setup(self.fabric, clients if self.hosted is None else [clients[i] for i in self.hosted])
         except BaseException:
             self.parts = None  # not set up: a later setup() starts again
             raise
