@@ -9,6 +9,7 @@ local SuperNodes on a 6-client digits config and stop it mid-run.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import fdlit
 from fdlit.cli import main as cli_main
@@ -331,6 +333,24 @@ def test_a_lost_superlink_ends_deploy_within_seconds_and_says_what_was_kept(tmp_
     assert "killed by SIGKILL" in gone[0]
     assert "Traceback" not in deploy.err()
     assert deploy.left_behind() == []
+    # the completed round resumes on a fresh deployment, and the run is then a 3-round fit's
+    env = {**os.environ, "PYTHONPATH": str(Path(fdlit.__file__).resolve().parent.parent)}
+    resumed = subprocess.run([sys.executable, "-m", "fdlit", "deploy", "--nodes", "2", "--threads", "1", "--work-dir",
+                              str(tmp_path / "work2"), "--resume", str(run_dir)],
+                             capture_output=True, text=True, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the nodes
+    try:
+        assert cli_main(["fit", *SMALL, "--federation.rounds", "3", "--logger.run_dir", str(tmp_path / "fit")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = lambda run: [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    deployed, fitted = rows(run_dir), rows(next((tmp_path / "fit").iterdir()))
+    assert [r["round"] for r in deployed] == [1, 2, 3]
+    for d, f in zip(deployed, fitted, strict=True):
+        for key in ("after_private/global_acc_mean", "after_public/global_acc_mean", "teacher/acc", "comm/up_bytes"):
+            assert abs(d[key] - f[key]) < 1e-5, (d["round"], key)
 
 
 def read(path: Path) -> bytes:
