@@ -61,7 +61,7 @@ def test_the_selector_keeps_the_public_samples_within_the_calibration_radius_of_
 
 
 @pytest.mark.parametrize("kwargs, field", [({"quantile": 0.0}, "aggregator.quantile"), ({"quantile": 1.5}, "aggregator.quantile"),
-                                           ({"clusters": 0}, "aggregator.clusters"), ({"n_init": 0}, "aggregator.n_init")])
+                                           ({"clusters_per_class": 0}, "aggregator.clusters_per_class"), ({"n_init": 0}, "aggregator.n_init")])
 def test_bad_settings_are_refused_naming_the_field(kwargs, field):
     with pytest.raises(ConfigError) as err:
         EdgeFD(**kwargs)
@@ -99,6 +99,12 @@ def test_the_bytes_of_a_round_are_the_kept_rows_and_the_bit_masks(tmp_path):
         down = loop.ledger.total("down", round=r)
         assert down == len(loop.clients) * (covered * c * 4 + bits)  # the covered rows' teacher + the keep mask
     assert loop.ledger.total(round=0) == 0
+    # the set-up fitted each client's selector with 3 centroids per local class, its own seed
+    client, data = loop.clients[1], loop.client_data[1]
+    again = loop.aggregator.client_part().client_mask(data.train.x, data.calibration.x, 3 * len(client.classes),
+                                                      loop.parts.tensors.public_x,
+                                                      seed=(loop.seed * 1_000_003 + client.client_id) % 2**32)
+    assert torch.equal(again.cpu(), masks[1].cpu())
 
 
 def test_a_per_round_public_subset_uploads_the_rounds_rows_of_the_set_up_mask(tmp_path):

@@ -34,16 +34,19 @@ class EdgeFD(Aggregator):
     and a sample no client kept is dropped from the public phase. With every mask on it is AVG.
 
     **choice** (the paper's details available to fdlit stop at the estimator's idea): raw flattened
-    inputs as the feature space (as Selective-FD for digit images); K = the number of the client's
-    local classes unless ``clusters`` is set (at most the number of its samples); k-means++ with a
+    inputs as the feature space (as Selective-FD for digit images); K = ``clusters_per_class`` (3) times
+    the number of the client's local classes (at most the number of its samples); k-means++ with a
     seed of the client's own (scikit-learn's ``KMeans``, ``n_init`` 4); the threshold quantile 0.95 of
     the calibration distances (most of the client's own held-out data counts as in-distribution); the
     public set is fdlit's (the paper builds its proxy set from a fraction of the clients' data).
-    The inputs never change, so the mask is fitted once and kept in the client's state.
+    The inputs never change, so the mask is fitted once and kept in the client's state. The defaults
+    were measured on the digits federation (6 clients of 3 classes, 400 public samples, raw pixels):
+    3 centroids per class and the 0.95 quantile keep 94 % of the public samples of the client's own
+    classes at 76 % precision; one centroid per class keeps 95 % at 50 % precision.
 
     Args:
         quantile: tau_i as a quantile in (0, 1] of the client's calibration distances.
-        clusters: K centroids per client; null: the number of the client's local classes.
+        clusters_per_class: K / (number of the client's local classes), >= 1.
         n_init: k-means restarts (the best inertia is kept).
         client_selector: false keeps every sample on every client (masks all on: AVG).
     """
@@ -52,17 +55,17 @@ class EdgeFD(Aggregator):
     label = "EdgeFD"  # how tables and figures name the method
     released = {"logits": "rows", "mask": "unbounded"}
 
-    def __init__(self, quantile: float = 0.95, clusters: int | None = None, n_init: int = 4,
+    def __init__(self, quantile: float = 0.95, clusters_per_class: int = 3, n_init: int = 4,
                  client_selector: bool = True):
         if not 0 < quantile <= 1:
             raise ConfigError("aggregator.quantile", f"must be in (0, 1], got {quantile}")
-        if clusters is not None:
-            check_at_least("aggregator.clusters", clusters, 1)
+        check_at_least("aggregator.clusters_per_class", clusters_per_class, 1)
         check_at_least("aggregator.n_init", n_init, 1)
-        self.quantile, self.clusters, self.n_init, self.client_selector = quantile, clusters, n_init, client_selector
+        self.quantile, self.clusters_per_class, self.n_init = quantile, clusters_per_class, n_init
+        self.client_selector = client_selector
 
     def client_part(self) -> EdgeFDClient:
-        return EdgeFDClient(self.quantile, self.clusters, self.n_init, self.client_selector)
+        return EdgeFDClient(self.quantile, self.clusters_per_class, self.n_init, self.client_selector)
 
     def aggregate(self, uploads, ctx):
         masks = torch.stack([u["mask"].bool() for u in uploads])  # M x N
@@ -84,8 +87,9 @@ class EdgeFDClient(ClientPart):
     """EdgeFD's client part: the k-means selector's mask over the public set (fitted once) and the
     kept rows as the upload. Its arguments are :class:`EdgeFD`'s of the same names."""
 
-    def __init__(self, quantile: float, clusters: int | None, n_init: int, client_selector: bool):
-        self.quantile, self.clusters, self.n_init, self.client_selector = quantile, clusters, n_init, client_selector
+    def __init__(self, quantile: float, clusters_per_class: int, n_init: int, client_selector: bool):
+        self.quantile, self.clusters_per_class, self.n_init = quantile, clusters_per_class, n_init
+        self.client_selector = client_selector
 
     def client_mask(self, train_x: torch.Tensor, cal_x: torch.Tensor, k: int, public_x: torch.Tensor,
                     seed: int) -> torch.Tensor:
@@ -111,7 +115,7 @@ class EdgeFDClient(ClientPart):
             mask = torch.ones(len(public_x), dtype=torch.bool)
         else:
             data = ctx.data
-            k = self.clusters if self.clusters is not None else max(1, len(ctx.client.classes))
+            k = self.clusters_per_class * max(1, len(ctx.client.classes))
             mask = self.client_mask(data.train.x, data.calibration.x, k, public_x,
                                     seed=ctx.info.client_seed(ctx.client.client_id) % (2**32))
         ctx.state["edgefd_mask"] = mask.to(public_x.device)
