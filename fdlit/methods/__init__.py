@@ -4,6 +4,7 @@ global model) and a client part (a ClientPart) (docs/algorithms.md, docs/design.
 from fdlit.methods.averaging import ProbabilityAveraging
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart, weight_concentration, weight_entropy
 from fdlit.methods.density import DiagonalGaussianMixture, mixture_log_likelihood
+from fdlit.methods.edgefd import EdgeFD
 from fdlit.methods.entropy import EntropyWeighted
 from fdlit.methods.era import EntropyReduction
 from fdlit.methods.f2l import F2L
@@ -11,6 +12,7 @@ from fdlit.methods.f2l_fedavg import F2LParams
 from fdlit.methods.fd import FedDistill
 from fdlit.methods.fedavg import FedAvg
 from fdlit.methods.feddf import FedDF
+from fdlit.methods.fedema_distill import FedEMADistill
 from fdlit.methods.fedgo import FedGO
 from fdlit.methods.fedgo_fedavg import FedGOParams
 from fdlit.methods.fedmd import FedMD
@@ -35,6 +37,7 @@ __all__ = [
     "ClientPart",
     "CoordinateMedian",
     "DiagonalGaussianMixture",
+    "EdgeFD",
     "EntropyReduction",
     "EntropyWeighted",
     "F2L",
@@ -44,6 +47,7 @@ __all__ = [
     "LogitVariance",
     "FedAvg",
     "FedDF",
+    "FedEMADistill",
     "FedGO",
     "FedGOParams",
     "FedMD",
