@@ -19,6 +19,8 @@ CONFIGS = {
     "digits_fedgo.yaml": ["discriminator_log_odds", "num_samples"],
     "digits_lkd.yaml": ["class_auc"],
     "digits_meta_model.yaml": ["mm_inputs", "mm_labels", "mm_logits"],
+    "digits_fedema_distill.yaml": [],
+    "digits_edgefd.yaml": ["logits", "mask"],
 }
 
 
