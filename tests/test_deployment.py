@@ -29,7 +29,8 @@ from fdlit.errors import ConfigError
 
 flwr = pytest.importorskip("flwr", reason="the flower extra is not installed")
 
-from fdlit.deployment.executor import NodeFailure, assign_order  # noqa: E402
+from fdlit.deployment.executor import NodeFailure  # noqa: E402
+from fdlit.deployment.membership import assign_order  # noqa: E402
 from fdlit.deployment.wire import pack, unpack, wire_bytes  # noqa: E402
 
 ROUNDS = ["--federation.rounds", "2", "--federation.executor", "fdlit.execution.SequentialExecutor"]

@@ -1,21 +1,17 @@
-"""FlowerExecutor: the executor interface over a Flower Grid; every call is one Message per node.
+"""FlowerExecutor: the executor interface over a Flower Grid; a round is two exchanges per node.
 
-The ServerApp runs fdlit's ordinary :class:`~fdlit.federation.loop.FederationLoop` with this
-executor, so every method and protocol runs unchanged. Each call (train a group of clients, predict
-with them, run a client part's hook, fetch or push client state) becomes one Message to each
-SuperNode that hosts some of those clients, and waits for their replies (``timeout_s``).
-
-Tensors: a node builds the data it holds from the config (its clients' private splits, the public,
-test and validation sets), so requests name those; any other tensor (the teacher, a broadcast, a
-public subset, a subsample's rows) goes down once per node and is named by a token afterwards, as
-the Ray executor does. Every Message's serialised size (:func:`fdlit.deployment.wire.wire_bytes`) is
-counted, by operation and direction, and reported with the round's metrics beside the ledger's
-analytic count (``comm/wire_*``).
+The ServerApp runs fdlit's ordinary FederationLoop with this executor, so every method and protocol
+runs unchanged. Each executor call becomes one Message to each SuperNode hosting some of its clients:
+the round's client step (private phase, evaluation, upload), the public phase or the parameter
+exchange's receive, and the rarer train / predict / hook / state requests. Replies are checked
+(fdlit.deployment.replies): an invalid one makes its node a dropout of the round. Tensors a node
+builds itself (its clients' data, the public, test and validation sets) are named; anything else
+(the teacher, a broadcast, a public subset) goes down once per node and is named by a token after.
+Every Message's serialised size is counted by operation and direction (``comm/wire_*``).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import sys
 import time
@@ -25,7 +21,8 @@ from typing import Any
 
 import torch
 
-from fdlit.deployment.messages import NodeFailure, NodeLink, assign_order
+from fdlit.deployment.membership import apply_local_classes, assign_order, client_blocks
+from fdlit.deployment.messages import NodeFailure, NodeLink
 from fdlit.deployment.replies import check_losses, check_step, messages_of
 from fdlit.execution.executor import ClientExecutor
 from fdlit.execution.tokens import Tokens
@@ -59,7 +56,6 @@ class FlowerExecutor(ClientExecutor):
         self._has: dict[int, set[int]] = {}
         self._names: dict[int, tuple[torch.Tensor, list]] = {}
         self._cache: dict[tuple[int, int], torch.Tensor] = {}  # (id of a named input, client id) -> logits
-        self._cpu_reported: dict[int, float] = {}
         self._dropped: dict[int, str] = {}  # node -> why its reply this round was refused (its clients: dropouts)
         self._states: dict[int, Any] = {}  # client id -> its state as sent with a round's last reply
         self.states_every: int | None = None  # the run's checkpoint.every_n_rounds (None: no checkpoints)
@@ -129,32 +125,13 @@ class FlowerExecutor(ClientExecutor):
         start_s = max(self.timeout_s, self.node_wait_s)
         hello = self.request("hello", {n: ({}, {}) for n in nodes[: self.nodes]}, timeout_s=start_s)
         self.node_ids = assign_order(hello)
-        if len(clients) < len(self.node_ids):
-            raise NodeFailure(f"{len(self.node_ids)} SuperNodes for {len(clients)} clients: use at most one node per client")
-        base, extra = divmod(len(clients), len(self.node_ids))
-        bounds = list(itertools.accumulate([0] + [base + (p < extra) for p in range(len(self.node_ids))]))
-        hosted = {n: [c.client_id for c in clients[bounds[p]:bounds[p + 1]]] for p, n in enumerate(self.node_ids)}
+        hosted = client_blocks([c.client_id for c in clients], self.node_ids)
         self.node_of = {cid: n for n, ids in hosted.items() for cid in ids}
         self._has = {n: set() for n in self.node_ids}
         replies = self.request("setup", {n: ({"config": self.config_yaml, "clients": ids, "threads": self.threads}, {})
                                          for n, ids in hosted.items()}, timeout_s=start_s)
         self._names_of_loop()
-        self._local_classes(replies)
-
-    def _local_classes(self, replies: dict) -> None:
-        """Clients of a node with its own data (``local-data``) hold the classes the node reports: the
-        server measures their local accuracy on those, and the server part knows them as it knows the
-        others' (``ServerContext.client_classes``)."""
-        loop = self.loop
-        reported = {int(i): list(c) for meta, _ in replies.values() for i, c in meta.get("classes", {}).items()}
-        if not reported:
-            return
-        masks = loop.parts.tensors.local_masks
-        for i, classes in reported.items():
-            loop.clients[i].classes = classes
-            loop.client_data[i].classes = classes
-            masks[i] = loop.data.local_test_mask(classes).to(masks)
-        loop.facts.client_classes = tuple(tuple(cd.classes) for cd in loop.client_data)
+        apply_local_classes(self.loop, replies)
 
     def teardown(self, clients) -> None:
         if not self.node_ids:
@@ -171,23 +148,10 @@ class FlowerExecutor(ClientExecutor):
             self.node_ids = []
 
     def timing_metrics(self) -> dict[str, object]:
-        """Since the last round ended: each node worker's CPU seconds, their peak memory, and the
-        bytes of every Message by operation and direction (``comm/wire_*``, as serialised)."""
-        link = self.link
-        spent = [link.node_cpu.get(n, 0.0) - self._cpu_reported.get(n, 0.0) for n in self.node_ids]
-        self._cpu_reported = dict(link.node_cpu)
-        out: dict[str, object] = {"time/node_cpu_s": spent, "time/nodes_cpu_s": sum(spent),
-                                  "memory/node_peak_rss_bytes": [link.node_peak_rss.get(n, 0) for n in self.node_ids]}
-        for direction in ("up", "down"):
-            out[f"comm/wire_{direction}_bytes"] = sum(v for k, v in link.wire.items() if k.endswith(direction))
-            out[f"comm/wire_{direction}_bytes_total"] = link.wire_total[direction]
-        out.update({f"comm/wire/{k}": v for k, v in link.wire.items()})
-        out["comm/exchanges"] = len(link.exchanges)  # requests to the nodes this round (each: one Message per node)
-        out["time/exchange_s"] = list(link.exchanges)  # each request's wall time, replies included
+        """The round's real costs (NodeLink.round_metrics) and the nodes whose replies were refused."""
+        out = self.link.round_metrics(self.node_ids)
         out["nodes/invalid_replies"] = sorted(self._dropped)
         out["comm/wire_upload_bytes"], self._upload_bytes = self._upload_bytes, 0
-        link.wire.clear()
-        link.exchanges.clear()
         return out
 
     # ------------------------------------------------------------------ evaluation sent ahead

@@ -42,6 +42,7 @@ class NodeLink:
         self.node_peak_rss: dict[int, int] = {}
         self.lost: set[int] = set()
         self.exchanges: list[float] = []  # seconds each request took since the last round ended
+        self._cpu_reported: dict[int, float] = {}
 
     def request(self, op: str, per_node: dict[int, tuple[dict, dict[str, torch.Tensor]]], live: list[int],
                 tolerate: bool = False, timeout_s: float | None = None) -> dict[int, tuple]:
@@ -106,20 +107,25 @@ class NodeLink:
         self.exchanges.append(time.monotonic() - started)
         return replies
 
+    def round_metrics(self, node_ids: list[int]) -> dict[str, object]:
+        """Since the last round ended: each node worker's CPU seconds and peak memory, the bytes of every
+        Message by operation and direction (``comm/wire_*``, as serialised), the requests and their times."""
+        spent = [self.node_cpu.get(n, 0.0) - self._cpu_reported.get(n, 0.0) for n in node_ids]
+        self._cpu_reported = dict(self.node_cpu)
+        out: dict[str, object] = {"time/node_cpu_s": spent, "time/nodes_cpu_s": sum(spent),
+                                  "memory/node_peak_rss_bytes": [self.node_peak_rss.get(n, 0) for n in node_ids]}
+        for direction in ("up", "down"):
+            out[f"comm/wire_{direction}_bytes"] = sum(v for k, v in self.wire.items() if k.endswith(direction))
+            out[f"comm/wire_{direction}_bytes_total"] = self.wire_total[direction]
+        out.update({f"comm/wire/{k}": v for k, v in self.wire.items()})
+        out["comm/exchanges"] = len(self.exchanges)  # requests to the nodes (each: one Message per node)
+        out["time/exchange_s"] = list(self.exchanges)  # each request's wall time, replies included
+        self.wire.clear()
+        self.exchanges.clear()
+        return out
+
     def _lose(self, nodes: list[int], why: str) -> None:
         for node in nodes:
             self.lost.add(node)
             warnings.warn(f"FlowerExecutor: node {node} is lost ({why}); its clients {self.clients_of(node)} are "
                           "dropouts from now on")
-
-
-def assign_order(hello: dict[int, tuple[dict, dict]]) -> list[int]:
-    """The nodes in the order they take the clients: by ``partition-id`` when every node has one
-    (node_config), else by node id. Partition ids must be 0..N-1, each once."""
-    parts = {node: meta.get("partition_id") for node, (meta, _) in hello.items()}
-    if any(p is None for p in parts.values()):
-        return sorted(parts)
-    if sorted(parts.values()) != list(range(len(parts))):
-        raise NodeFailure(f"the SuperNodes' partition-id values {sorted(parts.values())} are not 0..{len(parts) - 1}, "
-                          "each once (flower-supernode --node-config \"partition-id=<i>\")")
-    return sorted(parts, key=parts.get)
