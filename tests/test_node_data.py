@@ -65,6 +65,30 @@ def test_a_missing_or_malformed_node_folder_is_one_line_naming_the_setting(tmp_p
     assert "\n" not in str(err.value)
 
 
+def test_a_node_operators_own_loader_gives_the_same_clients_as_the_same_images_in_a_folder(tmp_path, monkeypatch):
+    folder = digits_folder(tmp_path / "own", label=3)
+    (tmp_path / "hospital_data.py").write_text(
+        "import numpy as np\n"
+        "from fdlit.data.local_files import read_idx\n"
+        "from pathlib import Path\n"
+        f"FOLDER = Path({str(folder)!r})\n"
+        "def load():\n"
+        "    x = read_idx(FOLDER / 'train-images-idx3-ubyte.gz')[:, None]  # N x 1 x H x W, as a loader may give\n"
+        "    return x, read_idx(FOLDER / 'train-labels-idx1-ubyte.gz')\n"
+        "def broken():\n"
+        "    raise OSError('the scanner archive is offline')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    like = load_digits()
+    from_folder = node_client_data(folder, like, "digits", [0, 1], 0, 0.2)
+    from_loader = node_client_data("hospital_data.load", like, "digits", [0, 1], 0, 0.2)
+    for a, b in zip(from_folder, from_loader, strict=True):
+        assert a.classes == b.classes == [3] and torch.equal(a.train.x, b.train.x) and torch.equal(a.train.y, b.train.y)
+    with pytest.raises(ConfigError, match=r"hospital_data.broken\(\) did not give \(images, labels\): OSError: the scanner"):
+        read_node_data("hospital_data.broken")
+    with pytest.raises(ConfigError, match="cannot import 'hospital_data.missing'"):
+        read_node_data("hospital_data.missing")
+
+
 def test_node_data_of_another_size_or_more_classes_is_refused(tmp_path):
     folder = tmp_path / "big"
     folder.mkdir()
@@ -84,7 +108,8 @@ def test_a_node_refuses_its_bad_local_data_at_its_start_in_one_line(tmp_path):
                            "127.0.0.1:1", "--node-config", f"local-data='{tmp_path / 'nowhere'}'"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and time.monotonic() - started < 60
-    assert done.stderr.strip().splitlines() == [f"fdlit: error: node-config local-data: {tmp_path / 'nowhere'} is not a folder"]
+    assert done.stderr.strip().splitlines() == [f"fdlit: error: node-config local-data: {tmp_path / 'nowhere'} is not "
+                                                "a folder (nor a dotted path of a loader)"]
 
 
 def test_a_node_builds_only_the_class_paths_its_operator_allows():

@@ -1,12 +1,13 @@
 """A deployed node's own data: the real way a participant (a hospital, an edge server) takes part.
 
-With ``flower-supernode --node-config "local-data='/path'"``, the node's clients train on the
-labelled images in that folder instead of their partition of the shared dataset: the server and the
-other nodes never read them, and their labels, sizes and class mix are the node's. The folder
-holds the IDX pair fdlit reads for MNIST-style sets, ``train-images-idx3-ubyte`` and
-``train-labels-idx1-ubyte`` (gzipped or not): N x H x W uint8 images in the federation dataset's
-own pixel encoding (0-255 for the image datasets, 0-16 for digits, scikit-learn's encoding) and N
-labels in 0..C-1. The node's clients split the samples evenly (a seeded shuffle), and each holds
+With ``--node-config "local-data='/path'"``, the node's clients train on the labelled images in that
+folder instead of their partition of the shared dataset: the server and the other nodes never read
+them, and their labels, sizes and class mix are the node's. The folder holds the IDX pair fdlit reads
+for MNIST-style sets, ``train-images-idx3-ubyte`` and ``train-labels-idx1-ubyte`` (gzipped or not):
+N x H x W uint8 images in the federation dataset's own pixel encoding (0-255 for the image datasets,
+0-16 for digits, scikit-learn's encoding) and N labels in 0..C-1. ``local-data='mylab.data.load'``
+(a dotted path, no folder of that name) names the operator's own loader instead: a function or class
+called without arguments that returns (images, labels) of that form, as numpy arrays or tensors. The node's clients split the samples evenly (a seeded shuffle), and each holds
 out its calibration share as the federation's data section says; a client's local classes are
 the classes its samples hold. A missing or malformed folder is refused at the node's start.
 """
@@ -27,22 +28,47 @@ from fdlit.errors import ConfigError
 FIELD = "node-config local-data"
 
 
-def read_node_data(folder: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """The folder's (images N x H x W uint8, labels N int64); one-line ConfigError when it is not that."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ConfigError(FIELD, f"{folder} is not a folder")
-    images, labels = (_idx_file(folder, stem) for stem in IDX_FILES["train"])
-    if images is None or labels is None:
-        raise ConfigError(FIELD, f"{folder} must hold {' and '.join(IDX_FILES['train'])} (IDX, gzipped or not)")
-    try:
-        x, y = read_idx(images), read_idx(labels)
-    except ConfigError as exc:
-        raise ConfigError(FIELD, str(exc).split(": ", 1)[-1]) from None
+def read_node_data(source: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """The node's (images N x H x W uint8, labels N int64) from its folder or its loader (a dotted path);
+    one-line ConfigError when they are not that."""
+    path = Path(source)
+    if not path.is_dir() and "/" not in str(source) and "." in str(source):  # the operator's own loader
+        x, y = _from_loader(str(source))
+        where = str(source)
+    else:
+        if not path.is_dir():
+            raise ConfigError(FIELD, f"{path} is not a folder (nor a dotted path of a loader)")
+        images, labels = (_idx_file(path, stem) for stem in IDX_FILES["train"])
+        if images is None or labels is None:
+            raise ConfigError(FIELD, f"{path} must hold {' and '.join(IDX_FILES['train'])} (IDX, gzipped or not)")
+        try:
+            x, y = read_idx(images), read_idx(labels)
+        except ConfigError as exc:
+            raise ConfigError(FIELD, str(exc).split(": ", 1)[-1]) from None
+        where = f"{path}: {images.name} and {labels.name}"
+    if x.ndim == 4 and x.shape[1] == 1:
+        x = x[:, 0]
     if x.ndim != 3 or y.ndim != 1 or len(x) != len(y) or x.dtype != np.uint8 or len(y) == 0:
-        raise ConfigError(FIELD, f"{folder}: {images.name} ({x.shape}, {x.dtype}) and {labels.name} ({y.shape}) "
-                          "are not N x H x W uint8 images with N labels")
+        raise ConfigError(FIELD, f"{where} give images {x.shape} {x.dtype} and labels {y.shape}: not N x H x W "
+                          "uint8 images with N labels")
     return x, y.astype(np.int64)
+
+
+def _from_loader(dotted: str) -> tuple[np.ndarray, np.ndarray]:
+    """(images, labels) from the operator's loader ``module.name``, as numpy arrays."""
+    import importlib
+
+    module, _, name = dotted.rpartition(".")
+    try:
+        loader = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(FIELD, f"cannot import {dotted!r} ({type(exc).__name__}: {exc})") from None
+    try:
+        out = loader()
+        x, y = (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for v in out)
+    except Exception as exc:  # the operator's code: whatever it raises is one line here
+        raise ConfigError(FIELD, f"{dotted}() did not give (images, labels): {type(exc).__name__}: {exc}") from None
+    return x, y
 
 
 def node_client_data(folder: str | Path, like: TensorDataset, dataset: str, client_ids: list[int], seed: int,
