@@ -61,7 +61,6 @@ class FlowerExecutor(ClientExecutor):
         self.states_every: int | None = None  # the run's checkpoint.every_n_rounds (None: no checkpoints)
         self._round = 0
         self._upload_bytes = 0  # bytes of the arrays the clients' uploads carried this round
-        self._expect: tuple[int, int] | None = None  # (public rows, classes) of this round's predictions
 
     def bind(self, loop: Any, config_yaml: str) -> None:
         """The loop whose tensors nodes build themselves, and the config they build them from."""
@@ -155,7 +154,7 @@ class FlowerExecutor(ClientExecutor):
         return out
 
     # ------------------------------------------------------------------ evaluation sent ahead
-    def _next_inputs(self, phase: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _evaluated_sets(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """What the loop evaluates after clients change: the test and validation sets. Nodes measure
         their clients there (which samples each predicts right) and send those bits with the reply
         that changed the clients: the predictions stay on the node and no Message is spent on them.
@@ -253,7 +252,7 @@ class FlowerExecutor(ClientExecutor):
             self._rejoin()
         self._prune()
         groups = self._groups(clients)
-        inputs = self._next_inputs(phase)
+        inputs = self._evaluated_sets()
         per_node = {}
         for node, idx in groups.items():
             out: dict[str, torch.Tensor] = {}
@@ -301,9 +300,9 @@ class FlowerExecutor(ClientExecutor):
         self._dropped.clear()  # a node that sent an invalid reply last round takes part again
         self._prune()
         trained, uploading = self._groups(step.trained), self._groups(step.uploading)
-        inputs = self._next_inputs("private")
+        inputs = self._evaluated_sets()
         info = step.info
-        self._expect = (len(info.public_x), self.loop.facts.num_classes) if step.upload == "predictions" else None
+        expect = (len(info.public_x), self.loop.facts.num_classes) if step.upload == "predictions" else None
         per_node = {}
         for node in sorted(set(trained) | set(uploading)):
             out: dict[str, torch.Tensor] = {}
@@ -321,7 +320,7 @@ class FlowerExecutor(ClientExecutor):
             per_node[node] = (meta, out)
         replies = self.request("step", per_node, tolerate=True)
         replies = self._valid(replies, lambda node, meta, tensors: check_step(
-            meta, tensors, len(trained.get(node, [])), len(uploading[node]) if node in uploading else 0, self._expect))
+            meta, tensors, len(trained.get(node, [])), len(uploading[node]) if node in uploading else 0, expect))
         losses = [math.nan] * len(step.trained)
         for node, (meta, _) in replies.items():
             for j, loss in zip(trained.get(node, []), meta["losses"], strict=True):
@@ -343,7 +342,7 @@ class FlowerExecutor(ClientExecutor):
         states with the reply when the round ends in a checkpoint."""
         self._prune()
         groups = self._groups(clients)
-        inputs = self._next_inputs("public")
+        inputs = self._evaluated_sets()
         per_node = {}
         for node, idx in groups.items():
             out: dict[str, torch.Tensor] = {}
@@ -366,7 +365,7 @@ class FlowerExecutor(ClientExecutor):
     def _on_nodes(self, hook, info, clients, received):
         self._prune()
         groups = self._groups(clients)
-        inputs = self._next_inputs(hook)  # a hook may change the clients (e.g. loading the global model)
+        inputs = self._evaluated_sets()  # a hook may change the clients (e.g. loading the global model)
         per_node = {}
         for node, idx in groups.items():
             out: dict[str, torch.Tensor] = {}
