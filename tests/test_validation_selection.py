@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import FederationLoop
@@ -77,6 +78,43 @@ def test_evaluated_rounds_measure_validation_accuracy_and_the_summary_selects_by
     # without a validation set: no validation metrics, no selection
     plain = tiny_loop()
     assert not any("selected" in k for k in plain.fit()) and "after_public/val_acc_mean" not in plain.history[0]
+
+
+def test_a_round_that_improves_validation_is_measured_on_the_whole_test_set_under_a_subsample():
+    """The curves may use a test subsample; the validation-selected numbers never do."""
+    def loop(**settings):
+        return FederationLoop(
+            rounds=6, private_epochs_first=2, private_epochs=2, public_epochs_first=1, public_epochs=1,
+            data=FederatedData(num_clients=4, classes_per_client=3, public_size=120, validation_size=60),
+            model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}},
+            client=ClientOptimization(optimizer="adam", lr=0.05),  # plateaus early: some rounds do not improve
+            aggregator=ProbabilityAveraging(), **settings)
+
+    full, sub = loop(), loop(eval_subsample=50)
+    exact, curves = full.fit(), sub.fit()
+    n = len(full.test_y)
+    for phase, suffix in (("after_public", ""), ("after_private", "_after_private")):
+        best = -1.0
+        for a, b in zip(full.history, sub.history, strict=True):
+            assert a[f"{phase}/val_acc_mean"] == b[f"{phase}/val_acc_mean"]  # the same training either way
+            improved, best = a[f"{phase}/val_acc_mean"] > best, max(best, a[f"{phase}/val_acc_mean"])
+            whole = improved or b["round"] == 6
+            assert b[f"{phase}/test_samples"] == (n if whole else 50)
+            if whole:
+                assert b[f"{phase}/global_acc_mean"] == a[f"{phase}/global_acc_mean"]
+        assert curves[f"selected_round{suffix}"] == exact[f"selected_round{suffix}"]
+        assert curves[f"selected_global_acc_mean{suffix}"] == exact[f"selected_global_acc_mean{suffix}"]
+        assert curves[f"selected_test_samples{suffix}"] == n
+    assert any(m[f"{p}/test_samples"] == 50 for m in sub.history for p in ("after_private", "after_public"))
+
+
+def test_a_resumed_run_remembers_the_best_validation_so_far(tmp_path):
+    loop = tiny_loop(validation_size=60)
+    loop.setup()
+    loop.history = [{"round": 1, "after_private/val_acc_mean": 0.4, "after_public/val_acc_mean": 0.7},
+                    {"round": 2, "after_private/val_acc_mean": float("nan"), "after_public/val_acc_mean": 0.9}]
+    loop.parts.evaluate.restore(loop.history)
+    assert loop.parts.evaluate.best_val == {"after_private": 0.4, "after_public": 0.9}
 
 
 def test_selection_is_the_best_validation_round_not_the_best_test_round():

@@ -192,7 +192,7 @@ class FederationLoop:
             plan = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in lost])
             private_losses = [v for i, v in zip(plan.sampled, private_losses, strict=True) if i not in lost]
         check_finite(private_losses, r, "private", [i for i in plan.sampled if i not in lost])
-        after_private = parts.evaluated(plan)
+        after_private = parts.evaluated(plan, "after_private")
         # the rest of the round: the protocol's exchange (fdlit.federation.protocols)
         result, public_losses, after_public = self.protocol.run(parts, plan, after_private, sent)
         if later := clients.unreachable() - set(lost):  # lost during the exchange: dropouts too
@@ -223,6 +223,7 @@ class FederationLoop:
         self.parts.clients.load_state_dict(state["clients"])
         self.server_side.load_state_dict(state)
         self.history = [dict(m) for m in state["history"]]
+        self.parts.evaluate.restore(self.history)
         self.round = state["round"]
         self.wall_time = state["wall_time"]
 

@@ -24,7 +24,11 @@ class Evaluation:
     """The held-out tensors on the device and how every client is measured on them.
 
     ``correct(x, y, rows)`` says which samples every client predicts right (M x T), wherever the clients
-    live: an executor may measure it where they are, so their predictions need not leave them."""
+    live: an executor may measure it where they are, so their predictions need not leave them.
+
+    With a validation set, a phase whose mean validation accuracy beats every earlier round's is
+    measured on the whole test set even when the curves use a subsample: the validation-selected
+    round (``selected_*`` in the summary) is then always an exact full-test number."""
 
     def __init__(self, correct: Callable[..., torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
                  local_masks: torch.Tensor, validation: tuple[torch.Tensor | None, torch.Tensor | None]):
@@ -32,21 +36,37 @@ class Evaluation:
         self.test_x, self.test_y = test
         self.local_mask_matrix = local_masks  # M x T: test samples of each client's own classes
         self.val_x, self.val_y = validation
+        self.best_val: dict[str, float] = {}  # per phase: the best mean validation accuracy so far
 
-    def __call__(self, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def __call__(self, rows: torch.Tensor | None = None, phase: str | None = None) -> dict[str, torch.Tensor]:
         """Global accuracy (whole test set, or its ``rows``) and local accuracy (those test samples
-        of the client's own classes), micro-averaged, for every client."""
+        of the client's own classes), micro-averaged, for every client; ``test_samples``: how many
+        test samples that was."""
+        out = {}
+        if self.val_y is not None:  # the (small) validation set
+            out["val_acc"] = self.correct(self.val_x, self.val_y).mean(1)
+            if phase is not None:
+                mean = float(out["val_acc"].nanmean())
+                if mean > self.best_val.get(phase, -math.inf):  # a new selection: measure it exactly
+                    self.best_val[phase], rows = mean, None
         masks = self.local_mask_matrix if rows is None else self.local_mask_matrix[:, rows]
         # micro accuracy (correct / total; torchmetrics' MulticlassAccuracy defaults to macro), for
         # all clients in one op: 80 per-client metric calls a round cost more than the predictions
         correct = self.correct(self.test_x, self.test_y, rows)
-        out = {"global_acc": correct.mean(1), "local_acc": (correct * masks).sum(1) / masks.sum(1).clamp_min(1)}
-        if self.val_y is not None:  # the (small) validation set
-            out["val_acc"] = self.correct(self.val_x, self.val_y).mean(1)
+        out.update(global_acc=correct.mean(1), local_acc=(correct * masks).sum(1) / masks.sum(1).clamp_min(1))
         # a client that could not be reached (a deployment's node is gone): no accuracy
         unreachable = correct.isnan().all(1) if correct.shape[1] else torch.zeros(len(correct), dtype=torch.bool)
-        return {k: v.masked_fill(unreachable.to(v.device), math.nan).cpu() if bool(unreachable.any()) else v.cpu()
-                for k, v in out.items()}
+        out = {k: v.masked_fill(unreachable.to(v.device), math.nan).cpu() if bool(unreachable.any()) else v.cpu()
+               for k, v in out.items()}
+        return {**out, "test_samples": correct.shape[1]}
+
+    def restore(self, history: list[dict[str, Any]]) -> None:
+        """A resumed run's best validation accuracies so far, from its metrics."""
+        self.best_val = {}
+        for phase in ("after_private", "after_public"):
+            seen = [m[f"{phase}/val_acc_mean"] for m in history if _finite(m.get(f"{phase}/val_acc_mean"))]
+            if seen:
+                self.best_val[phase] = max(seen)
 
 
 def accuracy_metrics(after_private, after_public, with_validation: bool) -> dict[str, Any]:
@@ -65,6 +85,7 @@ def accuracy_metrics(after_private, after_public, with_validation: bool) -> dict
             metrics[f"{phase}/{name}_min"] = float(known.min()) if len(known) else math.nan
             metrics[f"{phase}/{name}_max"] = float(known.max()) if len(known) else math.nan
             metrics[f"clients/{phase}/{name}"] = values.tolist()
+        metrics[f"{phase}/test_samples"] = 0 if accs is None else accs["test_samples"]
         if with_validation:  # selection without the test set (summary: selected_*)
             metrics[f"{phase}/val_acc_mean"] = math.nan if accs is None else float(accs["val_acc"].nanmean())
     return metrics
@@ -123,6 +144,8 @@ def selected(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"selected_global_acc_mean{suffix}"] = chosen[f"{phase}/global_acc_mean"]
             out[f"selected_round{suffix}"] = chosen["round"]
             out[f"selected_val_acc_mean{suffix}"] = chosen[f"{phase}/val_acc_mean"]
+            if f"{phase}/test_samples" in chosen:
+                out[f"selected_test_samples{suffix}"] = chosen[f"{phase}/test_samples"]
     return out
 
 
@@ -158,7 +181,7 @@ def summary(history: list[dict[str, Any]], *, rounds_done: int, rounds: int, tes
         **selected(evaluated),
         "final_round": last["round"],
         "final_test_samples": last.get("eval/test_samples", test_samples),
-        "best_test_samples": best.get("eval/test_samples", test_samples),
+        "best_test_samples": best.get("after_public/test_samples", best.get("eval/test_samples", test_samples)),
         "final_global_acc_mean": last[key],
         "final_local_acc_mean_after_private": last["after_private/local_acc_mean"],
         "final_local_acc_mean_after_public": last["after_public/local_acc_mean"],
@@ -207,8 +230,7 @@ def round_metrics(parts: Any, communicates: bool, plan: Any, result: Any, losses
     private_losses, public_losses = losses
     after_private, after_public = evaluations
     metrics = {"round": r, **accuracy_metrics(after_private, after_public, t.val_y is not None)}
-    rows = plan.eval_rows
-    metrics["eval/test_samples"] = 0 if not plan.evaluated else len(t.test_y) if rows is None else len(rows)
+    metrics["eval/test_samples"] = metrics["after_public/test_samples"]  # the curves' phase
     public_y = t.public_y if plan.public_index is None else t.public_y[plan.public_index]
     metrics.update(teacher_metrics(result, public_y))
     metrics["train/private_loss_mean"] = float(torch.tensor(private_losses).mean())
