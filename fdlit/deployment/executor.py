@@ -23,13 +23,14 @@ import torch
 
 from fdlit.deployment.membership import apply_local_classes, assign_order, client_blocks
 from fdlit.deployment.messages import NodeFailure, NodeLink
+from fdlit.deployment.node_requests import NodeRequests
 from fdlit.deployment.replies import check_losses, check_step, messages_of
 from fdlit.execution.executor import ClientExecutor
 from fdlit.execution.tokens import Tokens
 from fdlit.messages import Message, array_bytes
 
 
-class FlowerExecutor(ClientExecutor):
+class FlowerExecutor(NodeRequests, ClientExecutor):
     """Clients hosted by Flower SuperNodes, driven from a ServerApp.
 
     Args:
@@ -247,50 +248,6 @@ class FlowerExecutor(ClientExecutor):
                 self._states.update(zip(meta["state_ids"], from_bytes(tensors["states"]), strict=True))
 
     # ------------------------------------------------------------------ the executor interface
-    def train(self, clients, phase, datasets, epochs, batch_size):
-        if phase == "private":  # a round begins: nodes that replace lost ones join here
-            self._rejoin()
-        self._prune()
-        groups = self._groups(clients)
-        inputs = self._evaluated_sets()
-        per_node = {}
-        for node, idx in groups.items():
-            out: dict[str, torch.Tensor] = {}
-            refs = [[self._ref(datasets[j][0], node, out), self._ref(datasets[j][1], node, out)] for j in idx]
-            per_node[node] = ({"ids": [clients[j].client_id for j in idx], "phase": phase, "datasets": refs,
-                               "epochs": epochs, "batch_size": batch_size,
-                               "then_measure": self._measure(inputs, node, out)}, out)
-        losses = [math.nan] * len(clients)
-        replies = self.request("train", per_node, tolerate=True)
-        for node, (meta, _) in replies.items():
-            for j, loss in zip(groups[node], meta["losses"], strict=True):
-                losses[j] = loss
-        self._changed(clients, range(len(clients)), replies, groups, inputs)
-        self.report(phase, len(clients), len(clients))
-        return losses
-
-    def predict(self, clients, x):
-        self._prune()
-        groups = self._groups(clients)
-        per_node, refs = {}, {}
-        for node, idx in groups.items():
-            out: dict[str, torch.Tensor] = {}
-            refs[node] = self._ref(x, node, out)
-            per_node[node] = ({"ids": [clients[j].client_id for j in idx], "x": refs[node]}, out)
-        rows: list[torch.Tensor | None] = [None] * len(clients)
-        for node, (_, tensors) in self.request("predict", per_node, tolerate=True).items():
-            for j, z in zip(groups[node], tensors["logits"], strict=True):
-                rows[j] = z
-        shape = next(z.shape for z in rows if z is not None)
-        # unreachable clients: NaN logits (evaluation reports no accuracy for them)
-        result = torch.stack([torch.full(shape, math.nan) if z is None else z for z in rows]).to(x.device)
-        return result
-
-    def client_hook(self, hook, part, info, clients, client_data, received, public_logits=None):
-        if public_logits is not None:  # the nodes make the public logits themselves (``upload``)
-            raise NotImplementedError("FlowerExecutor.client_hook: public logits come from the nodes' upload step")
-        return self._on_nodes(hook, info, clients, received)
-
     def client_step(self, step):
         """The round's client step in one exchange per node: each node trains its sampled clients,
         predicts the evaluation sets with them, and its arriving clients make their upload (public
@@ -361,57 +318,3 @@ class FlowerExecutor(ClientExecutor):
         self._keep_states(replies)
         self.report("public", len(clients), len(clients))
         return losses
-
-    def _on_nodes(self, hook, info, clients, received):
-        self._prune()
-        groups = self._groups(clients)
-        inputs = self._evaluated_sets()  # a hook may change the clients (e.g. loading the global model)
-        per_node = {}
-        for node, idx in groups.items():
-            out: dict[str, torch.Tensor] = {}
-            meta = {"then_measure": self._measure(inputs, node, out), "hook": hook,
-                    "ids": [clients[j].client_id for j in idx], "round": info.round, "clients": list(info.clients),
-                    "public_index": self._ref(info.public_index, node, out),
-                    "received": {k: self._ref(v, node, out) for k, v in received.items()},
-                    "then_states": hook == "receive" and self._wants_states()}  # the round's last exchange
-            per_node[node] = (meta, out)
-        payloads: list[Message] = [Message() for _ in clients]
-        # a node lost in a round's exchange: its clients are dropouts; set-up needs every node
-        replies = self.request("hook", per_node, tolerate=hook != "setup")
-        for node, (meta, tensors) in replies.items():
-            for j, m in zip(groups[node], messages_of(meta.get("upload"), tensors, self.device), strict=True):
-                payloads[j] = m
-        self._changed(clients, range(len(clients)), replies, groups, inputs)
-        self._keep_states(replies)
-        return payloads
-
-    def fetch_states(self, clients):
-        from fdlit.deployment.node import from_bytes
-
-        if not self.node_ids:
-            return [c.client_state() for c in clients]
-        if all(c.client_id in self._states for c in clients):  # sent with the round's last reply
-            for c in clients:
-                c.load_client_state(self._states[c.client_id])
-            return [self._states[c.client_id] for c in clients]
-        groups = self._groups(clients)
-        replies = self.request("get_states", {n: ({"ids": [clients[j].client_id for j in idx]}, {})
-                                              for n, idx in groups.items()}, tolerate=True)
-        states: list[Any] = [None] * len(clients)
-        for node, (_, tensors) in replies.items():
-            for j, state in zip(groups[node], from_bytes(tensors["states"]), strict=True):
-                clients[j].load_client_state(state)
-                states[j] = state
-        # an unreachable client: the last state the server fetched of it
-        return [c.client_state() if s is None else s for c, s in zip(clients, states, strict=True)]
-
-    def push_states(self, clients) -> None:
-        from fdlit.deployment.node import to_bytes
-
-        groups = self._groups(clients)
-        pushed = {c.client_id for c in clients}
-        self._cache = {k: v for k, v in self._cache.items() if k[1] not in pushed}
-        self._states = {i: v for i, v in self._states.items() if i not in pushed}
-        self.request("set_states", {n: ({"ids": [clients[j].client_id for j in idx]},
-                                        {"states": to_bytes([clients[j].client_state() for j in idx])})
-                                    for n, idx in groups.items()})
