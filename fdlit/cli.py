@@ -80,9 +80,15 @@ def report_parser() -> ArgumentParser:
     parser.add_argument("--include_duplicates", action=ActionYesNo, default=False,
                         help="Keep every run directory of the same setting and seed (a sweep run twice); by default "
                              "the finished one with the most rounds is used.")
-    parser.add_argument("--formats", type=list[str], default=["pdf", "svg", "png"],
-                        help="Figure files to write: pdf, svg, png (the PNG is always written; the page shows it).")
+    parser.add_argument("--formats", type=list[str] | str, default=["pdf", "svg", "png"],
+                        help="Figure files to write: pdf, svg, png (the PNG is always written; the page shows it); "
+                             "a list ([pdf,png]) or one format or a comma-separated string (png, pdf,png).")
     return parser
+
+
+def report_formats(value: list[str] | str) -> tuple[str, ...]:
+    """``--formats png`` and ``--formats pdf,png`` as well as the list form ``--formats [pdf,png]``."""
+    return tuple(f.strip() for f in value.split(",") if f.strip()) if isinstance(value, str) else tuple(value)
 
 
 def split_resume(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -184,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             with one_line_warnings("fdlit report"):  # a plotting library's warning, without its source line
                 index = write_report(cfg.report.runs, cfg.report.out, include_unfinished=cfg.report.include_unfinished,
                                      include_duplicates=cfg.report.include_duplicates,
-                                     formats=tuple(cfg.report.formats))
+                                     formats=report_formats(cfg.report.formats))
             print(f"fdlit report: {index}")
         elif cfg.command == "export":
             from fdlit.runs.export import export_model

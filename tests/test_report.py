@@ -218,6 +218,12 @@ def test_report_cli_and_empty_folder(tmp_path, runs_dir, capsys):
     assert "runs: no finished run directories" in capsys.readouterr().err
     assert main(["report", str(runs_dir), "--formats", "[png, eps]"]) == 2
     assert "formats: allowed: pdf, svg, png" in capsys.readouterr().err
+    # one format, or a comma-separated string, as well as the list form
+    assert main(["report", str(runs_dir), "--out", str(tmp_path / "one"), "--formats", "png"]) == 0
+    assert main(["report", str(runs_dir), "--out", str(tmp_path / "two"), "--formats", "svg,png"]) == 0
+    assert not list((tmp_path / "one").rglob("*.svg")) and list((tmp_path / "two").rglob("*.svg"))
+    assert main(["report", str(runs_dir), "--formats", "eps"]) == 2
+    assert "formats: allowed: pdf, svg, png" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="runs"):
         load_runs(tmp_path / "missing")
 
