@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+import fdlit.execution
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
@@ -80,41 +81,51 @@ def test_evaluated_rounds_measure_validation_accuracy_and_the_summary_selects_by
     assert not any("selected" in k for k in plain.fit()) and "after_public/val_acc_mean" not in plain.history[0]
 
 
-def test_a_round_that_improves_validation_is_measured_on_the_whole_test_set_under_a_subsample():
-    """The curves may use a test subsample; the validation-selected numbers never do."""
-    def loop(**settings):
-        return FederationLoop(
-            rounds=6, private_epochs_first=2, private_epochs=2, public_epochs_first=1, public_epochs=1,
-            data=FederatedData(num_clients=4, classes_per_client=3, public_size=120, validation_size=60),
-            model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}},
-            client=ClientOptimization(optimizer="adam", lr=0.05),  # plateaus early: some rounds do not improve
-            aggregator=ProbabilityAveraging(), **settings)
+def subsampled_loop(executor="SequentialExecutor", rounds=6, **settings):
+    return FederationLoop(
+        rounds=rounds, private_epochs_first=2, private_epochs=2, public_epochs_first=1, public_epochs=1,
+        data=FederatedData(num_clients=4, classes_per_client=3, public_size=120, validation_size=60),
+        model={"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}},
+        client=ClientOptimization(optimizer="adam", lr=0.05),  # plateaus early: the best round is not the last
+        aggregator=ProbabilityAveraging(), executor=getattr(fdlit.execution, executor)(), **settings)
 
-    full, sub = loop(), loop(eval_subsample=50)
+
+@pytest.mark.parametrize("executor", ["SequentialExecutor", "VectorizedExecutor"])
+def test_the_selected_round_is_exact_on_the_whole_test_set_when_the_curves_use_a_subsample(executor):
+    """The curves use a test subsample; the validation-selected numbers are those of a run that
+    measured every round on the whole test set, and the final weights are left as they were."""
+    full, sub = subsampled_loop(executor), subsampled_loop(executor, eval_subsample=50)
     exact, curves = full.fit(), sub.fit()
     n = len(full.test_y)
-    for phase, suffix in (("after_public", ""), ("after_private", "_after_private")):
-        best = -1.0
-        for a, b in zip(full.history, sub.history, strict=True):
+    for a, b in zip(full.history, sub.history, strict=True):
+        for phase in ("after_private", "after_public"):
             assert a[f"{phase}/val_acc_mean"] == b[f"{phase}/val_acc_mean"]  # the same training either way
-            improved, best = a[f"{phase}/val_acc_mean"] > best, max(best, a[f"{phase}/val_acc_mean"])
-            whole = improved or b["round"] == 6
-            assert b[f"{phase}/test_samples"] == (n if whole else 50)
-            if whole:
-                assert b[f"{phase}/global_acc_mean"] == a[f"{phase}/global_acc_mean"]
+            assert b[f"{phase}/test_samples"] == (n if b["round"] == 6 else 50)
+    for suffix in ("", "_after_private"):
         assert curves[f"selected_round{suffix}"] == exact[f"selected_round{suffix}"]
         assert curves[f"selected_global_acc_mean{suffix}"] == exact[f"selected_global_acc_mean{suffix}"]
         assert curves[f"selected_test_samples{suffix}"] == n
-    assert any(m[f"{p}/test_samples"] == 50 for m in sub.history for p in ("after_private", "after_public"))
+    assert curves["selected_round"] < 6 or curves["selected_round_after_private"] < 6  # a kept round was used
+    assert "selection/after_public/round" in sub.history[-1] or "selection/after_private/round" in sub.history[-1]
+    # the final weights were restored after measuring the kept ones
+    assert sub.history[-1]["after_public/global_acc_mean"] == full.history[-1]["after_public/global_acc_mean"]
+    for x, y in zip(full.executor.fetch_states(full.clients), sub.executor.fetch_states(sub.clients), strict=True):
+        assert all(torch.equal(x["model"][k], y["model"][k]) for k in x["model"])
 
 
-def test_a_resumed_run_remembers_the_best_validation_so_far(tmp_path):
-    loop = tiny_loop(validation_size=60)
-    loop.setup()
-    loop.history = [{"round": 1, "after_private/val_acc_mean": 0.4, "after_public/val_acc_mean": 0.7},
-                    {"round": 2, "after_private/val_acc_mean": float("nan"), "after_public/val_acc_mean": 0.9}]
-    loop.parts.evaluate.restore(loop.history)
-    assert loop.parts.evaluate.best_val == {"after_private": 0.4, "after_public": 0.9}
+def test_a_run_stopped_and_resumed_keeps_the_selected_weights(tmp_path):
+    whole = subsampled_loop(eval_subsample=50)
+    expected = whole.fit()
+    first = subsampled_loop(eval_subsample=50, rounds=3)
+    first.fit()
+    state = first.state_dict()
+    assert state["selection"]["best"]  # the best rounds so far and their weights travel with the state
+    resumed = subsampled_loop(eval_subsample=50)
+    resumed.load_state_dict(state)
+    got = resumed.fit()
+    for key in ("selected_round", "selected_global_acc_mean", "selected_round_after_private",
+                "selected_global_acc_mean_after_private"):
+        assert got[key] == expected[key]
 
 
 def test_selection_is_the_best_validation_round_not_the_best_test_round():

@@ -31,6 +31,7 @@ from fdlit.federation.protocols import protocol_for
 from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.federation.round_facts import RoundFacts
 from fdlit.federation.round_parts import RoundParts
+from fdlit.federation.selection import ExactSelection
 from fdlit.federation.server_side import ServerSide
 from fdlit.federation.settings import FederationSettings
 from fdlit.federation.tensors import FederationTensors
@@ -143,6 +144,7 @@ class FederationLoop:
             self.parts = None  # not set up: a later setup() starts again
             raise
         executor.progress = self._clients_progress
+        self.selection = ExactSelection(side, evaluate, active=rows is not None and tensors.val_y is not None)
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
@@ -157,6 +159,8 @@ class FederationLoop:
             for r in range(self.round + 1, self.settings.rounds + 1):
                 if reason := self.protocol.stop_reason(self.parts, r):
                     self.stop_reason = reason  # the last round is complete and checkpointed
+                    if self.history:
+                        self.history[-1].update(self.selection.finish())
                     break
                 self.run_round(r, clock=start)
         finally:
@@ -192,15 +196,19 @@ class FederationLoop:
             plan = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in lost])
             private_losses = [v for i, v in zip(plan.sampled, private_losses, strict=True) if i not in lost]
         check_finite(private_losses, r, "private", [i for i in plan.sampled if i not in lost])
-        after_private = parts.evaluated(plan, "after_private")
+        after_private = parts.evaluated(plan)
+        self.selection.observe("after_private", r, after_private)
         # the rest of the round: the protocol's exchange (fdlit.federation.protocols)
         result, public_losses, after_public = self.protocol.run(parts, plan, after_private, sent)
+        self.selection.observe("after_public", r, after_public)
         if later := clients.unreachable() - set(lost):  # lost during the exchange: dropouts too
             plan, lost = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in later]), lost | later
 
         metrics = measurement.round_metrics(parts, self.protocol.communicates, plan, result,
                                             (private_losses, public_losses), (after_private, after_public), lost, t0)
         metrics.update(self.adversaries.after_round(parts, plan, result, after_public))
+        if r == self.settings.rounds:  # the selected rounds, measured on the whole test set
+            metrics.update(self.selection.finish())
         self.round = r
         self.history.append(metrics)
         if clock is not None:
@@ -215,7 +223,8 @@ class FederationLoop:
         state, every client's (fetched from where it lives) and the server's."""
         return {"round": self.round, "rounds": self.rounds, "seed": self.seed, "num_clients": len(self.clients),
                 "clients": self.parts.clients.state_dict(), **self.server_side.state_dict(),
-                "history": [dict(m) for m in self.history], "wall_time": float(self.wall_time)}
+                "history": [dict(m) for m in self.history], "wall_time": float(self.wall_time),
+                "selection": self.selection.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (after ``setup``, before ``fit``)."""
@@ -223,7 +232,7 @@ class FederationLoop:
         self.parts.clients.load_state_dict(state["clients"])
         self.server_side.load_state_dict(state)
         self.history = [dict(m) for m in state["history"]]
-        self.parts.evaluate.restore(self.history)
+        self.selection.load_state_dict(state.get("selection"))
         self.round = state["round"]
         self.wall_time = state["wall_time"]
 

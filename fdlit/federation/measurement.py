@@ -24,11 +24,7 @@ class Evaluation:
     """The held-out tensors on the device and how every client is measured on them.
 
     ``correct(x, y, rows)`` says which samples every client predicts right (M x T), wherever the clients
-    live: an executor may measure it where they are, so their predictions need not leave them.
-
-    With a validation set, a phase whose mean validation accuracy beats every earlier round's is
-    measured on the whole test set even when the curves use a subsample: the validation-selected
-    round (``selected_*`` in the summary) is then always an exact full-test number."""
+    live: an executor may measure it where they are, so their predictions need not leave them."""
 
     def __init__(self, correct: Callable[..., torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
                  local_masks: torch.Tensor, validation: tuple[torch.Tensor | None, torch.Tensor | None]):
@@ -36,19 +32,14 @@ class Evaluation:
         self.test_x, self.test_y = test
         self.local_mask_matrix = local_masks  # M x T: test samples of each client's own classes
         self.val_x, self.val_y = validation
-        self.best_val: dict[str, float] = {}  # per phase: the best mean validation accuracy so far
 
-    def __call__(self, rows: torch.Tensor | None = None, phase: str | None = None) -> dict[str, torch.Tensor]:
+    def __call__(self, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Global accuracy (whole test set, or its ``rows``) and local accuracy (those test samples
         of the client's own classes), micro-averaged, for every client; ``test_samples``: how many
         test samples that was."""
         out = {}
         if self.val_y is not None:  # the (small) validation set
             out["val_acc"] = self.correct(self.val_x, self.val_y).mean(1)
-            if phase is not None:
-                mean = float(out["val_acc"].nanmean())
-                if mean > self.best_val.get(phase, -math.inf):  # a new selection: measure it exactly
-                    self.best_val[phase], rows = mean, None
         masks = self.local_mask_matrix if rows is None else self.local_mask_matrix[:, rows]
         # micro accuracy (correct / total; torchmetrics' MulticlassAccuracy defaults to macro), for
         # all clients in one op: 80 per-client metric calls a round cost more than the predictions
@@ -59,14 +50,6 @@ class Evaluation:
         out = {k: v.masked_fill(unreachable.to(v.device), math.nan).cpu() if bool(unreachable.any()) else v.cpu()
                for k, v in out.items()}
         return {**out, "test_samples": correct.shape[1]}
-
-    def restore(self, history: list[dict[str, Any]]) -> None:
-        """A resumed run's best validation accuracies so far, from its metrics."""
-        self.best_val = {}
-        for phase in ("after_private", "after_public"):
-            seen = [m[f"{phase}/val_acc_mean"] for m in history if _finite(m.get(f"{phase}/val_acc_mean"))]
-            if seen:
-                self.best_val[phase] = max(seen)
 
 
 def accuracy_metrics(after_private, after_public, with_validation: bool) -> dict[str, Any]:
@@ -146,6 +129,10 @@ def selected(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"selected_val_acc_mean{suffix}"] = chosen[f"{phase}/val_acc_mean"]
             if f"{phase}/test_samples" in chosen:
                 out[f"selected_test_samples{suffix}"] = chosen[f"{phase}/test_samples"]
+            exact = evaluated[-1]  # the selected round re-measured on the whole test set (federation.selection)
+            if exact.get(f"selection/{phase}/round") == chosen["round"]:
+                out[f"selected_global_acc_mean{suffix}"] = exact[f"selection/{phase}/global_acc_mean"]
+                out[f"selected_test_samples{suffix}"] = exact[f"selection/{phase}/test_samples"]
     return out
 
 

@@ -33,6 +33,6 @@ class RoundParts:
     batch_size: int
     public_batch_size: int
 
-    def evaluated(self, plan: Any, phase: str = "after_public") -> Any:
-        """Every client's accuracies after ``phase`` when the round evaluates, else None."""
-        return self.evaluate(plan.eval_rows, phase) if plan.evaluated else None
+    def evaluated(self, plan: Any) -> Any:
+        """Every client's accuracies when the round evaluates, else None."""
+        return self.evaluate(plan.eval_rows) if plan.evaluated else None
