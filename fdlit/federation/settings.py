@@ -48,8 +48,10 @@ class FederationSettings:
             "best" use evaluated rounds only.
         eval_subsample: evaluate rounds before the last on a fixed random subset of this many test
             samples (drawn once from the seed, the same subset every round); the last round always
-            uses the whole test set. null: the whole test set every time. At most the test set's
-            size (checked once the data is set up).
+            uses the whole test set, and so do the validation-selected numbers (the selected
+            round's weights are kept and measured in full after the last round:
+            fdlit.federation.selection). null: the whole test set every time. At most the test
+            set's size (checked once the data is set up).
         channels_last: store every client network's 4-D weights channels-last
             (``torch.channels_last``; convolutions then run in NHWC, usually faster on GPUs with
             tensor cores). Same results up to float rounding.
