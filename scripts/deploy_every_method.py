@@ -38,19 +38,20 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def close(v, w) -> bool:
+    """Equal structure, floats within 1e-5 (NaN equals NaN; metrics.jsonl writes NaN as null)."""
+    if isinstance(v, (list, tuple)) and isinstance(w, (list, tuple)):
+        return len(v) == len(w) and all(close(a, b) for a, b in zip(v, w, strict=True))
+    if isinstance(v, dict) and isinstance(w, dict):
+        return v.keys() == w.keys() and all(close(v[k], w[k]) for k in v)
+    if isinstance(v, float) and isinstance(w, float):
+        return (math.isnan(v) and math.isnan(w)) or abs(v - w) <= 1e-5
+    return v == w
+
+
 def differing(fitted: list[dict], deployed: list[dict]) -> list[str]:
-    out = set()
-    for f, d in zip(fitted, deployed, strict=True):
-        for k, v in f.items():
-            if k.startswith(DEPLOYMENT_ONLY):
-                continue
-            w = d.get(k)
-            if isinstance(v, float) and isinstance(w, float):
-                if not (math.isnan(v) and math.isnan(w)) and abs(v - w) > 1e-5:
-                    out.add(k)
-            elif json.dumps(v) != json.dumps(w) and not isinstance(v, float):
-                out.add(k)
-    return sorted(out)
+    return sorted({k for f, d in zip(fitted, deployed, strict=True) for k, v in f.items()
+                   if not k.startswith(DEPLOYMENT_ONLY) and not close(v, d.get(k))})
 
 
 def main() -> None:
