@@ -60,6 +60,25 @@ def test_the_selector_keeps_the_public_samples_within_the_calibration_radius_of_
     assert (wider >= mask).all()  # a larger quantile never keeps fewer samples
 
 
+def test_the_selector_fits_on_one_thread_so_a_mask_does_not_depend_on_the_machine(monkeypatch):
+    """KMeans' sums are reduced over OpenMP threads: a node or actor with another core count would
+    otherwise keep other public samples near the radius than ``fit`` does (deployed EdgeFD differed)."""
+    from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    seen, fit = [], KMeans.fit
+
+    def recording_fit(self, *args, **kwargs):
+        seen.append(max((p["num_threads"] for p in threadpool_info() if p["user_api"] == "openmp"), default=1))
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(KMeans, "fit", recording_fit)
+    x = torch.randn(60, 4, generator=torch.Generator().manual_seed(0))
+    with threadpool_limits(limits=2):
+        EdgeFD().client_part().client_mask(x[:40], x[40:], 3, x, seed=0)
+    assert seen == [1]
+
+
 @pytest.mark.parametrize("kwargs, field", [({"quantile": 0.0}, "aggregator.quantile"), ({"quantile": 1.5}, "aggregator.quantile"),
                                            ({"clusters_per_class": 0}, "aggregator.clusters_per_class"), ({"n_init": 0}, "aggregator.n_init")])
 def test_bad_settings_are_refused_naming_the_field(kwargs, field):

@@ -95,10 +95,14 @@ class EdgeFDClient(ClientPart):
                     seed: int) -> torch.Tensor:
         """The mask over ``public_x``: nearest-centroid distance <= the calibration quantile."""
         from sklearn.cluster import KMeans
+        from threadpoolctl import threadpool_limits
 
         train = train_x.flatten(1).double().cpu().numpy()
         k = max(1, min(k, len(train)))
-        centroids = KMeans(n_clusters=k, n_init=self.n_init, random_state=seed).fit(train).cluster_centers_
+        # one thread: KMeans' sums then do not depend on the machine's core count, so a client's mask
+        # is the same wherever it lives (a deployment's node, a Ray actor, a laptop)
+        with threadpool_limits(limits=1):
+            centroids = KMeans(n_clusters=k, n_init=self.n_init, random_state=seed).fit(train).cluster_centers_
         centroids = torch.from_numpy(np.ascontiguousarray(centroids))
         ref = cal_x if len(cal_x) else train_x  # a client without a calibration split: its training data
 
