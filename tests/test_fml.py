@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fdlit.cli import main
 from fdlit.clients import ClientOptimization
 from fdlit.clients.loss_context import LossContext
-from fdlit.cli import main
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import SequentialExecutor, VectorizedExecutor

@@ -1,6 +1,6 @@
 """FML: federated mutual learning between a private and a shared ("meme") network (Shen et al. 2020).
 
-Shen, Zhang, Zhu, Wang, Li, Wu, Wang, Wu, *Federated Mutual Learning*, arXiv 2006.16765 (2020).
+Shen, Zhang, Jia, Zhang, Huang, Zhou, Kuang, Wu, Wu, *Federated Mutual Learning*, arXiv 2006.16765 (2020).
 Every client k keeps a private network (local, personalised, never sent) and trains a copy of the
 shared "meme" network on its private data; the two learn from each other by deep mutual learning.
 Each private step's loss (p = softmax of a network's logits, y the label) is
@@ -29,7 +29,7 @@ otherwise, naming ``model.init_args.groups``).
 Messages: set-up (round 0): ``num_samples`` (int64) up from every client, ``initial_parameters``
 (the meme network's P numbers, float32) up from client 0 and ``parameters`` down to every client;
 every round ``parameters`` (P float32) up from every arrived client and down to every client.
-Choices: temperature 1 (the paper's); the meme network starts from one model for all clients
+Choices: temperature 1; alpha = beta = 0.5 by default (fdlit's, not the paper's); the meme network starts from one model for all clients
 (client 0's initialisation, as fdlit's FedAvg); DP on the parameters is refused as for FedAvg
 (``unbounded``).
 """
