@@ -218,3 +218,10 @@ def test_the_command_line_refuses_a_bad_weight_before_any_work(tmp_path, capsys)
                  "--logger.mode", "disabled", "--logger.run_dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("fdlit: error: aggregator.beta") and "Traceback" not in err
+
+
+def test_a_loss_given_other_features_than_both_networks_logits_is_refused():
+    logits, hidden = torch.randn(3, C), torch.randn(3, 16)  # e.g. an unpaired MLP's penultimate features
+    part = FML().client_part()
+    with pytest.raises(ConfigError, match="^model: FML's loss needs both networks' logits"):
+        part.loss(LossContext(None, "private", logits, torch.tensor([0, 1, 2]), torch.tensor(0.0), {}, features=hidden))

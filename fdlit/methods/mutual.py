@@ -86,4 +86,9 @@ class MutualClient(ClientPart):
         if ctx.features is None:
             raise ConfigError("aggregator", f"{self.label}'s loss was given no features: the client part that wraps "
                               "it must declare needs_features")
+        unpaired = ctx.client is not None and find_pair(ctx.client.model) is None
+        if unpaired or ctx.features.shape[-1] != 2 * ctx.logits.shape[-1]:  # never split other features
+            raise ConfigError("model", f"{self.label}'s loss needs both networks' logits, but this client's network "
+                              f"is not paired ({PAIR_PATH}); a wrapper around the method's client part must pass "
+                              "its client_network hook on")
         return split_logits(ctx.features)
