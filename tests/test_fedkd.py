@@ -75,6 +75,18 @@ def test_the_loss_is_its_formula_with_the_batchs_adaptive_intensity():
     torch.testing.assert_close(g_s, torch.autograd.grad(ce_s + w * kl(mentor.detach(), mentee), mentee)[0])
 
 
+def test_a_batch_both_networks_fit_exactly_gives_a_finite_loss():
+    y = torch.tensor([0, 3])
+    sure = torch.zeros(2, C).scatter(1, y[:, None], 20.0)  # CE = 0 in float32
+    mentee = sure.clone()
+    mentee[:, 5] = 2.0  # another off-label mass, below float32's resolution of the CE: KL > 0
+    assert float(F.cross_entropy(sure, y)) == 0.0 == float(F.cross_entropy(mentee, y))
+    assert float(F.kl_div(sure.log_softmax(1), mentee.log_softmax(1), log_target=True, reduction="sum")) > 0
+    loss = FedKD().client_part().loss(LossContext(None, "private", sure, y, torch.tensor(0.0), {},
+                                                  features=torch.cat([sure, mentee], -1)))
+    assert torch.isfinite(loss)
+
+
 def test_a_padded_batch_gives_the_loss_of_its_real_rows():
     g = torch.Generator().manual_seed(6)
     both, y = torch.randn(5, 2 * C, generator=g), torch.tensor([2, 5, 8, 0, 0])

@@ -9,7 +9,8 @@ private step's loss, with the batch's mean cross-entropies CE_t (mentor) and CE_
     L_s = CE_s + KL(p_t || p_s) / (CE_t + CE_s),        L = L_t + L_s,
 
 the KL terms averaged over the batch: adaptive mutual distillation, whose intensity falls when
-the two networks' predictions are poor. In each KL term the other network's prediction is the
+the two networks' predictions are poor (CE_t + CE_s is floored at 1e-6, which only a batch both
+networks fit to float precision reaches, where 0 / 0 would stop training). In each KL term the other network's prediction is the
 target and is not differentiated, and the weight 1 / (CE_t + CE_s) is a constant of the step, so
 the mentor descends L_t and the mentee L_s. (The paper's hidden-state and attention terms L^h
 need a learned map between two networks' hidden states; they are left out.)
@@ -54,6 +55,7 @@ from fdlit.methods.svd_compression import compress, decompress, matrix_shapes
 from fdlit.models.mutual import check_one_shared_network
 
 REFERENCE = "fedkd_reference"  # the mentee a client received last (w), flat
+CE_FLOOR = 1e-6  # the least CE_t + CE_s the intensity divides by
 
 
 def energy_at(round: int, start: float, end: float, rounds: int) -> float:
@@ -100,7 +102,8 @@ class FedKDClient(MutualClient):
         mentor, mentee = self.logits(ctx)
         ce_t, ce_s = ctx.mean(per_row_ce(mentor, ctx.target)), ctx.mean(per_row_ce(mentee, ctx.target))
         kd_t, kd_s = ctx.mean(per_row_kl(mentee, mentor)), ctx.mean(per_row_kl(mentor, mentee))
-        intensity = 1.0 / (ce_t + ce_s).detach()
+        # a batch both networks fit to float precision would divide 0 by 0: the floor only acts there
+        intensity = 1.0 / (ce_t + ce_s).detach().clamp_min(CE_FLOOR)
         return ce_t + ce_s + intensity * (kd_t + kd_s)
 
 
@@ -109,7 +112,7 @@ class FedKD(FedAvg):
     mentee's updates exchanged as truncated SVDs holding energy T(r) (module docstring).
 
     Args:
-        energy_start: T_start, the energy share kept in round 1, in (0, 1].
+        energy_start: T_start, where the energy share starts (round r keeps T(r), above it), in (0, 1].
         energy_end: T_end, the share kept from round ``energy_rounds`` on, in [energy_start, 1].
         energy_rounds: R, the rounds over which T grows from T_start to T_end (the paper: the run's rounds).
     """

@@ -124,7 +124,7 @@ def shared_spec(spec: Any) -> Any:
     a plain network's own spec); None for a callable spec (not checkable before it is built)."""
     if not isinstance(spec, dict):
         return None
-    if str(spec.get("class_path", "")) in (PAIR_PATH, "fdlit.models.MutualPair"):
+    if str(spec.get("class_path", "")) == PAIR_PATH:
         args = spec.get("init_args") or {}
         return shared_spec(args.get("shared") or args.get("private"))
     return {k: v for k, v in spec.items() if k not in ("clients", "fraction") and (k != "init_args" or v)}
