@@ -25,8 +25,8 @@ values, with T growing linearly over the rounds,
 The server rebuilds every g_k from its factors, averages them as FedAvg does,
 g = sum_k (n_k / n) g_k, compresses g with the same T(r) and sends its factors to every client,
 which sets its mentee to w + g~ (g~: the rebuilt g), so every client holds the same mentee. A
-client's accuracy (``global_acc``) is its **private** mentor network's, the model the paper
-evaluates on each client's own data.
+client's accuracy (``global_acc``) is its **private** mentor network's (the pair's ``forward``);
+the mentee is the exchanged network.
 
 The two networks per client: :class:`fdlit.models.mutual.MutualPair` (the mentee's own spec in
 ``shared``; any other network is paired with a fresh copy of its own architecture). With
