@@ -58,7 +58,9 @@ class ClientModule(LightningModule):
     once and reused every round, so Adam's moments persist across rounds and phases (only the
     learning rate changes between phases). ``method_state`` holds a method's client-side state
     (e.g. Selective-FD's selector mask); it moves and is checkpointed with the client.
-    ``method_part`` is the method's client part (settings only; not a submodule, not checkpointed).
+    ``method_part`` is the method's client part (settings only; not a submodule, not checkpointed);
+    a part with a ``client_network(model, seed)`` hook shapes the client's network when it is
+    attached, before any optimizer exists (FML and FedKD pair it with a shared network).
 
     It is a ``lightning.pytorch.LightningModule``. Its epoch is one pass over a phase's data within a
     round (``federation.local_epochs`` of them in the private phase, ``public_epochs`` in the public
@@ -137,6 +139,9 @@ class ClientModule(LightningModule):
             raise ConfigError("model.class_path", f"{type(self.own_module).__name__} is a LightningModule with its own "
                               f"training_step: the method's loss hook ({type(part).__name__}) cannot shape it; "
                               "use a method without a client loss")
+        network = getattr(part, "client_network", None)
+        if network is not None and self._optimizer is None:  # before any optimizer holds the parameters
+            self.model = network(self.model, self.generator.initial_seed())
         if part is not None and getattr(part, "needs_features", False):
             check_feature_network(self.model, part_name(part))
         self.__dict__["_method_part"] = part

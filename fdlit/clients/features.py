@@ -4,7 +4,9 @@ A network provides them by splitting its forward in two: ``embed(x)`` (B x D fea
 its output layer) and ``classify(features)`` (the logits), with ``forward(x) == classify(embed(x))``.
 fdlit's networks (MLP, SmallCNN, LeNet5, ResNet18) have both; the client computes a step's features
 and logits in one forward through them, so the loss sees the features of the very forward that
-produced its logits, with no hook and no state kept between calls.
+produced its logits, with no hook and no state kept between calls. (A two-network client,
+``fdlit.models.mutual.MutualPair``, splits its forward the same way: its "features" are both
+networks' logits and its ``classify`` reads the private half.)
 """
 
 from __future__ import annotations

@@ -15,9 +15,11 @@ from fdlit.methods.feddf import FedDF
 from fdlit.methods.fedema_distill import FedEMADistill
 from fdlit.methods.fedgo import FedGO
 from fdlit.methods.fedgo_fedavg import FedGOParams
+from fdlit.methods.fedkd import FedKD
 from fdlit.methods.fedmd import FedMD
 from fdlit.methods.fedproto import FedProto
 from fdlit.methods.fedprox import FedProx
+from fdlit.methods.fml import FML
 from fdlit.methods.krum import Krum
 from fdlit.methods.kulsif import KuLSIF
 from fdlit.methods.lkd import LKD
@@ -42,6 +44,7 @@ __all__ = [
     "EntropyWeighted",
     "F2L",
     "F2LParams",
+    "FML",
     "FedDistill",
     "LogitAveraging",
     "LogitVariance",
@@ -50,6 +53,7 @@ __all__ = [
     "FedEMADistill",
     "FedGO",
     "FedGOParams",
+    "FedKD",
     "FedMD",
     "FedMDClient",
     "FedMedian",
