@@ -211,7 +211,7 @@ def metrics_of(parent):
 
 
 @pytest.mark.parametrize("rule", ["digits.yaml", "digits_era.yaml", "digits_median.yaml", "digits_fedavg.yaml",
-                                  "digits_krum.yaml"])
+                                  "digits_krum.yaml", "digits_fml.yaml"])  # FML: the wrapper passes the pairing on
 def test_zero_attackers_change_nothing(rule, tmp_path):
     """No section, and a section with an attack but zero attackers: the same metrics, byte for byte."""
     assert main(["fit", *tiny(rule, tmp_path / "plain")]) == 0

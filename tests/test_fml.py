@@ -50,18 +50,35 @@ def private(loop, i=0):
 
 
 # ---------------------------------------------------------------- the pair
-def test_a_plain_network_is_paired_with_a_fresh_copy_whose_forward_is_the_private_network():
-    loop = loop_for(FML(), rounds=1)
+@pytest.mark.parametrize("evaluate", ["shared", "private"])
+def test_a_plain_network_is_paired_with_a_fresh_copy_whose_forward_is_the_evaluated_network(evaluate):
+    loop = loop_for(FML(evaluate=evaluate), rounds=1)
     loop.fit()
     pair = find_pair(loop.clients[0].model)
     assert isinstance(pair, MutualPair) and type(pair.private) is type(pair.shared)
     assert not torch.equal(flatten(list(pair.private.parameters())), flatten(list(pair.shared.parameters())))
     x = loop.client_data[0].train.x[:5]
     with torch.no_grad():
-        torch.testing.assert_close(loop.clients[0](x), pair.private(x), rtol=0, atol=0)
+        torch.testing.assert_close(loop.clients[0](x), getattr(pair, evaluate)(x), rtol=0, atol=0)
         both = pair.embed(x)
         torch.testing.assert_close(both, torch.cat([pair.private(x), pair.shared(x)], -1), rtol=0, atol=0)
-        torch.testing.assert_close(pair.classify(both), pair(x), rtol=0, atol=0)
+        torch.testing.assert_close(pair.classify(both), pair.private(x), rtol=0, atol=0)
+
+
+def test_which_network_is_evaluated_changes_the_accuracies_not_the_training():
+    shared, private = loop_for(FML(), rounds=2), loop_for(FML(evaluate="private"), rounds=2)
+    shared.fit()
+    private.fit()
+    for a, b in zip(shared.clients, private.clients, strict=True):
+        assert torch.equal(flatten(list(a.model.parameters())), flatten(list(b.model.parameters())))
+    x, y = shared.test_x, shared.test_y
+    for loop, name in ((shared, "shared"), (private, "private")):
+        with torch.no_grad():
+            hand = torch.stack([(getattr(find_pair(c.model), name)(x).argmax(-1) == y).float().mean()
+                                for c in loop.clients]).mean()
+        assert loop.history[-1]["after_public/global_acc_mean"] == pytest.approx(float(hand), abs=1e-6)
+    with pytest.raises(ConfigError, match="aggregator.evaluate"):
+        FML(evaluate="meme")
 
 
 def test_after_a_round_every_client_holds_the_same_meme_network_and_its_own_private_one():

@@ -56,6 +56,9 @@ class AdversarialClientPart(ClientPart):
     def needs_features(self):
         return self.inner.needs_features
 
+    def client_network(self, model, seed):
+        return self.inner.client_network(model, seed)
+
     @property
     def has_loss(self):
         return self.inner.has_loss

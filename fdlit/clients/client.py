@@ -139,7 +139,7 @@ class ClientModule(LightningModule):
             raise ConfigError("model.class_path", f"{type(self.own_module).__name__} is a LightningModule with its own "
                               f"training_step: the method's loss hook ({type(part).__name__}) cannot shape it; "
                               "use a method without a client loss")
-        network = getattr(part, "client_network", None)
+        network = getattr(part, "client_network", None)  # ClientPart's default: the network unchanged
         if network is not None and self._optimizer is None:  # before any optimizer holds the parameters
             self.model = network(self.model, self.generator.initial_seed())
         if part is not None and getattr(part, "needs_features", False):

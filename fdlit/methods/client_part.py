@@ -31,11 +31,18 @@ class ClientPart:
     ``needs_features``: True makes the client compute each step's forward through its network's
     ``embed`` / ``classify`` halves and hand :meth:`loss` the penultimate features (``ctx.features``);
     a network without them is refused naming ``model`` when the part is attached (FedProto).
+
+    :meth:`client_network` shapes the client's network when the part is attached, before any
+    optimizer exists (FML and FedKD pair it with a shared network); the default leaves it as it is.
     """
 
     loss_state_keys: tuple[str, ...] = ()
     rowwise_loss: bool = True
     needs_features: bool = False
+
+    def client_network(self, model: torch.nn.Module, seed: int) -> torch.nn.Module:
+        """The client's network for this method, from the one the config builds (``seed``: the client's)."""
+        return model
 
     def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """Once, before round 1: what the client sends up for the server's set-up."""

@@ -49,7 +49,7 @@ import torch
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.methods.base import AggregationResult, ClientContext, ClientPart, ServerContext, Uploads
 from fdlit.methods.fedavg import FedAvg
-from fdlit.methods.mutual import MutualClient, per_row_ce, per_row_kl, shared_tensors
+from fdlit.methods.mutual import MutualClient, check_evaluate, per_row_ce, per_row_kl, shared_tensors
 from fdlit.methods.parameters import flatten
 from fdlit.methods.svd_compression import compress, decompress, matrix_shapes
 from fdlit.models.mutual import check_one_shared_network
@@ -69,8 +69,9 @@ class FedKDClient(MutualClient):
 
     label = "FedKD"
 
-    def __init__(self, energy_start: float, energy_end: float, energy_rounds: int):
+    def __init__(self, energy_start: float, energy_end: float, energy_rounds: int, evaluate: str = "shared"):
         self.energy_start, self.energy_end, self.energy_rounds = energy_start, energy_end, energy_rounds
+        self.evaluate = evaluate
 
     def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         out = super().setup(ctx)
@@ -115,6 +116,8 @@ class FedKD(FedAvg):
         energy_start: T_start, where the energy share starts (round r keeps T(r), above it), in (0, 1].
         energy_end: T_end, the share kept from round ``energy_rounds`` on, in [energy_start, 1].
         energy_rounds: R, the rounds over which T grows from T_start to T_end (the paper: the run's rounds).
+        evaluate: the network each client's accuracies are measured with: ``shared`` (the mentee, the
+            model the federation trains) or ``private`` (the local mentor).
     """
 
     short_name = "fedkd"
@@ -122,8 +125,10 @@ class FedKD(FedAvg):
     needs_public_set = False
     released = {"factors": "unbounded", "ranks": "clear"}
 
-    def __init__(self, energy_start: float = 0.95, energy_end: float = 0.98, energy_rounds: int = 20):
+    def __init__(self, energy_start: float = 0.95, energy_end: float = 0.98, energy_rounds: int = 20,
+                 evaluate: str = "shared"):
         super().__init__()
+        self.evaluate = check_evaluate(evaluate)
         self.energy_start = check_energy("aggregator.energy_start", energy_start)
         self.energy_end = check_energy("aggregator.energy_end", energy_end)
         if energy_start > energy_end:
@@ -136,7 +141,7 @@ class FedKD(FedAvg):
         check_one_shared_network(model, self.label)  # the mentors may differ
 
     def client_part(self) -> ClientPart:
-        return FedKDClient(self.energy_start, self.energy_end, self.energy_rounds)
+        return FedKDClient(self.energy_start, self.energy_end, self.energy_rounds, self.evaluate)
 
     def server_setup(self, uploads: Uploads, ctx: ServerContext) -> dict[str, torch.Tensor]:
         self.shapes = next(u["matrix_shapes"] for u in uploads if "matrix_shapes" in u).cpu()

@@ -44,6 +44,7 @@ from fdlit.methods.base import AggregationResult, ClientContext, ClientPart, Ser
 from fdlit.methods.fedavg import FedAvg
 from fdlit.methods.mutual import (
     MutualClient,
+    check_evaluate,
     check_fraction,
     check_same_length,
     per_row_ce,
@@ -60,8 +61,8 @@ class FMLClient(MutualClient):
 
     label = "FML"
 
-    def __init__(self, alpha: float, beta: float):
-        self.alpha, self.beta = alpha, beta
+    def __init__(self, alpha: float, beta: float, evaluate: str = "shared"):
+        self.alpha, self.beta, self.evaluate = alpha, beta, evaluate
 
     def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         return {"parameters": flatten(shared_tensors(ctx.client.model, self.label))}
@@ -87,22 +88,26 @@ class FML(FedAvg):
     Args:
         alpha: weight of the private network's cross-entropy, in [0, 1] (1 - alpha: its KL to the meme network).
         beta: weight of the meme network's cross-entropy, in [0, 1] (1 - beta: its KL to the private network).
+        evaluate: the network each client's global and local accuracy are measured with: ``shared`` (the
+            meme network, the model the federation trains; comparable with the other methods' clients)
+            or ``private`` (the personalised local network).
     """
 
     short_name = "fml"
     label = "FML"
     needs_public_set = False
 
-    def __init__(self, alpha: float = 0.5, beta: float = 0.5):
+    def __init__(self, alpha: float = 0.5, beta: float = 0.5, evaluate: str = "shared"):
         super().__init__()
         self.alpha = check_fraction("aggregator.alpha", alpha)
         self.beta = check_fraction("aggregator.beta", beta)
+        self.evaluate = check_evaluate(evaluate)
 
     def check_config(self, model: Any, client: Any) -> None:
         check_one_shared_network(model, self.label)  # the private networks may differ
 
     def client_part(self) -> ClientPart:
-        return FMLClient(self.alpha, self.beta)
+        return FMLClient(self.alpha, self.beta, self.evaluate)
 
     def aggregate(self, uploads: Uploads, ctx: ServerContext) -> AggregationResult:
         check_same_length(uploads, "parameters", self.label)

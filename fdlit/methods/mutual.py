@@ -67,9 +67,12 @@ class MutualClient(ClientPart):
     label = "mutual"
     needs_features = True
     rowwise_loss = False
+    evaluate = "shared"  # which network the client is measured (and predicts) with
 
     def client_network(self, model: torch.nn.Module, seed: int) -> torch.nn.Module:
-        return paired(model, seed + 0x5EED)
+        model = paired(model, seed + 0x5EED)
+        find_pair(model).evaluated = self.evaluate
+        return model
 
     def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         out = {"num_samples": torch.tensor(len(ctx.data.train.y), dtype=torch.int64)}
@@ -92,3 +95,13 @@ class MutualClient(ClientPart):
                               f"is not paired ({PAIR_PATH}); a wrapper around the method's client part must pass "
                               "its client_network hook on")
         return split_logits(ctx.features)
+
+
+EVALUATED = ("shared", "private")
+
+
+def check_evaluate(value: str) -> str:
+    if value not in EVALUATED:
+        raise ConfigError("aggregator.evaluate", f"allowed: {', '.join(EVALUATED)} (the network every client is "
+                          f"measured with); got {value!r}")
+    return value

@@ -5,7 +5,8 @@ A :class:`MutualPair` is one ``nn.Module`` holding both, so every executor train
 (``torch.func.vmap``), moves and checkpoints it as it does any network, with one optimizer over
 both networks' parameters (each network's gradient comes from its own loss only: the methods
 detach the other network's prediction wherever it is a target). Its ``forward`` is the private
-network's logits: what every client is evaluated with. The methods' loss needs both networks'
+network's logits unless the method evaluates the shared one (``evaluated``; the methods' ``evaluate``
+knob): what every client is evaluated with. The methods' loss needs both networks'
 logits of the same forward, which the pair exposes through the two halves fdlit's feature-reading
 losses use (:mod:`fdlit.clients.features`): ``embed(x)`` is the two networks' logits side by side
 (B x 2C: private, then shared) and ``classify`` reads the private half, so
@@ -62,6 +63,7 @@ class MutualPair(ClientNetwork):
         shared_net = build_model(shared or private, shape, classes, field="model.init_args.shared")
         super().__init__()
         self.private, self.shared = private_net, shared_net
+        self.evaluated = "private"  # which network ``forward`` (evaluation, prediction) is
 
     @classmethod
     def of(cls, private: nn.Module, shared: nn.Module) -> MutualPair:
@@ -69,10 +71,12 @@ class MutualPair(ClientNetwork):
         pair = nn.Module.__new__(cls)
         nn.Module.__init__(pair)
         pair.private, pair.shared = private, shared
+        pair.evaluated = "private"
         return pair
 
     def forward(self, x):
-        return self.private(x)
+        """The evaluated network's logits (training reads both through ``embed``)."""
+        return self.shared(x) if self.evaluated == "shared" else self.private(x)
 
     def embed(self, x):
         """Both networks' logits, B x 2C: the private network's, then the shared one's."""
