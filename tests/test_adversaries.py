@@ -221,6 +221,16 @@ def test_zero_attackers_change_nothing(rule, tmp_path):
     assert plain == zero and not any(k.startswith("adversaries/") for k in zero[-1])
 
 
+def test_an_attack_on_a_two_network_method_keeps_its_pairing(tmp_path):
+    """The attack wrapper passes the method's client_network on: FML's clients stay paired."""
+    from fdlit.models.mutual import find_pair
+
+    loop = fit_loop(tiny("digits_fml.yaml", tmp_path, "--adversaries.attack", "fdlit.adversaries.LabelFlipping",
+                         "--adversaries.ids", "[1]"))
+    assert all(find_pair(c.model) is not None for c in loop.clients)
+    assert loop.history[-1]["adversaries/attackers"] == 1
+
+
 def test_attack_metrics_of_a_targeted_run(tmp_path):
     loop = fit_loop(tiny("digits_avg.yaml", tmp_path, "--adversaries.attack", "fdlit.adversaries.ConfidentWrong",
                          "--adversaries.attack.target", "2", "--adversaries.ids", "[1]"))
