@@ -63,6 +63,7 @@ def main() -> None:
     configs = a.configs or sorted(p.name for p in CONFIGS.glob("digits*.yaml"))
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="fdlit-deploy-every-"))
+    print(f"work folder: {work}", flush=True)
     deployment = LocalDeployment(3, work / "deploy")
     deployment.start()
     results = {}

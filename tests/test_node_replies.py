@@ -27,6 +27,19 @@ def test_a_valid_client_step_reply_passes():
     assert check_step(meta, tensors, trained=2, uploading=2, expect=(6, 3)) is None
 
 
+def test_a_masked_upload_sends_only_the_rows_its_mask_keeps():
+    """Selective-FD and EdgeFD upload the kept public rows and the mask over all of them."""
+    meta, tensors = step_reply()
+    meta["upload"]["keys"][0] = ["logits", "mask"]
+    mask = torch.tensor([True, False, True, True, False, False])
+    tensors.update({"u0/logits": torch.randn(3, 3), "u0/mask": mask})
+    assert check_step(meta, tensors, trained=2, uploading=2, expect=(6, 3)) is None
+    tensors["u0/logits"] = torch.randn(4, 3)
+    assert "for 3 public rows" in check_step(meta, tensors, trained=2, uploading=2, expect=(6, 3))
+    tensors.update({"u0/logits": torch.randn(3, 3), "u0/mask": mask[:5]})
+    assert "'mask' of shape (5,)" in check_step(meta, tensors, trained=2, uploading=2, expect=(6, 3))
+
+
 @pytest.mark.parametrize("spoil, says", [
     (lambda m, t: m.update(losses=[0.5, math.nan]), "non-finite training loss"),
     (lambda m, t: m.update(losses=[0.5]), "1 losses for 2 clients"),

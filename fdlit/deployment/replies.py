@@ -33,7 +33,7 @@ def check_step(meta: dict, tensors: dict[str, torch.Tensor], trained: int, uploa
                expect: tuple[int, int] | None) -> str | None:
     """The client step's reply: losses of the ``trained`` clients, finite predictions and uploads, one
     message per ``uploading`` client whose arrays are all there, and, for predictions (``expect``:
-    public rows, classes), one row per public row."""
+    public rows, classes), one row per public row, or per row its ``mask`` keeps."""
     if why := check_losses(meta, trained):
         return why
     for k, x in tensors.items():
@@ -49,12 +49,19 @@ def check_step(meta: dict, tensors: dict[str, torch.Tensor], trained: int, uploa
     if missing:
         return f"arrays {missing[:3]} named but not sent"
     if expect is not None:
-        rows, classes = expect
+        public_rows, classes = expect
         for k, x in tensors.items():
-            key = k.split("/", 1)[-1]
-            if k.startswith("u") and key in ENCODED and (x.dim() == 0 or len(x) != rows):
+            pos, _, key = k.partition("/")
+            if not k.startswith("u"):
+                continue
+            # an upload with a mask over the public rows (Selective-FD, EdgeFD) sends only the kept ones
+            mask = tensors.get(f"{pos}/mask")
+            if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (public_rows,)):
+                return f"'mask' of shape {tuple(mask.shape)} ({mask.dtype}) for {public_rows} public rows"
+            rows = int(mask.sum()) if mask is not None else public_rows
+            if key in ENCODED and (x.dim() == 0 or len(x) != rows):
                 return f"'{key}' of shape {tuple(x.shape)} for {rows} public rows"
-            if k.startswith("u") and key == "logits" and tuple(x.shape) != (rows, classes):
+            if key == "logits" and tuple(x.shape) != (rows, classes):
                 return f"logits of shape {tuple(x.shape)}, expected {(rows, classes)}"
     return None
 
