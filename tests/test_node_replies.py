@@ -38,6 +38,13 @@ def test_a_masked_upload_sends_only_the_rows_its_mask_keeps():
     assert "for 3 public rows" in check_step(meta, tensors, trained=2, uploading=2, expect=(6, 3))
     tensors.update({"u0/logits": torch.randn(3, 3), "u0/mask": mask[:5]})
     assert "'mask' of shape (5,)" in check_step(meta, tensors, trained=2, uploading=2, expect=(6, 3))
+    # hard labels of the kept rows, with 0 x C logits naming C (Selective-FD's hard labels)
+    meta["upload"]["keys"][0] = ["logits", "labels", "mask"]
+    tensors.update({"u0/logits": torch.randn(0, 3), "u0/labels": torch.tensor([0, 2, 1]), "u0/mask": mask})
+    assert check_step(meta, tensors, trained=2, uploading=2, expect=(6, 3)) is None
+    tensors["u0/labels"] = torch.tensor([0, 2])
+    assert "'labels' of shape (2,) for 3 public rows" in check_step(meta, tensors, trained=2, uploading=2,
+                                                                    expect=(6, 3))
 
 
 @pytest.mark.parametrize("spoil, says", [

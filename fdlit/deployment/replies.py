@@ -59,6 +59,11 @@ def check_step(meta: dict, tensors: dict[str, torch.Tensor], trained: int, uploa
             if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (public_rows,)):
                 return f"'mask' of shape {tuple(mask.shape)} ({mask.dtype}) for {public_rows} public rows"
             rows = int(mask.sum()) if mask is not None else public_rows
+            labels = tensors.get(f"{pos}/labels")  # hard labels instead of logits (then 0 x C logits)
+            if labels is not None and (labels.dim() != 1 or len(labels) != rows):
+                return f"'labels' of shape {tuple(labels.shape)} for {rows} public rows"
+            if labels is not None and key == "logits" and tuple(x.shape) == (0, classes):
+                continue
             if key in ENCODED and (x.dim() == 0 or len(x) != rows):
                 return f"'{key}' of shape {tuple(x.shape)} for {rows} public rows"
             if key == "logits" and tuple(x.shape) != (rows, classes):
