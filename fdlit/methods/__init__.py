@@ -13,6 +13,7 @@ from fdlit.methods.fd import FedDistill
 from fdlit.methods.fedavg import FedAvg
 from fdlit.methods.feddf import FedDF
 from fdlit.methods.fedema_distill import FedEMADistill
+from fdlit.methods.fedgen import FedGen
 from fdlit.methods.fedgo import FedGO
 from fdlit.methods.fedgo_fedavg import FedGOParams
 from fdlit.methods.fedmd import FedMD
@@ -48,6 +49,7 @@ __all__ = [
     "FedAvg",
     "FedDF",
     "FedEMADistill",
+    "FedGen",
     "FedGO",
     "FedGOParams",
     "FedMD",
