@@ -163,9 +163,9 @@ def test_bytes_of_a_round_are_the_analytic_sizes():
     for r in (1, 2):
         assert loop.ledger.total("up", round=r) == m * (C * D * 4 + C * 4 + C * 4)  # head W, b float32; counts int32
         assert loop.ledger.total("down", round=r) == m * (generator * 4 + C * 4)  # generator float32; counts int32
-    assert loop.ledger.total(round=0) == 0
-    assert {x.kind for x in loop.ledger.messages} == {"head_weight", "head_bias", "class_counts", "generator",
-                                                      "label_counts"}
+    assert loop.ledger.total("up", round=0) == m * 4 and loop.ledger.total("down", round=0) == 0  # int32 widths
+    assert {x.kind for x in loop.ledger.messages} == {"feature_width", "head_weight", "head_bias", "class_counts",
+                                                      "generator", "label_counts"}
 
 
 def test_two_networks_with_the_same_feature_width_share_one_generator():
@@ -223,11 +223,15 @@ def test_a_network_without_one_linear_output_layer_is_refused_before_training(ne
     message = str(err.value)
     assert message.startswith("model: FedGen") and words in message and net in message and "\n" not in message
     assert loop.history == [] and loop.ledger.messages == []
+    assert all(c._private_epochs == 0 for c in loop.clients)
 
 
-def test_clients_whose_feature_widths_differ_are_refused():
+def test_clients_whose_feature_widths_differ_are_refused_before_training():
     spec = {"class_path": "fdlit.models.PerClient", "init_args": {"groups": [
         {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}, "fraction": 0.5},
         {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32]}, "fraction": 0.5}]}}
-    with pytest.raises(ConfigError, match="^model: FedGen's generator maps into one feature space"):
-        loop_for(FedGen(**SMALL), model=spec, rounds=1).fit()
+    loop = loop_for(FedGen(**SMALL), model=spec, rounds=1)
+    with pytest.raises(ConfigError, match=r"^model: FedGen's generator .* got widths \[16, 32\]$"):
+        loop.fit()
+    assert loop.history == [] and {m.round for m in loop.ledger.messages} == {0}  # only the set-up's widths went up
+    assert all(c._private_epochs == 0 for c in loop.clients)

@@ -33,7 +33,9 @@ labels, and decays alpha and beta by 0.98 a round; neither is in the paper's obj
 here. The noise is Gaussian (the authors' code draws uniform noise); the generator has no batch
 norm; its Adam optimizer starts afresh every round (as in HtFLlib).
 
-Messages per client and round: ``head_weight`` (C x D float32), ``head_bias`` (C float32, when the
+Messages: at set-up (round 0) each client's feature width D (``feature_width``, one int32 up), so
+that the server builds G and refuses clients whose widths differ before any training; then per client
+and round ``head_weight`` (C x D float32), ``head_bias`` (C float32, when the
 head has a bias) and ``class_counts`` (C int32) up; ``generator`` (P float32, P = (noise + C) H + H +
 H D + D) and ``label_counts`` (C int32) down. No public set (``data.public_size: 0`` is allowed). DP on
 these uploads is refused (the parameter-exchange flow does not clip or noise them).
@@ -80,8 +82,8 @@ class FedGenClient(ClientPart):
         self.alpha, self.generated, self.noise_dim, self.hidden = alpha, generated, noise_dim, hidden
 
     def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        linear_head(ctx.client.model)  # refuse a network without one linear output layer before round 1
-        return {}
+        head = linear_head(ctx.client.model)  # a network without one linear output layer: refused before round 1
+        return {"feature_width": torch.tensor(head.in_features, dtype=torch.int32)}
 
     def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         head = linear_head(ctx.client.model)
@@ -155,6 +157,15 @@ class FedGen(Aggregator):
         return FedGenClient(self.alpha, self.generated, self.noise_dim, self.hidden)
 
     # ------------------------------------------------------------------ server part
+    def server_setup(self, uploads: Uploads, ctx: ServerContext) -> dict[str, torch.Tensor]:
+        """The generator, once every client's feature width D is known to agree (nothing goes down)."""
+        widths = sorted({int(u["feature_width"]) for u in uploads})
+        if len(widths) > 1:
+            raise ConfigError("model", "FedGen's generator maps into one feature space, so every client's penultimate "
+                              f"width (the input of its output layer) must agree; got widths {widths}")
+        self.generator = self._build(ctx.info.num_classes, widths[0], ctx.info.seed)
+        return {}
+
     def heads(self, uploads: Uploads) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(W: K x C x D, b: K x C, counts: K x C) of the uploads; heads of different shapes are refused."""
         shapes = {tuple(u["head_weight"].shape) for u in uploads}
