@@ -17,8 +17,8 @@ from fdlit.execution import SequentialExecutor, VectorizedExecutor
 from fdlit.federation import FederationLoop
 from fdlit.methods import FedGen
 from fdlit.methods.contexts import ClientContext, FederationInfo
-from fdlit.methods.fedavg import flatten
 from fdlit.methods.feature_generator import FeatureGenerator, draw, ensemble_logits, seeded
+from fdlit.methods.fedavg import flatten
 from fdlit.models import MLP
 
 C, D = 10, 16
