@@ -12,14 +12,16 @@ clients' heads, weighted per class by their counts, classify its output as y:
     min_w  E_{y ~ p(y), eps ~ N(0, I)} [ CE( sum_k (n_ky / sum_j n_jy) h_k(G_w(eps | y)), y ) ]
            + eta * L_div,                       p(y) = sum_k n_ky / sum_k,c n_kc,
 
-(the paper's Eq. 4 with its count-weighted ensemble; L_div the diversity term of the authors' code),
+(the paper's generator objective, its ensemble weighted per class by the counts as the authors' code
+weights it; L_div the diversity term of the authors' code),
 with ``generator_steps`` Adam steps of ``generator_batch`` draws per round. It sends every client the
 generator's weights and the summed counts (p). From then on (round 2 on) client k's private loss is
-the paper's Eq. 5, weighted by alpha:
+the paper's local objective, its generated-feature term weighted by alpha (the authors' code's
+weight):
 
-    L_k = CE(h_k(f_k(x)), y) + alpha * (1/K) sum_j CE(h_k(G_w(eps_j | y_j)), y_j),   y_j ~ p,
+    L_k = CE(h_k(f_k(x)), y) + alpha * (1/S) sum_j CE(h_k(G_w(eps_j | y_j)), y_j),   y_j ~ p,
 
-which trains the head only (generated features are inputs). The K = ``generated`` pairs
+which trains the head only (generated features are inputs). The S = ``generated`` pairs
 (eps_j, y_j) are drawn once per round per client with a generator of its own seeded by (seed,
 round, client), so every executor and a resumed run train alike.
 
