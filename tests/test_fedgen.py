@@ -155,6 +155,17 @@ def test_sequential_and_vectorized_executors_give_the_same_metrics():
     assert seq.history[1]["train/private_loss_mean"] > off.history[1]["train/private_loss_mean"]
 
 
+def test_weight_zero_is_training_alone_exactly():
+    alone = loop_for(FedGen(**SMALL), mode="local_only")
+    alone.fit()
+    assert alone.ledger.messages == []
+    off = loop_for(FedGen(**{**SMALL, "alpha": 0.0}))
+    off.fit()
+    assert "fedgen_features" in off.clients[0].method_state  # the generator arrived, weighted by 0
+    for i in range(4):
+        assert torch.equal(params(off, i), params(alone, i))
+
+
 def test_bytes_of_a_round_are_the_analytic_sizes():
     m, noise, hidden = 4, 32, 16
     loop = loop_for(FedGen(**SMALL))
