@@ -1,7 +1,8 @@
 """FedGen (Zhu et al. 2021), heterogeneous-model variant: the client's generated-feature term by hand,
 the generated features a client draws from what it received, the count-weighted ensemble of heads,
-the server's generator step lowering that ensemble's loss, the bytes of a round, the vectorized
-executor against the sequential one, and the refusals (bad knobs, a head that is not one linear layer,
+the server's generator step lowering that ensemble's loss, the sample-weighted global head and a
+client loading it (``share: heads``), the bytes of a round under each sharing, the vectorized executor
+against the sequential one, and the refusals (bad knobs, a head that is not one linear layer,
 different feature widths)."""
 
 import math
@@ -113,6 +114,51 @@ def heads_uploads(k=3, d=8, seed=3):
     return out
 
 
+def test_the_global_head_is_the_sample_weighted_mean_of_the_uploaded_heads():
+    from fdlit.methods.base import context_for
+
+    uploads = heads_uploads(d=D)
+    uploads[1]["class_counts"] = uploads[1]["class_counts"] * 3  # 105 samples against 35 and 35
+    ctx = context_for([{"logits": torch.zeros(0, C)}] * 3)
+    out = FedGen(**SMALL).aggregate(uploads, ctx).broadcast
+    by_hand_w = (35 * uploads[0]["head_weight"] + 105 * uploads[1]["head_weight"] + 35 * uploads[2]["head_weight"]) / 175
+    by_hand_b = (35 * uploads[0]["head_bias"] + 105 * uploads[1]["head_bias"] + 35 * uploads[2]["head_bias"]) / 175
+    torch.testing.assert_close(out["global_head_weight"], by_hand_w)
+    torch.testing.assert_close(out["global_head_bias"], by_hand_b)
+    assert "generator" in out
+    # without biases only the weight goes down; share: none sends no head
+    no_bias = [{k: v for k, v in u.items() if k != "head_bias"} for u in uploads]
+    assert "global_head_bias" not in FedGen(**SMALL).aggregate(no_bias, ctx).broadcast
+    kept = FedGen(**SMALL, share="none").aggregate(uploads, ctx).broadcast
+    assert set(kept) == {"generator", "label_counts"}
+
+
+def test_a_client_loads_the_global_head_into_its_output_layer_on_receipt():
+    part = FedGen(**SMALL).client_part()
+    net = MLP(input_shape=(1, 8, 8), num_classes=C, hidden=[D])
+    hidden_before = net.net[1].weight.detach().clone()
+    client = ClientModule(net, 1, [0, 1, 2], ClientOptimization())
+    gen = FeatureGenerator(32, C, 16, D)
+    received = {"generator": flatten(list(gen.parameters())), "label_counts": torch.ones(C, dtype=torch.int32),
+                "global_head_weight": torch.randn(C, D), "global_head_bias": torch.randn(C)}
+    info = FederationInfo(round=1, seed=0, num_clients=4, num_classes=C, public_x=torch.zeros(0, 1))
+    part.receive(ClientContext(info, client, None, None, received, client.method_state))
+    assert torch.equal(net.net[-1].weight, received["global_head_weight"])
+    assert torch.equal(net.net[-1].bias, received["global_head_bias"])
+    assert torch.equal(net.net[1].weight, hidden_before)  # the feature extractor stays the client's
+
+
+def test_under_share_heads_every_client_ends_with_one_head_and_its_own_extractor():
+    shared = loop_for(FedGen(**SMALL))
+    shared.fit()
+    heads = [flatten(list(c.model.net[-1].parameters())) for c in shared.clients]
+    assert all(torch.equal(h, heads[0]) for h in heads)
+    assert not torch.allclose(shared.clients[0].model.net[1].weight, shared.clients[1].model.net[1].weight)
+    kept = loop_for(FedGen(**SMALL, share="none"))
+    kept.fit()
+    assert not torch.allclose(kept.clients[0].model.net[-1].weight, kept.clients[1].model.net[-1].weight)
+
+
 def test_the_servers_generator_step_lowers_the_ensemble_heads_loss_on_generated_features():
     from fdlit.methods.base import context_for
 
@@ -159,24 +205,31 @@ def test_weight_zero_is_training_alone_exactly():
     alone = loop_for(FedGen(**SMALL), mode="local_only")
     alone.fit()
     assert alone.ledger.messages == []
-    off = loop_for(FedGen(**{**SMALL, "alpha": 0.0}))
+    off = loop_for(FedGen(**{**SMALL, "alpha": 0.0, "share": "none"}))
     off.fit()
     assert "fedgen_features" in off.clients[0].method_state  # the generator arrived, weighted by 0
     for i in range(4):
         assert torch.equal(params(off, i), params(alone, i))
+    shared = loop_for(FedGen(**{**SMALL, "alpha": 0.0}))  # share: heads: the averaged head still goes down
+    shared.fit()
+    assert not torch.equal(params(shared), params(alone))
 
 
-def test_bytes_of_a_round_are_the_analytic_sizes():
+@pytest.mark.parametrize("share", ["heads", "none"])
+def test_bytes_of_a_round_are_the_analytic_sizes(share):
     m, noise, hidden = 4, 32, 16
-    loop = loop_for(FedGen(**SMALL))
+    loop = loop_for(FedGen(**SMALL, share=share))
     loop.fit()
     generator = (noise + C) * hidden + hidden + hidden * D + D
+    head = (C * D + C) * 4 if share == "heads" else 0  # the global head's W and b, float32
     for r in (1, 2):
         assert loop.ledger.total("up", round=r) == m * (C * D * 4 + C * 4 + C * 4)  # head W, b float32; counts int32
-        assert loop.ledger.total("down", round=r) == m * (generator * 4 + C * 4)  # generator float32; counts int32
+        assert loop.ledger.total("down", round=r) == m * (generator * 4 + C * 4 + head)  # generator; counts int32
     assert loop.ledger.total("up", round=0) == m * 4 and loop.ledger.total("down", round=0) == 0  # int32 widths
-    assert {x.kind for x in loop.ledger.messages} == {"feature_width", "head_weight", "head_bias", "class_counts",
-                                                      "generator", "label_counts"}
+    kinds = {"feature_width", "head_weight", "head_bias", "class_counts", "generator", "label_counts"}
+    if share == "heads":
+        kinds |= {"global_head_weight", "global_head_bias"}
+    assert {x.kind for x in loop.ledger.messages} == kinds
 
 
 def test_two_networks_with_the_same_feature_width_share_one_generator():
@@ -192,11 +245,14 @@ def test_two_networks_with_the_same_feature_width_share_one_generator():
 # ---------------------------------------------------------------- refusals
 @pytest.mark.parametrize(("field", "value"), [
     ("alpha", -1.0), ("alpha", math.nan), ("generated", 0), ("generated", 2.5), ("noise_dim", 0), ("hidden", 0),
-    ("generator_steps", 0), ("generator_batch", 1), ("generator_lr", 0.0), ("diversity", -0.1)])
+    ("generator_steps", 0), ("generator_batch", 1), ("generator_lr", 0.0), ("diversity", -0.1),
+    ("share", "parameters")])
 def test_bad_knobs_are_refused_naming_the_field(field, value):
     with pytest.raises(ConfigError, match=f"^aggregator.{field}: ") as err:
         FedGen(**{field: value})
     assert "\n" not in str(err.value)
+    if field == "share":  # the values that exist, named
+        assert str(err.value) == "aggregator.share: allowed: heads, none; got 'parameters'"
 
 
 class DeepHead(torch.nn.Module):

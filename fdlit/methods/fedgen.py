@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from fdlit.clients.features import split_network
-from fdlit.errors import ConfigError, check_at_least, check_number
+from fdlit.errors import ConfigError, check_at_least, check_choice, check_number
 from fdlit.methods.base import AggregationResult, Aggregator, ClientContext, ClientPart, ServerContext, Uploads
 from fdlit.methods.fd import model_device
 from fdlit.methods.feature_generator import (
@@ -63,14 +63,27 @@ from fdlit.methods.feature_generator import (
     linear_head,
     seeded,
 )
+from fdlit.methods.fedavg import weighted_average
 
 CLIENT_DRAWS, SERVER_DRAWS, INIT = 0xF6C, 0xF65, 0xF61  # tags that keep the seeded streams apart
+SHARES = ("heads", "none")  # what the server shares besides the generator
 
 
 def count(field: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(field, f"must be an integer >= {minimum}, got {value!r}")
     return check_at_least(field, value, minimum)
+
+
+def global_head(weights: torch.Tensor, biases: torch.Tensor, counts: torch.Tensor,
+                with_bias: bool) -> dict[str, torch.Tensor]:
+    """The heads (K x C x D, K x C) averaged, each weighted by its client's sample count n_k / n, the
+    counts (K x C) summed over classes (as HtFLlib's FedGen weights them)."""
+    samples = counts.sum(1)
+    out = {"global_head_weight": weighted_average(list(weights.flatten(1)), samples).view_as(weights[0])}
+    if with_bias:
+        out["global_head_bias"] = weighted_average(list(biases), samples)
+    return out
 
 
 class FedGenClient(ClientPart):
@@ -100,6 +113,11 @@ class FedGenClient(ClientPart):
         if "generator" not in ctx.received:
             return {}
         head = linear_head(ctx.client.model)
+        if "global_head_weight" in ctx.received:  # share: heads: the averaged head replaces the client's
+            with torch.no_grad():
+                head.weight.copy_(ctx.received["global_head_weight"].to(head.weight))
+                if head.bias is not None:
+                    head.bias.copy_(ctx.received["global_head_bias"].to(head.bias))
         info = ctx.info
         g = seeded(info.seed, info.round, ctx.client.client_id, CLIENT_DRAWS)
         labels, eps = draw(ctx.received["label_counts"], self.generated, self.noise_dim, g)
@@ -144,7 +162,9 @@ class FedGen(Aggregator):
 
     def __init__(self, alpha: float = 1.0, generated: int = 64, noise_dim: int = 32, hidden: int = 64,
                  generator_steps: int = 100, generator_batch: int = 64, generator_lr: float = 0.005,
-                 diversity: float = 1.0):
+                 diversity: float = 1.0, share: str = "heads"):
+        check_choice("aggregator.share", share, SHARES)
+        self.share = share
         self.alpha = check_number("aggregator.alpha", alpha, minimum=0.0, inclusive=True)
         self.generated = count("aggregator.generated", generated, 1)
         self.noise_dim = count("aggregator.noise_dim", noise_dim, 1)
@@ -220,8 +240,10 @@ class FedGen(Aggregator):
                 loss.backward()
                 opt.step()
         flat = torch.cat([p.detach().reshape(-1) for p in gen.parameters()]).float()
-        return AggregationResult(teacher=None, broadcast={"generator": flat, "label_counts": total.to(torch.int32)},
-                                 stats={"fedgen/generator_loss": float(ce.detach())})
+        broadcast = {"generator": flat, "label_counts": total.to(torch.int32)}
+        if self.share == "heads":
+            broadcast.update(global_head(weights, biases, counts, with_bias="head_bias" in uploads[0]))
+        return AggregationResult(teacher=None, broadcast=broadcast, stats={"fedgen/generator_loss": float(ce.detach())})
 
     def state_dict(self) -> dict[str, Any]:
         if self.generator is None:
