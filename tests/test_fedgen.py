@@ -19,7 +19,8 @@ from fdlit.federation import FederationLoop
 from fdlit.methods import FedGen
 from fdlit.methods.contexts import ClientContext, FederationInfo
 from fdlit.methods.feature_generator import FeatureGenerator, draw, ensemble_logits, seeded
-from fdlit.methods.fedavg import flatten
+from fdlit.methods.fedavg import exchanged_tensors, flatten
+from fdlit.methods.fedgen import head_slices
 from fdlit.models import MLP
 
 C, D = 10, 16
@@ -159,6 +160,40 @@ def test_under_share_heads_every_client_ends_with_one_head_and_its_own_extractor
     assert not torch.allclose(kept.clients[0].model.net[-1].weight, kept.clients[1].model.net[-1].weight)
 
 
+def test_share_parameters_averages_the_networks_as_fedavg_and_reads_each_head_out_of_its_vector():
+    from fdlit.methods.base import context_for
+
+    torch.manual_seed(1)
+    nets = [MLP(input_shape=(1, 8, 8), num_classes=C, hidden=[32, D]) for _ in range(2)]
+    method = FedGen(**SMALL, share="parameters")
+    method.slices = head_slices(nets[0], nets[0].net[-1])
+    method.generator = method._build(C, D, seed=0)
+    method.fedavg.counts = torch.tensor([30, 10])
+    counts = [torch.tensor([20, 10] + [0] * 8, dtype=torch.int32), torch.tensor([0, 0, 10] + [0] * 7, dtype=torch.int32)]
+    uploads = [{"parameters": flatten(exchanged_tensors(n)), "class_counts": c} for n, c in zip(nets, counts, strict=True)]
+    read = method.heads_in_parameters(uploads, C)
+    for net, head in zip(nets, read, strict=True):
+        assert torch.equal(head["head_weight"], net.net[-1].weight.detach())
+        assert torch.equal(head["head_bias"], net.net[-1].bias.detach())
+    out = method.aggregate(uploads, context_for([{"logits": torch.zeros(0, C)}] * 2)).broadcast
+    torch.testing.assert_close(out["parameters"], 0.75 * uploads[0]["parameters"] + 0.25 * uploads[1]["parameters"])
+    assert set(out) == {"parameters", "generator", "label_counts"}  # the head travels inside the parameters
+    # a whole run: every client ends with the global network
+    loop = loop_for(FedGen(**SMALL, share="parameters"))
+    loop.fit()
+    assert all(torch.equal(params(loop, i), params(loop)) for i in range(4))
+
+
+def test_share_parameters_is_refused_for_different_networks_before_any_work():
+    spec = {"class_path": "fdlit.models.PerClient", "init_args": {"groups": [
+        {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [D]}, "fraction": 0.5},
+        {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32, D]}, "fraction": 0.5}]}}
+    with pytest.raises(ConfigError, match=r"^model.class_path: FedGen \(share: parameters\) averages") as err:
+        loop_for(FedGen(**SMALL, share="parameters"), model=spec)
+    assert "\n" not in str(err.value)
+    loop_for(FedGen(**SMALL), model=spec)  # share: heads takes them
+
+
 def test_the_servers_generator_step_lowers_the_ensemble_heads_loss_on_generated_features():
     from fdlit.methods.base import context_for
 
@@ -182,10 +217,11 @@ def test_the_servers_generator_step_lowers_the_ensemble_heads_loss_on_generated_
 
 
 # ---------------------------------------------------------------- whole runs
-def test_sequential_and_vectorized_executors_give_the_same_metrics():
-    seq = loop_for(FedGen(**SMALL))
+@pytest.mark.parametrize("share", ["heads", "parameters"])
+def test_sequential_and_vectorized_executors_give_the_same_metrics(share):
+    seq = loop_for(FedGen(**SMALL, share=share))
     seq.fit()
-    vec = loop_for(FedGen(**SMALL), executor=VectorizedExecutor())
+    vec = loop_for(FedGen(**SMALL, share=share), executor=VectorizedExecutor())
     vec.fit()
     assert len(vec.parts.clients.executor._vectorized) == 4  # stacked, not the sequential fallback
     assert all(c.method_state["fedgen_features"].shape == (16, D) for c in vec.clients)
@@ -195,7 +231,7 @@ def test_sequential_and_vectorized_executors_give_the_same_metrics():
             assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-5) or (math.isnan(a[key]) and math.isnan(b[key])), key
     for i in range(4):
         torch.testing.assert_close(params(vec, i), params(seq, i), rtol=1e-4, atol=1e-5)
-    off = loop_for(FedGen(**{**SMALL, "alpha": 0.0}), executor=VectorizedExecutor())
+    off = loop_for(FedGen(**{**SMALL, "alpha": 0.0, "share": share}), executor=VectorizedExecutor())
     off.fit()
     assert not torch.allclose(params(vec), params(off), atol=1e-4)  # the term is active under vmap
     assert seq.history[1]["train/private_loss_mean"] > off.history[1]["train/private_loss_mean"]
@@ -215,20 +251,26 @@ def test_weight_zero_is_training_alone_exactly():
     assert not torch.equal(params(shared), params(alone))
 
 
-@pytest.mark.parametrize("share", ["heads", "none"])
+@pytest.mark.parametrize("share", ["heads", "none", "parameters"])
 def test_bytes_of_a_round_are_the_analytic_sizes(share):
     m, noise, hidden = 4, 32, 16
     loop = loop_for(FedGen(**SMALL, share=share))
     loop.fit()
     generator = (noise + C) * hidden + hidden + hidden * D + D
-    head = (C * D + C) * 4 if share == "heads" else 0  # the global head's W and b, float32
+    p = 64 * D + D + D * C + C  # the MLP's parameters, float32
+    head = {"heads": (C * D + C) * 4, "none": 0, "parameters": p * 4}[share]  # what goes down besides G
+    up = p * 4 if share == "parameters" else (C * D + C) * 4  # the network, or the head's W and b
     for r in (1, 2):
-        assert loop.ledger.total("up", round=r) == m * (C * D * 4 + C * 4 + C * 4)  # head W, b float32; counts int32
+        assert loop.ledger.total("up", round=r) == m * (up + C * 4)  # and the class counts, int32
         assert loop.ledger.total("down", round=r) == m * (generator * 4 + C * 4 + head)  # generator; counts int32
-    assert loop.ledger.total("up", round=0) == m * 4 and loop.ledger.total("down", round=0) == 0  # int32 widths
-    kinds = {"feature_width", "head_weight", "head_bias", "class_counts", "generator", "label_counts"}
-    if share == "heads":
-        kinds |= {"global_head_weight", "global_head_bias"}
+    kinds = {"feature_width", "class_counts", "generator", "label_counts"}
+    if share == "parameters":  # set-up: widths int32, n_k int64, head offsets 2 int64; the initial model
+        assert loop.ledger.total("up", round=0) == m * (4 + 8 + 16) + p * 4
+        assert loop.ledger.total("down", round=0) == m * p * 4
+        kinds |= {"num_samples", "head_slices", "initial_parameters", "parameters"}
+    else:
+        assert loop.ledger.total("up", round=0) == m * 4 and loop.ledger.total("down", round=0) == 0  # int32 widths
+        kinds |= {"head_weight", "head_bias"} | ({"global_head_weight", "global_head_bias"} if share == "heads" else set())
     assert {x.kind for x in loop.ledger.messages} == kinds
 
 
@@ -246,13 +288,13 @@ def test_two_networks_with_the_same_feature_width_share_one_generator():
 @pytest.mark.parametrize(("field", "value"), [
     ("alpha", -1.0), ("alpha", math.nan), ("generated", 0), ("generated", 2.5), ("noise_dim", 0), ("hidden", 0),
     ("generator_steps", 0), ("generator_batch", 1), ("generator_lr", 0.0), ("diversity", -0.1),
-    ("share", "parameters")])
+    ("share", "weights")])
 def test_bad_knobs_are_refused_naming_the_field(field, value):
     with pytest.raises(ConfigError, match=f"^aggregator.{field}: ") as err:
         FedGen(**{field: value})
     assert "\n" not in str(err.value)
     if field == "share":  # the values that exist, named
-        assert str(err.value) == "aggregator.share: allowed: heads, none; got 'parameters'"
+        assert str(err.value) == "aggregator.share: allowed: heads, none, parameters; got 'weights'"
 
 
 class DeepHead(torch.nn.Module):
