@@ -102,3 +102,14 @@ def test_the_refused_methods_really_cannot_apply():
 
 def test_the_list_covers_every_shipped_config():
     assert set(REFUSED) <= set(RULES) and len(RULES) - len(REFUSED) >= 20
+
+
+def test_fedgen_sharing_parameters_is_refused_in_one_line_while_its_default_runs(tmp_path, capsys):
+    """FedGen's default (``share: heads``) runs in the matrix above; its paper setting averages whole
+    networks and is refused like FedAvg."""
+    argv = [*heterogeneous("digits_fedgen.yaml", tmp_path), "--aggregator.share", "parameters"]
+    assert main(["fit", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fdlit: error: model.class_path: FedGen (share: parameters) averages "
+                                               "the clients' parameters, so every client needs the same architecture")
+    assert not list(tmp_path.rglob("metrics.jsonl"))
