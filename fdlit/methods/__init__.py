@@ -13,6 +13,7 @@ from fdlit.methods.fd import FedDistill
 from fdlit.methods.fedavg import FedAvg
 from fdlit.methods.feddf import FedDF
 from fdlit.methods.fedema_distill import FedEMADistill
+from fdlit.methods.fedgen import FedGen
 from fdlit.methods.fedgo import FedGO
 from fdlit.methods.fedgo_fedavg import FedGOParams
 from fdlit.methods.fedkd import FedKD
@@ -51,6 +52,7 @@ __all__ = [
     "FedAvg",
     "FedDF",
     "FedEMADistill",
+    "FedGen",
     "FedGO",
     "FedGOParams",
     "FedKD",

@@ -39,15 +39,15 @@ def weighted_average(vectors: list[torch.Tensor], counts: torch.Tensor) -> torch
     return (weights[:, None] * torch.stack(vectors)).sum(0)
 
 
-def check_homogeneous(model: Any) -> None:
+def check_homogeneous(model: Any, method: str = "parameter exchange (FedAvg, FedProx, SCAFFOLD)") -> None:
     """Parameter exchange needs one architecture: refuse a PerClient spec whose groups differ."""
     if not isinstance(model, dict) or not str(model.get("class_path", "")).endswith("PerClient"):
         return
     groups = (model.get("init_args") or {}).get("groups") or []
     specs = {repr((g.get("class_path"), sorted((g.get("init_args") or {}).items()))) for g in groups}
     if len(specs) > 1:
-        raise ConfigError("model.class_path", "parameter exchange (FedAvg, FedProx, SCAFFOLD) averages parameters, "
-                          "so every client needs the same architecture; allowed: one model spec for all clients, "
+        raise ConfigError("model.class_path", f"{method} averages the clients' parameters, so every client needs "
+                          "the same architecture; allowed: one model spec for all clients, "
                           f"got fdlit.models.PerClient with {len(specs)} different groups")
 
 
@@ -81,7 +81,7 @@ class FedAvg(Aggregator):
         self.counts: torch.Tensor | None = None  # n_k, sent once at set-up
 
     def check_config(self, model: Any, client: Any) -> None:
-        check_homogeneous(model)
+        check_homogeneous(model, self.label or type(self).__name__)
 
     def client_part(self) -> ClientPart:
         return FedAvgClient()
