@@ -6,7 +6,7 @@ One local deployment (SuperLink and 3 fdlit SuperNodes on loopback) serves every
 runs ``rounds`` rounds with small settings (6 clients, 2 classes each, one epoch a phase) under ``deploy``
 and under ``fit`` (sequential executor, one thread, on both sides), and every metric but ``time/*``,
 ``memory/*`` and the deployment's own ``comm/wire*``, ``comm/exchanges`` and ``nodes/*`` is compared
-(floats within 1e-5). One line per config: equal, which metrics differ, or why it did not run.
+(floats within 1e-5, relative for values above 1). One line per config: equal, which metrics differ, or why it did not run.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ def rows(run_dir: Path) -> list[dict]:
 
 
 def close(v, w) -> bool:
-    """Equal structure, floats within 1e-5 (NaN equals NaN; metrics.jsonl writes NaN as null)."""
+    """Equal structure, floats within 1e-5 (relative above 1; NaN equals NaN)."""
     if isinstance(v, (list, tuple)) and isinstance(w, (list, tuple)):
         return len(v) == len(w) and all(close(a, b) for a, b in zip(v, w, strict=True))
     if isinstance(v, dict) and isinstance(w, dict):
         return v.keys() == w.keys() and all(close(v[k], w[k]) for k in v)
     if isinstance(v, float) and isinstance(w, float):
-        return (math.isnan(v) and math.isnan(w)) or abs(v - w) <= 1e-5
+        return (math.isnan(v) and math.isnan(w)) or abs(v - w) <= 1e-5 * max(1.0, abs(v))
     return v == w
 
 
