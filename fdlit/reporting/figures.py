@@ -84,6 +84,12 @@ def figure2(table: Table):
     return _single_panel(fig, ax, "classes per client k", "test accuracy (%)", numeric)
 
 
+def accuracy_label(runs: list[Run]) -> str:
+    """What ``Run.best`` is for these runs: the validation-selected round's accuracy when every run has one."""
+    return ("validation-selected test accuracy (%)" if runs and all(r.selected for r in runs)
+            else "best test accuracy (%)")
+
+
 def accuracy_vs_tau(runs: list[Run]):
     """sUWA's best accuracy vs its temperature τ, one line per k (AVG is τ = 0, UWA τ = 1)."""
     points: dict[tuple, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -100,7 +106,7 @@ def accuracy_vs_tau(runs: list[Run]):
         mean = np.array([np.mean(by_tau[t]) for t in taus])
         std = np.array([np.std(by_tau[t], ddof=1) if len(by_tau[t]) > 1 else 0.0 for t in taus])
         ax.errorbar(taus, mean, yerr=std, marker="o", capsize=2, label=f"{dataset} {group}k={k}".strip())
-    return _single_panel(fig, ax, "sUWA temperature τ", "best test accuracy (%)")
+    return _single_panel(fig, ax, "sUWA temperature τ", accuracy_label(runs))
 
 
 def privacy_label(run: Run) -> str:
@@ -128,7 +134,7 @@ def accuracy_vs_epsilon(runs: list[Run]):
         return None  # no run spent a privacy budget: nothing to plot against
     fig, axes = new_figure(2, width=TWO_COLUMN_IN, panel_aspect=0.8)
     colors = method_colors(sorted({key for key in list(dp) + list(plain)}, key=str))
-    for col, (index, ylabel) in enumerate(((0, "best test accuracy (%)"), (1, "membership attack AUC"))):
+    for col, (index, ylabel) in enumerate(((0, accuracy_label(runs)), (1, "membership attack AUC"))):
         ax = axes[0, col]
         for key, by_eps in sorted(dp.items(), key=lambda kv: str(kv[0])):
             eps = sorted(by_eps)
