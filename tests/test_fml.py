@@ -11,34 +11,22 @@ import torch
 import torch.nn.functional as F
 
 from fdlit.cli import main
-from fdlit.clients import ClientOptimization
 from fdlit.clients.loss_context import LossContext
-from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
-from fdlit.execution import SequentialExecutor, VectorizedExecutor
-from fdlit.federation import FederationLoop
+from fdlit.execution import VectorizedExecutor
 from fdlit.methods import FML
 from fdlit.methods.base import context_for
 from fdlit.methods.parameters import exchanged_tensors, flatten
 from fdlit.models.mutual import MutualPair, find_pair
+from tests.test_fedproto import MLP16, loop_for  # the same data-free loop
 
 C = 10
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-MLP16 = {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}}
 
 
 def pair_spec(private, shared=None):
     return {"class_path": "fdlit.models.mutual.MutualPair",
             "init_args": {"private": private, **({"shared": shared} if shared else {})}}
-
-
-def loop_for(method, rounds=2, clients=4, model=MLP16, executor=None, **kw):
-    return FederationLoop(
-        rounds=rounds, private_epochs_first=1, private_epochs=1, public_epochs_first=0, public_epochs=0,
-        data=FederatedData(num_clients=clients, classes_per_client={1: 10}.get(clients, 3), public_size=0),
-        model=model, client=ClientOptimization(optimizer="adam", lr=0.01, batch_size=32),
-        aggregator=method, executor=executor or SequentialExecutor(), **kw,
-    )
 
 
 def shared(loop, i=0):
