@@ -13,10 +13,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fdlit.data.augment import WithInput
 from fdlit.errors import ConfigError, check_number
 from fdlit.methods.base import ClientContext, ClientPart
 from fdlit.methods.parameters import exchanged_tensors, flatten, load_flat
-from fdlit.models.mutual import PAIR_PATH, find_pair, paired, split_logits
+from fdlit.models.mutual import PAIR_PATH, MutualPair, find_pair, fresh_copy, split_logits
 
 
 def check_fraction(field: str, value: float) -> float:
@@ -56,6 +57,17 @@ def per_row_kl(target_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tenso
     network of ``logits`` learns from the other one, not the reverse."""
     target = F.log_softmax(target_logits.detach().float(), -1)
     return (target.exp() * (target - F.log_softmax(logits.float(), -1))).sum(-1)
+
+
+def paired(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """``model`` with its network paired with a fresh copy of itself (after the dataset's input
+    module, which stays in front of both); a model that holds a pair already is returned as it is."""
+    if find_pair(model) is not None:
+        return model
+    if isinstance(model, WithInput):
+        model.net = MutualPair.of(model.net, fresh_copy(model.net, seed))
+        return model
+    return MutualPair.of(model, fresh_copy(model, seed))
 
 
 class MutualClient(ClientPart):

@@ -25,7 +25,7 @@ Two ways to get a pair:
   (``shared`` left out: the private network's architecture). Inside ``fdlit.models.PerClient``
   groups the private networks may differ; the shared one must be the same for every client;
 * any other network: the method pairs it, when its client part is attached, with a freshly
-  initialised copy of its own architecture (:func:`paired`).
+  initialised copy of its own architecture (:func:`fdlit.methods.mutual.paired`).
 """
 
 from __future__ import annotations
@@ -108,19 +108,6 @@ def fresh_copy(net: nn.Module, seed: int) -> nn.Module:
             if callable(reset):
                 reset()
     return twin
-
-
-def paired(model: nn.Module, seed: int) -> nn.Module:
-    """``model`` with its network paired with a fresh copy of itself (after the dataset's input
-    module, which stays in front of both); a model that holds a pair already is returned as it is."""
-    if find_pair(model) is not None:
-        return model
-    from fdlit.data.augment import WithInput
-
-    if isinstance(model, WithInput):
-        model.net = MutualPair.of(model.net, fresh_copy(model.net, seed))
-        return model
-    return MutualPair.of(model, fresh_copy(model, seed))
 
 
 def shared_spec(spec: Any) -> Any:
