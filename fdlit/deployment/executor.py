@@ -235,6 +235,15 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
                 kept[node] = (meta, tensors)
         return kept
 
+    @staticmethod
+    def _losses(count: int, replies: dict, groups: dict[int, list[int]]) -> list[float]:
+        """Each client's mean loss from its node's reply, by position; NaN where no valid reply came."""
+        losses = [math.nan] * count
+        for node, (meta, _) in replies.items():
+            for j, loss in zip(groups.get(node, []), meta["losses"], strict=True):
+                losses[j] = loss
+        return losses
+
     def _wants_states(self) -> bool:
         """Whether the round ends in a checkpoint, whose client states the round's last reply then carries."""
         every = self.states_every
@@ -278,10 +287,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         replies = self.request("step", per_node, tolerate=True)
         replies = self._valid(replies, lambda node, meta, tensors: check_step(
             meta, tensors, len(trained.get(node, [])), len(uploading[node]) if node in uploading else 0, expect))
-        losses = [math.nan] * len(step.trained)
-        for node, (meta, _) in replies.items():
-            for j, loss in zip(trained.get(node, []), meta["losses"], strict=True):
-                losses[j] = loss
+        losses = self._losses(len(step.trained), replies, trained)
         self._changed(step.trained, range(len(step.trained)), {n: r for n, r in replies.items() if n in trained},
                       trained, inputs)
         self.report("private", len(step.trained), len(step.trained))
@@ -310,10 +316,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
                                "then_states": self._wants_states()}, out)
         replies = self.request("distil", per_node, tolerate=True)
         replies = self._valid(replies, lambda node, meta, tensors: check_losses(meta, len(groups[node])))
-        losses = [math.nan] * len(clients)
-        for node, (meta, _) in replies.items():
-            for j, loss in zip(groups[node], meta["losses"], strict=True):
-                losses[j] = loss
+        losses = self._losses(len(clients), replies, groups)
         self._changed(clients, range(len(clients)), replies, groups, inputs)
         self._keep_states(replies)
         self.report("public", len(clients), len(clients))

@@ -33,11 +33,8 @@ class NodeRequests:
             per_node[node] = ({"ids": [clients[j].client_id for j in idx], "phase": phase, "datasets": refs,
                                "epochs": epochs, "batch_size": batch_size,
                                "then_measure": self._measure(inputs, node, out)}, out)
-        losses = [math.nan] * len(clients)
         replies = self.request("train", per_node, tolerate=True)
-        for node, (meta, _) in replies.items():
-            for j, loss in zip(groups[node], meta["losses"], strict=True):
-                losses[j] = loss
+        losses = self._losses(len(clients), replies, groups)
         self._changed(clients, range(len(clients)), replies, groups, inputs)
         self.report(phase, len(clients), len(clients))
         return losses
