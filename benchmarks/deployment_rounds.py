@@ -11,6 +11,7 @@ any metric (timings aside) on which the two differ by more than 1e-5.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import tempfile
 from argparse import Namespace
@@ -30,7 +31,7 @@ def rows(run_dir: Path) -> list[dict]:
 def main(config: str, rounds: str, extra: list[str]) -> None:
     work = Path(tempfile.mkdtemp(prefix="fdlit-deploy-bench-"))
     args = ["--config", config, "--federation.rounds", rounds, "--logger.mode", "disabled", "--logger.progress",
-            "false", "--federation.executor", "fdlit.execution.SequentialExecutor", *extra]
+            "false", *extra]
     torch.set_num_threads(1)  # as the nodes' workers (threads=1)
     deployment = LocalDeployment(3, work / "deploy")
     deployment.start()
@@ -45,6 +46,7 @@ def main(config: str, rounds: str, extra: list[str]) -> None:
     assert cli_main(["fit", *args, "--logger.run_dir", str(work / "fit")]) == 0
     fitted, deployed = rows(next((work / "fit").iterdir())), rows(Path(outcome["run_dir"]))
     print(f"{config} {' '.join(extra)}")
+    ratios = [d["time/round_s"] / f["time/round_s"] for f, d in zip(fitted[1:], deployed[1:], strict=True)]
     for f, d in zip(fitted, deployed, strict=True):
         differ = [k for k, v in f.items() if not k.startswith(("time/", "memory/")) and isinstance(v, float)
                   and isinstance(d.get(k), float) and abs(v - d[k]) > 1e-5]
@@ -52,6 +54,8 @@ def main(config: str, rounds: str, extra: list[str]) -> None:
               f"({d['time/round_s'] / f['time/round_s']:.1f}x); {d['comm/exchanges']} exchanges "
               f"{[round(x, 2) for x in d['time/exchange_s']]} s; nodes' CPU {d['time/nodes_cpu_s']:.2f} s; "
               f"up {d['comm/wire_up_bytes'] / 1e6:.2f} MB; metrics that differ: {differ or 'none'}")
+    print(f"rounds 2-{len(deployed)}: deploy / fit median {statistics.median(ratios):.2f}x "
+          f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ def test_records_carry_tensors_exactly_and_count_their_serialised_size():
         assert back[k].dtype == t.dtype and torch.equal(back[k], t), k
     payload = sum(t.numel() * t.element_size() for t in tensors.values())
     assert payload < wire_bytes(content) < payload + 4096  # the tensors plus Flower's framing
+    # one record: the message is 3 objects (message, record dict, record), each one request per hop
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+    assert len(get_all_nested_objects(content)) == 2
     # a reply whose layout does not fit its bytes (a broken or hostile node) is refused, not read past the end
     content["meta"]["json"] = json.dumps({"_layout": [["x", "float32", [1000], 0, 4000]]})
     with pytest.raises(ValueError, match="do not fit"):

@@ -107,7 +107,7 @@ class LocalDeployment:
         self.address = f"127.0.0.1:{port}"
         auth = ["--enable-supernode-auth"] if self.authenticate else []
         self._spawn([flower_bin("flower-superlink"), *self._security(True), *auth, "--host", "127.0.0.1", "--port", str(port),
-                     "--database", str(self.work / "superlink.db"), "--disable-runtime-dependency-installation"], env, logs / "superlink.log")
+                     "--disable-runtime-dependency-installation"], env, logs / "superlink.log")
         wait_for_port(port, self.processes[0], timeout_s, "flower-superlink")
         if self.authenticate:
             write_connection(env, self.address, str(self.certificates[0]))

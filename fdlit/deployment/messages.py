@@ -20,9 +20,10 @@ import torch
 from fdlit.deployment.wire import pack, unpack, wire_bytes
 
 MESSAGE_TYPE = "query.fdlit"
-# how often the ServerApp asks the SuperLink for replies: soon after sending, then every 0.1 s (Flower's
-# own send_and_receive waits 3 s between asks; a round's exchange takes well under a second on loopback)
-POLL_S = (0.02, 0.1)
+# how often the ServerApp asks the SuperLink for replies: an eighth of the time waited so far, between
+# 5 and 50 ms (Flower's own send_and_receive waits 3 s between asks; a round's exchange takes a few
+# tenths of a second on loopback, and each ask costs the SuperLink a request)
+POLL_S = (0.005, 0.05)
 
 
 class NodeFailure(RuntimeError):
@@ -65,7 +66,6 @@ class NodeLink:
         timeout_s = timeout_s or self.timeout_s
         deadline = time.monotonic() + timeout_s
         pending = set(sent_to)
-        poll = POLL_S[0]
         while pending:
             for reply in self.grid.pull_messages(list(pending)):
                 mid = reply.metadata.reply_to_message_id
@@ -102,8 +102,7 @@ class NodeLink:
                         break
                     raise NodeFailure(f"no reply to '{op}' from node(s) {late} within {timeout_s:g} s "
                                       f"(deploy --timeout)")
-                time.sleep(poll)
-                poll = min(poll * 1.5, POLL_S[1])
+                time.sleep(min(max((time.monotonic() - started) / 8, POLL_S[0]), POLL_S[1]))
         self.exchanges.append(time.monotonic() - started)
         return replies
 

@@ -1,48 +1,78 @@
-"""Flower's waits, shortened where fdlit's round sets them (Flower 1.41, pinned).
+"""Flower's waits, shortened or replaced by wake-ups where fdlit's round sets them (Flower 1.41, pinned).
 
 A federated-distillation round is two exchanges whose server work takes milliseconds, so Flower's
 fixed waits, not the training, set a deployed round's pace (measured on digits, 3 SuperNodes on
-loopback: ~5 s an exchange against 0.2 s of node CPU):
+loopback: ~5 s an exchange against 0.2 s of node CPU with Flower's waits):
 
-* a SuperNode that finds no message sleeps 3 s before asking the SuperLink again, and waits for
-  each reply in 0.5 s steps;
+* a SuperNode that finds no message sleeps 3 s before asking the SuperLink again; here it asks again
+  after a quarter of the time since it last had work (5 ms at first, ``POLL_S`` at most): the next
+  message of a round follows the last reply within a fraction of a second, an idle node slows down;
+* it waits for each reply in 0.5 s steps; here fdlit's task runner wakes it the moment it stored the
+  reply (:data:`REPLY_STORED`), ``POLL_S`` being the fallback;
+* the task runner takes a task once the SuperNode has stored the whole message
+  (:data:`MESSAGE_STORED`): Flower creates the task before the message's arrays arrived, and a
+  runner that takes it early waits for them in steps;
 * an object of a message that is not in the store yet (it is still arriving) is asked for again
-  after 1 s, then 2, 4, ... up to 10 s: a message is announced before its arrays are stored, so
-  the first ask often misses.
+  after 1 s, then 2, 4, ... up to 10 s; here after ``POLL_S`` / 10, backing off to ``POLL_S``.
 
-``FDLIT_FLOWER_POLL_S`` (default 0.1 s) bounds the first two and starts the backoff of the third
-(capped at 1 s). The cost: a few small requests a second per idle node, on the node's own link.
+``FDLIT_FLOWER_POLL_S`` (default 0.1 s) is the longest of these waits. The cost: a few small
+requests a second per idle node, on the node's own link, more in the moments after it worked.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 POLL_S = float(os.environ.get("FDLIT_FLOWER_POLL_S", "0.1"))
+FIRST_POLL_S = 0.005
+
+MESSAGE_STORED = threading.Event()  # the SuperNode stored a message with all its objects: a task is ready
+REPLY_STORED = threading.Event()  # the task runner stored a reply in the SuperNode: it can go up
 
 
-class ShortSleeps:
-    """The ``time`` module as one Flower module sees it: every sleep at most ``POLL_S``."""
+class SuperNodeClock:
+    """The ``time`` module as Flower's SuperNode loop sees it: its idle sleep (3 s) becomes a short,
+    adaptive poll, its other waits (for a reply, for an object's content) end when a reply is stored."""
+
+    last_work = time.monotonic()
 
     def __getattr__(self, name: str):
         return getattr(time, name)
 
-    @staticmethod
-    def sleep(seconds: float) -> None:
-        time.sleep(min(seconds, POLL_S))
+    def sleep(self, seconds: float) -> None:
+        if seconds >= 3.0:  # the idle poll: soon after work, slower as the node idles
+            time.sleep(min(POLL_S, max(FIRST_POLL_S, (time.monotonic() - self.last_work) / 4)))
+        elif REPLY_STORED.wait(min(seconds, POLL_S)):
+            REPLY_STORED.clear()
 
 
 def short_object_pulls() -> None:
-    """Objects still arriving are asked for again after ``POLL_S``, backing off to 1 s (not 1 to 10 s)."""
+    """Objects still arriving are asked for again after ``POLL_S`` / 10, backing off to ``POLL_S``."""
     from flwr.supercore.inflatable import inflatable_utils
 
     for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
-        fn.__kwdefaults__.update(initial_backoff=POLL_S, backoff_cap=max(POLL_S, 1.0))
+        fn.__kwdefaults__.update(initial_backoff=POLL_S / 10, backoff_cap=POLL_S)
 
 
 def short_supernode_polls() -> None:
-    """The SuperNode's loop: asks again after ``POLL_S`` when no message came, checks for replies as often."""
-    from flwr.supernode import start_client_internal
+    """The SuperNode's loop: polls soon after work, sends a reply once stored, announces stored messages."""
+    from flwr.supernode import start_client_internal as loop
 
-    start_client_internal.time = ShortSleeps()  # that module's own sleeps only; the rest of Flower is untouched
+    clock = SuperNodeClock()
+    pull_and_store, push = loop._pull_and_store_message, loop._push_messages
+
+    def pull_and_store_message(*args, **kwargs):
+        run_id = pull_and_store(*args, **kwargs)
+        if run_id is not None:
+            clock.last_work = time.monotonic()
+            MESSAGE_STORED.set()
+        return run_id
+
+    def push_messages(*args, **kwargs):
+        push(*args, **kwargs)
+        clock.last_work = time.monotonic()
+
+    loop.time = clock  # that module's own sleeps only; the rest of Flower is untouched
+    loop._pull_and_store_message, loop._push_messages = pull_and_store_message, push_messages

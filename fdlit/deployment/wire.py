@@ -1,13 +1,13 @@
-"""What travels in a Flower Message: every tensor of a request or reply in one byte array (an
-``ArrayRecord`` of one entry), everything else as one JSON string in a ``ConfigRecord``; and a
-message's real serialised size.
+"""What travels in a Flower Message: one ``ConfigRecord`` holding everything else as one JSON string
+and every tensor of a request or reply in one byte string; and a message's real serialised size.
 
-One array, not one per tensor: Flower stores and forwards each array as objects of its own, and a
-SuperNode pushes each object to the SuperLink in a request of its own, so a reply with a client's
-logits, its upload's arrays and the evaluation predictions as separate arrays cost ~0.1 s of
-round trips per array (measured: a 250 KB reply of ~20 arrays took 2 s to reach the server, a 2 MB
-reply of two arrays 0.3 s). The JSON part lists each tensor's name, dtype, shape and place in the
-bytes; bfloat16 and every other dtype travel as their raw bytes, exactly.
+One record, not an ``ArrayRecord`` per tensor (or even one): Flower stores and forwards every record,
+array and array chunk as an object of its own, and each object is one HTTP request from the sender
+to the SuperLink and one from the SuperLink to the receiver. A message of one record is 3 objects
+(the message, its record dict, the record); with the tensors in an ``ArrayRecord`` it was 6, and a
+reply with each tensor an array of its own cost ~0.1 s of requests per array (measured: a 250 KB
+reply of ~20 arrays took 2 s to reach the server). The JSON part lists each tensor's name, dtype,
+shape and place in the bytes; bfloat16 and every other dtype travel as their raw bytes, exactly.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-META, ARRAYS, BLOB = "meta", "arrays", "tensors"
+META, JSON, BLOB = "meta", "json", "tensors"
 DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
     torch.int8, torch.uint8, torch.bool)}
@@ -25,7 +25,7 @@ DTYPES = {str(d).removeprefix("torch."): d for d in (
 
 def pack(meta: dict[str, Any], tensors: dict[str, torch.Tensor]):
     """A ``RecordDict`` holding ``meta`` (JSON-serialisable) and ``tensors``."""
-    from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+    from flwr.app import ConfigRecord, RecordDict
 
     layout, parts, offset = [], [], 0
     for key, t in tensors.items():
@@ -34,18 +34,20 @@ def pack(meta: dict[str, Any], tensors: dict[str, torch.Tensor]):
         pad = -raw.numel() % 8  # every tensor starts 8-byte aligned, so it is viewed in place on arrival
         parts += [raw, torch.zeros(pad, dtype=torch.uint8)]
         offset += raw.numel() + pad
-    blob = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
-    meta = {**meta, "_layout": layout}
-    return RecordDict({META: ConfigRecord({"json": json.dumps(meta)}),
-                       ARRAYS: ArrayRecord({BLOB: Array(blob.numpy())})})
+    blob = torch.cat(parts).numpy().tobytes() if parts else b""
+    return RecordDict({META: ConfigRecord({JSON: json.dumps({**meta, "_layout": layout}), BLOB: blob})})
 
 
 def unpack(content) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``pack``'s inverse: (meta, tensors on the CPU). A layout that does not fit the bytes (a reply
     from a broken or hostile node) raises ``ValueError`` naming what is wrong."""
-    meta = json.loads(content[META]["json"])
+    record = content[META]
+    meta = json.loads(record[JSON])
     layout = meta.pop("_layout", [])
-    blob = torch.from_numpy(content[ARRAYS][BLOB].numpy().copy()) if BLOB in content[ARRAYS] else torch.zeros(0, dtype=torch.uint8)
+    raw = record.get(BLOB, b"")
+    if not isinstance(raw, bytes):
+        raise ValueError(f"its '{BLOB}' entry is {type(raw).__name__}, not bytes")
+    blob = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.zeros(0, dtype=torch.uint8)
     tensors = {}
     for key, dtype, shape, offset, size in layout:
         if dtype not in DTYPES or offset < 0 or size < 0 or offset + size > blob.numel():
@@ -60,7 +62,7 @@ def unpack(content) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
 
 def wire_bytes(content) -> int:
     """Bytes of ``content`` as Flower serialises it for the wire: the sum of its deflated objects
-    (the record dict, each record, each array and its chunks), which is what a SuperLink stores and
+    (the record dict and its records), which is what a SuperLink stores and
     forwards; transport framing (HTTP, TLS) is not included."""
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
