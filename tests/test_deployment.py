@@ -58,6 +58,34 @@ def test_records_carry_tensors_exactly_and_count_their_serialised_size():
         unpack(content)
 
 
+def test_the_supernode_sends_a_stored_reply_at_once_and_polls_soon_after_work(monkeypatch):
+    from fdlit.deployment import pace
+
+    slept, waited = [], []
+    monkeypatch.setattr(pace.time, "sleep", slept.append)
+
+    class Event:  # records how long Flower's reply wait would wait; set: a reply is stored
+        def __init__(self, stored):
+            self.stored = stored
+
+        def wait(self, seconds):
+            waited.append(seconds)
+            return self.stored
+
+        def clear(self):
+            self.stored = False
+
+    clock = pace.SuperNodeClock()
+    monkeypatch.setattr(pace, "REPLY_STORED", Event(True))
+    clock.sleep(0.5)  # Flower's wait for a reply: ends at once when one is stored, and re-arms
+    assert waited == [min(0.5, pace.POLL_S)] and not pace.REPLY_STORED.stored and slept == []
+    clock.last_work = pace.time.monotonic()
+    clock.sleep(3.0)  # Flower's idle poll, just after work: the shortest
+    clock.last_work = pace.time.monotonic() - 60
+    clock.sleep(3.0)  # after a minute idle: the longest
+    assert slept[0] < 0.01 and slept[1] == pace.POLL_S < 3.0
+
+
 def test_nodes_take_clients_by_partition_id_else_by_node_id():
     hello = {30: ({"partition_id": 1}, {}), 10: ({"partition_id": 0}, {}), 20: ({"partition_id": 2}, {})}
     assert assign_order(hello) == [10, 30, 20]
