@@ -20,10 +20,10 @@ import torch
 from fdlit.deployment.wire import pack, unpack, wire_bytes
 
 MESSAGE_TYPE = "query.fdlit"
-# how often the ServerApp asks the SuperLink for replies: an eighth of the time waited so far, between
-# 5 and 50 ms (Flower's own send_and_receive waits 3 s between asks; a round's exchange takes a few
-# tenths of a second on loopback, and each ask costs the SuperLink a request)
-POLL_S = (0.005, 0.05)
+# how often the ServerApp asks the SuperLink for replies: after half the time waited so far, between
+# 20 and 50 ms (Flower's own send_and_receive waits 3 s between asks; a round's exchange takes a few
+# tenths of a second on loopback, and each ask is a request the SuperLink serves)
+POLL_S = (0.02, 0.05)
 
 
 class NodeFailure(RuntimeError):
@@ -102,7 +102,7 @@ class NodeLink:
                         break
                     raise NodeFailure(f"no reply to '{op}' from node(s) {late} within {timeout_s:g} s "
                                       f"(deploy --timeout)")
-                time.sleep(min(max((time.monotonic() - started) / 8, POLL_S[0]), POLL_S[1]))
+                time.sleep(min(max((time.monotonic() - started) / 2, POLL_S[0]), POLL_S[1]))
         self.exchanges.append(time.monotonic() - started)
         return replies
 
