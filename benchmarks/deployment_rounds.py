@@ -1,11 +1,13 @@
 """``deploy`` against ``fit`` round by round: wall time, the exchanges and what each took.
 
 One local deployment (3 SuperNodes on loopback) runs the config, then ``fit`` runs it in this process,
-both with the sequential executor and one torch thread; each round's line compares their
+each with the config's executor (add ``--federation.executor fdlit.execution.SequentialExecutor``
+for the sequential one on both sides) and one torch thread; each round's line compares their
 ``time/round_s`` and shows the deployment's ``comm/exchanges``, ``time/exchange_s`` and node CPU, and
-any metric (timings aside) on which the two differ by more than 1e-5.
+any metric (timings aside) on which the two differ by more than 1e-5; the last line gives the median
+ratio over rounds 2 and later (round 1 holds the nodes' set-up).
 
-    PYTHONPATH=$PWD python benchmarks/deployment_rounds.py digits.yaml 4 [--checkpoint.every_n_rounds 10]
+    PYTHONPATH=$PWD python benchmarks/deployment_rounds.py configs/digits.yaml 16 [--checkpoint.every_n_rounds 10]
 """
 
 from __future__ import annotations
