@@ -17,7 +17,7 @@ It is Flower's ``flower-supernode`` (1.41) with two changes that set a deployed 
   still arriving soon.
 
 Measured on digits (3 SuperNodes on loopback, docs/deployment.md): a round went from ~15 s with
-Flower's defaults to 2.6x a `fit` round. ``fdlit deploy`` starts its local nodes this way; on another machine,
+Flower's defaults to within 3x of a `fit` round (median 2.85x). ``fdlit deploy`` starts its local nodes this way; on another machine,
 run this module with the options you would give ``flower-supernode``.
 """
 
