@@ -41,12 +41,17 @@ RESUME_FLAGS = ("--federation.rounds", "--federation.devices", "--logger.mode", 
                 "--checkpoint.keep", "--checkpoint.background")
 
 
-def default_run_name(loop: FederationLoop) -> str:
+def default_run_name(loop: FederationLoop, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The run's name when ``logger.name`` is null, and what the summary records of its setting: the
+    name carries the non-default settings and a hash unique per setting (fdlit.runs.naming.run_name)."""
+    from fdlit.runs.naming import run_name
+
     method = getattr(loop.aggregator, "short_name", type(loop.aggregator).__name__)
     method = {"fd": method, "local_only": "local", "reference": "reference"}[loop.mode]
     d = loop.data
     heterogeneity = f"k{d.classes_per_client}" if d.partition == "classes" else f"dir{d.dirichlet_alpha}"
-    return safe_name(f"{method}-{heterogeneity}-seed{loop.seed}")  # a custom rule's short_name may hold anything
+    name, digest, differs = run_name(config, safe_name(method), heterogeneity, loop.seed)  # a custom short_name may hold anything
+    return name, {"setting": digest, "non_default_settings": differs}
 
 
 def loop_from_config(cfg: Namespace, init: Namespace, server: bool = True) -> FederationLoop:
@@ -100,7 +105,8 @@ class Experiment:
         nothing can fail on bad input, create the run directory (a new run) and the observers."""
         loop = self.loop
         user_callbacks = list(loop.callbacks)
-        self.name = self.logger.name or default_run_name(loop)
+        self.name, self.setting = default_run_name(loop, self.config)
+        self.name = self.logger.name or self.name
         state = None
         if self.resume_from is not None:
             self.run_path = self.resume_from
@@ -133,7 +139,7 @@ class Experiment:
                 print(f"fdlit: {note}", file=sys.stderr)
         wandb = WandbLogger(self.logger, self.config, self.run_path, self.name,
                             run_id=state["wandb_run_id"] if state else None)
-        self.identity = {"run": self.name, "run_dir": str(self.run_path)}
+        self.identity = {"run": self.name, "run_dir": str(self.run_path), **self.setting}
         directory = RunDirectory(self.run_path, self.config_yaml, self.identity,
                                  messages_written=len(loop.ledger.messages))
         self.checkpointer = Checkpointer(self.run_path, self.config, wandb.current_run_id, self.checkpoint,
