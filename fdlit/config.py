@@ -196,7 +196,7 @@ def _unknown_key(dotted: str, parser: ArgumentParser, files: list[str], command:
             near = _close(dotted, [o for o in options if o.count(".") == dotted.count(".")])
         else:  # an init argument of a class_path: the class's own arguments
             prefix, _, leaf = dotted.rpartition(".")
-            near = [f"{prefix}.{c}" for c in _close(leaf, leaf_candidates)]
+            near = [f"{prefix}.{c}" for c in _close(leaf, leaf_candidates, cutoff=0.6)]  # few names: `tua` is `tau`
         hint = f"did you mean {near[0]}?" if near else f"`fdlit {command} --help` lists every option"
         return UnknownConfigKey(dotted, f"no such option ({hint})", file, line)
     return None
@@ -276,8 +276,11 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
     problem = re.search(r"Problem with given class_path '([^']+)':\s*(.*)", text, re.DOTALL)
     if keys and problem and _import_class(problem.group(1)) is None:
         return _unresolved_class(keys[0], problem.group(1), parser, files)
-    unaccepted = re.search(r"Group '([^']+)' does not accept option '([^']+)'|Option '([^']+)' is not accepted", text)
-    key = unaccepted and (unaccepted.group(2) or unaccepted.group(3))
+    # jsonargparse's words for a key no option has: in a group, in a class's arguments, or (parsed
+    # through a subcommand) the whole dotted key
+    unaccepted = re.search(r"Group '([^']+)' does not accept option '([^']+)'|Option '([^']+)' is not accepted"
+                           r"|Subcommand '[^']+' does not accept option '([^']+)'", text)
+    key = unaccepted and (unaccepted.group(2) or unaccepted.group(3) or unaccepted.group(4))
     if key and key not in ("class_path", "init_args"):  # those two: a mix-up of classes, in jsonargparse's words
         if keys and problem:  # an argument of the class at class_path
             dotted, leaves = f"{keys[0]}.init_args.{key}", _init_parameters(problem.group(1))
