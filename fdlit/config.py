@@ -24,6 +24,7 @@ from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, UnknownConfigKey, import_hint
 from fdlit.federation.server import ServerModel
 from fdlit.federation.settings import FederationSettings
+from fdlit.lightning_habits import command_hint, flag_hint
 from fdlit.methods import Aggregator
 from fdlit.models import ClientNetwork
 from fdlit.models.text import BertClassifier  # noqa: F401 (lazy in fdlit.models; imported here so help lists it)
@@ -292,6 +293,9 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
     unknown = re.match(r"unrecognized arguments: (\S+)", text, re.IGNORECASE)
     if unknown:
         flag = unknown.group(1).split("=", 1)[0]
+        lightning = flag_hint(flag)  # --trainer.max_epochs, --ckpt_path: a Lightning habit
+        if lightning:
+            return ConfigError(flag.lstrip("-"), f"no such option; {lightning}")
         options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
         close = difflib.get_close_matches(flag, options, n=1, cutoff=0.8)
         hint = f"did you mean {close[0]}? " if close else ""
@@ -305,7 +309,9 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
     choice = re.match(r"argument command: invalid choice: (\S+)", text)
     if choice:
         commands = list(getattr(parser._subcommands_action, "choices", None) or ["fit", "sweep", "report"])
-        return ConfigError("command", f"allowed: {', '.join(commands)}; got {choice.group(1)}")
+        instead = command_hint(choice.group(1))  # validate, test, predict: Lightning CLI's subcommands
+        return ConfigError("command", f"allowed: {', '.join(commands)}; got {choice.group(1)}"
+                           + (f" ({instead})" if instead else ""))
     if "subclass of ClientNetwork" in text:  # model or server.model named a class fdlit cannot build
         field = "server.model" if re.search(r'^\W*(Parser key ")?server\.model\b', text) else "model"
         named = re.search(r"Import path (\S+) does not|but (\S+) either not accessible", text)

@@ -99,6 +99,14 @@ class Experiment:
         # the config the checkpoint was written with: this one, but for knobs reset on resume (legacy_noop_knobs)
         self.saved_config = with_values(self.config, saved_values or {})
 
+    def note_own_modules(self) -> None:
+        """One line per part of a user's LightningModule that the federation does not call."""
+        from fdlit.lightning_habits import own_module_notes
+
+        own = next((c.own_module for c in self.loop.clients if getattr(c, "own_module", None) is not None), None)
+        for note in own_module_notes(own) if own is not None else []:
+            print(f"fdlit: note: {note}", file=sys.stderr)
+
     def setup(self) -> None:
         """On resume: check the checkpoint against the config and take the run directory's lock
         (a second process stops here, before any work). Then build the clients, and only then, once
@@ -122,6 +130,7 @@ class Experiment:
                                       f"file); remove it; {resume_hint(self.run_path, self.resumed_round)}"
                                       ) from None
         loop.setup()
+        self.note_own_modules()
         if self.resume_from is None:  # needs the data; still before any training or file (a saved run resumes as it ran)
             loop.settings.check_test_set(len(loop.test_y))
         if state is not None:
