@@ -19,12 +19,12 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader
 
 from fdlit.adversaries import Adversaries
 from fdlit.clients import ClientOptimization
+from fdlit.clients.lightning_habits import command_hint, flag_hint
 from fdlit.config_files import key_line, read_yaml
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, UnknownConfigKey, import_hint
 from fdlit.federation.server import ServerModel
 from fdlit.federation.settings import FederationSettings
-from fdlit.lightning_habits import command_hint, flag_hint
 from fdlit.methods import Aggregator
 from fdlit.models import ClientNetwork
 from fdlit.models.text import BertClassifier  # noqa: F401 (lazy in fdlit.models; imported here so help lists it)

@@ -101,7 +101,7 @@ class Experiment:
 
     def note_own_modules(self) -> None:
         """One line per part of a user's LightningModule that the federation does not call."""
-        from fdlit.lightning_habits import own_module_notes
+        from fdlit.clients.lightning_habits import own_module_notes
 
         own = next((c.own_module for c in self.loop.clients if getattr(c, "own_module", None) is not None), None)
         for note in own_module_notes(own) if own is not None else []:
