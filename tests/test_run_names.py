@@ -50,3 +50,17 @@ def test_a_given_name_wins(tmp_path):
     assert main(tiny(tmp_path, "--logger.name", "mine")) == 0
     (summary,) = summaries(tmp_path).values()
     assert summary["run"] == "mine" and summary["setting"]
+
+
+def test_the_wandb_config_holds_every_setting_and_the_setting_hash(tmp_path):
+    import yaml
+
+    from fdlit.run_settings import LoggerConfig
+    from fdlit.runs.wandb_logger import WandbLogger
+
+    assert main(tiny(tmp_path, "--aggregator.tau", "0.5")) == 0
+    (summary,) = summaries(tmp_path).values()
+    config = yaml.safe_load((Path(summary["run_dir"]) / "config.yaml").read_text())
+    logger = WandbLogger(LoggerConfig(mode="disabled"), config, Path(summary["run_dir"]), summary["run"])
+    assert logger.run_config["setting"] == summary["setting"] and summary["setting"] in summary["run"]
+    assert logger.run_config["aggregator.tau"] == 0.5

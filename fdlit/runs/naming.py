@@ -114,6 +114,11 @@ def non_default_settings(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def setting_digest(config: dict[str, Any]) -> str:
+    """The default run name's hash: six hex digits of every setting but the seed, logger and checkpoint."""
+    return setting_hash({k: v for k, v in flat(config).items() if not k.startswith("checkpoint.")})
+
+
 def run_name(config: dict[str, Any], method: str, heterogeneity: str, seed: Any) -> tuple[str, str, dict]:
     """(default run name, setting hash, non-default settings). The name says what the run is and
     what it changed: ``<method>[-<its non-default arguments>]-<k>-<dataset>[-<the model's non-default
@@ -126,5 +131,5 @@ def run_name(config: dict[str, Any], method: str, heterogeneity: str, seed: Any)
     model_args = [short(k, v) for k, v in differs.items() if k.startswith("model.init_args.")]
     readable = "-".join([method, *method_args, heterogeneity, str(data.get("dataset", "")), *model_args])
     readable = safe_name(readable)[:MAX_READABLE].rstrip("-._")
-    digest = setting_hash({k: v for k, v in flat(config).items() if not k.startswith("checkpoint.")})
+    digest = setting_digest(config)
     return safe_name(f"{readable}-{digest}-seed{seed}"), digest, differs
