@@ -32,15 +32,13 @@ rebuild the network with its class (fdlit importable):
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.util
 import json
-import re
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from fdlit.code_allowlist import CodeAllowlist, check_config_files
 from fdlit.errors import ConfigError, check_choice
 from fdlit.runs.atomic_write import check_target, write_file
 from fdlit.runs.checkpoint import CheckpointError, check_config, load_checkpoint, restore_checkpoint
@@ -62,7 +60,7 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
     """Write the chosen network of ``run_dir``'s checkpoint to ``out``; what was written (without the
     tensors) back. Every argument is checked before the run is rebuilt. The run is rebuilt from its
     config.yaml, whose class paths are imported: unless ``trust_config``, only fdlit's own classes
-    (:func:`check_trusted`)."""
+    (:data:`EXPORT_ALLOWLIST`)."""
     check_choice("format", format, FORMATS)
     path, out = Path(run_dir), Path(out)
     if not path.is_dir() or not (path / CONFIG).exists():
@@ -78,7 +76,7 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
                               f"another suffix, e.g. {out.with_suffix('.pt').name}; got {str(out)!r}")
         check_target(card_path(out), "out")
     if not trust_config:
-        check_trusted(read_config(path), path / CONFIG)
+        check_config_files([path / CONFIG], EXPORT_ALLOWLIST)  # with its layers and section files, nothing imported
     state = load_checkpoint(path / CHECKPOINT)
     loop_state = state["loop"]
     clients = loop_state["num_clients"]
@@ -91,7 +89,7 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
     if not server and not (isinstance(client, int) and 0 <= client < clients):
         raise ConfigError("client", f"the run has {clients} client(s): 0..{clients - 1}; got {client!r}")
 
-    loop = _trained_loop(path, state)
+    loop = _trained_loop(path, state, trust_config)
     if server:
         module, spec, which, classes = loop.server.net, resolved(loop.server.spec, loop), "server", None
     else:
@@ -174,67 +172,21 @@ def final_metrics(path: Path, client: Optional[int]) -> dict[str, Any]:
     return mine
 
 
-DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+# a run's config.yaml may name fdlit's own classes only (in any spelling: fdlit.code_allowlist)
+EXPORT_ALLOWLIST = CodeAllowlist((), "{name!r} in {file} is not a class of fdlit; export imports only fdlit's own "
+                                 "classes from a run's config.yaml. If you trust this run folder and its code, add "
+                                 "--trust_config")
 
 
-def check_trusted(config: Any, where: Path, key: str = "") -> None:
-    """Refuse a run config that names code outside fdlit, before anything of it is imported: a
-    ``class_path`` that is not a class defined in fdlit, and any dotted name whose first part is a
-    module Python would find (``evilmod.Net`` beside ``evilmod.py``); looked up without importing."""
-    if isinstance(config, dict):
-        for k, v in config.items():
-            if not key and k == "logger":
-                continue  # names and folders: nothing in it is imported
-            name = f"{key}.{k}" if key else str(k)
-            if k == "class_path" and not (isinstance(v, str) and _fdlit_class(v)):
-                _refuse(name, v, where)
-            check_trusted(v, where, name)
-    elif isinstance(config, list):
-        for i, v in enumerate(config):
-            check_trusted(v, where, f"{key}[{i}]")
-    elif isinstance(config, str) and DOTTED.fullmatch(config):
-        top = config.split(".", 1)[0]
-        if (top == "fdlit" and not _fdlit_class(config)) or (top != "fdlit" and _findable(top)):
-            _refuse(key, config, where)
-
-
-def _refuse(key: str, value: Any, where: Path) -> None:
-    raise ConfigError(key or "config", f"{value!r} in {where} is not a class of fdlit; export imports only fdlit's "
-                      "own classes from a run's config.yaml. If you trust this run folder and its code, add "
-                      "--trust_config")
-
-
-def _findable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None  # finds the file, runs nothing
-    except (ImportError, ValueError):
-        return False
-
-
-def _fdlit_class(path: str) -> bool:
-    """Whether ``path`` names a class defined in fdlit (fdlit's modules are imported to look)."""
-    if not DOTTED.fullmatch(path) or path.split(".", 1)[0] != "fdlit":
-        return False
-    parts = path.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for attr in parts[i:]:
-            obj = getattr(obj, attr, None)
-        return isinstance(obj, type) and obj.__module__.split(".", 1)[0] == "fdlit"
-    return False
-
-
-def _trained_loop(path: Path, state: dict[str, Any]):
+def _trained_loop(path: Path, state: dict[str, Any], trust_config: bool = False):
     """The run's loop, rebuilt from its config with the checkpoint's state loaded (clients in this
     process: the sequential executor, whatever the run used)."""
     from fdlit.config import parse_fit
     from fdlit.execution import SequentialExecutor
     from fdlit.runs.experiment import Experiment, legacy_name
 
-    parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), "--logger.mode", "disabled"])
+    parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), "--logger.mode", "disabled"],
+                            None if trust_config else EXPORT_ALLOWLIST)
     experiment = Experiment(cfg, parser, resume_from=path)
     check_config(experiment.config, experiment.loop.rounds, state)  # a config.yaml edited since is refused
     loop = experiment.loop
