@@ -27,7 +27,7 @@ from fdlit.errors import ConfigError
 KiB = 2**10
 MAX_BYTES = 1024 * KiB
 MAX_LINE = 64 * KiB
-MAX_NODES = 50_000
+MAX_NODES = 20_000
 MAX_DEPTH = 64
 MAX_VALUES = 100_000
 

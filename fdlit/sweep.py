@@ -40,7 +40,7 @@ import yaml
 
 from fdlit.errors import ConfigError
 from fdlit.runs import strict_json
-from fdlit.runs.atomic_write import write_file
+from fdlit.runs.atomic_write import enclosing_run_directory, write_file
 from fdlit.runs.directory import (
     CHECKPOINT,
     CONFIG,
@@ -253,6 +253,10 @@ def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
     runs = plan(spec, list(extra))
     resolve(runs, fit_parser)
     results = results_path(runs, spec["name"])
+    enclosing = enclosing_run_directory(results.parent)
+    if enclosing is not None:  # its runs and results would land in another run's folder
+        raise ConfigError("logger.run_dir", f"{str(results.parent)!r} is inside the run directory {str(enclosing)!r}, "
+                          "whose files only its run writes; choose another folder for the sweep's runs")
     lock = None
     if not dry_run:  # one process per sweep and folder: it alone decides what is left to run
         results.parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from fdlit.reporting.paper_figures import FORMATS, check_formats, paper_style, s
 from fdlit.reporting.runs import ACC, LOCAL, _k_sort, _method_sort, load_runs
 from fdlit.reporting.table import TIED_MARK, table1, table1_caption
 from fdlit.reporting.table_files import markdown_text, table1_csv, table1_latex, table1_markdown
-from fdlit.runs.atomic_write import is_run_directory, write_file
+from fdlit.runs.atomic_write import enclosing_run_directory, is_run_directory, write_file
 
 
 def write_report(runs_dir: str | Path, out: str | Path | None = None, include_unfinished: bool = False,
@@ -97,8 +97,10 @@ def check_out(out: Path) -> Path:
     """The report's folder: a folder or nothing yet, and not a run directory (its files are the run's)."""
     if out.exists() and not out.is_dir():
         raise ConfigError("out", f"must be a folder (or not exist yet), but {str(out)!r} is a file")
-    if is_run_directory(out):
-        raise ConfigError("out", f"{str(out)!r} is a run directory, whose files only its run writes; "
+    enclosing = enclosing_run_directory(out)
+    if enclosing is not None:
+        where = "a run directory" if is_run_directory(out) else f"inside the run directory {str(enclosing)!r}"
+        raise ConfigError("out", f"{str(out)!r} is {where}, whose files only its run writes; "
                           "choose another folder (by default <runs>/report)")
     probe = out
     while not probe.exists() and probe != probe.parent:
