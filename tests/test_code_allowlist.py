@@ -121,3 +121,18 @@ def test_the_groups_are_the_fit_parsers():
     assert set(GROUPS) == groups - {"server.model"}
     dests = {a.dest for a in parser._actions}
     assert all(field in dests for field in CODE_FIELDS)
+
+
+def test_a_node_worker_answers_a_refused_set_up_with_its_one_line(evil, tmp_path):
+    pytest.importorskip("flwr", reason="the flower extra is not installed")
+    from fdlit.deployment.node import NodeWorker
+    from fdlit.deployment.wire import pack, unpack
+
+    worker = NodeWorker()
+    worker.node_config = {"allowed-classes": "mylab."}
+    payload = "seed: 0\nfederation:\n  client_class: evilmod.Net\n"  # the set-up request as the server sends it
+    meta, _ = unpack(worker.handle(pack({"op": "setup", "config": payload, "clients": [0], "threads": 1}, {})))
+    assert meta["error_kind"] == "ConfigError" and "\n" not in meta["error"]
+    assert meta["error"].startswith("node-config allowed-classes: the run names ['evilmod.Net'] "
+                                    "(federation.client_class in ")
+    assert worker.loop is None and not evil.exists() and "evilmod" not in sys.modules

@@ -105,7 +105,12 @@ class NodeWorker:
                 self._receive(meta.pop("live", None), tensors)
             out_meta, out = getattr(self, f"op_{op}")(meta, tensors)
         except Exception as exc:
-            out_meta, out = {"error": traceback.format_exc(), "error_kind": type(exc).__name__}, {}
+            from fdlit.errors import ConfigError
+
+            if isinstance(exc, ConfigError):  # the node refuses the run (its allow-list, its data): one line
+                out_meta, out = {"error": " ".join(str(exc).split()), "error_kind": "ConfigError"}, {}
+            else:
+                out_meta, out = {"error": traceback.format_exc(), "error_kind": type(exc).__name__}, {}
         out_meta.update(cpu_s=time.process_time(), peak_rss=peak_rss_bytes(), pid=os.getpid())
         return pack(out_meta, out)
 

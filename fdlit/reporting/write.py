@@ -33,7 +33,7 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None, include_un
     """Write the report of the runs under ``runs_dir`` into ``out``; ``formats``: the figure files
     (``pdf``, ``svg``, ``png``; the PNG is always written, the page shows it). The page's path back."""
     formats = check_formats(formats)
-    out = check_out(Path(out) if out else Path(runs_dir) / "report")
+    out = check_out(Path(out) if out else default_out(Path(runs_dir)))
     runs, skipped = load_runs(runs_dir, include_unfinished, include_duplicates)
     skipped = [(p.relative_to(runs_dir) if p.is_relative_to(runs_dir) else p, why) for p, why in skipped]
     if skipped:
@@ -91,6 +91,12 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None, include_un
     for name, text in tables.items():
         write_file(out / name, text)
     return index
+
+
+def default_out(runs_dir: Path) -> Path:
+    """``<runs>/report``; beside a single run folder (``<run>-report``), whose files only its run writes."""
+    enclosing = enclosing_run_directory(runs_dir)
+    return runs_dir / "report" if enclosing is None else enclosing.parent / f"{enclosing.name}-report"
 
 
 def check_out(out: Path) -> Path:

@@ -18,6 +18,7 @@ run; only a resume of that run writes into it again, and one process at a time (
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -128,23 +129,35 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def _parse_lines(path: Path) -> tuple[list[dict], list[int]]:
-    """(every readable row, numbers of the unreadable lines other than a torn last one)."""
+    """(every readable row, numbers of the unreadable lines other than a torn last one). Read a line at
+    a time, so that what is held is the rows and one line, never a whole file's text."""
     if not os.path.lexists(path):
         return [], []
-    lines = read_run_file(path).decode(errors="replace").split("\n")
-    check_lines(path, lines)
-    rows, bad = [], []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError("not an object")
-            rows.append(row)
-        except ValueError:
-            if n < len(lines) - (lines[-1] == ""):  # the last line may be torn by a kill mid-write
-                bad.append(n)
+    rows, bad, number = [], [], 0
+    with open_run_file(path) as (f, limit):
+        total = 0
+        while True:
+            raw = f.readline(MAX_LINE + 1)
+            if not raw:
+                break
+            number += 1
+            total += len(raw)
+            if total > limit:
+                raise RunFileError(path, f"is larger than {limit // MiB} MiB, the most fdlit reads of it")
+            if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
+                raise RunFileError(path, f"has a line longer than {MAX_LINE // MiB} MiB, the most fdlit reads of one line")
+            line = raw.decode(errors="replace")
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError("not an object")
+                rows.append(row)
+            except ValueError:
+                bad.append(number)
+    if bad and bad[-1] == number:  # the last line may be torn by a kill mid-write
+        bad.pop()
     return rows, bad
 
 
@@ -200,9 +213,10 @@ def check_run_file(path: Path) -> Path:
     return path
 
 
-def read_run_file(path: Path, limit: int | None = None) -> bytes:
-    """The bytes of a run folder's file, refused when it is no regular file inside the folder or
-    larger than its cap (``SIZE_LIMITS``): a link to /dev/zero is refused at once, not read forever."""
+@contextlib.contextmanager
+def open_run_file(path: Path, limit: int | None = None):
+    """A run folder's file open for reading (binary) and its size cap (``SIZE_LIMITS``), refused when it
+    is no regular file inside the folder: a link to /dev/zero is refused at once, not read forever."""
     path = check_run_file(Path(path))
     limit = limit or SIZE_LIMITS.get(path.name, DEFAULT_SIZE_LIMIT)
     # O_NONBLOCK: a pipe swapped in after the check cannot block the open
@@ -210,6 +224,12 @@ def read_run_file(path: Path, limit: int | None = None) -> bytes:
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise RunFileError(path, "is not a regular file (a device, pipe, socket or folder)")
+        yield f, limit
+
+
+def read_run_file(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of a run folder's file, within its cap (:func:`open_run_file`)."""
+    with open_run_file(path, limit) as (f, limit):
         data = f.read(limit + 1)
     if len(data) > limit:
         raise RunFileError(path, f"is larger than {limit // MiB} MiB, the most fdlit reads of it")
