@@ -168,7 +168,29 @@ def rewrite_config_args(argv: list[str]) -> list[str]:
         if flags and out[-len(flags):] == flags:  # already expanded
             flags = []
         out += [*flags, "--config", file]
-    return out
+    return attach_signed_numbers(out)
+
+
+def attach_signed_numbers(argv: list[str]) -> list[str]:
+    """``--aggregator.tau -inf`` as ``--aggregator.tau=-inf``: argparse takes a value starting with ``-``
+    that is not a plain negative number (``-inf``, ``-1e3``) for an option, and would refuse the flag as
+    missing its value instead of checking the value."""
+    out = list(argv)
+    for i in range(len(out) - 1):
+        flag, value = out[i], out[i + 1]
+        if flag is None or value is None:
+            continue
+        if flag.startswith("--") and "=" not in flag and value.startswith("-") and _is_number(value):
+            out[i], out[i + 1] = f"{flag}={value}", None
+    return [a for a in out if a is not None]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def config_files(argv: list[str]) -> list[str]:
@@ -342,7 +364,9 @@ def _type_error(text: str) -> str | None:
     if not kinds or value is None or not all(k in KINDS for k in kinds):
         return None
     got = value.group(1).strip()
-    note = " (nan is not allowed)" if got.lower() in ("nan", "-nan") else ""
+    bare = got.lower().strip("'\"").lstrip("+-.")
+    note = " (nan is not allowed)" if bare == "nan" else " (infinity is not allowed)" if bare in ("inf", "infinity") \
+        else ""
     return f"allowed: {' or '.join(KINDS[k] for k in kinds)}{note}; got {got if got.startswith('[') else repr(got)}"
 
 

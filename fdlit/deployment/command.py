@@ -220,6 +220,13 @@ class RunPlace:
         if (run_dir / "checkpoint.pt").exists():
             return (f"kept: {run_dir} with its last checkpoint; `python -m fdlit deploy --resume {run_dir}` "
                     f"continues it")
+        from fdlit.runs.checkpoint import completed_rounds
+
+        done = completed_rounds(run_dir)  # rounds may have completed before the first checkpoint was due
+        if done:
+            rounds = "round 1" if done == 1 else f"rounds 1 to {done}"
+            return (f"kept: {run_dir}: {rounds} completed (metrics.jsonl holds them) but no checkpoint was written, "
+                    "so there is nothing to continue from: run the config again to start anew")
         return f"kept: {run_dir}, without a checkpoint (no round completed): run the config again to start anew"
 
 

@@ -112,11 +112,16 @@ def write_atomic(path: Path, text: str) -> None:
 def append_jsonl(path: Path, rows: list[dict]) -> None:
     if not rows:
         return
-    with open(path, "a") as f:
-        for row in rows:
-            f.write(_row_text(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "a") as f:
+            for row in rows:
+                f.write(_row_text(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:  # a full disk reports no file from write or fsync: name the one being written
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+        raise
 
 
 def _row_text(row: dict) -> str:

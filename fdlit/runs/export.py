@@ -63,6 +63,9 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
     (:data:`EXPORT_ALLOWLIST`)."""
     check_choice("format", format, FORMATS)
     path, out = Path(run_dir), Path(out)
+    checkpoint = path / CHECKPOINT
+    if path.is_file() and path.suffix == ".pt":  # a kept checkpoint of a run folder (checkpoint-r3.pt)
+        checkpoint, path = path, path.parent
     if not path.is_dir() or not (path / CONFIG).exists():
         raise CheckpointError(f"{run_dir!s} is not an fdlit run directory (no {CONFIG})")
     if client is not None and server:
@@ -77,7 +80,10 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
         check_target(card_path(out), "out")
     if not trust_config:
         check_config_files([path / CONFIG], EXPORT_ALLOWLIST)  # with its layers and section files, nothing imported
-    state = load_checkpoint(path / CHECKPOINT)
+    offer = (f"export it with: python -m fdlit export {{kept}} {'--server' if server else f'--client {client}'} "
+             f"--out {out}", f"nothing intact is left to export; train it again with: python -m fdlit fit --config "
+             f"{path / CONFIG}")
+    state = load_checkpoint(checkpoint, "run_dir", offer)
     loop_state = state["loop"]
     clients = loop_state["num_clients"]
     if server and loop_state.get("server") is None:
@@ -188,7 +194,11 @@ def _trained_loop(path: Path, state: dict[str, Any], trust_config: bool = False)
     parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), "--logger.mode", "disabled"],
                             None if trust_config else EXPORT_ALLOWLIST)
     experiment = Experiment(cfg, parser, resume_from=path)
-    check_config(experiment.config, experiment.loop.rounds, state)  # a config.yaml edited since is refused
+    try:
+        check_config(experiment.config, experiment.loop.rounds, state)  # a config.yaml edited since is refused
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path / CONFIG} differs from the config its checkpoint was written with (edited "
+                              "since the run?); export needs the config.yaml the run saved", "run_dir") from exc
     loop = experiment.loop
     loop.executor = SequentialExecutor()
     restore_checkpoint(loop, state)
