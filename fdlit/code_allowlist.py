@@ -21,8 +21,12 @@ The same walk refuses a section that is not a mapping of options (``federation: 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import importlib.util
+import os
 import re
+import site
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,4 +201,46 @@ def _importable_top(name: str) -> bool:
     try:
         return importlib.util.find_spec(top) is not None  # finds the file, runs nothing
     except (ImportError, ValueError):
+        return False
+
+
+class ImportGuard(importlib.abc.MetaPathFinder):
+    """While active (``with ImportGuard(allowlist):``), a module that is not imported yet may be imported
+    only from the Python installation (the standard library, site-packages), from fdlit, or under the
+    allow-list's prefixes: whatever spelling reached an import the walk above did not foresee, a module
+    planted beside the config or on the path (``evilmod.py``) is refused with an ImportError."""
+
+    def __init__(self, allowlist: CodeAllowlist):
+        self.allowlist = allowlist
+        packages = getattr(site, "getsitepackages", lambda: [])()
+        roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, *packages, site.getusersitepackages(),
+                 str(Path(__file__).resolve().parent)}
+        self.roots = tuple(str(Path(r).resolve()) + os.sep for r in roots if r)
+
+    def find_spec(self, name, path=None, target=None):
+        if name in sys.modules or name.split(".", 1)[0] == "fdlit" or any(
+                name == p.rstrip(".") or name.startswith(p if p.endswith(".") else p + ".") or
+                p.startswith(name + ".") for p in self.allowlist.prefixes):
+            return None  # the usual finders decide
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        origin = spec.origin or ""
+        locations = [origin] if spec.has_location else list(spec.submodule_search_locations or [])
+        if all(str(Path(p).resolve()).startswith(self.roots) for p in locations if p):
+            return None
+        raise ImportError(f"{name} ({origin or locations}) is outside this reader's allow-list; nothing outside "
+                          "the Python installation, fdlit and the allowed prefixes is imported here", name=name)
+
+    def __enter__(self):
+        sys.meta_path.insert(0, self)
+        return self
+
+    def __exit__(self, *exc):
+        sys.meta_path.remove(self)
         return False

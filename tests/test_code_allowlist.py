@@ -136,3 +136,20 @@ def test_a_node_worker_answers_a_refused_set_up_with_its_one_line(evil, tmp_path
     assert meta["error"].startswith("node-config allowed-classes: the run names ['evilmod.Net'] "
                                     "(federation.client_class in ")
     assert worker.loop is None and not evil.exists() and "evilmod" not in sys.modules
+
+
+def test_the_import_guard_refuses_a_planted_module_and_lets_the_installation_through(evil):
+    import importlib
+
+    from fdlit.code_allowlist import CodeAllowlist, ImportGuard
+
+    sys.modules.pop("colorsys", None)
+    with ImportGuard(CodeAllowlist(())):
+        with pytest.raises(ImportError, match="evilmod .* is outside this reader's allow-list"):
+            importlib.import_module("evilmod")
+        importlib.import_module("colorsys")  # the standard library
+        importlib.import_module("fdlit.runs.export")
+    assert not evil.exists() and "evilmod" not in sys.modules
+    with ImportGuard(CodeAllowlist(["evilmod."])):  # the operator allows it
+        importlib.import_module("evilmod")
+    assert evil.exists()

@@ -48,6 +48,7 @@ def closed_port() -> int:
     (["--node-wait", "0"], "deploy --node-wait", "in (0, "),
     (["--run-timeout", "-1"], "deploy --run-timeout", "in (0, "),
     (["--run-timeout", "1e308"], "deploy --run-timeout", "in (0, "),
+    (["--timeout", "-inf"], "deploy --timeout", "got -inf"),
     (["--nodes", "0"], "deploy --nodes", "an integer in [1, 1024]"),
     (["--nodes", "99999999999"], "deploy --nodes", "an integer in [1, 1024]"),
     (["--nodes", "7"], "deploy --nodes", "between 1 and data.num_clients (6)"),

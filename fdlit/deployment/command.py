@@ -51,10 +51,11 @@ def fit_arguments(argv: list[str]):
 
 def main(run_dir: str | None, argv: list[str]) -> int:
     """``deploy``: ``run_dir`` is ``--resume``'s run directory (taken out of the arguments), or None."""
+    from fdlit.config import attach_signed_numbers
     from fdlit.deployment import import_flwr
     from fdlit.deployment.checks import check_numbers, check_options
 
-    options, rest = deploy_parser().parse_known_args(argv)
+    options, rest = deploy_parser().parse_known_args(attach_signed_numbers(argv))  # `--timeout -inf`: a value
     check_numbers(options)  # before the run's machinery is imported
     from fdlit.runs.experiment import Experiment, resume_experiment
 

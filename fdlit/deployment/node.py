@@ -81,7 +81,7 @@ def check_class_paths(config_yaml: str, allowed: str, folder: Path | None = None
     if folder is None:
         with tempfile.TemporaryDirectory() as tmp:
             return check_class_paths(config_yaml, allowed, Path(tmp))
-    check_text(config_yaml, "the run's config", "node-config allowed-classes")
+    check_text(config_yaml, "the config the server sent", "config")
     path = Path(folder) / "config.yaml"
     path.write_text(config_yaml)
     check_config_files([path], node_allowlist(allowed), "node-config allowed-classes")
@@ -143,6 +143,7 @@ class NodeWorker:
         return {"partition_id": None if part is None else int(part)}, {}
 
     def op_setup(self, meta, tensors):
+        from fdlit.code_allowlist import ImportGuard
         from fdlit.config import parse_fit
         from fdlit.runs.experiment import loop_from_config
 
@@ -152,11 +153,14 @@ class NodeWorker:
             path = check_class_paths(meta["config"], allowed, Path(tmp))  # before anything of it is imported
             # data-dir: where this machine keeps the dataset's files (the server's path may not exist here)
             local = ["--data.data_dir", str(self.node_config["data-dir"])] if self.node_config.get("data-dir") else []
-            parser, cfg = parse_fit(["--config", str(path), *local], node_allowlist(allowed))
-        self.loop = loop_from_config(cfg, parser.instantiate(cfg), server=False)
+            # the walk refused every name outside the allow-list; the guard refuses any import it did not foresee
+            with ImportGuard(node_allowlist(allowed)):
+                parser, cfg = parse_fit(["--config", str(path), *local], node_allowlist(allowed))
+                self.loop = loop_from_config(cfg, parser.instantiate(cfg), server=False)
         self.ids = list(meta["clients"])
         self.loop.hosted = self.ids  # every client's network is drawn (the seeded init, as in fit); these train here
-        self.loop.setup()
+        with ImportGuard(node_allowlist(allowed)):
+            self.loop.setup()
         if self.node_config.get("local-data"):  # the node's own data replace its clients' partitions
             return {"clients": self.ids, "classes": self._use_local_data(str(self.node_config["local-data"]))}, {}
         return {"clients": self.ids}, {}

@@ -31,6 +31,7 @@ rebuild the network with its class (fdlit importable):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from pathlib import Path
@@ -38,7 +39,7 @@ from typing import Any, Optional
 
 import torch
 
-from fdlit.code_allowlist import CodeAllowlist, check_config_files
+from fdlit.code_allowlist import CodeAllowlist, ImportGuard, check_config_files
 from fdlit.errors import ConfigError, check_choice
 from fdlit.runs.atomic_write import check_target, write_file
 from fdlit.runs.checkpoint import CheckpointError, check_config, load_checkpoint, restore_checkpoint
@@ -191,9 +192,10 @@ def _trained_loop(path: Path, state: dict[str, Any], trust_config: bool = False)
     from fdlit.execution import SequentialExecutor
     from fdlit.runs.experiment import Experiment, legacy_name
 
-    parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), "--logger.mode", "disabled"],
-                            None if trust_config else EXPORT_ALLOWLIST)
-    experiment = Experiment(cfg, parser, resume_from=path)
+    with contextlib.nullcontext() if trust_config else ImportGuard(EXPORT_ALLOWLIST):  # imports nothing unforeseen
+        parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), "--logger.mode", "disabled"],
+                                None if trust_config else EXPORT_ALLOWLIST)
+        experiment = Experiment(cfg, parser, resume_from=path)
     try:
         check_config(experiment.config, experiment.loop.rounds, state)  # a config.yaml edited since is refused
     except CheckpointError as exc:
