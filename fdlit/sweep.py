@@ -97,14 +97,17 @@ def plan(spec: dict[str, Any], extra: list[str] = ()) -> list[SweepRun]:
 def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
     """Parse and check every combination before anything runs: a bad flag or value stops the whole
     sweep, naming the field and the combination."""
-    from fdlit.config import rewrite_config_args
+    from fdlit.code_allowlist import check_config_files
+    from fdlit.config import config_files, rewrite_config_args
     from fdlit.runs.experiment import Experiment
 
     parser = parser_factory()
     parser.exit_on_error = False  # raise instead of exiting so the combination can be named
     for run in runs:
+        argv = rewrite_config_args(run.argv)
+        check_config_files(config_files(argv))  # bounded reads; every section a mapping
         try:
-            cfg = parser.parse_args(rewrite_config_args(run.argv))
+            cfg = parser.parse_args(argv)
         except (argparse.ArgumentError, ValueError, TypeError) as exc:
             raise ConfigError("parameters", f"combination {run.values} is not a valid fit config: {exc}") from None
         try:  # constructors check value ranges (k in [1, C], tau >= 0, seed, ...): cheap, nothing is trained

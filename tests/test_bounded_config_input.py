@@ -86,3 +86,16 @@ def test_a_sweep_file_that_is_a_pipe_is_refused(tmp_path, capsys):
     assert main(["sweep", str(fifo), "--dry_run"]) == 2
     assert time.monotonic() - started < 2
     assert "not a regular file" in capsys.readouterr().err
+
+
+def test_a_sweeps_config_is_checked_as_fit_checks_it(tmp_path, capsys):
+    import yaml
+
+    (tmp_path / "c.yaml").write_text("client: null\n")
+    spec = {"name": "s", "method": "grid", "parameters": {"seed": {"values": [0]}},
+            "command": ["${env}", "${interpreter}", "-m", "fdlit", "fit", "--config", "digits.yaml", "--config",
+                        str(tmp_path / "c.yaml"), "${args}"]}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    assert main(["sweep", str(tmp_path / "s.yaml"), "--dry_run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fdlit: error: client: must be a mapping of its options"), err
