@@ -63,3 +63,18 @@ def test_reading_a_log_with_one_huge_line_holds_far_less_than_the_file(tmp_path)
     finally:
         tracemalloc.stop()
     assert peak < 3 * MAX_LINE, peak  # about a line's cap (read into a buffer, then a copy), not the file (4x it)
+
+
+def test_a_fit_stopped_before_its_first_checkpoint_says_which_rounds_completed(tmp_path, capsys, monkeypatch):
+    from fdlit.runs import checkpoint
+
+    def interrupted(self, loop, round, metrics):
+        raise KeyboardInterrupt  # Ctrl-C after round 1's metrics were written, before its checkpoint
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "on_round_end", interrupted)
+    code = main(["fit", "--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+                 "--logger.run_dir", str(tmp_path), "--federation.rounds", "2", "--data.num_clients", "4",
+                 "--data.classes_per_client", "3", "--data.public_size", "100"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 130 and len(err) == 1, err
+    assert "round 1 completed (metrics.jsonl holds them) but no checkpoint was written" in err[0], err
