@@ -53,10 +53,10 @@ def main(run_dir: str | None, argv: list[str]) -> int:
     """``deploy``: ``run_dir`` is ``--resume``'s run directory (taken out of the arguments), or None."""
     from fdlit.config import attach_signed_numbers
     from fdlit.deployment import import_flwr
-    from fdlit.deployment.checks import check_numbers, check_options
+    from fdlit.deployment.checks import check_node_count, check_options
 
     options, rest = deploy_parser().parse_known_args(attach_signed_numbers(argv))  # `--timeout -inf`: a value
-    check_numbers(options)  # before the run's machinery is imported
+    check_options(options, None)  # the deploy options alone: refused before the run's imports
     from fdlit.runs.experiment import Experiment, resume_experiment
 
     if run_dir is not None:  # continue a deployed (or fit) run from its checkpoint, on the nodes
@@ -68,7 +68,7 @@ def main(run_dir: str | None, argv: list[str]) -> int:
         experiment = Experiment(cfg, parser)  # the whole config checked before any process starts
     import_flwr()
     # the client count as fit reads it from the config (no data is built)
-    check_options(options, getattr(experiment.loop.data, "num_clients", None))
+    check_node_count(options, getattr(experiment.loop.data, "num_clients", None))
     runs_parent = None if run_dir is not None else experiment.config["logger"]["run_dir"]
     # `kill`, Ctrl-C and a closed terminal stop the deployment, never half of it
     with deployment_locks(options, runs_parent), stop_signals():

@@ -18,6 +18,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from fdlit.config import fit_parser, parse_fit
 from fdlit.config_ranges import check_knob_ranges
+from fdlit.data.hub import check_obtainable
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.federation.server import ServerModel
 from fdlit.federation.settings import FederationSettings
@@ -74,6 +75,7 @@ class Experiment:
         init = parser.instantiate(cfg)  # constructors check their arguments: ConfigError before any work
         if resume_from is None:  # a run saved before the ranges were checked resumes as it ran
             check_knob_ranges("aggregator", cfg.aggregator)  # what the constructors accept but overflows float32
+        check_obtainable(init.data.dataset, init.data.data_dir)  # offline and not cached: refused before any import
         self.config: dict[str, Any] = cfg.clone().as_dict()
         self.config.pop("config", None)
         self.config_yaml = parser.dump(cfg, skip_unset=False)  # keep null keys: the saved config is complete
