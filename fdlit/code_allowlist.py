@@ -54,18 +54,20 @@ class CodeName:
     loose: bool = False
 
 
-def config_code(files: Iterable[str | Path]) -> list[CodeName]:
+def config_code(files: Iterable[str | Path], follow_files: bool = True) -> list[CodeName]:
     """Every dotted name the config files (in the order they apply) make fdlit import, with the files
     they list under ``config:`` and the files sections are given as; a section that is not a mapping is
-    a ConfigError naming it."""
-    walk = _Walk()
+    a ConfigError naming it. ``follow_files=False``: a ``config:`` list or a section given as a file is
+    itself refused (a node builds the config the server sent, never files of its own machine)."""
+    walk = _Walk(follow_files)
     for file in files:
         walk.file(Path(file), ())
     return walk.names
 
 
 class _Walk:
-    def __init__(self):
+    def __init__(self, follow_files: bool = True):
+        self.follow_files = follow_files
         self.names: list[CodeName] = []
         self.reading: tuple[Path, ...] = ()
 
@@ -123,13 +125,20 @@ class _Walk:
             except OSError:
                 found = False
             if found:
+                self.refuse_file(".".join(at), value)
                 self.file(candidate, at)
                 return True
         return False
 
+    def refuse_file(self, key: str, value: Any) -> None:
+        if not self.follow_files:
+            raise ConfigError(key, f"{value!r} names a file; a node builds the config the server sent, not files "
+                              "of its own machine")
+
     def layers(self, listed: Any, file: Path) -> None:
         from fdlit.config import listed_file
 
+        self.refuse_file("config", listed)
         entries = [listed] if isinstance(listed, str) else listed
         if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
             raise ConfigError("config", f"{file}: `config:` must be a file name or a list of file names, "
@@ -165,10 +174,10 @@ class CodeAllowlist:
 
 
 def check_config_files(files: Iterable[str | Path], allowlist: CodeAllowlist | None = None,
-                       field: str | None = None) -> list[CodeName]:
+                       field: str | None = None, follow_files: bool = True) -> list[CodeName]:
     """Resolve the config ``files`` (sections checked to be mappings); with ``allowlist``, refuse the
     code outside it. The names back."""
-    names = config_code(files)
+    names = config_code(files, follow_files)
     if allowlist is not None:
         allowlist.check(names, field)
     return names

@@ -71,12 +71,14 @@ def node_allowlist(allowed: str) -> CodeAllowlist:
 
 def check_class_paths(config_yaml: str, allowed: str, folder: Path | None = None) -> Path:
     """A node builds what the run's config names, so whoever submits a run chooses the code its node
-    runs: the config (``config_yaml`` as the node received it, written to ``folder``/config.yaml, with
-    its ``config:`` layers and the files its sections name) is refused before anything of it is imported
-    when it names code outside the node's allow-list, in any spelling (:mod:`fdlit.code_allowlist`).
-    The file written back (``folder`` None: a temporary folder, removed again)."""
+    runs: the config (``config_yaml`` as the node received it, written to ``folder``/config.yaml) is
+    refused before anything of it is imported when it names code outside the node's allow-list, in any
+    spelling (:mod:`fdlit.code_allowlist`), or names a file of the node's machine (a ``config:`` list, a
+    section given as a path: the server sends the config resolved, so a node never reads its own files
+    for it). The file written back (``folder`` None: a temporary folder, removed again)."""
     from fdlit.bounded_yaml import check_text
     from fdlit.code_allowlist import check_config_files
+    from fdlit.errors import ConfigError
 
     if folder is None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +86,12 @@ def check_class_paths(config_yaml: str, allowed: str, folder: Path | None = None
     check_text(config_yaml, "the config the server sent", "config")
     path = Path(folder) / "config.yaml"
     path.write_text(config_yaml)
-    check_config_files([path], node_allowlist(allowed), "node-config allowed-classes")
+    try:
+        check_config_files([path], node_allowlist(allowed), "node-config allowed-classes", follow_files=False)
+    except ConfigError as exc:
+        if exc.field == "node-config allowed-classes":
+            raise
+        raise ConfigError("node-config allowed-classes", f"the run's {exc}") from None
     return path
 
 
