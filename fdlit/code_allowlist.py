@@ -186,9 +186,9 @@ def check_config_files(files: Iterable[str | Path], allowlist: CodeAllowlist | N
 def fdlit_class(path: str) -> bool:
     """Whether ``path`` names a class defined in fdlit (fdlit's own modules are imported to look;
     ``fdlit.x.os.system`` is no class of fdlit's)."""
-    if not DOTTED.fullmatch(path) or path.split(".", 1)[0] != "fdlit":
-        return False
     parts = path.split(".")
+    if not DOTTED.fullmatch(path) or parts[0] != "fdlit" or "__main__" in parts:  # importing it runs the CLI
+        return False
     for i in range(len(parts) - 1, 0, -1):
         module = ".".join(parts[:i])
         try:
@@ -227,6 +227,8 @@ class ImportGuard(importlib.abc.MetaPathFinder):
         self.roots = tuple(str(Path(r).resolve()) + os.sep for r in roots if r)
 
     def find_spec(self, name, path=None, target=None):
+        if name == "fdlit.__main__" and name not in sys.modules:  # importing it runs the command line
+            raise ImportError("fdlit.__main__ is never imported for a config", name=name)
         if name in sys.modules or name.split(".", 1)[0] == "fdlit" or any(
                 name == p.rstrip(".") or name.startswith(p if p.endswith(".") else p + ".") or
                 p.startswith(name + ".") for p in self.allowlist.prefixes):

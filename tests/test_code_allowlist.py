@@ -88,7 +88,8 @@ def test_a_node_refuses_code_its_operator_did_not_allow_in_any_spelling(name, ev
 
 @pytest.mark.parametrize("name,allowed", [("fdlit.runs.export.json.JSONDecoder", ""),  # fdlit's module, no class of it
                                           ("evilmodule.Net", "evilmod"),  # a prefix matches whole names only
-                                          ("os.system", "")])
+                                          ("os.system", ""),
+                                          ("fdlit.__main__.Net", "")])  # importing it would run the CLI
 def test_the_allowlist_is_exact(name, allowed, evil):
     from fdlit.deployment.node import check_class_paths
 
