@@ -24,16 +24,35 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# what a digits `fit` imports before its first round (tests/test_startup.py checks the run's packages)
-RUN_IMPORTS = ("import fdlit.cli, fdlit.runs.experiment, fdlit.clients, fdlit.execution.vectorized, "
-               "fdlit.methods, fdlit.data.datasets")
+# a one-round digits run that writes, at its end, every module it imported (in import order)
+RUN_AND_LIST = """
+import runpy, sys
+out, sys.argv = sys.argv[1], ["fdlit", *sys.argv[2:]]
+try:
+    runpy.run_module("fdlit", run_name="__main__")
+finally:
+    with open(out, "w") as f:
+        f.write("\\n".join(m for m in list(sys.modules) if m != "__main__"))
+"""
+# the same modules imported, nothing else run: what `fit` imports before it trains. sys.modules lists
+# a module when its import completes (a package after its submodules), so fdlit's own modules go first,
+# from the command line down, as in the run; they import the rest as the run did
+IMPORT_LISTED = """
+import importlib, sys
+names = open(sys.argv[1]).read().split()
+for name in ["fdlit.cli"] + [n for n in names if n.startswith("fdlit")] + names:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+"""
 
 
-def commands(run_dir: str) -> dict[str, list[str]]:
+def commands(run_dir: str, modules: str) -> dict[str, list[str]]:
     fdlit = [sys.executable, "-m", "fdlit"]
     return {
         "import torch": [sys.executable, "-c", "import torch"],
-        "fit's imports (digits)": [sys.executable, "-c", RUN_IMPORTS],
+        "fit's imports (digits)": [sys.executable, "-c", IMPORT_LISTED, modules],
         "fit --help": [*fdlit, "fit", "--help"],
         "fit: knob refused": [*fdlit, "fit", "--config", "configs/digits.yaml", "--data.num_clients", "0"],
         "fit: offline dataset refused": [*fdlit, "fit", "--config", "configs/cifar10.yaml"],
@@ -57,12 +76,14 @@ def measure(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, floa
     return usage.ru_utime + usage.ru_stime, wall, usage.ru_maxrss / 1024
 
 
-def digits_run(folder: str) -> str:
-    """A one-round digits run to export from."""
-    subprocess.run([sys.executable, "-m", "fdlit", "fit", "--config", "configs/digits.yaml", "--federation.rounds", "1",
-                    "--logger.mode", "disabled", "--logger.progress", "false", "--logger.run_dir", folder],
-                   cwd=ROOT, check=True, capture_output=True)
-    return str(next(Path(folder).iterdir()))
+def digits_run(folder: str, cwd: Path, env: dict[str, str]) -> tuple[str, str]:
+    """A one-round digits run to export from, and the file listing the modules it imported."""
+    modules = str(Path(folder) / "modules.txt")
+    subprocess.run([sys.executable, "-c", RUN_AND_LIST, modules, "fit", "--config", "configs/digits.yaml",
+                    "--federation.rounds", "1", "--logger.mode", "disabled", "--logger.progress", "false",
+                    "--logger.run_dir", str(Path(folder) / "runs")], cwd=cwd, env={**env, "PYTHONPATH": str(cwd)},
+                   check=True, capture_output=True)
+    return str(next((Path(folder) / "runs").iterdir())), modules
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -72,11 +93,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parser.parse_args(argv)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": tempfile.mkdtemp(),
            "WANDB_MODE": "disabled"}
-    todo = {name: (cmd, ROOT) for name, cmd in commands(digits_run(tempfile.mkdtemp())).items()}
+    todo = {name: (cmd, ROOT) for name, cmd in commands(*digits_run(tempfile.mkdtemp(), ROOT, env)).items()}
     if args.before is not None:
-        for name, (cmd, _) in list(todo.items()):
+        before = args.before.resolve()
+        for name, cmd in commands(*digits_run(tempfile.mkdtemp(), before, env)).items():
             if name != "import torch":
-                todo[f"{name} [before]"] = (cmd, args.before.resolve())
+                todo[f"{name} [before]"] = (cmd, before)
     samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in todo}
     for _ in range(args.repeats):
         for name, (cmd, cwd) in todo.items():

@@ -98,7 +98,7 @@ def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
     """Parse and check every combination before anything runs: a bad flag or value stops the whole
     sweep, naming the field and the combination."""
     from fdlit.code_allowlist import check_config_files
-    from fdlit.config import config_files, rewrite_config_args
+    from fdlit.config import config_files, parse_error, rewrite_config_args
     from fdlit.runs.experiment import Experiment
 
     parser = parser_factory()
@@ -108,7 +108,10 @@ def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
         check_config_files(config_files(argv))  # bounded reads; every section a mapping
         try:
             cfg = parser.parse_args(argv)
-        except (argparse.ArgumentError, ValueError, TypeError) as exc:
+        except argparse.ArgumentError as exc:  # in fit's words: a config file's typo with its file, line and the key meant
+            located = parse_error(exc, parser, "fit", config_files(argv))
+            raise ConfigError("parameters", f"combination {run.values} is not a valid fit config: {located}") from None
+        except (ValueError, TypeError) as exc:
             raise ConfigError("parameters", f"combination {run.values} is not a valid fit config: {exc}") from None
         try:  # constructors check value ranges (k in [1, C], tau >= 0, seed, ...): cheap, nothing is trained
             Experiment(cfg, parser)

@@ -88,3 +88,18 @@ import lightning_utilities.core.imports as availability
 assert not getattr(availability, "_fdlit_wrapped", False)
 assert "torch._dynamo" in sys.modules and not type(sys.modules["torch._dynamo"]).__name__.startswith("_Deferred")
 """)
+
+
+def test_torchmetrics_loads_whole_when_more_than_lightning_needs_is_asked_of_it():
+    out = _run("""
+import sys
+import fdlit.clients.client
+import torch, torchmetrics
+assert "torchmetrics.functional" not in sys.modules  # deferred so far
+mean = torchmetrics.MeanMetric()  # any other name: the package's own __init__ runs
+mean.update(torch.tensor([1.0, 3.0]))
+assert "torchmetrics.functional" in sys.modules and type(sys.modules["torchmetrics"]).__name__ == "module"
+assert len(torchmetrics._logger.handlers) == 1 and torchmetrics.Metric is torchmetrics.metric.Metric
+print("MEAN=%.1f" % mean.compute().item())
+""")
+    assert "MEAN=2.0" in out

@@ -9,6 +9,9 @@ uses none of these: it is a module, an optimizer and a loss.
 
 So when fdlit is the first to import Lightning in a process, it does so with
 
+* torchmetrics' package ``__init__`` deferred: Lightning takes ``Metric`` and ``MetricCollection``
+  from their own modules; the first other name asked of ``torchmetrics`` runs the real ``__init__``
+  (with every backend it finds, as a plain import would).
 * torchmetrics' optional backends reported absent *to torchmetrics* while its package loads
   (``lightning_utilities``' availability checks answer "absent" for the names in
   :data:`HIDDEN_BACKENDS` inside the import only). torchmetrics then skips BERTScore's, the audio
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import os
 import sys
 import types
 
@@ -150,6 +155,58 @@ def _dynamo_deferred():
             del torch._dynamo  # torch's lazy attribute then imports the real module
 
 
+class _DeferredPackage(types.ModuleType):
+    """torchmetrics before its package ``__init__`` has run: ``Metric`` and ``MetricCollection`` (all
+    that Lightning takes from it) come from their own modules; any other name runs the real
+    ``__init__`` in this module object first (with every backend it finds), as a plain import would have."""
+
+    _served = {"Metric": "torchmetrics.metric", "MetricCollection": "torchmetrics.collections"}
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        import importlib
+
+        if name in self._served:
+            importlib.import_module("torchmetrics.utilities")  # first, as the package's own import order has it
+            value = getattr(importlib.import_module(self._served[name]), name)
+            setattr(self, name, value)
+            return value
+        self.__class__ = types.ModuleType  # from here on an ordinary module
+        self._logger.handlers.clear()  # the package's __init__ adds its handler again
+        self.__spec__.loader.exec_module(self)
+        return getattr(self, name)
+
+
+@contextlib.contextmanager
+def _torchmetrics_deferred():
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchmetrics")
+    if spec is None or "torchmetrics" in sys.modules:
+        yield
+        return
+    package = _DeferredPackage("torchmetrics")
+    package.__spec__, package.__loader__, package.__file__ = spec, spec.loader, spec.origin
+    package.__path__, package.__package__ = list(spec.submodule_search_locations), "torchmetrics"
+    sys.modules["torchmetrics"] = package
+    try:
+        from torchmetrics.__about__ import __version__  # what Lightning's version checks read
+
+        package.__version__ = __version__
+        # the names torchmetrics' own modules take from the package, set as its __init__ sets them
+        package._logger = logging.getLogger("torchmetrics")
+        package._logger.addHandler(logging.StreamHandler())
+        package._logger.setLevel(logging.INFO)
+        package._PACKAGE_ROOT = os.path.dirname(spec.origin)
+        package._PROJECT_ROOT = os.path.dirname(package._PACKAGE_ROOT)
+        yield
+    except BaseException:
+        if sys.modules.get("torchmetrics") is package and isinstance(package, _DeferredPackage):
+            del sys.modules["torchmetrics"]
+        raise
+
+
 @contextlib.contextmanager
 def _backends_hidden():
     global _hiding
@@ -166,7 +223,7 @@ def import_lightning() -> None:
     if "lightning.pytorch" in sys.modules or "torchmetrics" in sys.modules:
         import lightning.pytorch  # noqa: F401
         return
-    with _backends_hidden(), _dynamo_deferred():
+    with _backends_hidden(), _dynamo_deferred(), _torchmetrics_deferred():
         import lightning.pytorch  # noqa: F401
 
 
