@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from jsonargparse import ActionYesNo, ArgumentParser
 
+from fdlit.code_allowlist import check_config_files
 from fdlit.config import PARSER_MODE, config_files, fit_parser, parse_error, rewrite_config_args
 from fdlit.errors import ConfigError
 from fdlit.federation import NumericalFault
@@ -173,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["sweep"] and "--" in argv:  # fit flags for every sweep run follow "--"
             at = argv.index("--")
             argv, extra = argv[:at], argv[at + 1:]
-        parser, cfg = _parse(rewrite_config_args(argv))
+        argv = rewrite_config_args(argv)
+        check_config_files(config_files(argv))  # bounded reads; every section a mapping
+        parser, cfg = _parse(argv)
         if cfg.command == "fit":
             from fdlit.runs.experiment import Experiment
 

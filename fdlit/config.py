@@ -18,8 +18,10 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader, set_loader
 
 from fdlit.adversaries import Adversaries
+from fdlit.bounded_yaml import check_text
 from fdlit.clients import ClientOptimization
 from fdlit.clients.lightning_habits import command_hint, flag_hint
+from fdlit.code_allowlist import CodeAllowlist, check_config_files
 from fdlit.config_files import key_line, read_yaml
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, UnknownConfigKey, import_hint
@@ -62,7 +64,9 @@ def resolve_config_path(value: str) -> str:
 def _load_without_layers(text: str):
     """jsonargparse's YAML loading, less a document's top-level ``config:`` list: fdlit expands it itself
     (``rewrite_config_args``), finding parts beside the file or in fdlit's configs/, where jsonargparse
-    would look for a single name beside the file only."""
+    would look for a single name beside the file only. Text beyond fdlit's bounds (a value on the command
+    line as well as a file: an alias bomb, a 100,000-deep list) is refused before it is loaded."""
+    check_text(text)
     value = YAML_LOADER(text)
     if isinstance(value, dict):
         value.pop("config", None)
@@ -134,7 +138,7 @@ def listed_file(path: str, entry: str) -> Path:
     parts copied too, or a part changed locally), then fdlit's shipped ``configs/`` (a copied config whose
     parts are fdlit's own)."""
     local = Path(path).resolve().parent / entry
-    if local.is_file():
+    if local.exists() and not local.is_dir():  # a pipe or device too: the bounded reader refuses it, naming it
         return local
     shipped = shipped_configs()
     if shipped is not None and (shipped / entry).is_file():
@@ -165,7 +169,29 @@ def rewrite_config_args(argv: list[str]) -> list[str]:
         if flags and out[-len(flags):] == flags:  # already expanded
             flags = []
         out += [*flags, "--config", file]
-    return out
+    return attach_signed_numbers(out)
+
+
+def attach_signed_numbers(argv: list[str]) -> list[str]:
+    """``--aggregator.tau -inf`` as ``--aggregator.tau=-inf``: argparse takes a value starting with ``-``
+    that is not a plain negative number (``-inf``, ``-1e3``) for an option, and would refuse the flag as
+    missing its value instead of checking the value."""
+    out = list(argv)
+    for i in range(len(out) - 1):
+        flag, value = out[i], out[i + 1]
+        if flag is None or value is None:
+            continue
+        if flag.startswith("--") and "=" not in flag and value.startswith("-") and _is_number(value):
+            out[i], out[i + 1] = f"{flag}={value}", None
+    return [a for a in out if a is not None]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def config_files(argv: list[str]) -> list[str]:
@@ -347,16 +373,20 @@ def _type_error(text: str) -> str | None:
     if not kinds or value is None or not all(k in KINDS for k in kinds):
         return None
     got = value.group(1).strip()
-    note = " (nan is not allowed)" if got.lower() in ("nan", "-nan") else ""
+    bare = got.lower().strip("'\"").lstrip("+-.")
+    note = " (nan is not allowed)" if bare == "nan" else " (infinity is not allowed)" if bare in ("inf", "infinity") \
+        else ""
     return f"allowed: {' or '.join(KINDS[k] for k in kinds)}{note}; got {got if got.startswith('[') else repr(got)}"
 
 
-def parse_fit(argv: list[str]) -> tuple[ArgumentParser, Namespace]:
+def parse_fit(argv: list[str], allowlist: CodeAllowlist | None = None) -> tuple[ArgumentParser, Namespace]:
     """Parse ``fit`` arguments (without the subcommand word), resolving bare config names; a parse
-    error is a ConfigError naming the field."""
+    error is a ConfigError naming the field. ``allowlist``: the code the config files may name, for a
+    config someone else wrote (a node's, a run folder's); checked before anything is imported."""
+    argv = rewrite_config_args(argv)
+    check_config_files(config_files(argv), allowlist)  # sections are mappings; no code outside the allow-list
     parser = fit_parser()
     parser.exit_on_error = False
-    argv = rewrite_config_args(argv)
     try:
         return parser, parser.parse_args(argv)
     except argparse.ArgumentError as exc:

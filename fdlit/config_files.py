@@ -13,11 +13,13 @@ from typing import Any
 
 import yaml
 
+from fdlit.bounded_yaml import BoundedComposer, BoundedSafeLoader, BoundExceeded, mark_line, read_bounded
 from fdlit.errors import ConfigError
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a mapping with the same key twice, at any depth."""
+class _UniqueKeyLoader(BoundedComposer, yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice, at any depth, within fdlit's bounds
+    (:mod:`fdlit.bounded_yaml`)."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -40,10 +42,7 @@ def read_yaml(path: str | Path, field: str = "config") -> dict[str, Any]:
     """The mapping in the YAML file ``path``; anything else is a one-line ConfigError for ``field``
     naming the file (and the line where there is one)."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}") from None
+    raw = read_bounded(path, field)  # a regular file within the size and line caps
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -54,9 +53,11 @@ def read_yaml(path: str | Path, field: str = "config") -> dict[str, Any]:
         raise ConfigError(field, f"{path} is empty; a config is a YAML mapping such as 'seed: 0'")
     try:
         value = yaml.load(text, Loader=_UniqueKeyLoader)
+    except BoundExceeded as exc:
+        raise ConfigError(field, f"{path}{mark_line(exc)}: {exc.problem}; not a config fdlit reads") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        where = f", line {mark.line + 1}" if mark is not None else ""
+        where = mark_line(exc)
         problem = " ".join(str(getattr(exc, "problem", None) or str(exc).splitlines()[0]).split())
         context, opened = getattr(exc, "context", None), getattr(exc, "context_mark", None)
         if context and opened is not None and opened is not mark:  # where the unclosed bracket or block began
@@ -74,8 +75,8 @@ def key_line(path: str | Path, dotted: str, value: str | None = None) -> int | N
     levels may be written or left out, and a key may itself be dotted (``data.num_clients: 5``), as
     jsonargparse accepts both."""
     try:
-        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        root = yaml.compose(read_bounded(path).decode("utf-8"), Loader=BoundedSafeLoader)
+    except (ConfigError, UnicodeDecodeError, yaml.YAMLError):
         return None
     want = [p for p in dotted.split(".") if p != "init_args"]
 

@@ -40,7 +40,7 @@ import yaml
 
 from fdlit.errors import ConfigError
 from fdlit.runs import strict_json
-from fdlit.runs.atomic_write import write_file
+from fdlit.runs.atomic_write import enclosing_run_directory, write_file
 from fdlit.runs.directory import (
     CHECKPOINT,
     CONFIG,
@@ -97,6 +97,7 @@ def plan(spec: dict[str, Any], extra: list[str] = ()) -> list[SweepRun]:
 def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
     """Parse and check every combination before anything runs: a bad flag or value stops the whole
     sweep, naming the field and the combination."""
+    from fdlit.code_allowlist import check_config_files
     from fdlit.config import config_files, parse_error, rewrite_config_args
     from fdlit.runs.experiment import Experiment
 
@@ -104,6 +105,7 @@ def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
     parser.exit_on_error = False  # raise instead of exiting so the combination can be named
     for run in runs:
         argv = rewrite_config_args(run.argv)
+        check_config_files(config_files(argv))  # bounded reads; every section a mapping
         try:
             cfg = parser.parse_args(argv)
         except argparse.ArgumentError as exc:  # in fit's words: a config file's typo with its file, line and the key meant
@@ -257,6 +259,10 @@ def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
     runs = plan(spec, list(extra))
     resolve(runs, fit_parser)
     results = results_path(runs, spec["name"])
+    enclosing = enclosing_run_directory(results.parent)
+    if enclosing is not None:  # its runs and results would land in another run's folder
+        raise ConfigError("logger.run_dir", f"{str(results.parent)!r} is inside the run directory {str(enclosing)!r}, "
+                          "whose files only its run writes; choose another folder for the sweep's runs")
     lock = None
     if not dry_run:  # one process per sweep and folder: it alone decides what is left to run
         results.parent.mkdir(parents=True, exist_ok=True)

@@ -51,8 +51,10 @@ def test_a_run_directory_is_written_only_by_its_own_run(tmp_path):
     assert (run / "config.yaml").read_text() == "seed: 0\n" and not (run / "other.txt").exists()
     write_file(run / "summary.json", "{}", run_dir=run)  # the run's own write
     assert (run / "summary.json").read_text() == "{}"
-    (run / "report").mkdir()
-    write_file(run / "report" / "index.html", "page")  # a folder of its own inside it is not the run's
+    (run / "report" / "deeper").mkdir(parents=True)
+    for inner in (run / "report" / "index.html", run / "report" / "deeper" / "index.html"):  # at any depth
+        with pytest.raises(UnsafeTarget, match=f"inside the run directory '{run.resolve()}'"):
+            write_file(inner, "page")
 
 
 @pytest.mark.parametrize("failure", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()])

@@ -41,12 +41,16 @@ def closed_port() -> int:
 
 # ---------------------------------------------------------------------- option checks
 @pytest.mark.parametrize("options, option, allowed", [
-    (["--threads", "-3"], "deploy --threads", ">= 0"),
+    (["--threads", "-3"], "deploy --threads", "an integer in [0, 1024]"),
+    (["--threads", "99999999999999999999"], "deploy --threads", "an integer in [0, 1024]"),
     (["--threads", "two"], "deploy --threads", "invalid int value"),
-    (["--timeout", "-5"], "deploy --timeout", "> 0"),
-    (["--node-wait", "0"], "deploy --node-wait", "> 0"),
-    (["--run-timeout", "-1"], "deploy --run-timeout", "> 0"),
-    (["--nodes", "0"], "deploy --nodes", ">= 1"),
+    (["--timeout", "-5"], "deploy --timeout", "in (0, 3.16224e+07] (a year)"),
+    (["--node-wait", "0"], "deploy --node-wait", "in (0, "),
+    (["--run-timeout", "-1"], "deploy --run-timeout", "in (0, "),
+    (["--run-timeout", "1e308"], "deploy --run-timeout", "in (0, "),
+    (["--timeout", "-inf"], "deploy --timeout", "got -inf"),
+    (["--nodes", "0"], "deploy --nodes", "an integer in [1, 1024]"),
+    (["--nodes", "99999999999"], "deploy --nodes", "an integer in [1, 1024]"),
     (["--nodes", "7"], "deploy --nodes", "between 1 and data.num_clients (6)"),
     (["--superlink", "localhost"], "deploy --superlink", "HOST:PORT"),
     (["--superlink", "127.0.0.1:70000"], "deploy --superlink", "port in 1..65535"),

@@ -299,6 +299,40 @@ def test_trust_config_lets_the_runs_own_code_run(trained_run, tmp_path, capsys, 
     assert touched.read_text() == "ran"  # asked for, the run's class is imported (and its code runs)
 
 
+def test_a_damaged_checkpoint_is_named_in_exports_words(trained_run, tmp_path, capsys):
+    import shutil
+
+    run_dir, _ = trained_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    data = bytearray((copy / "checkpoint.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped bit inside the tensors
+    (copy / "checkpoint.pt").write_bytes(bytes(data))
+    assert main(["export", str(copy), "--client", "0", "--out", str(tmp_path / "m.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fdlit: error: run_dir: "), err
+    assert "resume" not in err[0] and "start the run again" not in err[0]
+    assert err[0].endswith(f"nothing intact is left to export; train it again with: python -m fdlit fit --config "
+                           f"{copy / 'config.yaml'}")
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_a_kept_checkpoint_can_be_exported(trained_run, tmp_path, capsys):
+    import shutil
+
+    run_dir, _ = trained_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    shutil.copy(copy / "checkpoint.pt", copy / "checkpoint-r2.pt")  # kept by checkpoint.keep
+    (copy / "checkpoint.pt").write_bytes(b"damaged")
+    assert main(["export", str(copy), "--client", "1", "--out", str(tmp_path / "m.pt")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.endswith(f"the newest intact checkpoint kept is round 2's; export it with: python -m fdlit export "
+                         f"{copy / 'checkpoint-r2.pt'} --client 1 --out {tmp_path / 'm.pt'}"), line
+    assert main(["export", str(copy / "checkpoint-r2.pt"), "--client", "1", "--out", str(tmp_path / "m.pt")]) == 0
+    assert "client 1 after round 2" in capsys.readouterr().out
+
+
 def test_a_fashion_mnist_card_names_the_real_classes(tmp_path, capsys):
     import paper_fixtures  # noqa: F401  (offline HF env first)
     from test_local_files import idx_folder

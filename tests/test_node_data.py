@@ -158,3 +158,15 @@ def test_a_node_with_its_own_data_trains_on_it_and_the_server_measures_its_class
     # trained on nines only, the node's clients call the test set's nines nines (their local accuracy)
     assert all(a > 0.9 for a in rounds[0]["clients/after_private/local_acc"][4:])
     assert "/hospital" not in (run / "config.yaml").read_text()  # the folder is the node's, not the run's
+
+
+def test_node_images_outside_the_datasets_value_range_are_refused(tmp_path):
+    folder = digits_folder(tmp_path / "own", label=2)
+    from fdlit.data.local_files import read_idx
+
+    x = read_idx(folder / "train-images-idx3-ubyte.gz")
+    write_idx(folder / "train-images-idx3-ubyte.gz", (x.astype(np.int64) * 255 // 16).astype(np.uint8))  # 0..255
+    with pytest.raises(ConfigError) as err:
+        node_client_data(folder, load_digits(), "digits", [0], 0, 0.2)
+    assert str(err.value) == ("node-config local-data: pixel values 0..255; digits images have gray levels 0..16 "
+                              "(scale 0..255 images with x * 16 // 255)")

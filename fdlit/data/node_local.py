@@ -26,6 +26,7 @@ from fdlit.data.tensor_dataset import TensorDataset
 from fdlit.errors import ConfigError
 
 FIELD = "node-config local-data"
+DIGITS_MAX = 16  # the gray levels of the digits images (float-stored datasets here: digits only)
 
 
 def read_node_data(source: str | Path) -> tuple[np.ndarray, np.ndarray]:
@@ -84,9 +85,12 @@ def node_client_data(folder: str | Path, like: TensorDataset, dataset: str, clie
         raise ConfigError(FIELD, f"labels {int(y.min())}..{int(y.max())}; {dataset} has classes 0..{like.num_classes - 1}")
     if len(y) < 3 * len(client_ids):
         raise ConfigError(FIELD, f"{len(y)} samples for {len(client_ids)} clients; each needs at least 3")
+    if like.x.is_floating_point() and int(x.max()) > DIGITS_MAX:  # digits' pixels are 0..16, not 0..255
+        raise ConfigError(FIELD, f"pixel values {int(x.min())}..{int(x.max())}; {dataset} images have gray levels "
+                          f"0..{DIGITS_MAX} (scale 0..255 images with x * {DIGITS_MAX} // 255)")
     inputs = torch.from_numpy(x.copy())[:, None]
     if like.x.is_floating_point():  # digits: 0..16 pixels scaled as the dataset scales its own
-        inputs = inputs.float() / 16.0
+        inputs = inputs.float() / float(DIGITS_MAX)
     rng = np.random.default_rng([seed, *client_ids])
     out = []
     for cid, rows in zip(client_ids, np.array_split(rng.permutation(len(y)), len(client_ids)), strict=True):

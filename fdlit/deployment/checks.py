@@ -26,16 +26,29 @@ class OptionParser(argparse.ArgumentParser):
         raise ConfigError("deploy", message)
 
 
-def check_options(options, num_clients: int | None) -> None:
-    """Every deploy option; ``num_clients``: the config's client count (None where unknown)."""
+MAX_SECONDS = 366 * 24 * 3600.0  # a year: any wait beyond it is a typo, and it keeps deadlines finite
+MAX_THREADS = 1024
+MAX_NODES = 1024  # SuperNodes started here are processes of this machine
+
+
+def check_numbers(options) -> None:
+    """deploy's numeric options within their ranges, before anything is imported or started."""
     for name in ("timeout", "node_wait", "run_timeout"):
         value = getattr(options, name)
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"deploy --{name.replace('_', '-')}", f"must be a number of seconds > 0, got {value:g}")
-    if options.threads < 0:
-        raise ConfigError("deploy --threads", f"must be >= 0 (0: torch's default), got {options.threads}")
-    if options.nodes < 1:
-        raise ConfigError("deploy --nodes", f"must be >= 1, got {options.nodes}")
+        if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+            raise ConfigError(f"deploy --{name.replace('_', '-')}", f"must be a number of seconds in (0, "
+                              f"{MAX_SECONDS:g}] (a year), got {value:g}")
+    if not 0 <= options.threads <= MAX_THREADS:
+        raise ConfigError("deploy --threads", f"must be an integer in [0, {MAX_THREADS}] (torch threads per node "
+                          f"worker; 0: torch's default), got {options.threads}")
+    if not 1 <= options.nodes <= MAX_NODES:
+        raise ConfigError("deploy --nodes", f"must be an integer in [1, {MAX_NODES}] (and at most data.num_clients), "
+                          f"got {options.nodes}")
+
+
+def check_options(options, num_clients: int | None) -> None:
+    """Every deploy option; ``num_clients``: the config's client count (None where unknown)."""
+    check_numbers(options)
     check_node_count(options, num_clients)
     if options.work_dir is not None and Path(options.work_dir).exists() and not Path(options.work_dir).is_dir():
         raise ConfigError("deploy --work-dir", f"must be a folder (or a path to create one at), got the file "

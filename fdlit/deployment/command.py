@@ -15,6 +15,8 @@ import signal
 import sys
 from pathlib import Path
 
+from fdlit.errors import ConfigError
+
 
 def deploy_parser() -> argparse.ArgumentParser:
     from fdlit.deployment.checks import OptionParser
@@ -49,10 +51,11 @@ def fit_arguments(argv: list[str]):
 
 def main(run_dir: str | None, argv: list[str]) -> int:
     """``deploy``: ``run_dir`` is ``--resume``'s run directory (taken out of the arguments), or None."""
+    from fdlit.config import attach_signed_numbers
     from fdlit.deployment import import_flwr
     from fdlit.deployment.checks import check_node_count, check_options
 
-    options, rest = deploy_parser().parse_known_args(argv)
+    options, rest = deploy_parser().parse_known_args(attach_signed_numbers(argv))  # `--timeout -inf`: a value
     check_options(options, None)  # the deploy options alone: refused before the run's imports
     from fdlit.runs.experiment import Experiment, resume_experiment
 
@@ -66,8 +69,40 @@ def main(run_dir: str | None, argv: list[str]) -> int:
     import_flwr()
     # the client count as fit reads it from the config (no data is built)
     check_node_count(options, getattr(experiment.loop.data, "num_clients", None))
-    with stop_signals():  # `kill`, Ctrl-C and a closed terminal stop the deployment, never half of it
+    runs_parent = None if run_dir is not None else experiment.config["logger"]["run_dir"]
+    # `kill`, Ctrl-C and a closed terminal stop the deployment, never half of it
+    with deployment_locks(options, runs_parent), stop_signals():
         return run(options, fit_args)
+
+
+class DeploymentInUse(ConfigError):
+    """Another deploy holds the work folder or the run folder's parent."""
+
+    def __init__(self, folder: Path, holder: str, option: str = "deploy --work-dir"):
+        super().__init__(option, f"{folder} is in use by the deployment of {holder}; give each deployment its own "
+                         "folder (a deploy without --work-dir gets a temporary one)")
+
+
+@contextlib.contextmanager
+def deployment_locks(options, runs_parent: str | None):
+    """One deployment per ``--work-dir`` (its result and progress files, Flower's state) and per
+    ``logger.run_dir`` started here (the run folder it reports as its own): a second is refused in one line,
+    as a second process on a run folder is (``flock``: released when the holder ends in any way)."""
+    from fdlit.runs.directory import RunLock
+
+    locks = []
+    try:
+        if options.work_dir is not None:
+            Path(options.work_dir).mkdir(parents=True, exist_ok=True)
+            locks.append(RunLock(Path(options.work_dir), "deploy.lock", DeploymentInUse).acquire())
+        if runs_parent is not None and options.superlink is None:
+            Path(runs_parent).mkdir(parents=True, exist_ok=True)
+            locks.append(RunLock(Path(runs_parent), "deploy.lock", lambda folder, holder: DeploymentInUse(
+                folder, holder, "logger.run_dir")).acquire())
+        yield
+    finally:
+        for lock in locks:
+            lock.release()
 
 
 class Stopped(KeyboardInterrupt):
@@ -103,7 +138,7 @@ def run(options, fit_args: list[str]) -> int:
     """Start (or reach) the deployment, run, print the summary; every local process stopped at the end
     (done, failed, the SuperLink lost, or a stop signal)."""
     from fdlit.deployment.launcher import LocalDeployment, flower_env, work_folder
-    from fdlit.deployment.watch import DeploymentWatch, SuperLinkLost
+    from fdlit.deployment.watch import DeploymentWatch, NodeNeverJoined, SuperLinkLost
     from fdlit.federation import format_summary
     from fdlit.runs.directory import read_summary
 
@@ -127,6 +162,9 @@ def run(options, fit_args: list[str]) -> int:
         print(f"fdlit deploy: stopped by {signal.Signals(stop.signum).name}; every process started here was "
               f"stopped; {place.kept(options.superlink)}", file=sys.stderr)
         return 128 + stop.signum
+    except NodeNeverJoined as gone:
+        print(f"fdlit deploy: {gone}; every process started here was stopped", file=sys.stderr)
+        return 2 if gone.refused else 1
     except SuperLinkLost as lost:
         print(f"fdlit deploy: the SuperLink is gone ({lost}); every process started here was stopped; "
               f"{place.kept(options.superlink)}", file=sys.stderr)
@@ -136,6 +174,9 @@ def run(options, fit_args: list[str]) -> int:
         return 1
     if outcome["status"] != "done":
         where = f"; run directory {outcome['run_dir']}" if outcome.get("run_dir") else ""
+        if outcome.get("refused"):  # a node refused the run's config or its own data: bad input, exit status 2
+            print(f"fdlit deploy: {outcome['error']}{where}; every process started here was stopped", file=sys.stderr)
+            return 2
         print(f"fdlit deploy: the run failed: {outcome.get('error', 'unknown error')}{where}", file=sys.stderr)
         return 1
     if outcome.get("remote"):
@@ -180,6 +221,13 @@ class RunPlace:
         if (run_dir / "checkpoint.pt").exists():
             return (f"kept: {run_dir} with its last checkpoint; `python -m fdlit deploy --resume {run_dir}` "
                     f"continues it")
+        from fdlit.runs.checkpoint import completed_rounds
+
+        done = completed_rounds(run_dir)  # rounds may have completed before the first checkpoint was due
+        if done:
+            rounds = "round 1" if done == 1 else f"rounds 1 to {done}"
+            return (f"kept: {run_dir}: {rounds} completed (metrics.jsonl holds them) but no checkpoint was written, "
+                    "so there is nothing to continue from: run the config again to start anew")
         return f"kept: {run_dir}, without a checkpoint (no round completed): run the config again to start anew"
 
 

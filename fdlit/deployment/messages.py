@@ -30,6 +30,10 @@ class NodeFailure(RuntimeError):
     """A node did not answer in time or its worker failed."""
 
 
+class NodeRefused(NodeFailure):
+    """A node refused the run (code its operator does not allow, data it cannot use): its one line."""
+
+
 class NodeLink:
     """The ServerApp's side of the conversation with the node workers."""
 
@@ -89,6 +93,8 @@ class NodeLink:
                 if "error" in meta and tolerate and meta.get("error_kind") == "NumericalFault":
                     # the node's own clients diverged: an invalid reply, so a dropout of the round (the caller's)
                     meta = {**meta, "invalid": meta["error"].strip().splitlines()[-1]}
+                elif "error" in meta and meta.get("error_kind") == "ConfigError":
+                    raise NodeRefused(f"node {node} refused '{op}': {meta['error']}")
                 elif "error" in meta:
                     raise NodeFailure(f"node {node} failed '{op}':\n{meta['error']}")
                 self.node_cpu[node] = float(meta.get("cpu_s", self.node_cpu.get(node, 0.0)))

@@ -25,11 +25,14 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fdlit.deployment.wire import pack, unpack
+
+if TYPE_CHECKING:
+    from fdlit.code_allowlist import CodeAllowlist
 
 
 def peak_rss_bytes(pid: int | str = "self") -> int:
@@ -55,30 +58,41 @@ def from_bytes(t: torch.Tensor) -> Any:
     return torch.load(io.BytesIO(t.numpy().tobytes()), weights_only=True)
 
 
-def class_paths(node: Any) -> list[str]:
-    """Every ``class_path`` a parsed config names, however deep."""
-    if isinstance(node, dict):
-        own = [node["class_path"]] if isinstance(node.get("class_path"), str) else []
-        return own + [p for v in node.values() for p in class_paths(v)]
-    if isinstance(node, list):
-        return [p for v in node for p in class_paths(v)]
-    return []
+def node_allowlist(allowed: str) -> CodeAllowlist:
+    """The code a node's runs may name: fdlit's own classes and its operator's ``allowed-classes``
+    (``--node-config "allowed-classes='mylab.,torch.optim.'"``: comma-separated prefixes of dotted names)."""
+    from fdlit.code_allowlist import CodeAllowlist
+
+    prefixes = [p for p in str(allowed).split(",") if p.strip()]
+    return CodeAllowlist(prefixes, "the run names {names} ({key} in {file}); this node accepts fdlit's own classes "
+                         f"and names starting with {[p.strip() for p in prefixes]} (its operator adds prefixes to "
+                         "allowed-classes to accept more)")
 
 
-def check_class_paths(config_yaml: str, allowed: str) -> None:
+def check_class_paths(config_yaml: str, allowed: str, folder: Path | None = None) -> Path:
     """A node builds what the run's config names, so whoever submits a run chooses the code its node
-    runs. A node accepts fdlit's own classes and those its operator allows (``--node-config
-    "allowed-classes='mylab.,torch.optim.'"``: comma-separated prefixes of class paths); any other
-    class path refuses the run before anything is imported."""
-    import yaml
+    runs: the config (``config_yaml`` as the node received it, written to ``folder``/config.yaml) is
+    refused before anything of it is imported when it names code outside the node's allow-list, in any
+    spelling (:mod:`fdlit.code_allowlist`), or names a file of the node's machine (a ``config:`` list, a
+    section given as a path: the server sends the config resolved, so a node never reads its own files
+    for it). The file written back (``folder`` None: a temporary folder, removed again)."""
+    from fdlit.bounded_yaml import check_text
+    from fdlit.code_allowlist import check_config_files
+    from fdlit.errors import ConfigError
 
-    prefixes = ["fdlit.", *(p.strip() for p in str(allowed).split(",") if p.strip())]
-    refused = sorted({p for p in class_paths(yaml.safe_load(config_yaml)) if not p.startswith(tuple(prefixes))})
-    if refused:
-        from fdlit.errors import ConfigError
-
-        raise ConfigError("node-config allowed-classes", f"the run names {refused}; this node accepts class paths "
-                          f"starting with {prefixes} (add prefixes to allowed-classes to accept more)")
+    if folder is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            return check_class_paths(config_yaml, allowed, Path(tmp))
+    check_text(config_yaml, "the config the server sent", "config")
+    path = Path(folder) / "config.yaml"
+    path.write_text(config_yaml)
+    try:
+        check_config_files([path], node_allowlist(allowed), "node-config allowed-classes", follow_files=False)
+    except ConfigError as exc:
+        if exc.field == "node-config allowed-classes":
+            raise
+        raise ConfigError("node-config allowed-classes", f"the run's {exc}") from None
+    return path
 
 
 class NodeWorker:
@@ -98,7 +112,12 @@ class NodeWorker:
                 self._receive(meta.pop("live", None), tensors)
             out_meta, out = getattr(self, f"op_{op}")(meta, tensors)
         except Exception as exc:
-            out_meta, out = {"error": traceback.format_exc(), "error_kind": type(exc).__name__}, {}
+            from fdlit.errors import ConfigError
+
+            if isinstance(exc, ConfigError):  # the node refuses the run (its allow-list, its data): one line
+                out_meta, out = {"error": " ".join(str(exc).split()), "error_kind": "ConfigError"}, {}
+            else:
+                out_meta, out = {"error": traceback.format_exc(), "error_kind": type(exc).__name__}, {}
         out_meta.update(cpu_s=time.process_time(), peak_rss=peak_rss_bytes(), pid=os.getpid())
         return pack(out_meta, out)
 
@@ -131,22 +150,24 @@ class NodeWorker:
         return {"partition_id": None if part is None else int(part)}, {}
 
     def op_setup(self, meta, tensors):
+        from fdlit.code_allowlist import ImportGuard
         from fdlit.config import parse_fit
         from fdlit.runs.experiment import loop_from_config
 
-        check_class_paths(meta["config"], self.node_config.get("allowed-classes", ""))
-
+        allowed = self.node_config.get("allowed-classes", "")
         torch.set_num_threads(int(meta.get("threads") or torch.get_num_threads()))
         with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "config.yaml"
-            path.write_text(meta["config"])
+            path = check_class_paths(meta["config"], allowed, Path(tmp))  # before anything of it is imported
             # data-dir: where this machine keeps the dataset's files (the server's path may not exist here)
             local = ["--data.data_dir", str(self.node_config["data-dir"])] if self.node_config.get("data-dir") else []
-            parser, cfg = parse_fit(["--config", str(path), *local])
-        self.loop = loop_from_config(cfg, parser.instantiate(cfg), server=False)
+            # the walk refused every name outside the allow-list; the guard refuses any import it did not foresee
+            with ImportGuard(node_allowlist(allowed)):
+                parser, cfg = parse_fit(["--config", str(path), *local], node_allowlist(allowed))
+                self.loop = loop_from_config(cfg, parser.instantiate(cfg), server=False)
         self.ids = list(meta["clients"])
         self.loop.hosted = self.ids  # every client's network is drawn (the seeded init, as in fit); these train here
-        self.loop.setup()
+        with ImportGuard(node_allowlist(allowed)):
+            self.loop.setup()
         if self.node_config.get("local-data"):  # the node's own data replace its clients' partitions
             return {"clients": self.ids, "classes": self._use_local_data(str(self.node_config["local-data"]))}, {}
         return {"clients": self.ids}, {}

@@ -59,7 +59,11 @@ def main(grid: Grid, context: Context) -> None:
         experiment.run()
         outcome = {"status": "done"}
     except BaseException as exc:
+        from fdlit.deployment.messages import NodeRefused
+
         outcome = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        if isinstance(exc, NodeRefused):  # bad input to a node: its one line, and deploy's exit status 2
+            outcome.update(error=str(exc), refused=True)
         raise
     finally:
         if experiment is not None and experiment.run_path is not None:

@@ -27,6 +27,31 @@ class SuperLinkLost(RuntimeError):
     """The SuperLink this run was submitted to is gone (its process ended, or it stopped answering)."""
 
 
+class NodeNeverJoined(RuntimeError):
+    """A SuperNode started here ended before it joined: the deployment cannot have its clients. The
+    node's own reason (its last ``fdlit: error:`` line, else its log's last line) ends ``deploy``;
+    a refusal of its settings (exit status 2) is bad input, as ``deploy``'s own."""
+
+    def __init__(self, index: int, code: int, log: Path):
+        self.refused = code == 2
+        reason = last_reason(log)
+        super().__init__(f"SuperNode {index} exited before it joined ({describe_exit(code)})"
+                         + (f": {reason}" if reason else f"; see {log}"))
+
+
+def last_reason(log: Path, tail_bytes: int = 1 << 16) -> str:
+    """A node log's last ``fdlit: error:`` line (without the prefix), else its last line; read from its end."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - tail_bytes))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    errors = [ln for ln in lines if ln.startswith("fdlit: error: ")]
+    return (errors[-1].removeprefix("fdlit: error: ") if errors else lines[-1] if lines else "")[:500]
+
+
 class LogTail:
     """The lines appended to a file since the last read (a partial last line waits for its end)."""
 
@@ -90,6 +115,8 @@ class DeploymentWatch:
                     self.say(f"SuperNode {i} left (node id {node}: it deactivated itself)")
         for i in range(self.deployment.nodes):
             code = self.deployment.supernode(i).poll()
+            if code is not None and i not in self.gone and i not in self.node_ids:
+                raise NodeNeverJoined(i, code, self.tails[i].path)
             if code is not None and i not in self.gone:
                 self.gone.add(i)
                 self.say(f"SuperNode {i} left (node id {self.node_ids.get(i, 'unknown')}: its process ended, "

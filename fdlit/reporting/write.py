@@ -25,7 +25,7 @@ from fdlit.reporting.paper_figures import FORMATS, check_formats, paper_style, s
 from fdlit.reporting.runs import ACC, LOCAL, _k_sort, _method_sort, load_runs
 from fdlit.reporting.table import TIED_MARK, table1, table1_caption
 from fdlit.reporting.table_files import legend_markdown, markdown_text, table1_csv, table1_latex, table1_markdown
-from fdlit.runs.atomic_write import is_run_directory, write_file
+from fdlit.runs.atomic_write import enclosing_run_directory, is_run_directory, write_file
 
 
 def write_report(runs_dir: str | Path | list, out: str | Path | None = None, include_unfinished: bool = False,
@@ -114,11 +114,13 @@ def section_figures(runs, table, selected: bool):
 def default_out(roots: list[Path]) -> Path:
     """``<runs>/report`` for one folder; for run directories or several folders, ``report`` in the
     folder that holds them all (never inside a run directory)."""
-    if len(roots) == 1 and not is_run_directory(roots[0]):
+    if len(roots) == 1 and enclosing_run_directory(roots[0]) is None:
         return roots[0] / "report"
     common = Path(os.path.commonpath([os.path.abspath(r) for r in roots]))
-    while is_run_directory(common) and common != common.parent:
-        common = common.parent
+    enclosing = enclosing_run_directory(common)
+    while enclosing is not None and enclosing != enclosing.parent:  # never inside a run, at any depth
+        common = enclosing.parent
+        enclosing = enclosing_run_directory(common)
     return common / "report"
 
 
@@ -133,8 +135,10 @@ def check_out(out: Path) -> Path:
     """The report's folder: a folder or nothing yet, and not a run directory (its files are the run's)."""
     if out.exists() and not out.is_dir():
         raise ConfigError("out", f"must be a folder (or not exist yet), but {str(out)!r} is a file")
-    if is_run_directory(out):
-        raise ConfigError("out", f"{str(out)!r} is a run directory, whose files only its run writes; "
+    enclosing = enclosing_run_directory(out)
+    if enclosing is not None:
+        where = "a run directory" if is_run_directory(out) else f"inside the run directory {str(enclosing)!r}"
+        raise ConfigError("out", f"{str(out)!r} is {where}, whose files only its run writes; "
                           "choose another folder (by default <runs>/report)")
     probe = out
     while not probe.exists() and probe != probe.parent:

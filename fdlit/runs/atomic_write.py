@@ -37,6 +37,19 @@ def is_run_directory(folder: Path) -> bool:
     return (folder / "config.yaml").exists() and any((folder / name).exists() for name in RUN_MARKERS)
 
 
+def enclosing_run_directory(path: str | Path) -> Path | None:
+    """The run directory that ``path`` is in or is, at any depth (``RUN/sub/m.pt`` is in ``RUN``);
+    None when there is none. Links are followed, so a link into a run folder is inside it."""
+    folder = Path(os.path.abspath(path))
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    folder = folder.resolve()
+    for candidate in (folder, *folder.parents):
+        if is_run_directory(candidate):
+            return candidate
+    return None
+
+
 def check_target(path: str | Path, field: str = "out", run_dir: str | Path | None = None) -> Path:
     """Refuse (:class:`UnsafeTarget`, one line naming ``path``) a target that is not a regular file
     or nothing yet, one whose folder does not exist, and one inside a run directory other than
@@ -58,8 +71,9 @@ def check_target(path: str | Path, field: str = "out", run_dir: str | Path | Non
     if not path.parent.is_dir():
         raise UnsafeTarget(field, f"{str(path)!r}: its folder does not exist")
     own = run_dir is not None and _same(path.parent, Path(run_dir))
-    if not own and is_run_directory(path.parent):
-        raise UnsafeTarget(field, f"{str(path)!r} is inside the run directory {str(path.parent)!r}, whose files "
+    enclosing = None if own else enclosing_run_directory(path.parent)
+    if enclosing is not None:
+        raise UnsafeTarget(field, f"{str(path)!r} is inside the run directory {str(enclosing)!r}, whose files "
                            "only its run writes; write it somewhere else")
     return path
 

@@ -78,10 +78,14 @@ RESUMABLE_CHANGES = ("federation.rounds", "logger", "checkpoint")
 
 
 class CheckpointError(ConfigError):
-    """A checkpoint or run directory cannot be resumed; the message says why."""
+    """A checkpoint or run directory cannot be resumed (or exported: ``field``); the message says why."""
 
-    def __init__(self, message: str):
-        super().__init__("resume", message)
+    def __init__(self, message: str, field: str = "resume"):
+        super().__init__(field, message)
+
+
+# what a damaged checkpoint's line offers, per command: the kept checkpoint to use instead, or what is left to do
+RESUME_OFFER = ("continue from it with: python -m fdlit fit --resume {kept}", "start the run again")
 
 
 def write_failure(path: Path, cause: BaseException) -> OSError:
@@ -177,17 +181,18 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, field: str = "resume", offer: tuple[str, str] = RESUME_OFFER) -> dict[str, Any]:
     """Read a checkpoint with ``weights_only=True`` and verify its checksum; refuse pickled
-    objects, foreign files and damaged ones (naming the newest intact kept checkpoint)."""
+    objects, foreign files and damaged ones (naming the newest intact kept checkpoint, and what to do
+    with it: ``offer``), as a CheckpointError for ``field``."""
     path = Path(path)
     if path.is_dir():
         path = path / CHECKPOINT
     if not path.exists():
-        raise CheckpointError(f"no checkpoint at {path} (no round of that run completed?)")
+        raise CheckpointError(f"no checkpoint at {path} (no round of that run completed?)", field)
     state = read_verified(path)
     if isinstance(state, str):
-        raise CheckpointError(f"{state}; {offer_kept(path)}")
+        raise CheckpointError(f"{state}; {offer_kept(path, offer)}", field)
     if isinstance(state["loop"]["clients"], dict):  # versions 3 and 4: packed
         state["loop"]["clients"] = unpack_client_states(state["loop"]["clients"])
     return state
@@ -228,9 +233,9 @@ def read_verified(path: Path) -> dict[str, Any] | str:
     return state
 
 
-def offer_kept(damaged: Path) -> str:
+def offer_kept(damaged: Path, offer: tuple[str, str] = RESUME_OFFER) -> str:
     """The newest intact kept checkpoint (``checkpoint.keep``) other than ``damaged`` in its run
-    directory, as the command that resumes from it; or why there is none."""
+    directory, with the command that uses it (``offer[0]``); or why there is none and what to do (``offer[1]``)."""
     damaged = Path(damaged)
     run_dir = damaged.parent
     try:
@@ -241,9 +246,8 @@ def offer_kept(damaged: Path) -> str:
         if kept == damaged or kept.stat().st_ino == damaged_inode:
             continue
         if not isinstance(read_verified(kept), str):
-            return f"the newest intact checkpoint kept is round {round}'s; continue from it with: " \
-                   f"python -m fdlit fit --resume {kept}"
-    return "no intact earlier checkpoint is kept (checkpoint.keep); start the run again"
+            return f"the newest intact checkpoint kept is round {round}'s; " + offer[0].format(kept=kept)
+    return f"no intact earlier checkpoint is kept (checkpoint.keep); {offer[1]}"
 
 
 def check_config(config: dict[str, Any], rounds: int, state: dict[str, Any]) -> None:

@@ -1,5 +1,5 @@
-"""The local run directory every run writes, W&B or not; resume, sweep and report read it.
-This module is the only code that knows its file names.
+"""The local run directory every run writes, W&B or not; resume, sweep and report read it (within bounds:
+:mod:`fdlit.runs.run_files`). These two modules are the only code that knows its file names.
 
     <run_dir>/config.yaml         resolved config, written before training starts
     <run_dir>/metrics.jsonl       one JSON object per round, appended and fsynced as each round ends
@@ -44,10 +44,10 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: no locking
     fcntl = None
 
-CONFIG = "config.yaml"
-METRICS = "metrics.jsonl"
-COMMUNICATION = "communication.jsonl"
-SUMMARY = "summary.json"
+from fdlit.runs.run_files import (  # noqa: F401 (the bounded reading of a run's files, re-exported)
+    COMMUNICATION, CONFIG, DEFAULT_SIZE_LIMIT, MAX_CONFIG_VALUES, MAX_LINE, METRICS, SIZE_LIMITS, SUMMARY, MiB,
+    RunFileError, _expanded_size, check_lines, check_run_file, open_run_file, read_run_file,
+)
 CHECKPOINT = "checkpoint.pt"
 LOCK = "run.lock"
 
@@ -111,11 +111,16 @@ def write_atomic(path: Path, text: str) -> None:
 def append_jsonl(path: Path, rows: list[dict]) -> None:
     if not rows:
         return
-    with open(path, "a") as f:
-        for row in rows:
-            f.write(_row_text(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "a") as f:
+            for row in rows:
+                f.write(_row_text(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:  # a full disk reports no file from write or fsync: name the one being written
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+        raise
 
 
 def _row_text(row: dict) -> str:
@@ -128,23 +133,35 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def _parse_lines(path: Path) -> tuple[list[dict], list[int]]:
-    """(every readable row, numbers of the unreadable lines other than a torn last one)."""
+    """(every readable row, numbers of the unreadable lines other than a torn last one). Read a line at
+    a time, so that what is held is the rows and one line, never a whole file's text."""
     if not os.path.lexists(path):
         return [], []
-    lines = read_run_file(path).decode(errors="replace").split("\n")
-    check_lines(path, lines)
-    rows, bad = [], []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError("not an object")
-            rows.append(row)
-        except ValueError:
-            if n < len(lines) - (lines[-1] == ""):  # the last line may be torn by a kill mid-write
-                bad.append(n)
+    rows, bad, number = [], [], 0
+    with open_run_file(path) as (f, limit):
+        total = 0
+        while True:
+            raw = f.readline(MAX_LINE + 1)
+            if not raw:
+                break
+            number += 1
+            total += len(raw)
+            if total > limit:
+                raise RunFileError(path, f"is larger than {limit // MiB} MiB, the most fdlit reads of it")
+            if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
+                raise RunFileError(path, f"has a line longer than {MAX_LINE // MiB} MiB, the most fdlit reads of one line")
+            line = raw.decode(errors="replace")
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError("not an object")
+                rows.append(row)
+            except ValueError:
+                bad.append(number)
+    if bad and bad[-1] == number:  # the last line may be torn by a kill mid-write
+        bad.pop()
     return rows, bad
 
 
@@ -164,77 +181,6 @@ def read_summary(run_dir: Path) -> dict:
     text = read_run_file(path).decode(errors="replace")
     check_lines(path, text.split("\n"))
     return json.loads(text)
-
-
-# ---------------------------------------------------------------------------------- bounded reading
-# Caps far above what any run writes (a 1000-client run's metrics row is ~100 KiB), far below what
-# hangs or exhausts a reader; docs/reliability.md lists them.
-MiB = 2**20
-SIZE_LIMITS = {CONFIG: 16 * MiB, SUMMARY: 64 * MiB, METRICS: 1024 * MiB, COMMUNICATION: 2048 * MiB}
-DEFAULT_SIZE_LIMIT = 64 * MiB
-MAX_LINE = 16 * MiB
-MAX_CONFIG_VALUES = 1_000_000
-
-
-class RunFileError(ConfigError):
-    """A file of a run folder that fdlit refuses to read (one line naming it)."""
-
-    def __init__(self, path: Path, reason: str):
-        self.path, self.reason = Path(path), f"{Path(path).name} {reason}"
-        super().__init__("run_dir", f"{path} {reason}")
-
-
-def check_run_file(path: Path) -> Path:
-    """Refuse a run folder's file that is not a regular file, or a link out of its folder (a missing
-    file is the OSError it always was)."""
-    path = Path(path)
-    if path.is_symlink():
-        try:
-            inside = path.resolve(strict=True).is_relative_to(path.parent.resolve())
-        except (OSError, RuntimeError):  # a dangling link, a loop of links
-            raise RunFileError(path, "is a link that leads nowhere") from None
-        if not inside:
-            raise RunFileError(path, "is a link to a file outside its run folder; fdlit reads only the run's own files")
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise RunFileError(path, "is not a regular file (a device, pipe, socket or folder)")
-    return path
-
-
-def read_run_file(path: Path, limit: int | None = None) -> bytes:
-    """The bytes of a run folder's file, refused when it is no regular file inside the folder or
-    larger than its cap (``SIZE_LIMITS``): a link to /dev/zero is refused at once, not read forever."""
-    path = check_run_file(Path(path))
-    limit = limit or SIZE_LIMITS.get(path.name, DEFAULT_SIZE_LIMIT)
-    # O_NONBLOCK: a pipe swapped in after the check cannot block the open
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RunFileError(path, "is not a regular file (a device, pipe, socket or folder)")
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise RunFileError(path, f"is larger than {limit // MiB} MiB, the most fdlit reads of it")
-    return data
-
-
-def check_lines(path: Path, lines: list[str]) -> None:
-    longest = max((len(line) for line in lines), default=0)
-    if longest > MAX_LINE:
-        raise RunFileError(path, f"has a line longer than {MAX_LINE // MiB} MiB, the most fdlit reads of one line")
-
-
-def _expanded_size(node, budget: int) -> int:
-    """How many values ``node`` holds with every shared (aliased) part counted each time it occurs;
-    stops counting past ``budget``."""
-    count, stack = 0, [node]
-    while stack and count <= budget:
-        item = stack.pop()
-        count += 1
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return count
 
 
 def rebuild_logs(run_dir: Path, round: int, metrics: list[dict], messages: list[dict]) -> list[str]:

@@ -31,16 +31,15 @@ rebuild the network with its class (fdlit importable):
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import importlib
-import importlib.util
 import json
-import re
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from fdlit.code_allowlist import CodeAllowlist, ImportGuard, check_config_files
 from fdlit.errors import ConfigError, check_choice
 from fdlit.runs.atomic_write import check_target, write_file
 from fdlit.runs.checkpoint import CheckpointError, check_config, load_checkpoint, restore_checkpoint
@@ -62,9 +61,12 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
     """Write the chosen network of ``run_dir``'s checkpoint to ``out``; what was written (without the
     tensors) back. Every argument is checked before the run is rebuilt. The run is rebuilt from its
     config.yaml, whose class paths are imported: unless ``trust_config``, only fdlit's own classes
-    (:func:`check_trusted`)."""
+    (:data:`EXPORT_ALLOWLIST`)."""
     check_choice("format", format, FORMATS)
     path, out = Path(run_dir), Path(out)
+    checkpoint = path / CHECKPOINT
+    if path.is_file() and path.suffix == ".pt":  # a kept checkpoint of a run folder (checkpoint-r3.pt)
+        checkpoint, path = path, path.parent
     if not path.is_dir() or not (path / CONFIG).exists():
         raise CheckpointError(f"{run_dir!s} is not an fdlit run directory (no {CONFIG})")
     if client is not None and server:
@@ -78,8 +80,11 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
                               f"another suffix, e.g. {out.with_suffix('.pt').name}; got {str(out)!r}")
         check_target(card_path(out), "out")
     if not trust_config:
-        check_trusted(read_config(path), path / CONFIG)
-    state = load_checkpoint(path / CHECKPOINT)
+        check_config_files([path / CONFIG], EXPORT_ALLOWLIST)  # with its layers and section files, nothing imported
+    offer = (f"export it with: python -m fdlit export {{kept}} {'--server' if server else f'--client {client}'} "
+             f"--out {out}", f"nothing intact is left to export; train it again with: python -m fdlit fit --config "
+             f"{path / CONFIG}")
+    state = load_checkpoint(checkpoint, "run_dir", offer)
     loop_state = state["loop"]
     clients = loop_state["num_clients"]
     if server and loop_state.get("server") is None:
@@ -91,7 +96,7 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
     if not server and not (isinstance(client, int) and 0 <= client < clients):
         raise ConfigError("client", f"the run has {clients} client(s): 0..{clients - 1}; got {client!r}")
 
-    loop = _trained_loop(path, state)
+    loop = _trained_loop(path, state, trust_config)
     if server:
         module, spec, which, classes = loop.server.net, resolved(loop.server.spec, loop), "server", None
     else:
@@ -179,69 +184,28 @@ def final_metrics(path: Path, client: Optional[int]) -> dict[str, Any]:
     return mine
 
 
-DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+# a run's config.yaml may name fdlit's own classes only (in any spelling: fdlit.code_allowlist)
+EXPORT_ALLOWLIST = CodeAllowlist((), "{name!r} in {file} is not a class of fdlit; export imports only fdlit's own "
+                                 "classes from a run's config.yaml. If you trust this run folder and its code, add "
+                                 "--trust_config")
 
 
-def check_trusted(config: Any, where: Path, key: str = "") -> None:
-    """Refuse a run config that names code outside fdlit, before anything of it is imported: a
-    ``class_path`` that is not a class defined in fdlit, and any dotted name whose first part is a
-    module Python would find (``evilmod.Net`` beside ``evilmod.py``); looked up without importing."""
-    if isinstance(config, dict):
-        for k, v in config.items():
-            if not key and k == "logger":
-                continue  # names and folders: nothing in it is imported
-            name = f"{key}.{k}" if key else str(k)
-            if k == "class_path" and not (isinstance(v, str) and _fdlit_class(v)):
-                _refuse(name, v, where)
-            check_trusted(v, where, name)
-    elif isinstance(config, list):
-        for i, v in enumerate(config):
-            check_trusted(v, where, f"{key}[{i}]")
-    elif isinstance(config, str) and DOTTED.fullmatch(config):
-        top = config.split(".", 1)[0]
-        if (top == "fdlit" and not _fdlit_class(config)) or (top != "fdlit" and _findable(top)):
-            _refuse(key, config, where)
-
-
-def _refuse(key: str, value: Any, where: Path) -> None:
-    raise ConfigError(key or "config", f"{value!r} in {where} is not a class of fdlit; export imports only fdlit's "
-                      "own classes from a run's config.yaml. If you trust this run folder and its code, add "
-                      "--trust_config")
-
-
-def _findable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None  # finds the file, runs nothing
-    except (ImportError, ValueError):
-        return False
-
-
-def _fdlit_class(path: str) -> bool:
-    """Whether ``path`` names a class defined in fdlit (fdlit's modules are imported to look)."""
-    if not DOTTED.fullmatch(path) or path.split(".", 1)[0] != "fdlit":
-        return False
-    parts = path.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for attr in parts[i:]:
-            obj = getattr(obj, attr, None)
-        return isinstance(obj, type) and obj.__module__.split(".", 1)[0] == "fdlit"
-    return False
-
-
-def _trained_loop(path: Path, state: dict[str, Any]):
+def _trained_loop(path: Path, state: dict[str, Any], trust_config: bool = False):
     """The run's loop, rebuilt from its config with the checkpoint's state loaded (clients in this
     process: the sequential executor, whatever the run used)."""
     from fdlit.config import parse_fit
     from fdlit.execution import SequentialExecutor
     from fdlit.runs.experiment import Experiment, legacy_name
 
-    parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), "--logger.mode", "disabled"])
-    experiment = Experiment(cfg, parser, resume_from=path)
-    check_config(experiment.config, experiment.loop.rounds, state)  # a config.yaml edited since is refused
+    with contextlib.nullcontext() if trust_config else ImportGuard(EXPORT_ALLOWLIST):  # imports nothing unforeseen
+        parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), "--logger.mode", "disabled"],
+                                None if trust_config else EXPORT_ALLOWLIST)
+        experiment = Experiment(cfg, parser, resume_from=path)
+    try:
+        check_config(experiment.config, experiment.loop.rounds, state)  # a config.yaml edited since is refused
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path / CONFIG} differs from the config its checkpoint was written with (edited "
+                              "since the run?); export needs the config.yaml the run saved", "run_dir") from exc
     loop = experiment.loop
     loop.executor = SequentialExecutor()
     restore_checkpoint(loop, state)

@@ -114,8 +114,10 @@ def swept_values() -> dict[str, Any]:
     try:
         import yaml
 
-        params = yaml.safe_load(Path(path).read_text()) or {}
-    except Exception:  # an unreadable file: the default name still works
+        from fdlit.bounded_yaml import BoundedSafeLoader, read_bounded
+
+        params = yaml.load(read_bounded(path, "WANDB_SWEEP_PARAM_PATH"), Loader=BoundedSafeLoader) or {}
+    except Exception:  # an unreadable (or unbounded) file: the default name still works
         return {}
     return {k: v.get("value") for k, v in params.items() if isinstance(v, dict) and k != "wandb_version"}
 
