@@ -42,6 +42,10 @@ What the server shares besides G (``share``):
   one-line warning, when the clients' networks differ (a ``PerClient`` spec with different groups),
   where whole networks cannot be averaged and HtFLlib's variant is the FedGen that runs.
 
+A client's accuracies are its own network's as it holds it after the round's exchange (with
+``parameters`` the averaged network, with ``heads`` its own extractor under the global head); the
+server's generator is not evaluated.
+
 Other differences from the paper: it draws fresh (eps, y) every local step; here one
 set per round (the term must be the same under the vectorized executor). The authors' code adds a
 beta-weighted KL between the client's predictions on real data and on generated features of the same
