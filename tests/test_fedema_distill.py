@@ -171,3 +171,22 @@ def test_a_per_round_public_subset_keeps_the_ema_over_the_full_public_set(tmp_pa
     assert loop.round == 3 and loop.aggregator.ema.shape == (120, 10)
     fractions = [m["fedema/new_rows_fraction"] for m in loop.history]
     assert fractions[0] == 1.0 and fractions[-1] < 1.0  # later rounds meet samples aggregated before
+
+
+# ---------------------------------------------------------------- the default under label skew
+def teacher_accuracies(tmp_path, config, *extra):
+    argv = ["fit", "--config", config, "--logger.mode", "disabled", "--logger.progress", "false",
+            "--logger.run_dir", str(tmp_path), "--federation.rounds", "2", *extra]
+    assert main(argv) == 0
+    return [m["teacher/acc"] for m in read_jsonl(only_run(tmp_path) / "metrics.jsonl")]
+
+
+def test_the_default_teacher_stays_within_a_tenth_of_avgs_on_digits_at_two_classes_per_client(tmp_path):
+    """Digits, 20 clients of k = 2 classes (the shipped configs, 2 rounds): a trimmed mean or median cuts
+    the few clients that hold each class; the default (mean, beta 0.95) keeps the teacher near AVG's."""
+    ema = teacher_accuracies(tmp_path / "ema", CONFIG)
+    avg = teacher_accuracies(tmp_path / "avg", "digits_avg.yaml")
+    assert all(abs(e - a) <= 0.1 for e, a in zip(ema, avg, strict=True)), (ema, avg)
+    trimmed = teacher_accuracies(tmp_path / "trimmed", CONFIG, "--aggregator.init_args.robust", "trimmed_mean",
+                                 "--federation.rounds", "1")
+    assert trimmed[0] < avg[0] - 0.3  # what the default avoids

@@ -56,6 +56,13 @@ def test_server_averages_prototypes_weighted_by_class_counts():
     torch.testing.assert_close(out["global_prototypes"][1], protos[1][1])
     assert out["class_mask"].tolist() == [True, True] + [False] * 8
     assert not out["global_prototypes"][2:].any()
+    # weighting: mean (the authors' proto_aggregation, PFLlib): the plain mean over the class's holders
+    plain = FedProto(weighting="mean").aggregate(uploads, context_for([{"logits": torch.zeros(0, C)}] * 2)).broadcast
+    torch.testing.assert_close(plain["global_prototypes"][0], (protos[0][0] + protos[1][0]) / 2)
+    torch.testing.assert_close(plain["global_prototypes"][1], protos[1][1])  # client 0 does not hold class 1
+    assert plain["class_mask"].tolist() == out["class_mask"].tolist()
+    with pytest.raises(ConfigError, match=r"^aggregator.weighting: allowed: counts, mean; got 'median'$"):
+        FedProto(weighting="median")
 
 
 def test_a_clients_prototypes_are_its_mean_penultimate_features_per_class():

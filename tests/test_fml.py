@@ -1,4 +1,4 @@
-"""FML (Shen et al. 2020): the pair network (the private network's logits as the client's output,
+"""FML (Shen et al. 2020): the pair network (the evaluated network's logits as the client's output,
 both networks' logits to the loss), the loss against its formula by hand and its gradients (each
 network descends its own loss), one client's average is its own meme network, the bytes of a
 round, the vectorized executor against the sequential one, heterogeneous private networks, and
@@ -54,7 +54,7 @@ def test_a_plain_network_is_paired_with_a_fresh_copy_whose_forward_is_the_evalua
 
 
 def test_which_network_is_evaluated_changes_the_accuracies_not_the_training():
-    shared, private = loop_for(FML(), rounds=2), loop_for(FML(evaluate="private"), rounds=2)
+    shared, private = loop_for(FML(evaluate="shared"), rounds=2), loop_for(FML(), rounds=2)
     shared.fit()
     private.fit()
     for a, b in zip(shared.clients, private.clients, strict=True):

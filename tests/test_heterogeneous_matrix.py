@@ -113,8 +113,8 @@ def test_the_list_covers_every_shipped_config():
 
 
 def test_fedgen_sharing_parameters_is_refused_in_one_line_while_its_default_runs(tmp_path, capsys):
-    """FedGen's default (``share: heads``) runs in the matrix above; its paper setting averages whole
-    networks and is refused like FedAvg."""
+    """FedGen's default (``share: auto``) runs HtFLlib's ``heads`` in the matrix above; its paper setting
+    averages whole networks and, named, is refused like FedAvg."""
     argv = [*heterogeneous("digits_fedgen.yaml", tmp_path), "--aggregator.share", "parameters"]
     assert main(["fit", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -18,8 +18,8 @@ label (Hinton et al.'s KD at temperature T, weight gamma):
 
     L = CE(z(x), y) + gamma * T^2 * KL( softmax(G[y] / T) || softmax(z(x) / T) ),
 
-over the samples whose label some client holds. Predictions stay each client's own network: the
-exchange is a regulariser, so clients may run different architectures (``fdlit.models.PerClient``).
+over the samples whose label some client holds. Predictions, and so a client's accuracies, stay
+each client's own network's (G is not a model and is not evaluated): the exchange is a regulariser, so clients may run different architectures (``fdlit.models.PerClient``).
 
 Messages per client and round: ``class_logits`` (C x C float32) and ``class_mask`` (C bits) up,
 ``global_class_logits`` (C x C float32) and ``class_mask`` down. No set-up, no public set

@@ -50,10 +50,24 @@ class FedEMADistill(Aggregator):
 
     **choice** (the paper's text available to fdlit gives its ingredients, not every detail): the
     paper applies its EMA to a server-side global model that it distils from the aggregated logits;
-    fdlit's predictions exchange has no server model, so the EMA smooths the teacher itself, and it
-    smooths logits, the quantity the paper aggregates (not probabilities); the teacher is the
-    tempered softmax of the smoothed logits and the clients distil at the same T; defaults beta =
-    0.8, trim = 0.2 (the paper reports robustness to 10-20 % Byzantine clients), T = 2.
+    here the EMA smooths the teacher itself (fdlit's server model, :mod:`fdlit.federation.server`,
+    can be trained from it besides, but the clients distil from E), and it smooths logits, the
+    quantity the paper aggregates (not probabilities); the teacher is the tempered softmax of the
+    smoothed logits and the clients distil at the same T.
+
+    **Defaults: robust = mean, beta = 0.95, T = 2**, chosen for the label-skewed federations fdlit
+    studies. Under label skew each class is held by few clients (digits, k = 2 of 10 classes, 20
+    clients: about 4), and on a public sample of class c the holders are exactly the clients whose
+    logit for c is large: a trimmed mean cuts them as outliers (with trim 0.2 it cuts the 4 largest
+    values of every coordinate), and so does the median. Measured on digits at k = 2
+    (``configs/digits_fedema_distill.yaml``, seed 0), teacher accuracy on the public labels in
+    rounds 1-3: trimmed mean (trim 0.2, beta 0.8) 0.126 / 0.142 / 0.136, median 0.124 / 0.118 /
+    0.118, mean (beta 0.8) 0.868 / 0.756 / 0.726, AVG (``configs/digits_avg.yaml``) 0.936 / 0.914 /
+    0.872. The logit mean's teacher loses accuracy once the clients distil from it; a slower EMA keeps
+    it near its first aggregate while they catch up: with beta = 0.95 it stays within 0.08 of AVG's in
+    every one of 20 rounds (0.868 / 0.836 / 0.828 ... 0.908 against AVG's 0.936 / 0.914 / 0.872 ...
+    0.928; beta = 0.9: within 0.105). ``robust: trimmed_mean`` (the paper's robust aggregate, for
+    Byzantine clients under milder skew; trim 0.2 for 10-20 % of them) and ``median`` stay choices.
 
     Under a per-round public subset (``participation.public_fraction``) E is kept over the full
     public set and indexed by the round's public sample ids, so each row only ever mixes the same
@@ -69,7 +83,7 @@ class FedEMADistill(Aggregator):
     short_name = "fedema"
     label = "FedEMA-Distill"  # how tables and figures name the method
 
-    def __init__(self, beta: float = 0.8, robust: Literal["trimmed_mean", "median", "mean"] = "trimmed_mean",
+    def __init__(self, beta: float = 0.95, robust: Literal["trimmed_mean", "median", "mean"] = "mean",
                  trim: float = 0.2, temperature: float = 2.0):
         if not 0 <= beta < 1:
             raise ConfigError("aggregator.beta", f"must be in [0, 1), got {beta}")

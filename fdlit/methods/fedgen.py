@@ -25,19 +25,26 @@ round, client), so every executor and a resumed run train alike.
 
 What the server shares besides G (``share``):
 
-- ``heads`` (the default; HtFLlib's heterogeneous-model FedGen): the server also averages the
+- ``parameters`` (the paper's setting, Zhu et al. 2021): whole networks go up instead of heads and
+  are averaged as FedAvg averages them (:class:`fdlit.methods.fedavg.FedAvg`, weighted by n_k, the
+  initial model from client 0 at set-up), the server reads each head out of its parameter vector
+  (where it lies is sent once at set-up), and the global network comes down with G. One
+  architecture for every client: a ``PerClient`` spec with different groups is refused naming
+  ``model.class_path``.
+- ``heads`` (HtFLlib's heterogeneous-model FedGen, not the paper's): the server also averages the
   uploaded heads, each weighted by its client's sample count n_k / n (n_k = sum_c n_kc; HtFLlib
   weights them by the training-sample counts, not per class), and sends the global head down; each
   client loads it into its output layer on receipt, so the next round starts from it. Clients keep
   their own feature extractors, which may differ (``fdlit.models.PerClient``) as long as D agrees.
-  Differs from the paper in averaging the head only, not the whole network.
 - ``none``: heads stay local (nothing reaches a client's head about classes it does not hold, so on
   a class-partitioned federation the generator alone barely helps); kept for comparison.
-- ``parameters`` (the paper's setting): whole networks go up instead of heads and are averaged as
-  FedAvg averages them (:class:`fdlit.methods.fedavg.FedAvg`, weighted by n_k, the initial model
-  from client 0 at set-up), the server reads each head out of its parameter vector (where it lies is
-  sent once at set-up), and the global network comes down with G. One architecture for every client:
-  a ``PerClient`` spec with different groups is refused naming ``model.class_path``.
+- ``auto`` (the default): ``parameters`` when every client has the same network; ``heads``, with a
+  one-line warning, when the clients' networks differ (a ``PerClient`` spec with different groups),
+  where whole networks cannot be averaged and HtFLlib's variant is the FedGen that runs.
+
+A client's accuracies are its own network's as it holds it after the round's exchange (with
+``parameters`` the averaged network, with ``heads`` its own extractor under the global head); the
+server's generator is not evaluated.
 
 Other differences from the paper: it draws fresh (eps, y) every local step; here one
 set per round (the term must be the same under the vectorized executor). The authors' code adds a
@@ -60,6 +67,7 @@ these uploads is refused (the parameter-exchange flow does not clip or noise the
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -82,7 +90,7 @@ from fdlit.methods.fedavg import FedAvg, FedAvgClient, check_homogeneous, weight
 from fdlit.methods.parameters import exchanged_tensors
 
 CLIENT_DRAWS, SERVER_DRAWS, INIT = 0xF6C, 0xF65, 0xF61  # tags that keep the seeded streams apart
-SHARES = ("heads", "none", "parameters")  # what the server shares besides the generator
+SHARES = ("auto", "parameters", "heads", "none")  # what the server shares besides the generator
 
 
 def count(field: str, value: Any, minimum: int) -> int:
@@ -123,7 +131,7 @@ class FedGenClient(ClientPart):
     loss_state_keys = ("fedgen_features", "fedgen_labels")
     rowwise_loss = False  # the term does not depend on the batch's rows: added once, base as given
 
-    def __init__(self, alpha: float, generated: int, noise_dim: int, hidden: int, share: str = "heads"):
+    def __init__(self, alpha: float, generated: int, noise_dim: int, hidden: int, share: str = "parameters"):
         self.alpha, self.generated, self.noise_dim, self.hidden = alpha, generated, noise_dim, hidden
         self.fedavg = FedAvgClient() if share == "parameters" else None  # FedAvg's messages and loading
 
@@ -180,7 +188,7 @@ class FedGenClient(ClientPart):
 class FedGen(Aggregator):
     """FedGen (Zhu et al. 2021): the server trains G_w(z | y) against the clients' count-weighted heads;
     each client's loss gains alpha * CE(h(G(eps | y)), y); by default the server also averages the
-    heads (module docstring).
+    whole networks as FedAvg, the paper's setting (module docstring).
 
     Args:
         alpha: weight of the clients' generated-feature term (>= 0; with ``share: none``, 0 is local
@@ -192,9 +200,11 @@ class FedGen(Aggregator):
         generator_batch: (noise, label) draws per server step (>= 2: the diversity term compares pairs).
         generator_lr: the server's Adam learning rate (> 0).
         diversity: weight eta of the diversity term (>= 0).
-        share: what the server shares besides G: ``heads`` (the sample-weighted mean head, loaded by
-            every client; HtFLlib's variant), ``none`` (heads stay local) or ``parameters`` (FedAvg
-            of the whole networks, the paper's setting; one architecture only).
+        share: what the server shares besides G: ``parameters`` (FedAvg of the whole networks, the
+            paper's setting; one architecture only), ``heads`` (the sample-weighted mean head, loaded
+            by every client; HtFLlib's heterogeneous-model variant), ``none`` (heads stay local) or
+            ``auto`` (the default: ``parameters`` when the clients' networks are equal, else
+            ``heads`` with a warning).
     """
 
     short_name = "fedgen"
@@ -206,10 +216,10 @@ class FedGen(Aggregator):
 
     def __init__(self, alpha: float = 1.0, generated: int = 64, noise_dim: int = 32, hidden: int = 64,
                  generator_steps: int = 100, generator_batch: int = 64, generator_lr: float = 0.005,
-                 diversity: float = 1.0, share: str = "heads"):
+                 diversity: float = 1.0, share: str = "auto"):
         check_choice("aggregator.share", share, SHARES)
-        self.share = share
-        self.fedavg = FedAvg() if share == "parameters" else None  # the paper's setting: FedAvg besides G
+        self.share = share  # as configured; ``sharing``: what runs (auto resolved by check_config)
+        self.use("parameters" if share == "auto" else share)
         self.slices: torch.Tensor | None = None  # share: parameters: where the head lies in the vector
         self.alpha = check_number("aggregator.alpha", alpha, minimum=0.0, inclusive=True)
         self.generated = count("aggregator.generated", generated, 1)
@@ -221,12 +231,24 @@ class FedGen(Aggregator):
         self.diversity = check_number("aggregator.diversity", diversity, minimum=0.0, inclusive=True)
         self.generator: FeatureGenerator | None = None
 
+    def use(self, sharing: str) -> None:
+        self.sharing = sharing
+        self.fedavg = FedAvg() if sharing == "parameters" else None  # the paper's setting: FedAvg besides G
+
     def check_config(self, model: Any, client: Any) -> None:
-        if self.fedavg is not None:
+        if self.share == "auto":
+            try:
+                check_homogeneous(model, "FedGen (share: parameters)")
+                self.use("parameters")
+            except ConfigError:
+                warnings.warn("FedGen (share: auto): the clients' networks differ, so whole networks cannot be "
+                              "averaged; running HtFLlib's heterogeneous-model variant (share: heads)", stacklevel=2)
+                self.use("heads")
+        elif self.fedavg is not None:
             check_homogeneous(model, "FedGen (share: parameters)")
 
     def client_part(self) -> ClientPart:
-        return FedGenClient(self.alpha, self.generated, self.noise_dim, self.hidden, self.share)
+        return FedGenClient(self.alpha, self.generated, self.noise_dim, self.hidden, self.sharing)
 
     # ------------------------------------------------------------------ server part
     def server_setup(self, uploads: Uploads, ctx: ServerContext) -> dict[str, torch.Tensor]:
@@ -313,7 +335,7 @@ class FedGen(Aggregator):
                 opt.step()
         flat = torch.cat([p.detach().reshape(-1) for p in gen.parameters()]).float()
         broadcast = {"generator": flat, "label_counts": total.to(torch.int32), **averaged}
-        if self.share == "heads":
+        if self.sharing == "heads":
             broadcast.update(global_head(weights, biases, counts, with_bias="head_bias" in uploads[0]))
         return AggregationResult(teacher=None, broadcast=broadcast, stats={"fedgen/generator_loss": float(ce.detach())})
 

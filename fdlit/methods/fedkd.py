@@ -24,9 +24,12 @@ values, with T growing linearly over the rounds,
 
 The server rebuilds every g_k from its factors, averages them as FedAvg does,
 g = sum_k (n_k / n) g_k, compresses g with the same T(r) and sends its factors to every client,
-which sets its mentee to w + g~ (g~: the rebuilt g), so every client holds the same mentee. A
-client's accuracy (``global_acc``) is its **private** mentor network's (the pair's ``forward``);
-the mentee is the exchanged network.
+which sets its mentee to w + g~ (g~: the rebuilt g), so every client holds the same mentee.
+
+Which network is measured (``evaluate``): by default (``private``) a client's accuracies
+(``global_acc``, ``local_acc``) are its **mentor**'s (the pair's ``forward``), as the authors' code
+(its ``test()``) and PFLlib evaluate the mentor; ``evaluate: shared`` measures the mentee after the
+exchange instead. Training is the same under both.
 
 The two networks per client: :class:`fdlit.models.mutual.MutualPair` (the mentee's own spec in
 ``shared``; any other network is paired with a fresh copy of its own architecture). With
@@ -69,7 +72,7 @@ class FedKDClient(MutualClient):
 
     label = "FedKD"
 
-    def __init__(self, energy_start: float, energy_end: float, energy_rounds: int, evaluate: str = "shared"):
+    def __init__(self, energy_start: float, energy_end: float, energy_rounds: int, evaluate: str = "private"):
         self.energy_start, self.energy_end, self.energy_rounds = energy_start, energy_end, energy_rounds
         self.evaluate = evaluate
 
@@ -116,8 +119,9 @@ class FedKD(FedAvg):
         energy_start: T_start, where the energy share starts (round r keeps T(r), above it), in (0, 1].
         energy_end: T_end, the share kept from round ``energy_rounds`` on, in [energy_start, 1].
         energy_rounds: R, the rounds over which T grows from T_start to T_end (the paper: the run's rounds).
-        evaluate: the network each client's accuracies are measured with: ``shared`` (the mentee, the
-            model the federation trains) or ``private`` (the local mentor).
+        evaluate: the network each client's accuracies are measured with: ``private`` (the default:
+            the local mentor, as the authors' code and PFLlib measure it) or ``shared`` (the mentee
+            after the exchange).
     """
 
     short_name = "fedkd"
@@ -126,7 +130,7 @@ class FedKD(FedAvg):
     released = {"factors": "unbounded", "ranks": "clear"}
 
     def __init__(self, energy_start: float = 0.95, energy_end: float = 0.98, energy_rounds: int = 20,
-                 evaluate: str = "shared"):
+                 evaluate: str = "private"):
         super().__init__()
         self.evaluate = check_evaluate(evaluate)
         self.energy_start = check_energy("aggregator.energy_start", energy_start)

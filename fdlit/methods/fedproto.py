@@ -7,9 +7,12 @@ private phase client i sends, for every class c it holds, its local prototype an
 
     C_i[c] = (1 / n_ic) sum_{(x, y) in D_i, y = c} f_i(x),     n_ic = |{(x, y) in D_i : y = c}|,
 
-the server averages them per class, weighted by the counts,
+the server averages them per class, weighted by the counts (``weighting: counts``, the default),
 
     Cbar[c] = sum_i n_ic C_i[c] / sum_i n_ic,
+
+or, with ``weighting: mean``, as the authors' code (``proto_aggregation``) and PFLlib do, the plain
+mean over the clients holding c: Cbar[c] = (1 / |H_c|) sum_{i in H_c} C_i[c], H_c = {i : n_ic > 0}.
 
 and sends the global prototypes (and the mask of classes some client holds) to every client. From
 then on each private step's loss gains the prototype term
@@ -18,7 +21,8 @@ then on each private step's loss gains the prototype term
 
 over the samples whose class has a global prototype; D is the feature width (the authors' code
 takes the mean squared error over the D coordinates, which is this). The features are those of the
-step's own forward (``LossContext.features``). Predictions stay each client's own head; clients may
+step's own forward (``LossContext.features``). A client's accuracies are its own network's (its head
+on its own features; the paper's nearest-prototype classifier is not evaluated); clients may
 run different networks (``fdlit.models.PerClient``) provided their penultimate widths agree
 (prototypes are averaged coordinate-wise; other widths are refused).
 
@@ -34,9 +38,11 @@ from typing import Any
 
 import torch
 
-from fdlit.errors import ConfigError, check_number
+from fdlit.errors import ConfigError, check_choice, check_number
 from fdlit.methods.base import AggregationResult, Aggregator, ClientContext, ClientPart, ServerContext, Uploads
 from fdlit.methods.fd import class_means, holders_average, model_device, stack_uploads
+
+WEIGHTINGS = ("counts", "mean")  # the server's per-class average of the prototypes
 
 
 class FedProtoClient(ClientPart):
@@ -82,6 +88,9 @@ class FedProto(Aggregator):
 
     Args:
         lam: weight lambda of the prototype term (>= 0; 0 is local training).
+        weighting: how the server averages a class's prototypes: ``counts`` (weighted by the clients'
+            sample counts n_ic) or ``mean`` (the plain mean over the clients holding the class, as
+            the authors' code and PFLlib).
     """
 
     short_name = "fedproto"
@@ -90,8 +99,10 @@ class FedProto(Aggregator):
     needs_public_set = False
     released = {"prototypes": "unbounded", "class_counts": "unbounded"}
 
-    def __init__(self, lam: float = 1.0):
+    def __init__(self, lam: float = 1.0, weighting: str = "counts"):
         self.lam = check_number("aggregator.lam", lam, minimum=0.0, inclusive=True)
+        check_choice("aggregator.weighting", weighting, WEIGHTINGS)
+        self.weighting = weighting
 
     def client_part(self) -> ClientPart:
         return FedProtoClient(self.lam)
@@ -99,7 +110,8 @@ class FedProto(Aggregator):
     def aggregate(self, uploads: Uploads, ctx: ServerContext) -> AggregationResult:
         protos = stack_uploads(uploads, "prototypes", "FedProto", " (every client's penultimate width must agree)")
         counts = torch.stack([u["class_counts"].to(protos.device) for u in uploads])
-        global_protos, held = holders_average(protos, counts)
+        weights = counts if self.weighting == "counts" else (counts > 0).to(counts.dtype)
+        global_protos, held = holders_average(protos, weights)
         return AggregationResult(teacher=None, broadcast={"global_prototypes": global_protos, "class_mask": held},
                                  stats={"fedproto/held_classes": float(held.sum())})
 

@@ -17,9 +17,13 @@ w_k; the server averages them as FedAvg does,
 
     w = sum_k (n_k / n) w_k,   n_k = |D_k|,   n = sum over the round's arrived clients,
 
-and sends w to every client, which loads it into its meme network. A client's accuracy (the
-metrics' ``global_acc``) is its **private** network's (the pair's ``forward``), the model FML
-personalises; the meme network is the exchanged one.
+and sends w to every client, which loads it into its meme network.
+
+Which network is measured (``evaluate``): by default (``private``) a client's accuracies
+(``global_acc``, ``local_acc``) are its **private** network's (the pair's ``forward``), the
+personalised model FML puts forward, as PFLlib's FML evaluates its clients' local models;
+``evaluate: shared`` measures the meme network after the exchange instead (the averaged model, the
+one comparable with FedAvg's). Training is the same under both.
 
 The two networks per client: :class:`fdlit.models.mutual.MutualPair` (one module; any other
 network is paired with a fresh copy of its own architecture). With ``fdlit.models.PerClient`` the
@@ -61,7 +65,7 @@ class FMLClient(MutualClient):
 
     label = "FML"
 
-    def __init__(self, alpha: float, beta: float, evaluate: str = "shared"):
+    def __init__(self, alpha: float, beta: float, evaluate: str = "private"):
         self.alpha, self.beta, self.evaluate = alpha, beta, evaluate
 
     def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
@@ -88,16 +92,16 @@ class FML(FedAvg):
     Args:
         alpha: weight of the private network's cross-entropy, in [0, 1] (1 - alpha: its KL to the meme network).
         beta: weight of the meme network's cross-entropy, in [0, 1] (1 - beta: its KL to the private network).
-        evaluate: the network each client's global and local accuracy are measured with: ``shared`` (the
-            meme network, the model the federation trains; comparable with the other methods' clients)
-            or ``private`` (the personalised local network).
+        evaluate: the network each client's global and local accuracy are measured with: ``private``
+            (the default: the personalised local network, the model FML puts forward) or ``shared`` (the
+            meme network after the exchange, the averaged model).
     """
 
     short_name = "fml"
     label = "FML"
     needs_public_set = False
 
-    def __init__(self, alpha: float = 0.5, beta: float = 0.5, evaluate: str = "shared"):
+    def __init__(self, alpha: float = 0.5, beta: float = 0.5, evaluate: str = "private"):
         super().__init__()
         self.alpha = check_fraction("aggregator.alpha", alpha)
         self.beta = check_fraction("aggregator.beta", beta)

@@ -79,7 +79,7 @@ class MutualClient(ClientPart):
     label = "mutual"
     needs_features = True
     rowwise_loss = False
-    evaluate = "shared"  # which network the client is measured (and predicts) with
+    evaluate = "private"  # which network the client is measured (and predicts) with
 
     def client_network(self, model: torch.nn.Module, seed: int) -> torch.nn.Module:
         model = paired(model, seed + 0x5EED)
@@ -109,7 +109,7 @@ class MutualClient(ClientPart):
         return split_logits(ctx.features)
 
 
-EVALUATED = ("shared", "private")
+EVALUATED = ("private", "shared")
 
 
 def check_evaluate(value: str) -> str:
