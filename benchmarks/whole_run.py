@@ -94,17 +94,20 @@ FASHION_MLP = [
 
 def setting_commands(args: argparse.Namespace, runs: str) -> dict[str, list[str]]:
     """The commands one repeat runs, the baseline first."""
-    fit = [sys.executable, "-m", "fdlit", "fit", "--federation.rounds", str(args.rounds), "--logger.progress", "false",
-           "--logger.run_dir", runs]
     plain = [sys.executable, "benchmarks/plain_fd.py", "--rounds", str(args.rounds)]
     if args.setting == "fashion_lenet":
-        fit += ["--config", "configs/fashion_mnist.yaml", "--logger.mode", "disabled"]
+        config = ["--config", "configs/fashion_mnist.yaml"]
+    elif args.setting == "fashion_mlp":
+        config, plain = FASHION_MLP, plain + ["--setting", "fashion_mlp"]
+    else:
+        config = ["--config", args.config]
+    # the config files first: a --config sets every key it holds, flags before it included
+    fit = [sys.executable, "-m", "fdlit", "fit", *config, "--federation.rounds", str(args.rounds),
+           "--logger.progress", "false", "--logger.run_dir", runs]
+    if args.setting == "fashion_lenet":
+        fit += ["--logger.mode", "disabled"]
         return {"fdlit, sequential executor": fit + ["--federation.executor", "fdlit.execution.SequentialExecutor"],
                 "fdlit, default executor": fit}
-    if args.setting == "fashion_mlp":
-        fit, plain = fit + FASHION_MLP, plain + ["--setting", "fashion_mlp"]
-    else:
-        fit += ["--config", args.config]
     return {"plain PyTorch loop": plain, "fdlit, W&B offline": fit + ["--logger.mode", "offline"],
             "fdlit, W&B disabled": fit + ["--logger.mode", "disabled"]}
 
