@@ -54,7 +54,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.execution.batch_plan import batch_plan, client_inputs, step_calls
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
-from fdlit.execution.grouped import GroupedNetwork, grouped_training_step
+from fdlit.execution.grouped import AUTO_PRECISIONS, GroupedNetwork, grouped_applies, grouped_training_step
 from fdlit.execution.stack_memory import auto_chunk_size, client_memory_bytes, free_device_memory
 from fdlit.execution.stacked_optimizer import StackedOptimizer
 from fdlit.execution.stacking import ParamStack, select_rows
@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 
     from fdlit.clients import ClientModule
 
-GROUPED_PRECISIONS = ("32-true", "64-true", "32", "64")  # no autocast: vmap's path handles mixed BatchNorm
+GROUPED_PRECISIONS = AUTO_PRECISIONS["cpu"]  # those at which the grouped network runs on a CPU by default
 
 __all__ = ["VectorizedExecutor", "architecture_key", "auto_chunk_size", "client_memory_bytes", "free_device_memory",
            "split_input", "unsupported_reason"]
@@ -113,6 +113,7 @@ class VectorizedExecutor(ClientExecutor):
             raise ConfigError("federation.executor.conv_network", f"allowed: auto, grouped, vmap; got {conv_network!r}")
         self.conv_network = conv_network
         self._grouped: dict[tuple, GroupedNetwork | None] = {}
+        self.forms: set[str] = set()  # the forms the stacked forwards ran in: "grouped", "vmap"
         self._precision = "32-true"
         self.eval_batch_size = eval_batch_size
         self.strict = strict
@@ -277,15 +278,22 @@ class VectorizedExecutor(ClientExecutor):
 
     def _grouped_network(self, client: ClientModule, net, sample: torch.Tensor) -> GroupedNetwork | None:
         """The grouped form of the network (``conv_network``), or None for the vmapped one.
-        ``sample``: one input of one client, after its input module."""
-        if (self.conv_network == "vmap" or self.compile_backend is not None or client.needs_features
-                or self._precision not in GROUPED_PRECISIONS
-                or (self.conv_network == "auto" and sample.device.type != "cpu")):
-            return None
-        key = (self._keys[client.client_id], tuple(sample.shape[1:]), sample.dtype)
-        if key not in self._grouped:
-            self._grouped[key] = None if has_tied_tensors(net) else GroupedNetwork.build(net, sample)
-        return self._grouped[key]
+        ``sample``: one input of one client, after its input module. Records the form in ``forms``."""
+        grouped = None
+        if (not client.needs_features
+                and grouped_applies(self.conv_network, sample.device.type, self._precision)):
+            key = (self._keys[client.client_id], tuple(sample.shape[1:]), sample.dtype)
+            if key not in self._grouped:
+                self._grouped[key] = None if has_tied_tensors(net) else GroupedNetwork.build(net, sample)
+            grouped = self._grouped[key]
+            if grouped is not None and self.conv_network == "auto" and not grouped.pays_on(sample.device.type):
+                grouped = None
+        self.forms.add("vmap" if grouped is None else "grouped")
+        return grouped
+
+    def _grouped_forward(self, grouped: GroupedNetwork):
+        """The grouped network's forward, compiled with ``federation.compile``."""
+        return grouped if self.compile_backend is None else grouped.compiled(self.compile_backend)
 
     def _step_function(self, client: ClientModule, phase: str, net, names: list[str], prefix: str,
                        sample: torch.Tensor):
@@ -295,7 +303,8 @@ class VectorizedExecutor(ClientExecutor):
         architecture and phase and reused (a new function per call would recompile every phase)."""
         grouped = self._grouped_network(client, net, sample)
         if grouped is not None:
-            return grouped_training_step(TrainingStep(client, net, logits_in=True), grouped, names, prefix)
+            return grouped_training_step(TrainingStep(client, net, logits_in=True), grouped, names, prefix,
+                                         self._grouped_forward(grouped))
         key = (self._keys[client.client_id], phase)
         if self.compile_backend is not None and key in self._compiled:
             step, fn = self._compiled[key]
@@ -368,8 +377,10 @@ class VectorizedExecutor(ClientExecutor):
                     if fn is None:
                         grouped = self._grouped_network(group[0], net, xb[:1] if shared else xb[0, :1])
                         if grouped is not None:
-                            forward_fn = functools.partial(grouped, training=False, shared=shared)
-                            batch = grouped.inference_batch(max(2, len(group)), stack.params[0].element_size(), batch)
+                            forward_fn = functools.partial(self._grouped_forward(grouped), training=False,
+                                                           shared=shared)
+                            batch = grouped.inference_batch(max(2, len(group)), stack.params[0].element_size(), batch,
+                                                            xb.device.type)
                             xb = xb[:batch] if shared else xb[:, :batch]  # the input module is per sample
                         else:
                             forward_fn = vmap(functools.partial(forward, net, tied), in_dims=(0, 0, None if shared else 0))
