@@ -2,9 +2,9 @@
 
 Per group of same-architecture clients, each parameter is stacked into one ``M x shape`` tensor for
 the length of a phase. Every step runs the loss vmapped over the stack (``torch.func.vmap``) and one
-backward pass of the summed losses (each client's gradient lands in its own slice); on a CPU a
-convolutional chain's forward runs as one grouped network instead of under vmap
-(:mod:`fdlit.execution.grouped`; the loss is still vmapped, on each client's logits), so
+backward pass of the summed losses (each client's gradient lands in its own slice); a convolutional
+network's forward (ResNet-18 on CUDA, small ones on a CPU) runs as one grouped network instead of under
+vmap (:mod:`fdlit.execution.grouped`; the loss is still vmapped, on each client's logits), so
 each client computes its own forward/backward on its own batch, and the optimizer update runs
 once on the stack (Adam/AdamW: ``torch.optim``'s fused kernel; SGD: its single-tensor arithmetic).
 At the end of the phase parameters and optimizer state are written back into each
@@ -18,7 +18,7 @@ Same computation as :class:`~fdlit.execution.executor.SequentialExecutor`:
 * different private-set sizes: batches are padded to a common length with zero-weight samples and
   the loss is ``sum(w * ce) / sum(w)`` (= the batch mean); a client that has run out of batches is
   left out of the step, so its parameters, moments and step count do not move;
-* BatchNorm: running statistics are stacked per client and updated in place under vmap; padding
+* BatchNorm: running statistics are stacked per client and updated in place (each client's slice); padding
   would enter the batch statistics, so models with BatchNorm are not padded: clients whose
   batches differ in length at a step run as separate vmapped calls (only at epoch ends);
 * per-client Adam step counts (bias correction) and learning rates;
@@ -97,12 +97,12 @@ class VectorizedExecutor(ClientExecutor):
             computation is its own). null: all clients of a group at once, except on a CUDA device,
             where the chunk is chosen from the device's free memory (:func:`auto_chunk_size`).
         conv_network: how a stack of convolutional networks computes its forward: ``grouped`` as one
-            grouped network without vmap (:mod:`fdlit.execution.grouped`: networks that are a chain of
-            supported layers starting with a convolution, at 32-true or 64-true precision), ``vmap``
-            under ``torch.func.vmap``, ``auto``: grouped on a CPU (a 2-round Fashion-MNIST run with
-            LeNet-5 at 0.51x the sequential executor's CPU, under vmap 1.09x:
-            docs/speed-and-scale.md), vmap elsewhere (not measured on a GPU). Networks the grouped
-            form does not cover run under vmap in every setting.
+            grouped network without vmap (:mod:`fdlit.execution.grouped`: convolutions, BatchNorm,
+            residual blocks, pooling, activations, Flatten, Linear; ResNet-18, LeNet-5, SmallCNN),
+            ``vmap`` under ``torch.func.vmap``, ``auto``: grouped on a CPU at 32/64-bit for networks
+            up to ``CPU_MAX_GROUPED_FLOPS`` (LeNet-5: 0.51x the sequential executor's CPU in a
+            2-round run, docs/speed-and-scale.md; ResNet-18 is slower grouped there) and on CUDA (bf16
+            too), vmap elsewhere. Networks the grouped form does not cover run under vmap.
     """
 
     def __init__(self, eval_batch_size: int = 128, strict: bool = False, chunk_size: int | None = None,
