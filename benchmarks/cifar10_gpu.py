@@ -4,7 +4,9 @@ sequential vs vectorized (the grouped network), for M = 20 and M = 100 clients. 
     python benchmarks/cifar10_gpu.py --suite
 
 (under 8 minutes on one H100 / H200: each cell runs in a fresh process within ``--budget_s``, 450 s in
-all; a cell stopped at its share reports the rounds it finished). On a CPU-only machine
+all; a cell stopped at its share reports the rounds it finished; sequential at M = 100, ~4 minutes a
+round, is given as 5 x its M = 20 round, the clients running one after another, when the budget left
+cannot hold it). On a CPU-only machine
 ``--suite --smoke`` runs the same cells at toy size (M = 5 and 6, a few images; the numbers mean nothing;
 ``--model SmallCNN`` makes it quick).
 
@@ -41,16 +43,15 @@ same code on a CPU (used by the test suite; the numbers then mean nothing).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import warnings
+
+from cifar10_measure import UtilisationSampler, round_flop, synthetic_cifar10
 
 EXECUTORS = {
     "sequential": "fdlit.execution.SequentialExecutor",
@@ -60,94 +61,6 @@ EXECUTORS = {
 PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0),
                ("A100", 312.0), ("L40S", 362.0))
 SUITE = [(20, "vectorized", 3), (20, "sequential", 2), (100, "vectorized", 2), (100, "sequential", 1)]
-CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-
-
-def synthetic_cifar10(train: int, test: int):
-    """Random uint8 images with CIFAR-10's shape, labels and input module (for timing only)."""
-    from functools import partial
-
-    import torch
-
-    from fdlit.data.augment import ImageInput
-    from fdlit.data.datasets import TensorDataset
-
-    g = torch.Generator().manual_seed(0)
-    transform = partial(ImageInput, mean=CIFAR10_MEAN, std=CIFAR10_STD, augment=True)
-    out = []
-    for n, name in ((train, "train"), (test, "test")):
-        x = torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8)
-        y = torch.arange(n) % 10
-        out.append(TensorDataset(x, y, 10, f"cifar10-synthetic/{name}", input_transform=transform))
-    return out[0], out[1]
-
-
-class UtilisationSampler:
-    """Samples GPU utilisation (%) in a thread while ``active`` is set."""
-
-    def __init__(self, device_index: int = 0, every: float = 0.2):
-        self.samples: list[float] = []
-        self.active = threading.Event()
-        self._stop = threading.Event()
-        self._read = self._reader(device_index)
-        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
-        if self._read is not None:
-            self._thread.start()
-
-    @staticmethod
-    def _reader(index: int):
-        import torch
-
-        try:
-            torch.cuda.utilization(index)
-            return lambda: float(torch.cuda.utilization(index))
-        except Exception:  # no pynvml
-            pass
-        if shutil.which("nvidia-smi"):
-            cmd = ["nvidia-smi", "-i", str(index), "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
-            return lambda: float(subprocess.run(cmd, capture_output=True, text=True).stdout.strip())
-        return None
-
-    def _run(self, every: float) -> None:
-        while not self._stop.is_set():
-            if self.active.is_set():
-                with contextlib.suppress(Exception):  # a sample the tool could not give is skipped
-                    self.samples.append(self._read())
-            time.sleep(every)
-
-    def mean(self) -> float:
-        return statistics.mean(self.samples) if self.samples else float("nan")
-
-
-def step_flop(model_name: str, batch: int, train: bool) -> float:
-    """Model FLOPs of one batch (forward, or forward + backward), counted on the meta device."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from fdlit.models import ResNet18, SmallCNN
-
-    with torch.device("meta"):
-        shape = dict(input_shape=(3, 32, 32), num_classes=10)
-        net = ResNet18(**shape, stem="cifar") if model_name == "ResNet18" else SmallCNN(**shape)
-        x = torch.empty(batch, 3, 32, 32)
-    with FlopCounterMode(display=False) as counter:
-        out = net(x)
-        if train:
-            out.sum().backward()
-    return float(counter.get_total_flops())
-
-
-def round_flop(loop, args, first: bool = False) -> float:
-    """Model FLOPs of one round: private and public training epochs, the public and calibration
-    predictions, and the two evaluations on the test set (after each phase), for every client."""
-    train, forward = step_flop(args.model, 1, True), step_flop(args.model, 1, False)
-    data = loop.data
-    private = sum(len(s.train) for s in data.clients)
-    calibration = sum(len(s.calibration) for s in data.clients if s.calibration is not None)
-    clients, public, test = len(data.clients), len(data.public), len(data.test)
-    epochs = (args.first_epochs or args.epochs) if first else args.epochs
-    return (epochs * (private + clients * public) * train
-            + (clients * public + calibration + 2 * clients * test) * forward)
 
 
 def worker(args) -> None:
@@ -315,6 +228,15 @@ def suite(args) -> None:
         if left < 30:
             print(f"{name}, M={m}: not run (time budget spent)", file=sys.stderr)
             continue
+        smaller = next((m0 for (m0, n0), r in results.items() if n0 == name == "sequential" and r and m0 < m), None)
+        if smaller is not None:  # clients one after another: M / M0 times the smaller round
+            r0, factor = results[(smaller, name)], m / smaller
+            estimate = factor * rate(r0, args)[0]
+            if estimate * 1.1 + 30 > left:
+                results[(m, name)] = {**r0, "first": float("nan"), "flop": factor * r0["flop"],
+                                      "times": [t * factor for t in (r0["times"] or [r0["first"]])],
+                                      "extrapolated": f"{factor:g} x the M={smaller} round, not run (~{estimate:.0f} s)"}
+                continue
         share = left if k == len(cells) - 1 else max(30.0, left / (len(cells) - k) * (1.5 if m > 20 else 1.0))
         results[(m, name)] = run_cell(args, name, m, rounds, timeout=min(left, share))
     ran = [r for r in results.values() if r is not None]
@@ -332,7 +254,7 @@ def suite(args) -> None:
         seconds, tflops, peak = rate(r, args)
         base = results.get((m, "sequential"))
         speedup = rate(base, args)[0] / seconds if base else float("nan")
-        timed = f"{len(r['times'])} after round 1" if r["times"] else "round 1 only"
+        timed = r.get("extrapolated") or (f"{len(r['times'])} after round 1" if r["times"] else "round 1 only")
         print(f"| {m} | {name} ({', '.join(r['forms']) or '-'}) | {r['first']:.1f} | {seconds:.2f} | {speedup:.2f}x "
               f"| {tflops:.3g} | {peak:.3g} | {r['util']:.0f} | {r['peak_gib']:.2f} | {timed} |")
     print(json.dumps({"args": vars(args), "results": {f"{m}/{n}": r for (m, n), r in results.items()}}))
