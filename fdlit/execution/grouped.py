@@ -200,8 +200,11 @@ class GroupedNetwork:
             return limit
         return max(1, min(limit, INFERENCE_ACTIVATION_BYTES // max(1, self.widest * clients * element_size)))
 
-    def compiled(self, backend: str):
-        """This network's forward compiled with ``torch.compile(backend=backend)``, once."""
+    def compiled(self, backend: str | None):
+        """This network's forward compiled with ``torch.compile(backend=backend)`` (once; the
+        ``federation.compile_backend`` when ``federation.compile`` is on), or itself for None."""
+        if backend is None:
+            return self
         if self._compiled is None or self._compiled[0] != backend:
             self._compiled = (backend, torch.compile(self.__call__, backend=backend))
         return self._compiled[1]

@@ -291,10 +291,6 @@ class VectorizedExecutor(ClientExecutor):
         self.forms.add("vmap" if grouped is None else "grouped")
         return grouped
 
-    def _grouped_forward(self, grouped: GroupedNetwork):
-        """The grouped network's forward, compiled with ``federation.compile``."""
-        return grouped if self.compile_backend is None else grouped.compiled(self.compile_backend)
-
     def _step_function(self, client: ClientModule, phase: str, net, names: list[str], prefix: str,
                        sample: torch.Tensor):
         """vmap(grad_and_value(loss)) over a stack, with ``client`` as the template whose parameters
@@ -304,7 +300,7 @@ class VectorizedExecutor(ClientExecutor):
         grouped = self._grouped_network(client, net, sample)
         if grouped is not None:
             return grouped_training_step(TrainingStep(client, net, logits_in=True), grouped, names, prefix,
-                                         self._grouped_forward(grouped))
+                                         grouped.compiled(self.compile_backend))
         key = (self._keys[client.client_id], phase)
         if self.compile_backend is not None and key in self._compiled:
             step, fn = self._compiled[key]
@@ -377,7 +373,7 @@ class VectorizedExecutor(ClientExecutor):
                     if fn is None:
                         grouped = self._grouped_network(group[0], net, xb[:1] if shared else xb[0, :1])
                         if grouped is not None:
-                            forward_fn = functools.partial(self._grouped_forward(grouped), training=False,
+                            forward_fn = functools.partial(grouped.compiled(self.compile_backend), training=False,
                                                            shared=shared)
                             batch = grouped.inference_batch(max(2, len(group)), stack.params[0].element_size(), batch,
                                                             xb.device.type)
