@@ -73,8 +73,10 @@ def sweep_parser() -> ArgumentParser:
 def report_parser() -> ArgumentParser:
     parser = ArgumentParser(description="Write Table 1, Figure 2, App. B curves, chi and bytes figures from local runs.",
                             allow_abbrev=False)
-    parser.add_argument("runs", type=str, help="Folder holding run directories (searched recursively).")
-    parser.add_argument("--out", type=str | None, default=None, help="Output folder; null gives <runs>/report.")
+    parser.add_argument("runs", type=str, nargs="+", help="Folders holding run directories (searched recursively, "
+                        "links to folders followed) or run directories: fdlit report runs, fdlit report runs/A runs/B.")
+    parser.add_argument("--out", type=str | None, default=None, help="Output folder; null gives <runs>/report (for "
+                        "several folders or run directories, report in the folder that holds them).")
     parser.add_argument("--include_unfinished", action=ActionYesNo, default=False,
                         help="Also use runs that did not finish (crashed or still running).")
     parser.add_argument("--include_duplicates", action=ActionYesNo, default=False,

@@ -19,6 +19,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader
 
 from fdlit.adversaries import Adversaries
 from fdlit.clients import ClientOptimization
+from fdlit.clients.lightning_habits import command_hint, flag_hint
 from fdlit.config_files import key_line, read_yaml
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, UnknownConfigKey, import_hint
@@ -196,7 +197,7 @@ def _unknown_key(dotted: str, parser: ArgumentParser, files: list[str], command:
             near = _close(dotted, [o for o in options if o.count(".") == dotted.count(".")])
         else:  # an init argument of a class_path: the class's own arguments
             prefix, _, leaf = dotted.rpartition(".")
-            near = [f"{prefix}.{c}" for c in _close(leaf, leaf_candidates)]
+            near = [f"{prefix}.{c}" for c in _close(leaf, leaf_candidates, cutoff=0.6)]  # few names: `tua` is `tau`
         hint = f"did you mean {near[0]}?" if near else f"`fdlit {command} --help` lists every option"
         return UnknownConfigKey(dotted, f"no such option ({hint})", file, line)
     return None
@@ -276,8 +277,11 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
     problem = re.search(r"Problem with given class_path '([^']+)':\s*(.*)", text, re.DOTALL)
     if keys and problem and _import_class(problem.group(1)) is None:
         return _unresolved_class(keys[0], problem.group(1), parser, files)
-    unaccepted = re.search(r"Group '([^']+)' does not accept option '([^']+)'|Option '([^']+)' is not accepted", text)
-    key = unaccepted and (unaccepted.group(2) or unaccepted.group(3))
+    # jsonargparse's words for a key no option has: in a group, in a class's arguments, or (parsed
+    # through a subcommand) the whole dotted key
+    unaccepted = re.search(r"Group '([^']+)' does not accept option '([^']+)'|Option '([^']+)' is not accepted"
+                           r"|Subcommand '[^']+' does not accept option '([^']+)'", text)
+    key = unaccepted and (unaccepted.group(2) or unaccepted.group(3) or unaccepted.group(4))
     if key and key not in ("class_path", "init_args"):  # those two: a mix-up of classes, in jsonargparse's words
         if keys and problem:  # an argument of the class at class_path
             dotted, leaves = f"{keys[0]}.init_args.{key}", _init_parameters(problem.group(1))
@@ -289,6 +293,9 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
     unknown = re.match(r"unrecognized arguments: (\S+)", text, re.IGNORECASE)
     if unknown:
         flag = unknown.group(1).split("=", 1)[0]
+        lightning = flag_hint(flag)  # --trainer.max_epochs, --ckpt_path: a Lightning habit
+        if lightning:
+            return ConfigError(flag.lstrip("-"), f"no such option; {lightning}")
         options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
         close = difflib.get_close_matches(flag, options, n=1, cutoff=0.8)
         hint = f"did you mean {close[0]}? " if close else ""
@@ -302,7 +309,9 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
     choice = re.match(r"argument command: invalid choice: (\S+)", text)
     if choice:
         commands = list(getattr(parser._subcommands_action, "choices", None) or ["fit", "sweep", "report"])
-        return ConfigError("command", f"allowed: {', '.join(commands)}; got {choice.group(1)}")
+        instead = command_hint(choice.group(1))  # validate, test, predict: Lightning CLI's subcommands
+        return ConfigError("command", f"allowed: {', '.join(commands)}; got {choice.group(1)}"
+                           + (f" ({instead})" if instead else ""))
     if "subclass of ClientNetwork" in text:  # model or server.model named a class fdlit cannot build
         field = "server.model" if re.search(r'^\W*(Parser key ")?server\.model\b', text) else "model"
         named = re.search(r"Import path (\S+) does not|but (\S+) either not accessible", text)

@@ -45,7 +45,8 @@ class LoggerConfig:
         project: W&B project.
         entity: W&B entity (team or user); null uses your default.
         name: run name, also part of the run directory's name (letters, digits and ``. _ - + = ,``);
-            null gives ``<aggregator>-k<k>-seed<seed>``.
+            null gives ``<rule>-k<k>-<dataset>-<setting hash>-seed<seed>``, with the rule's and the
+            model's non-default arguments (``suwa-tau0.5-k2-digits-hidden64-1a2b3c-seed0``).
         group: W&B group (seeds of one setting share a group).
         tags: W&B tags.
         run_dir: parent folder of local run directories.

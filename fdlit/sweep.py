@@ -97,15 +97,19 @@ def plan(spec: dict[str, Any], extra: list[str] = ()) -> list[SweepRun]:
 def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
     """Parse and check every combination before anything runs: a bad flag or value stops the whole
     sweep, naming the field and the combination."""
-    from fdlit.config import rewrite_config_args
+    from fdlit.config import config_files, parse_error, rewrite_config_args
     from fdlit.runs.experiment import Experiment
 
     parser = parser_factory()
     parser.exit_on_error = False  # raise instead of exiting so the combination can be named
     for run in runs:
+        argv = rewrite_config_args(run.argv)
         try:
-            cfg = parser.parse_args(rewrite_config_args(run.argv))
-        except (argparse.ArgumentError, ValueError, TypeError) as exc:
+            cfg = parser.parse_args(argv)
+        except argparse.ArgumentError as exc:  # in fit's words: a config file's typo with its file, line and the key meant
+            located = parse_error(exc, parser, "fit", config_files(argv))
+            raise ConfigError("parameters", f"combination {run.values} is not a valid fit config: {located}") from None
+        except (ValueError, TypeError) as exc:
             raise ConfigError("parameters", f"combination {run.values} is not a valid fit config: {exc}") from None
         try:  # constructors check value ranges (k in [1, C], tau >= 0, seed, ...): cheap, nothing is trained
             Experiment(cfg, parser)

@@ -65,9 +65,32 @@ def run_one(out: Path, name: str, k: int, seed: int, validation_size: int, extra
 
 
 def cell(values: list[float]) -> str:
+    """mean ± sample std over seeds; one seed has no std (never a made-up ``± 0.00``)."""
     if not values:  # a baseline without this phase (local-only, the centralized reference)
         return "–"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values) if len(values) > 1 else 0:.2f}"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def run_all(grid: list[tuple], run, jobs: int, say=None) -> list[dict]:
+    """``run(*cell)`` for every cell of the grid, ``jobs`` at once, in grid order; one progress line
+    per finished run on stderr (which run, how long, how many are left)."""
+    import time
+    from concurrent.futures import as_completed
+
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    say(f"digits_table: {len(grid)} runs, {jobs} at once (finished runs in the output folder are reused)")
+    start, results = time.perf_counter(), [None] * len(grid)
+    with ThreadPoolExecutor(jobs) as pool:
+        futures = {pool.submit(run, *cell_): i for i, cell_ in enumerate(grid)}
+        for done, future in enumerate(as_completed(futures), 1):
+            i = futures[future]
+            results[i] = future.result()
+            name, k, seed = grid[i]
+            say(f"digits_table: [{done}/{len(grid)}] {name} k={k} seed={seed} done "
+                f"({results[i].get('wall_time_s', 0):.0f} s of training; {time.perf_counter() - start:.0f} s so far)")
+    return results
 
 
 def main(rules=RULES, default_rules=DEFAULT_RULES, out="runs/digits_table", ks=(2, 9), validation_size=0,
@@ -88,14 +111,14 @@ def main(rules=RULES, default_rules=DEFAULT_RULES, out="runs/digits_table", ks=(
     p.add_argument("extra", nargs="*", help="extra fit flags, after --")
     a = p.parse_args()
     grid = list(itertools.product(a.rules, a.ks, a.seeds))
-    with ThreadPoolExecutor(a.jobs) as pool:
-        results = list(pool.map(lambda g: run_one(a.out, *g, a.validation_size, a.extra, rules), grid))
+    results = run_all(grid, lambda *g: run_one(a.out, *g, a.validation_size, a.extra, rules), a.jobs)
+    spread = f"mean ± std over {len(a.seeds)} seeds" if len(a.seeds) > 1 else "one seed, no std"
     if a.validation_size:
-        print(f"Validation-selected mean global test accuracy (%), {a.validation_size} validation samples:")
+        print(f"Validation-selected mean global test accuracy (%, {spread}), {a.validation_size} validation samples:")
         metrics = {"after private phase": "selected_global_acc_mean_after_private",
                    "after public phase": "selected_global_acc_mean"}
     else:
-        print("Best round's mean global test accuracy (%):")
+        print(f"Best round's mean global test accuracy (%, {spread}):")
         metrics = {"after private phase": "best_global_acc_mean_after_private",
                    "after public phase": "best_global_acc_mean"}
     print("| method | " + " | ".join(f"k={k}, {phase}" for k in a.ks for phase in metrics) + " |")

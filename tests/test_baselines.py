@@ -18,7 +18,7 @@ def test_local_only_trains_privately_and_sends_nothing(fast_args):
     experiment = Experiment(cfg, parser)
     loop = experiment.loop
     summary = experiment.fit()
-    assert summary["run"].startswith("local-k3-seed0")
+    assert summary["run"].startswith("local-k3-digits-") and summary["run"].endswith("-seed0")
     assert summary["bytes_up_total"] == 0 and summary["bytes_down_total"] == 0
     for m in loop.history:
         assert m["after_public/global_acc_mean"] == m["after_private/global_acc_mean"]

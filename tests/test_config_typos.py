@@ -18,7 +18,7 @@ def run(capsys, *argv) -> str:
     return err.strip()
 
 
-@pytest.mark.parametrize("text,line,key,nearest", [
+TYPOS = [
     ("config: [datasets/digits.yaml]\nseed: 1\ndata:\n  dataset: digits\n  num_client: 5\n", 5,
      "data.num_client", "data.num_clients"),
     ("seed: 1\nfederaton:\n  rounds: 2\n", 2, "federaton.rounds", "federation.rounds"),
@@ -29,12 +29,62 @@ def run(capsys, *argv) -> str:
      "aggregator.init_args.tauu", "aggregator.init_args.tau"),
     ("model:\n  class_path: fdlit.models.MLP\n  init_args:\n    hiden: [16]\n", 4, "model.init_args.hiden",
      "model.init_args.hidden"),
-])
+]
+
+
+@pytest.mark.parametrize("text,line,key,nearest", TYPOS)
 def test_a_misspelt_key_names_file_line_and_nearest_option(tmp_path, capsys, text, line, key, nearest):
     path = tmp_path / "mine.yaml"
     path.write_text(text)
     err = run(capsys, "--config", str(path))
     assert err == f"fdlit: error: {path}:{line}: {key}: no such option (did you mean {nearest}?)"
+
+
+@pytest.mark.parametrize("text,line,key,nearest", TYPOS)
+def test_fit_locates_the_typo_without_print_config(tmp_path, capsys, text, line, key, nearest):
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    capsys.readouterr()
+    assert main(["fit", "--config", str(path), "--logger.mode", "disabled", "--logger.run_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"fdlit: error: {path}:{line}: {key}: no such option (did you mean {nearest}?)"
+    assert not any(tmp_path.iterdir()) or [p.name for p in tmp_path.iterdir()] == ["mine.yaml"]  # nothing started
+
+
+@pytest.mark.parametrize("command", ["deploy", "sweep"])
+@pytest.mark.parametrize("text,line,key,nearest", [TYPOS[0], TYPOS[4]])
+def test_deploy_and_sweep_locate_the_typo(tmp_path, capsys, command, text, line, key, nearest):
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    if command == "deploy":
+        argv = ["deploy", "--config", str(path), "--logger.mode", "disabled"]
+    else:
+        sweep = tmp_path / "sweep.yaml"
+        sweep.write_text("name: typo\nmethod: grid\nparameters:\n  seed:\n    values: [0, 1]\nprogram: fdlit/__main__.py\n"
+                         "command: ['${env}', '${interpreter}', -m, fdlit, fit, --config, " + f"'{path}', " + "'${args}']\n")
+        argv = ["sweep", str(sweep), "--", "--logger.mode", "disabled", "--logger.run_dir", str(tmp_path / "runs")]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"{path}:{line}: {key}: no such option (did you mean {nearest}?)"), err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def test_jsonargparse_is_pinned_to_the_range_these_messages_are_tested_against():
+    """The rewriting reads jsonargparse's wording: the installed version is inside the pinned range,
+    and the range stays within one minor version (a new minor release is tested before it is allowed)."""
+    import re
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    pyproject = (CONFIGS.parent / "pyproject.toml").read_text()
+    (spec,) = [Requirement(d).specifier for d in re.findall(r'"(jsonargparse[^"]*)"', pyproject)]
+    assert version("jsonargparse") in spec
+    uppers = [s.version for s in spec if s.operator == "<"]
+    lowers = [s.version for s in spec if s.operator == ">="]
+    assert uppers and lowers and uppers[0].split(".")[:2] != lowers[0].split(".")[:2]
+    assert int(uppers[0].split(".")[1]) - int(lowers[0].split(".")[1]) == 1
 
 
 def test_the_misspelt_key_is_found_in_the_layer_that_holds_it(tmp_path, capsys):

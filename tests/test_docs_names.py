@@ -57,3 +57,9 @@ def test_the_hooks_and_contexts_extending_describes_are_the_contract():
         assert field in base.LossContext.__dataclass_fields__
     for name in re.findall(r"`ctx\.info\.([a-z_]+)", text):  # the FederationInfo members it tells authors to use
         assert hasattr(base.FederationInfo, name), name
+
+
+def test_the_readme_is_for_users_and_stays_short():
+    """Details live in docs/: the README stays at most 350 lines."""
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    assert len(readme.read_text().splitlines()) <= 350

@@ -99,3 +99,45 @@ def test_a_class_path_python_cannot_find_says_how_python_finds_a_users_module(fa
     assert err.startswith("fdlit: error: aggregator") and "my_missing_rules" in err and "PYTHONPATH" in err
     assert main(["fit", *fast_args, "--aggregator", "fdlit.methods.NoSuchRule"]) == 2
     assert "PYTHONPATH" not in capsys.readouterr().err  # a typo in fdlit's own path is no path problem
+
+
+def test_the_shipped_fednova_example_differs_from_fedavg_on_the_same_clients(tmp_path, examples_on_path, capsys):
+    """With examples/fednova.yaml as shipped the clients take different numbers of local steps, so
+    FedNova's model is not FedAvg's (on the classes partition both are the same to the bit)."""
+    import json
+
+    from fdlit.cli import main
+
+    common = ["--logger.mode", "disabled", "--logger.progress", "false", "--federation.rounds", "2",
+              "--federation.private_epochs_first", "1", "--federation.public_epochs_first", "1",
+              "--data.num_clients", "5", "--data.public_size", "100"]
+
+    def run(name, *config):
+        assert main(["fit", "--config", "digits_fedavg.yaml", *config, *common,
+                     "--logger.run_dir", str(tmp_path / name)]) == 0
+        (folder,) = (tmp_path / name).iterdir()
+        return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+    import yaml
+
+    shipped = yaml.safe_load((EXAMPLES / "fednova.yaml").read_text())
+    same_clients = tmp_path / "same_clients.yaml"  # everything the example sets but its method
+    same_clients.write_text(yaml.safe_dump({k: v for k, v in shipped.items() if k != "aggregator"}))
+    nova = run("fednova", "--config", str(EXAMPLES / "fednova.yaml"))
+    fedavg = run("fedavg", "--config", str(same_clients))
+    steps = nova[-1]["fednova/tau_eff"]
+    assert steps > 0
+    assert [r["after_public/global_acc_mean"] for r in nova] != [r["after_public/global_acc_mean"] for r in fedavg]
+
+
+def test_runs_made_from_the_examples_folder_are_ignored_by_git():
+    """The examples are run from examples/: their run and W&B folders are not the project's files."""
+    import shutil
+    import subprocess
+
+    root = EXAMPLES.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    paths = ["examples/runs/x/metrics.jsonl", "examples/wandb/offline-run/x", "runs/x", "fdlit/runs/naming.py"]
+    out = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=root, capture_output=True, text=True).stdout
+    assert out.split() == paths[:3]  # and fdlit's own runs package is never ignored

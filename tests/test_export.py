@@ -126,7 +126,8 @@ def test_a_torchscript_export_loads_without_fdlit_and_gives_the_clients_logits(t
     assert card["model"] == "client 2" and card["round"] == 2 and len(card["client_classes"]) == 3
     assert card["classes"] == [str(c) for c in range(10)]
     assert card["input"]["shape"] == [None, 1, 8, 8] and card["input"]["dtype"] == "float32"
-    assert card["input"]["preprocessing"].startswith("none")
+    # the digits' 0..16 pixels are divided by 16 as fdlit loads them: the card says what to feed
+    assert card["input"]["preprocessing"].startswith("pixels 0..16 divided by 16")
     assert card["config"] == read_config(run_dir)
     assert card["metrics"]["after_public/global_acc"] == last["clients/after_public/global_acc"][2]
     assert card["metrics"]["run"]["rounds"] == 2
@@ -296,3 +297,23 @@ def test_trust_config_lets_the_runs_own_code_run(trained_run, tmp_path, capsys, 
     finally:
         sys.modules.pop("evilmod", None)
     assert touched.read_text() == "ran"  # asked for, the run's class is imported (and its code runs)
+
+
+def test_a_fashion_mnist_card_names_the_real_classes(tmp_path, capsys):
+    import paper_fixtures  # noqa: F401  (offline HF env first)
+    from test_local_files import idx_folder
+
+    data = tmp_path / "idx"
+    data.mkdir()
+    idx_folder(data, n_train=300, n_test=40)
+    assert main(["fit", "--config", "fashion_mnist.yaml", "--data.data_dir", str(data), "--logger.mode", "disabled",
+                 "--logger.progress", "false", "--logger.run_dir", str(tmp_path / "runs"), "--federation.rounds", "1",
+                 "--federation.private_epochs_first", "1", "--federation.public_epochs_first", "1",
+                 "--data.num_clients", "4", "--data.classes_per_client", "5", "--data.samples_per_client", "20",
+                 "--data.public_size", "60", "--data.validation_size", "30", "--federation.eval_subsample", "null"]) == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert main(["export", str(run_dir), "--client", "0", "--out", str(tmp_path / "c0.pt")]) == 0
+    card = json.loads((tmp_path / "c0.json").read_text())
+    assert card["classes"] == ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
+                               "Bag", "Ankle boot"]
+    assert "pixels / 255" in card["input"]["preprocessing"] and "divided by 16" not in card["input"]["preprocessing"]

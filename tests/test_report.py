@@ -476,11 +476,13 @@ def test_every_value_from_a_run_is_escaped_and_scripts_are_forbidden(tmp_path):
     assert tex.isascii() and "<script>" not in tex
     # every figure in every format, the hostile run's trust matrix too, named by its (folder-safe) run name
     pngs = sorted((index.parent / "figures").glob("*.png"))
-    assert len(pngs) == page.count('src="data:image/png;base64,') == 5 + 3  # Fig. 2, App. B, χ x2, bytes; trust: 2 sUWA runs + the hostile one
+    # the hostile run's dataset is a section of its own: digits has Fig. 2, App. B, χ x2, bytes and 2 trust
+    # matrices; the hostile section (no numeric k) App. B, χ vs round, bytes and its trust matrix
+    assert len(pngs) == page.count('src="data:image/png;base64,') == 7 + 4
     for png in pngs:
         assert png.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-" and f"figures/{png.stem}.pdf" in page
         assert b"<svg" in png.with_suffix(".svg").read_bytes()[:1000]
-    assert sum(p.name.startswith("trust_") for p in pngs) == 3 and all("<" not in p.name for p in pngs)
+    assert sum("_trust_" in p.name for p in pngs) == 3 and all("<" not in p.name for p in pngs)
 
 
 def test_report_with_hostile_values_runs_no_script_in_headless_chromium(tmp_path):

@@ -6,10 +6,10 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import LightningModule
 from torch import nn
 
 from fdlit.clients.features import check_feature_network, features_and_logits
+from fdlit.clients.lightning_import import LightningModule
 from fdlit.clients.loss_context import LossContext
 from fdlit.clients.options import OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
 from fdlit.clients.own_module import find_own_module, step_loss

@@ -4,7 +4,8 @@ client's model, and its steps as the client's two phases."""
 from __future__ import annotations
 
 import torch
-from lightning.pytorch import LightningModule
+
+from fdlit.clients.lightning_import import LightningModule
 
 
 def find_own_module(model: torch.nn.Module) -> LightningModule | None:

@@ -35,7 +35,7 @@ import torch
 
 from fdlit.data.augment import ImageInput
 from fdlit.data.hub_access import PROBE_TIMEOUT_S, cache_only, hub_endpoint, hub_reachable, offline_requested
-from fdlit.data.local_files import find_local_arrays, local_fetch_hint
+from fdlit.data.local_files import find_local_arrays, find_local_folder, local_fetch_hint
 from fdlit.data.tensor_dataset import TensorDataset
 from fdlit.errors import ConfigError
 
@@ -107,6 +107,32 @@ def _load_from_hub(hf, repo_id: str, **kwargs):
     except Exception:
         raise HubUnreachable(f"the hub at {hub_endpoint()} did not answer within {PROBE_TIMEOUT_S:g} s, and the "
                              "dataset is not in the local cache") from None
+
+
+def hf_cached(repo_id: str) -> bool:
+    """Whether the Hugging Face caches hold anything of ``repo_id`` (the hub's snapshot folder or a
+    ``datasets`` build), found without importing either library; a "yes" is checked by the load itself."""
+    home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser()
+    hub = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or home / "hub").expanduser()
+    built = Path(os.environ.get("HF_DATASETS_CACHE") or home / "datasets").expanduser()
+    org_name = repo_id.replace("/", "___")
+    return (hub / f"datasets--{repo_id.replace('/', '--')}").is_dir() or (
+        built.is_dir() and any(built.glob(f"{org_name}*")))
+
+
+def check_obtainable(name: str, data_dir: str | None) -> None:
+    """Refuse a paper dataset that cannot be had here (no local files, not cached, hub unreachable)
+    before the run imports or loads anything heavy; the load decides every other case."""
+    spec = HUB_DATASETS.get(name)
+    if spec is None or data_dir is not None:  # a given folder is read (and its faults named) by the load
+        return
+    if spec.image and find_local_folder(name) is not None:
+        return
+    if hf_cached(spec.repo_id) or (not offline_requested() and hub_reachable()):
+        return
+    why = ("HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set" if offline_requested() else
+           f"the hub at {hub_endpoint()} did not answer within {PROBE_TIMEOUT_S:g} s")
+    raise DatasetUnavailable("data.dataset", f"{fetch_hint(spec)}\n({why}, and the dataset is not in the local cache)")
 
 
 def _cache_root() -> Path:

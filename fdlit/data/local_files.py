@@ -160,6 +160,14 @@ def _read_cifar_folder(folder: Path, fmt: str) -> dict | None:
             "test": _cifar_rows([_unpickle(test_file)], label_key)}
 
 
+def find_local_folder(name: str) -> Path | None:
+    """The dataset's default location (e.g. Debian's) when it holds a folder to read; None otherwise."""
+    src = LOCAL_SOURCES.get(name)
+    if src is None or not src.default_dir or not Path(src.default_dir).is_dir():
+        return None
+    return Path(src.default_dir)
+
+
 def find_local_arrays(name: str, folder: str | None) -> dict | None:
     """``name``'s splits from ``folder`` (or, when None, the dataset's default location) in an original
     on-disk format; None when no such files are there (the caller then tries the hub)."""

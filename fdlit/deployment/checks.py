@@ -36,9 +36,7 @@ def check_options(options, num_clients: int | None) -> None:
         raise ConfigError("deploy --threads", f"must be >= 0 (0: torch's default), got {options.threads}")
     if options.nodes < 1:
         raise ConfigError("deploy --nodes", f"must be >= 1, got {options.nodes}")
-    if num_clients is not None and options.nodes > num_clients:
-        raise ConfigError("deploy --nodes", f"must be between 1 and data.num_clients ({num_clients}): every node "
-                          f"hosts at least one client; got {options.nodes}")
+    check_node_count(options, num_clients)
     if options.work_dir is not None and Path(options.work_dir).exists() and not Path(options.work_dir).is_dir():
         raise ConfigError("deploy --work-dir", f"must be a folder (or a path to create one at), got the file "
                           f"{options.work_dir}")
@@ -54,6 +52,13 @@ def check_options(options, num_clients: int | None) -> None:
         options.node_settings = {}
     if options.superlink is not None:
         check_reachable(*superlink_address(options.superlink))
+
+
+def check_node_count(options, num_clients: int | None) -> None:
+    """Every node hosts at least one of the config's ``num_clients`` clients (None: not known yet)."""
+    if num_clients is not None and options.nodes > num_clients:
+        raise ConfigError("deploy --nodes", f"must be between 1 and data.num_clients ({num_clients}): every node "
+                          f"hosts at least one client; got {options.nodes}")
 
 
 def superlink_address(text: str) -> tuple[str, int]:

@@ -15,8 +15,6 @@ import signal
 import sys
 from pathlib import Path
 
-from fdlit.errors import ConfigError
-
 
 def deploy_parser() -> argparse.ArgumentParser:
     from fdlit.deployment.checks import OptionParser
@@ -52,11 +50,10 @@ def fit_arguments(argv: list[str]):
 def main(run_dir: str | None, argv: list[str]) -> int:
     """``deploy``: ``run_dir`` is ``--resume``'s run directory (taken out of the arguments), or None."""
     from fdlit.deployment import import_flwr
-    from fdlit.deployment.checks import check_options
+    from fdlit.deployment.checks import check_node_count, check_options
 
     options, rest = deploy_parser().parse_known_args(argv)
-    if options.nodes < 1:
-        raise ConfigError("deploy --nodes", f"must be >= 1, got {options.nodes}")
+    check_options(options, None)  # the deploy options alone: refused before the run's imports
     from fdlit.runs.experiment import Experiment, resume_experiment
 
     if run_dir is not None:  # continue a deployed (or fit) run from its checkpoint, on the nodes
@@ -68,7 +65,7 @@ def main(run_dir: str | None, argv: list[str]) -> int:
         experiment = Experiment(cfg, parser)  # the whole config checked before any process starts
     import_flwr()
     # the client count as fit reads it from the config (no data is built)
-    check_options(options, getattr(experiment.loop.data, "num_clients", None))
+    check_node_count(options, getattr(experiment.loop.data, "num_clients", None))
     with stop_signals():  # `kill`, Ctrl-C and a closed terminal stop the deployment, never half of it
         return run(options, fit_args)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from fdlit.data.augment import ImageInput
+
 
 def batch_plan(clients, sizes, offsets, epochs: int, batch_size: int, width: int | None = None):
     """Batches of every client for a whole phase as padded tensors.
@@ -72,3 +74,17 @@ def client_inputs(modules, x_all: torch.Tensor, idx: torch.Tensor, lengths: list
         out.append(y)
     return torch.stack(out)
 
+
+
+def shared_input(inputs) -> ImageInput | None:
+    """The input module of every client when it draws nothing at random (no augmentation) and all
+    clients' are alike; the phase then transforms its inputs once instead of per client and step
+    (the same elementwise operations on the same values, so the same bits)."""
+    first = inputs[0] if inputs else None
+    if not isinstance(first, ImageInput) or first.augment:
+        return None
+    for other in inputs[1:]:
+        if (type(other) is not type(first) or other.augment or not torch.equal(other.mean, first.mean)
+                or not torch.equal(other.std, first.std)):
+            return None
+    return first

@@ -68,6 +68,7 @@ def is_plain(fabric: Any) -> bool:
     (a :class:`PlainDevice`, or a Fabric with the plain ``32-true`` precision plugin)."""
     if isinstance(fabric, PlainDevice):
         return True
+    import_lightning()
     from lightning.fabric.plugins.precision import Precision
 
     return type(fabric.strategy.precision) is Precision
@@ -80,11 +81,19 @@ def resolves_to_cpu(accelerator: str) -> bool:
     return accelerator == "auto" and not torch.cuda.is_available() and not torch.backends.mps.is_available()
 
 
+def import_lightning() -> None:
+    """Lightning as fdlit imports it (fdlit.clients.lightning_import), should Fabric come first."""
+    from fdlit.clients.lightning_import import import_lightning as light_import
+
+    light_import()
+
+
 def make_device(accelerator: str, precision: str, devices: Any = 1) -> Any:
     """A :class:`PlainDevice` for a CPU ``32-true`` run, else ``Fabric(accelerator, devices, precision)``
     (``devices``: ``federation.devices`` as checked by fdlit.federation.devices)."""
     if precision in PLAIN_PRECISIONS and resolves_to_cpu(accelerator):
         return PlainDevice()
+    import_lightning()
     from lightning.fabric import Fabric
 
     return Fabric(accelerator=accelerator, devices=devices, precision=precision)

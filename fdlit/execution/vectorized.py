@@ -52,7 +52,7 @@ import torch
 from torch.func import functional_call, grad_and_value, vmap
 
 from fdlit.errors import ConfigError, check_at_least
-from fdlit.execution.batch_plan import batch_plan, client_inputs, step_calls
+from fdlit.execution.batch_plan import batch_plan, client_inputs, shared_input, step_calls
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
 from fdlit.execution.grouped import AUTO_PRECISIONS, GroupedNetwork, grouped_applies, grouped_training_step
 from fdlit.execution.stack_memory import auto_chunk_size, client_memory_bytes, free_device_memory
@@ -224,6 +224,10 @@ class VectorizedExecutor(ClientExecutor):
 
         _, net, prefix = split_input(template)
         inputs = [split_input(c.model)[0] for c in clients]
+        transform = shared_input(inputs)
+        if transform is not None:  # one pass over the phase's inputs, not one call per client and step
+            with self.fabric.autocast():
+                x_all, inputs = transform(x_all), [None] * m
         buffer_names = [n for n in stack.buffers if n.startswith(prefix)]  # BatchNorm's, not the input's
         step_fn = None  # chosen at the first step, from the network's input (grouped or vmapped)
         # method state the loss reads (e.g. SCAFFOLD's per-client correction): stacked like the parameters

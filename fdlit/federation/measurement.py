@@ -169,6 +169,8 @@ def summary(history: list[dict[str, Any]], *, rounds_done: int, rounds: int, tes
         "final_round": last["round"],
         "final_test_samples": last.get("eval/test_samples", test_samples),
         "best_test_samples": best.get("after_public/test_samples", best.get("eval/test_samples", test_samples)),
+        "best_test_samples_after_private": best_private.get("after_private/test_samples",
+                                                            best_private.get("eval/test_samples", test_samples)),
         "final_global_acc_mean": last[key],
         "final_local_acc_mean_after_private": last["after_private/local_acc_mean"],
         "final_local_acc_mean_after_public": last["after_public/local_acc_mean"],
@@ -179,31 +181,6 @@ def summary(history: list[dict[str, Any]], *, rounds_done: int, rounds: int, tes
         "wall_time_s": wall_time,
         "client_classes": client_classes,  # the report boxes them in trust matrices
     }
-
-
-def _subsample_note(summary: dict[str, Any]) -> str:
-    best, full = summary.get("best_test_samples"), summary.get("final_test_samples")
-    return f" [best on a test subsample of {best}]" if best and full and best < full else ""
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    mb = 1024**2
-    return "\n".join([
-        f"fdlit summary: {summary['run']}  ({summary['rounds']} rounds, {summary['wall_time_s']:.1f} s)",
-        f"  best mean global accuracy : {summary['best_global_acc_mean']:.4f} after public phase (round "
-        f"{summary['best_round']}), {summary['best_global_acc_mean_after_private']:.4f} after private phase "
-        f"(round {summary['best_round_after_private']})" + _subsample_note(summary),
-        *([f"  validation-selected       : {summary['selected_global_acc_mean']:.4f} after public phase (round "
-           f"{summary['selected_round']}), {summary['selected_global_acc_mean_after_private']:.4f} after private "
-           f"phase (round {summary['selected_round_after_private']})"] if "selected_global_acc_mean" in summary else []),
-        f"  final mean local accuracy : {summary['final_local_acc_mean_after_private']:.4f} after private phase, "
-        f"{summary['final_local_acc_mean_after_public']:.4f} after public phase",
-        f"  final teacher accuracy    : {summary['final_teacher_acc']:.4f} (public labels, diagnostic)",
-        *([f"  server model accuracy     : {summary['server_final_acc']:.4f} final, {summary['server_best_acc']:.4f} "
-           f"best (round {summary['server_best_round']})"] if "server_final_acc" in summary else []),
-        f"  bytes up / down           : {summary['bytes_up_total'] / mb:.2f} MiB / {summary['bytes_down_total'] / mb:.2f} MiB",
-        f"  run directory             : {summary['run_dir']}",
-    ])
 
 
 def round_metrics(parts: Any, communicates: bool, plan: Any, result: Any, losses: tuple[list, list],

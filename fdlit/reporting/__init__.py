@@ -1,4 +1,4 @@
-"""``python -m fdlit report <runs dir>``: the paper's tables and figures from local run directories.
+"""``python -m fdlit report <runs dir> [...]``: the paper's tables and figures from local run directories.
 
 Reads ``config.yaml``, ``metrics.jsonl`` and ``summary.json`` of every run under the folder (no W&B
 needed) and writes ``<out>/index.html`` (self-contained: figures inlined as PNG data URIs; every
@@ -32,8 +32,11 @@ once: when several run directories hold the same config (a sweep run again, a ru
 finished one with the most rounds is used and the others are listed as left out, with the reason
 (``include_duplicates`` keeps them all); unfinished runs are left out unless ``include_unfinished``.
 
+A mixed folder is split into sections (a dataset, and model), each with its own table and figures,
+and runs of different settings are labelled by what tells them apart (:mod:`~fdlit.reporting.groups`).
+
 Modules: :mod:`~fdlit.reporting.runs` (which runs), :mod:`~fdlit.reporting.labels` (how they are
-named), :mod:`~fdlit.reporting.table` and :mod:`~fdlit.reporting.table_files` (Table 1),
+named), :mod:`~fdlit.reporting.groups` (sections and setting groups), :mod:`~fdlit.reporting.table` and :mod:`~fdlit.reporting.table_files` (Table 1),
 :mod:`~fdlit.reporting.figures`, :mod:`~fdlit.reporting.adversaries` and
 :mod:`~fdlit.reporting.paper_figures` (the figures), :mod:`~fdlit.reporting.page` (``index.html``),
 :mod:`~fdlit.reporting.write` (the command).

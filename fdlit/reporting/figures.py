@@ -105,7 +105,7 @@ def accuracy_vs_tau(runs: list[Run]):
         taus = sorted(by_tau)
         mean = np.array([np.mean(by_tau[t]) for t in taus])
         std = np.array([np.std(by_tau[t], ddof=1) if len(by_tau[t]) > 1 else 0.0 for t in taus])
-        ax.errorbar(taus, mean, yerr=std, marker="o", capsize=2, label=f"{dataset} {group}k={k}".strip())
+        ax.errorbar(taus, mean, yerr=std, marker="o", capsize=2, label=f"{group}k={k}".strip())
     return _single_panel(fig, ax, "sUWA temperature τ", accuracy_label(runs))
 
 

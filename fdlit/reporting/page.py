@@ -7,6 +7,7 @@ import base64
 import hashlib
 import html
 import math
+from dataclasses import dataclass
 
 from fdlit.reporting.labels import REF_LABEL
 from fdlit.reporting.paper_figures import FORMATS, MIN_FONT_PT, ONE_COLUMN_IN, PNG_DPI, TWO_COLUMN_IN
@@ -127,16 +128,58 @@ def figures_html(items, formats) -> str:
     return "".join(out)
 
 
-def page_html(runs: list[Run], skipped, runs_dir, table: Table, caption: str, figures, trust_stems: set[str],
-              formats, selected: bool = False) -> str:
-    """The whole page: settings, the runs left out, Table 1, the figures, the trust matrices, the runs."""
+@dataclass
+class SectionPage:
+    """What the page shows of one section (a dataset, or a dataset and model)."""
+    name: str
+    legend: dict  # group label -> the settings it stands for
+    table: Table
+    caption: str
+    figures: list  # (file stem, caption, width in inches, PNG bytes)
+    trust_stems: set
+    selected: bool
+    runs: list
+
+
+def legend_html(legend: dict) -> str:
+    """The legend table: what each group label stands for, every setting the groups differ in."""
+    if not legend:
+        return ""
+    keys = list(next(iter(legend.values())))
+    head = "".join(f"<th><code>{html.escape(k)}</code></th>" for k in keys)
+    rows = "".join(f"<tr><th>{html.escape(label.strip())}</th>"
+                   + "".join(f"<td>{html.escape(str(settings.get(k, '')))}</td>" for k in keys) + "</tr>"
+                   for label, settings in legend.items())
+    return ("<p>Row labels name the fewest settings that tell this section's groups of runs apart; "
+            "every setting they differ in:</p>"
+            f'<table class="legend"><thead><tr><th>group</th>{head}</tr></thead><tbody>{rows}</tbody></table>')
+
+
+def section_html(section: SectionPage, formats, several: bool) -> str:
+    """A section's Table 1 (with the rule that picked its numbers), legend, figures and trust matrices."""
+    title = f"{html.escape(section.name)}: " if several else ""
+    trust_figs = [f for f in section.figures if f[0] in section.trust_stems]
+    trust_html = (f'<h3>Who to trust</h3><div class="trust">{figures_html(trust_figs, formats)}</div>'
+                  if trust_figs else "")
+    return f"""<h2>{title}Table 1: {table1_heading(section.selected)}</h2>
+<p>{html.escape(section.caption)}</p>
+{table1_html(section.table)}
+{legend_html(section.legend)}
+<h3>Figures{' of ' + html.escape(section.name) if several else ''}</h3>
+{figures_html([f for f in section.figures if f[0] not in section.trust_stems], formats)}
+{trust_html}"""
+
+
+def page_html(runs: list[Run], skipped, runs_dir, sections: list[SectionPage], formats) -> str:
+    """The whole page: settings, the runs left out, per section Table 1, its legend, figures and
+    trust matrices; the runs."""
     flags = "<code>--include_unfinished</code> uses unfinished ones, <code>--include_duplicates</code> keeps copies"
     note = (f"<p>{len(skipped)} run(s) left out ({flags}):</p><ul>"
             + "".join(f"<li><code>{html.escape(str(p))}</code>: {html.escape(why)}</li>" for p, why in skipped)
             + "</ul>" if skipped else "")
-    trust_figs = [f for f in figures if f[0] in trust_stems]
-    trust_html = (f'<h2>Who to trust</h2><div class="trust">{figures_html(trust_figs, formats)}</div>'
-                  if trust_figs else "")
+    several = len(sections) > 1
+    names = ", ".join(html.escape(s.name) for s in sections)
+    parts = "".join(section_html(s, formats, several) for s in sections)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{content_security_policy()}">
@@ -144,18 +187,16 @@ def page_html(runs: list[Run], skipped, runs_dir, table: Table, caption: str, fi
 <title>fdlit report: {html.escape(str(runs_dir))}</title>
 <style>{CSS}</style></head><body>
 <h1>fdlit report</h1>
-<p>{len(runs)} run(s) from <code>{html.escape(str(runs_dir))}</code>.</p>
+<p>{len(runs)} run(s) from <code>{html.escape(str(runs_dir))}</code>{f"; one section per dataset and model: {names}"
+                                                                     if several else ""}.</p>
 <h2>Settings</h2>
 {settings_html(runs, skipped, runs_dir)}
 {note}
-<h2>Table 1: {table1_heading(selected)}</h2>
-<p>{html.escape(caption)} Also as <code>table1.md</code>, <code>table1.csv</code>, <code>table1.tex</code> (booktabs).</p>
-{table1_html(table)}
-<h2>Figures</h2>
-<p>Each figure as {_formats_text(formats)}, sized for a one-column ({ONE_COLUMN_IN:g} in) or
+<p>Tables: <code>table1.md</code>, <code>table1.csv</code>, <code>table1.tex</code> (booktabs){", one per section"
+                                                                                             if several else ""}.
+Each figure as {_formats_text(formats)}, sized for a one-column ({ONE_COLUMN_IN:g} in) or
 two-column ({TWO_COLUMN_IN:g} in) paper figure, text at least {MIN_FONT_PT} pt at that size.</p>
-{figures_html([f for f in figures if f[0] not in trust_stems], formats)}
-{trust_html}
+{parts}
 <h2>Runs</h2>
 {runs_html(runs)}
 </body></html>

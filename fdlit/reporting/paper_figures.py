@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,9 +113,12 @@ def method_colors(methods: list[str]) -> dict[str, Any]:
 
 
 def legend_below(fig, ax) -> None:
-    """The legend under the panels, outside the data, in as many columns as fit the figure's width
-    (8-pt text is about 4.5 pt a character); the figure grows by the legend's height. Every panel's
-    lines are named, each once: a method with runs at one k only is drawn in that k's panel alone."""
+    """The legend under the panels, outside the data, inside the figure: in as many columns as fit
+    the figure's width (8-pt text is about 4.5 pt a character), a label too long for one column
+    wrapped onto lines; the figure grows by the legend's height. Every panel's lines are named, each
+    once: a method with runs at one k only is drawn in that k's panel alone."""
+    import textwrap
+
     named: dict[str, Any] = {}
     for panel in [ax, *(a for a in fig.axes if a is not ax)]:
         for handle, label in zip(*panel.get_legend_handles_labels(), strict=True):
@@ -124,8 +126,13 @@ def legend_below(fig, ax) -> None:
     handles, labels = list(named.values()), list(named)
     if not handles:
         return
-    labels = [plain_text(label) for label in labels]
-    entry_pt = 4.5 * max(len(label) for label in labels) + 30  # text, the line's sample and the gap
-    ncols = max(1, min(3, len(labels), int(fig.get_figwidth() * 72 // entry_pt)))
-    fig.set_figheight(fig.get_figheight() + 0.17 * math.ceil(len(labels) / ncols))
+    sample_pt, char_pt = 30, 4.5  # the line's sample and the gap; a character at 8 pt
+    width_pt = fig.get_figwidth() * 72 - 12
+    longest = max(len(label) for label in labels)
+    ncols = max(1, min(3, len(labels), int(width_pt // (char_pt * longest + sample_pt))))
+    fits = max(8, int((width_pt / ncols - sample_pt) // char_pt))
+    labels = ["\n".join(textwrap.wrap(plain_text(label), fits)) or " " for label in labels]
+    lines = [label.count("\n") + 1 for label in labels]
+    rows = sum(max(lines[i:i + ncols]) for i in range(0, len(lines), ncols))
+    fig.set_figheight(fig.get_figheight() + 0.15 * rows + 0.05)
     fig.legend(handles, labels, loc="outside lower center", ncols=ncols)

@@ -4,8 +4,9 @@ its method's label, k, seed, dataset and the settings it differs in from the oth
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,6 @@ import yaml
 from fdlit.data.federated import DEFAULT_CLASSES_PER_CLIENT
 from fdlit.errors import ConfigError
 from fdlit.reporting.labels import LOCAL_LABEL, _flatten, _number, _section, method_label, run_kind, setting_key
-from fdlit.runs.checkpoint import without_noop_sections
 from fdlit.runs.directory import METRICS, RunFileError, read_config, read_jsonl, read_summary
 
 ACC = "after_public/global_acc_mean"
@@ -37,7 +37,9 @@ class Run:
     seed: int = 0
     kind: str = "rule"  # "rule" (federated distillation), "local" (local_only) or "ref" (reference)
     dataset: str = ""
-    group: str = ""  # the settings this run differs in from others of its dataset, e.g. "[rounds=5] "
+    group: str = ""  # the settings this run differs in from others of its section, e.g. "[rounds=5] "
+    section: str = ""  # its dataset (and model, where the dataset was run with several): fdlit.reporting.groups
+    group_settings: dict = field(default_factory=dict)  # every setting its section's groups differ in
     # validation-selected numbers are used only when every run has them: one table never mixes
     # them with test-best numbers (set by load_runs)
     use_selected: bool = False
@@ -78,16 +80,21 @@ class Run:
         return float(values[-1]) if len(values) else None
 
 
-def load_runs(root: str | Path, include_unfinished: bool = False,
+def load_runs(roots: str | Path | list, include_unfinished: bool = False,
               include_duplicates: bool = False) -> tuple[list[Run], list[tuple[Path, str]]]:
-    """Runs under ``root`` (any depth), one per (setting, seed) unless ``include_duplicates``, and the
-    run directories left out with the reason (unreadable, unfinished, or the same setting and seed
-    as a run that is used)."""
-    root = Path(root)
-    if not root.is_dir():
-        raise ConfigError("runs", f"{str(root)!r} is not a folder")
+    """Runs under ``roots`` (folders searched at any depth, links to folders followed, or run
+    directories themselves), one per (setting, seed) unless ``include_duplicates``, and the run
+    directories left out with the reason (unreadable, unfinished, or the same setting and seed as a
+    run that is used). Each run is given its section and group (:mod:`fdlit.reporting.groups`)."""
+    from fdlit.reporting.groups import sections
+
+    roots = [Path(r) for r in ([roots] if isinstance(roots, (str, Path)) else roots)]
+    for root in roots:
+        if not root.is_dir():
+            raise ConfigError("runs", f"{str(root)!r} is not a folder")
+    where = ", ".join(repr(str(r)) for r in roots)
     candidates, skipped = [], []
-    for path in sorted(p.parent for p in root.rglob(METRICS)):
+    for path in run_directories(roots):
         try:
             config = read_config(path)
         except RunFileError as exc:  # a device, a link out of the folder, too large: refused unread
@@ -132,27 +139,47 @@ def load_runs(root: str | Path, include_unfinished: bool = False,
         runs.append(run)
     runs.sort(key=lambda r: r.path)
     if not runs:
-        refused = [f"{p.relative_to(root) if p.is_relative_to(root) else p}: {why}" for p, why in skipped
-                   if why not in ("unfinished", "no metrics")]
+        refused = [f"{_relative(p, roots)}: {why}" for p, why in skipped if why not in ("unfinished", "no metrics")]
         raise ConfigError("runs", f"no {'' if include_unfinished else 'finished '}run directories "
-                          f"(config.yaml + metrics.jsonl) under {str(root)!r}"
+                          f"(config.yaml + metrics.jsonl) under {where}"
                           + ("" if include_unfinished else "; --include_unfinished uses unfinished ones")
                           + (f"; left out: {'; '.join(refused[:3])}" if refused else ""))
     # runs that differ in anything but the studied knobs (e.g. two sweeps with different rounds in
-    # one folder) are never pooled: the differing settings become part of the row label. Compared
-    # within a dataset: each dataset has its own model and schedule, as in the paper's Table 1.
-    for dataset in {r.dataset for r in runs}:
-        group = [r for r in runs if r.dataset == dataset]
-        flat = [_flatten(without_noop_sections(r.config)) for r in group]  # a no-op section is no difference
-        differing = _differing(flat)
-        for r, f in zip(group, flat, strict=True):
-            if differing:
-                r.group = "[" + ", ".join(f"{k.rsplit('.', 1)[-1]}={f.get(k)}" for k in differing) + "] "
-                r.method = r.group + r.method
-    every = all(r.has_selected for r in runs)
-    for r in runs:
-        r.use_selected = every
+    # one folder) are never pooled: the settings that tell them apart become part of the row label.
+    # A table never mixes validation-selected with test-best numbers: selected only when every run
+    # of the section (one table) has them.
+    for section in sections(runs):
+        every = all(r.has_selected for r in section.runs)
+        for r in section.runs:
+            r.use_selected = every
     return runs, skipped
+
+
+def run_directories(roots: list[Path]) -> list[Path]:
+    """Every folder holding ``metrics.jsonl`` under ``roots``, links to folders followed (each real
+    folder once, so a loop of links ends); what a run's files link to is checked when read."""
+    found, seen = [], set()
+    for root in roots:
+        for folder, dirs, files in os.walk(root, followlinks=True):
+            real = os.path.realpath(folder)
+            if real in seen:
+                dirs[:] = []
+                continue
+            seen.add(real)
+            dirs.sort()
+            if METRICS in files:
+                found.append(Path(folder))
+                # a run's own links are never followed: a run folder is read only for its own files
+                dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+    return sorted(found)
+
+
+def _relative(path: Path, roots: list[Path]) -> Path:
+    """A path as the user named it: relative to the given folder that holds it."""
+    for root in roots:
+        if path.is_relative_to(root) and path != root:
+            return path.relative_to(root)
+    return path
 
 
 def _summary(path: Path) -> dict:
@@ -162,15 +189,6 @@ def _summary(path: Path) -> dict:
         raise
     except (OSError, ValueError):  # no summary yet (killed in its first round), or not JSON
         return {}
-
-
-STUDIED = ("seed", "logger.", "checkpoint.", "aggregator", "data.classes_per_client", "data.dirichlet_alpha",
-           "federation.mode")
-
-
-def _differing(flat: list[dict[str, Any]]) -> list[str]:
-    return sorted(k for k in set().union(*flat)
-                  if not k.startswith(STUDIED) and len({repr(f.get(k)) for f in flat}) > 1)
 
 
 def shared_settings(runs: list[Run]) -> tuple[dict[str, Any], list[str]]:

@@ -160,13 +160,16 @@ def _row_cells(table: Table, dataset: str, label: str):
 def table1_caption(table: Table, selected: bool, tied: str = "underlined") -> str:
     """The caption; ``tied``: how the file shows a cell tied for best (``marked †`` in Markdown)."""
     what = "Validation-selected (selected_global_acc_mean)" if selected else "Best"
+    rule = ("Selection: each run's round of best validation accuracy (every run of this table has a validation set)."
+            if selected else "Selection: each run's round of best test accuracy (not every run of this table has a "
+            "validation set, so none is used).")
     datasets = sorted({d for d, _, _ in table.rows if d})
     on = f" on {', '.join(datasets)}" if datasets and not _show_dataset(table) else ""
     after = ("after the private and after the public phase" if len(table.phases) > 1
              else f"{table.phases[0][1] if table.phases else 'after public'} phase")
     seeds = f"n = {next(iter(table.seeds))} seeds per cell" if len(table.seeds) == 1 else "n seeds per cell as shown"
     parts = [f"{what} mean global test accuracy (%){on} {after}, mean ± std over seeds ({seeds}; no std with n = 1).",
-             bold_rule(tied)]
+             rule, bold_rule(tied)]
     if table.ref:
         parts.append("Ref.: fully informed reference.")
     if any(kind == "local" for _, _, kind in table.rows):

@@ -127,3 +127,16 @@ def table1_latex(table: Table, caption: str) -> str:
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 
+
+
+def legend_markdown(legend: dict[str, dict]) -> str:
+    """The settings each group label of a table stands for (nothing when the table has no groups)."""
+    if not legend:
+        return ""
+    keys = list(next(iter(legend.values())))
+    lines = ["", "Groups: the settings in which this table's runs differ (other settings are shared).", "",
+             "| group | " + " | ".join(markdown_text(k) for k in keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for label, settings in legend.items():
+        lines.append(f"| {markdown_text(label.strip())} | " + " | ".join(markdown_text(settings.get(k, ""))
+                                                                       for k in keys) + " |")
+    return "\n".join(lines) + "\n"

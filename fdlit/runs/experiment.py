@@ -18,6 +18,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from fdlit.config import fit_parser, parse_fit
 from fdlit.config_ranges import check_knob_ranges
+from fdlit.data.hub import check_obtainable
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.federation.server import ServerModel
 from fdlit.federation.settings import FederationSettings
@@ -41,12 +42,17 @@ RESUME_FLAGS = ("--federation.rounds", "--federation.devices", "--logger.mode", 
                 "--checkpoint.keep", "--checkpoint.background")
 
 
-def default_run_name(loop: FederationLoop) -> str:
+def default_run_name(loop: FederationLoop, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The run's name when ``logger.name`` is null, and what the summary records of its setting: the
+    name carries the non-default settings and a hash unique per setting (fdlit.runs.naming.run_name)."""
+    from fdlit.runs.naming import run_name
+
     method = getattr(loop.aggregator, "short_name", type(loop.aggregator).__name__)
     method = {"fd": method, "local_only": "local", "reference": "reference"}[loop.mode]
     d = loop.data
     heterogeneity = f"k{d.classes_per_client}" if d.partition == "classes" else f"dir{d.dirichlet_alpha}"
-    return safe_name(f"{method}-{heterogeneity}-seed{loop.seed}")  # a custom rule's short_name may hold anything
+    name, digest, differs = run_name(config, safe_name(method), heterogeneity, loop.seed)  # a custom short_name may hold anything
+    return name, {"setting": digest, "non_default_settings": differs}
 
 
 def loop_from_config(cfg: Namespace, init: Namespace, server: bool = True) -> FederationLoop:
@@ -74,6 +80,7 @@ class Experiment:
         init = parser.instantiate(cfg)  # constructors check their arguments: ConfigError before any work
         if resume_from is None:  # a run saved before the ranges were checked resumes as it ran
             check_knob_ranges("aggregator", cfg.aggregator)  # what the constructors accept but overflows float32
+        check_obtainable(init.data.dataset, init.data.data_dir)  # offline and not cached: refused before any import
         self.config: dict[str, Any] = cfg.clone().as_dict()
         self.config.pop("config", None)
         self.config_yaml = parser.dump(cfg, skip_unset=False)  # keep null keys: the saved config is complete
@@ -94,13 +101,22 @@ class Experiment:
         # the config the checkpoint was written with: this one, but for knobs reset on resume (legacy_noop_knobs)
         self.saved_config = with_values(self.config, saved_values or {})
 
+    def note_own_modules(self) -> None:
+        """One line per part of a user's LightningModule that the federation does not call."""
+        from fdlit.clients.lightning_habits import own_module_notes
+
+        own = next((c.own_module for c in self.loop.clients if getattr(c, "own_module", None) is not None), None)
+        for note in own_module_notes(own) if own is not None else []:
+            print(f"fdlit: note: {note}", file=sys.stderr)
+
     def setup(self) -> None:
         """On resume: check the checkpoint against the config and take the run directory's lock
         (a second process stops here, before any work). Then build the clients, and only then, once
         nothing can fail on bad input, create the run directory (a new run) and the observers."""
         loop = self.loop
         user_callbacks = list(loop.callbacks)
-        self.name = self.logger.name or default_run_name(loop)
+        self.name, self.setting = default_run_name(loop, self.config)
+        self.name = self.logger.name or self.name
         state = None
         if self.resume_from is not None:
             self.run_path = self.resume_from
@@ -116,6 +132,7 @@ class Experiment:
                                       f"file); remove it; {resume_hint(self.run_path, self.resumed_round)}"
                                       ) from None
         loop.setup()
+        self.note_own_modules()
         if self.resume_from is None:  # needs the data; still before any training or file (a saved run resumes as it ran)
             loop.settings.check_test_set(len(loop.test_y))
         if state is not None:
@@ -133,7 +150,7 @@ class Experiment:
                 print(f"fdlit: {note}", file=sys.stderr)
         wandb = WandbLogger(self.logger, self.config, self.run_path, self.name,
                             run_id=state["wandb_run_id"] if state else None)
-        self.identity = {"run": self.name, "run_dir": str(self.run_path)}
+        self.identity = {"run": self.name, "run_dir": str(self.run_path), **self.setting}
         directory = RunDirectory(self.run_path, self.config_yaml, self.identity,
                                  messages_written=len(loop.ledger.messages))
         self.checkpointer = Checkpointer(self.run_path, self.config, wandb.current_run_id, self.checkpoint,

@@ -134,17 +134,22 @@ def traced(module: torch.nn.Module, example: torch.Tensor) -> torch.jit.ScriptMo
 def model_card(loop, path: Path, spec: dict, input_step: Optional[dict], source: dict,
                client: Optional[int]) -> dict[str, Any]:
     """What a user of the exported file needs to feed it and to know what it is."""
+    from fdlit.data.class_names import at_load, class_names
+
     x = loop.data.test.x
+    loaded = at_load(loop.data.dataset)  # digits: fdlit divides the 0..16 pixels by 16 as it loads them
     if input_step is None:
-        preprocessing = "none: the network takes the dataset's inputs as they are"
+        preprocessing = (f"{loaded}; nothing else (no input step in the file)" if loaded else
+                         "none: the network takes the dataset's inputs as they are")
     else:
         scaled = "pixels / 255, then " if x.dtype == torch.uint8 else ""
-        preprocessing = (f"included in the file ({input_step['class_path']}, traced for {x.dtype} inputs as the "
-                         f"dataset stores them): {scaled}(x - mean) / std per channel; no augmentation")
+        preprocessing = (f"{loaded + '; then ' if loaded else ''}included in the file ({input_step['class_path']}, "
+                         f"traced for {x.dtype} inputs as the dataset stores them): {scaled}(x - mean) / std per "
+                         "channel; no augmentation")
     return {
         "format": "fdlit-model-card", "version": VERSION, "model": source["model"], "round": source["round"],
         "run_dir": source["run_dir"],
-        "classes": [str(c) for c in range(loop.data.num_classes)],  # labels: index i is class i of the dataset
+        "classes": class_names(loop.data.dataset, loop.data.num_classes),  # index i names label i
         "client_classes": source["classes"],
         "input": {"shape": [None, *map(int, loop.data.input_shape)], "dtype": str(x.dtype).removeprefix("torch."),
                   "preprocessing": preprocessing, "input_step": input_step},

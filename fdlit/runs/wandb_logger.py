@@ -37,7 +37,7 @@ from fdlit.errors import ConfigError
 from fdlit.runs.dashboards import SUMMARIES, accuracy_table_rows, run_summary, wandb_round_payload
 from fdlit.runs.directory import safe_name
 from fdlit.run_settings import LoggerConfig, Mode
-from fdlit.runs.naming import flat, setting_hash, short
+from fdlit.runs.naming import flat, setting_digest, setting_hash, short
 from fdlit.runs.wandb_costs import skip_unused_work, wandb_settings, without_field_docstrings
 from fdlit.runs.wandb_offline import merge_sessions, session_folders
 
@@ -141,7 +141,8 @@ class WandbLogger(FederationCallback):
         self.config = config
         self.run_id = run_id  # a resumed run continues its W&B run (id from the checkpoint)
         self.mode = resolve_mode(config.mode)
-        self.run_config = flat(run_config)
+        # every setting, and the hash that names the setting in default run names (unique per setting)
+        self.run_config = {**flat(run_config), "setting": setting_digest(run_config)}
         self.directory = Path(directory)
         self.name, self.group = names(config, self.run_config, default_name)
         self.run = None
