@@ -227,6 +227,7 @@ def suite(args) -> None:
         left = args.budget_s - (time.perf_counter() - start)
         if left < 30:
             print(f"{name}, M={m}: not run (time budget spent)", file=sys.stderr)
+            results[(m, name)] = None
             continue
         smaller = next((m0 for (m0, n0), r in results.items() if n0 == name == "sequential" and r and m0 < m), None)
         if smaller is not None:  # clients one after another: M / M0 times the smaller round
@@ -255,6 +256,7 @@ def suite(args) -> None:
         base = results.get((m, "sequential"))
         speedup = rate(base, args)[0] / seconds if base else float("nan")
         timed = r.get("extrapolated") or (f"{len(r['times'])} after round 1" if r["times"] else "round 1 only")
+        timed += " (stopped at its time share)" if r["executor_used"] == "stopped" else ""
         print(f"| {m} | {name} ({', '.join(r['forms']) or '-'}) | {r['first']:.1f} | {seconds:.2f} | {speedup:.2f}x "
               f"| {tflops:.3g} | {peak:.3g} | {r['util']:.0f} | {r['peak_gib']:.2f} | {timed} |")
     print(json.dumps({"args": vars(args), "results": {f"{m}/{n}": r for (m, n), r in results.items()}}))
