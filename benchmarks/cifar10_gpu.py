@@ -25,6 +25,9 @@ s / round is the median of rounds 2 and later; round 1 is reported apart (with `
 the compile time). The suite runs ``bf16-mixed`` (the vectorized executor's grouped network with
 bf16 autocast and channels-last activations).
 
+``--profile`` writes the kernel time by op over round 2 (``torch.profiler``, sorted by device time)
+to ``--run_dir``; that round's time then includes the profiler's overhead.
+
 ``--checkpoint`` adds the run's checkpointer (format and background writer of ``fit``): the
 table gives the time the training thread spends on it per round and the background write.
 TFLOP/s is the model FLOPs of a round's training and inference steps (counted with
@@ -89,10 +92,18 @@ def worker(args) -> None:
     stamps: list[float] = []
     gpu = torch.cuda.get_device_name() if cuda else "cpu"
 
+    profiled: dict[str, str] = {}
+
     class RoundClock(FederationCallback):
+        profiler = None
+
         def on_round_start(self, loop, round):
             if cuda:
                 torch.cuda.synchronize()
+            if args.profile and round == 2:  # kernel time by op over one whole round
+                activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+                self.profiler = torch.profiler.profile(activities=activities)
+                self.profiler.__enter__()
             if not stamps:
                 stamps.append(time.perf_counter())
             if round == 1:  # what the parent needs if this process is stopped at its time limit
@@ -108,11 +119,20 @@ def worker(args) -> None:
             if cuda:
                 torch.cuda.synchronize()
             stamps.append(time.perf_counter())
+            if self.profiler is not None:
+                self.profiler.__exit__(None, None, None)
+                table = self.profiler.key_averages().table(
+                    sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=30)
+                profiled["path"] = os.path.join(args.run_dir, f"profile-{args.executor}-{args.clients_one}.txt")
+                os.makedirs(args.run_dir, exist_ok=True)
+                with open(profiled["path"], "w") as f:
+                    f.write(table)
+                self.profiler = None
             # as it happens, so a run stopped at its time limit still reports its finished rounds
             print(json.dumps({"round": round, "s": stamps[-1] - stamps[-2],
                               "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                               "util": sampler.mean() if sampler is not None else None,
-                              "forms": sorted(getattr(loop.executor, "forms", ())),
+                              "forms": sorted(getattr(loop.executor, "forms", ())), "profile": profiled.get("path"),
                               "chunk_size": getattr(loop.executor, "chunk_size", None),
                               "auto_chunks": sorted(set(getattr(loop.executor, "_auto_chunks", {}).values()))}),
                   file=sys.stderr, flush=True)
@@ -156,7 +176,7 @@ def worker(args) -> None:
     ckpt = os.path.join(run_dir, "checkpoint.pt") if args.checkpoint else None
     print(json.dumps({
         "times": times[1:], "first": times[0], "executor_used": type(loop.executor).__name__,
-        "forms": sorted(getattr(loop.executor, "forms", ())),
+        "forms": sorted(getattr(loop.executor, "forms", ())), "profile": profiled.get("path"),
         "flop": round_flop(loop, args), "first_flop": round_flop(loop, args, first=True),
         "ckpt_blocking": checkpoint_times["blocking"], "ckpt_write": checkpoint_times["write"],
         "ckpt_mib": os.path.getsize(ckpt) / 2**20 if ckpt else float("nan"),
@@ -174,7 +194,7 @@ def worker_command(args, name: str, clients: int, rounds: int) -> list[str]:
                 "device", "run_dir", "first_epochs", "chunk_size", "conv_network"):
         if getattr(args, key) is not None:
             cmd += [f"--{key}", str(getattr(args, key))]
-    cmd += [f"--{flag}" for flag in ("checkpoint", "channels_last", "compile") if getattr(args, flag)]
+    cmd += [f"--{flag}" for flag in ("checkpoint", "channels_last", "compile", "profile") if getattr(args, flag)]
     return cmd + (["--data_dir", args.data_dir] if args.data_dir else [])
 
 
@@ -192,7 +212,7 @@ def run_cell(args, name: str, clients: int, rounds: int, timeout: float | None =
             print(f"{name}, M={clients}: no round finished in {timeout:.0f} s", file=sys.stderr)
             return None
         util = done[-1]["util"]
-        return {**info, "first": done[0]["s"], "times": [x["s"] for x in done[1:]], "forms": done[-1]["forms"],
+        return {**info, "first": done[0]["s"], "times": [x["s"] for x in done[1:]], "forms": done[-1]["forms"], "profile": done[-1].get("profile"),
                 "util": float("nan") if util is None else util, "executor_used": "stopped",
                 "peak_gib": max((x["peak_gib"] or float("nan")) for x in done), "acc": float("nan"),
                 "ckpt_blocking": [], "ckpt_write": [], "ckpt_mib": float("nan")}
@@ -259,6 +279,9 @@ def suite(args) -> None:
         timed += " (stopped at its time share)" if r["executor_used"] == "stopped" else ""
         print(f"| {m} | {name} ({', '.join(r['forms']) or '-'}) | {r['first']:.1f} | {seconds:.2f} | {speedup:.2f}x "
               f"| {tflops:.3g} | {peak:.3g} | {r['util']:.0f} | {r['peak_gib']:.2f} | {timed} |")
+    for (m, name), r in results.items():
+        if r is not None and r.get("profile"):
+            print(f"M={m} {name}: kernel time by op over round 2 in {r['profile']}")
     print(json.dumps({"args": vars(args), "results": {f"{m}/{n}": r for (m, n), r in results.items()}}))
     if not ran:
         sys.exit("cifar10_gpu.py: every cell failed")
@@ -289,6 +312,8 @@ def main() -> None:
                    help="vectorized: federation.executor.conv_network")
     p.add_argument("--channels_last", action="store_true")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="kernel time by op over round 2, written to --run_dir (that round's time includes the profiler)")
     p.add_argument("--peak_tflops", type=float, default=None, help="dense bf16 peak of the GPU (default: by name)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--run_dir", default="/tmp/fdlit-bench-runs")
@@ -341,6 +366,9 @@ def main() -> None:
               f"| {tflops:.3g} | {peak:.3g} | {statistics.mean(r['util'] for r in runs):.0f} "
               f"| {max(r['peak_gib'] for r in runs):.2f} | {r0['ckpt_mib']:.0f} | {blocking:.2f} ({write:.2f}) "
               f"| {r0['acc']:.3f} |")
+    for name, runs in results.items():
+        if runs[0].get("profile"):
+            print(f"{name}: kernel time by op over round 2 in {runs[0]['profile']}")
     print(json.dumps({"args": vars(args), "results": results}))
 
 

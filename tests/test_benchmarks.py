@@ -38,7 +38,7 @@ def test_cifar10_gpu_benchmark_runs_on_cpu_with_the_image_pipeline(tmp_path):
 def test_cifar10_gpu_suite_smoke_runs_every_cell_on_cpu(tmp_path):
     """The one-command GPU suite at toy size on a CPU: M = 20 / 100 become 5 / 6, every cell runs,
     the vectorized cells run the grouped network, sequential is the 1.00x reference."""
-    out = run("cifar10_gpu.py", "--suite", "--smoke", "--model", "SmallCNN", "--run_dir", str(tmp_path))
+    out = run("cifar10_gpu.py", "--suite", "--smoke", "--model", "SmallCNN", "--profile", "--run_dir", str(tmp_path))
     rows = table_rows(out)
     assert [(r[0], r[1].split(" (")[0]) for r in rows] == [("5", "vectorized"), ("5", "sequential"),
                                                            ("6", "vectorized"), ("6", "sequential")]
@@ -46,6 +46,9 @@ def test_cifar10_gpu_suite_smoke_runs_every_cell_on_cpu(tmp_path):
     assert [r[4] for r in rows if r[1].startswith("sequential")] == ["1.00x", "1.00x"]
     assert all(float(r[3]) > 0 and float(r[5]) > 0 for r in rows)  # s / round, TFLOP/s
     assert rows[-1][-1] == "round 1 only" and rows[0][-1] == "2 after round 1"
+    profiles = sorted(p.name for p in tmp_path.glob("profile-*.txt"))  # round 2 of every cell that has one
+    assert profiles == ["profile-sequential-5.txt", "profile-vectorized-5.txt", "profile-vectorized-6.txt"]
+    assert out.count("kernel time by op over round 2") == 3 and "aten::" in (tmp_path / profiles[-1]).read_text()
 
 
 def test_executors_benchmark_prints_both_ratios(tmp_path):
