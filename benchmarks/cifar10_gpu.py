@@ -1,28 +1,44 @@
-"""CIFAR-10 / ResNet-18, 20 clients: time per round, GPU utilisation and memory, per executor.
+"""CIFAR-10 / ResNet-18: time per round, TFLOP/s, % of the dense bf16 peak, GPU utilisation and memory,
+sequential vs vectorized (the grouped network), for M = 20 and M = 100 clients. The one command:
+
+    python benchmarks/cifar10_gpu.py --suite
+
+(under 8 minutes on one H100 / H200: each cell runs in a fresh process within ``--budget_s``, 450 s in
+all; a cell stopped at its share reports the rounds it finished; sequential at M = 100, ~4 minutes a
+round, is given as 5 x its M = 20 round, the clients running one after another, when the budget left
+cannot hold it). On a CPU-only machine
+``--suite --smoke`` runs the same cells at toy size (M = 5 and 6, a few images; the numbers mean nothing;
+``--model SmallCNN`` makes it quick).
+
+One setting at a time (each executor in a fresh process):
 
     python benchmarks/cifar10_gpu.py [--data_dir DIR] [--clients 20] [--rounds 3] [--repeats 1]
                                      [--executors sequential vectorized] [--precision 32-true]
                                      [--first_epochs 20] [--checkpoint] [--chunk_size N]
-                                     [--channels_last] [--compile]
+                                     [--channels_last] [--compile] [--conv_network auto]
 
 The setting of ``configs/cifar10.yaml`` (Kovalchuk et al. 2026, Table 2: ResNet-18 CIFAR stem, Adam 1e-3,
 batch 128, 5,000 private samples per client, 5,000 public, k = 2, crop + flip on the device), with
 ``--epochs`` private + public epochs per round (the paper's 2) and ``--first_epochs`` in round 1
 (the paper's 20; default: the same as ``--epochs``, so round 1 is only a warm-up). The table's
-s / round is the median of rounds 2 and later; round 1 is reported apart.
+s / round is the median of rounds 2 and later; round 1 is reported apart (with ``--compile`` it holds
+the compile time). The suite runs ``bf16-mixed`` (the vectorized executor's grouped network with
+bf16 autocast and channels-last activations).
+
+``--profile`` writes the kernel time by op over round 2 (``torch.profiler``, sorted by device time)
+to ``--run_dir``; that round's time then includes the profiler's overhead.
 
 ``--checkpoint`` adds the run's checkpointer (format and background writer of ``fit``): the
 table gives the time the training thread spends on it per round and the background write.
-"% bf16 peak" is the model FLOPs of a round's training and inference steps (counted with
-``torch.utils.flop_counter`` on one batch) per second, over the GPU's dense bf16 peak (``--peak_tflops``,
-989 for an H100 SXM).
+TFLOP/s is the model FLOPs of a round's training and inference steps (counted with
+``torch.utils.flop_counter`` on one batch) per second; "% bf16 peak" divides it by the GPU's dense bf16
+peak (``--peak_tflops``; by default from the GPU's name: 989 for an H100 SXM or H200).
 
 Data: ``--data_dir`` is a local copy of uoft-cs/cifar10 (as for ``fit``). Without it the script
 uses random uint8 images of CIFAR-10's shape and split sizes (50,000 / 10,000): the work per round is
 the same, the accuracies are meaningless, and the table says "synthetic".
 
-Each executor runs in a fresh subprocess (``--worker``), so its peak memory is its own. GPU
-utilisation is sampled every 0.2 s during the timed rounds (``torch.cuda.utilization``, which needs
+GPU utilisation is sampled every 0.2 s during the timed rounds (``torch.cuda.utilization``, which needs
 ``pynvml``, else ``nvidia-smi``). ``--device cpu`` with small ``--samples``/``--public`` runs the
 same code on a CPU (used by the test suite; the numbers then mean nothing).
 """
@@ -30,110 +46,24 @@ same code on a CPU (used by the test suite; the numbers then mean nothing).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import warnings
+
+from cifar10_measure import UtilisationSampler, round_flop, synthetic_cifar10
 
 EXECUTORS = {
     "sequential": "fdlit.execution.SequentialExecutor",
     "vectorized": "fdlit.execution.VectorizedExecutor",
 }
-CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-
-
-def synthetic_cifar10(train: int, test: int):
-    """Random uint8 images with CIFAR-10's shape, labels and input module (for timing only)."""
-    from functools import partial
-
-    import torch
-
-    from fdlit.data.augment import ImageInput
-    from fdlit.data.datasets import TensorDataset
-
-    g = torch.Generator().manual_seed(0)
-    transform = partial(ImageInput, mean=CIFAR10_MEAN, std=CIFAR10_STD, augment=True)
-    out = []
-    for n, name in ((train, "train"), (test, "test")):
-        x = torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8)
-        y = torch.arange(n) % 10
-        out.append(TensorDataset(x, y, 10, f"cifar10-synthetic/{name}", input_transform=transform))
-    return out[0], out[1]
-
-
-class UtilisationSampler:
-    """Samples GPU utilisation (%) in a thread while ``active`` is set."""
-
-    def __init__(self, device_index: int = 0, every: float = 0.2):
-        self.samples: list[float] = []
-        self.active = threading.Event()
-        self._stop = threading.Event()
-        self._read = self._reader(device_index)
-        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
-        if self._read is not None:
-            self._thread.start()
-
-    @staticmethod
-    def _reader(index: int):
-        import torch
-
-        try:
-            torch.cuda.utilization(index)
-            return lambda: float(torch.cuda.utilization(index))
-        except Exception:  # no pynvml
-            pass
-        if shutil.which("nvidia-smi"):
-            cmd = ["nvidia-smi", "-i", str(index), "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
-            return lambda: float(subprocess.run(cmd, capture_output=True, text=True).stdout.strip())
-        return None
-
-    def _run(self, every: float) -> None:
-        while not self._stop.is_set():
-            if self.active.is_set():
-                with contextlib.suppress(Exception):  # a sample the tool could not give is skipped
-                    self.samples.append(self._read())
-            time.sleep(every)
-
-    def mean(self) -> float:
-        self._stop.set()
-        return statistics.mean(self.samples) if self.samples else float("nan")
-
-
-def step_flop(model_name: str, batch: int, train: bool) -> float:
-    """Model FLOPs of one batch (forward, or forward + backward), counted on the meta device."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from fdlit.models import ResNet18, SmallCNN
-
-    with torch.device("meta"):
-        shape = dict(input_shape=(3, 32, 32), num_classes=10)
-        net = ResNet18(**shape, stem="cifar") if model_name == "ResNet18" else SmallCNN(**shape)
-        x = torch.empty(batch, 3, 32, 32)
-    with FlopCounterMode(display=False) as counter:
-        out = net(x)
-        if train:
-            out.sum().backward()
-    return float(counter.get_total_flops())
-
-
-def round_flop(loop, args, first: bool = False) -> float:
-    """Model FLOPs of one round: private and public training epochs, the public and calibration
-    predictions, and the two evaluations on the test set (after each phase), for every client."""
-    train, forward = step_flop(args.model, 1, True), step_flop(args.model, 1, False)
-    data = loop.data
-    private = sum(len(s.train) for s in data.clients)
-    calibration = sum(len(s.calibration) for s in data.clients if s.calibration is not None)
-    clients, public, test = len(data.clients), len(data.public), len(data.test)
-    epochs = (args.first_epochs or args.epochs) if first else args.epochs
-    return (epochs * (private + clients * public) * train
-            + (clients * public + calibration + 2 * clients * test) * forward)
+# dense bf16 TFLOP/s by GPU name (first match; without sparsity)
+PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0),
+               ("A100", 312.0), ("L40S", 362.0))
+SUITE = [(20, "vectorized", 3), (20, "sequential", 2), (100, "vectorized", 2), (100, "sequential", 1)]
 
 
 def worker(args) -> None:
@@ -155,28 +85,54 @@ def worker(args) -> None:
         dataset = "cifar10-synthetic"
     module, _, cls = EXECUTORS[args.executor].rpartition(".")
     executor_class = getattr(importlib.import_module(module), cls)
-    executor = executor_class(chunk_size=args.chunk_size) if args.executor == "vectorized" else executor_class()
+    executor = (executor_class(chunk_size=args.chunk_size, conv_network=args.conv_network)
+                if args.executor == "vectorized" else executor_class())
     cuda = args.device == "cuda"
     sampler = UtilisationSampler() if cuda else None
     stamps: list[float] = []
+    gpu = torch.cuda.get_device_name() if cuda else "cpu"
+
+    profiled: dict[str, str] = {}
 
     class RoundClock(FederationCallback):
+        profiler = None
+
         def on_round_start(self, loop, round):
             if cuda:
                 torch.cuda.synchronize()
+            if args.profile and round == 2:  # kernel time by op over one whole round
+                activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+                self.profiler = torch.profiler.profile(activities=activities)
+                self.profiler.__enter__()
             if not stamps:
                 stamps.append(time.perf_counter())
-            if round == 2 and sampler is not None:  # round 1 is warm-up
+            if round == 1:  # what the parent needs if this process is stopped at its time limit
+                print(json.dumps({"flop": round_flop(loop, args), "first_flop": round_flop(loop, args, first=True),
+                                  "gpu": gpu}), file=sys.stderr, flush=True)
+            if sampler is not None:
                 sampler.active.set()
-                torch.cuda.reset_peak_memory_stats()
+                if round == 2:  # round 1 is warm-up (its samples are kept only if no round 2 comes)
+                    sampler.samples.clear()
+                    torch.cuda.reset_peak_memory_stats()
 
         def on_round_end(self, loop, round, metrics):
             if cuda:
                 torch.cuda.synchronize()
             stamps.append(time.perf_counter())
+            if self.profiler is not None:
+                self.profiler.__exit__(None, None, None)
+                table = self.profiler.key_averages().table(
+                    sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=30)
+                profiled["path"] = os.path.join(args.run_dir, f"profile-{args.executor}-{args.clients_one}.txt")
+                os.makedirs(args.run_dir, exist_ok=True)
+                with open(profiled["path"], "w") as f:
+                    f.write(table)
+                self.profiler = None
             # as it happens, so a run stopped at its time limit still reports its finished rounds
             print(json.dumps({"round": round, "s": stamps[-1] - stamps[-2],
                               "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+                              "util": sampler.mean() if sampler is not None else None,
+                              "forms": sorted(getattr(loop.executor, "forms", ())), "profile": profiled.get("path"),
                               "chunk_size": getattr(loop.executor, "chunk_size", None),
                               "auto_chunks": sorted(set(getattr(loop.executor, "_auto_chunks", {}).values()))}),
                   file=sys.stderr, flush=True)
@@ -220,18 +176,122 @@ def worker(args) -> None:
     ckpt = os.path.join(run_dir, "checkpoint.pt") if args.checkpoint else None
     print(json.dumps({
         "times": times[1:], "first": times[0], "executor_used": type(loop.executor).__name__,
+        "forms": sorted(getattr(loop.executor, "forms", ())), "profile": profiled.get("path"),
         "flop": round_flop(loop, args), "first_flop": round_flop(loop, args, first=True),
         "ckpt_blocking": checkpoint_times["blocking"], "ckpt_write": checkpoint_times["write"],
         "ckpt_mib": os.path.getsize(ckpt) / 2**20 if ckpt else float("nan"),
         "acc": loop.history[-1]["after_public/global_acc_mean"],
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
         "util": sampler.mean() if sampler is not None else float("nan"),
-        "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+        "gpu": gpu,
     }))
+
+
+def worker_command(args, name: str, clients: int, rounds: int) -> list[str]:
+    cmd = [sys.executable, __file__, "--worker", "--executor", name, "--clients_one", str(clients),
+           "--rounds", str(rounds)]
+    for key in ("epochs", "samples", "public", "train_size", "test_size", "batch_size", "model", "precision",
+                "device", "run_dir", "first_epochs", "chunk_size", "conv_network"):
+        if getattr(args, key) is not None:
+            cmd += [f"--{key}", str(getattr(args, key))]
+    cmd += [f"--{flag}" for flag in ("checkpoint", "channels_last", "compile", "profile") if getattr(args, flag)]
+    return cmd + (["--data_dir", args.data_dir] if args.data_dir else [])
+
+
+def run_cell(args, name: str, clients: int, rounds: int, timeout: float | None = None) -> dict | None:
+    """One executor in a fresh process; on a timeout, what its finished rounds reported."""
+    try:
+        out = subprocess.run(worker_command(args, name, clients, rounds), capture_output=True, text=True,
+                             env=os.environ.copy(), timeout=timeout)
+    except subprocess.TimeoutExpired as stopped:
+        stderr = stopped.stderr.decode() if isinstance(stopped.stderr, bytes) else (stopped.stderr or "")
+        lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+        info = next((x for x in lines if "flop" in x), None)
+        done = [x for x in lines if "round" in x]
+        if info is None or not done:
+            print(f"{name}, M={clients}: no round finished in {timeout:.0f} s", file=sys.stderr)
+            return None
+        util = done[-1]["util"]
+        return {**info, "first": done[0]["s"], "times": [x["s"] for x in done[1:]], "forms": done[-1]["forms"], "profile": done[-1].get("profile"),
+                "util": float("nan") if util is None else util, "executor_used": "stopped",
+                "peak_gib": max((x["peak_gib"] or float("nan")) for x in done), "acc": float("nan"),
+                "ckpt_blocking": [], "ckpt_write": [], "ckpt_mib": float("nan")}
+    if out.returncode:  # the other cells still run and are reported
+        print(f"{name}, M={clients} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def peak_of(args, gpu: str) -> float:
+    if args.peak_tflops is not None:
+        return args.peak_tflops
+    return next((tflops for name, tflops in PEAK_TFLOPS if name in gpu), 989.0)
+
+
+def rate(r: dict, args) -> tuple[float, float, float]:
+    """(s / round, TFLOP/s, % of the dense bf16 peak): rounds after round 1, else round 1 itself."""
+    seconds = statistics.median(r["times"]) if r["times"] else r["first"]
+    flop = r["flop"] if r["times"] else r["first_flop"]
+    tflops = flop / seconds / 1e12
+    return seconds, tflops, 100 * tflops / peak_of(args, r["gpu"])
+
+
+def suite(args) -> None:
+    """Every (M, executor) cell of ``SUITE`` within ``--budget_s`` seconds in all."""
+    if args.smoke:
+        args.device, args.samples, args.public, args.train_size, args.test_size = "cpu", 8, 8, 100, 8
+        args.batch_size, args.epochs, args.conv_network = 4, 1, "grouped"
+    cells = [((5, 6)[i // 2] if args.smoke else m, name, rounds) for i, (m, name, rounds) in enumerate(SUITE)]
+    start, results = time.perf_counter(), {}
+    for k, (m, name, rounds) in enumerate(cells):
+        left = args.budget_s - (time.perf_counter() - start)
+        if left < 30:
+            print(f"{name}, M={m}: not run (time budget spent)", file=sys.stderr)
+            results[(m, name)] = None
+            continue
+        smaller = next((m0 for (m0, n0), r in results.items() if n0 == name == "sequential" and r and m0 < m), None)
+        if smaller is not None:  # clients one after another: M / M0 times the smaller round
+            r0, factor = results[(smaller, name)], m / smaller
+            estimate = factor * rate(r0, args)[0]
+            if estimate * 1.1 + 30 > left:
+                results[(m, name)] = {**r0, "first": float("nan"), "flop": factor * r0["flop"],
+                                      "times": [t * factor for t in (r0["times"] or [r0["first"]])],
+                                      "extrapolated": f"{factor:g} x the M={smaller} round, not run (~{estimate:.0f} s)"}
+                continue
+        share = left if k == len(cells) - 1 else max(30.0, left / (len(cells) - k) * (1.5 if m > 20 else 1.0))
+        results[(m, name)] = run_cell(args, name, m, rounds, timeout=min(left, share))
+    ran = [r for r in results.values() if r is not None]
+    gpu = ran[0]["gpu"] if ran else "no cell finished"
+    print(f"CIFAR-10 synthetic, {args.model}, k=2, {args.samples} private / {args.public} public per client, batch "
+          f"{args.batch_size}, {args.epochs}+{args.epochs} epochs a round, {args.precision}, {gpu}, dense bf16 peak "
+          f"{peak_of(args, gpu):.0f} TFLOP/s{' (smoke: toy sizes on a CPU)' if args.smoke else ''}")
+    print("| M | executor (forms) | round 1 s | s / round | speed-up vs sequential | TFLOP/s | % bf16 peak "
+          "| GPU util % | peak GPU memory GiB | rounds timed |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (m, name), r in results.items():
+        if r is None:
+            print(f"| {m} | {name} | – | – | – | – | – | – | – | failed or not reached |")
+            continue
+        seconds, tflops, peak = rate(r, args)
+        base = results.get((m, "sequential"))
+        speedup = rate(base, args)[0] / seconds if base else float("nan")
+        timed = r.get("extrapolated") or (f"{len(r['times'])} after round 1" if r["times"] else "round 1 only")
+        timed += " (stopped at its time share)" if r["executor_used"] == "stopped" else ""
+        print(f"| {m} | {name} ({', '.join(r['forms']) or '-'}) | {r['first']:.1f} | {seconds:.2f} | {speedup:.2f}x "
+              f"| {tflops:.3g} | {peak:.3g} | {r['util']:.0f} | {r['peak_gib']:.2f} | {timed} |")
+    for (m, name), r in results.items():
+        if r is not None and r.get("profile"):
+            print(f"M={m} {name}: kernel time by op over round 2 in {r['profile']}")
+    print(json.dumps({"args": vars(args), "results": {f"{m}/{n}": r for (m, n), r in results.items()}}))
+    if not ran:
+        sys.exit("cifar10_gpu.py: every cell failed")
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--suite", action="store_true", help="M = 20 and 100, sequential and vectorized, bf16")
+    p.add_argument("--smoke", action="store_true", help="with --suite: toy sizes on a CPU")
+    p.add_argument("--budget_s", type=float, default=450.0, help="--suite: seconds for every cell together")
     p.add_argument("--clients", type=int, default=20)
     p.add_argument("--executors", nargs="+", default=list(EXECUTORS), choices=list(EXECUTORS))
     p.add_argument("--rounds", type=int, default=3)
@@ -244,13 +304,17 @@ def main() -> None:
     p.add_argument("--test_size", type=int, default=10000, help="synthetic test split")
     p.add_argument("--batch_size", type=int, default=128)
     p.add_argument("--model", default="ResNet18", choices=["ResNet18", "SmallCNN"])
-    p.add_argument("--precision", default="32-true")
+    p.add_argument("--precision", default=None, help="default: 32-true; bf16-mixed with --suite on a GPU")
     p.add_argument("--first_epochs", type=int, default=None, help="epochs in round 1 (paper: 20)")
     p.add_argument("--checkpoint", action="store_true", help="write the run's checkpoint every round")
     p.add_argument("--chunk_size", type=int, default=None, help="vectorized: clients per stack")
+    p.add_argument("--conv_network", default="auto", choices=["auto", "grouped", "vmap"],
+                   help="vectorized: federation.executor.conv_network")
     p.add_argument("--channels_last", action="store_true")
     p.add_argument("--compile", action="store_true")
-    p.add_argument("--peak_tflops", type=float, default=989.0, help="dense bf16 peak of the GPU")
+    p.add_argument("--profile", action="store_true",
+                   help="kernel time by op over round 2, written to --run_dir (that round's time includes the profiler)")
+    p.add_argument("--peak_tflops", type=float, default=None, help="dense bf16 peak of the GPU (default: by name)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--run_dir", default="/tmp/fdlit-bench-runs")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -259,30 +323,24 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    if args.rounds < 2:
+    if args.precision is None:
+        args.precision = "bf16-mixed" if args.suite and not args.smoke else "32-true"
+    if args.rounds < 2 and not args.suite:
         p.error("--rounds must be >= 2 (round 1 is warm-up)")
-    if args.device == "cuda":
+    if args.device == "cuda" and not args.smoke:
         import torch
 
         if not torch.cuda.is_available():
-            sys.exit("cifar10_gpu.py: no CUDA device (use --device cpu for a functional run)")
+            sys.exit("cifar10_gpu.py: no CUDA device (--suite --smoke, or --device cpu, for a functional run)")
+    if args.suite:
+        return suite(args)
 
     results: dict[str, list[dict]] = {}
     for _ in range(args.repeats):
         for name in args.executors:
-            cmd = [sys.executable, __file__, "--worker", "--executor", name, "--clients_one", str(args.clients)]
-            for key in ("rounds", "epochs", "samples", "public", "train_size", "test_size", "batch_size",
-                        "model", "precision", "device", "run_dir", "first_epochs", "chunk_size"):
-                if getattr(args, key) is not None:
-                    cmd += [f"--{key}", str(getattr(args, key))]
-            cmd += [f"--{flag}" for flag in ("checkpoint", "channels_last", "compile") if getattr(args, flag)]
-            if args.data_dir:
-                cmd += ["--data_dir", args.data_dir]
-            out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
-            if out.returncode:  # the other executors still run and are reported
-                print(f"{name} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
-                continue
-            results.setdefault(name, []).append(json.loads(out.stdout.strip().splitlines()[-1]))
+            r = run_cell(args, name, args.clients, args.rounds)
+            if r is not None:
+                results.setdefault(name, []).append(r)
 
     if not results:
         sys.exit("cifar10_gpu.py: every executor failed")
@@ -293,20 +351,24 @@ def main() -> None:
           f"epochs in round 1, {args.epochs}+{args.epochs} after, {args.precision}"
           f"{', channels-last' if args.channels_last else ''}{', compiled' if args.compile else ''}, "
           f"{first['gpu']}; median of {args.repeats}x{args.rounds - 1} rounds after round 1")
-    print("| executor (used) | round 1 s | s / round | speed-up vs sequential | % bf16 peak | GPU util % "
-          "| peak GPU memory GiB | checkpoint MiB | checkpoint s in round (write s) | final acc |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    med = {n: statistics.median(t for r in rs for t in r["times"]) for n, rs in results.items()}
-    base = med.get("sequential", float("nan"))
+    print("| executor (used, forms) | round 1 s | s / round | speed-up vs sequential | TFLOP/s | % bf16 peak "
+          "| GPU util % | peak GPU memory GiB | checkpoint MiB | checkpoint s in round (write s) | final acc |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    med = {n: rate({**rs[0], "times": [t for r in rs for t in r["times"]]}, args) for n, rs in results.items()}
+    base = med.get("sequential", (float("nan"),))[0]
     for name, runs in results.items():
         r0 = runs[0]
-        peak = 100 * r0["flop"] / med[name] / (args.peak_tflops * 1e12)
+        seconds, tflops, peak = med[name]
         blocking = statistics.median(r0["ckpt_blocking"]) if r0["ckpt_blocking"] else float("nan")
         write = statistics.median(r0["ckpt_write"]) if r0["ckpt_write"] else float("nan")
-        print(f"| {name} ({r0['executor_used']}) | {r0['first']:.1f} | {med[name]:.2f} | {base / med[name]:.2f}x "
-              f"| {peak:.1f} | {statistics.mean(r['util'] for r in runs):.0f} "
+        forms = f", {'/'.join(r0['forms'])}" if r0.get("forms") else ""
+        print(f"| {name} ({r0['executor_used']}{forms}) | {r0['first']:.1f} | {seconds:.2f} | {base / seconds:.2f}x "
+              f"| {tflops:.3g} | {peak:.3g} | {statistics.mean(r['util'] for r in runs):.0f} "
               f"| {max(r['peak_gib'] for r in runs):.2f} | {r0['ckpt_mib']:.0f} | {blocking:.2f} ({write:.2f}) "
               f"| {r0['acc']:.3f} |")
+    for name, runs in results.items():
+        if runs[0].get("profile"):
+            print(f"{name}: kernel time by op over round 2 in {runs[0]['profile']}")
     print(json.dumps({"args": vars(args), "results": results}))
 
 

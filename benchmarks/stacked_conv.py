@@ -1,6 +1,12 @@
-"""CPU time of one stacked LeNet-5 training step (forward + backward) and of inference, per form.
+"""CPU time of one stacked convolutional network's training step (forward + backward) and of
+inference, per form.
 
-    python benchmarks/stacked_conv.py [--clients 20] [--batch 64] [--repeats 5] [--eval_samples 1024]
+    python benchmarks/stacked_conv.py [--model lenet5] [--clients 20] [--batch 64] [--repeats 5]
+                                      [--eval_samples 1024] [--image 32]
+
+``--model``: ``lenet5`` (28x28 grey images), ``resnet18`` (the CIFAR-stem ResNet-18 on
+``--image`` x ``--image`` colour images: residual blocks and BatchNorm), ``convbn`` (LeNet-5's
+convolutions with BatchNorm after each, 28x28).
 
 One thread. Forms of the same computation (M clients, each its own weights and its own batch):
 
@@ -31,7 +37,24 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from fdlit.execution.grouped import GroupedNetwork
-from fdlit.models import LeNet5
+from fdlit.models import LeNet5, ResNet18
+
+
+class ConvBN(torch.nn.Sequential):
+    """LeNet-5's convolutions with BatchNorm after each: a chain with BatchNorm."""
+
+    def __init__(self):
+        nn = torch.nn
+        super().__init__(nn.Conv2d(1, 6, 5, padding=2), nn.BatchNorm2d(6), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(6, 16, 5), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 10))
+
+
+def build(model: str, image: int):
+    """(network factory, input shape of one sample)."""
+    if model == "resnet18":
+        return (lambda: ResNet18((3, image, image), 10)), (3, image, image)
+    return (ConvBN if model == "convbn" else (lambda: LeNet5((1, 28, 28), 10))), (1, 28, 28)
 
 
 def cpu_ms(fn) -> float:
@@ -42,6 +65,8 @@ def cpu_ms(fn) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--model", default="lenet5", choices=["lenet5", "resnet18", "convbn"])
+    p.add_argument("--image", type=int, default=32, help="resnet18: image side")
     p.add_argument("--clients", type=int, default=20)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
@@ -51,13 +76,16 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     m, b = args.clients, args.batch
-    nets = [LeNet5((1, 28, 28), 10) for _ in range(m)]
-    x, t = torch.randn(m, b, 1, 28, 28), torch.randint(0, 10, (m, b))
+    factory, shape = build(args.model, args.image)
+    nets = [factory() for _ in range(m)]
+    x, t = torch.randn(m, b, *shape), torch.randint(0, 10, (m, b))
     names = [n for n, _ in nets[0].named_parameters()]
     stack = {n: torch.stack([dict(net.named_parameters())[n].detach() for net in nets]).requires_grad_() for n in names}
+    buffers = {n: torch.stack([dict(net.named_buffers())[n] for net in nets]) for n, _ in nets[0].named_buffers()}
     stack_cl = {n: (v.detach().transpose(2, 4).contiguous().transpose(2, 4) if v.dim() == 5 else v.detach())
                 .requires_grad_() for n, v in stack.items()}  # conv weights channels-last per client
     grouped = GroupedNetwork.build(nets[0], x[0, :1])
+    assert grouped is not None, f"{args.model} is not covered by the grouped network"
 
     def loss_of(logits):
         return F.cross_entropy(logits.flatten(0, 1), t.flatten(), reduction="none").view(m, b).mean(1).sum()
@@ -68,12 +96,12 @@ def main() -> None:
 
     def vmapped(params):
         def step():
-            one = lambda p, xi: functional_call(nets[0], p, (xi,))  # noqa: E731
-            torch.autograd.grad(loss_of(vmap(one)(params, x)), list(params.values()))
+            one = lambda p, bufs, xi: functional_call(nets[0], (p, bufs), (xi,))  # noqa: E731
+            torch.autograd.grad(loss_of(vmap(one)(params, buffers, x)), list(params.values()))
         return step
 
     def grouped_step():
-        torch.autograd.grad(loss_of(grouped(stack, {}, x, training=True)), list(stack.values()))
+        torch.autograd.grad(loss_of(grouped(stack, buffers, x, training=True)), list(stack.values()))
 
     def grouped_conv_loop():
         conv2d = F.conv2d
@@ -93,23 +121,29 @@ def main() -> None:
 
     forms = {"per-client loop": per_client_loop, "vmap": vmapped(stack), "vmap, channels-last weights": vmapped(stack_cl),
              "grouped, per-client convolutions": grouped_conv_loop, "grouped": grouped_step}
-    xs = torch.randn(args.eval_samples, 1, 28, 28)
+    if args.model != "lenet5":  # the two LeNet-5 experiments are left out
+        forms = {k: v for k, v in forms.items() if k in ("per-client loop", "vmap", "grouped")}
+    xs = torch.randn(args.eval_samples, *shape)
 
     @torch.no_grad()
     def infer_loop():
         for net in nets:
+            net.eval()
             net(xs)  # the sequential executor's batch: 1,024
+            net.train()
 
     @torch.no_grad()
     def infer_vmap():
-        one = lambda p, xi: functional_call(nets[0], p, (xi,))  # noqa: E731
+        one = lambda p, bufs, xi: functional_call(nets[0], (p, bufs), (xi,))  # noqa: E731
+        nets[0].eval()
         for i in range(0, len(xs), args.eval_batch):  # the vectorized executor's batch
-            vmap(one, in_dims=(0, None))(stack, xs[i:i + args.eval_batch])
+            vmap(one, in_dims=(0, 0, None))(stack, buffers, xs[i:i + args.eval_batch])
+        nets[0].train()
 
     @torch.no_grad()
     def infer_grouped():
         for i in range(0, len(xs), args.eval_batch):
-            grouped(stack, {}, xs[i:i + args.eval_batch], training=False, shared=True)
+            grouped(stack, buffers, xs[i:i + args.eval_batch], training=False, shared=True)
 
     inference = {"per-client loop": infer_loop, "vmap": infer_vmap, "grouped": infer_grouped}
     for fn in (*forms.values(), *inference.values()):
@@ -120,7 +154,7 @@ def main() -> None:
             times.setdefault(("train", name), []).append(cpu_ms(fn))
         for name, fn in inference.items():
             times.setdefault(("infer", name), []).append(cpu_ms(fn))
-    print(f"LeNet-5, {m} clients, one thread, median of {args.repeats} interleaved repeats")
+    print(f"{args.model}, {m} clients, one thread, median of {args.repeats} interleaved repeats")
     print("| work | form | CPU ms | ratio to per-client loop |")
     print("|---|---|---|---|")
     for (work, name), ms in times.items():

@@ -33,3 +33,11 @@ def test_stacked_conv_times_every_form():
     assert [r[1] for r in rows] == ["per-client loop", "vmap", "vmap, channels-last weights",
                                     "grouped, per-client convolutions", "grouped", "per-client loop", "vmap", "grouped"]
     assert rows[0][3] == "1.00" and rows[5][3] == "1.00"
+
+
+def test_stacked_conv_times_batchnorm_and_residual_networks():
+    for model, extra in (("convbn", []), ("resnet18", ["--image", "8"])):
+        rows = run("stacked_conv.py", "--model", model, "--clients", "2", "--batch", "4", "--repeats", "1",
+                   "--eval_samples", "8", "--eval_batch", "4", *extra)
+        assert [r[1] for r in rows] == ["per-client loop", "vmap", "grouped"] * 2, model
+        assert rows[0][3] == "1.00" and rows[3][3] == "1.00"

@@ -76,14 +76,14 @@ def train_bn_clients(executor, channels_last: bool):
 
 
 def test_channels_last_batchnorm_nets_train_stacked_on_cpu():
-    """A conv + BatchNorm net (under vmap: the grouped form leaves BatchNorm out) with channels-last
-    weights: the vectorized executor stacks it in the default layout on a CPU, computes what the
-    sequential executor computes and writes back in the clients' layout. On CUDA such clients run one
-    at a time (cuDNN's batch norm asks vmap's tensors for their layout, which vmap refuses)."""
+    """A conv + BatchNorm net under vmap with channels-last weights: the vectorized executor stacks
+    it in the default layout on a CPU, computes what the sequential executor computes and writes back
+    in the clients' layout. On CUDA such clients run one at a time under vmap (cuDNN's batch norm asks
+    vmap's tensors for their layout, which vmap refuses)."""
     seq, seq_losses, seq_pred = train_bn_clients(SequentialExecutor(), channels_last=True)
-    executor = VectorizedExecutor(strict=True)
+    executor = VectorizedExecutor(strict=True, conv_network="vmap")
     vec, vec_losses, vec_pred = train_bn_clients(executor, channels_last=True)
-    assert not any(g is not None for g in executor._grouped.values())  # BatchNorm: the vmapped step
+    assert executor.forms == {"vmap"}
     assert vec_losses == pytest.approx(seq_losses, rel=1e-5)
     torch.testing.assert_close(vec_pred, seq_pred, atol=1e-4, rtol=1e-4)
     for a, b in zip(seq, vec, strict=True):

@@ -2,6 +2,8 @@
 vmap gives each client's own logits and gradients, and a federation trained with it matches the
 sequential and the vmapped executors within float tolerance."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,7 +15,7 @@ from fdlit.execution import SequentialExecutor, VectorizedExecutor
 from fdlit.execution.grouped import GroupedNetwork
 from fdlit.federation import FederationLoop
 from fdlit.methods import FedProx, SmoothedUncertaintyWeighted
-from fdlit.models import MLP, LeNet5, SmallCNN
+from fdlit.models import MLP, LeNet5, ResNet18, SmallCNN
 
 # metrics of one round may differ by float rounding only (grouped convolutions sum in another order)
 METRIC_TOL = 1e-4
@@ -55,7 +57,7 @@ def test_logits_and_gradients_are_each_clients_own(model_fn, shape):
 
 
 class FunctionalReLU(nn.Module):
-    """A functional op between layers: not a chain of modules."""
+    """A functional op between layers."""
 
     def __init__(self):
         super().__init__()
@@ -83,12 +85,59 @@ class Twice(nn.Module):
         return self.fc(self.flat(self.act(self.conv(self.act(x)))))
 
 
+class ParameterRead(nn.Module):
+    """A parameter used directly (not through its module)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(1, 2, 3), nn.Linear(2 * 6 * 6, 3)
+
+    def forward(self, x):
+        return self.fc(F.conv2d(x, self.conv.weight).flatten(1))
+
+
+class Branching(nn.Module):
+    """Control flow on the data: not traceable."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(1, 2, 3), nn.Linear(2 * 6 * 6, 3)
+
+    def forward(self, x):
+        h = self.conv(x)
+        return self.fc((h if h.sum() > 0 else -h).flatten(1))
+
+
 @pytest.mark.parametrize("model", [
-    FunctionalReLU(), Residual(), Twice(), MLP((1, 8, 8), 3, hidden=[4]),
+    FunctionalReLU(), Residual(), Twice(),
     nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(72, 3)),
+], ids=["functional-op", "residual", "layer-called-twice", "batchnorm"])
+def test_functional_ops_skips_and_batchnorm_are_covered(model):
+    """A functional op, a skip connection (from the input itself), a layer called twice, BatchNorm:
+    each client's own logits (eval mode; tests/test_grouped_residual.py checks training in float64)."""
+    torch.manual_seed(0)
+    nets = [copy.deepcopy(model) for _ in range(3)]
+    for net in nets:
+        for p in net.parameters():
+            nn.init.normal_(p)
+        net.eval()
+    grouped = GroupedNetwork.build(nets[0], torch.zeros(1, 1, 8, 8))
+    assert grouped is not None
+    x = torch.randn(3, 4, 1, 8, 8)
+    buffers = {n: torch.stack([dict(m.named_buffers())[n] for m in nets]) for n, _ in nets[0].named_buffers()}
+    with torch.no_grad():
+        torch.testing.assert_close(grouped(stacked(nets), buffers, x, training=False),
+                                   torch.stack([net(xi) for net, xi in zip(nets, x, strict=True)]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model", [
+    MLP((1, 8, 8), 3, hidden=[4]), ParameterRead(), Branching(),
     nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(72, 3), nn.Unflatten(1, (3, 1))),
     nn.Sequential(nn.Conv2d(1, 2, 3)),  # ends on an image, not one row per sample
-], ids=["functional-op", "residual", "layer-called-twice", "mlp", "batchnorm", "unsupported-layer", "no-flatten"])
+    nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.BatchNorm1d(72), nn.Linear(72, 3)),
+    nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2, momentum=None), nn.Flatten(), nn.Linear(72, 3)),
+], ids=["mlp", "parameter-read", "data-dependent-branch", "unsupported-layer", "no-flatten", "batchnorm1d",
+        "cumulative-batchnorm"])
 def test_other_networks_are_left_to_vmap(model):
     assert GroupedNetwork.build(model, torch.zeros(1, 1, 8, 8)) is None
 
@@ -144,10 +193,11 @@ def test_conv_network_names_its_allowed_values():
 
 
 def test_automatic_choice_on_cpu_stacks_convolutions_where_measured_faster():
-    """On a CPU (a sample given), a conv chain is vectorized (grouped network); a conv net the
-    grouped form does not cover (BatchNorm: vmap) is vectorized with digits-sized activations and
-    runs one client at a time with LeNet-sized ones; an MLP is vectorized; without a sample (no
-    device known) the CPU rules do not apply."""
+    """On a CPU (a sample given), a conv chain is vectorized (grouped network), with BatchNorm too
+    (conv + BatchNorm chain, benchmarks/stacked_conv.py --model convbn: 0.65x the per-client loop's
+    CPU); a conv net the grouped form does not cover (BatchNorm1d after Flatten: vmap) is vectorized
+    with digits-sized activations and runs one client at a time with LeNet-sized ones; an MLP is
+    vectorized; without a sample (no device known) the CPU rules do not apply."""
     from fdlit.clients import ClientModule
     from fdlit.execution import select_executor
 
@@ -157,7 +207,7 @@ def test_automatic_choice_on_cpu_stacks_convolutions_where_measured_faster():
     from fdlit.execution.selection import CPU_MAX_VMAP_CONV_ACTIVATION
 
     def conv_bn(channels):  # largest activation: channels x 26 x 26
-        return lambda: nn.Sequential(nn.Conv2d(1, channels, 3), nn.BatchNorm2d(channels), nn.Flatten(),
+        return lambda: nn.Sequential(nn.Conv2d(1, channels, 3), nn.Flatten(), nn.BatchNorm1d(channels * 26 * 26),
                                      nn.Linear(channels * 26 * 26, 3))
 
     sample = torch.zeros(1, 1, 28, 28)
@@ -168,6 +218,11 @@ def test_automatic_choice_on_cpu_stacks_convolutions_where_measured_faster():
     assert isinstance(select_executor(chain, sample=sample), VectorizedExecutor)
     assert isinstance(select_executor(small_bn, sample=sample), VectorizedExecutor)
     assert isinstance(select_executor(large_bn, sample=sample), SequentialExecutor)
+    grouped_bn = clients(lambda: nn.Sequential(nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8), nn.Flatten(),
+                                               nn.Linear(8 * 26 * 26, 3)))
+    assert isinstance(select_executor(grouped_bn, sample=sample), VectorizedExecutor)
+    resnet = clients(lambda: ResNet18((1, 28, 28), 10))  # the grouped form covers it, but does not pay on a CPU
+    assert isinstance(select_executor(resnet, sample=sample), SequentialExecutor)
     assert isinstance(select_executor(mlp, sample=sample), VectorizedExecutor)
     # under autocast LeNet-5 runs under vmap: 6 x 28 x 28 values, above the limit
     assert isinstance(select_executor(chain, "bf16-mixed", sample=sample), SequentialExecutor)

@@ -382,14 +382,16 @@ def assert_identical_clients(a, b):
 @pytest.mark.parametrize("chunk_size", [1, 3])
 def test_client_chunks_compute_exactly_what_one_stack_computes(model_fn, chunk_size):
     """Chunks of 1 and 3 of the 4 clients (unequal private sets, clients with per-client lrs):
-    the same losses, predictions, weights, optimizer state and generators, bit for bit."""
-    whole, chunked, (whole_losses, whole_pred), (chunked_losses, chunked_pred) = train_in_chunks(model_fn, chunk_size)
+    the same losses, predictions, weights, optimizer state and generators, bit for bit (under vmap;
+    the grouped network agrees within float rounding, below)."""
+    whole, chunked, (whole_losses, whole_pred), (chunked_losses, chunked_pred) = train_in_chunks(
+        model_fn, chunk_size, conv_network="vmap")
     assert whole_losses == chunked_losses
     assert torch.equal(whole_pred, chunked_pred)
     assert_identical_clients(whole, chunked)
 
 
-def train_in_chunks(model_fn, chunk_size):
+def train_in_chunks(model_fn, chunk_size, **executor_options):
     opts = [ClientOptimization(lr=lr) for lr in (1e-3, 3e-3, 1e-3, 5e-3)]
 
     def clients():
@@ -397,8 +399,8 @@ def train_in_chunks(model_fn, chunk_size):
         return [ClientModule(model_fn(i), i, [0, 1], o, seed=3) for i, o in enumerate(opts)]
 
     whole, chunked = clients(), clients()
-    whole_out = run_phases(VectorizedExecutor(), whole)
-    executor = VectorizedExecutor(chunk_size=chunk_size)
+    whole_out = run_phases(VectorizedExecutor(**executor_options), whole)
+    executor = VectorizedExecutor(chunk_size=chunk_size, **executor_options)
     calls = []
     original = executor._train_group
     executor._train_group = lambda group, *a, **kw: (calls.append(len(group)), original(group, *a, **kw))[1]
@@ -407,13 +409,15 @@ def train_in_chunks(model_fn, chunk_size):
     return whole, chunked, whole_out, chunked_out
 
 
+@pytest.mark.parametrize("model_fn", [lambda i: SmallCNN((1, 8, 8), 10, channels=4, hidden=8), lambda i: TinyBN()],
+                         ids=["smallcnn", "batchnorm"])
 @pytest.mark.parametrize("chunk_size", [1, 3])
-def test_grouped_network_chunks_agree_within_float_rounding(chunk_size):
-    """A conv chain on a CPU runs as one grouped network, whose channels-last reductions (bias and
-    weight gradients) are vectorised across the M*C channels: chunks agree with the whole stack to
-    float rounding (~1e-8 after three phases), not bit for bit; the generators advance identically."""
-    whole, chunked, (whole_losses, whole_pred), (chunked_losses, chunked_pred) = train_in_chunks(
-        lambda i: SmallCNN((1, 8, 8), 10, channels=4, hidden=8), chunk_size)
+def test_grouped_network_chunks_agree_within_float_rounding(chunk_size, model_fn):
+    """A conv net on a CPU runs as one grouped network, whose channels-last reductions (bias and
+    weight gradients, BatchNorm's statistics) are vectorised across the M*C channels: chunks agree
+    with the whole stack to float rounding (~1e-8 after three phases), not bit for bit; the
+    generators advance identically."""
+    whole, chunked, (whole_losses, whole_pred), (chunked_losses, chunked_pred) = train_in_chunks(model_fn, chunk_size)
     for a, b in zip(whole_losses, chunked_losses, strict=True):
         assert a == pytest.approx(b, rel=1e-6)
     torch.testing.assert_close(whole_pred, chunked_pred, atol=1e-6, rtol=1e-6)

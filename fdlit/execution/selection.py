@@ -50,7 +50,8 @@ def forward_flops_per_sample(model: torch.nn.Module, sample: torch.Tensor) -> fl
 
 def convolutions_stack_on_cpu(model: torch.nn.Module, sample: torch.Tensor, precision: str) -> bool:
     """Whether stacking pays for a network's convolutions on a CPU: True without convolutions, for
-    networks the grouped form covers (LeNet-5 on Fashion-MNIST: 0.51x the sequential executor's CPU),
+    networks the grouped form covers and pays for (LeNet-5 on Fashion-MNIST: 0.51x the sequential
+    executor's CPU; BatchNorm and residual blocks included, :meth:`GroupedNetwork.pays_on`),
     and for the others (under vmap) while their largest activation per sample is at most
     ``CPU_MAX_VMAP_CONV_ACTIVATION`` values."""
     if not any(isinstance(m, _ConvNd) for m in model.modules()):
@@ -61,7 +62,8 @@ def convolutions_stack_on_cpu(model: torch.nn.Module, sample: torch.Tensor, prec
     try:
         with torch.no_grad():
             x = sample[:1] if inputs is None else inputs(sample[:1])
-            if precision in GROUPED_PRECISIONS and GroupedNetwork.build(net, x) is not None:
+            grouped = GroupedNetwork.build(net, x) if precision in GROUPED_PRECISIONS else None
+            if grouped is not None and grouped.pays_on("cpu"):
                 return True
             return largest_activation(net, x) <= CPU_MAX_VMAP_CONV_ACTIVATION
     finally:

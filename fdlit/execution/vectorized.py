@@ -2,9 +2,9 @@
 
 Per group of same-architecture clients, each parameter is stacked into one ``M x shape`` tensor for
 the length of a phase. Every step runs the loss vmapped over the stack (``torch.func.vmap``) and one
-backward pass of the summed losses (each client's gradient lands in its own slice); on a CPU a
-convolutional chain's forward runs as one grouped network instead of under vmap
-(:mod:`fdlit.execution.grouped`; the loss is still vmapped, on each client's logits), so
+backward pass of the summed losses (each client's gradient lands in its own slice); a convolutional
+network's forward (ResNet-18 on CUDA, small ones on a CPU) runs as one grouped network instead of under
+vmap (:mod:`fdlit.execution.grouped`; the loss is still vmapped, on each client's logits), so
 each client computes its own forward/backward on its own batch, and the optimizer update runs
 once on the stack (Adam/AdamW: ``torch.optim``'s fused kernel; SGD: its single-tensor arithmetic).
 At the end of the phase parameters and optimizer state are written back into each
@@ -18,7 +18,7 @@ Same computation as :class:`~fdlit.execution.executor.SequentialExecutor`:
 * different private-set sizes: batches are padded to a common length with zero-weight samples and
   the loss is ``sum(w * ce) / sum(w)`` (= the batch mean); a client that has run out of batches is
   left out of the step, so its parameters, moments and step count do not move;
-* BatchNorm: running statistics are stacked per client and updated in place under vmap; padding
+* BatchNorm: running statistics are stacked per client and updated in place (each client's slice); padding
   would enter the batch statistics, so models with BatchNorm are not padded: clients whose
   batches differ in length at a step run as separate vmapped calls (only at epoch ends);
 * per-client Adam step counts (bias correction) and learning rates;
@@ -54,7 +54,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.execution.batch_plan import batch_plan, client_inputs, shared_input, step_calls
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
-from fdlit.execution.grouped import GroupedNetwork, grouped_training_step
+from fdlit.execution.grouped import AUTO_PRECISIONS, GroupedNetwork, grouped_applies, grouped_training_step
 from fdlit.execution.stack_memory import auto_chunk_size, client_memory_bytes, free_device_memory
 from fdlit.execution.stacked_optimizer import StackedOptimizer
 from fdlit.execution.stacking import ParamStack, select_rows
@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 
     from fdlit.clients import ClientModule
 
-GROUPED_PRECISIONS = ("32-true", "64-true", "32", "64")  # no autocast: vmap's path handles mixed BatchNorm
+GROUPED_PRECISIONS = AUTO_PRECISIONS["cpu"]  # those at which the grouped network runs on a CPU by default
 
 __all__ = ["VectorizedExecutor", "architecture_key", "auto_chunk_size", "client_memory_bytes", "free_device_memory",
            "split_input", "unsupported_reason"]
@@ -97,12 +97,12 @@ class VectorizedExecutor(ClientExecutor):
             computation is its own). null: all clients of a group at once, except on a CUDA device,
             where the chunk is chosen from the device's free memory (:func:`auto_chunk_size`).
         conv_network: how a stack of convolutional networks computes its forward: ``grouped`` as one
-            grouped network without vmap (:mod:`fdlit.execution.grouped`: networks that are a chain of
-            supported layers starting with a convolution, at 32-true or 64-true precision), ``vmap``
-            under ``torch.func.vmap``, ``auto``: grouped on a CPU (a 2-round Fashion-MNIST run with
-            LeNet-5 at 0.51x the sequential executor's CPU, under vmap 1.09x:
-            docs/speed-and-scale.md), vmap elsewhere (not measured on a GPU). Networks the grouped
-            form does not cover run under vmap in every setting.
+            grouped network without vmap (:mod:`fdlit.execution.grouped`: convolutions, BatchNorm,
+            residual blocks, pooling, activations, Flatten, Linear; ResNet-18, LeNet-5, SmallCNN),
+            ``vmap`` under ``torch.func.vmap``, ``auto``: grouped on a CPU at 32/64-bit for networks
+            up to ``CPU_MAX_GROUPED_FLOPS`` (LeNet-5: 0.51x the sequential executor's CPU in a
+            2-round run, docs/speed-and-scale.md; ResNet-18 is slower grouped there) and on CUDA (bf16
+            too), vmap elsewhere. Networks the grouped form does not cover run under vmap.
     """
 
     def __init__(self, eval_batch_size: int = 128, strict: bool = False, chunk_size: int | None = None,
@@ -113,6 +113,7 @@ class VectorizedExecutor(ClientExecutor):
             raise ConfigError("federation.executor.conv_network", f"allowed: auto, grouped, vmap; got {conv_network!r}")
         self.conv_network = conv_network
         self._grouped: dict[tuple, GroupedNetwork | None] = {}
+        self.forms: set[str] = set()  # the forms the stacked forwards ran in: "grouped", "vmap"
         self._precision = "32-true"
         self.eval_batch_size = eval_batch_size
         self.strict = strict
@@ -281,15 +282,18 @@ class VectorizedExecutor(ClientExecutor):
 
     def _grouped_network(self, client: ClientModule, net, sample: torch.Tensor) -> GroupedNetwork | None:
         """The grouped form of the network (``conv_network``), or None for the vmapped one.
-        ``sample``: one input of one client, after its input module."""
-        if (self.conv_network == "vmap" or self.compile_backend is not None or client.needs_features
-                or self._precision not in GROUPED_PRECISIONS
-                or (self.conv_network == "auto" and sample.device.type != "cpu")):
-            return None
-        key = (self._keys[client.client_id], tuple(sample.shape[1:]), sample.dtype)
-        if key not in self._grouped:
-            self._grouped[key] = None if has_tied_tensors(net) else GroupedNetwork.build(net, sample)
-        return self._grouped[key]
+        ``sample``: one input of one client, after its input module. Records the form in ``forms``."""
+        grouped = None
+        if (not client.needs_features
+                and grouped_applies(self.conv_network, sample.device.type, self._precision)):
+            key = (self._keys[client.client_id], tuple(sample.shape[1:]), sample.dtype)
+            if key not in self._grouped:
+                self._grouped[key] = None if has_tied_tensors(net) else GroupedNetwork.build(net, sample)
+            grouped = self._grouped[key]
+            if grouped is not None and self.conv_network == "auto" and not grouped.pays_on(sample.device.type):
+                grouped = None
+        self.forms.add("vmap" if grouped is None else "grouped")
+        return grouped
 
     def _step_function(self, client: ClientModule, phase: str, net, names: list[str], prefix: str,
                        sample: torch.Tensor):
@@ -299,7 +303,8 @@ class VectorizedExecutor(ClientExecutor):
         architecture and phase and reused (a new function per call would recompile every phase)."""
         grouped = self._grouped_network(client, net, sample)
         if grouped is not None:
-            return grouped_training_step(TrainingStep(client, net, logits_in=True), grouped, names, prefix)
+            return grouped_training_step(TrainingStep(client, net, logits_in=True), grouped, names, prefix,
+                                         grouped.compiled(self.compile_backend))
         key = (self._keys[client.client_id], phase)
         if self.compile_backend is not None and key in self._compiled:
             step, fn = self._compiled[key]
@@ -372,8 +377,10 @@ class VectorizedExecutor(ClientExecutor):
                     if fn is None:
                         grouped = self._grouped_network(group[0], net, xb[:1] if shared else xb[0, :1])
                         if grouped is not None:
-                            forward_fn = functools.partial(grouped, training=False, shared=shared)
-                            batch = grouped.inference_batch(max(2, len(group)), stack.params[0].element_size(), batch)
+                            forward_fn = functools.partial(grouped.compiled(self.compile_backend), training=False,
+                                                           shared=shared)
+                            batch = grouped.inference_batch(max(2, len(group)), stack.params[0].element_size(), batch,
+                                                            xb.device.type)
                             xb = xb[:batch] if shared else xb[:, :batch]  # the input module is per sample
                         else:
                             forward_fn = vmap(functools.partial(forward, net, tied), in_dims=(0, 0, None if shared else 0))
