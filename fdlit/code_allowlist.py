@@ -136,7 +136,7 @@ class _Walk:
                               "of its own machine")
 
     def layers(self, listed: Any, file: Path) -> None:
-        from fdlit.config import listed_file
+        from fdlit.config_files import listed_file
 
         self.refuse_file("config", listed)
         entries = [listed] if isinstance(listed, str) else listed

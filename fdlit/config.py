@@ -22,7 +22,7 @@ from fdlit.bounded_yaml import check_text
 from fdlit.clients import ClientOptimization
 from fdlit.clients.lightning_habits import command_hint, flag_hint
 from fdlit.code_allowlist import CodeAllowlist, check_config_files
-from fdlit.config_files import key_line, read_yaml
+from fdlit.config_files import key_line, listed_file, read_yaml, shipped_configs  # noqa: F401 (re-exported)
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, UnknownConfigKey, import_hint
 from fdlit.federation.server import ServerModel
@@ -35,13 +35,6 @@ from fdlit.run_settings import CheckpointConfig, LoggerConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")
-
-
-def shipped_configs() -> Path | None:
-    """fdlit's own ``configs/`` folder (beside the package in a source checkout or an editable install);
-    None when fdlit was installed as a wheel, which does not ship it."""
-    folder = PACKAGE_ROOT.parent / "configs"
-    return folder if (folder / "datasets").is_dir() else None
 
 
 def resolve_config_path(value: str) -> str:
@@ -131,22 +124,6 @@ def config_layers(path: str, _including: tuple[Path, ...] = ()) -> list[str]:
     for entry in entries:
         layers += config_layers(str(listed_file(path, entry)), (*_including, file))
     return [*layers, path]
-
-
-def listed_file(path: str, entry: str) -> Path:
-    """Where an entry of ``path``'s ``config:`` list is: beside ``path`` first (a copied config with its
-    parts copied too, or a part changed locally), then fdlit's shipped ``configs/`` (a copied config whose
-    parts are fdlit's own)."""
-    local = Path(path).resolve().parent / entry
-    if local.exists() and not local.is_dir():  # a pipe or device too: the bounded reader refuses it, naming it
-        return local
-    shipped = shipped_configs()
-    if shipped is not None and (shipped / entry).is_file():
-        return shipped / entry
-    where = (f"nor in fdlit's configs/ ({shipped / entry})" if shipped is not None else
-             "and this fdlit has no configs/ folder to fall back on (installed as a package, which does not ship "
-             "it: copy the part beside the file, or install fdlit from a checkout with `pip install -e .`)")
-    raise ConfigError("config", f"{path} lists {entry!r}, which is neither beside it ({local}) {where}")
 
 
 def rewrite_config_args(argv: list[str]) -> list[str]:

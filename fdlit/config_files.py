@@ -96,3 +96,29 @@ def key_line(path: str | Path, dotted: str, value: str | None = None) -> int | N
         return None
 
     return walk(root, [])
+
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+
+
+def shipped_configs() -> Path | None:
+    """fdlit's own ``configs/`` folder (beside the package in a source checkout or an editable install);
+    None when fdlit was installed as a wheel, which does not ship it."""
+    folder = PACKAGE_ROOT.parent / "configs"
+    return folder if (folder / "datasets").is_dir() else None
+
+
+def listed_file(path: str, entry: str) -> Path:
+    """Where an entry of ``path``'s ``config:`` list is: beside ``path`` first (a copied config with its
+    parts copied too, or a part changed locally), then fdlit's shipped ``configs/`` (a copied config whose
+    parts are fdlit's own)."""
+    local = Path(path).resolve().parent / entry
+    if local.exists() and not local.is_dir():  # a pipe or device too: the bounded reader refuses it, naming it
+        return local
+    shipped = shipped_configs()
+    if shipped is not None and (shipped / entry).is_file():
+        return shipped / entry
+    where = (f"nor in fdlit's configs/ ({shipped / entry})" if shipped is not None else
+             "and this fdlit has no configs/ folder to fall back on (installed as a package, which does not ship "
+             "it: copy the part beside the file, or install fdlit from a checkout with `pip install -e .`)")
+    raise ConfigError("config", f"{path} lists {entry!r}, which is neither beside it ({local}) {where}")
