@@ -12,11 +12,12 @@ So when fdlit is the first to import Lightning in a process, it does so with
 * torchmetrics' package ``__init__`` deferred: Lightning takes ``Metric`` and ``MetricCollection``
   from their own modules; the first other name asked of ``torchmetrics`` runs the real ``__init__``
   (with every backend it finds, as a plain import would).
-* torchmetrics' optional backends reported absent *to torchmetrics* while its package loads
+* torchmetrics' optional backends reported absent *to torchmetrics* while Lightning loads
   (``lightning_utilities``' availability checks answer "absent" for the names in
-  :data:`HIDDEN_BACKENDS` inside the import only). torchmetrics then skips BERTScore's, the audio
-  metrics' and the plots' imports; using one of those metrics in this process raises torchmetrics'
-  own "requires <package>" error. The packages themselves stay importable: fdlit's report still
+  :data:`HIDDEN_BACKENDS` inside the import only). Of the modules Lightning loads, only the plot
+  helpers ask (for matplotlib), and that answer stays cached: a metric's ``plot`` in this process
+  raises torchmetrics' "requires matplotlib" error. What torchmetrics loads later asks afresh
+  (BERTScore finds transformers). The packages themselves stay importable: fdlit's report still
   imports SciPy and matplotlib, the hub datasets transformers.
 * ``torch._dynamo`` deferred: while Lightning loads, ``torch._dynamo`` is a stand-in whose
   ``OptimizedModule`` answers ``isinstance``/``issubclass`` as the real class does once
