@@ -13,8 +13,8 @@ deploy``) or submits to an existing SuperLink. docs/deployment.md.
 
 from __future__ import annotations
 
-FLWR_VERSION = "1.41.0"
-INSTALL_HINT = "pip install -e '.[flower]'  (or: pip install flwr==1.41.0)"
+FLWR_VERSION = "1.42.0"
+INSTALL_HINT = "pip install -e '.[flower]'  (or: pip install flwr==1.42.0)"
 
 
 def import_flwr():

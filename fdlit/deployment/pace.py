@@ -1,4 +1,4 @@
-"""Flower's waits, shortened or replaced by wake-ups where fdlit's round sets them (Flower 1.41, pinned).
+"""Flower's waits, shortened or replaced by wake-ups where fdlit's round sets them (Flower 1.42, pinned).
 
 A federated-distillation round is two exchanges whose server work takes milliseconds, so Flower's
 fixed waits, not the training, set a deployed round's pace (measured on digits, 3 SuperNodes on

@@ -1,6 +1,6 @@
 """fdlit's SuperNode: ``python -m fdlit.deployment.supernode [flower-supernode options]``.
 
-It is Flower's ``flower-supernode`` (1.41) with two changes that set a deployed round's pace:
+It is Flower's ``flower-supernode`` (1.42; the same in 1.41) with two changes that set a deployed round's pace:
 
 * **One long-lived task runner instead of a process per message.** Flower's default (``--isolation
   subprocess``) starts a SuperExec, which starts a fresh ``flwr-clientapp`` process for every
