@@ -296,6 +296,37 @@ def test_a_deployed_run_equals_fit(deployment, config, tmp_path, capsys):
 
 
 @pytest.mark.deploy
+def test_the_repository_is_a_flower_app_that_flwr_run_submits(deployment, tmp_path):
+    """``flwr run . <connection>`` from the repository (its pyproject's [tool.flwr.app]) runs a digits
+    federation on a running SuperLink, equal to ``fit``; the FAB carries fdlit and its configs only."""
+    import subprocess
+
+    from fdlit.deployment.launcher import CONNECTION, flower_bin, wait_for_result, write_connection
+
+    repository = Path(__file__).resolve().parent.parent
+    write_connection(deployment.env, deployment.dep.address, None)
+    args = ["--config", "digits.yaml", *ROUNDS, "--logger.run_dir", str(tmp_path / "flwr-run")]
+    result = tmp_path / "result.json"
+    run_config = f"fit-args='{json.dumps(args)}' result-file='{result}' nodes=3 threads=1"
+    done = subprocess.run([flower_bin("flwr"), "run", ".", CONNECTION, "--run-config", run_config, "--format", "json"],
+                          env=deployment.env, cwd=repository, capture_output=True, text=True, timeout=300)
+    reply = json.loads(done.stdout)
+    assert reply.get("success") and reply["fab-id"] == "fdlit/fdlit", done.stdout + done.stderr
+    outcome = wait_for_result(result, int(reply["run-id"]), deployment.env, 600)
+    assert outcome["status"] == "done", outcome
+    app = next((Path(deployment.env["FLWR_HOME"]) / "apps").glob(f"fdlit.fdlit.*{reply['fab-hash']}*"))
+    assert (app / "fdlit" / "deployment" / "server_app.py").exists() and (app / "configs" / "digits.yaml").exists()
+    assert not (app / "tests").exists() and not (app / "docs").exists()
+    fit_with_one_thread([*args[:-1], str(tmp_path / "fit")])
+    deployed, fitted = metrics_of(Path(outcome["run_dir"])), metrics_of(next((tmp_path / "fit").iterdir()))
+    assert len(deployed) == len(fitted) == 2
+    for d, f in zip(deployed, fitted, strict=True):
+        for key, value in f.items():
+            if not key.startswith("time/"):
+                assert close(d[key], value), key
+
+
+@pytest.mark.deploy
 def test_a_supernode_killed_in_round_2_is_a_dropout_and_its_successor_rejoins(deployment, tmp_path):
     runs = tmp_path / "runs"
     node = deployment.dep.supernode(2)
