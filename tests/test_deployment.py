@@ -296,6 +296,23 @@ def test_a_deployed_run_equals_fit(deployment, config, tmp_path, capsys):
 
 
 @pytest.mark.deploy
+def test_an_offline_deployed_run_is_linked_for_wandb_sync_and_the_hint_names_it(deployment, tmp_path, monkeypatch):
+    """As with fit: the ServerApp (in Flower's work folder) links the offline W&B folder into the deploy
+    command's W&B folder, and the outcome carries the sync command the deploy command prints."""
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    args = ["--config", "digits.yaml", "--federation.rounds", "1", "--logger.mode", "offline",
+            "--logger.run_dir", str(tmp_path / "runs")]
+    outcome = deploy_run(deployment, args)
+    assert outcome["status"] == "done", outcome
+    run_dir = Path(outcome["run_dir"])
+    offline = next((run_dir / "wandb").glob("offline-run-*"))
+    links = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert [link.resolve() for link in links] == [offline.resolve()]
+    assert outcome["wandb_sync"].startswith("wandb sync ") and str(run_dir) in outcome["wandb_sync"]
+
+
+@pytest.mark.deploy
 def test_the_repository_is_a_flower_app_that_flwr_run_submits(deployment, tmp_path):
     """``flwr run . <connection>`` from the repository (its pyproject's [tool.flwr.app]) runs a digits
     federation on a running SuperLink, equal to ``fit``; the FAB carries fdlit and its configs only."""

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import signal
 import sys
 from pathlib import Path
@@ -185,7 +186,16 @@ def run(options, fit_args: list[str]) -> int:
     # summary.json writes NaN (e.g. FedAvg's teacher accuracy) as null
     summary = {k: math.nan if v is None else v for k, v in read_summary(Path(outcome["run_dir"])).items()}
     print(format_summary(summary))
+    if outcome.get("wandb_sync"):
+        print(f"fdlit: W&B run saved offline; upload it with: {outcome['wandb_sync']}")
     return 0
+
+
+def wandb_dir() -> str:
+    """Where a bare ``wandb sync`` run here looks for offline runs (``$WANDB_DIR``, else this
+    directory): the ServerApp, which runs in Flower's work folder, links the run's offline folder there
+    as ``fit`` does (on this machine only: a remote SuperLink's ServerApp links on its own machine)."""
+    return os.environ.get("WANDB_DIR") or str(Path.cwd())
 
 
 class RunPlace:
@@ -263,7 +273,7 @@ def run_on(address: str, work: Path, env: dict, options, fit_args: list[str], wa
     app = write_app(work / "app", {"fit-args": json.dumps(fit_args), "nodes": options.nodes,
                                    "timeout": float(options.timeout), "node-wait": float(options.node_wait),
                                    "threads": options.threads, "result-file": str(result_file),
-                                   "progress-file": str(progress_file)})
+                                   "progress-file": str(progress_file), "wandb-dir": wandb_dir()})
     run_id = submit(app, env)
     print(f"fdlit deploy: Flower run {run_id} on {address} with {options.nodes} SuperNodes", file=sys.stderr)
     lines = RoundLines(progress_file)

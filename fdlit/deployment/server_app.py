@@ -8,13 +8,15 @@ The method's server part, the privacy accountant, the ledger and the evaluation 
 Run config (``flwr run --run-config``; :mod:`fdlit.deployment.launcher` sets it): ``fit-args`` (the
 ``fit`` arguments as a JSON list; ``["--resume", RUN_DIR, ...]`` continues a run), ``nodes``, ``timeout`` (seconds one request may take on a node),
 ``node-wait`` (seconds to wait for the nodes at start), ``threads`` (torch threads per node worker,
-0: its default), ``result-file`` (where to write the run's outcome as JSON for the launcher) and
-``progress-file`` (where to append the per-round lines ``fit`` prints, for the launcher to show).
+0: its default), ``result-file`` (where to write the run's outcome as JSON for the launcher),
+``progress-file`` (where to append the per-round lines ``fit`` prints, for the launcher to show) and
+``wandb-dir`` (where the deploy command's bare ``wandb sync`` looks: an offline run is linked there).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import traceback
 import warnings
 from pathlib import Path
@@ -25,7 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 app = ServerApp()
 
 RUN_CONFIG_DEFAULTS = {"fit-args": "[]", "nodes": 1, "timeout": 600.0, "node-wait": 120.0, "threads": 0,
-                       "result-file": "", "progress-file": ""}
+                       "result-file": "", "progress-file": "", "wandb-dir": ""}
 
 
 @app.main()
@@ -38,6 +40,8 @@ def main(grid: Grid, context: Context) -> None:
     from fdlit.runs.experiment import Experiment, resume_experiment
 
     settings = {**RUN_CONFIG_DEFAULTS, **dict(context.run_config)}
+    if settings["wandb-dir"] and Path(str(settings["wandb-dir"])).is_dir():  # the deploy command's W&B folder
+        os.environ["WANDB_DIR"] = str(settings["wandb-dir"])
     outcome: dict = {"status": "failed"}
     experiment = None
     try:
@@ -68,5 +72,8 @@ def main(grid: Grid, context: Context) -> None:
     finally:
         if experiment is not None and experiment.run_path is not None:
             outcome["run_dir"] = str(experiment.run_path)
+            wandb = experiment.wandb
+            if wandb is not None and wandb.mode == "offline" and wandb.run is not None:
+                outcome["wandb_sync"] = wandb.sync_command()  # the deploy command prints it, as fit does
         if settings["result-file"]:
             Path(str(settings["result-file"])).write_text(json.dumps(outcome))

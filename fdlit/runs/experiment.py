@@ -96,6 +96,7 @@ class Experiment:
         self.run_path: Optional[Path] = None
         self.lock: Optional[RunLock] = None
         self.checkpointer: Optional[Checkpointer] = None
+        self.wandb: Optional[WandbLogger] = None  # set with the run directory
         self.progress_stream = None  # where the round lines go (None: stderr); a deployment's ServerApp: a file
         self.resumed_round = 0  # the round of the checkpoint a resume continues from (0: none)
         # the config the checkpoint was written with: this one, but for knobs reset on resume (legacy_noop_knobs)
@@ -148,8 +149,8 @@ class Experiment:
                 restore_checkpoint(loop, state)  # sets the random state round r+1 starts from: nothing below draws
             for note in rebuild_logs(self.run_path, saved_round, loop.history, loop.ledger.rows()):
                 print(f"fdlit: {note}", file=sys.stderr)
-        wandb = WandbLogger(self.logger, self.config, self.run_path, self.name,
-                            run_id=state["wandb_run_id"] if state else None)
+        wandb = self.wandb = WandbLogger(self.logger, self.config, self.run_path, self.name,
+                                         run_id=state["wandb_run_id"] if state else None)
         self.identity = {"run": self.name, "run_dir": str(self.run_path), **self.setting}
         directory = RunDirectory(self.run_path, self.config_yaml, self.identity,
                                  messages_written=len(loop.ledger.messages))
