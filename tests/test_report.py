@@ -39,7 +39,7 @@ def fake_run(root: Path, method: str, k: int, seed: int, best: float, rounds: in
     rows = []
     for r in range(1, rounds + 1):
         acc = best if r == 2 else best - 0.05
-        row = {"round": r, "after_public/global_acc_mean": acc, "after_public/local_acc_mean": 0.9,
+        row = {"round": r, "after_public/global_acc_mean": acc, "after_public/local_acc_mean": acc + 0.25,
                "after_private/global_acc_mean": acc - 0.1,
                "weights/chi": 0.05 if method == "AVG" else 0.3, "comm/up_bytes_total": 1000 * r,
                "comm/down_bytes_total": 2000 * r}
@@ -77,16 +77,20 @@ def test_table1_is_mean_and_std_over_seeds_after_each_phase(runs_dir):
     index = write_report(runs_dir, formats=PNG)
     md = (index.parent / "table1.md").read_text()
     # one dataset (named in the caption) and no reference runs: no dataset column, no empty Ref. column
-    assert "| method | k=2 after private | k=2 after public | k=5 after private | k=5 after public |\n" in md
+    assert ("| method | k=2 after private | k=2 after public | k=2 personalized | k=5 after private | k=5 after public "
+            "| k=5 personalized |\n") in md
     assert md.startswith("Best mean global test accuracy (%) on digits")
 
     def expected(method, k, phase):
-        values = [BEST[(method, k, s)] - (0.1 if phase == "private" else 0) for s in (0, 1)]
+        shift = {"private": -0.1, "public": 0, "personalized": 0.25}[phase]  # personalized: local accuracy
+        values = [BEST[(method, k, s)] + shift for s in (0, 1)]
         text, n = cell(values)
         return f"{text}†"  # two seeds: too few to test, so both rules are tied for best; every n is 2: said once
 
-    assert md_row(md, "AVG") == [expected("AVG", k, phase) for k in (2, 5) for phase in ("private", "public")]
-    assert md_row(md, "sUWA τ=0.25") == [expected("sUWA", k, phase) for k in (2, 5) for phase in ("private", "public")]
+    phases = ("private", "public", "personalized")
+    assert md_row(md, "AVG") == [expected("AVG", k, phase) for k in (2, 5) for phase in phases]
+    assert md_row(md, "sUWA τ=0.25") == [expected("sUWA", k, phase) for k in (2, 5) for phase in phases]
+    assert "Personalized: the mean over clients of each client's test accuracy on its own classes" in md
     assert "**" not in md and "<u>" not in md and "(n=" not in md
     assert "(n = 2 seeds per cell;" in md and "is marked † (tied for best)" in md  # the caption says n and † once
     page = index.read_text()
@@ -110,14 +114,14 @@ def test_csv_and_latex_tables_next_to_the_page(runs_dir):
 
     index = write_report(runs_dir, formats=PNG)
     rows = list(csv.DictReader((index.parent / "table1.csv").open()))
-    assert len(rows) == 2 * 2 * 2  # 2 rules x 2 k x 2 phases
+    assert len(rows) == 2 * 2 * 3  # 2 rules x 2 k x (2 phases + personalized)
     avg5 = next(r for r in rows if (r["method"], r["k"], r["phase"]) == ("AVG", "5", "public"))
     assert float(avg5["mean_acc_pct"]) == pytest.approx(65.0) and float(avg5["std_acc_pct"]) == pytest.approx(7.0711, abs=1e-3)
     assert avg5["n_seeds"] == "2" and avg5["best_in_column"] == "0" and avg5["tied_for_best"] == "1"
     tex = (index.parent / "table1.tex").read_text()
-    assert tex.count(r"\underline{") == 8 and r"$\underline{65.00 \pm 7.07}$" in tex and r"\mathbf" not in tex
+    assert tex.count(r"\underline{") == 12 and r"$\underline{65.00 \pm 7.07}$" in tex and r"\mathbf" not in tex
     assert "n = 2 seeds per cell" in tex and "n{=}" not in tex  # one n for every cell: said once, in the caption
-    assert r"\toprule" in tex and r"\midrule" in tex and r"\bottomrule" in tex and r"\cmidrule(lr){2-3}" in tex
+    assert r"\toprule" in tex and r"\midrule" in tex and r"\bottomrule" in tex and r"\cmidrule(lr){2-4}" in tex
     assert "Ref." not in tex.split(r"\toprule")[1]  # no reference runs: no Ref. column
     assert tex.count(r"\\") == 2 + 2  # two header lines, two rows
     assert r"sUWA $\tau$=0.25" in tex and tex.startswith(r"\begin{table}")
@@ -137,9 +141,9 @@ def test_baselines_have_their_own_labels_and_never_take_the_bold(tmp_path):
     md = (index.parent / "table1.md").read_text()
     # too few seeds to tell the rules apart: both tied for best; the Ref. value once, on the block's first row
     # the cells' n differ (2 and 1): each cell says its own
-    assert md_row(md, "AVG") == ["25.00 ± 7.07† (n=2)", "35.00 ± 7.07† (n=2)", "85.00 ± 7.07 (n=2)"]
-    assert md_row(md, "sUWA τ=0.25") == ["40.00† (n=1)", "50.00† (n=1)", ""]
-    assert md_row(md, "*Local only (no communication)*") == ["60.00 (n=1)", "70.00 (n=1)", ""]
+    assert md_row(md, "AVG") == ["25.00 ± 7.07† (n=2)", "35.00 ± 7.07† (n=2)", "60.00 ± 7.07† (n=2)", "85.00 ± 7.07 (n=2)"]
+    assert md_row(md, "sUWA τ=0.25") == ["40.00† (n=1)", "50.00† (n=1)", "75.00† (n=1)", ""]
+    assert md_row(md, "*Local only (no communication)*") == ["60.00 (n=1)", "70.00 (n=1)", "95.00 (n=1)", ""]
     assert "Ref." not in [line.split("|")[1].strip() for line in md.splitlines()[4:] if line.startswith("|")]
     assert "± 0.00" not in md
     page = index.read_text()
@@ -236,8 +240,8 @@ def test_runs_of_different_settings_are_never_pooled(tmp_path):
     assert sorted(r.method for r in runs) == ["[rounds=3] AVG", "[rounds=5] AVG"]
     md = (write_report(root, formats=PNG).parent / "table1.md").read_text()
     # runs of different settings are not compared either: no bold between them
-    assert md_row(md, "[rounds=3] AVG") == ["10.00", "20.00"]
-    assert md_row(md, "[rounds=5] AVG") == ["50.00", "60.00"]
+    assert md_row(md, "[rounds=3] AVG") == ["10.00", "20.00", "45.00"]
+    assert md_row(md, "[rounds=5] AVG") == ["50.00", "60.00", "85.00"]
     assert short.exists()
 
 
@@ -288,7 +292,7 @@ def test_report_renders_in_headless_chromium(runs_dir, tmp_path):
             browser.close()
     assert problems == []
     assert len(images) == 9 and all(done and w > 100 and h > 100 for done, w, h in images)
-    assert rows == 2 and header == ["method", "k=2", "k=5", *["after private", "after public"] * 2]
+    assert rows == 2 and header == ["method", "k=2", "k=5", *["after private", "after public", "personalized"] * 2]
     # the harness sees problems: the policy refuses the injected script and the file image, and says so
     assert sum("Content Security Policy" in p for p in bad_problems) >= 2 and not any("boom" in p for p in bad_problems)
     assert bad_images[-1][1] == 0  # the broken image did not decode
@@ -379,12 +383,12 @@ def test_bold_only_when_welch_t_test_separates_the_best_from_the_second(tmp_path
         for seed, best in enumerate(values):
             fake_run(root, method, k, seed, best)
     md = (write_report(root, formats=PNG).parent / "table1.md").read_text()
-    public = {m: md_row(md, m if m != "sUWA" else "sUWA τ=0.25")[1::2] for m in ("AVG", "UWA", "sUWA")}
+    public = {m: md_row(md, m if m != "sUWA" else "sUWA τ=0.25")[1::3] for m in ("AVG", "UWA", "sUWA")}
     assert public["sUWA"][0].startswith("**") and not public["UWA"][0].startswith("**")
     assert not public["UWA"][0].endswith("†")
     assert public["AVG"][1].endswith("†") and public["sUWA"][1].endswith("†")  # tied: both marked
     assert not public["UWA"][1].startswith("**") and not public["UWA"][1].endswith("†")  # shown worse: not tied
-    assert md.count("**") == 2 * 2  # one bold cell per phase at k=2, none at k=5
+    assert md.count("**") == 2 * 3  # one bold cell per column at k=2 (two phases, personalized), none at k=5
 
     # the threshold is p < 0.05, two-sided, from n = 3 seeds on
     base = [10.0, 11.0, 13.0]
@@ -607,7 +611,7 @@ def test_a_nested_html_or_text_value_where_a_number_belongs_is_a_missing_value(t
     assert main(["report", str(root), "--formats", "[png]"]) == 0
     assert capsys.readouterr().err == ""
     md = (root / "report" / "table1.md").read_text()
-    assert md_row(md, "sUWA τ=0.25") == ["–", "–"] and md_row(md, "AVG") == ["20.00", "30.00"]
+    assert md_row(md, "sUWA τ=0.25") == ["–", "–", "–"] and md_row(md, "AVG") == ["20.00", "30.00", "55.00"]
     assert "<b>0.9" not in (root / "report" / "index.html").read_text()
 
 

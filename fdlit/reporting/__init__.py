@@ -10,7 +10,8 @@ size, text >= 8 pt, no in-plot titles, the captions are in the page) and Table 1
 - a settings header: what all runs share, what varies (a knob only some methods have, like sUWA's
   τ, varies only when the runs that have it differ in it), the seeds, which metric the table holds;
 - Table 1 in the layout of Kovalchuk et al. (2026, Table 1): a row per rule, a column per k, each
-  split into the best accuracy after the private and after the public phase, mean ± std over seeds
+  split into the best accuracy after the private and after the public phase and the personalized
+  accuracy (each client on its own classes: ``after_public/local_acc_mean``), mean ± std over seeds
   (no std with n = 1); the fully informed reference (``federation.mode: reference``) in its own
   ``Ref.`` column and the no-communication baseline (``local_only``) in its own row, neither ever
   marked; a column (phase, Ref., dataset) with nothing to show is left out. Rows are named by what

@@ -107,10 +107,11 @@ def runs_html(runs: list[Run]) -> str:
         f"<tr><td>{html.escape(r.path.name)}</td><td>{html.escape(r.method)}</td><td>{html.escape(str(r.k))}</td>"
         f"<td>{html.escape(str(r.seed))}</td><td>{len(r.metrics)}</td><td>{'yes' if r.finished else 'no'}</td>"
         f"<td>{_percent(r.best('private'))}</td><td>{_percent(r.best('public'))}</td>"
-        f"<td>{'yes' if r.selected else 'no'}</td></tr>"
+        f"<td>{_percent(r.best('personalized'))}</td><td>{'yes' if r.selected else 'no'}</td></tr>"
         for r in sorted(runs, key=lambda r: (r.dataset, _method_sort(r.method), _k_sort(r.k), str(r.seed))))
     return ('<table id="runs"><thead><tr><th>run</th><th>method</th><th>k</th><th>seed</th><th>rounds</th>'
             "<th>finished</th>\n<th>best acc after private (%)</th><th>best acc after public (%)</th>"
+            "<th>personalized acc (%)</th>"
             f"<th>validation-selected</th></tr></thead>\n<tbody>{rows}</tbody></table>")
 
 

@@ -23,7 +23,9 @@ PRIVATE_ACC = "after_private/global_acc_mean"
 LOCAL = "after_public/local_acc_mean"
 SELECTED = "selected_global_acc_mean"  # validation-selected accuracy, when the run's summary has one
 ORDER = {"AVG": 0, "UWA": 1, "sUWA": 2}
-PHASES = (("private", "after private"), ("public", "after public"))
+# "personalized": the mean over clients of each client's accuracy on its own classes' test samples
+# (after_public/local_acc_mean), as the personalization papers (FedProto, FML, FedKD, ...) report
+PHASES = (("private", "after private"), ("public", "after public"), ("personalized", "personalized"))
 
 
 @dataclass
@@ -64,7 +66,15 @@ class Run:
         return np.array([r for r, _ in rows], dtype=float), np.array([v for _, v in rows], dtype=float)
 
     def best(self, phase: str = "public") -> float:
-        """Best mean global accuracy (fraction) after the ``private`` or ``public`` phase."""
+        """Best mean global accuracy (fraction) after the ``private`` or ``public`` phase; for
+        ``personalized``, the mean local accuracy after the public phase at the round the global number
+        was selected at (validation-selected runs), else its best round."""
+        if phase == "personalized":
+            rounds, local = self.series(LOCAL)
+            chosen = _number(self.summary.get("selected_round")) if self.selected else None
+            if chosen is not None and chosen in rounds:
+                return float(local[list(rounds).index(chosen)])
+            return float(np.nanmax(local)) if len(local) else math.nan
         keys = ((SELECTED, "best_global_acc_mean") if phase == "public"
                 else (SELECTED + "_after_private", "best_global_acc_mean_after_private"))
         keys = keys if self.selected else keys[1:]

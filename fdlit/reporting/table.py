@@ -165,11 +165,15 @@ def table1_caption(table: Table, selected: bool, tied: str = "underlined") -> st
             "validation set, so none is used).")
     datasets = sorted({d for d, _, _ in table.rows if d})
     on = f" on {', '.join(datasets)}" if datasets and not _show_dataset(table) else ""
-    after = ("after the private and after the public phase" if len(table.phases) > 1
-             else f"{table.phases[0][1] if table.phases else 'after public'} phase")
     seeds = f"n = {next(iter(table.seeds))} seeds per cell" if len(table.seeds) == 1 else "n seeds per cell as shown"
+    global_phases = [p for p in table.phases if p[0] != "personalized"]
+    after = ("after the private and after the public phase" if len(global_phases) > 1
+             else f"{global_phases[0][1] if global_phases else 'after public'} phase")
     parts = [f"{what} mean global test accuracy (%){on} {after}, mean ± std over seeds ({seeds}; no std with n = 1).",
              rule, bold_rule(tied)]
+    if any(p == "personalized" for p, _ in table.phases):
+        parts.insert(1, "Personalized: the mean over clients of each client's test accuracy on its own classes, "
+                     "after the public phase (at the selected round, else the best), as personalization papers report.")
     if table.ref:
         parts.append("Ref.: fully informed reference.")
     if any(kind == "local" for _, _, kind in table.rows):
