@@ -134,8 +134,9 @@ class PredictionExchange(Protocol):
     def run(self, parts, plan, after_private, sent):
         ids, messages = arrived(parts, plan, sent)
         if ids:
-            uploads, privacy_stats = self.receive_uploads(parts, plan.round, ids, messages, info_of(parts, plan, ids))
-        if not ids:  # no upload arrived: no teacher, no public phase
+            uploads, privacy_stats = self.receive_uploads(parts, plan.round, ids, messages, info_of(parts, plan, ids),
+                                                          plan.sampled)
+        if not ids or uploads is None:  # no upload arrived (or too few to unmask): no teacher, no public phase
             return None, [math.nan], parts.evaluated(plan)
         info = info_of(parts, plan, ids)  # the clients whose uploads arrived
         result, teachers = self.server_aggregate(parts, plan, ids, uploads, info)
@@ -144,14 +145,17 @@ class PredictionExchange(Protocol):
         return result, public_losses, parts.evaluated(plan)
 
     @staticmethod
-    def receive_uploads(parts: RoundParts, r: int, ids: list[int], messages: list[Message], info):
+    def receive_uploads(parts: RoundParts, r: int, ids: list[int], messages: list[Message], info,
+                        sampled: list[int] | None = None):
         """Server step (end of Stage 1): what the clients sent from their client step (public inference,
         the method's upload, its DP clipping/noise and encoding, fdlit.privacy.client_release, made
-        where each client lives); the server counts, decodes and accounts it (``UploadPrivacy.receive``)."""
+        where each client lives); the server counts, decodes and accounts it (``UploadPrivacy.receive``);
+        under secure aggregation ``sampled`` are the clients of the key exchange."""
         server = parts.server
         messages = parts.adversaries.collude_uploads(r, ids, messages)
         return server.privacy.receive(r, ids, messages, parts.num_classes, len(info.public_x),
-                                      parts.facts.sample_rate, server.send_up, parts.seed)
+                                      parts.facts.sample_rate, server.send_up, parts.seed, sampled=sampled,
+                                      send_down=server.send_down)
 
     @staticmethod
     def server_aggregate(parts: RoundParts, plan: RoundPlan, ids: list[int], uploads, info):
