@@ -101,7 +101,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("secagg")
     plain = fit_loop(tiny("digits.yaml", tmp / "plain", *PARTIAL, rounds=3))
     parser, cfg = parse_fit(tiny("digits.yaml", tmp / "secure", *PARTIAL, "--privacy.secure_aggregation", "true",
-                                 rounds=3))
+                                 "--privacy.upload_audit", "true", rounds=3))
     loop = Experiment(cfg, parser).loop
     seen = []
     rule = loop.aggregator
@@ -126,6 +126,8 @@ def test_the_server_part_sees_only_the_aggregate(runs):
     up = {m.kind for m in secure.ledger.messages if m.direction == "up"}
     assert up == {"secagg_keys", "secagg_shares", "secagg_masked", "secagg_unmask"}  # no logits, no density
     assert "logits" in {m.kind for m in plain.ledger.messages if m.direction == "up"}
+    # no individual upload to attack: the label audit has nothing; the model audit still queries the clients
+    assert "privacy/label_tv" not in secure.history[0] and "privacy/upload_mia_auc" in secure.history[0]
 
 
 def test_secure_aggregation_changes_no_accuracy_and_counts_its_cost(runs):

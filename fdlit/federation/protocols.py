@@ -30,6 +30,7 @@ from fdlit.federation.measurement import check_finite
 from fdlit.federation.round_facts import RoundPlan
 from fdlit.federation.round_parts import RoundParts
 from fdlit.messages import Message
+from fdlit.privacy.upload_audit import label_histograms, label_inference
 
 
 def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,6 +139,9 @@ class PredictionExchange(Protocol):
                                                           plan.sampled)
         if not ids or uploads is None:  # no upload arrived (or too few to unmask): no teacher, no public phase
             return None, [math.nan], parts.evaluated(plan)
+        if parts.server.privacy.upload_audit and isinstance(uploads, list):  # what the server saw of each client
+            histograms = label_histograms([parts.tensors.private[i][1] for i in ids], parts.num_classes)
+            privacy_stats.update(label_inference([u["logits"] for u in uploads], histograms))
         info = info_of(parts, plan, ids)  # the clients whose uploads arrived
         result, teachers = self.server_aggregate(parts, plan, ids, uploads, info)
         result.stats.update(privacy_stats)
