@@ -9,8 +9,13 @@ import pytest
 import torch
 
 from fdlit.cli import main
-from fdlit.privacy.upload_audit import (label_histograms, label_inference, prediction_membership, scaled_confidence,
-                                        tpr_at_fpr)
+from fdlit.privacy.upload_audit import (
+    label_histograms,
+    label_inference,
+    prediction_membership,
+    scaled_confidence,
+    tpr_at_fpr,
+)
 from fdlit.runs import read_jsonl
 from tests.test_composition import only_run, tiny
 
