@@ -1,5 +1,5 @@
 """Audits of what federated distillation shares: attacks on the clients' predictions (Shi et al. 2025,
-arXiv 2502.08001, attack FedMD, DS-FL and Cronus this way), beside the loss-threshold audit of the client
+arXiv 2502.08001, attack three FD methods' public-set predictions this way), beside the loss-threshold audit of the client
 models (fdlit.privacy.audit).
 
 **Label-distribution inference** (every round, on what the server received). The attacker (the
