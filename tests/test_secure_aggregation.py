@@ -72,7 +72,7 @@ def suwa_uploads(m: int, n: int = 40, c: int = 5) -> list[Message]:
                                   SmoothedUncertaintyWeighted(upload="scores", tau=1.0, mix="logits")])
 def test_a_sum_rule_on_masked_uploads_gives_the_plain_teacher_of_the_survivors(rule):
     uploads, sampled, survivors = suwa_uploads(5), [0, 1, 2, 3, 4], [0, 2, 3, 4]  # client 1 drops after sharing
-    sums, stats = masked_sums(1, sampled, survivors, [rule.secure_summands(uploads[i]) for i in survivors],
+    sums, stats = masked_sums(1, sampled, survivors, [rule.secure_summands(uploads[i], i) for i in survivors],
                               lambda *m: None)
     plain = rule.aggregate([uploads[i] for i in survivors], None).teacher
     secure = rule.aggregate_sums(sums, None).teacher
@@ -85,7 +85,7 @@ def test_where_every_weight_rounds_to_zero_suwa_falls_back_to_the_plain_mean_as_
     uploads = suwa_uploads(3)
     for u in uploads:
         u["log_likelihood"][:5] = float("-inf")  # no client's density reaches these samples
-    sums, _ = masked_sums(1, [0, 1, 2], [0, 1, 2], [rule.secure_summands(u) for u in uploads], lambda *m: None)
+    sums, _ = masked_sums(1, [0, 1, 2], [0, 1, 2], [rule.secure_summands(u, i) for i, u in enumerate(uploads)], lambda *m: None)
     result = rule.aggregate_sums(sums, None)
     assert result.stats["density/uniform_fallback_samples"] == 5
     assert torch.allclose(result.teacher, rule.aggregate(uploads, None).teacher, atol=1e-5, rtol=0)
@@ -171,3 +171,24 @@ def test_central_dp_sums_the_clipped_rows_under_masks(tmp_path):
     kinds = {m.kind for m in loop.ledger.messages if m.direction == "up"}
     assert "secagg_masked" in kinds and "logits" not in kinds
     assert loop.history[0]["privacy/epsilon"] > 0 and loop.history[0]["secagg/failed"] == 0
+
+
+def test_fedavg_under_masks_broadcasts_the_plain_weighted_mean_with_dropouts(tmp_path):
+    plain = fit_loop(tiny("digits_fedavg.yaml", tmp_path / "plain", *PARTIAL, rounds=3))
+    secure = fit_loop(tiny("digits_fedavg.yaml", tmp_path / "secure", *PARTIAL, "--privacy.secure_aggregation",
+                           "true", rounds=3))
+    up = {m.kind for m in secure.ledger.messages if m.direction == "up" and m.round > 0}
+    assert "parameters" not in up and "secagg_masked" in up  # no client's parameters reach the server
+    assert sum(h["secagg/dropped_after_sharing"] for h in secure.history) > 0
+    for p, s in zip(plain.history, secure.history, strict=True):
+        assert s["after_public/global_acc_mean"] == pytest.approx(p["after_public/global_acc_mean"], abs=1e-6)
+
+
+@pytest.mark.parametrize(("config", "words"), [
+    ("digits_krum.yaml", "Krum scores every upload by its distances"),
+    ("digits_feddf.yaml", "FedDF's teacher is not declared a sum"),
+])
+def test_parameter_rules_that_are_not_sums_are_refused(config, words, tmp_path, capsys):
+    assert main(["fit", *tiny(config, tmp_path, "--privacy.secure_aggregation", "true")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err

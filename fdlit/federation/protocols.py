@@ -223,9 +223,18 @@ class ParameterExchange(Protocol):
             return None, [math.nan] * m, parts.evaluated(plan)
         info = info_of(parts, plan, ids, public=False)  # the clients whose uploads arrived
         raw = parts.adversaries.collude_uploads(plan.round, ids, raw)
-        uploads = [server.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
+        stats: dict[str, float] = {}
+        if server.privacy.secure:  # masked (fdlit.privacy.secure_upload): the rule is given only the sums
+            uploads, stats = server.privacy.receive(plan.round, ids, raw, parts.num_classes, 0, parts.facts.sample_rate,
+                                                    server.send_up, parts.seed, sampled=plan.sampled,
+                                                    send_down=server.send_down)
+            if uploads is None:  # too few clients survived to unmask: every client keeps what it has
+                return None, [math.nan] * m, parts.evaluated(plan)
+        else:
+            uploads = [server.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
         ctx = parts.facts.server_context(plan.round, info)
         result = server.aggregate(uploads, ctx)
+        result.stats.update(stats)
         sent = server.method.configure(Message(result.broadcast), list(range(m)), ctx)
         for i in range(m):
             server.send_down(plan.round, i, sent[i])

@@ -24,7 +24,7 @@ class ProbabilityAveraging(Aggregator):
         return AggregationResult(teacher=z.softmax(-1).mean(0), weights=weights)
 
     # secure aggregation (fdlit.privacy.secure_upload): the teacher is the sum of the probabilities / M
-    def secure_summands(self, upload):
+    def secure_summands(self, upload, client):
         return {"probabilities": (upload["logits"].float().softmax(-1), 1.0)}
 
     def aggregate_sums(self, sums, ctx):

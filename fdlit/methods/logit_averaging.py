@@ -38,7 +38,7 @@ class LogitAveraging(Aggregator):
         return AggregationResult(teacher=torch.softmax(z.mean(0) / self.temperature, -1), weights=weights)
 
     # secure aggregation (fdlit.privacy.secure_upload): the teacher is a function of the sum of the logits
-    def secure_summands(self, upload):
+    def secure_summands(self, upload, client):
         return {"logits": (upload["logits"].float(), LOGIT_BOUND)}
 
     def aggregate_sums(self, sums, ctx):

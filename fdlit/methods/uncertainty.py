@@ -213,7 +213,7 @@ class UncertaintyWeighted(Aggregator):
         is at least the floor (or the floor of noisy standard deviations, fdlit.privacy.client_release)."""
         return -0.5 * num_classes * math.log(2 * math.pi * min(self.variance_floor, NOISY_STD_FLOOR**2))
 
-    def secure_summands(self, upload):
+    def secure_summands(self, upload, client):
         """Client i's terms of the secure sum (fdlit.privacy.secure_upload), from its own upload: its weight
         w_i(x) = exp(tau (l_i(x) - U)) in [0, 1] (the softmax over clients is then sum_i w_i q_i / sum_i w_i),
         w_i q_i, and q_i for the samples no client's density reaches (the uniform fallback); q_i is the

@@ -3,11 +3,12 @@
 A rule can be computed on masked uploads when its teacher needs only sums over the clients of terms
 each client can compute from its own upload: probability averaging (the sum of the probabilities),
 logit averaging (of the logits), a weighting whose weight w_i(x) client i computes from its own upload,
-normalised over the clients by a softmax (the sums of w_i(x) p_i(x) and of w_i(x)). A method declares
-this with two hooks:
+normalised over the clients by a softmax (the sums of w_i(x) p_i(x) and of w_i(x)), a weighted mean of
+parameters (the sums of w_k theta_k and of w_k). A method declares this with two hooks:
 
-* ``secure_summands(upload) -> {name: (tensor, bound)}``: on the client, from its own upload, the
-  terms to sum, each with a bound B on its entries (entries are clipped to [-B, B]: fixed point);
+* ``secure_summands(upload, client) -> {name: (tensor, bound)}``: on client ``client``, from its own
+  upload, the terms to sum, each with a bound B on its entries (entries are clipped to [-B, B]: fixed
+  point);
 * ``aggregate_sums(sums: SecureSums, ctx) -> AggregationResult``: on the server, the teacher from the
   sums alone (no per-client weights exist there).
 
@@ -54,9 +55,6 @@ def maskable(method: Any) -> str | None:
     reason = getattr(method, "secure_refusal", None)
     if reason:
         return f"{name} {reason}"
-    if getattr(method, "exchange", "predictions") != "predictions":
-        return (f"{name} exchanges parameters, and fdlit masks prediction uploads only (a weighted parameter "
-                "average is a sum, but its masking is not built)")
     has = callable(getattr(method, "secure_summands", None)) and callable(getattr(method, "aggregate_sums", None))
     if not has or stale(type(method), "secure_summands", "aggregate"):
         return (f"{name}'s teacher is not declared a sum of per-client terms (no ``secure_summands``/"
@@ -105,6 +103,7 @@ def masked_sums(r: int, sampled: Sequence[int], clients: Sequence[int], summands
     return SecureSums(sums, tuple(clients), errors), stats
 
 
+PARAMETER_BOUND = 2.0**8  # exchanged parameters are clipped to +-256 in the secure sum
 LOGIT_BOUND = 2.0**8  # logits are clipped to +-256 in the secure sum (where float32 softmax is one-hot already)
 
 

@@ -237,7 +237,7 @@ class UploadPrivacy:
             if why is None and self.encoding != "full":
                 why = (f"privacy.encoding {self.encoding!r} encodes one client's prediction, and secure aggregation "
                        "sends only the masked sum (set privacy.encoding: full)")
-            if why is None and getattr(method, "has_setup", False):
+            if why is None and getattr(method, "has_setup", False) and not getattr(method, "secure_setup", ""):
                 why = f"{name} has a set-up stage whose messages would go unmasked"
             if why:
                 raise ConfigError("privacy.secure_aggregation", "secure aggregation gives the server only the sum "
@@ -279,7 +279,7 @@ class UploadPrivacy:
             uploads, std, secure_stats = self._summed(r, ids, messages, seed, u1, counter)
             stds = [std]
         elif self.secure:  # each client's terms, masked where it lives (simulated here), summed
-            uploads, secure_stats = masked_sums(r, u1, ids, [self.summands(m) for m in messages], counter,
+            uploads, secure_stats = masked_sums(r, u1, ids, [self.summands(m, i) for i, m in zip(ids, messages, strict=True)], counter,
                                                 self.secure_threshold)
             stds = [float(d[2]) for d in diagnostics if d is not None]
         else:
