@@ -92,10 +92,11 @@ def masked_sums(r: int, sampled: Sequence[int], clients: Sequence[int], summands
     total, stats = secure_sum(u1, vectors, count, round=r, fraction=threshold)
     if total is None:
         return None, stats
+    device = next(iter(summands[0].values()))[0].device  # the sums go where the uploads were
     sums, errors, start = {}, {}, 0
     for name, shape, _, bits in layout:
         size = int(np.prod(shape))
-        sums[name] = torch.from_numpy(decode(total[start:start + size], bits).reshape(shape))
+        sums[name] = torch.from_numpy(decode(total[start:start + size], bits).reshape(shape)).to(device)
         errors[name] = fixed_point_error(len(u1), bits)
         start += size
     stats["secagg/scale_bits_min"] = float(min(bits for *_, bits in layout))

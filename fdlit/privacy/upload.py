@@ -279,8 +279,8 @@ class UploadPrivacy:
             uploads, std, secure_stats = self._summed(r, ids, messages, seed, u1, counter)
             stds = [std]
         elif self.secure:  # each client's terms, masked where it lives (simulated here), summed
-            uploads, secure_stats = masked_sums(r, u1, ids, [self.summands(m, i) for i, m in zip(ids, messages, strict=True)], counter,
-                                                self.secure_threshold)
+            terms = [self.summands(m, i) for i, m in zip(ids, messages, strict=True)]
+            uploads, secure_stats = masked_sums(r, u1, ids, terms, counter, self.secure_threshold)
             stds = [float(d[2]) for d in diagnostics if d is not None]
         else:
             uploads, stds = [], [float(d[2]) for d in diagnostics if d is not None]
