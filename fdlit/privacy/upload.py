@@ -42,6 +42,9 @@ the noisy release (aggregation, the teacher, what goes down) is post-processing 
 Where it runs: clipping, local noise and the encoding happen on the client, where it lives (in process,
 a Ray actor, a Flower node: fdlit.privacy.client_release), so raw logits never leave a client when this
 section is on; the server decodes, adds the secure sum's noise (central) and keeps the accountant.
+Secure aggregation (fdlit.privacy.secure_upload) masks each client's terms of a rule that is a sum; in
+``fit`` its clients' half runs in the server's process, on each client's release, and the rule is given
+only the unmasked sum (``deploy`` refuses it).
 
 sigma = 0 turns the mechanism off: nothing is clipped or noised and epsilon is not reported.
 Encodings (``encoding``) apply after the noise (post-processing): they send less, and by
