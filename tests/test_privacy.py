@@ -84,11 +84,11 @@ def test_the_server_receives_each_clients_release_of_its_own_logits(tmp_path, ex
     loop = Experiment(cfg, parser).loop
     seen, receive = [], loop.privacy.receive
 
-    def spy(r, ids, messages, *args):
+    def spy(r, ids, messages, *args, **kwargs):
         info = loop.facts.info(r, (), None)
         raw = [loop.executor.predict([loop.clients[i]], info.public_x)[0] for i in ids]
         seen.append((r, list(ids), list(messages), raw))
-        return receive(r, ids, messages, *args)
+        return receive(r, ids, messages, *args, **kwargs)
 
     loop.privacy.receive = spy
     loop.fit()

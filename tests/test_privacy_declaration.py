@@ -102,10 +102,11 @@ def test_central_noise_goes_once_on_the_sum_and_the_rule_receives_the_noisy_mean
         privacy.check(method, num_classes=3)
         sent = {}
         uploads, stats = privacy.upload(1, [{"logits": z} for z in logits], torch.float32, 0, 3, 1.0,
-                                        lambda r, i, msg, sent=sent: sent.setdefault(i, msg), list(range(m)))
+                                        lambda r, i, msg, sent=sent: sent.setdefault(i, []).append(msg), list(range(m)))
         shares = torch.stack([to_share(z) for z in logits])
         shares = shares * (c / shares.norm(dim=-1, keepdim=True)).clamp(max=1)
-        assert torch.allclose(torch.stack([s["logits"].double() for s in sent.values()]), shares, atol=1e-6)
+        kinds = {k for messages in sent.values() for message in messages for k in message}
+        assert "secagg_masked" in kinds and "logits" not in kinds  # the server never sees a client's share
         assert all(torch.equal(u["logits"], uploads[0]["logits"]) for u in uploads)  # one noisy mean for all
         std = sigma * 2 * c * math.sqrt(n)
         assert stats["privacy/noise_std_mean"] == pytest.approx(std)
@@ -129,10 +130,16 @@ def test_central_noise_is_refused_for_rules_that_combine_uploads_non_linearly(me
     assert err.value.field == "privacy.accounting" and "privacy.accounting: local" in str(err.value)
 
 
-def test_central_runs_end_to_end_with_the_same_epsilon_and_bytes_as_local(tmp_path):
+def test_central_runs_end_to_end_with_the_same_epsilon_and_counts_the_masking(tmp_path):
     local = fit_loop(tiny("digits_logit_averaging.yaml", tmp_path / "local", *DP))
     central = fit_loop(tiny("digits_logit_averaging.yaml", tmp_path / "central", *DP, "--privacy.accounting", "central"))
     assert [m["privacy/epsilon"] for m in central.history] == [m["privacy/epsilon"] for m in local.history]
-    assert central.ledger.total("up") == local.ledger.total("up")
+
+    def up(loop, kind):
+        return sum(m.bytes for m in loop.ledger.messages if m.direction == "up" and m.kind == kind)
+
+    # the masked share: the same N x C numbers in 64-bit fixed point (twice float32), plus the keys and shares
+    assert up(central, "secagg_masked") == 2 * up(local, "logits") > 0 and up(central, "logits") == 0
+    assert central.ledger.total("up") > up(central, "secagg_masked")
     assert all(math.isfinite(m["after_public/global_acc_mean"]) for m in central.history)
     assert main(["fit", *tiny("digits.yaml", tmp_path / "refused", *DP, "--privacy.accounting", "central")]) == 2

@@ -335,7 +335,7 @@ def test_a_run_that_left_k_at_its_default_is_labelled_k2(tmp_path):
 
 
 def test_privacy_runs_get_accuracy_and_attack_auc_against_epsilon(tmp_path):
-    from fdlit.reporting import accuracy_vs_epsilon, load_runs
+    from fdlit.reporting import accuracy_vs_epsilon, load_runs, upload_attacks_vs_epsilon
 
     root = tmp_path / "runs"
     for seed in (0, 1):
@@ -347,14 +347,20 @@ def test_privacy_runs_get_accuracy_and_attack_auc_against_epsilon(tmp_path):
             (path / "config.yaml").write_text(yaml.safe_dump(config))
             rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
             for row in rows:
-                row.update({"privacy/epsilon": eps * row["round"] / len(rows), "privacy/mia_auc": 0.55})
+                row.update({"privacy/epsilon": eps * row["round"] / len(rows), "privacy/mia_auc": 0.55,
+                            "privacy/label_tv": 0.2 + sigma / 2, "privacy/label_tv_chance": 0.8,
+                            "privacy/upload_mia_auc": 0.52})
             (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     runs, _ = load_runs(root)
     assert sorted({r.last("privacy/epsilon") for r in runs if r.last("privacy/epsilon")}) == [5.0, 40.0]
     figure = accuracy_vs_epsilon(runs)
     assert len(figure.axes[0].lines) > 0 and len(figure.axes[1].lines) > 0  # accuracy and attack AUC panels
+    attacks = upload_attacks_vs_epsilon(runs)  # the label attack's error grows with the noise: 0.35 and 0.70
+    (data_line, *_), = [c.lines for c in attacks.axes[0].containers]  # the errorbar's line, by growing epsilon
+    assert list(data_line.get_ydata()) == pytest.approx([0.7, 0.35])
+    assert [line.get_ydata()[0] for line in attacks.axes[0].lines if line.get_linestyle() == ":"] == pytest.approx([0.8])
     page = write_report(root, formats=PNG).read_text()
-    assert "privacy_accuracy_and_attack_vs_epsilon.png" in page
+    assert "privacy_accuracy_and_attack_vs_epsilon.png" in page and "privacy_upload_attacks_vs_epsilon.png" in page
     plain = tmp_path / "plain"
     fake_run(plain, "AVG", 2, 0, 0.80)
     assert accuracy_vs_epsilon(load_runs(plain)[0]) is None

@@ -67,6 +67,10 @@ def main(run_dir: str | None, argv: list[str]) -> int:
     else:
         fit_args, parser, cfg = fit_arguments(rest)
         experiment = Experiment(cfg, parser)  # the whole config checked before any process starts
+    if getattr(experiment.loop.privacy, "secure", False):  # refused rather than sending uploads unmasked
+        raise ConfigError("privacy.secure_aggregation", "deploy does not mask uploads (secure aggregation runs in "
+                          "fit only), so every client's upload would reach the server in the clear; use fit, or "
+                          "privacy.secure_aggregation: false with privacy.accounting: local")
     import_flwr()
     # the client count as fit reads it from the config (no data is built)
     check_node_count(options, getattr(experiment.loop.data, "num_clients", None))

@@ -18,6 +18,7 @@ from fdlit.errors import NumericalFault, check_finite  # noqa: F401  (re-exporte
 from fdlit.federation.diagnostics import trust_matrix
 from fdlit.methods.base import weight_concentration, weight_entropy
 from fdlit.privacy.audit import membership_audit
+from fdlit.privacy.upload_audit import prediction_membership
 
 
 class Evaluation:
@@ -209,6 +210,8 @@ def round_metrics(parts: Any, communicates: bool, plan: Any, result: Any, losses
     metrics.update(clients.executor.logged_metrics())  # clients/log/<name>: the steps' self.log values
     if server.privacy.audit and r == parts.settings.rounds:  # membership inference on the final client models
         metrics.update(membership_audit(clients.predict, t.private, t.test_x, t.test_y, t.local_masks))
+    if server.privacy.upload_audit and communicates:  # the client models queried as a server could
+        metrics.update(prediction_membership(clients.predict, t.private, t.test_x, t.test_y, t.local_masks))
     if result is not None and result.weights is not None:  # M x C who-to-trust matrix (diagnostic only)
         metrics["clients/trust_matrix"] = trust_rows(result.weights, public_y, parts.num_classes,
                                                      plan.arrived, len(clients))

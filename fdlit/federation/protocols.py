@@ -30,6 +30,7 @@ from fdlit.federation.measurement import check_finite
 from fdlit.federation.round_facts import RoundPlan
 from fdlit.federation.round_parts import RoundParts
 from fdlit.messages import Message
+from fdlit.privacy.upload_audit import label_histograms, label_inference
 
 
 def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,9 +135,13 @@ class PredictionExchange(Protocol):
     def run(self, parts, plan, after_private, sent):
         ids, messages = arrived(parts, plan, sent)
         if ids:
-            uploads, privacy_stats = self.receive_uploads(parts, plan.round, ids, messages, info_of(parts, plan, ids))
-        if not ids:  # no upload arrived: no teacher, no public phase
+            uploads, privacy_stats = self.receive_uploads(parts, plan.round, ids, messages, info_of(parts, plan, ids),
+                                                          plan.sampled)
+        if not ids or uploads is None:  # no upload arrived (or too few to unmask): no teacher, no public phase
             return None, [math.nan], parts.evaluated(plan)
+        if parts.server.privacy.upload_audit and isinstance(uploads, list):  # what the server saw of each client
+            histograms = label_histograms([parts.tensors.private[i][1] for i in ids], parts.num_classes)
+            privacy_stats.update(label_inference([u["logits"] for u in uploads], histograms))
         info = info_of(parts, plan, ids)  # the clients whose uploads arrived
         result, teachers = self.server_aggregate(parts, plan, ids, uploads, info)
         result.stats.update(privacy_stats)
@@ -144,14 +149,17 @@ class PredictionExchange(Protocol):
         return result, public_losses, parts.evaluated(plan)
 
     @staticmethod
-    def receive_uploads(parts: RoundParts, r: int, ids: list[int], messages: list[Message], info):
+    def receive_uploads(parts: RoundParts, r: int, ids: list[int], messages: list[Message], info,
+                        sampled: list[int] | None = None):
         """Server step (end of Stage 1): what the clients sent from their client step (public inference,
         the method's upload, its DP clipping/noise and encoding, fdlit.privacy.client_release, made
-        where each client lives); the server counts, decodes and accounts it (``UploadPrivacy.receive``)."""
+        where each client lives); the server counts, decodes and accounts it (``UploadPrivacy.receive``);
+        under secure aggregation ``sampled`` are the clients of the key exchange."""
         server = parts.server
         messages = parts.adversaries.collude_uploads(r, ids, messages)
         return server.privacy.receive(r, ids, messages, parts.num_classes, len(info.public_x),
-                                      parts.facts.sample_rate, server.send_up, parts.seed)
+                                      parts.facts.sample_rate, server.send_up, parts.seed, sampled=sampled,
+                                      send_down=server.send_down)
 
     @staticmethod
     def server_aggregate(parts: RoundParts, plan: RoundPlan, ids: list[int], uploads, info):
@@ -215,9 +223,18 @@ class ParameterExchange(Protocol):
             return None, [math.nan] * m, parts.evaluated(plan)
         info = info_of(parts, plan, ids, public=False)  # the clients whose uploads arrived
         raw = parts.adversaries.collude_uploads(plan.round, ids, raw)
-        uploads = [server.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
+        stats: dict[str, float] = {}
+        if server.privacy.secure:  # masked (fdlit.privacy.secure_upload): the rule is given only the sums
+            uploads, stats = server.privacy.receive(plan.round, ids, raw, parts.num_classes, 0, parts.facts.sample_rate,
+                                                    server.send_up, parts.seed, sampled=plan.sampled,
+                                                    send_down=server.send_down)
+            if uploads is None:  # too few clients survived to unmask: every client keeps what it has
+                return None, [math.nan] * m, parts.evaluated(plan)
+        else:
+            uploads = [server.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
         ctx = parts.facts.server_context(plan.round, info)
         result = server.aggregate(uploads, ctx)
+        result.stats.update(stats)
         sent = server.method.configure(Message(result.broadcast), list(range(m)), ctx)
         for i in range(m):
             server.send_down(plan.round, i, sent[i])

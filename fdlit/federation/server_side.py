@@ -12,6 +12,7 @@ from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.messages import Message, as_message
 from fdlit.methods.base import AggregationResult, Aggregator, ServerContext
+from fdlit.privacy.secure_upload import SecureSums
 
 
 class ServerSide:
@@ -47,7 +48,10 @@ class ServerSide:
         info = ctx.info
         if self.public_rows is not None:
             self.public_rows.before_aggregate(self.method, info.round, info.public_index)
-        result = self.method.aggregate(uploads, ctx)
+        if isinstance(uploads, SecureSums):  # secure aggregation: the rule sees only the sums
+            result = self.method.aggregate_sums(uploads, ctx)
+        else:
+            result = self.method.aggregate(uploads, ctx)
         if self.public_rows is not None:
             self.public_rows.after_aggregate(self.method, info.round, info.public_index)
         return result

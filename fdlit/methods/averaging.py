@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fdlit.methods.base import AggregationResult, Aggregator, uniform_weights
+from fdlit.privacy.secure_upload import probability_rows
 
 
 class ProbabilityAveraging(Aggregator):
@@ -21,3 +22,10 @@ class ProbabilityAveraging(Aggregator):
         m, n, _ = z.shape
         weights = uniform_weights(m, n, z.device)
         return AggregationResult(teacher=z.softmax(-1).mean(0), weights=weights)
+
+    # secure aggregation (fdlit.privacy.secure_upload): the teacher is the sum of the probabilities / M
+    def secure_summands(self, upload, client):
+        return {"probabilities": (upload["logits"].float().softmax(-1), 1.0)}
+
+    def aggregate_sums(self, sums, ctx):
+        return AggregationResult(teacher=probability_rows(sums.sums["probabilities"] / sums.count))

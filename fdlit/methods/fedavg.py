@@ -31,6 +31,7 @@ import torch
 from fdlit.errors import ConfigError
 from fdlit.methods.base import AggregationResult, Aggregator, ClientContext, ClientPart, ServerContext, Uploads
 from fdlit.methods.parameters import exchanged_tensors, flatten, load_flat, parameter_slices  # noqa: F401
+from fdlit.privacy.secure_upload import PARAMETER_BOUND
 
 
 def weighted_average(vectors: list[torch.Tensor], counts: torch.Tensor) -> torch.Tensor:
@@ -101,6 +102,21 @@ class FedAvg(Aggregator):
 
     def aggregate(self, uploads: Uploads, ctx: ServerContext) -> AggregationResult:
         return AggregationResult(teacher=None, broadcast={"parameters": self.average(uploads, ctx)})
+
+    # secure aggregation (fdlit.privacy.secure_upload): the n_k-weighted mean is a ratio of two sums
+    secure_setup = "its set-up sends each client's sample count n_k and one client's initial model in the clear"
+
+    def secure_summands(self, upload, client):
+        """Client k's terms: w_k theta_k and w_k, w_k = n_k / max_j n_j in (0, 1] (every n_j went to the
+        server at set-up), so that sum_k w_k theta_k / sum_k w_k is the n_k-weighted mean."""
+        counts = self.counts.double() if self.counts is not None else None
+        w = 1.0 if counts is None else float(counts[client] / counts.max())
+        return {"weighted": (w * upload["parameters"].double(), PARAMETER_BOUND),
+                "weight": (torch.tensor([w], dtype=torch.float64), 1.0)}
+
+    def aggregate_sums(self, sums, ctx) -> AggregationResult:
+        mean = sums.sums["weighted"] / sums.sums["weight"][0]
+        return AggregationResult(teacher=None, broadcast={"parameters": mean.float()})
 
     def state_dict(self) -> dict[str, Any]:
         return {"counts": self.counts}

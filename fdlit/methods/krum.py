@@ -37,6 +37,7 @@ class Krum(FedAvg):
 
     short_name = "krum"
     label = "Krum"  # how tables and figures name the method
+    secure_refusal = "scores every upload by its distances to the others, which needs the individual uploads"
 
     def __init__(self, byzantine: int = 1, selected: int = 1):
         super().__init__()

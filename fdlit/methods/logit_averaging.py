@@ -6,6 +6,7 @@ import torch
 
 from fdlit.errors import check_number
 from fdlit.methods.base import AggregationResult, Aggregator, uniform_weights
+from fdlit.privacy.secure_upload import LOGIT_BOUND
 
 
 class LogitAveraging(Aggregator):
@@ -35,3 +36,10 @@ class LogitAveraging(Aggregator):
         m, n, _ = z.shape
         weights = uniform_weights(m, n, z.device)
         return AggregationResult(teacher=torch.softmax(z.mean(0) / self.temperature, -1), weights=weights)
+
+    # secure aggregation (fdlit.privacy.secure_upload): the teacher is a function of the sum of the logits
+    def secure_summands(self, upload, client):
+        return {"logits": (upload["logits"].float(), LOGIT_BOUND)}
+
+    def aggregate_sums(self, sums, ctx):
+        return AggregationResult(teacher=torch.softmax(sums.sums["logits"] / sums.count / self.temperature, -1).float())

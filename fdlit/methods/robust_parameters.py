@@ -27,6 +27,7 @@ class FedMedian(FedAvg):
 
     short_name = "fedmedian"
     label = "FedMedian"  # how tables and figures name the method
+    secure_refusal = "takes a median across the clients of every parameter, an order statistic that needs each client's value"
 
     def aggregate(self, uploads, ctx):
         return _global(*coordinate_median(torch.stack([u["parameters"] for u in uploads])))
@@ -45,6 +46,7 @@ class FedTrimmedMean(FedAvg):
 
     short_name = "fedtrimmedmean"
     label = "FedTrimmedMean"  # how tables and figures name the method
+    secure_refusal = "cuts the most extreme clients of every parameter before averaging, which needs each client's value"
 
     def __init__(self, beta: float = 0.2):
         super().__init__()

@@ -29,6 +29,7 @@ class CoordinateMedian(Aggregator):
 
     short_name = "median"
     label = "Median"  # how tables and figures name the method
+    secure_refusal = "takes a median across the clients of every entry, an order statistic that needs each client's value"
 
     def aggregate(self, uploads, ctx):
         return _teacher(*coordinate_median(self.stack_logits(uploads).softmax(-1)))
@@ -49,6 +50,8 @@ class TrimmedMean(Aggregator):
 
     short_name = "trimmed_mean"
     label = "Trimmed mean"  # how tables and figures name the method
+    secure_refusal = ("cuts the most extreme clients of every entry before averaging, which needs each client's "
+                      "value")
 
     def __init__(self, beta: float = 0.2):
         if not 0 <= beta < 0.5:

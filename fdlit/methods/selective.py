@@ -94,6 +94,7 @@ class SelectiveFD(Aggregator):
 
     short_name = "selfd"
     label = "Selective-FD"  # how tables and figures name the method
+    secure_refusal = "selects per public sample which clients' predictions enter the teacher, which needs each one"
     released = {"logits": "rows", "labels": "unbounded", "mask": "unbounded"}
 
     def __init__(

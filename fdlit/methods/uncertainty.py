@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Literal
 
@@ -11,6 +12,8 @@ from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.messages import Message, metric_values
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.methods.density import DENSITY_METHODS, DiagonalGaussianMixture, mixture_log_likelihood
+from fdlit.privacy.client_release import FLOOR as NOISY_STD_FLOOR
+from fdlit.privacy.secure_upload import LOGIT_BOUND, probability_rows
 
 MIXES = ("probabilities", "logits")  # what UWA's weights average (``mix``)
 
@@ -203,6 +206,36 @@ class UncertaintyWeighted(Aggregator):
         }
         self._warn_once(stats)
         return AggregationResult(teacher=teacher, weights=weights, stats=stats)
+
+    # ------------------------------------------------------------------ secure aggregation
+    def log_density_bound(self, num_classes: int) -> float:
+        """U >= l_i(x): a mixture's density is at most its narrowest component's peak, and every variance
+        is at least the floor (or the floor of noisy standard deviations, fdlit.privacy.client_release)."""
+        return -0.5 * num_classes * math.log(2 * math.pi * min(self.variance_floor, NOISY_STD_FLOOR**2))
+
+    def secure_summands(self, upload, client):
+        """Client i's terms of the secure sum (fdlit.privacy.secure_upload), from its own upload: its weight
+        w_i(x) = exp(tau (l_i(x) - U)) in [0, 1] (the softmax over clients is then sum_i w_i q_i / sum_i w_i),
+        w_i q_i, and q_i for the samples no client's density reaches (the uniform fallback); q_i is the
+        probabilities or, with ``mix: logits``, the logits."""
+        z = upload["logits"].float()
+        if self.tau > 0:
+            ll = self.log_likelihoods([upload], z[None])[0]
+            w = torch.exp((self.tau * (ll - self.log_density_bound(z.shape[-1]))).clamp(max=0.0)).float()
+        else:  # tau = 0: AVG, even where l = -inf
+            w = torch.ones(len(z))
+        q, bound = (z, LOGIT_BOUND) if self.mixing == "logits" else (z.softmax(-1), 1.0)
+        return {"weight": (w, 1.0), "weighted": (w[:, None] * q, bound), "plain": (q, bound)}
+
+    def aggregate_sums(self, sums, ctx):
+        """The teacher from the sums alone: sum_i w_i q_i / sum_i w_i, or the plain mean where every
+        weight rounded to 0 (no client's density reaches the sample within the fixed point's range)."""
+        s = sums.sums
+        hopeless = s["weight"] <= 0
+        mixed = s["weighted"] / s["weight"].clamp_min(1e-300)[:, None]
+        q = torch.where(hopeless[:, None], s["plain"] / sums.count, mixed)
+        teacher = q.softmax(-1).float() if self.mixing == "logits" else probability_rows(q)
+        return AggregationResult(teacher=teacher, stats={"density/uniform_fallback_samples": float(hopeless.sum())})
 
     def _warn_once(self, stats: dict[str, float]) -> None:
         """One warning per aggregator the first time a density fit was repaired (the counts go to

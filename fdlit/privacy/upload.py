@@ -42,6 +42,9 @@ the noisy release (aggregation, the teacher, what goes down) is post-processing 
 Where it runs: clipping, local noise and the encoding happen on the client, where it lives (in process,
 a Ray actor, a Flower node: fdlit.privacy.client_release), so raw logits never leave a client when this
 section is on; the server decodes, adds the secure sum's noise (central) and keeps the accountant.
+Secure aggregation (fdlit.privacy.secure_upload) masks each client's terms of a rule that is a sum; in
+``fit`` its clients' half runs in the server's process, on each client's release, and the rule is given
+only the unmasked sum (``deploy`` refuses it).
 
 sigma = 0 turns the mechanism off: nothing is clipped or noised and epsilon is not reported.
 Encodings (``encoding``) apply after the noise (post-processing): they send less, and by
@@ -63,6 +66,7 @@ from fdlit.privacy.accounting import ClientAccountant, make_accountant
 from fdlit.privacy.client_release import DIAGNOSTICS, ClientRelease, clip_rows, gaussian_noise
 from fdlit.privacy.encoding import ENCODINGS, MESSAGE_KEYS, decode
 from fdlit.privacy.release import UNBOUNDED, Release
+from fdlit.privacy.secure_upload import SecureSums, maskable, masked_sums
 
 ACCOUNTANTS = ("rdp", "prv")
 ACCOUNTINGS = ("local", "central", "secure_aggregation")  # secure_aggregation: another name for central
@@ -102,6 +106,17 @@ class UploadPrivacy:
             ``encoding: quantised``.
         audit: at the last round, a loss-threshold membership-inference attack (Yeom et al. 2018)
             on every client model: ``privacy/mia_auc`` (mean) and ``clients/privacy/mia_auc``.
+        secure_aggregation: mask the uploads pairwise (Bonawitz et al. 2017; fdlit.privacy.secure_sum) so
+            the server's rule receives only their sum; for rules that are sums of per-client terms
+            (fdlit.privacy.secure_upload), others are refused. null: on exactly when ``accounting`` is
+            ``central`` (whose guarantee assumes it); false with ``central`` is refused.
+        secure_threshold: the Shamir threshold t of secure aggregation as a fraction of the round's
+            sampled clients, in (0, 1]: t = max(2, ceil(fraction x clients)); fewer than t parties (the
+            server included) learn nothing of a client's secrets, and a round in which fewer than t
+            clients survive has no aggregate (no teacher).
+        upload_audit: every round, attacks on what the clients upload (fdlit.privacy.upload_audit):
+            label-distribution inference from each client's public-set predictions, and membership
+            inference from its predictions with the other clients as shadow models.
     """
 
     def __init__(
@@ -116,6 +131,9 @@ class UploadPrivacy:
         top_k: int = 1,
         bits: int = 8,
         audit: bool = False,
+        secure_aggregation: bool | None = None,
+        secure_threshold: float = 0.5,
+        upload_audit: bool = False,
     ):
         check_number("privacy.noise_multiplier", noise_multiplier, inclusive=True)
         check_number("privacy.clip_norm", clip_norm)
@@ -146,7 +164,19 @@ class UploadPrivacy:
         self.epsilon_budget = epsilon_budget
         self.accountant_kind, self.encoding, self.top_k, self.bits = accountant, encoding, top_k, bits
         self.central = accounting != "local"
-        self.audit = bool(audit)
+        if secure_aggregation is False and self.central:
+            raise ConfigError("privacy.secure_aggregation", f"privacy.accounting {accounting!r} assumes the server "
+                              "sees only the sum of the uploads, which secure aggregation provides; leave "
+                              "privacy.secure_aggregation on (true or null) or use privacy.accounting: local")
+        self.secure = bool(secure_aggregation) or self.central
+        if not (math.isfinite(secure_threshold) and 0 < secure_threshold <= 1):
+            raise ConfigError("privacy.secure_threshold", f"must be in (0, 1], got {secure_threshold}")
+        if secure_threshold != 0.5 and not self.secure:
+            raise ConfigError("privacy.secure_threshold", "applies to secure aggregation only; set "
+                              "privacy.secure_aggregation: true, or leave privacy.secure_threshold at 0.5")
+        self.secure_threshold = float(secure_threshold)
+        self.audit, self.upload_audit = bool(audit), bool(upload_audit)
+        self.summands = None  # the method's client-side terms of the secure sum (``check``)
         self.release = Release()  # the method's declaration (check() reads it); by default the logits alone
         self.accountant = ClientAccountant(accountant, self.delta)
 
@@ -157,7 +187,7 @@ class UploadPrivacy:
     @property
     def active(self) -> bool:
         """Whether uploads differ from fdlit's plain logits at all."""
-        return self.dp or self.encoding != "full"
+        return self.dp or self.encoding != "full" or self.secure
 
     @property
     def history(self) -> list[tuple[float, float, int]]:
@@ -205,6 +235,19 @@ class UploadPrivacy:
             if why:
                 raise ConfigError("privacy.accounting", "central noise goes once on the sum of the clients' "
                                   f"clipped uploads (secure aggregation); {why}; use privacy.accounting: local")
+        elif self.secure:
+            why = maskable(method)
+            if why is None and self.encoding != "full":
+                why = (f"privacy.encoding {self.encoding!r} encodes one client's prediction, and secure aggregation "
+                       "sends only the masked sum (set privacy.encoding: full)")
+            if why is None and getattr(method, "has_setup", False) and not getattr(method, "secure_setup", ""):
+                why = f"{name} has a set-up stage whose messages would go unmasked"
+            if why:
+                raise ConfigError("privacy.secure_aggregation", "secure aggregation gives the server only the sum "
+                                  f"of the clients' masked uploads; {why}; use a rule whose teacher is a sum of "
+                                  "per-client terms (docs/privacy.md lists them) or set "
+                                  "privacy.secure_aggregation: false")
+            self.summands = method.secure_summands
 
     # ------------------------------------------------------------------ the upload
     def client_release(self, dtype: torch.dtype, seed: int) -> ClientRelease:
@@ -216,22 +259,32 @@ class UploadPrivacy:
                              bits=self.bits, method=release.name, released=dict(release.released))
 
     def receive(self, r: int, clients: Sequence[int], messages: list[dict[str, torch.Tensor]], num_classes: int,
-                num_rows: int, sample_rate: float, send: Callable[[int, int, dict], dict], seed: int = 0
-                ) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
+                num_rows: int, sample_rate: float, send: Callable[[int, int, dict], dict], seed: int = 0,
+                sampled: Sequence[int] | None = None, send_down: Callable[[int, int, dict], Any] | None = None
+                ) -> tuple[list[dict[str, torch.Tensor]] | SecureSums | None, dict[str, float]]:
         """The server's side: count (``send(r, client, messages)``) and decode what each client released
         (``ClientRelease``), add the secure sum's noise (central), account the round; returns what the
         server's rule receives and this round's privacy metrics. ``num_rows``: the public rows each
         upload covers; ``sample_rate``: the round's q (logged, and the before-sampling account's rate);
-        ``seed``: the run's, for the secure sum's noise stream."""
+        ``seed``: the run's, for the secure sum's noise stream. Under secure aggregation the rule receives
+        ``SecureSums`` (None: too few clients survived to unmask), ``sampled`` are the clients of the key
+        exchange (default: ``clients``) and ``send_down`` counts what the server sends them."""
         ids = list(clients)
         if not self.active:  # fdlit's plain upload, bit for bit
             return [send(r, i, m) for i, m in zip(ids, messages, strict=True)], {}
         messages = [as_message(m) for m in messages]
         diagnostics = [tuple(m.metrics[k] for k in DIAGNOSTICS) if DIAGNOSTICS[0] in m.metrics else None
                        for m in messages]
+        counter = self._counter(send, send_down)
+        u1 = ids if sampled is None else sampled
+        secure_stats: dict[str, float] = {}
         if self.dp and self.central:
-            uploads, std = self._summed(r, ids, messages, seed, send)
+            uploads, std, secure_stats = self._summed(r, ids, messages, seed, u1, counter)
             stds = [std]
+        elif self.secure:  # each client's terms, masked where it lives (simulated here), summed
+            terms = [self.summands(m, i) for i, m in zip(ids, messages, strict=True)]
+            uploads, secure_stats = masked_sums(r, u1, ids, terms, counter, self.secure_threshold)
+            stds = [float(d[2]) for d in diagnostics if d is not None]
         else:
             uploads, stds = [], [float(d[2]) for d in diagnostics if d is not None]
             keys = MESSAGE_KEYS[self.encoding]
@@ -240,12 +293,12 @@ class UploadPrivacy:
                 decoded = decode(received, self.encoding, num_classes, num_rows, self.bits)
                 uploads.append(received.with_arrays({k: v for k, v in received.items() if k not in keys}
                                                     | {"logits": decoded}))
-        stats: dict[str, float] = {}
+        stats: dict[str, float] = dict(secure_stats)
         if self.dp:
             clipped = sum(float(d[0]) for d in diagnostics if d is not None)
             rows = sum(float(d[1]) for d in diagnostics if d is not None)
             self.accountant.step(self.noise_multiplier, sample_rate, ids)
-            stats = {"privacy/epsilon": self.epsilon(), "privacy/delta": self.delta,
+            stats |= {"privacy/epsilon": self.epsilon(), "privacy/delta": self.delta,
                      "privacy/noise_multiplier": self.noise_multiplier, "privacy/clip_norm": self.clip_norm,
                      "privacy/sample_rate": float(sample_rate), "privacy/noise_std_mean": float(np.mean(stds)),
                      "privacy/clipped_fraction": clipped / max(rows, 1)}
@@ -264,13 +317,27 @@ class UploadPrivacy:
         return self.receive(r, ids, messages, num_classes, len(payloads[0]["logits"]) if payloads else 0,
                             sample_rate, send, seed)
 
-    def _summed(self, r, ids, shares, seed, send):
-        """Central noise: each client sent its clipped rows (their masked share under secure
-        aggregation, the same size); the sum gets one Gaussian draw, and every upload the rule
-        receives is the noisy mean (as logits: a mean probability is made a distribution first)."""
+    @staticmethod
+    def _counter(send, send_down):
+        """``count(r, client, direction, kind, tensor)`` over the server's two ledger calls."""
+        def count(r, client, direction, kind, tensor):
+            if direction == "up":
+                send(r, client, {kind: tensor})
+            elif send_down is not None:
+                send_down(r, client, {kind: tensor})
+        return count
+
+    def _summed(self, r, ids, shares, seed, sampled, count):
+        """Central noise: each client's clipped rows are masked and summed (secure aggregation); the sum
+        gets one Gaussian draw, and every upload the rule receives is the noisy mean (as logits: a mean
+        probability is made a distribution first)."""
         probabilities = self.release.summed == "probabilities"
-        counted = [send(r, i, {"logits": m["logits"]})["logits"].double() for i, m in zip(ids, shares, strict=True)]
-        total = torch.stack(counted).sum(0)
+        summands = [{"logits": (m["logits"].double(), self.clip_norm)} for m in shares]  # rows of norm <= c
+        secure, secure_stats = masked_sums(r, sampled, ids, summands, count, self.secure_threshold)
+        if secure is None:
+            return None, 0.0, secure_stats
+        total = secure.sums["logits"]
+        counted = secure.clients
         std = self.noise_multiplier * 2 * self.clip_norm * math.sqrt(len(total))  # sigma * Delta
         mean = (total + gaussian_noise(total.shape, r, 0, seed, std, total.device, stream=0xCE)
                 ) / len(counted)
@@ -278,7 +345,7 @@ class UploadPrivacy:
             p = mean.clamp_min(0)
             p = torch.where(p.sum(-1, keepdim=True) > 0, p, torch.ones_like(p))
             mean = (p / p.sum(-1, keepdim=True)).clamp_min(LOG_FLOOR).log()
-        return [m.with_arrays({"logits": mean.float()}) for m in shares], std
+        return [m.with_arrays({"logits": mean.float()}) for m in shares], std, secure_stats
 
     # ------------------------------------------------------------------ accounting
     def epsilon(self) -> float:

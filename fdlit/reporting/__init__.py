@@ -51,6 +51,7 @@ from fdlit.reporting.figures import (
     curves,
     figure2,
     trust_figures,
+    upload_attacks_vs_epsilon,
 )
 from fdlit.reporting.labels import LOCAL_LABEL, REF_LABEL, method_label, run_kind, setting_key, suwa_tau
 from fdlit.reporting.runs import ACC, LOCAL, PRIVATE_ACC, SELECTED, Run, load_runs, shared_settings
@@ -61,5 +62,5 @@ __all__ = [
     "ACC", "BOLD_RULE", "LOCAL", "LOCAL_LABEL", "PRIVATE_ACC", "REF_LABEL", "SELECTED", "Run", "Stat", "Table",
     "accuracy_vs_epsilon", "accuracy_vs_tau", "beats", "bytes_total", "chi_vs_k", "curves", "figure2", "load_runs",
     "method_label", "run_kind", "setting_key", "shared_settings", "suwa_tau", "table1", "table1_caption",
-    "trust_figures", "write_report",
+    "trust_figures", "upload_attacks_vs_epsilon", "write_report",
 ]

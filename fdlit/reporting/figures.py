@@ -118,24 +118,47 @@ def privacy_label(run: Run) -> str:
 def accuracy_vs_epsilon(runs: list[Run]):
     """Best accuracy and membership-attack AUC (``privacy/mia_auc``, the audit) against the ε spent
     by the last round (``privacy/epsilon``); runs without DP drawn as dashed horizontal lines."""
-    dp: dict[tuple, dict[float, list[tuple[float, float | None]]]] = defaultdict(lambda: defaultdict(list))
-    plain: dict[tuple, list[tuple[float, float | None]]] = defaultdict(list)
+    return _against_epsilon(runs, [(lambda r: 100 * r.best("public"), accuracy_label(runs), None),
+                                   (lambda r: r.last("privacy/mia_auc"), "membership attack AUC", 0.5)])
+
+
+def _mean_over_rounds(run: Run, key: str) -> float | None:
+    values = [m[key] for m in run.metrics if m.get(key) is not None and math.isfinite(m[key])]
+    return float(np.mean(values)) if values else None
+
+
+def upload_attacks_vs_epsilon(runs: list[Run]):
+    """The attacks on what clients share (``privacy.upload_audit``) against the ε spent by the last round:
+    the label-distribution attack's TV error (mean over rounds; dotted: the uniform guess's) and the
+    membership attack's AUC from predictions (last round); None without both audits and DP runs."""
+    if not any(r.last("privacy/label_tv") is not None for r in runs):
+        return None
+    chance = [c for r in runs if (c := _mean_over_rounds(r, "privacy/label_tv_chance")) is not None]
+    return _against_epsilon(runs, [
+        (lambda r: _mean_over_rounds(r, "privacy/label_tv"), "label-inference TV error", float(np.mean(chance))),
+        (lambda r: r.last("privacy/upload_mia_auc"), "membership AUC from predictions", 0.5)])
+
+
+def _against_epsilon(runs: list[Run], panels: list[tuple]):
+    """One panel per (value of a run, y label, chance level or None) against the last round's ε."""
+    dp: dict[tuple, dict[float, list[tuple]]] = defaultdict(lambda: defaultdict(list))
+    plain: dict[tuple, list[tuple]] = defaultdict(list)
     for r in runs:
         if r.kind != "rule":
             continue
-        eps, auc = r.last("privacy/epsilon"), r.last("privacy/mia_auc")
-        auc = auc if auc is not None and math.isfinite(auc) else None
+        eps = r.last("privacy/epsilon")
+        values = tuple(v if v is not None and math.isfinite(v) else None for v in (f(r) for f, _, _ in panels))
         key = (r.dataset, privacy_label(r), r.k)
         if eps is not None and math.isfinite(eps):
-            dp[key][float(f"{eps:.6g}")].append((100 * r.best("public"), auc))
+            dp[key][float(f"{eps:.6g}")].append(values)
         else:
-            plain[key].append((100 * r.best("public"), auc))
+            plain[key].append(values)
     if not dp:
         return None  # no run spent a privacy budget: nothing to plot against
-    fig, axes = new_figure(2, width=TWO_COLUMN_IN, panel_aspect=0.8)
+    fig, axes = new_figure(len(panels), width=TWO_COLUMN_IN, panel_aspect=0.8)
     colors = method_colors(sorted({key for key in list(dp) + list(plain)}, key=str))
-    for col, (index, ylabel) in enumerate(((0, accuracy_label(runs)), (1, "membership attack AUC"))):
-        ax = axes[0, col]
+    for index, (_, ylabel, chance) in enumerate(panels):
+        ax = axes[0, index]
         for key, by_eps in sorted(dp.items(), key=lambda kv: str(kv[0])):
             eps = sorted(by_eps)
             values = [[v[index] for v in by_eps[e] if v[index] is not None] for e in eps]
@@ -149,8 +172,8 @@ def accuracy_vs_epsilon(runs: list[Run]):
             if v:
                 ax.axhline(np.mean(v), ls="--", lw=1, color=colors.get(key, "grey"),
                            label=f"{key[1]} k={key[2]}, no DP")
-        if index == 1:
-            ax.axhline(0.5, ls=":", lw=1, color="black", label="chance")
+        if chance is not None:
+            ax.axhline(chance, ls=":", lw=1, color="black", label="chance")
         ax.set_xscale("log")
         ax.set_xlabel("ε after the last round (log)")
         ax.set_ylabel(ylabel)

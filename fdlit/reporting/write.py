@@ -17,6 +17,7 @@ from fdlit.reporting.figures import (
     curves,
     figure2,
     trust_figures,
+    upload_attacks_vs_epsilon,
 )
 from fdlit.reporting.groups import regroup
 from fdlit.reporting.labels import LOCAL_LABEL, REF_LABEL
@@ -101,6 +102,11 @@ def section_figures(runs, table, selected: bool):
          "(left) and the membership-inference attack's AUC (right, the audit; 0.5 is chance) against the ε "
          "spent by the last round (mean ± std over seeds); dashed: the same rule without DP.",
          accuracy_vs_epsilon(runs)),
+        ("privacy_upload_attacks_vs_epsilon", "What the uploads reveal (privacy.upload_audit): the "
+         "label-distribution attack's total-variation error (left, mean over rounds; dotted: the uniform "
+         "guess) and the membership attack's AUC from the clients' predictions (right, last round; 0.5 is "
+         "chance) against the ε spent by the last round; dashed: the same rule without DP.",
+         upload_attacks_vs_epsilon(runs)),
         ("accuracy_vs_bytes", "Mean global accuracy vs cumulative bytes sent (up + down, all clients), one "
          "panel per k.", curves(runs, methods, ks, [(ACC, "global accuracy (%)")], xkey="comm/bytes_total_mib",
                                 xlabel="cumulative MiB (up + down)")),

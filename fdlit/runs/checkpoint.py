@@ -118,6 +118,11 @@ class CheckpointWriteError(OSError):
 
 
 # ---------------------------------------------------------------------------------- fingerprints
+# privacy knobs added after runs were saved, each at the value that changes nothing
+LATER_PRIVACY_KNOBS = {"accounting": "local", "secure_aggregation": None, "secure_threshold": 0.5,
+                       "upload_audit": False}
+
+
 def without_noop_sections(config: dict[str, Any]) -> dict[str, Any]:
     """A copy of a resolved config without the sections and knobs whose values change nothing (no
     server model, no attack, no privacy mechanism, the default threat model), so that a run saved
@@ -127,10 +132,12 @@ def without_noop_sections(config: dict[str, Any]) -> dict[str, Any]:
         cfg.pop("server")
     if isinstance(cfg.get("adversaries"), dict) and cfg["adversaries"].get("attack") is None:
         cfg.pop("adversaries")
-    if cfg.get("privacy") == default_config():
+    if isinstance(cfg.get("privacy"), dict):  # knobs added later, at the value that changes nothing
+        for knob, value in LATER_PRIVACY_KNOBS.items():
+            if cfg["privacy"].get(knob, value) == value:
+                cfg["privacy"].pop(knob, None)
+    if cfg.get("privacy") == {k: v for k, v in default_config().items() if k not in LATER_PRIVACY_KNOBS}:
         cfg.pop("privacy")
-    elif isinstance(cfg.get("privacy"), dict) and cfg["privacy"].get("accounting") == "local":
-        cfg["privacy"].pop("accounting")
     if isinstance(cfg.get("data"), dict) and cfg["data"].get("input_scaling", "absent") is None:
         cfg["data"].pop("input_scaling")  # null: the dataset's own scaling, what runs did before the knob
     return cfg

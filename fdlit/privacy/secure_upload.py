@@ -1,0 +1,116 @@
+"""Secure aggregation of a round's uploads: what a rule that is a sum of per-client terms receives.
+
+A rule can be computed on masked uploads when its teacher needs only sums over the clients of terms
+each client can compute from its own upload: probability averaging (the sum of the probabilities),
+logit averaging (of the logits), a weighting whose weight w_i(x) client i computes from its own upload,
+normalised over the clients by a softmax (the sums of w_i(x) p_i(x) and of w_i(x)), a weighted mean of
+parameters (the sums of w_k theta_k and of w_k). A method declares this with two hooks:
+
+* ``secure_summands(upload, client) -> {name: (tensor, bound)}``: on client ``client``, from its own
+  upload, the terms to sum, each with a bound B on its entries (entries are clipped to [-B, B]: fixed
+  point);
+* ``aggregate_sums(sums: SecureSums, ctx) -> AggregationResult``: on the server, the teacher from the
+  sums alone (no per-client weights exist there).
+
+Every other rule (order statistics such as the coordinate median and the trimmed mean, scores from the
+distances between uploads, per-sample selection of clients, weights normalised across clients by the server) needs
+the individual uploads and is refused before any work, with its ``secure_refusal`` sentence (or the
+general reason) in one line.
+
+The clients' side runs in the server's process in ``fit`` (each client's terms are computed from its own
+release, fixed-point encoded and masked there); the rule is given only the unmasked sum
+(``SecureSums``). The protocol and its fixed-point error are fdlit.privacy.secure_sum's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from fdlit.privacy.release import stale
+from fdlit.privacy.secure_sum import decode, encode, fixed_point_error, scale_bits, secure_sum
+
+
+@dataclass(frozen=True)
+class SecureSums:
+    """What the server's rule receives under secure aggregation: the sum of every summand over the
+    ``clients`` whose masked upload arrived, and the fixed-point error bound of each sum."""
+
+    sums: dict[str, torch.Tensor]
+    clients: tuple[int, ...]
+    error: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return len(self.clients)
+
+
+def maskable(method: Any) -> str | None:
+    """None when ``method`` can run on masked sums, else why not (one sentence)."""
+    name = type(method).__name__
+    reason = getattr(method, "secure_refusal", None)
+    if reason:
+        return f"{name} {reason}"
+    has = callable(getattr(method, "secure_summands", None)) and callable(getattr(method, "aggregate_sums", None))
+    if not has or stale(type(method), "secure_summands", "aggregate"):
+        return (f"{name}'s teacher is not declared a sum of per-client terms (no ``secure_summands``/"
+                "``aggregate_sums``), so the server would need the individual uploads")
+    return None
+
+
+def flatten(summands: dict[str, tuple[torch.Tensor, float]], clients: int
+            ) -> tuple[np.ndarray, list[tuple[str, tuple[int, ...], float, int]]]:
+    """One uint64 vector of every summand in fixed point, and its layout (name, shape, bound, scale bits)."""
+    parts, layout = [], []
+    for name in sorted(summands):
+        values, bound = summands[name]
+        bits = scale_bits(bound, clients)
+        parts.append(encode(values.detach().double().cpu().numpy().ravel(), bound, bits))
+        layout.append((name, tuple(values.shape), float(bound), bits))
+    return np.concatenate(parts), layout
+
+
+def masked_sums(r: int, sampled: Sequence[int], clients: Sequence[int], summands: list[dict],
+                send: Callable[[int, int, str, str, torch.Tensor], None], threshold: float = 0.5
+                ) -> tuple[SecureSums | None, dict[str, float]]:
+    """Every arrived client's ``summands`` masked and summed over the protocol, with ``sampled`` the
+    clients that took part in the key exchange (those not in ``clients`` dropped after it); ``send(r,
+    client, direction, kind, tensor)`` counts each message; ``threshold``: t as a fraction of the
+    sampled clients. None when fewer than t clients survived."""
+    u1 = sorted(set(sampled) | set(clients))
+    vectors, layout = {}, []
+    for i, s in zip(clients, summands, strict=True):
+        vectors[i], layout = flatten(s, len(u1))
+
+    def count(client, direction, kind, array):
+        send(r, client, direction, kind, torch.from_numpy(array.view(np.int64) if array.dtype == np.uint64 else array))
+
+    total, stats = secure_sum(u1, vectors, count, round=r, fraction=threshold)
+    if total is None:
+        return None, stats
+    device = next(iter(summands[0].values()))[0].device  # the sums go where the uploads were
+    sums, errors, start = {}, {}, 0
+    for name, shape, _, bits in layout:
+        size = int(np.prod(shape))
+        sums[name] = torch.from_numpy(decode(total[start:start + size], bits).reshape(shape)).to(device)
+        errors[name] = fixed_point_error(len(u1), bits)
+        start += size
+    stats["secagg/scale_bits_min"] = float(min(bits for *_, bits in layout))
+    stats["secagg/fixed_point_error_max"] = max(errors.values())
+    return SecureSums(sums, tuple(clients), errors), stats
+
+
+PARAMETER_BOUND = 2.0**8  # exchanged parameters are clipped to +-256 in the secure sum
+LOGIT_BOUND = 2.0**8  # logits are clipped to +-256 in the secure sum (where float32 softmax is one-hot already)
+
+
+def probability_rows(mean: torch.Tensor) -> torch.Tensor:
+    """A decoded mean of probabilities back on the simplex (the fixed-point error can leave an entry a
+    hair below 0); a row of zeros becomes uniform."""
+    p = mean.double().clamp_min(0)
+    total = p.sum(-1, keepdim=True)
+    return torch.where(total > 0, p / total.clamp_min(1e-300), torch.full_like(p, 1 / p.shape[-1])).float()
