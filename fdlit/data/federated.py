@@ -254,6 +254,18 @@ class FederatedData:
         self.is_setup = True
         return self
 
+    def keep_only(self, client_ids) -> None:
+        """A deployment node's data after the (seeded, federation-wide) partition: its own clients'
+        samples; every other client's samples and the private pool are dropped. Their classes stay:
+        who holds which classes is what the round's facts name, not data."""
+        keep = set(client_ids)
+        no_rows = torch.zeros(0, dtype=torch.long)
+        self.clients = [cd if cd.client_id in keep else
+                        ClientData(cd.client_id, cd.classes, cd.train.subset(no_rows), cd.calibration.subset(no_rows),
+                                   cd.pool_index[:0])
+                        for cd in self.clients]
+        self.pool = None
+
     def _validation_count(self, pool_size: int) -> int:
         """The validation set's size; it must leave every client its minimum of private samples."""
         v = self.validation_size

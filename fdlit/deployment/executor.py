@@ -128,7 +128,10 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         hosted = client_blocks([c.client_id for c in clients], self.node_ids)
         self.node_of = {cid: n for n, ids in hosted.items() for cid in ids}
         self._has = {n: set() for n in self.node_ids}
-        replies = self.request("setup", {n: ({"config": self.config_yaml, "clients": ids, "threads": self.threads}, {})
+        draws = self.loop.draws  # each node draws its own clients' networks from these, as fit drew them
+        replies = self.request("setup", {n: ({"config": self.config_yaml, "clients": ids, "threads": self.threads},
+                                             {"draws": torch.stack([draws.before[i] for i in ids]),
+                                              "draws_after": draws.after})
                                          for n, ids in hosted.items()}, timeout_s=start_s)
         self._names_of_loop()
         apply_local_classes(self.loop, replies)

@@ -164,8 +164,12 @@ class NodeWorker:
             with ImportGuard(node_allowlist(allowed)):
                 parser, cfg = parse_fit(["--config", str(path), *local], node_allowlist(allowed))
                 self.loop = loop_from_config(cfg, parser.instantiate(cfg), server=False)
+        from fdlit.federation.construction import InitialDraws
+
         self.ids = list(meta["clients"])
-        self.loop.hosted = self.ids  # every client's network is drawn (the seeded init, as in fit); these train here
+        self.loop.hosted = self.ids  # only these clients are built here, with only their data
+        # each network drawn from the random state fit drew it from (the server's record), no other drawn
+        self.loop.draws = InitialDraws(dict(zip(self.ids, tensors["draws"], strict=True)), tensors["draws_after"])
         with ImportGuard(node_allowlist(allowed)):
             self.loop.setup()
         if self.node_config.get("local-data"):  # the node's own data replace its clients' partitions

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -118,16 +120,41 @@ def eval_rows(eval_subsample: Any, total: int, seed: int) -> torch.Tensor | None
     return torch.randperm(total, generator=g)[:eval_subsample].sort().values
 
 
+@dataclass(frozen=True)
+class InitialDraws:
+    """Torch's global random state before each client's network was drawn, and after the last: a
+    deployment node draws its own clients' networks from these, exactly as ``fit`` draws them one
+    after another, without drawing (or holding) any other client's. 5 KB a client."""
+
+    before: dict[int, torch.Tensor]  # client id -> torch.get_rng_state() before its network
+    after: torch.Tensor
+
+
 def build_clients(data: Any, mode: str, client_class: type, model_spec: Any, optimization: Any, method: Any,
-                  adversaries: Any, seed: int) -> tuple[list, list, Any]:
-    """The clients' data and modules (one pooled client for the reference baseline), and the method's
+                  adversaries: Any, seed: int, hosted: Sequence[int] | None = None,
+                  draws: InitialDraws | None = None) -> tuple[list, list, Any, InitialDraws]:
+    """The clients' data and modules (one pooled client for the reference baseline), the method's
     client part every client carries (wrapped by the attack for adversarial clients): what of the
-    method runs where the clients live."""
+    method runs where the clients live, and the random state each network was drawn from.
+
+    ``hosted`` (a deployment node's clients, with the server's ``draws``): only those clients get a
+    module, drawn from their recorded random state; the others are None."""
     client_data = [reference_client(data, seed)] if mode == "reference" else data.clients
-    clients = [client_class(client_network(model_spec, data, cd.client_id, seed), cd.client_id, cd.classes,
-                            optimization, seed)
-               for cd in client_data]
+    clients, before = [], {}
+    for cd in client_data:
+        if hosted is not None and cd.client_id not in hosted:
+            clients.append(None)
+            continue
+        if draws is not None:
+            torch.set_rng_state(draws.before[cd.client_id].clone())  # its own storage: a row of a stack crashes torch
+        before[cd.client_id] = torch.get_rng_state()
+        clients.append(client_class(client_network(model_spec, data, cd.client_id, seed), cd.client_id, cd.classes,
+                                    optimization, seed))
+    if draws is not None:
+        torch.set_rng_state(draws.after.clone())  # what follows draws as after every network, as in fit
+    record = InitialDraws(before, torch.get_rng_state())
     method_part = adversaries.wrap(client_part_of(method), method.exchange, len(clients), seed)
     for client in clients:
-        client.method_part = method_part
-    return client_data, clients, method_part
+        if client is not None:
+            client.method_part = method_part
+    return client_data, clients, method_part, record

@@ -25,7 +25,7 @@ from fdlit.execution import select_executor
 from fdlit.federation import measurement
 from fdlit.federation.checks import check_before_data
 from fdlit.federation.client_side import ClientSide
-from fdlit.federation.construction import build_clients, check_seed, eval_rows
+from fdlit.federation.construction import InitialDraws, build_clients, check_seed, eval_rows
 from fdlit.federation.measurement import Evaluation, check_finite
 from fdlit.federation.protocols import protocol_for
 from fdlit.federation.public_rows import PublicRowsGuard
@@ -86,6 +86,8 @@ class FederationLoop:
         self._setup_started: float | None = None
         self.parts: RoundParts | None = None
         self.hosted: list[int] | None = None  # a deployment node's own clients (None: every client is here)
+        # the random state each client's network was drawn from: recorded by set-up, given to a node
+        self.draws: InitialDraws | None = None
         # what the config alone shows to be impossible, before any data loads
         check_before_data(self.settings, self.data, self.aggregator, self.privacy, self.adversaries)
 
@@ -109,9 +111,12 @@ class FederationLoop:
             release = self.privacy.client_release(s.message_dtype, self.seed)  # applied on each client
         self.fabric = make_device(s.accelerator, s.precision, s.fabric_devices)
         device = self.fabric.device
-        client_data, clients, method_part = build_clients(self.data, s.mode, s.client_class, self.model_spec,
-                                                          self.optimization, self.aggregator, self.adversaries,
-                                                          self.seed)
+        if self.hosted is not None and s.mode != "reference":  # a deployment node keeps its own clients' data only
+            self.data.keep_only(self.hosted)
+        client_data, clients, method_part, self.draws = build_clients(
+            self.data, s.mode, s.client_class, self.model_spec, self.optimization, self.aggregator, self.adversaries,
+            self.seed, self.hosted, self.draws)
+        present = [c for c in clients if c is not None]  # a node builds only the clients it hosts
         tensors = FederationTensors.on_device(self.data, client_data, device)
         if s.participation is not None:
             s.participation.check(len(clients), len(tensors.public_x))
@@ -121,11 +126,11 @@ class FederationLoop:
                            tensors.public_y, tuple(tuple(cd.classes) for cd in client_data), s.participation,
                            (s.private_epochs_first, s.private_epochs), s.eval_every_n_rounds, rows)
         if s.channels_last:
-            for c in clients:
+            for c in present:
                 c.model.to(memory_format=torch.channels_last)  # 4-D weights only; the rest is unchanged
         executor = s.executor
         if executor is None:  # null: the fastest executor that applies (fdlit.execution.selection)
-            executor = s.executor = select_executor(clients, s.precision, sample=tensors.public_x[:1])
+            executor = s.executor = select_executor(present, s.precision, sample=tensors.public_x[:1])
         side = ClientSide(executor, clients, client_data, method_part, tensors.private, release)
         evaluate = Evaluation(side.correct, (tensors.test_x, tensors.test_y), tensors.local_masks,
                               (tensors.val_x, tensors.val_y))
@@ -138,8 +143,8 @@ class FederationLoop:
         self.parts = RoundParts(s, facts, side, server, tensors, evaluate, self.adversaries, self.data.num_classes,
                                 self.seed, self.optimization.batch_size, self.optimization.public_batch_size)
         executor.configure(s.compile_backend)
-        try:  # a deployment's node sets up only the clients it hosts (``hosted``); every client is built (seeded init)
-            executor.setup(self.fabric, clients if self.hosted is None else [clients[i] for i in self.hosted])
+        try:
+            executor.setup(self.fabric, present)
         except BaseException:
             self.parts = None  # not set up: a later setup() starts again
             raise
