@@ -92,6 +92,57 @@ def as_message(reply: Message | Mapping[str, torch.Tensor] | None) -> Message:
     return Message(dict(reply or {}))
 
 
+@dataclass(frozen=True)
+class Upload:
+    """One array a method's client part may send each round, declared on the part (``uploads``).
+
+    ``kind``: its privacy sensitivity (``fdlit.privacy.release``: ``rows``, ``positive_rows``,
+    ``clear``, ``unbounded``). ``dtype``: the dtype it must have (None: any). ``shape``: one entry per
+    dimension, an int, ``"N"`` (the round's public rows), ``"C"`` (the classes) or None (any size);
+    None: any shape. The name ``logits`` is the client's public-set logits: declared, they are sent
+    unless the hook returns its own ``logits`` (the kept rows only, say)."""
+
+    name: str
+    kind: str = "unbounded"
+    dtype: torch.dtype | None = None
+    shape: tuple[int | str | None, ...] | None = None
+
+    def problem(self, value: torch.Tensor, rows: int | None, classes: int | None) -> str | None:
+        """Why ``value`` does not fit the declaration (None: it fits)."""
+        if self.dtype is not None and value.dtype != self.dtype:
+            return f"has dtype {value.dtype}, declared {self.dtype}"
+        if self.shape is not None:
+            want = [{"N": rows, "C": classes}.get(d) if isinstance(d, str) else d for d in self.shape]
+            if len(want) != value.dim() or any(w is not None and w != s for w, s in zip(want, value.shape)):
+                return f"has shape {tuple(value.shape)}, declared {self.shape} (N={rows}, C={classes})"
+        return None
+
+
+PUBLIC_LOGITS = Upload("logits", "rows", shape=(None, "C"))  # what a part that declares nothing uploads
+
+
+def declared_payload(owner: str, uploads: tuple[Upload, ...], payload: Message | Mapping[str, torch.Tensor] | None,
+                     public_logits: torch.Tensor | None = None, rows: int | None = None,
+                     classes: int | None = None) -> Message:
+    """What a client sends: its hook's ``payload``, with its public logits when ``logits`` is declared
+    and the hook did not send its own; any array the declaration does not name, or does not fit, is
+    refused in one line naming ``owner`` and the array."""
+    message = as_message(payload)
+    arrays = dict(message.arrays)
+    declared = {u.name: u for u in uploads}
+    if public_logits is not None and "logits" in declared and "logits" not in arrays:
+        arrays = {"logits": public_logits, **arrays}
+    for key, value in arrays.items():
+        spec = declared.get(key)
+        if spec is None:
+            raise ValueError(f"{owner} uploads {key!r}, which its client part does not declare (uploads: "
+                             f"{', '.join(declared) or 'none'}); add fdlit.messages.Upload({key!r}, kind) to its "
+                             "``uploads``")
+        if why := spec.problem(value, rows, classes):
+            raise ValueError(f"{owner} uploads {key!r}, which {why}")
+    return message.with_arrays(arrays)
+
+
 def metric_values(messages: list[Message], name: str) -> list[float]:
     """The metric ``name`` of every message that reports it."""
     return [float(m.metrics[name]) for m in messages if isinstance(m, Message) and name in m.metrics]
@@ -104,4 +155,5 @@ def array_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-__all__ = ["Message", "Scalar", "array_bytes", "as_message", "metric_values"]
+__all__ = ["PUBLIC_LOGITS", "Message", "Scalar", "Upload", "array_bytes", "as_message", "declared_payload",
+           "metric_values"]

@@ -15,6 +15,7 @@ import torch
 
 from fdlit.errors import ConfigError, check_at_least, check_choice, import_hint
 from fdlit.federation.baselines import reference_client
+from fdlit.methods.client_part import declared_uploads
 from fdlit.methods.compat import client_part_of
 from fdlit.models.build import build_model
 
@@ -127,7 +128,9 @@ def build_clients(data: Any, mode: str, client_class: type, model_spec: Any, opt
     clients = [client_class(client_network(model_spec, data, cd.client_id, seed), cd.client_id, cd.classes,
                             optimization, seed)
                for cd in client_data]
-    method_part = adversaries.wrap(client_part_of(method), method.exchange, len(clients), seed)
+    part = client_part_of(method)
+    part.uploads = declared_uploads(part, method)  # what every client may send each round
+    method_part = adversaries.wrap(part, method.exchange, len(clients), seed)
     for client in clients:
         client.method_part = method_part
     return client_data, clients, method_part

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from fdlit.messages import Upload
 from fdlit.methods.contexts import ClientContext, DistillationContext, LossContext
 
 
@@ -32,6 +33,13 @@ class ClientPart:
     ``embed`` / ``classify`` halves and hand :meth:`loss` the penultimate features (``ctx.features``);
     a network without them is refused naming ``model`` when the part is attached (FedProto).
 
+    ``uploads``: the arrays :meth:`upload` may send each round (:class:`~fdlit.messages.Upload`: name,
+    privacy kind, dtype, shape rule). Exactly those are sent, counted and released: an array it does
+    not name is refused in one line. Declaring ``logits`` sends the client's public logits unless the
+    hook returns its own; a part that does not declare it sends none. None (the default): the
+    method's server part declares them (its ``released`` kinds, and ``logits`` for a prediction
+    exchange), which is what fdlit's own methods do.
+
     :meth:`client_network` shapes the client's network when the part is attached, before any
     optimizer exists (FML and FedKD pair it with a shared network); the default leaves it as it is.
     """
@@ -39,6 +47,7 @@ class ClientPart:
     loss_state_keys: tuple[str, ...] = ()
     rowwise_loss: bool = True
     needs_features: bool = False
+    uploads: tuple[Upload, ...] | None = None
 
     def client_network(self, model: torch.nn.Module, seed: int) -> torch.nn.Module:
         """The client's network for this method, from the one the config builds (``seed``: the client's)."""
@@ -80,3 +89,14 @@ class ClientPart:
     def has_loss(self) -> bool:
         """Whether the part changes the client's loss (the framework skips the hook otherwise)."""
         return type(self).loss is not ClientPart.loss
+
+
+def declared_uploads(part: ClientPart, method: object) -> tuple[Upload, ...]:
+    """The arrays ``part`` may upload each round: its own declaration, or else its method's (``method``:
+    the server part: its ``released`` kinds, with the public logits for a prediction exchange)."""
+    if part.uploads is not None:
+        return tuple(part.uploads)
+    kinds = dict(getattr(method, "released", {"logits": "rows"}))
+    if getattr(method, "exchange", "predictions") == "predictions" and "logits" not in kinds:
+        kinds = {"logits": "rows", **kinds}
+    return tuple(Upload(name, kind) for name, kind in kinds.items())
