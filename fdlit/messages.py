@@ -113,7 +113,7 @@ class Upload:
             return f"has dtype {value.dtype}, declared {self.dtype}"
         if self.shape is not None:
             want = [{"N": rows, "C": classes}.get(d) if isinstance(d, str) else d for d in self.shape]
-            if len(want) != value.dim() or any(w is not None and w != s for w, s in zip(want, value.shape)):
+            if len(want) != value.dim() or any(w not in (None, s) for w, s in zip(want, value.shape, strict=True)):
                 return f"has shape {tuple(value.shape)}, declared {self.shape} (N={rows}, C={classes})"
         return None
 

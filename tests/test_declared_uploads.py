@@ -8,7 +8,7 @@ import torch
 
 from fdlit.cli import main
 from fdlit.config import parse_fit
-from fdlit.messages import Upload, array_bytes
+from fdlit.messages import Upload
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.runs.experiment import Experiment
 
