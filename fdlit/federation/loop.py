@@ -130,7 +130,7 @@ class FederationLoop:
         evaluate = Evaluation(side.correct, (tensors.test_x, tensors.test_y), tensors.local_masks,
                               (tensors.val_x, tensors.val_y))
         server = self.server_side
-        server.public_rows = PublicRowsGuard(len(tensors.public_x))
+        server.start(PublicRowsGuard(len(tensors.public_x)))  # refuses server state it could not save
         if server.server_model is not None:  # on the driver, whatever the executor
             server.server_model.setup(self.data.input_shape, self.data.num_classes, self.seed, device,
                                       getattr(self.data, "input_transform", None))

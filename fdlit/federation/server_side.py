@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from fdlit.errors import ConfigError
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.messages import Message, as_message
@@ -52,7 +53,19 @@ class ServerSide:
             self.public_rows.after_aggregate(self.method, info.round, info.public_index)
         return result
 
+    def start(self, public_rows: PublicRowsGuard) -> None:
+        """Before round 1: the guard over the public rows, and the check that the method's state can be saved."""
+        self.public_rows = public_rows
+        self.check_state()
+
+    def check_state(self) -> None:
+        """Refuse, before round 1 and at every checkpoint, a server part whose state across rounds fdlit
+        cannot save (its resume would silently restart it)."""
+        if why := self.method.unsaved_state:
+            raise ConfigError("aggregator", why)
+
     def state_dict(self) -> dict[str, Any]:
+        self.check_state()
         return {
             "method": self.method.state_dict(),
             "privacy": self.privacy.state_dict(),  # the accountant: a resumed run reports the same epsilon
