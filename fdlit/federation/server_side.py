@@ -10,6 +10,7 @@ import torch
 
 from fdlit.errors import ConfigError
 from fdlit.federation.communication import CommunicationLedger
+from fdlit.federation.measurement import method_stats
 from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.messages import Message, as_message
 from fdlit.methods.base import AggregationResult, Aggregator, ServerContext
@@ -49,6 +50,7 @@ class ServerSide:
         if self.public_rows is not None:
             self.public_rows.before_aggregate(self.method, info.round, info.public_index)
         result = self.method.aggregate(uploads, ctx)
+        result.stats = method_stats(result.stats)  # never in a framework metric's name
         if self.public_rows is not None:
             self.public_rows.after_aggregate(self.method, info.round, info.public_index)
         return result
