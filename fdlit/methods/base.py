@@ -93,6 +93,10 @@ class Aggregator(LegacyAggregatorHooks):
     # client mean is all the teacher needs (None: the rule combines the uploads non-linearly)
     released: dict[str, str] = {"logits": "rows"}
     summed: str | None = None
+    # state kept per public sample: attribute -> the dim that runs over the full public set (indexed by
+    # ctx.info.public_ids()), or None for state that is not per public sample; checked under a per-round
+    # public subset, where every tensor ``aggregate`` changes must be declared (fdlit.federation.public_rows)
+    row_state: dict[str, int | None] = {}
 
     def check_config(self, model: Any, client: Any) -> None:
         """Refuse, with a ConfigError, a model spec or client optimization the method cannot run
