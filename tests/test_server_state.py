@@ -87,3 +87,17 @@ def test_a_part_that_saves_its_own_state_is_not_second_guessed():
     assert SavesItself().unsaved_state is None
     assert KeepsAGenerator().unsaved_state is not None
     assert CumulativeVotes().state_dict() == {"attributes": {"votes": None, "rounds_seen": 0}}
+
+
+def test_the_servers_copy_of_the_global_model_is_the_last_one_it_broadcast(tmp_path):
+    from fdlit.methods import FedAvg
+    from fdlit.methods.fedavg import exchanged_tensors, flatten
+
+    parser, cfg = parse_fit(args(tmp_path, "--config", "digits_fedavg.yaml", "--federation.rounds", "2",
+                                 "--federation.private_epochs", "1"))
+    loop = Experiment(cfg, parser).loop
+    assert isinstance(loop.aggregator, FedAvg)
+    loop.fit()
+    final = flatten(exchanged_tensors(loop.clients[0].model)).to(loop.received["parameters"])
+    torch.testing.assert_close(loop.received["parameters"], final)
+    torch.testing.assert_close(loop.state_dict()["received"]["parameters"], final)

@@ -221,6 +221,8 @@ class ParameterExchange(Protocol):
         sent = server.method.configure(Message(result.broadcast), list(range(m)), ctx)
         for i in range(m):
             server.send_down(plan.round, i, sent[i])
+        if all(sent[i] is sent[0] for i in range(m)):  # one message for all: what the server last broadcast
+            server.refresh(sent[0])
         parts.clients.receive_step(parts.facts.info(plan.round), sent)
         return result, [math.nan] * m, parts.evaluated(plan)
 

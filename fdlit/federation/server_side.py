@@ -30,7 +30,7 @@ class ServerSide:
         self.method, self.privacy, self.server_model = method, privacy, server_model
         self.message_dtype = message_dtype
         self.ledger = CommunicationLedger()
-        self.received: dict[str, torch.Tensor] = {}  # what the server broadcast at set-up
+        self.received: dict[str, torch.Tensor] = {}  # what the server broadcast at set-up (kept current)
         self.public_rows: PublicRowsGuard | None = None  # set once the public set's size is known
 
     def send_up(self, r: int, client: int, payload: Message | dict[str, torch.Tensor]) -> Message:
@@ -43,6 +43,11 @@ class ServerSide:
     def send_down(self, r: int, client: int, message: Message | dict[str, torch.Tensor]) -> None:
         for kind, tensor in as_message(message).arrays.items():
             self.ledger.send(r, client, "down", kind, tensor)
+
+    def refresh(self, broadcast: Message | dict[str, torch.Tensor]) -> None:
+        """Keep ``received`` current: what a later broadcast to every client sends again (FedAvg's global
+        model) replaces the set-up's copy, so a checkpoint never holds a stale model."""
+        self.received.update({k: v for k, v in as_message(broadcast).items() if k in self.received})
 
     def aggregate(self, uploads: list, ctx: ServerContext) -> AggregationResult:
         """The method's ``aggregate``, under the rule that keeps its state honest on a public subset."""
