@@ -93,6 +93,8 @@ def run(tmp_path, method, *extra):
 def test_a_gated_upload_sends_exactly_its_declared_arrays_and_no_logits(tmp_path, executor):
     method = GatedVotes()
     loop = run(tmp_path, method, "--federation.executor", f"fdlit.execution.{executor.capitalize()}Executor")
+    if executor == "vectorized":  # the vmapped step ran, not a fallback to one client at a time
+        assert loop.executor.trained == {"vectorized": 8, "sequential": 0}
     up = [m for m in loop.ledger.messages if m.direction == "up" and m.round == 1]
     assert {m.kind for m in up} == {"probs", "mask"}  # the server never receives the unmasked logits
     assert all(set(u) == {"probs", "mask"} for u in method.received) and len(method.received) == 4
@@ -126,3 +128,22 @@ def test_differential_privacy_is_refused_for_a_method_with_nothing_to_privatise(
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("fdlit: error: privacy.noise_multiplier: ClearOnly declares no upload the mechanism can "
                               "privatise")
+
+
+def test_the_gated_upload_docs_extending_shows_sends_what_it_declares():
+    import re
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from fdlit.messages import declared_payload
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+    code = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "class GatedVotesClient" in b)
+    namespace = {"ClientPart": ClientPart, "torch": torch}
+    exec(code, namespace)
+    part = namespace["GatedVotesClient"]()
+    logits = torch.tensor([[4.0, 0.0, 0.0], [0.1, 0.0, 0.0]])
+    sent = declared_payload("GatedVotesClient", part.uploads, part.upload(SimpleNamespace(public_logits=logits)),
+                            logits, rows=2, classes=3)
+    assert list(sent) == ["probs", "mask"] and sent["mask"].tolist() == [True, False]
+    assert sent["probs"].shape == (1, 3)

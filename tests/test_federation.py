@@ -152,7 +152,7 @@ def test_accuracies_are_micro_and_match_torchmetrics(tmp_path):
 
     loop = small_loop(tmp_path, ProbabilityAveraging(), rounds=1)
     loop.fit()
-    acc = loop.evaluate()
+    acc = loop.parts.evaluate()
     preds = loop.executor.predict(loop.clients, loop.test_x).argmax(-1)
     for i, cd in enumerate(loop.data.clients):
         mask = torch.isin(loop.test_y, torch.tensor(cd.classes))

@@ -212,8 +212,8 @@ class NodeWorker:
             info = loop.facts.info(meta["round"], tuple(upload["clients"]), self._ref(upload["public_index"]))
             ids = upload["ids"]
             step = ClientStep(meta["round"], [], [], 0, 0, upload["kind"], self._clients(ids),
-                              [loop.client_data[i] for i in ids], loop.method_part, info,
-                              {k: self._ref(r) for k, r in upload["received"].items()}, loop.release)
+                              [loop.client_data[i] for i in ids], loop.parts.clients.method_part, info,
+                              {k: self._ref(r) for k, r in upload["received"].items()}, loop.parts.clients.release)
             _, payloads = executor.client_step(step)
             out_meta["upload"] = self._typed(payloads, out)
         return self._after(out_meta, meta, out)
@@ -223,7 +223,7 @@ class NodeWorker:
         loop = self.loop
         ids = meta["ids"]
         teachers = [(self._ref(x), self._ref(t)) for x, t in meta["teachers"]]
-        losses = loop.executor.distil(loop.method_part, self._clients(ids), teachers,
+        losses = loop.executor.distil(loop.parts.clients.method_part, self._clients(ids), teachers,
                                       [loop.private[i] for i in ids], meta["epochs"], meta["batch_size"])
         return self._after({"losses": [float(v) for v in losses]}, meta, self._then_measure(meta))
 
@@ -269,7 +269,7 @@ class NodeWorker:
         info = loop.facts.info(meta["round"], tuple(meta["clients"]), index)
         received = {k: self._ref(r) for k, r in meta["received"].items()}
         clients, data = self._clients(ids), [loop.client_data[i] for i in ids]
-        payloads = loop.executor.client_hook(meta["hook"], loop.method_part, info, clients, data, received)
+        payloads = loop.executor.client_hook(meta["hook"], loop.parts.clients.method_part, info, clients, data, received)
         out: dict[str, torch.Tensor] = {}
         return self._after({"upload": self._typed(payloads, out)}, meta, out)
 

@@ -251,14 +251,6 @@ class FederationLoop:
         return self.settings.rounds
 
     @property
-    def mode(self) -> str:
-        return self.settings.mode
-
-    @property
-    def participation(self) -> Any:
-        return self.settings.participation
-
-    @property
     def executor(self) -> Any:
         return self.settings.executor
 
@@ -277,10 +269,6 @@ class FederationLoop:
         if self.parts is not None:
             raise RuntimeError("the method is chosen before set-up")
         self.server_side.method = method
-
-    @property
-    def is_setup(self) -> bool:
-        return self.parts is not None
 
     @property
     def ledger(self):
@@ -303,20 +291,8 @@ class FederationLoop:
         return self.parts.clients.client_data
 
     @property
-    def method_part(self) -> Any:
-        return self.parts.clients.method_part
-
-    @property
-    def release(self) -> Any:
-        return self.parts.clients.release
-
-    @property
     def facts(self) -> RoundFacts:
         return self.parts.facts
-
-    @property
-    def evaluate(self) -> Evaluation:
-        return self.parts.evaluate
 
     @property
     def test_x(self) -> torch.Tensor:
@@ -338,14 +314,5 @@ class FederationLoop:
     def private(self) -> list:
         return self.parts.tensors.private
 
-    @property
-    def val_x(self) -> torch.Tensor | None:
-        return self.parts.tensors.val_x
 
-    @property
-    def val_y(self) -> torch.Tensor | None:
-        return self.parts.tensors.val_y
 
-    @property
-    def local_mask_matrix(self) -> torch.Tensor:
-        return self.parts.tensors.local_masks

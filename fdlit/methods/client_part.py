@@ -58,8 +58,9 @@ class ClientPart:
         return {}
 
     def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """Every round, after the private phase and public inference: what the client sends up
-        besides its public logits (it may replace ``"logits"``, e.g. with the kept rows only)."""
+        """Every round, after the private phase and public inference: what the client sends up, the
+        arrays ``uploads`` declares (the public logits are added when ``logits`` is declared and the
+        hook returns none of its own, e.g. the kept rows only)."""
         return {}
 
     def receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:

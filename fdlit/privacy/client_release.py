@@ -1,8 +1,8 @@
 """The client's side of the upload mechanism: what leaves a client, made where the client lives.
 
-A client's upload (the arrays its method's client part declares: its public-set logits, other rows) is clipped and noised
-(local differential privacy), clipped only (central: its share of the secure sum), and encoded on the
-client, so no executor — in process, Ray actor or Flower node — ever sends raw logits when the
+A client's upload (the arrays its method's client part declares: its public-set logits, other rows)
+is clipped and noised (local differential privacy), clipped only (central: its share of the secure
+sum), and encoded on the client, so no executor — in process, Ray actor or Flower node — ever sends raw logits when the
 ``privacy`` section says otherwise. The mechanism and its sensitivity are fdlit.privacy.upload's; the
 server's side (decoding, the secure sum's noise, the accountant) is ``UploadPrivacy.receive``.
 
@@ -75,7 +75,7 @@ class ClientRelease:
             self.check_payload(arrays)
         if "logits" not in arrays:  # the method sends no public logits: its declared rows only
             out = message.with_arrays(arrays)
-            if self.dp:
+            if self.dp and any(self.released.get(k) in NOISED for k in arrays):
                 _, noised, clipped, std = self.privatise(r, client, None, arrays)
                 out = message.with_arrays({**arrays, **noised})
                 out.metrics.update(zip(DIAGNOSTICS, (clipped, sum(len(v) for v in noised.values()), std), strict=True))
