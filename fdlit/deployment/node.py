@@ -140,7 +140,7 @@ class NodeWorker:
             return self.objects[rest[0]]
         if kind == "private":
             return self.loop.private[rest[0]][rest[1]]
-        return getattr(self.loop, kind)
+        return getattr(self.loop.parts.tensors, kind)
 
     def _clients(self, ids):
         return [self.loop.clients[i] for i in ids]
