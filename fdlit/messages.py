@@ -121,28 +121,6 @@ class Upload:
 PUBLIC_LOGITS = Upload("logits", "rows", shape=(None, "C"))  # what a part that declares nothing uploads
 
 
-def declared_payload(owner: str, uploads: tuple[Upload, ...], payload: Message | Mapping[str, torch.Tensor] | None,
-                     public_logits: torch.Tensor | None = None, rows: int | None = None,
-                     classes: int | None = None) -> Message:
-    """What a client sends: its hook's ``payload``, with its public logits when ``logits`` is declared
-    and the hook did not send its own; any array the declaration does not name, or does not fit, is
-    refused in one line naming ``owner`` and the array."""
-    message = as_message(payload)
-    arrays = dict(message.arrays)
-    declared = {u.name: u for u in uploads}
-    if public_logits is not None and "logits" in declared and "logits" not in arrays:
-        arrays = {"logits": public_logits, **arrays}
-    for key, value in arrays.items():
-        spec = declared.get(key)
-        if spec is None:
-            raise ValueError(f"{owner} uploads {key!r}, which its client part does not declare (uploads: "
-                             f"{', '.join(declared) or 'none'}); add fdlit.messages.Upload({key!r}, kind) to its "
-                             "``uploads``")
-        if why := spec.problem(value, rows, classes):
-            raise ValueError(f"{owner} uploads {key!r}, which {why}")
-    return message.with_arrays(arrays)
-
-
 def metric_values(messages: list[Message], name: str) -> list[float]:
     """The metric ``name`` of every message that reports it."""
     return [float(m.metrics[name]) for m in messages if isinstance(m, Message) and name in m.metrics]
@@ -155,5 +133,4 @@ def array_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-__all__ = ["PUBLIC_LOGITS", "Message", "Scalar", "Upload", "array_bytes", "as_message", "declared_payload",
-           "metric_values"]
+__all__ = ["PUBLIC_LOGITS", "Message", "Scalar", "Upload", "array_bytes", "as_message", "metric_values"]

@@ -8,6 +8,7 @@ import torch
 
 from fdlit.cli import main
 from fdlit.config import parse_fit
+from fdlit.errors import ConfigError
 from fdlit.messages import Upload
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.runs.experiment import Experiment
@@ -105,13 +106,13 @@ def test_a_gated_upload_sends_exactly_its_declared_arrays_and_no_logits(tmp_path
 
 
 def test_an_undeclared_upload_is_refused_naming_the_part_and_the_array(tmp_path):
-    with pytest.raises(ValueError, match=r"^Leaky uploads 'raw', which its client part does not declare "
+    with pytest.raises(ConfigError, match=r"^aggregator: Leaky uploads 'raw', which its client part does not declare "
                                          r"\(uploads: probs, mask\)"):
         run(tmp_path, LeakyVotes())
 
 
 def test_an_upload_that_does_not_fit_its_declared_shape_is_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"MisshapenClient uploads 'mask', which has shape \(99,\), declared \('N',\)"):
+    with pytest.raises(ConfigError, match=r"^aggregator: MisshapenClient uploads 'mask', which has shape \(99,\), declared \('N',\)"):
         run(tmp_path, MisshapenVotes())
 
 
@@ -135,7 +136,7 @@ def test_the_gated_upload_docs_extending_shows_sends_what_it_declares():
     from pathlib import Path
     from types import SimpleNamespace
 
-    from fdlit.messages import declared_payload
+    from fdlit.methods.client_part import declared_payload
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
     code = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "class GatedVotesClient" in b)

@@ -16,8 +16,9 @@ import torch
 
 from fdlit.data import ClientData
 from fdlit.errors import check_finite
-from fdlit.messages import Message, as_message, declared_payload
+from fdlit.messages import Message, as_message
 from fdlit.methods.base import ClientContext, ClientPart, FederationInfo
+from fdlit.methods.client_part import declared_payload
 from fdlit.methods.contexts import DistillationContext
 
 if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import

@@ -10,9 +10,12 @@ client lives (docs/extending.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
-from fdlit.messages import Upload
+from fdlit.errors import ConfigError
+from fdlit.messages import Message, Upload, as_message
 from fdlit.methods.contexts import ClientContext, DistillationContext, LossContext
 
 
@@ -101,3 +104,25 @@ def declared_uploads(part: ClientPart, method: object) -> tuple[Upload, ...]:
     if getattr(method, "exchange", "predictions") == "predictions" and "logits" not in kinds:
         kinds = {"logits": "rows", **kinds}
     return tuple(Upload(name, kind) for name, kind in kinds.items())
+
+
+def declared_payload(owner: str, uploads: tuple[Upload, ...], payload: Message | Mapping[str, torch.Tensor] | None,
+                     public_logits: torch.Tensor | None = None, rows: int | None = None,
+                     classes: int | None = None) -> Message:
+    """What a client sends: its hook's ``payload``, with its public logits when ``logits`` is declared
+    and the hook did not send its own; any array the declaration does not name, or does not fit, is
+    refused in one line naming ``owner`` and the array."""
+    message = as_message(payload)
+    arrays = dict(message.arrays)
+    declared = {u.name: u for u in uploads}
+    if public_logits is not None and "logits" in declared and "logits" not in arrays:
+        arrays = {"logits": public_logits, **arrays}
+    for key, value in arrays.items():
+        spec = declared.get(key)
+        if spec is None:
+            raise ConfigError("aggregator", f"{owner} uploads {key!r}, which its client part does not declare "
+                              f"(uploads: {', '.join(declared) or 'none'}); add fdlit.messages.Upload({key!r}, kind) "
+                              "to its ``uploads``")
+        if why := spec.problem(value, rows, classes):
+            raise ConfigError("aggregator", f"{owner} uploads {key!r}, which {why}")
+    return message.with_arrays(arrays)
