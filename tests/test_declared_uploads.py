@@ -111,6 +111,12 @@ def test_an_undeclared_upload_is_refused_naming_the_part_and_the_array(tmp_path)
         run(tmp_path, LeakyVotes())
 
 
+def test_an_undeclared_upload_stops_the_command_line_run_in_one_line(tmp_path, capsys):
+    assert main(["fit", *args(tmp_path, "--aggregator", "tests.test_declared_uploads.LeakyVotes")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fdlit: error: aggregator: Leaky uploads 'raw'")
+
+
 def test_an_upload_that_does_not_fit_its_declared_shape_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"^aggregator: MisshapenClient uploads 'mask', which has shape \(99,\), declared \('N',\)"):
         run(tmp_path, MisshapenVotes())
