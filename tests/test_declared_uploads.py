@@ -154,3 +154,48 @@ def test_the_gated_upload_docs_extending_shows_sends_what_it_declares():
                             logits, rows=2, classes=3)
     assert list(sent) == ["probs", "mask"] and sent["mask"].tolist() == [True, False]
     assert sent["probs"].shape == (1, 3)
+
+
+def numbers(history):
+    return [{k: v for k, v in m.items() if not k.startswith(("time/", "ray/")) and isinstance(v, float)}
+            for m in history]
+
+
+def same_numbers(a, b):
+    for x, y in zip(numbers(a.history), numbers(b.history), strict=True):
+        assert x.keys() == y.keys()
+        for key in x:
+            assert math.isclose(x[key], y[key], rel_tol=1e-6, abs_tol=1e-6) or (
+                math.isnan(x[key]) and math.isnan(y[key])), key
+
+
+@pytest.mark.parametrize("executor", ["vectorized", "ray"])
+def test_the_gated_votes_run_as_they_do_one_client_at_a_time(tmp_path, executor, request):
+    extra = ["--federation.executor", f"fdlit.execution.{executor.capitalize()}Executor"]
+    if executor == "ray":
+        request.getfixturevalue("ray_local")
+        extra += ["--federation.executor.actor_executor", "sequential"]
+    rounds = ("--federation.rounds", "2", "--federation.private_epochs", "1", "--federation.public_epochs", "1")
+    sequential = run(tmp_path / "seq", GatedVotes(), *rounds, "--federation.executor",
+                     "fdlit.execution.SequentialExecutor")
+    other = run(tmp_path / executor, GatedVotes(), *rounds, *extra)
+    assert sequential.history[-1]["teacher/kept_fraction"] > 0
+    same_numbers(sequential, other)
+
+
+def test_the_gated_votes_resume_equal_to_an_uninterrupted_run(tmp_path):
+    import io
+
+    rounds = ("--federation.private_epochs", "1", "--federation.public_epochs", "1")
+    straight = run(tmp_path / "a", GatedVotes(), "--federation.rounds", "2", *rounds)
+    first = run(tmp_path / "b", GatedVotes(), "--federation.rounds", "1", *rounds)
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    parser, cfg = parse_fit(args(tmp_path / "c", "--federation.rounds", "2", *rounds))
+    resumed = Experiment(cfg, parser).loop
+    resumed.aggregator = GatedVotes()
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    resumed.fit()
+    assert resumed.round == 2
+    same_numbers(straight, resumed)
