@@ -114,7 +114,7 @@ def worker(args, fit_flags: list[str]) -> None:
     ex.client_hook = _timed(seconds, lambda *a, **k: "uploads", ex.client_hook)
     agg.aggregate = _timed(seconds, lambda *a, **k: "aggregate", agg.aggregate)
     # evaluate() = the two test-set predictions plus the accuracy arithmetic
-    loop.parts = dataclasses.replace(loop.parts, evaluate=_timed(seconds, lambda *a, **k: "evaluate-all", loop.evaluate))
+    loop.parts = dataclasses.replace(loop.parts, evaluate=_timed(seconds, lambda *a, **k: "evaluate-all", loop.parts.evaluate))
     writes: list[float] = []  # seconds each checkpoint file took to write (in the background by default)
     for cb in loop.callbacks:
         name = "checkpoint" if isinstance(cb, Checkpointer) else "callbacks"

@@ -43,6 +43,7 @@ class EMATeacher(Aggregator):
     round's public sample ids (what a per-round public subset needs)."""
 
     short_name = "ema"
+    row_state = {"ema": 0}  # one row per public sample (the full set's, or with full_public_set off, the round's)
     label = "EMA teacher"
 
     def __init__(self, beta: float = 0.5, temperature: float = 2.0, full_public_set: bool = False):

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from fdlit.messages import Upload
 from fdlit.methods.base import AggregationResult
 from fdlit.methods.fedavg import FedAvg, FedAvgClient, exchanged_tensors, flatten
 from fdlit.methods.scaffold import local_steps
@@ -33,6 +34,8 @@ from fdlit.methods.scaffold import local_steps
 
 class FedNovaClient(FedAvgClient):
     """Client part: remembers where the round starts (x, on receipt) and sends d_i and tau_i."""
+
+    uploads = (Upload("normalised_update", "unbounded", shape=(None,)), Upload("local_steps", "unbounded", shape=()))
 
     def receive(self, ctx):
         super().receive(ctx)  # loads the global model

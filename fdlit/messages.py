@@ -92,6 +92,35 @@ def as_message(reply: Message | Mapping[str, torch.Tensor] | None) -> Message:
     return Message(dict(reply or {}))
 
 
+@dataclass(frozen=True)
+class Upload:
+    """One array a method's client part may send each round, declared on the part (``uploads``).
+
+    ``kind``: its privacy sensitivity (``fdlit.privacy.release``: ``rows``, ``positive_rows``,
+    ``clear``, ``unbounded``). ``dtype``: the dtype it must have (None: any). ``shape``: one entry per
+    dimension, an int, ``"N"`` (the round's public rows), ``"C"`` (the classes) or None (any size);
+    None: any shape. The name ``logits`` is the client's public-set logits: declared, they are sent
+    unless the hook returns its own ``logits`` (the kept rows only, say)."""
+
+    name: str
+    kind: str = "unbounded"
+    dtype: torch.dtype | None = None
+    shape: tuple[int | str | None, ...] | None = None
+
+    def problem(self, value: torch.Tensor, rows: int | None, classes: int | None) -> str | None:
+        """Why ``value`` does not fit the declaration (None: it fits)."""
+        if self.dtype is not None and value.dtype != self.dtype:
+            return f"has dtype {value.dtype}, declared {self.dtype}"
+        if self.shape is not None:
+            want = [{"N": rows, "C": classes}.get(d) if isinstance(d, str) else d for d in self.shape]
+            if len(want) != value.dim() or any(w not in (None, s) for w, s in zip(want, value.shape, strict=True)):
+                return f"has shape {tuple(value.shape)}, declared {self.shape} (N={rows}, C={classes})"
+        return None
+
+
+PUBLIC_LOGITS = Upload("logits", "rows", shape=(None, "C"))  # what a part that declares nothing uploads
+
+
 def metric_values(messages: list[Message], name: str) -> list[float]:
     """The metric ``name`` of every message that reports it."""
     return [float(m.metrics[name]) for m in messages if isinstance(m, Message) and name in m.metrics]
@@ -104,4 +133,4 @@ def array_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-__all__ = ["Message", "Scalar", "array_bytes", "as_message", "metric_values"]
+__all__ = ["PUBLIC_LOGITS", "Message", "Scalar", "Upload", "array_bytes", "as_message", "metric_values"]

@@ -8,6 +8,7 @@ from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.federation import FederationLoop, NumericalFault
 from fdlit.federation.construction import eval_rows
+from fdlit.messages import PUBLIC_LOGITS, Upload
 from fdlit.methods import ProbabilityAveraging, UncertaintyWeighted
 from fdlit.methods.base import ClientPart
 from fdlit.models import MLP
@@ -55,6 +56,8 @@ def test_hooks_are_called_in_order_and_optimizer_state_persists(tmp_path):
     calls = []
 
     class ExtraStatClient(ClientPart):
+        uploads = (PUBLIC_LOGITS, Upload("extra_stat", shape=(3,)))
+
         def upload(self, ctx):
             calls.append(f"client{ctx.client.client_id}")
             assert ctx.public_logits.shape == (200, 10)
@@ -152,7 +155,7 @@ def test_accuracies_are_micro_and_match_torchmetrics(tmp_path):
 
     loop = small_loop(tmp_path, ProbabilityAveraging(), rounds=1)
     loop.fit()
-    acc = loop.evaluate()
+    acc = loop.parts.evaluate()
     preds = loop.executor.predict(loop.clients, loop.test_x).argmax(-1)
     for i, cd in enumerate(loop.data.clients):
         mask = torch.isin(loop.test_y, torch.tensor(cd.classes))
@@ -230,7 +233,7 @@ def test_evaluation_every_n_rounds_on_a_fixed_subsample_then_the_full_test_set_l
     assert torch.equal(rows, eval_rows(50, total, loop.seed))
     preds = loop.executor.predict(loop.clients, loop.test_x).argmax(-1)[:, rows]
     acc = (preds == loop.test_y[rows]).float().mean(1)
-    torch.testing.assert_close(loop.evaluate(rows)["global_acc"], acc)
+    torch.testing.assert_close(loop.parts.evaluate(rows)["global_acc"], acc)
 
     summary = loop.summary()
     evaluated = [m for m in loop.history if m["eval/test_samples"]]

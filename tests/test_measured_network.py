@@ -26,7 +26,7 @@ def accuracy(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def global_accuracies(loop) -> torch.Tensor:
-    return loop.evaluate()["global_acc"].clone()
+    return loop.parts.evaluate()["global_acc"].clone()
 
 
 def check_measured(loop, measured, others):

@@ -176,10 +176,13 @@ def test_heterogeneous_models_and_non_sgd_scaffold_are_refused_before_any_work()
 
 def test_a_rule_with_client_hooks_on_the_aggregator_still_runs_with_a_deprecation_warning():
     """A rule written before client parts (``client_upload`` on the Aggregator, calling its parent's)
-    runs through the adapter part: same run as its parent, plus what its hook adds."""
+    runs through the adapter part: same run as its parent, plus what its hook adds, which it declares
+    (``released``: a client part that declares nothing sends what its method's ``released`` names)."""
     arrived = []
 
     class OldStyle(FedAvg):
+        released = {"parameters": "unbounded", "client_norm": "unbounded"}
+
         def client_upload(self, ctx):
             return {**super().client_upload(ctx), "client_norm": flatten(list(ctx.client.model.parameters())).norm()}
 

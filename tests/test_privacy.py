@@ -95,7 +95,7 @@ def test_the_server_receives_each_clients_release_of_its_own_logits(tmp_path, ex
     assert [r for r, *_ in seen] == [1, 2]
     for r, ids, messages, raw in seen:
         for i, message, logits in zip(ids, messages, raw, strict=True):
-            expected = loop.release(r, i, {"logits": logits})
+            expected = loop.parts.clients.release(r, i, {"logits": logits})
             assert set(message) == {"logits"}  # the arrays sent; the release's diagnostics are metrics
             assert set(message.metrics) == {"privacy/clipped_rows", "privacy/released_rows", "privacy/noise_std"}
             assert torch.allclose(message["logits"], expected["logits"], atol=1e-5)

@@ -38,7 +38,12 @@ class NoisyLogitsClient(ClientPart):
 
 
 class NoisyLogits(SmoothedUncertaintyWeighted):
-    """A method defined outside fdlit whose client part is :class:`NoisyLogitsClient`."""
+    """A method defined outside fdlit whose client part is :class:`NoisyLogitsClient` (whose extra
+    statistic it declares: a client sends only declared arrays)."""
+
+    @property
+    def released(self):
+        return {**super().released, "n_calibration": "unbounded"}
 
     def client_part(self):
         return NoisyLogitsClient(super().client_part())

@@ -68,9 +68,9 @@ def test_evaluated_rounds_measure_validation_accuracy_and_the_summary_selects_by
         values = [m[f"{phase}/val_acc_mean"] for m in loop.history]
         assert 0 <= values[0] <= 1 and math.isnan(values[1]) and 0 <= values[2] <= 1  # evaluated rounds only
     last = loop.history[-1]
-    preds = loop.executor.predict(loop.clients, loop.val_x).argmax(-1)
-    torch.testing.assert_close(last["after_public/val_acc_mean"], float((preds == loop.val_y).float().mean()))
-    assert len(loop.val_y) == 60
+    preds = loop.executor.predict(loop.clients, loop.parts.tensors.val_x).argmax(-1)
+    torch.testing.assert_close(last["after_public/val_acc_mean"], float((preds == loop.parts.tensors.val_y).float().mean()))
+    assert len(loop.parts.tensors.val_y) == 60
     for phase, suffix in (("after_public", ""), ("after_private", "_after_private")):
         rows = [m for m in loop.history if not math.isnan(m[f"{phase}/val_acc_mean"])]
         chosen = max(rows, key=lambda m: m[f"{phase}/val_acc_mean"])

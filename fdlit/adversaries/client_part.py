@@ -53,6 +53,10 @@ class AdversarialClientPart(ClientPart):
         return self.inner.rowwise_loss
 
     @property
+    def uploads(self):
+        return self.inner.uploads
+
+    @property
     def needs_features(self):
         return self.inner.needs_features
 

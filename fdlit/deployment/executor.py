@@ -93,7 +93,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
 
     def _names_of_loop(self) -> None:
         loop = self.loop
-        names = {k: getattr(loop, k, None) for k in ("public_x", "public_y", "test_x", "test_y", "val_x", "val_y")}
+        names = {k: getattr(loop.parts.tensors, k) for k in ("public_x", "public_y", "test_x", "test_y", "val_x", "val_y")}
         self._names = {id(t): (t, [k]) for k, t in names.items() if t is not None}
         for i, (x, y) in enumerate(loop.private):
             self._names[id(x)] = (x, ["private", i, 0])
@@ -164,7 +164,8 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         that changed the clients: the predictions stay on the node and no Message is spent on them.
         Never the public set: its logits leave a node only in the upload, released (DP, encoding) there."""
         loop = self.loop
-        pairs = [(loop.test_x, loop.test_y), (getattr(loop, "val_x", None), getattr(loop, "val_y", None))]
+        t = loop.parts.tensors
+        pairs = [(t.test_x, t.test_y), (t.val_x, t.val_y)]
         return [(x, y) for x, y in pairs if x is not None]
 
     def _measure(self, inputs, node: int, out: dict[str, torch.Tensor]) -> list:

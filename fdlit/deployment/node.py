@@ -140,7 +140,7 @@ class NodeWorker:
             return self.objects[rest[0]]
         if kind == "private":
             return self.loop.private[rest[0]][rest[1]]
-        return getattr(self.loop, kind)
+        return getattr(self.loop.parts.tensors, kind)
 
     def _clients(self, ids):
         return [self.loop.clients[i] for i in ids]
@@ -216,8 +216,8 @@ class NodeWorker:
             info = loop.facts.info(meta["round"], tuple(upload["clients"]), self._ref(upload["public_index"]))
             ids = upload["ids"]
             step = ClientStep(meta["round"], [], [], 0, 0, upload["kind"], self._clients(ids),
-                              [loop.client_data[i] for i in ids], loop.method_part, info,
-                              {k: self._ref(r) for k, r in upload["received"].items()}, loop.release)
+                              [loop.client_data[i] for i in ids], loop.parts.clients.method_part, info,
+                              {k: self._ref(r) for k, r in upload["received"].items()}, loop.parts.clients.release)
             _, payloads = executor.client_step(step)
             out_meta["upload"] = self._typed(payloads, out)
         return self._after(out_meta, meta, out)
@@ -227,7 +227,7 @@ class NodeWorker:
         loop = self.loop
         ids = meta["ids"]
         teachers = [(self._ref(x), self._ref(t)) for x, t in meta["teachers"]]
-        losses = loop.executor.distil(loop.method_part, self._clients(ids), teachers,
+        losses = loop.executor.distil(loop.parts.clients.method_part, self._clients(ids), teachers,
                                       [loop.private[i] for i in ids], meta["epochs"], meta["batch_size"])
         return self._after({"losses": [float(v) for v in losses]}, meta, self._then_measure(meta))
 
@@ -273,7 +273,7 @@ class NodeWorker:
         info = loop.facts.info(meta["round"], tuple(meta["clients"]), index)
         received = {k: self._ref(r) for k, r in meta["received"].items()}
         clients, data = self._clients(ids), [loop.client_data[i] for i in ids]
-        payloads = loop.executor.client_hook(meta["hook"], loop.method_part, info, clients, data, received)
+        payloads = loop.executor.client_hook(meta["hook"], loop.parts.clients.method_part, info, clients, data, received)
         out: dict[str, torch.Tensor] = {}
         return self._after({"upload": self._typed(payloads, out)}, meta, out)
 

@@ -18,6 +18,7 @@ from fdlit.data import ClientData
 from fdlit.errors import check_finite
 from fdlit.messages import Message, as_message
 from fdlit.methods.base import ClientContext, ClientPart, FederationInfo
+from fdlit.methods.client_part import declared_payload
 from fdlit.methods.contexts import DistillationContext
 
 if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import
@@ -110,8 +111,8 @@ class ClientExecutor:
         if step.upload == "predictions":
             return losses, self.upload(step.part, step.info, step.uploading, step.upload_data, step.received,
                                        step.release)
-        return losses, self.client_hook("upload", step.part, step.info, step.uploading, step.upload_data,
-                                        step.received)
+        sent = self.client_hook("upload", step.part, step.info, step.uploading, step.upload_data, step.received)
+        return losses, [declared_payload(type(step.part).__name__, step.part.uploads, m) for m in sent]
 
     def distil(self, part: ClientPart, clients: Sequence[ClientModule],
                teachers: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -183,7 +184,8 @@ class ClientExecutor:
         ids = [c.client_id for c in clients]
         check_finite(list(public_logits), info.round, "public inference", ids)
         extra = self.client_hook("upload", part, info, clients, client_data, received, public_logits)
-        return [release(info.round, i, payload.with_arrays({"logits": public_logits[j], **payload.arrays}))
+        owner, n, c = type(part).__name__, len(info.public_x), info.num_classes
+        return [release(info.round, i, declared_payload(owner, part.uploads, payload, public_logits[j], n, c))
                 for j, (i, payload) in enumerate(zip(ids, extra, strict=True))]
 
 

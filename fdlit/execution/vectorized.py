@@ -125,6 +125,7 @@ class VectorizedExecutor(ClientExecutor):
         self._cache: dict = {}
         self._auto_chunks: dict[tuple, int] = {}
         self._compiled: dict[tuple, tuple] = {}
+        self.trained = {"vectorized": 0, "sequential": 0}  # client-phases each path trained (tests read it)
 
     def configure(self, compile_backend: str | None = None) -> None:
         super().configure(compile_backend)
@@ -182,12 +183,14 @@ class VectorizedExecutor(ClientExecutor):
                                         epochs, batch_size, width, progress=(len(clients), epochs))
                 for i, loss in zip(members, out, strict=True):
                     losses[i] = loss
+                self.trained["vectorized"] += len(members)
                 self._done += len(members)
                 self.report(phase, self._done, len(clients))
         if rest:
             out = self.fallback.train([clients[i] for i in rest], phase, [datasets[i] for i in rest], epochs, batch_size)
             for i, loss in zip(rest, out, strict=True):
                 losses[i] = loss
+            self.trained["sequential"] += len(rest)
             self.report(phase, len(clients), len(clients))
         return losses
 

@@ -17,6 +17,7 @@ import torch
 
 from fdlit.errors import ConfigError, check_at_least, check_choice, import_hint
 from fdlit.federation.baselines import reference_client
+from fdlit.methods.client_part import declared_uploads
 from fdlit.methods.compat import client_part_of
 from fdlit.models.build import build_model
 
@@ -153,7 +154,9 @@ def build_clients(data: Any, mode: str, client_class: type, model_spec: Any, opt
     if draws is not None:
         torch.set_rng_state(draws.after.clone())  # what follows draws as after every network, as in fit
     record = InitialDraws(before, torch.get_rng_state())
-    method_part = adversaries.wrap(client_part_of(method), method.exchange, len(clients), seed)
+    part = client_part_of(method)
+    part.uploads = declared_uploads(part, method)  # what every client may send each round
+    method_part = adversaries.wrap(part, method.exchange, len(clients), seed)
     for client in clients:
         if client is not None:
             client.method_part = method_part

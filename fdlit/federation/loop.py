@@ -135,7 +135,7 @@ class FederationLoop:
         evaluate = Evaluation(side.correct, (tensors.test_x, tensors.test_y), tensors.local_masks,
                               (tensors.val_x, tensors.val_y))
         server = self.server_side
-        server.public_rows = PublicRowsGuard(len(tensors.public_x))
+        server.start(PublicRowsGuard(len(tensors.public_x)))  # refuses server state it could not save
         if server.server_model is not None:  # on the driver, whatever the executor
             server.server_model.setup(self.data.input_shape, self.data.num_classes, self.seed, device,
                                       getattr(self.data, "input_transform", None))
@@ -256,14 +256,6 @@ class FederationLoop:
         return self.settings.rounds
 
     @property
-    def mode(self) -> str:
-        return self.settings.mode
-
-    @property
-    def participation(self) -> Any:
-        return self.settings.participation
-
-    @property
     def executor(self) -> Any:
         return self.settings.executor
 
@@ -282,10 +274,6 @@ class FederationLoop:
         if self.parts is not None:
             raise RuntimeError("the method is chosen before set-up")
         self.server_side.method = method
-
-    @property
-    def is_setup(self) -> bool:
-        return self.parts is not None
 
     @property
     def ledger(self):
@@ -308,20 +296,8 @@ class FederationLoop:
         return self.parts.clients.client_data
 
     @property
-    def method_part(self) -> Any:
-        return self.parts.clients.method_part
-
-    @property
-    def release(self) -> Any:
-        return self.parts.clients.release
-
-    @property
     def facts(self) -> RoundFacts:
         return self.parts.facts
-
-    @property
-    def evaluate(self) -> Evaluation:
-        return self.parts.evaluate
 
     @property
     def test_x(self) -> torch.Tensor:
@@ -343,14 +319,5 @@ class FederationLoop:
     def private(self) -> list:
         return self.parts.tensors.private
 
-    @property
-    def val_x(self) -> torch.Tensor | None:
-        return self.parts.tensors.val_x
 
-    @property
-    def val_y(self) -> torch.Tensor | None:
-        return self.parts.tensors.val_y
 
-    @property
-    def local_mask_matrix(self) -> torch.Tensor:
-        return self.parts.tensors.local_masks

@@ -83,7 +83,7 @@ class Protocol:
         """For methods that ask (``public_warmup_epochs`` > 0, e.g. FedMD's transfer learning): every
         client trains on the labelled public set with the private loss. The public set is known to
         every party, so nothing is sent."""
-        epochs = int(getattr(parts.server.method, "public_warmup_epochs", 0) or 0)
+        epochs = int(parts.server.method.public_warmup_epochs or 0)
         if epochs > 0:
             t = parts.tensors
             losses = parts.clients.train(range(len(parts.clients)), "private", [(t.public_x, t.public_y)] *
@@ -238,6 +238,8 @@ class ParameterExchange(Protocol):
         sent = server.method.configure(Message(result.broadcast), list(range(m)), ctx)
         for i in range(m):
             server.send_down(plan.round, i, sent[i])
+        if all(sent[i] is sent[0] for i in range(m)):  # one message for all: what the server last broadcast
+            server.refresh(sent[0])
         parts.clients.receive_step(parts.facts.info(plan.round), sent)
         return result, [math.nan] * m, parts.evaluated(plan)
 
@@ -264,4 +266,4 @@ def protocol_for(method: Any, mode: str) -> Protocol:
     """The round's protocol: none for the baselines, else the method's own or its ``exchange``'s."""
     if mode != "fd":
         return NoExchange()
-    return (getattr(method, "protocol", None) or PROTOCOLS[method.exchange])()
+    return (method.protocol or PROTOCOLS[method.exchange])()

@@ -1,10 +1,17 @@
 """The rule that keeps a method's server state honest under a per-round public subset.
 
-With ``participation.public_fraction`` each round's uploads cover other rows of the public set. A
-server part that keeps a tensor over one round's rows (an EMA of the teacher, say) and reuses it next
-round would silently mix different public samples. The round refuses that, in one line, before the
-method aggregates again: state kept across rounds must be indexed by public sample ids
-(``FederationInfo.public_ids``) over the full public set.
+With ``participation.public_fraction`` (or ``public_subset``) each round's uploads cover other rows of
+the public set. A server part that keeps a tensor over one round's rows (an EMA of the teacher, say)
+and reuses it next round would mix different public samples. So, under a public subset, a server part
+declares the state it keeps per public sample (``Aggregator.row_state``: attribute -> the dimension
+that runs over the full public set, indexed by ``FederationInfo.public_ids``; None for state that is
+not per public sample). After each ``aggregate`` the round checks, without guessing from shapes:
+
+* every attribute holding tensors that ``aggregate`` created, rebound or changed in place is
+  declared (tensors inside lists, tuples and dicts included, however deep);
+* every tensor of a declared attribute has the full public set's size along its declared dimension.
+
+Either failure stops the run in one line, before the state is used with other rows.
 """
 
 from __future__ import annotations
@@ -15,47 +22,65 @@ import torch
 
 from fdlit.errors import ConfigError
 
+SUBSET = "participation.public_fraction / public_subset"
 
-def row_tensors(obj: Any, rows: int) -> dict[str, torch.Tensor]:
-    """Tensors with ``rows`` rows among ``obj``'s attributes (and one level inside dicts, lists, tuples)."""
-    found: dict[str, torch.Tensor] = {}
-    for name, value in vars(obj).items():
-        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
-        for key, inner in [(None, value), *items]:
-            if isinstance(inner, torch.Tensor) and inner.dim() >= 1 and inner.shape[0] == rows:
-                found[name if key is None else f"{name}[{key!r}]"] = inner
-    return found
+
+def fingerprint(value: Any) -> Any:
+    """What changes when a tensor is rebound, resized or written in place, inside any containers
+    (None: ``value`` holds no tensor)."""
+    if isinstance(value, torch.Tensor):
+        return id(value), value._version, tuple(value.shape)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    inner = tuple((k, f) for k, v in items if (f := fingerprint(v)) is not None)
+    return (id(value), inner) if inner else None
+
+
+def tensors(value: Any):
+    """Every tensor inside ``value`` (containers of any depth)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple, dict)):
+        for v in value.values() if isinstance(value, dict) else value:
+            yield from tensors(v)
 
 
 class PublicRowsGuard:
-    """Remembers which tensors the server part made in the last round's ``aggregate`` with one row per
-    public sample of that round (state it had before, e.g. set-up data, is not the round's rows)."""
+    """Checks a server part's per-public-sample state after each ``aggregate`` of a round that sees
+    only a subset of the public set (see the module docstring)."""
 
     def __init__(self, public_size: int):
         self.public_size = public_size
-        self.kept: dict[str, torch.Tensor] = {}
-        self.before: set[int] = set()
-        self.last_round = 0
+        self.before: dict[str, Any] | None = None
 
     def before_aggregate(self, method: Any, round: int, public_index: torch.Tensor | None) -> None:
-        """Refuse when a tensor kept over the last round's public rows is still held and the rows changed."""
-        if public_index is None or not hasattr(method, "__dict__"):
-            return
-        self.before = {id(t) for t in row_tensors(method, len(public_index)).values()}
-        if not self.kept:
-            return
-        held = {id(t) for t in row_tensors(method, len(next(iter(self.kept.values())))).values()}
-        stale = [name for name, t in self.kept.items() if id(t) in held]
-        if stale:
-            raise ConfigError(
-                "aggregator", f"{type(method).__name__} keeps {', '.join(stale)} (one row per public sample of round "
-                f"{self.last_round}) for round {round}, whose public samples differ (participation.public_fraction); "
-                "keep it over the full public set indexed by ctx.info.public_ids() (docs/extending.md), or run without "
-                "a per-round public subset")
+        subset = public_index is not None and len(public_index) < self.public_size
+        self.before = {k: fingerprint(v) for k, v in vars(method).items()} if subset and hasattr(method, "__dict__") else None
 
     def after_aggregate(self, method: Any, round: int, public_index: torch.Tensor | None) -> None:
-        rows = self.public_size if public_index is None else len(public_index)
-        subset = public_index is not None and rows < self.public_size
-        made = row_tensors(method, rows) if subset and hasattr(method, "__dict__") else {}
-        self.kept = {name: t for name, t in made.items() if id(t) not in self.before}
-        self.last_round = round
+        if self.before is None:
+            return
+        declared = dict(getattr(method, "row_state", None) or {})
+        name = type(method).__name__
+        for attr, value in vars(method).items():
+            now = fingerprint(value)
+            if now is None:
+                continue
+            if attr not in declared:
+                if now != self.before.get(attr):
+                    raise ConfigError("aggregator", (
+                        f"{name} keeps {attr} (tensors its aggregate changed in round {round}) without declaring "
+                        f"whether it is per public sample, and this round's public samples are a subset ({SUBSET}); "
+                        f"declare row_state = {{{attr!r}: dim}} (the dim that runs over the full public set, indexed "
+                        f"by ctx.info.public_ids()) or {{{attr!r}: None}} (not per public sample) (docs/extending.md)"))
+                continue
+            dim = declared[attr]
+            if dim is None:
+                continue
+            for t in tensors(value):
+                if t.dim() <= dim or t.shape[dim] != self.public_size:
+                    rows = t.shape[dim] if t.dim() > dim else "no"
+                    raise ConfigError("aggregator", (
+                        f"{name} keeps {attr} (per public sample along dim {dim}) with {rows} rows in round "
+                        f"{round}, and the full public set has {self.public_size} ({SUBSET}: each round sees "
+                        f"{len(public_index)}); keep it over the full public set indexed by ctx.info.public_ids() "
+                        "(docs/extending.md), or run without a per-round public subset"))

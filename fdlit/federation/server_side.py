@@ -8,7 +8,9 @@ from typing import Any
 
 import torch
 
+from fdlit.errors import ConfigError
 from fdlit.federation.communication import CommunicationLedger
+from fdlit.federation.measurement import method_stats
 from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.messages import Message, as_message
 from fdlit.methods.base import AggregationResult, Aggregator, ServerContext
@@ -29,7 +31,7 @@ class ServerSide:
         self.method, self.privacy, self.server_model = method, privacy, server_model
         self.message_dtype = message_dtype
         self.ledger = CommunicationLedger()
-        self.received: dict[str, torch.Tensor] = {}  # what the server broadcast at set-up
+        self.received: dict[str, torch.Tensor] = {}  # what the server broadcast at set-up (kept current)
         self.public_rows: PublicRowsGuard | None = None  # set once the public set's size is known
 
     def send_up(self, r: int, client: int, payload: Message | dict[str, torch.Tensor]) -> Message:
@@ -43,6 +45,11 @@ class ServerSide:
         for kind, tensor in as_message(message).arrays.items():
             self.ledger.send(r, client, "down", kind, tensor)
 
+    def refresh(self, broadcast: Message | dict[str, torch.Tensor]) -> None:
+        """Keep ``received`` current: what a later broadcast to every client sends again (FedAvg's global
+        model) replaces the set-up's copy, so a checkpoint never holds a stale model."""
+        self.received.update({k: v for k, v in as_message(broadcast).items() if k in self.received})
+
     def aggregate(self, uploads: list, ctx: ServerContext) -> AggregationResult:
         """The method's ``aggregate``, under the rule that keeps its state honest on a public subset."""
         info = ctx.info
@@ -52,11 +59,24 @@ class ServerSide:
             result = self.method.aggregate_sums(uploads, ctx)
         else:
             result = self.method.aggregate(uploads, ctx)
+        result.stats = method_stats(result.stats)  # never in a framework metric's name
         if self.public_rows is not None:
             self.public_rows.after_aggregate(self.method, info.round, info.public_index)
         return result
 
+    def start(self, public_rows: PublicRowsGuard) -> None:
+        """Before round 1: the guard over the public rows, and the check that the method's state can be saved."""
+        self.public_rows = public_rows
+        self.check_state()
+
+    def check_state(self) -> None:
+        """Refuse, before round 1 and at every checkpoint, a server part whose state across rounds fdlit
+        cannot save (its resume would silently restart it)."""
+        if why := self.method.unsaved_state:
+            raise ConfigError("aggregator", why)
+
     def state_dict(self) -> dict[str, Any]:
+        self.check_state()
         return {
             "method": self.method.state_dict(),
             "privacy": self.privacy.state_dict(),  # the accountant: a resumed run reports the same epsilon

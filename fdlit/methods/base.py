@@ -16,9 +16,12 @@ A method never sees the federation loop; it is two objects:
   :class:`ServerContext`. ``client_part()`` builds the method's client part from its settings.
 
 The loop sends every returned tensor through the communication ledger exactly once (set-up
-messages as round 0); keys starting with ``_`` are in-process diagnostics, never sent or counted.
-Server state made in ``server_setup`` is saved with ``state_dict`` and restored on resume, so the
-set-up never runs (or is counted) twice.
+messages as round 0); a round's upload sends exactly the arrays the client part declares
+(``ClientPart.uploads``) and refuses any other. Server state (made in ``server_setup`` or kept across
+rounds by ``aggregate``) is saved with ``state_dict`` and restored on resume, so the set-up never runs
+(or is counted) twice and no state restarts: by default every attribute of the server part is saved,
+and a part holding what a checkpoint cannot (a generator, a module) is refused before round 1 unless
+it saves its state itself.
 
 A method declares what it exchanges (``exchange``): ``"predictions"`` (federated distillation: public
 logits up, a teacher down, then the public phase) or ``"parameters"`` (FedAvg and its relatives:
@@ -34,6 +37,8 @@ a DeprecationWarning: their client hooks ship the whole rule, server state inclu
 
 from __future__ import annotations
 
+import functools
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,10 +80,11 @@ class AggregationResult:
 class Aggregator(LegacyAggregatorHooks):
     """A method's server part, which also builds its client part (see the module docstring).
 
-    ``uploads[i]`` is what client i sent this round: always ``"logits"`` (N x C, the logits on the
-    public set, in the dtype they were sent), plus whatever the client part's ``upload`` returned
-    (which may replace ``"logits"``, e.g. with the kept rows only). The server turns logits into
-    probabilities itself, so Q = softmax(logits) costs the same N*C numbers on the wire as Q.
+    ``uploads[i]`` is what client i sent this round: the arrays its client part declares
+    (``ClientPart.uploads``; by default ``"logits"``, N x C, the logits on the public set in the dtype
+    they were sent), as its ``upload`` returned them (``"logits"`` may be its own, e.g. the kept rows
+    only). The server turns logits into probabilities itself, so Q = softmax(logits) costs the same
+    N*C numbers on the wire as Q.
     """
 
     short_name = "rule"
@@ -89,6 +95,14 @@ class Aggregator(LegacyAggregatorHooks):
     # client mean is all the teacher needs (None: the rule combines the uploads non-linearly)
     released: dict[str, str] = {"logits": "rows"}
     summed: str | None = None
+    evaluates_logits = False  # the server evaluates the uploaded logits themselves (encodings refused)
+    privacy_advice = ""  # a sentence a privacy refusal of the method appends (what to set instead)
+    public_warmup_epochs = 0  # > 0: every client first trains on the labelled public set (FedMD's transfer learning)
+    protocol: type | None = None  # a protocol class of the method's own instead of ``exchange``'s
+    # state kept per public sample: attribute -> the dim that runs over the full public set (indexed by
+    # ctx.info.public_ids()), or None for state that is not per public sample; checked under a per-round
+    # public subset, where every tensor ``aggregate`` changes must be declared (fdlit.federation.public_rows)
+    row_state: dict[str, int | None] = {}
 
     def check_config(self, model: Any, client: Any) -> None:
         """Refuse, with a ConfigError, a model spec or client optimization the method cannot run
@@ -118,11 +132,23 @@ class Aggregator(LegacyAggregatorHooks):
         return {i: message for i in client_ids}
 
     def state_dict(self) -> dict[str, Any]:
-        """Server state made by ``server_setup`` (tensors and plain data), for checkpoints."""
-        return {}
+        """The server state the part keeps across rounds, for checkpoints. By default every attribute
+        it holds (tensors, numbers, strings, None, and lists, tuples and dicts of them), so state a
+        part builds in ``server_setup`` or ``aggregate`` resumes without a line of its own; a part
+        holding anything else overrides this and :meth:`load_state_dict` (otherwise it is refused
+        before round 1, and at every checkpoint)."""
+        return {ATTRIBUTES: state_attributes(self)} if check_saveable(self) is None else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        for name, value in state.get(ATTRIBUTES, {}).items():
+            setattr(self, name, value)
+
+    @property
+    def unsaved_state(self) -> str | None:
+        """Why the framework cannot save this part's state (None: it can, or the part saves its own)."""
+        if type(self).state_dict is not Aggregator.state_dict:
+            return None
+        return check_saveable(self)
 
     @property
     def has_setup(self) -> bool:
@@ -141,6 +167,38 @@ class Aggregator(LegacyAggregatorHooks):
     def mix(weights: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """P[x] = sum_i W[i, x] Q[i, x] (probability mixing, Kovalchuk et al. 2026, Definition 3.1)."""
         return torch.einsum("mn,mnc->nc", weights, probs)
+
+
+ATTRIBUTES = "attributes"  # where the default state_dict keeps a server part's attributes
+FUNCTIONS = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
+PLAIN = (torch.Tensor, int, float, str, bool, type(None))
+
+
+def saveable(value: Any) -> bool:
+    """Whether a checkpoint (``torch.load(weights_only=True)``) holds ``value`` as it is."""
+    if isinstance(value, PLAIN):
+        return True
+    if type(value) in (list, tuple):
+        return all(saveable(v) for v in value)
+    if type(value) is dict:
+        return all(isinstance(k, (str, int)) and saveable(v) for k, v in value.items())
+    return False
+
+
+def state_attributes(part: Any) -> dict[str, Any]:
+    """A part's attributes that are state: not the functions set on it (behaviour, e.g. a wrapped
+    ``aggregate``, which its constructor or the caller sets again)."""
+    return {name: value for name, value in vars(part).items() if not isinstance(value, FUNCTIONS)}
+
+
+def check_saveable(part: Any) -> str | None:
+    """Why ``part``'s attributes cannot all be saved by the default ``state_dict`` (None: they can)."""
+    bad = [f"{name!r} (a {type(value).__name__})" for name, value in state_attributes(part).items()
+           if not saveable(value)]
+    if not bad:
+        return None
+    return (f"{type(part).__name__} keeps {', '.join(bad)}, which fdlit cannot save for a resume; give it "
+            "state_dict / load_state_dict (tensors and plain data) that save its state across rounds")
 
 
 def uniform_weights(m: int, n: int, device=None) -> torch.Tensor:

@@ -10,8 +10,12 @@ client lives (docs/extending.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
+from fdlit.errors import ConfigError
+from fdlit.messages import Message, Upload, as_message
 from fdlit.methods.contexts import ClientContext, DistillationContext, LossContext
 
 
@@ -32,6 +36,13 @@ class ClientPart:
     ``embed`` / ``classify`` halves and hand :meth:`loss` the penultimate features (``ctx.features``);
     a network without them is refused naming ``model`` when the part is attached (FedProto).
 
+    ``uploads``: the arrays :meth:`upload` may send each round (:class:`~fdlit.messages.Upload`: name,
+    privacy kind, dtype, shape rule). Exactly those are sent, counted and released: an array it does
+    not name is refused in one line. Declaring ``logits`` sends the client's public logits unless the
+    hook returns its own; a part that does not declare it sends none. None (the default): the
+    method's server part declares them (its ``released`` kinds, and ``logits`` for a prediction
+    exchange), which is what fdlit's own methods do.
+
     :meth:`client_network` shapes the client's network when the part is attached, before any
     optimizer exists (FML and FedKD pair it with a shared network); the default leaves it as it is.
     """
@@ -39,6 +50,7 @@ class ClientPart:
     loss_state_keys: tuple[str, ...] = ()
     rowwise_loss: bool = True
     needs_features: bool = False
+    uploads: tuple[Upload, ...] | None = None
 
     def client_network(self, model: torch.nn.Module, seed: int) -> torch.nn.Module:
         """The client's network for this method, from the one the config builds (``seed``: the client's)."""
@@ -49,8 +61,9 @@ class ClientPart:
         return {}
 
     def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """Every round, after the private phase and public inference: what the client sends up
-        besides its public logits (it may replace ``"logits"``, e.g. with the kept rows only)."""
+        """Every round, after the private phase and public inference: what the client sends up, the
+        arrays ``uploads`` declares (the public logits are added when ``logits`` is declared and the
+        hook returns none of its own, e.g. the kept rows only)."""
         return {}
 
     def receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
@@ -80,3 +93,36 @@ class ClientPart:
     def has_loss(self) -> bool:
         """Whether the part changes the client's loss (the framework skips the hook otherwise)."""
         return type(self).loss is not ClientPart.loss
+
+
+def declared_uploads(part: ClientPart, method: object) -> tuple[Upload, ...]:
+    """The arrays ``part`` may upload each round: its own declaration, or else its method's (``method``:
+    the server part: its ``released`` kinds, with the public logits for a prediction exchange)."""
+    if part.uploads is not None:
+        return tuple(part.uploads)
+    kinds = dict(getattr(method, "released", {"logits": "rows"}))
+    if getattr(method, "exchange", "predictions") == "predictions" and "logits" not in kinds:
+        kinds = {"logits": "rows", **kinds}
+    return tuple(Upload(name, kind) for name, kind in kinds.items())
+
+
+def declared_payload(owner: str, uploads: tuple[Upload, ...], payload: Message | Mapping[str, torch.Tensor] | None,
+                     public_logits: torch.Tensor | None = None, rows: int | None = None,
+                     classes: int | None = None) -> Message:
+    """What a client sends: its hook's ``payload``, with its public logits when ``logits`` is declared
+    and the hook did not send its own; any array the declaration does not name, or does not fit, is
+    refused in one line naming ``owner`` and the array."""
+    message = as_message(payload)
+    arrays = dict(message.arrays)
+    declared = {u.name: u for u in uploads}
+    if public_logits is not None and "logits" in declared and "logits" not in arrays:
+        arrays = {"logits": public_logits, **arrays}
+    for key, value in arrays.items():
+        spec = declared.get(key)
+        if spec is None:
+            raise ConfigError("aggregator", f"{owner} uploads {key!r}, which its client part does not declare "
+                              f"(uploads: {', '.join(declared) or 'none'}); add fdlit.messages.Upload({key!r}, kind) "
+                              "to its ``uploads``")
+        if why := spec.problem(value, rows, classes):
+            raise ConfigError("aggregator", f"{owner} uploads {key!r}, which {why}")
+    return message.with_arrays(arrays)

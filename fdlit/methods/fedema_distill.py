@@ -81,6 +81,7 @@ class FedEMADistill(Aggregator):
     """
 
     short_name = "fedema"
+    row_state = {"ema": 0}  # over the full public set, indexed by the round's public ids
     label = "FedEMA-Distill"  # how tables and figures name the method
 
     def __init__(self, beta: float = 0.95, robust: Literal["trimmed_mean", "median", "mean"] = "mean",

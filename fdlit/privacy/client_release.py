@@ -1,8 +1,8 @@
 """The client's side of the upload mechanism: what leaves a client, made where the client lives.
 
-A client's upload (its public-set logits and the rows its method declares) is clipped and noised
-(local differential privacy), clipped only (central: its share of the secure sum), and encoded on the
-client, so no executor — in process, Ray actor or Flower node — ever sends raw logits when the
+A client's upload (the arrays its method's client part declares: its public-set logits, other rows)
+is clipped and noised (local differential privacy), clipped only (central: its share of the secure
+sum), and encoded on the client, so no executor — in process, Ray actor or Flower node — ever sends raw logits when the
 ``privacy`` section says otherwise. The mechanism and its sensitivity are fdlit.privacy.upload's; the
 server's side (decoding, the secure sum's noise, the accountant) is ``UploadPrivacy.receive``.
 
@@ -44,7 +44,7 @@ def gaussian_noise(shape, r: int, client: int, seed: int, std: float, device, st
 
 @dataclass(frozen=True)
 class ClientRelease:
-    """What one client sends for its payload (``{"logits": N x C, **declared rows}``): see the module
+    """What one client sends for its payload (its declared arrays, ``logits`` among them if declared): see the module
     docstring. ``noise_multiplier`` 0 and ``encoding`` full send the payload as it is (logits in
     ``dtype``); ``central`` sends the clipped logits (or probabilities, ``summed``) for the secure sum."""
 
@@ -68,9 +68,18 @@ class ClientRelease:
         message = as_message(payload)
         arrays = dict(message.arrays)
         if not self.dp and self.encoding == "full":  # fdlit's plain upload, bit for bit
-            return message.with_arrays({**arrays, "logits": arrays["logits"].to(self.dtype)})
+            if "logits" in arrays:
+                arrays["logits"] = arrays["logits"].to(self.dtype)
+            return message.with_arrays(arrays)
         if self.dp:
             self.check_payload(arrays)
+        if "logits" not in arrays:  # the method sends no public logits: its declared rows only
+            out = message.with_arrays(arrays)
+            if self.dp and any(self.released.get(k) in NOISED for k in arrays):
+                _, noised, clipped, std = self.privatise(r, client, None, arrays)
+                out = message.with_arrays({**arrays, **noised})
+                out.metrics.update(zip(DIAGNOSTICS, (clipped, sum(len(v) for v in noised.values()), std), strict=True))
+            return out
         logits = arrays.pop("logits")
         if self.dp and self.central:
             x = logits.double()
@@ -88,21 +97,22 @@ class ClientRelease:
             out.metrics.update(zip(DIAGNOSTICS, diagnostics, strict=True))
         return out
 
-    def privatise(self, r: int, client: int, logits: torch.Tensor, payload: dict[str, torch.Tensor]):
-        """Clip every released row to c; one Gaussian draw over the client's whole release (its logits
-        and every other declared row), of std sigma * Delta, Delta = 2 c sqrt(rows)."""
+    def privatise(self, r: int, client: int, logits: torch.Tensor | None, payload: dict[str, torch.Tensor]):
+        """Clip every released row to c; one Gaussian draw over the client's whole release (its logits,
+        where it sends them, and every other declared row), of std sigma * Delta, Delta = 2 c sqrt(rows)."""
         others = [k for k, kind in self.released.items() if kind in NOISED and k != "logits" and k in payload]
-        parts = [logits.double()] + [payload[k].double() for k in others]
+        first = [] if logits is None else [logits.double()]
+        parts = first + [payload[k].double() for k in others]
         release, clipped = clip_rows(torch.cat(parts), self.clip_norm)
         std = self.noise_multiplier * 2 * self.clip_norm * math.sqrt(len(release))  # sigma * Delta
         release = release + gaussian_noise(release.shape, r, client, self.seed, std, release.device)
         out = list(release.split([len(p) for p in parts]))
         noised = {}
-        for k, noisy in zip(others, out[1:], strict=True):
+        for k, noisy in zip(others, out[len(first):], strict=True):
             if self.released[k] == POSITIVE_ROWS:
                 noisy = noisy.abs().clamp_min(FLOOR)
             noised[k] = noisy.to(payload[k].dtype)
-        return out[0].float(), noised, clipped, std
+        return (out[0].float() if first else None), noised, clipped, std
 
     def check_payload(self, payload: dict) -> None:
         """Every array sent must be declared: a method's upload that its declaration does not cover

@@ -3,8 +3,8 @@
 A method states, as class (or instance) attributes, what its clients upload and how the privacy
 mechanism may treat it:
 
-``released``: every upload key (besides ``_``-prefixed diagnostics, which are never sent) mapped to
-its kind:
+``released``: every upload key mapped to its kind (a client part that declares its ``uploads``,
+``fdlit.messages.Upload``, gives each its kind there instead, and ``released`` is not read):
 
 * ``rows``: released data, a matrix whose every row is clipped to L2 norm c; any two clipped
   releases differ by at most 2c per row (the public-set logits, a density's mean rows);
@@ -63,14 +63,21 @@ def part_uploads(method: Any) -> bool:
     return len([k for k in type(make()).__mro__ if "upload" in vars(k)]) > 1
 
 
+def part_declaration(method: Any) -> tuple | None:
+    """The ``uploads`` a method's client part declares itself (None: it leaves them to ``released``)."""
+    make = getattr(method, "client_part", None)
+    return None if make is None else getattr(make(), "uploads", None)
+
+
 class Release:
     """A method's declaration, read once and checked (``method``: any object; missing attributes take
     the defaults above)."""
 
     def __init__(self, method: Any = None):
         self.name = type(method).__name__ if method is not None else "the method"
+        declared = part_declaration(method)  # the client part's own ``uploads``, where it declares them
         released = DEFAULT if method is None else getattr(method, "released", DEFAULT)
-        self.released: dict[str, str] = dict(released)
+        self.released: dict[str, str] = dict(released) if declared is None else {u.name: u.kind for u in declared}
         for key, kind in self.released.items():
             if kind not in KINDS:
                 raise TypeError(f"{self.name}.released[{key!r}] = {kind!r}; allowed kinds: {', '.join(KINDS)}")
@@ -82,7 +89,7 @@ class Release:
         cls, own = type(method), getattr(method, "__dict__", {})  # own: declared on the instance itself
         # a hook that uploads more, defined below the class that declared ``released`` (an old-style
         # ``client_upload`` on the method, or a client part whose ``upload`` is its own)
-        self.undeclared_upload = method is not None and "released" not in own and (
+        self.undeclared_upload = method is not None and declared is None and "released" not in own and (
             stale(cls, "released", "client_upload") or (part_uploads(method) and stale(cls, "released", "client_part")))
         self.undeclared_teacher = method is not None and "summed" not in own and stale(cls, "summed", "aggregate")
 

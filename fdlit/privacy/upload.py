@@ -65,7 +65,7 @@ from fdlit.messages import as_message
 from fdlit.privacy.accounting import ClientAccountant, make_accountant
 from fdlit.privacy.client_release import DIAGNOSTICS, ClientRelease, clip_rows, gaussian_noise
 from fdlit.privacy.encoding import ENCODINGS, MESSAGE_KEYS, decode
-from fdlit.privacy.release import UNBOUNDED, Release
+from fdlit.privacy.release import NOISED, POSITIVE_ROWS, ROWS, UNBOUNDED, Release
 from fdlit.privacy.secure_upload import SecureSums, maskable, masked_sums
 
 ACCOUNTANTS = ("rdp", "prv")
@@ -218,6 +218,13 @@ class UploadPrivacy:
                 raise ConfigError(field, release.refusal(
                     f"{name} releases {', '.join(map(repr, unbounded))} without a sensitivity bound (declared "
                     f"{UNBOUNDED!r}), which the Gaussian mechanism cannot cover"))
+            if not release.keys(*NOISED):
+                raise ConfigError(field, release.refusal(
+                    f"{name} declares no upload the mechanism can privatise (no {ROWS!r} or {POSITIVE_ROWS!r} "
+                    f"kind among {', '.join(map(repr, release.released)) or 'none'})"))
+        if self.encoding != "full" and "logits" not in release.released and method.exchange == "predictions":
+            raise ConfigError("privacy.encoding", f"{self.encoding!r} encodes the public logits, which {name} "
+                              "does not upload; allowed: full")
         if self.encoding != "full" and release.evaluates_logits:
             raise ConfigError("privacy.encoding", release.refusal(
                 f"{self.encoding!r} sends no logits, and {name} evaluates the uploaded logits themselves"))
@@ -290,6 +297,9 @@ class UploadPrivacy:
             keys = MESSAGE_KEYS[self.encoding]
             for i, message in zip(ids, messages, strict=True):
                 received = as_message(send(r, i, message))
+                if not any(k in received for k in keys):  # a method that sends no public logits
+                    uploads.append(received)
+                    continue
                 decoded = decode(received, self.encoding, num_classes, num_rows, self.bits)
                 uploads.append(received.with_arrays({k: v for k, v in received.items() if k not in keys}
                                                     | {"logits": decoded}))

@@ -48,7 +48,7 @@ def default_run_name(loop: FederationLoop, config: dict[str, Any]) -> tuple[str,
     from fdlit.runs.naming import run_name
 
     method = getattr(loop.aggregator, "short_name", type(loop.aggregator).__name__)
-    method = {"fd": method, "local_only": "local", "reference": "reference"}[loop.mode]
+    method = {"fd": method, "local_only": "local", "reference": "reference"}[loop.settings.mode]
     d = loop.data
     heterogeneity = f"k{d.classes_per_client}" if d.partition == "classes" else f"dir{d.dirichlet_alpha}"
     name, digest, differs = run_name(config, safe_name(method), heterogeneity, loop.seed)  # a custom short_name may hold anything
