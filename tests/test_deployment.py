@@ -172,13 +172,19 @@ def test_a_node_reads_the_dataset_from_its_own_data_dir(tmp_path):
              "--data.validation_size", "30", "--logger.mode", "disabled", "--logger.run_dir", str(tmp_path / "runs")]
     parser, cfg = parse_fit(["--config", "fashion_mnist.yaml", "--data.data_dir", str(tmp_path / "server-only"), *small])
     config = Experiment(cfg, parser).config_yaml  # what the ServerApp sends every node
+    # the random state each client's network is drawn from, as the server records it at its set-up
+    parser, cfg = parse_fit(["--config", "fashion_mnist.yaml", "--data.data_dir", str(here), *small])
+    server = Experiment(cfg, parser).loop
+    server.setup()
+    draws = {"draws": torch.stack([server.draws.before[i] for i in (0, 1)]), "draws_after": server.draws.after}
     worker = NodeWorker()
     with pytest.raises(Exception, match="server-only"):  # the server's path does not exist on this node
-        worker.op_setup({"config": config, "clients": [0, 1], "threads": 1}, {})
+        worker.op_setup({"config": config, "clients": [0, 1], "threads": 1}, draws)
     worker.node_config = {"data-dir": str(here)}
-    meta, _ = worker.op_setup({"config": config, "clients": [0, 1], "threads": 1}, {})
+    meta, _ = worker.op_setup({"config": config, "clients": [0, 1], "threads": 1}, draws)
     assert meta == {"clients": [0, 1]} and worker.loop.data.data_dir == str(here)
     assert len(worker.loop.clients) == 4 and worker.loop.data.num_classes == 10
+    assert [c is None for c in worker.loop.clients] == [False, False, True, True]  # only its own are built
 
 
 # ---------------------------------------------------------------------- a real deployment

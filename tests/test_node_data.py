@@ -170,3 +170,59 @@ def test_node_images_outside_the_datasets_value_range_are_refused(tmp_path):
         node_client_data(folder, load_digits(), "digits", [0], 0, 0.2)
     assert str(err.value) == ("node-config local-data: pixel values 0..255; digits images have gray levels 0..16 "
                               "(scale 0..255 images with x * 16 // 255)")
+
+
+def fashion_like_folder(folder: Path, classes: list[int], count: int = 60, seed: int = 0) -> Path:
+    """A node's own IDX pair of 28 x 28 uint8 images of ``classes`` (Fashion-MNIST's shape and encoding)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_idx(folder / "train-images-idx3-ubyte.gz", rng.integers(0, 256, size=(count, 28, 28), dtype=np.uint8))
+    write_idx(folder / "train-labels-idx1-ubyte.gz", np.resize(np.array(classes, dtype=np.uint8), count))
+    return folder
+
+
+@pytest.mark.deploy
+def test_three_nodes_with_only_their_own_folders_run_a_fashion_mnist_shaped_federation(tmp_path):
+    """No node has a copy of the dataset (its data-dir is empty): each gets the shared sets from the server
+    and trains on its own folder; the server never reads a node's folder (the run knows no node path)."""
+    from test_local_files import idx_folder
+
+    from fdlit.deployment.command import fit_arguments, run_on
+    from fdlit.deployment.launcher import LocalDeployment, flower_env
+
+    idx_folder(tmp_path / "server-data", n_train=400, n_test=60)  # the server's copy: public, test, validation
+    empty = tmp_path / "no-dataset-here"
+    empty.mkdir()
+    folders = [fashion_like_folder(tmp_path / f"node{i}", [2 * i, 2 * i + 1], seed=i) for i in range(3)]
+
+    class NodesWithOnlyTheirOwnData(LocalDeployment):
+        def _supernode_process(self, i):
+            base = dict(self.node_settings)
+            self.node_settings = {**base, "local-data": str(folders[i]), "data-dir": str(empty)}
+            try:
+                return super()._supernode_process(i)
+            finally:
+                self.node_settings = base
+
+    work = tmp_path / "work"
+    dep = NodesWithOnlyTheirOwnData(3, work)
+    dep.start()
+    try:
+        options = Namespace(nodes=3, timeout=120, node_wait=120.0, run_timeout=600.0, threads=1, root_certificates=None)
+        args = ["--config", "fashion_mnist.yaml", "--data.data_dir", str(tmp_path / "server-data"),
+                "--data.num_clients", "6", "--data.classes_per_client", "5", "--data.samples_per_client", "30",
+                "--data.public_size", "60", "--data.validation_size", "30", "--federation.rounds", "2",
+                "--federation.eval_subsample", "null", "--federation.executor", "fdlit.execution.SequentialExecutor",
+                "--logger.run_dir", str(tmp_path / "runs")]
+        outcome = run_on(dep.address, work, flower_env(work), options, fit_arguments(args)[0])
+    finally:
+        dep.stop()
+    assert outcome["status"] == "done", outcome
+    run = Path(outcome["run_dir"])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["rounds"] == 2
+    assert summary["client_classes"] == [[0, 1], [0, 1], [2, 3], [2, 3], [4, 5], [4, 5]]  # each node's own folder
+    rounds = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rounds) == 2 and all(row["comm/up_bytes"] > 0 for row in rounds)
+    saved = (run / "config.yaml").read_text()
+    assert all(str(f) not in saved for f in folders) and str(empty) not in saved

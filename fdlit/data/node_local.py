@@ -103,3 +103,54 @@ def node_client_data(folder: str | Path, like: TensorDataset, dataset: str, clie
                                input_transform=like.input_transform) for idx, name in ((tr, "train"), (cal, "calibration"))]
         out.append(ClientData(cid, sorted(int(c) for c in np.unique(labels)), *parts, np.zeros(0, dtype=np.int64)))
     return out
+
+
+def shared_sets(data) -> tuple[dict, dict[str, torch.Tensor]]:
+    """What a node with its own data needs of the federation's dataset, sent by the server at set-up
+    so the node holds no copy of it: the public inputs (not their labels), the test and validation
+    sets, and how inputs enter a network (the dataset's input step: its mean and std, or none)."""
+    from fdlit.data.augment import ImageInput
+
+    make_input = data.input_transform
+    if make_input is None:
+        step = None
+    elif getattr(make_input, "func", None) is ImageInput and not make_input.args:
+        step = {k: list(v) if isinstance(v, (tuple, list)) else v for k, v in make_input.keywords.items()}
+    else:  # an input step other than fdlit's ImageInput: not describable in a message
+        raise ConfigError(FIELD, f"{data.dataset!r} inputs need their own input step on the node; give the node the "
+                          "dataset's files (node-config data-dir) instead of sending the shared sets")
+    meta = {"num_classes": data.num_classes, "input_step": step, "name": str(data.dataset)}
+    tensors = {"public_x": data.public.x, "test_x": data.test.x, "test_y": data.test.y}
+    if data.validation is not None:
+        tensors |= {"val_x": data.validation.x, "val_y": data.validation.y}
+    return meta, tensors
+
+
+def serve_node_data(data, meta: dict, tensors: dict[str, torch.Tensor], folder: str, client_ids: list[int],
+                    seed: int) -> None:
+    """Make ``data`` (a node's FederatedData, configured, never set up) the federation as this node
+    holds it: the shared sets the server sent and its own clients' samples from ``folder``; every
+    other client is known by id only (no samples, no classes). Nothing is read from the dataset."""
+    from functools import partial
+
+    from fdlit.data.augment import ImageInput
+
+    step = meta["input_step"]
+    make_input = None if step is None else partial(ImageInput, **step)
+    num_classes = int(meta["num_classes"])
+
+    def split(x, y, name):
+        return TensorDataset(x, y, num_classes, f"{meta['name']}/{name}", input_transform=make_input)
+
+    public_x = tensors["public_x"]
+    data.public = split(public_x, torch.zeros(len(public_x), dtype=torch.long), "public")  # labels stay on the server
+    data.test = split(tensors["test_x"], tensors["test_y"], "test")
+    data.validation = split(tensors["val_x"], tensors["val_y"], "validation") if "val_x" in tensors else None
+    data.num_classes, data.input_shape, data.input_transform = num_classes, tuple(public_x.shape[1:]), make_input
+    data.pool = None
+    own = {cd.client_id: cd for cd in node_client_data(folder, data.public, str(data.dataset), list(client_ids), seed,
+                                                       data.calibration_fraction)}
+    none = data.public.subset(torch.zeros(0, dtype=torch.long))
+    data.clients = [own.get(i) or ClientData(i, [], none, none, np.zeros(0, dtype=np.int64))
+                    for i in range(data.num_clients)]
+    data.is_setup = True

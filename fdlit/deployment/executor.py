@@ -128,13 +128,24 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         hosted = client_blocks([c.client_id for c in clients], self.node_ids)
         self.node_of = {cid: n for n, ids in hosted.items() for cid in ids}
         self._has = {n: set() for n in self.node_ids}
-        draws = self.loop.draws  # each node draws its own clients' networks from these, as fit drew them
-        replies = self.request("setup", {n: ({"config": self.config_yaml, "clients": ids, "threads": self.threads},
-                                             {"draws": torch.stack([draws.before[i] for i in ids]),
-                                              "draws_after": draws.after})
-                                         for n, ids in hosted.items()}, timeout_s=start_s)
+        requests = {n: self._setup_request(ids, bool(hello[n][0].get("local_data"))) for n, ids in hosted.items()}
+        replies = self.request("setup", requests, timeout_s=start_s)
         self._names_of_loop()
         apply_local_classes(self.loop, replies)
+
+    def _setup_request(self, ids: list[int], local_data: bool) -> tuple[dict, dict[str, torch.Tensor]]:
+        """What a node builds its clients from: the config, its client ids, the random state each of
+        their networks is drawn from (as fit drew it); for a node with its own data, the shared sets
+        (it holds no copy of the dataset)."""
+        draws = self.loop.draws
+        meta = {"config": self.config_yaml, "clients": ids, "threads": self.threads}
+        tensors = {"draws": torch.stack([draws.before[i] for i in ids]), "draws_after": draws.after}
+        if local_data:
+            from fdlit.data.node_local import shared_sets
+
+            meta["shared"], shared = shared_sets(self.loop.data)
+            tensors |= shared
+        return meta, tensors
 
     def teardown(self, clients) -> None:
         if not self.node_ids:
@@ -215,7 +226,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
                 continue
             old = self.node_ids[position]
             ids = [c for c, n in self.node_of.items() if n == old]
-            self.request("setup", {node: ({"config": self.config_yaml, "clients": ids, "threads": self.threads}, {})},
+            self.request("setup", {node: self._setup_request(ids, bool(meta.get("local_data")))},
                          timeout_s=max(self.timeout_s, self.node_wait_s))
             self.node_ids[position], self._has[node] = node, set()
             self.node_of.update({c: node for c in ids})

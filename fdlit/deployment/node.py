@@ -147,7 +147,9 @@ class NodeWorker:
 
     def op_hello(self, meta, tensors):
         part = self.node_config.get("partition-id")
-        return {"partition_id": None if part is None else int(part)}, {}
+        # a node with its own data holds no copy of the dataset: the server sends it the shared sets
+        return {"partition_id": None if part is None else int(part),
+                "local_data": bool(self.node_config.get("local-data"))}, {}
 
     def op_setup(self, meta, tensors):
         from fdlit.code_allowlist import ImportGuard
@@ -170,26 +172,17 @@ class NodeWorker:
         self.loop.hosted = self.ids  # only these clients are built here, with only their data
         # each network drawn from the random state fit drew it from (the server's record), no other drawn
         self.loop.draws = InitialDraws(dict(zip(self.ids, tensors["draws"], strict=True)), tensors["draws_after"])
+        folder = self.node_config.get("local-data")
+        if folder:  # the node's own samples and the shared sets the server sent: nothing read from the dataset
+            from fdlit.data.node_local import serve_node_data
+
+            serve_node_data(self.loop.data, meta["shared"], tensors, str(folder), self.ids, self.loop.seed)
         with ImportGuard(node_allowlist(allowed)):
             self.loop.setup()
-        if self.node_config.get("local-data"):  # the node's own data replace its clients' partitions
-            return {"clients": self.ids, "classes": self._use_local_data(str(self.node_config["local-data"]))}, {}
+        if folder:  # their local classes go to the server, which measures local accuracy on them
+            return {"clients": self.ids,
+                    "classes": {str(i): list(self.loop.client_data[i].classes) for i in self.ids}}, {}
         return {"clients": self.ids}, {}
-
-    def _use_local_data(self, folder: str) -> dict[str, list[int]]:
-        """The node's clients train on the folder's samples (fdlit.data.node_local); their local classes
-        go to the server, which measures local accuracy on them. Nothing of the folder leaves the node."""
-        from fdlit.data.node_local import node_client_data
-
-        loop = self.loop
-        data = node_client_data(folder, loop.client_data[self.ids[0]].train, loop.data.dataset, self.ids,
-                                loop.seed, loop.data.calibration_fraction)
-        device = loop.fabric.device
-        for cd in data:
-            loop.client_data[cd.client_id] = cd
-            loop.private[cd.client_id] = (cd.train.x.to(device), cd.train.y.to(device))
-            loop.clients[cd.client_id].classes = list(cd.classes)
-        return {str(cd.client_id): list(cd.classes) for cd in data}
 
     def op_train(self, meta, tensors):
         datasets = [(self._ref(x), self._ref(t)) for x, t in meta["datasets"]]
