@@ -5,9 +5,11 @@ clients each time would cost seconds per message, so the ClientApp only relays t
 records to this worker over a local socket, and the worker keeps its clients (modules, optimizers,
 generators, the method's client state) in memory between messages, as a Ray actor does.
 
-The worker builds the whole federation from the config the server sends at set-up, exactly as
-``fit`` does (same seed: the same split, the same initial networks, which draw from the global
-random stream in client order), and keeps the clients it hosts. Private data is never sent: train
+The worker builds the clients it hosts, and only those, from the config the server sends at set-up
+(same seed: the same split as ``fit``, of which it keeps its clients' samples) and from the random
+state the server recorded before each of their networks (fit draws them from the global stream in
+client order): they are fit's networks, and no other client's is drawn. A node with its own data
+(``local-data``) gets the shared sets from the server and reads no dataset. Private data is never sent: train
 and hook requests name a client's private split, the public and the test set; only tensors the
 server made (the teacher, a public subset, a broadcast) travel, each once per node.
 
