@@ -306,11 +306,13 @@ class StackedRunExecutor(ClientExecutor):
 
 
 def fit_stacked(loops: Sequence[Any], names: Sequence[str] | None = None,
-                fits: Sequence[Callable[[], Any]] | None = None) -> list[tuple[Any, BaseException | None]]:
+                fits: Sequence[Callable[[], Any]] | None = None,
+                rendezvous: Rendezvous | None = None) -> list[tuple[Any, BaseException | None]]:
     """Fit federations (:class:`~fdlit.federation.FederationLoop`, not yet set up) stacked in one process;
     returns each one's (summary, None) or (None, the exception that stopped it). ``fits``: what runs
-    each one instead of ``loop.fit`` (an Experiment's ``fit``, which adds its run directory and W&B run)."""
-    rendezvous = Rendezvous()
+    each one instead of ``loop.fit`` (an Experiment's ``fit``, which adds its run directory and W&B run);
+    ``rendezvous``: a new one's (its counts say how many calls merged)."""
+    rendezvous = rendezvous if rendezvous is not None else Rendezvous()
     names = list(names) if names is not None else [f"run{i}" for i in range(len(loops))]
     executors = []
     for loop in loops:

@@ -66,8 +66,9 @@ def executor_signature(executor: VectorizedExecutor) -> tuple:
 
 
 def has_dropout(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) or "Dropout" in type(m).__name__
-               for m in model.modules())
+    """Whether a layer drops anything (p = 0 draws nothing from the generator)."""
+    return any((isinstance(m, torch.nn.modules.dropout._DropoutNd) or "Dropout" in type(m).__name__)
+               and getattr(m, "p", 1.0) != 0 for m in model.modules())
 
 
 def train_key(executor: Any, clients: Sequence[Any], phase: str, datasets: Sequence[tuple[torch.Tensor, torch.Tensor]],
