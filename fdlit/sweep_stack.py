@@ -131,7 +131,8 @@ def stack_runs(experiments: Sequence[Any], names: Sequence[str], out: Callable[[
         results = fit_stacked([e.loop for e in experiments], names,
                               [body(i, e) for i, e in enumerate(experiments)], rendezvous)
     out(f"fdlit sweep: a stack of {len(experiments)} runs ended: {rendezvous.merged_calls} client calls ran "
-        f"stacked over several runs, {rendezvous.alone_calls} for one run")
+        f"stacked over several runs, {rendezvous.alone_calls} for one run; {rendezvous.twin_calls} runs' calls were "
+        "bit for bit another run's and not computed again")
     for i, (experiment, (_, error)) in enumerate(zip(experiments, results, strict=True)):
         if outcomes[i] is None:  # stopped by something other than an Exception inside fit
             outcomes[i] = _failed(experiment, error or RuntimeError("the run did not end"))

@@ -80,6 +80,8 @@ def test_stacked_sweep_equals_separate_runs(tmp_path, capsys):
     assert "4 runs stacked in 1 process(es)" in out
     merged = int(out.split("a stack of 4 runs ended: ")[1].split()[0])
     assert merged > 0  # the runs' clients really trained together
+    twins = int(out.split("for one run; ")[1].split()[0])
+    assert twins > 0  # round 1's private phase of a seed is the same for every tau: computed once
     assert "tiny-tau0.5-seed1 round 2/2" in out  # each run's round
     assert_same_runs(runs_in(tmp_path / "separate"), runs_in(tmp_path / "stacked"))
     results = json.loads((tmp_path / "stacked" / "sweep-tiny.json").read_text())["runs"]
@@ -114,7 +116,7 @@ def test_stacked_loops_equal_separate_ones_with_either_executor():
     stacked, rendezvous = loops(), Rendezvous()
     outcomes = fit_stacked(stacked, fits=None, rendezvous=rendezvous)
     assert [error for _, error in outcomes] == [None] * 4
-    assert rendezvous.merged_calls > 0 and rendezvous.alone_calls > 0
+    assert rendezvous.merged_calls > 0 and rendezvous.alone_calls > 0 and rendezvous.twin_calls > 0
     for a, b in zip(separate, stacked, strict=True):
         assert type(a.executor) is type(b.executor)  # the run's own executor again afterwards
         assert close([comparable(r) for r in a.history], [comparable(r) for r in b.history])

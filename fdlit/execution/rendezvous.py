@@ -20,6 +20,7 @@ writes parameters and optimizer state back only at its end), so only the faulty 
 
 from __future__ import annotations
 
+import copy
 import random
 import sys
 import threading
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
-from fdlit.execution.stack_keys import predict_key, train_key
+from fdlit.execution.stack_keys import predict_key, train_key, twins
 from fdlit.execution.vectorized import VectorizedExecutor
 
 STACKABLE = (SequentialExecutor, VectorizedExecutor)  # executors in the loop's process, whose calls we can merge
@@ -92,6 +93,7 @@ class Rendezvous:
         self.members: list[_Member] = []
         self.merged_calls = 0  # calls that ran as one for several runs
         self.alone_calls = 0
+        self.twin_calls = 0  # runs' calls not computed: bit for bit another run's of the same merged call
         self._random_keys: set[tuple] = set()  # keys whose merged call drew from the global generator
 
     # ------------------------------------------------------------------ the run threads' side
@@ -211,38 +213,55 @@ class Rendezvous:
         return results[0]
 
     def _merged(self, group: list[Call]) -> list[Any]:
-        inner = group[0].run.inner
-        clients = [client for c in group for client in c.clients]
+        """One call of the first run's executor over the group's clients. A run whose clients and
+        inputs are bit for bit another's of the group (seeds shared, settings that act later: the
+        first round of a sweep over a server knob) is not computed again: it gets that run's result
+        and, after training, its clients' state."""
+        source = twins(group)
+        unique = [c for c, s in zip(group, source, strict=True) if s is None]
+        inner = unique[0].run.inner
+        clients = [client for c in unique for client in c.clients]
         known = inner._keys  # the leader's executor groups the clients by id: every id must be one it stacks
-        head_key = known[group[0].clients[0].client_id]
+        head_key = known[unique[0].clients[0].client_id]
         if any(known.get(cl.client_id) != head_key or cl.client_id not in inner._vectorized for cl in clients):
             raise ValueError("client ids outside the first run's architecture group")
         rng = torch.get_rng_state()
-        counts = [len(c.clients) for c in group]
+        counts = [len(c.clients) for c in unique]
         if group[0].method == "train":
-            phase, datasets, epochs, batch_size = group[0].args
+            phase, _, epochs, batch_size = group[0].args
             generators = [cl.generator.get_state() for cl in clients]
             progress, inner.progress = inner.progress, None
             try:
-                out = inner.train(clients, phase, [d for c in group for d in c.args[1]], epochs, batch_size)
+                out = inner.train(clients, phase, [d for c in unique for d in c.args[1]], epochs, batch_size)
             except Exception:
                 for cl, state in zip(clients, generators, strict=True):
                     cl.generator.set_state(state)
                 raise
             finally:
                 inner.progress = progress
-            results, start = [], 0
-            for c, n in zip(group, counts, strict=True):
-                results.append(out[start : start + n])
-                start += n
-                c.run.report(phase, n, n)
+            computed = [out[sum(counts[:i]) : sum(counts[: i + 1])] for i in range(len(unique))]
         else:
-            logits = inner.predict(clients, group[0].args[0])
-            results = list(torch.split(logits, counts))
+            computed = list(torch.split(inner.predict(clients, group[0].args[0]), counts))
         if not torch.equal(rng, torch.get_rng_state()):  # e.g. dropout under vmap: not what the runs draw alone
             self._random_keys.add(group[0].key)
             print("fdlit: a stacked step drew from the global random generator; such steps now run run by run "
                   "(the runs of this step are not bit-comparable to separate runs)", file=sys.stderr)
+        results: list[Any] = []
+        for c, s in zip(group, source, strict=True):
+            if s is None:
+                results.append(computed.pop(0))
+                continue
+            self.twin_calls += 1
+            twin = group[s]
+            if c.method == "train":
+                for mine, theirs in zip(c.clients, twin.clients, strict=True):
+                    mine.load_client_state(copy.deepcopy(theirs.client_state()))  # nothing shared afterwards
+                results.append(list(results[s]))
+            else:
+                results.append(results[s].clone())
+        if group[0].method == "train":
+            for c in group:
+                c.run.report(group[0].args[0], len(c.clients), len(c.clients))
         return results
 
 

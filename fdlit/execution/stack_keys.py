@@ -94,3 +94,44 @@ def predict_key(executor: Any, clients: Sequence[Any], x: torch.Tensor) -> tuple
     if arch is None:  # in eval mode dropout draws nothing
         return None
     return ("predict", executor_signature(executor), arch, type(clients[0]), tuple(x.shape), x.dtype, str(x.device))
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and a.device == b.device and (a is b or bool(torch.equal(a, b))))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def _fingerprint(call: Any) -> tuple:
+    """Cheap: equal for identical calls (ids, batch-order generators, parameter sums)."""
+    return tuple((c.client_id, bytes(c.generator.get_state().numpy()),
+                  tuple(torch.stack([p.detach().double().sum() for p in c.parameters()]).tolist()))
+                 for c in call.clients)
+
+
+def twins(calls: Sequence[Any]) -> list[int | None]:
+    """For each call, the index of an earlier call that computes bit for bit the same (the same
+    clients' full state, and for ``train`` the same data), or None."""
+    prints = [_fingerprint(c) for c in calls]
+    out: list[int | None] = []
+    for i, call in enumerate(calls):
+        match = None
+        for j in range(i):
+            if out[j] is None and prints[j] == prints[i] and _same_work(calls[j], call):
+                match = j
+                break
+        out.append(match)
+    return out
+
+
+def _same_work(a: Any, b: Any) -> bool:
+    if len(a.clients) != len(b.clients):
+        return False
+    if a.method == "train" and not _equal(list(a.args[1]), list(b.args[1])):
+        return False
+    return all(_equal(x.client_state(), y.client_state()) for x, y in zip(a.clients, b.clients, strict=True))
