@@ -120,6 +120,8 @@ def test_stacked_loops_equal_separate_ones_with_either_executor():
     for a, b in zip(separate, stacked, strict=True):
         assert type(a.executor) is type(b.executor)  # the run's own executor again afterwards
         assert close([comparable(r) for r in a.history], [comparable(r) for r in b.history])
+    # the sequential executor's calls run alone: bit for bit
+    assert [comparable(r) for r in separate[3].history] == [comparable(r) for r in stacked[3].history]
 
 
 def test_a_failing_run_fails_alone(tmp_path, capsys, monkeypatch):
