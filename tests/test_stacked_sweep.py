@@ -169,7 +169,7 @@ raise SystemExit(main(sys.argv[1:]))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGKILL of a subprocess")
 def test_a_killed_stacked_sweep_resumes_and_ends_equal_to_an_uninterrupted_one(tmp_path, capsys):
-    path = write_sweep(tmp_path, {"federation.rounds": {"values": [1, 4]}, "seed": {"values": [0, 1]}})
+    path = write_sweep(tmp_path, {"federation.rounds": {"values": [1, 6]}, "seed": {"values": [0, 1]}})
     killed = tmp_path / "killed"
     extra = [*TINY, "--logger.run_dir", str(killed)]
     sweep = subprocess.Popen([sys.executable, "-c", SLOW_ROUNDS, "sweep", str(path), "--stack", "--", *extra],
@@ -178,7 +178,7 @@ def test_a_killed_stacked_sweep_resumes_and_ends_equal_to_an_uninterrupted_one(t
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and sweep.poll() is None:
             short = len(runs_in(killed))  # the 1-round runs end first
-            rounds = [len((d / "metrics.jsonl").read_text().splitlines()) for d in killed.glob("*-rounds4-*")
+            rounds = [len((d / "metrics.jsonl").read_text().splitlines()) for d in killed.glob("*-rounds6-*")
                       if (d / "metrics.jsonl").exists() and (d / "checkpoint.pt").exists()]
             if short == 2 and rounds and min(rounds) >= 2:
                 break
