@@ -238,9 +238,7 @@ class Rendezvous:
                 inner.progress, inner.chunk_size = progress, chunk
             computed = [out[sum(counts[:i]) : sum(counts[: i + 1])] for i in range(len(unique))]
         else:
-            # in chunks of a run's clients: a wider product (one matrix product over the stack's shared
-            # input) rounds the logits' last bits otherwise, and the difference grows over the rounds
-            chunk, inner.chunk_size = inner.chunk_size, inner.chunk_size or max(counts)
+            chunk, inner.chunk_size = inner.chunk_size, inner.chunk_size or cpu_chunk(clients, counts)
             try:
                 computed = list(torch.split(inner.predict(clients, group[0].args[0]), counts))
             finally:
