@@ -236,3 +236,13 @@ def test_stack_composes_with_jobs_and_w_and_b_offline(tmp_path, capsys, monkeypa
     folders = [sorted((Path(r["run_dir"]) / "wandb").glob("offline-run-*")) for r in results]
     assert all(len(f) == 1 for f in folders)
     assert len({f[0].name.rsplit("-", 1)[-1] for f in folders}) == 4  # four W&B runs, one per run
+
+
+def test_the_benchmark_runs_a_tiny_pair_and_finds_the_runs_equal(tmp_path):
+    path = write_sweep(tmp_path, {"aggregator.tau": {"values": [0.0, 0.5]}})
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stacked_sweep.py"), "--sweep", str(path),
+                          "--rounds", "1", "--pairs", "1", "--", *TINY[4:]],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "stacked / separate CPU: " in out.stdout and "load average after" in out.stdout
+    assert "largest metric difference stacked vs separate (time metrics aside): 0\n" in out.stdout
