@@ -246,3 +246,28 @@ def test_the_benchmark_runs_a_tiny_pair_and_finds_the_runs_equal(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "stacked / separate CPU: " in out.stdout and "load average after" in out.stdout
     assert "largest metric difference stacked vs separate (time metrics aside): 0\n" in out.stdout
+
+
+def test_an_interrupted_stacked_sweep_stops_and_resumes(tmp_path, capsys, monkeypatch):
+    """Ctrl-C in one run's round stops the whole stack (exit 130), as it stops a sweep; the same
+    command then resumes every unfinished run and the results equal an uninterrupted sweep's."""
+    from fdlit.federation.loop import FederationLoop
+
+    original = FederationLoop.run_round
+
+    def run_round(loop, r, clock=None):
+        if loop.seed == 1 and r == 2:
+            raise KeyboardInterrupt
+        return original(loop, r, clock)
+
+    monkeypatch.setattr(FederationLoop, "run_round", run_round)
+    path = write_sweep(tmp_path, {"seed": {"values": [0, 1]}})
+    extra = [*TINY, "--federation.rounds", "3"]
+    assert main(["sweep", str(path), "--stack", "--", *extra, "--logger.run_dir", str(tmp_path / "stopped")]) == 130
+    assert "run the same sweep command again to continue" in capsys.readouterr().err
+    monkeypatch.setattr(FederationLoop, "run_round", original)
+    assert runs_in(tmp_path / "stopped") == {}  # nothing finished
+    assert main(["sweep", str(path), "--stack", "--", *extra, "--logger.run_dir", str(tmp_path / "stopped")]) == 0
+    assert "2 to run (2 resumed in their own folder)" in capsys.readouterr().out
+    assert main(["sweep", str(path), "--stack", "--", *extra, "--logger.run_dir", str(tmp_path / "whole")]) == 0
+    assert_same_runs(runs_in(tmp_path / "whole"), runs_in(tmp_path / "stopped"))

@@ -44,6 +44,11 @@ def stackable_executor(executor: ClientExecutor | None) -> bool:
     return executor is None or type(executor) in STACKABLE
 
 
+class StackStopped(BaseException):
+    """Raised in a stacked run's thread when the stack stops (Ctrl-C): the run unwinds as an
+    interrupted run does, releasing its run directory; not a failure of the run."""
+
+
 @dataclass
 class Call:
     """One run's parked executor call."""
@@ -111,14 +116,18 @@ class Rendezvous:
         """Park ``call`` until every live run is parked, then return its result (run merged or alone)."""
         member.call, member.instruction = call, None
         self._give_back(member)
-        kind, payload = member.instruction
+        kind, *payload = member.instruction
         member.instruction, member.call = None, None
-        return self._execute(payload) if kind == "execute" else payload
+        if kind == "stop":
+            raise StackStopped("another run of the stack was interrupted")
+        return self._execute(payload[0]) if kind == "execute" else payload[0]
 
     def _thread(self, member: _Member, body: Callable[[], Any]) -> None:
         self._wait_turn(member)
-        member.instruction = None
+        stopped, member.instruction = member.instruction == ("stop",), None
         try:
+            if stopped:
+                raise StackStopped("another run of the stack was interrupted before this one started")
             member.outcome = body()
         except BaseException as exc:  # this run fails alone; the others go on
             member.error = exc
@@ -144,24 +153,40 @@ class Rendezvous:
         for m in self.members:
             m.rng = start  # each run seeds its own generators in set-up, as alone
         try:
-            while any(m.alive for m in self.members):
-                ready = [m for m in self.members if m.alive and m.instruction is not None]
-                if ready:
-                    for m in ready:
-                        self._resume(m)
-                    continue
-                waiting = [m for m in self.members if m.alive and m.call is not None and not m.call.run.assigned]
-                if not waiting:  # cannot happen: every live run is parked or has its turn
-                    raise RuntimeError("stacked runs: no run can continue")
-                for group in self._groups([m.call for m in waiting]):
-                    for c in group:
-                        c.run.assigned = True
-                    group[0].run.member.instruction = ("execute", group)
+            self._coordinate()
+        except BaseException:  # Ctrl-C (here or in a run): every run unwinds (its run directory released), then stop
+            self._stop()
+            raise
         finally:
             _set_rng_state(start)
         for t in threads:
             t.join()
         return [(m.outcome, m.error) for m in self.members]
+
+    def _coordinate(self) -> None:
+        while any(m.alive for m in self.members):
+            ready = [m for m in self.members if m.alive and m.instruction is not None]
+            if ready:
+                for m in ready:
+                    self._resume(m)
+                    if m.error is not None and not isinstance(m.error, Exception):
+                        raise m.error  # Ctrl-C, SystemExit in a run: the whole stack stops, as a sweep does
+                continue
+            waiting = [m for m in self.members if m.alive and m.call is not None and not m.call.run.assigned]
+            if not waiting:  # cannot happen: every live run is parked or has its turn
+                raise RuntimeError("stacked runs: no run can continue")
+            for group in self._groups([m.call for m in waiting]):
+                for c in group:
+                    c.run.assigned = True
+                group[0].run.member.instruction = ("execute", group)
+
+    def _stop(self) -> None:
+        with self._cond:  # a run that has its turn goes on to its next call first
+            self._cond.wait_for(lambda: not any(m.turn for m in self.members))
+        for m in self.members:
+            if m.alive:
+                m.instruction = ("stop",)
+                self._resume(m)
 
     def _resume(self, member: _Member) -> None:
         _set_rng_state(member.rng)
