@@ -68,6 +68,9 @@ def sweep_parser() -> ArgumentParser:
     parser.add_argument("--dry_run", action=ActionYesNo, default=False, help="List the combinations and their state; run nothing.")
     parser.add_argument("--jobs", type=int, default=1,
                         help="Runs at once, each in its own process and run directory; torch threads are split between them.")
+    parser.add_argument("--stack", action=ActionYesNo, default=False,
+                        help="Run the combinations that share dataset, network and schedule as one process whose "
+                             "executor trains all their clients together; each keeps its own run directory.")
     return parser
 
 
@@ -185,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         elif cfg.command == "sweep":
             from fdlit.sweep import run_sweep
 
-            result = run_sweep(cfg.sweep.file, extra, dry_run=cfg.sweep.dry_run, jobs=cfg.sweep.jobs)
+            result = run_sweep(cfg.sweep.file, extra, dry_run=cfg.sweep.dry_run, jobs=cfg.sweep.jobs,
+                               stack=cfg.sweep.stack)
             if result["failed"]:
                 print(f"fdlit sweep: {len(result['failed'])} runs failed: {', '.join(result['failed'])}", file=sys.stderr)
                 return 1

@@ -16,7 +16,9 @@ distributions (W&B's ``uniform``, ``int_uniform``, ``log_uniform_values``, ``q_u
 random stream seeded by the sweep's name, so running the sweep again draws the same combinations
 and resumes them. ``method: bayes`` needs W&B's sweep server and is refused locally (no local engine
 is installed), never run as a grid. ``--jobs N`` runs N combinations at once, each in its own process
-and run directory, with torch's threads split between them. A run that fails for any reason is
+and run directory, with torch's threads split between them (:mod:`fdlit.sweep_workers`). ``--stack``
+runs the combinations that share dataset, network and schedule as one process whose executor steps
+all their clients together (:mod:`fdlit.sweep_stack`). A run that fails for any reason is
 recorded in ``<run_dir>/sweep-<name>.json`` with its error, and the sweep goes on.
 
 A sweep holds ``<run_dir>/sweep-<name>.lock`` (``flock``) while it runs: the same sweep started
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -63,6 +64,7 @@ from fdlit.sweep_file import (  # noqa: F401  (the sweep file's names, importabl
     load_sweep,
     sample_random,
 )
+from fdlit.sweep_workers import _threads, run_in_processes  # noqa: F401  (_threads: importable from here)
 
 
 @dataclass
@@ -173,47 +175,6 @@ def lookup(config: dict, dotted: str) -> Any:
     return node["class_path"] if isinstance(node, dict) and "class_path" in node else node
 
 
-def _threads(jobs: int) -> int:
-    """torch threads per run when ``jobs`` runs share this machine's cores."""
-    return max(1, (os.cpu_count() or 1) // max(1, jobs))
-
-
-def _stop_with_the_sweep(sweep_pid: int) -> None:
-    """Pool initializer: a worker is sent SIGTERM when the sweep process dies (Linux), so a killed sweep
-    leaves no worker behind it that goes on through the queued combinations; the worker's run then
-    stops as a terminated ``fit`` does, with its last checkpoint, and the next sweep resumes it."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != sweep_pid:  # the sweep died before the request above was in place
-        os._exit(1)
-
-
-def _run_one(argv: list[str], partial: str | None, threads: int | None) -> dict[str, Any]:
-    """One combination in a worker process: parse its flags as ``fit`` does, run it, and return its
-    summary or the error (a worker never raises: the sweep records the failure and goes on)."""
-    import torch
-
-    from fdlit.config import parse_fit, rewrite_config_args
-    from fdlit.runs.experiment import Experiment
-
-    if threads is not None:
-        torch.set_num_threads(threads)  # N runs x all cores each would oversubscribe the machine
-    experiment = None
-    try:
-        parser, cfg = parse_fit(rewrite_config_args(argv))
-        experiment = Experiment(cfg, parser, resume_from=Path(partial) if partial else None)
-        summary = experiment.fit()
-        return {"status": "finished", "run_dir": str(experiment.run_path), "summary": _plain(summary),
-                "torch_threads": torch.get_num_threads()}
-    except Exception as exc:  # recorded by the sweep; Ctrl-C stops the worker as it stops a serial sweep
-        run_dir = str(experiment.run_path) if experiment is not None and experiment.run_path else None
-        return {"status": "failed", "run_dir": run_dir, "error": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(limit=8)}
-
-
 def _plain(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
 
@@ -248,7 +209,7 @@ class SweepInUse(ConfigError):
 
 
 def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
-              out: Callable[[str], None] = print, jobs: int = 1) -> dict[str, Any]:
+              out: Callable[[str], None] = print, jobs: int = 1, stack: bool = False) -> dict[str, Any]:
     """Run (or list) every combination; returns counts, the failed runs and the run directories.
     Every outcome is also written to the sweep's results file (``results`` in the returned dict)."""
     from fdlit.config import fit_parser
@@ -268,14 +229,14 @@ def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
         results.parent.mkdir(parents=True, exist_ok=True)
         lock = RunLock(results.parent, results.with_suffix(".lock").name, SweepInUse).acquire()
     try:
-        return _run_sweep(spec, runs, results, dry_run, out, jobs)
+        return _run_sweep(spec, runs, results, dry_run, out, jobs, stack)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_run: bool,
-               out: Callable[[str], None], jobs: int) -> dict[str, Any]:
+               out: Callable[[str], None], jobs: int, stack: bool = False) -> dict[str, Any]:
     from fdlit.federation import format_summary
     from fdlit.runs.experiment import Experiment
 
@@ -315,9 +276,19 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
             print(f"fdlit sweep: {run.name} failed: {outcome['error']} (recorded in {results})", file=sys.stderr)
             failed.append(run.name)
 
+    stacks, alone = [], todo
+    if stack and todo:
+        from fdlit.sweep_stack import plan_stacks, run_stack
+
+        stacks, alone = plan_stacks(todo, jobs)
+        out(f"fdlit sweep: {sum(map(len, stacks))} runs stacked in {len(stacks)} process(es)"
+            + (f"; run one by one (another dataset, network, schedule or executor, or alone in its setting): "
+               f"{', '.join(r.name for r in alone)}" if alone else ""))
     if jobs == 1:
-        for i, run in enumerate(todo, 1):
-            out(f"fdlit sweep: [{i}/{len(todo)}] {run.name}" + (f" (resuming {run.partial})" if run.partial else ""))
+        for members in stacks:
+            run_stack(members, done, out)
+        for i, run in enumerate(alone, 1):
+            out(f"fdlit sweep: [{i}/{len(alone)}] {run.name}" + (f" (resuming {run.partial})" if run.partial else ""))
             experiment = None
             try:
                 experiment = Experiment(run.config["cfg"], run.config["parser"], resume_from=run.partial)
@@ -328,24 +299,6 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
                 done(run, {"status": "failed", "run_dir": run_dir, "error": f"{type(exc).__name__}: {exc}",
                            "traceback": traceback.format_exc(limit=8)})
     else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        # spawn: a fresh interpreter per worker (no forked torch / W&B state); each worker has its own
-        # run directory and lock, and torch threads are split between the jobs
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_stop_with_the_sweep, initargs=(os.getpid(),)) as pool:
-            futures = {}
-            for i, run in enumerate(todo, 1):
-                out(f"fdlit sweep: [{i}/{len(todo)}] {run.name} queued"
-                    + (f" (resuming {run.partial})" if run.partial else ""))
-                futures[pool.submit(_run_one, run.argv, str(run.partial) if run.partial else None,
-                                    _threads(jobs))] = run
-            for future in as_completed(futures):
-                try:
-                    outcome = future.result()
-                except Exception as exc:  # the worker process itself died (killed, out of memory)
-                    outcome = {"status": "failed", "run_dir": None, "error": f"{type(exc).__name__}: {exc}"}
-                done(futures[future], outcome)
+        run_in_processes(stacks, alone, jobs, done, out)
     return {"total": len(runs), "skipped": len(runs) - len(todo), "ran": len(todo) - len(failed),
             "failed": failed, "run_dirs": run_dirs, "results": results}

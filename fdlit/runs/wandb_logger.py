@@ -87,6 +87,10 @@ def link_offline_folder(folder: Path) -> Optional[Path]:
     return link
 
 
+# wandb.init's reinit: a process runs one W&B run at a time, except stacked runs (fdlit.sweep_stack), which
+# open one each ("create_new") and keep a resumed offline run's sessions as separate folders (merging them
+# restarts wandb's service under the other runs)
+REINIT = "finish_previous"
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # what wandb accepts
 
 
@@ -189,7 +193,7 @@ class WandbLogger(FederationCallback):
         return wandb.init(
             project=self.config.project, entity=self.config.entity, name=self.name,
             group=self.group, tags=self.config.tags or None, config=self.run_config,
-            dir=str(self.directory), mode=mode, reinit="finish_previous", settings=settings, **resume,
+            dir=str(self.directory), mode=mode, reinit=REINIT, settings=settings, **resume,
         )
 
     def on_fit_start(self, loop):
@@ -263,7 +267,7 @@ class WandbLogger(FederationCallback):
                     self.run.summary[f"final/{key}"] = value
             run_id = str(self.run.id)
             self.run.finish()
-            if self.mode == "offline":
+            if self.mode == "offline" and REINIT == "finish_previous":  # merging ends wandb's service: alone only
                 self.merge_sessions(run_id)
                 print(f"fdlit: W&B run saved offline; upload it with: {self.sync_command()}")
         except Exception as exc:
