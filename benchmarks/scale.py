@@ -109,7 +109,7 @@ def worker(args, fit_flags: list[str]) -> None:
     seconds: dict[str, float] = defaultdict(float)
     ex, agg = loop.executor, loop.aggregator
     ex.train = _timed(seconds, lambda *a, **k: "train", ex.train)
-    ex.predict = _timed(seconds, lambda clients, x: "public predict" if x is loop.public_x else "evaluate",
+    ex.predict = _timed(seconds, lambda clients, x: "public predict" if x is loop.parts.tensors.public_x else "evaluate",
                         ex.predict)
     ex.client_hook = _timed(seconds, lambda *a, **k: "uploads", ex.client_hook)
     agg.aggregate = _timed(seconds, lambda *a, **k: "aggregate", agg.aggregate)

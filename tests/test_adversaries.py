@@ -307,4 +307,4 @@ def test_the_free_rider_remembers_the_teacher_it_was_sent(tmp_path):
     assert teacher.shape == (120, 10) and torch.allclose(teacher.sum(-1), torch.ones(120))
     assert float((teacher - 0.1).abs().max()) > 1e-2  # a real teacher, not the uniform first-round upload
     assert math.isclose(loop.history[-1]["teacher/acc"],
-                        float((teacher.argmax(-1) == loop.public_y).float().mean()), rel_tol=1e-6)
+                        float((teacher.argmax(-1) == loop.parts.tensors.public_y).float().mean()), rel_tol=1e-6)

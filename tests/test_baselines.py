@@ -36,7 +36,7 @@ def test_reference_is_one_model_on_all_classes_with_public_plus_private_size(fas
     summary = experiment.fit()
     assert len(loop.clients) == 1 and loop.clients[0].classes == list(range(10))
     mean_private = round(sum(len(cd.train) for cd in loop.data.clients) / len(loop.data.clients))
-    assert len(loop.private[0][0]) == len(loop.data.public) + mean_private
+    assert len(loop.parts.tensors.private[0][0]) == len(loop.data.public) + mean_private
     m = loop.history[-1]
     assert m["after_private/local_acc_mean"] == m["after_private/global_acc_mean"]
     assert summary["bytes_up_total"] == 0 and summary["run"].startswith("reference-")
@@ -64,8 +64,8 @@ def test_fd_on_local_cifar_copy_with_heterogeneous_clients(tmp_path):
     assert all(isinstance(n, WithInput) and isinstance(n.input, ImageInput) and n.input.augment for n in nets)
     assert [type(n.net).__name__ for n in nets] == ["SmallCNN", "SmallCNN", "MLP", "MLP"]
     # images stay uint8 on the training device; conversion happens per batch inside the model
-    assert loop.public_x.dtype == torch.uint8 and loop.public_x.device == loop.fabric.device
-    assert loop.private[0][0].dtype == torch.uint8
+    assert loop.parts.tensors.public_x.dtype == torch.uint8 and loop.parts.tensors.public_x.device == loop.fabric.device
+    assert loop.parts.tensors.private[0][0].dtype == torch.uint8
     assert summary["bytes_up_total"] > 0 and summary["finished"]
     # every client gets its own augmentation stream
     assert len({n.input.seed for n in nets}) == 4
@@ -119,6 +119,6 @@ def test_fd_on_local_yahoo_copy_with_a_local_bert(tmp_path):
     loop = experiment.loop
     summary = experiment.fit()
     assert type(loop.clients[0].model).__name__ == "BertClassifier"  # text: no input module in front
-    assert loop.public_x.shape == (10, 2, 16) and loop.public_x.dtype == torch.int64
+    assert loop.parts.tensors.public_x.shape == (10, 2, 16) and loop.parts.tensors.public_x.dtype == torch.int64
     assert summary["finished"] and summary["bytes_up_total"] > 0
     assert 0.0 <= summary["best_global_acc_mean"] <= 1.0

@@ -80,8 +80,8 @@ def regional_setup(num_regions=2, seed=0, same=False):
 def aggregate(loop, method, models, round=1):
     uploads = [{"parameters": models[i % len(models)].clone()} for i in range(4)]
     method.regions = type(method.regions)(tuple(i % len(models) for i in range(4)))
-    info = FederationInfo(round=round, seed=0, num_clients=4, num_classes=10, public_x=loop.public_x)
-    return method.aggregate(uploads, ServerContext(info, loop.public_y))
+    info = FederationInfo(round=round, seed=0, num_clients=4, num_classes=10, public_x=loop.parts.tensors.public_x)
+    return method.aggregate(uploads, ServerContext(info, loop.parts.tensors.public_y))
 
 
 def test_regions_that_agree_are_averaged_without_distillation():
@@ -109,10 +109,10 @@ def test_the_hard_loss_alone_trains_on_the_server_pools_labels():
     model fits the labelled pool better than the old global model did."""
     loop, method, models = regional_setup()
     method.epsilon, method.hard_weight, method.epochs = 0.0, 1.0, 20
-    net = method._network(ServerContext(FederationInfo(1, 0, 4, 10, loop.public_x), loop.public_y), models[0])
-    before = (method._logits(net, loop.public_x, method.global_model).argmax(-1) == loop.public_y).float().mean()
+    net = method._network(ServerContext(FederationInfo(1, 0, 4, 10, loop.parts.tensors.public_x), loop.parts.tensors.public_y), models[0])
+    before = (method._logits(net, loop.parts.tensors.public_x, method.global_model).argmax(-1) == loop.parts.tensors.public_y).float().mean()
     new = aggregate(loop, method, models).broadcast["parameters"]
-    after = (method._logits(net, loop.public_x, new).argmax(-1) == loop.public_y).float().mean()
+    after = (method._logits(net, loop.parts.tensors.public_x, new).argmax(-1) == loop.parts.tensors.public_y).float().mean()
     assert after > before + 0.3
 
 
@@ -126,7 +126,7 @@ def test_a_reliable_region_is_followed_on_its_classes():
     method.hard_weight, method.update_distillation, method.epochs = 0.0, False, 10
     new = aggregate(loop, method, [good, models[1]]).broadcast["parameters"]
     net = method.net
-    pred = {k: method._logits(net, loop.public_x, w).argmax(-1) for k, w in
+    pred = {k: method._logits(net, loop.parts.tensors.public_x, w).argmax(-1) for k, w in
             {"good": good, "random": models[1], "new": new}.items()}
     assert (pred["new"] == pred["good"]).float().mean() > (pred["new"] == pred["random"]).float().mean() + 0.3
 

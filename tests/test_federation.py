@@ -156,13 +156,13 @@ def test_accuracies_are_micro_and_match_torchmetrics(tmp_path):
     loop = small_loop(tmp_path, ProbabilityAveraging(), rounds=1)
     loop.fit()
     acc = loop.parts.evaluate()
-    preds = loop.executor.predict(loop.clients, loop.test_x).argmax(-1)
+    preds = loop.executor.predict(loop.clients, loop.parts.tensors.test_x).argmax(-1)
     for i, cd in enumerate(loop.data.clients):
-        mask = torch.isin(loop.test_y, torch.tensor(cd.classes))
+        mask = torch.isin(loop.parts.tensors.test_y, torch.tensor(cd.classes))
         assert float(acc["global_acc"][i]) == pytest.approx(
-            float(multiclass_accuracy(preds[i], loop.test_y, 10, average="micro")))
+            float(multiclass_accuracy(preds[i], loop.parts.tensors.test_y, 10, average="micro")))
         assert float(acc["local_acc"][i]) == pytest.approx(
-            float(multiclass_accuracy(preds[i][mask], loop.test_y[mask], 10, average="micro")))
+            float(multiclass_accuracy(preds[i][mask], loop.parts.tensors.test_y[mask], 10, average="micro")))
 
 
 def test_float64_precision_runs_with_the_uwa_calibration_hook(fast_args):
@@ -215,7 +215,7 @@ def test_evaluation_every_n_rounds_on_a_fixed_subsample_then_the_full_test_set_l
     loop.fit()
     ref = small_loop(tmp_path, UncertaintyWeighted(), rounds=5)
     ref.fit()
-    total = len(loop.test_y)
+    total = len(loop.parts.tensors.test_y)
     assert [m["eval/test_samples"] for m in loop.history] == [50, 50, 0, 50, total]
     assert [m["eval/test_samples"] for m in ref.history] == [total] * 5
     skipped = loop.history[2]
@@ -228,11 +228,11 @@ def test_evaluation_every_n_rounds_on_a_fixed_subsample_then_the_full_test_set_l
         {k: v for k, v in ref_last.items() if not k.startswith("time/")}
 
     # the subsample: fixed by the seed, sorted, and the accuracies are those of these rows
-    rows = loop.facts.eval_rows
+    rows = loop.parts.facts.eval_rows
     assert len(rows) == 50 and torch.equal(rows, rows.sort().values)
     assert torch.equal(rows, eval_rows(50, total, loop.seed))
-    preds = loop.executor.predict(loop.clients, loop.test_x).argmax(-1)[:, rows]
-    acc = (preds == loop.test_y[rows]).float().mean(1)
+    preds = loop.executor.predict(loop.clients, loop.parts.tensors.test_x).argmax(-1)[:, rows]
+    acc = (preds == loop.parts.tensors.test_y[rows]).float().mean(1)
     torch.testing.assert_close(loop.parts.evaluate(rows)["global_acc"], acc)
 
     summary = loop.summary()

@@ -59,7 +59,7 @@ def test_which_network_is_evaluated_changes_the_accuracies_not_the_training():
     private.fit()
     for a, b in zip(shared.clients, private.clients, strict=True):
         assert torch.equal(flatten(list(a.model.parameters())), flatten(list(b.model.parameters())))
-    x, y = shared.test_x, shared.test_y
+    x, y = shared.parts.tensors.test_x, shared.parts.tensors.test_y
     for loop, name in ((shared, "shared"), (private, "private")):
         with torch.no_grad():
             hand = torch.stack([(getattr(find_pair(c.model), name)(x).argmax(-1) == y).float().mean()

@@ -56,12 +56,12 @@ def test_dirichlet_clients_local_accuracy_and_the_oracle_follow_the_threshold():
     cid, cls = singles[0]
     # local accuracy counts no test sample of the stray class; the client (UWA's components, LKD)
     # and the server's class sets (the Oracle) see the strict set
-    on_stray = loop.test_y == cls
+    on_stray = loop.parts.tensors.test_y == cls
     assert loop.parts.tensors.local_masks[cid][on_stray].sum() == 0
     assert loop.clients[cid].classes == strict.clients[cid].classes
-    ctx = loop.facts.server_context(0)
+    ctx = loop.parts.facts.server_context(0)
     assert ctx.client_classes[cid] == tuple(strict.clients[cid].classes) and cls not in ctx.client_classes[cid]
     oracle = loop.aggregator
     oracle.server_setup([], ctx)
-    assert not oracle.holds[cid][loop.public_y == cls].any()
-    assert torch.equal(loop.parts.tensors.local_masks[cid].bool(), torch.isin(loop.test_y, torch.tensor(strict.clients[cid].classes)))
+    assert not oracle.holds[cid][loop.parts.tensors.public_y == cls].any()
+    assert torch.equal(loop.parts.tensors.local_masks[cid].bool(), torch.isin(loop.parts.tensors.test_y, torch.tensor(strict.clients[cid].classes)))

@@ -33,7 +33,7 @@ def check_measured(loop, measured, others):
     """``measured(client)``: the network the docs name; ``others(client)``: what else the client or
     server holds, perturbed in place. The logged metric is the named network's, by hand; perturbing
     the others leaves the accuracies as they are; perturbing the named one moves them."""
-    x, y = loop.test_x, loop.test_y
+    x, y = loop.parts.tensors.test_x, loop.parts.tensors.test_y
     hand = sum(accuracy(measured(c), x, y) for c in loop.clients) / len(loop.clients)
     assert loop.history[-1]["after_public/global_acc_mean"] == pytest.approx(hand, abs=1e-6)
     before = global_accuracies(loop)

@@ -43,11 +43,11 @@ def test_a_node_builds_its_own_clients_equal_to_fit_and_nothing_of_the_others(tm
     for i in (2, 3):  # the same networks as the server drew (fit's), parameter for parameter
         ours, theirs = node.clients[i].model.state_dict(), server.clients[i].model.state_dict()
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-        assert torch.equal(node.private[i][0], server.private[i][0])  # the same samples
-        assert torch.equal(node.private[i][1], server.private[i][1])
+        assert torch.equal(node.parts.tensors.private[i][0], server.parts.tensors.private[i][0])  # the same samples
+        assert torch.equal(node.parts.tensors.private[i][1], server.parts.tensors.private[i][1])
         assert node.client_data[i].classes == server.client_data[i].classes
     for i in (0, 1, 4, 5):  # the others' classes are known (the round's facts); their samples are not here
-        assert len(node.private[i][0]) == 0 and len(node.client_data[i].train) == 0
+        assert len(node.parts.tensors.private[i][0]) == 0 and len(node.client_data[i].train) == 0
         assert len(node.client_data[i].calibration) == 0
         assert node.client_data[i].classes == server.client_data[i].classes
     assert node.data.pool is None and server.data.pool is not None

@@ -161,7 +161,7 @@ def test_sample_rate_is_the_largest_per_round_share():
     loop, full = make_loop("--federation.participation.count", "1"), make_loop()
     loop.setup()
     full.setup()
-    assert loop.facts.sample_rate == 0.25 and full.facts.sample_rate == 1.0
+    assert loop.parts.facts.sample_rate == 0.25 and full.parts.facts.sample_rate == 1.0
 
 
 def test_late_joiners_do_nothing_before_their_round():

@@ -85,7 +85,7 @@ def test_the_server_receives_each_clients_release_of_its_own_logits(tmp_path, ex
     seen, receive = [], loop.privacy.receive
 
     def spy(r, ids, messages, *args, **kwargs):
-        info = loop.facts.info(r, (), None)
+        info = loop.parts.facts.info(r, (), None)
         raw = [loop.executor.predict([loop.clients[i]], info.public_x)[0] for i in ids]
         seen.append((r, list(ids), list(messages), raw))
         return receive(r, ids, messages, *args, **kwargs)

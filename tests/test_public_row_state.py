@@ -104,7 +104,7 @@ def test_nested_state_over_the_full_public_set_by_id_runs_and_votes_each_sample_
     loop.fit()
     votes = method.state["votes"]["sum"]
     assert loop.round == 2 and votes.shape == (100, 10)
-    seen = [set(m_ids) for m_ids in ([int(i) for i in loop.facts.plan(r).public_index] for r in (1, 2))]
+    seen = [set(m_ids) for m_ids in ([int(i) for i in loop.parts.facts.plan(r).public_index] for r in (1, 2))]
     expected = torch.tensor([(i in seen[0]) + (i in seen[1]) for i in range(100)], dtype=votes.dtype)
     torch.testing.assert_close(votes.sum(-1).cpu(), expected)
 

@@ -81,15 +81,15 @@ class StateRoundTrip(FederationCallback):
         where = ray.get([a.where.remote() for a in executor.actors])
         assert {w["fdlit"] for w in where} == {fdlit.__file__}  # actors run this checkout
         assert {w["threads"] for w in where} == {1}
-        trained = executor.predict(loop.clients, loop.test_x)
-        initial = torch.stack([c.predict_logits(loop.test_x) for c in loop.clients])
+        trained = executor.predict(loop.clients, loop.parts.tensors.test_x)
+        initial = torch.stack([c.predict_logits(loop.parts.tensors.test_x) for c in loop.clients])
         assert not torch.equal(trained, initial)  # the driver's copies were not trained ...
         states = executor.fetch_states(loop.clients)
-        assert torch.equal(torch.stack([c.predict_logits(loop.test_x) for c in loop.clients]), trained)  # ... now fetched
+        assert torch.equal(torch.stack([c.predict_logits(loop.parts.tensors.test_x) for c in loop.clients]), trained)  # ... now fetched
         for p in loop.clients[0].model.parameters():
             torch.nn.init.zeros_(p)
         executor.push_states(loop.clients)
-        assert torch.equal(executor.predict(loop.clients, loop.test_x)[0], torch.zeros_like(trained[0]))
+        assert torch.equal(executor.predict(loop.clients, loop.parts.tensors.test_x)[0], torch.zeros_like(trained[0]))
         loop.clients[0].load_client_state(states[0])
         executor.push_states(loop.clients)
         self.checked = True
@@ -281,9 +281,9 @@ def test_the_dp_release_is_made_on_the_actors_and_equals_the_in_process_one(tmp_
     executor.shipped, executor.predicted = [], []
     loop = tiny_loop(tmp_path / "ray", executor, aggregator=ProbabilityAveraging(), privacy=private())
     received, receive = [], loop.privacy.receive
-    loop.privacy.receive = lambda r, ids, messages, *a: (received.append(messages), receive(r, ids, messages, *a))[1]
+    loop.privacy.receive = lambda r, ids, messages, *a, **kw: (received.append(messages), receive(r, ids, messages, *a, **kw))[1]
     fit_with_one_thread(loop)
-    assert executor.predicted and all(x is not loop.public_x for x in executor.predicted)  # evaluation only
+    assert executor.predicted and all(x is not loop.parts.tensors.public_x for x in executor.predicted)  # evaluation only
     assert len(received) == 2 and all(set(m) == {"topk_values", "topk_indices"} and "privacy/noise_std" in m.metrics
                                      for ms in received for m in ms)
     releases = [ray.cloudpickle.loads(r) for hook, _, r in executor.shipped if hook == "upload"]

@@ -24,17 +24,17 @@ def tiny(aggregator, rounds=2):
 
 
 def context(loop, i, r=1):
-    logits = loop.executor.predict(loop.clients, loop.public_x)
-    return ClientContext(loop.facts.info(r), loop.clients[i], loop.client_data[i], logits[i], {}, loop.clients[i].method_state)
+    logits = loop.executor.predict(loop.clients, loop.parts.tensors.public_x)
+    return ClientContext(loop.parts.facts.info(r), loop.clients[i], loop.client_data[i], logits[i], {}, loop.clients[i].method_state)
 
 
 def test_penultimate_features_are_the_input_of_the_last_linear_layer():
     loop = tiny(SelectiveFD(features="penultimate"))
     client = loop.clients[0]
-    feats = penultimate_features(client, loop.public_x)
-    assert feats.shape == (len(loop.public_x), 16)
+    feats = penultimate_features(client, loop.parts.tensors.public_x)
+    assert feats.shape == (len(loop.parts.tensors.public_x), 16)
     last = [m for m in client.model.modules() if isinstance(m, torch.nn.Linear)][-1]
-    torch.testing.assert_close(last(feats.float()), client.predict_logits(loop.public_x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(last(feats.float()), client.predict_logits(loop.parts.tensors.public_x), atol=1e-5, rtol=1e-5)
 
 
 def test_penultimate_selectors_are_fitted_on_the_current_features_every_round():
@@ -48,16 +48,16 @@ def test_penultimate_selectors_are_fitted_on_the_current_features_every_round():
     cd = loop.client_data[0]
     expected = part.client_mask(penultimate_features(loop.clients[0], cd.train.x), cd.train.y,
                                penultimate_features(loop.clients[0], cd.calibration.x), cd.calibration.y,
-                               loop.clients[0].classes, penultimate_features(loop.clients[0], loop.public_x),
+                               loop.clients[0].classes, penultimate_features(loop.clients[0], loop.parts.tensors.public_x),
                                seed=ctx.info.client_seed(0))
     assert torch.equal(up["mask"], expected)
     # training moves the features, so the next round's selectors see other points
-    before = penultimate_features(loop.clients[0], loop.public_x)
-    loop.executor.train(loop.clients, "private", loop.private, 3, 32)
-    assert not torch.allclose(before, penultimate_features(loop.clients[0], loop.public_x))
+    before = penultimate_features(loop.clients[0], loop.parts.tensors.public_x)
+    loop.executor.train(loop.clients, "private", loop.parts.tensors.private, 3, 32)
+    assert not torch.allclose(before, penultimate_features(loop.clients[0], loop.parts.tensors.public_x))
     on_inputs = SelectiveFD(per_class=False, auxiliary="public").client_part()
     assert not torch.equal(expected, on_inputs.client_mask(cd.train.x, cd.train.y, cd.calibration.x, cd.calibration.y,
-                                                           loop.clients[0].classes, loop.public_x,
+                                                           loop.clients[0].classes, loop.parts.tensors.public_x,
                                                            seed=ctx.info.client_seed(0)))
 
 
@@ -65,9 +65,9 @@ def test_each_round_uses_a_fresh_public_sample_shared_by_every_client_and_the_se
     agg = SelectiveFD(client_selector=False, public_per_round=50, server_threshold=2.0)
     loop = tiny(agg)
     part = agg.client_part()
-    s1, s2 = part.round_sample(loop.facts.info(1)), part.round_sample(loop.facts.info(2))
+    s1, s2 = part.round_sample(loop.parts.facts.info(1)), part.round_sample(loop.parts.facts.info(2))
     assert int(s1.sum()) == int(s2.sum()) == 50 and not torch.equal(s1, s2)
-    assert torch.equal(s1, part.round_sample(loop.facts.info(1)))  # reproducible from (seed, round)
+    assert torch.equal(s1, part.round_sample(loop.parts.facts.info(1)))  # reproducible from (seed, round)
     uploads = []
     for i in range(len(loop.clients)):
         ctx = context(loop, i)
@@ -75,9 +75,9 @@ def test_each_round_uses_a_fresh_public_sample_shared_by_every_client_and_the_se
         up = part.upload(ctx)
         assert torch.equal(up["mask"], s1) and len(up["logits"]) == 50  # only this round's samples go up
         uploads.append(up)
-    result = agg.aggregate(uploads, loop.facts.server_context(1))
+    result = agg.aggregate(uploads, loop.parts.facts.server_context(1))
     assert torch.equal(result.keep, s1)  # every sampled sample, and no other
-    assert SelectiveFD().client_part().round_sample(loop.facts.info(1)) is None  # default: the whole public set
+    assert SelectiveFD().client_part().round_sample(loop.parts.facts.info(1)) is None  # default: the whole public set
 
 
 def test_a_fit_with_features_and_sampling_distils_on_the_sample_only():
@@ -111,8 +111,8 @@ def test_a_local_frozen_backbone_gives_the_selectors_its_features(tmp_path):
                                 auxiliary="public")
     loop = tiny(agg)
     part = agg.client_part()
-    feats = part.backbone_features(loop.public_x)
-    assert feats.shape == (len(loop.public_x), 12)
+    feats = part.backbone_features(loop.parts.tensors.public_x)
+    assert feats.shape == (len(loop.parts.tensors.public_x), 12)
     ctx = context(loop, 0)
     part.setup(ctx)  # fitted once: a frozen backbone's features never change
     cd = loop.client_data[0]
@@ -164,9 +164,9 @@ def test_selectors_evaluated_on_some_rows_give_the_full_mask_on_those_rows():
     part = SelectiveFD(features="penultimate").client_part()
     cd, client = loop.client_data[1], loop.clients[1]
     args = (penultimate_features(client, cd.train.x), cd.train.y, penultimate_features(client, cd.calibration.x),
-            cd.calibration.y, client.classes, penultimate_features(client, loop.public_x))
+            cd.calibration.y, client.classes, penultimate_features(client, loop.parts.tensors.public_x))
     full = part.client_mask(*args, seed=3)
-    rows = torch.zeros(len(loop.public_x), dtype=torch.bool)
+    rows = torch.zeros(len(loop.parts.tensors.public_x), dtype=torch.bool)
     rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(0))[:40]] = True
     some = part.client_mask(*args, seed=3, rows=rows)
     assert 0 < int(full.sum()) < len(full)

@@ -118,7 +118,7 @@ def test_fedmd_digest_is_l1_to_the_consensus_up_to_a_row_constant():
 def test_fedmd_warmup_trains_on_the_labelled_public_set_and_sends_nothing(tmp_path):
     def public_acc(loop):
         with torch.no_grad():
-            return [float((c(loop.public_x).argmax(-1) == loop.public_y).float().mean()) for c in loop.clients]
+            return [float((c(loop.parts.tensors.public_x).argmax(-1) == loop.parts.tensors.public_y).float().mean()) for c in loop.clients]
 
     loops = {}
     for epochs in (0, 5):

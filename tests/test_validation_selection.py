@@ -96,7 +96,7 @@ def test_the_selected_round_is_exact_on_the_whole_test_set_when_the_curves_use_a
     measured every round on the whole test set, and the final weights are left as they were."""
     full, sub = subsampled_loop(executor), subsampled_loop(executor, eval_subsample=50)
     exact, curves = full.fit(), sub.fit()
-    n = len(full.test_y)
+    n = len(full.parts.tensors.test_y)
     for a, b in zip(full.history, sub.history, strict=True):
         for phase in ("after_private", "after_public"):
             assert a[f"{phase}/val_acc_mean"] == b[f"{phase}/val_acc_mean"]  # the same training either way

@@ -95,7 +95,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         loop = self.loop
         names = {k: getattr(loop.parts.tensors, k) for k in ("public_x", "public_y", "test_x", "test_y", "val_x", "val_y")}
         self._names = {id(t): (t, [k]) for k, t in names.items() if t is not None}
-        for i, (x, y) in enumerate(loop.private):
+        for i, (x, y) in enumerate(loop.parts.tensors.private):
             self._names[id(x)] = (x, ["private", i, 0])
             self._names[id(y)] = (y, ["private", i, 1])
 
@@ -283,7 +283,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         trained, uploading = self._groups(step.trained), self._groups(step.uploading)
         inputs = self._evaluated_sets()
         info = step.info
-        expect = (len(info.public_x), self.loop.facts.num_classes) if step.upload == "predictions" else None
+        expect = (len(info.public_x), self.loop.parts.facts.num_classes) if step.upload == "predictions" else None
         per_node = {}
         for node in sorted(set(trained) | set(uploading)):
             out: dict[str, torch.Tensor] = {}

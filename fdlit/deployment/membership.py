@@ -41,4 +41,4 @@ def apply_local_classes(loop: Any, replies: dict) -> None:
         loop.clients[i].classes = classes
         loop.client_data[i].classes = classes
         masks[i] = loop.data.local_test_mask(classes).to(masks)
-    loop.facts.client_classes = tuple(tuple(cd.classes) for cd in loop.client_data)
+    loop.parts.facts.client_classes = tuple(tuple(cd.classes) for cd in loop.client_data)

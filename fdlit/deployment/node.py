@@ -141,7 +141,7 @@ class NodeWorker:
         if kind == "token":
             return self.objects[rest[0]]
         if kind == "private":
-            return self.loop.private[rest[0]][rest[1]]
+            return self.loop.parts.tensors.private[rest[0]][rest[1]]
         return getattr(self.loop.parts.tensors, kind)
 
     def _clients(self, ids):
@@ -208,7 +208,7 @@ class NodeWorker:
             from fdlit.errors import check_finite
 
             check_finite(losses, meta["round"], "private", meta["ids"])
-            info = loop.facts.info(meta["round"], tuple(upload["clients"]), self._ref(upload["public_index"]))
+            info = loop.parts.facts.info(meta["round"], tuple(upload["clients"]), self._ref(upload["public_index"]))
             ids = upload["ids"]
             step = ClientStep(meta["round"], [], [], 0, 0, upload["kind"], self._clients(ids),
                               [loop.client_data[i] for i in ids], loop.parts.clients.method_part, info,
@@ -223,7 +223,7 @@ class NodeWorker:
         ids = meta["ids"]
         teachers = [(self._ref(x), self._ref(t)) for x, t in meta["teachers"]]
         losses = loop.executor.distil(loop.parts.clients.method_part, self._clients(ids), teachers,
-                                      [loop.private[i] for i in ids], meta["epochs"], meta["batch_size"])
+                                      [loop.parts.tensors.private[i] for i in ids], meta["epochs"], meta["batch_size"])
         return self._after({"losses": [float(v) for v in losses]}, meta, self._then_measure(meta))
 
     def _after(self, out_meta: dict, meta: dict, out: dict[str, torch.Tensor]):
@@ -265,7 +265,7 @@ class NodeWorker:
         ids = meta["ids"]
         loop = self.loop
         index = self._ref(meta["public_index"])
-        info = loop.facts.info(meta["round"], tuple(meta["clients"]), index)
+        info = loop.parts.facts.info(meta["round"], tuple(meta["clients"]), index)
         received = {k: self._ref(r) for k, r in meta["received"].items()}
         clients, data = self._clients(ids), [loop.client_data[i] for i in ids]
         payloads = loop.executor.client_hook(meta["hook"], loop.parts.clients.method_part, info, clients, data, received)

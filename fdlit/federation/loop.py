@@ -245,7 +245,7 @@ class FederationLoop:
         """Best and final numbers of the run (fdlit.federation.measurement.summary)."""
         ledger = self.server_side.ledger
         return measurement.summary(
-            self.history, rounds_done=self.round, rounds=self.rounds, test_samples=len(self.test_y),
+            self.history, rounds_done=self.round, rounds=self.rounds, test_samples=len(self.parts.tensors.test_y),
             bytes_up=ledger.total("up"), bytes_down=ledger.total("down"), wall_time=self.wall_time,
             client_classes=[[int(c) for c in cd.classes] for cd in self.client_data])
 
@@ -294,30 +294,3 @@ class FederationLoop:
     @property
     def client_data(self) -> list:
         return self.parts.clients.client_data
-
-    @property
-    def facts(self) -> RoundFacts:
-        return self.parts.facts
-
-    @property
-    def test_x(self) -> torch.Tensor:
-        return self.parts.tensors.test_x
-
-    @property
-    def test_y(self) -> torch.Tensor:
-        return self.parts.tensors.test_y
-
-    @property
-    def public_x(self) -> torch.Tensor:
-        return self.parts.tensors.public_x
-
-    @property
-    def public_y(self) -> torch.Tensor:
-        return self.parts.tensors.public_y
-
-    @property
-    def private(self) -> list:
-        return self.parts.tensors.private
-
-
-

@@ -135,7 +135,7 @@ class Experiment:
         loop.setup()
         self.note_own_modules()
         if self.resume_from is None:  # needs the data; still before any training or file (a saved run resumes as it ran)
-            loop.settings.check_test_set(len(loop.test_y))
+            loop.settings.check_test_set(len(loop.parts.tensors.test_y))
         if state is not None:
             check_resumable(loop, self.saved_config, state)
         if self.resume_from is None:
