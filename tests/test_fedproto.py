@@ -70,7 +70,7 @@ def test_a_clients_prototypes_are_its_mean_penultimate_features_per_class():
     loop.fit()
     client, data = loop.clients[0], loop.client_data[0]
     info = FederationInfo(round=1, seed=0, num_clients=4, num_classes=C, public_x=torch.zeros(0, 1))
-    sent = loop.method_part.upload(ClientContext(info, client, data, None, {}, client.method_state))
+    sent = loop.parts.clients.method_part.upload(ClientContext(info, client, data, None, {}, client.method_state))
     with torch.no_grad():
         hidden = mlp_hidden(client.model, data.train.x)
     assert sent["prototypes"].shape == (C, D) and sent["prototypes"].dtype == torch.float32

@@ -123,32 +123,36 @@ def test_a_node_builds_only_the_class_paths_its_operator_allows():
     check_class_paths("aggregator:\n  class_path: fdlit.methods.FedAvg\n", "")
 
 
-@pytest.mark.deploy
-def test_a_node_with_its_own_data_trains_on_it_and_the_server_measures_its_classes(tmp_path):
+def deploy_with_node_settings(tmp_path: Path, settings_of, args: list[str]) -> dict:
+    """A 3-SuperNode local deployment whose node i gets ``settings_of(i)`` as node config; the run's outcome."""
     from fdlit.deployment.command import fit_arguments, run_on
     from fdlit.deployment.launcher import LocalDeployment, flower_env
 
-    folder = digits_folder(tmp_path / "hospital", label=9)
-
-    class OneNodeWithItsOwnData(LocalDeployment):
+    class NodesWithTheirOwnSettings(LocalDeployment):
         def _supernode_process(self, i):
             base = dict(self.node_settings)
-            self.node_settings = {**base, "local-data": str(folder)} if i == 2 else base
+            self.node_settings = {**base, **settings_of(i)}
             try:
                 return super()._supernode_process(i)
             finally:
                 self.node_settings = base
 
     work = tmp_path / "work"
-    dep = OneNodeWithItsOwnData(3, work)
+    dep = NodesWithTheirOwnSettings(3, work)
     dep.start()
     try:
         options = Namespace(nodes=3, timeout=120, node_wait=120.0, run_timeout=600.0, threads=1, root_certificates=None)
-        args = ["--config", "digits.yaml", "--data.num_clients", "6", "--federation.rounds", "2",
-                "--federation.executor", "fdlit.execution.SequentialExecutor", "--logger.run_dir", str(tmp_path / "runs")]
-        outcome = run_on(dep.address, work, flower_env(work), options, fit_arguments(args)[0])
+        return run_on(dep.address, work, flower_env(work), options, fit_arguments(args)[0])
     finally:
         dep.stop()
+
+
+@pytest.mark.deploy
+def test_a_node_with_its_own_data_trains_on_it_and_the_server_measures_its_classes(tmp_path):
+    folder = digits_folder(tmp_path / "hospital", label=9)
+    args = ["--config", "digits.yaml", "--data.num_clients", "6", "--federation.rounds", "2",
+            "--federation.executor", "fdlit.execution.SequentialExecutor", "--logger.run_dir", str(tmp_path / "runs")]
+    outcome = deploy_with_node_settings(tmp_path, lambda i: {"local-data": str(folder)} if i == 2 else {}, args)
     assert outcome["status"] == "done", outcome
     run = Path(outcome["run_dir"])
     summary = json.loads((run / "summary.json").read_text())
@@ -187,36 +191,17 @@ def test_three_nodes_with_only_their_own_folders_run_a_fashion_mnist_shaped_fede
     and trains on its own folder; the server never reads a node's folder (the run knows no node path)."""
     from test_local_files import idx_folder
 
-    from fdlit.deployment.command import fit_arguments, run_on
-    from fdlit.deployment.launcher import LocalDeployment, flower_env
-
     idx_folder(tmp_path / "server-data", n_train=400, n_test=60)  # the server's copy: public, test, validation
     empty = tmp_path / "no-dataset-here"
     empty.mkdir()
     folders = [fashion_like_folder(tmp_path / f"node{i}", [2 * i, 2 * i + 1], seed=i) for i in range(3)]
 
-    class NodesWithOnlyTheirOwnData(LocalDeployment):
-        def _supernode_process(self, i):
-            base = dict(self.node_settings)
-            self.node_settings = {**base, "local-data": str(folders[i]), "data-dir": str(empty)}
-            try:
-                return super()._supernode_process(i)
-            finally:
-                self.node_settings = base
-
-    work = tmp_path / "work"
-    dep = NodesWithOnlyTheirOwnData(3, work)
-    dep.start()
-    try:
-        options = Namespace(nodes=3, timeout=120, node_wait=120.0, run_timeout=600.0, threads=1, root_certificates=None)
-        args = ["--config", "fashion_mnist.yaml", "--data.data_dir", str(tmp_path / "server-data"),
-                "--data.num_clients", "6", "--data.classes_per_client", "5", "--data.samples_per_client", "30",
-                "--data.public_size", "60", "--data.validation_size", "30", "--federation.rounds", "2",
-                "--federation.eval_subsample", "null", "--federation.executor", "fdlit.execution.SequentialExecutor",
-                "--logger.run_dir", str(tmp_path / "runs")]
-        outcome = run_on(dep.address, work, flower_env(work), options, fit_arguments(args)[0])
-    finally:
-        dep.stop()
+    args = ["--config", "fashion_mnist.yaml", "--data.data_dir", str(tmp_path / "server-data"),
+            "--data.num_clients", "6", "--data.classes_per_client", "5", "--data.samples_per_client", "30",
+            "--data.public_size", "60", "--data.validation_size", "30", "--federation.rounds", "2",
+            "--federation.eval_subsample", "null", "--federation.executor", "fdlit.execution.SequentialExecutor",
+            "--logger.run_dir", str(tmp_path / "runs")]
+    outcome = deploy_with_node_settings(tmp_path, lambda i: {"local-data": str(folders[i]), "data-dir": str(empty)}, args)
     assert outcome["status"] == "done", outcome
     run = Path(outcome["run_dir"])
     summary = json.loads((run / "summary.json").read_text())
