@@ -63,7 +63,7 @@ def summary(rows: list[dict]) -> dict[str, float | None]:
     return {"acc": last["after_public/global_acc_mean"], "tv": mean_over_rounds("privacy/label_tv"),
             "chance": mean_over_rounds("privacy/label_tv_chance"), "auc": last.get("privacy/upload_mia_auc"),
             "tpr": last.get("privacy/upload_mia_tpr_at_1fpr"), "up_mib": mean_over_rounds("comm/up_bytes") / 2**20,
-            "secagg_s": mean_over_rounds("secagg/seconds"), "round_s": mean_over_rounds("time/round_s")}
+            "secagg_s": mean_over_rounds("time/secagg_s"), "round_s": mean_over_rounds("time/round_s")}
 
 
 def main() -> None:

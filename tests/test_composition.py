@@ -268,3 +268,29 @@ def test_every_attack_x_executor(attack, executor, tmp_path, request):
     assert len([k for k in last if k.startswith("adversaries/honest_")]) == 2
     if attack in ("fabricated_density", "colluding"):  # the fabricated density takes the teacher
         assert last["adversaries/weight"] > 0.9
+
+
+# ---------------------------------------------------------------- secure aggregation and the upload audit
+SECURE = ("--privacy.secure_aggregation", "true", "--privacy.upload_audit", "true")
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_every_method_under_secure_aggregation_runs_and_resumes_or_is_refused_in_one_line(rule, tmp_path, capsys):
+    """Every shipped method with masked uploads (and the upload audit on), clients sampled with dropout:
+    a rule computed from sums runs, sends the protocol's messages and resumes exactly; any other is
+    refused before any round in one line naming the setting."""
+    code = main(["fit", *tiny(rule, tmp_path / "straight", *SAMPLED, *SECURE)])
+    err = capsys.readouterr().err
+    if code != 0:
+        assert code == 2 and err.startswith("fdlit: error: ") and "Traceback" not in err and len(err.splitlines()) == 1
+        assert not [p for p in (tmp_path / "straight").rglob("metrics.jsonl") if p.read_text().strip()]
+        return
+    assert main(["fit", *tiny(rule, tmp_path / "stopped", *SAMPLED, *SECURE, "--federation.rounds", "1")]) == 0
+    stopped = only_run(tmp_path / "stopped")
+    assert main(["fit", "--resume", str(stopped), "--federation.rounds", "2"]) == 0
+    straight = only_run(tmp_path / "straight")
+    resumed, uninterrupted = (without_time(read_jsonl(p / "metrics.jsonl")) for p in (stopped, straight))
+    assert resumed == uninterrupted and len(resumed) == 2
+    ledger = read_jsonl(straight / "communication.jsonl")
+    assert ledger == read_jsonl(stopped / "communication.jsonl")
+    assert any(str(row.get("kind", "")).startswith("secagg") for row in ledger)  # the protocol ran
