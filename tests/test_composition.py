@@ -195,14 +195,22 @@ def test_every_method_sampled_with_dp_stopped_and_resumed_equals_an_uninterrupte
         assert code == 2 and err.startswith("fdlit: error: privacy.") and "Traceback" not in err
         assert not [p for p in (tmp_path / "straight").rglob("metrics.jsonl") if p.read_text().strip()]
         return
-    assert main(["fit", *tiny(rule, tmp_path / "stopped", *SAMPLED, *DP, "--federation.rounds", "1")]) == 0
+    resumed, ledger = stopped_and_resumed_equals_straight(rule, tmp_path, *SAMPLED, *DP)
+    assert all(m["privacy/epsilon"] > 0 for m in resumed)
+
+
+def stopped_and_resumed_equals_straight(rule, tmp_path, *flags) -> tuple[list, list]:
+    """Run ``rule`` with ``flags`` stopped after round 1 and resumed to round 2 next to the run already made
+    in ``tmp_path/straight``; assert metrics (timings aside) and ledger equal; return them."""
+    assert main(["fit", *tiny(rule, tmp_path / "stopped", *flags, "--federation.rounds", "1")]) == 0
     stopped = only_run(tmp_path / "stopped")
     assert main(["fit", "--resume", str(stopped), "--federation.rounds", "2"]) == 0
     straight = only_run(tmp_path / "straight")
     resumed, uninterrupted = (without_time(read_jsonl(p / "metrics.jsonl")) for p in (stopped, straight))
     assert resumed == uninterrupted and len(resumed) == 2
-    assert read_jsonl(stopped / "communication.jsonl") == read_jsonl(straight / "communication.jsonl")
-    assert all(m["privacy/epsilon"] > 0 for m in resumed)
+    ledger = read_jsonl(straight / "communication.jsonl")
+    assert ledger == read_jsonl(stopped / "communication.jsonl")
+    return resumed, ledger
 
 
 # ---------------------------------------------------------------- adversarial clients
@@ -285,12 +293,5 @@ def test_every_method_under_secure_aggregation_runs_and_resumes_or_is_refused_in
         assert code == 2 and err.startswith("fdlit: error: ") and "Traceback" not in err and len(err.splitlines()) == 1
         assert not [p for p in (tmp_path / "straight").rglob("metrics.jsonl") if p.read_text().strip()]
         return
-    assert main(["fit", *tiny(rule, tmp_path / "stopped", *SAMPLED, *SECURE, "--federation.rounds", "1")]) == 0
-    stopped = only_run(tmp_path / "stopped")
-    assert main(["fit", "--resume", str(stopped), "--federation.rounds", "2"]) == 0
-    straight = only_run(tmp_path / "straight")
-    resumed, uninterrupted = (without_time(read_jsonl(p / "metrics.jsonl")) for p in (stopped, straight))
-    assert resumed == uninterrupted and len(resumed) == 2
-    ledger = read_jsonl(straight / "communication.jsonl")
-    assert ledger == read_jsonl(stopped / "communication.jsonl")
+    _, ledger = stopped_and_resumed_equals_straight(rule, tmp_path, *SAMPLED, *SECURE)
     assert any(str(row.get("kind", "")).startswith("secagg") for row in ledger)  # the protocol ran

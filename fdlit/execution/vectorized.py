@@ -122,9 +122,8 @@ class VectorizedExecutor(ClientExecutor):
         self.fallback = SequentialExecutor(eval_batch_size)
         self._vectorized: set[int] = set()
         self._keys: dict[int, tuple] = {}
-        self._cache: dict = {}
-        self._auto_chunks: dict[tuple, int] = {}
-        self._compiled: dict[tuple, tuple] = {}
+        self._cache: dict = {}  # (x, t) ids of a group's private sets -> concatenated tensors
+        self._auto_chunks, self._compiled = {}, {}  # chunk sizes found; compiled steps by key
         self.trained = {"vectorized": 0, "sequential": 0}  # client-phases each path trained (tests read it)
 
     def configure(self, compile_backend: str | None = None) -> None:
@@ -341,8 +340,7 @@ class VectorizedExecutor(ClientExecutor):
         if key not in self._cache:
             if len(self._cache) >= 64:  # one entry per chunk of clients; bounded in case inputs change
                 self._cache.clear()
-            x_all = torch.cat([d[0] for d in datasets])
-            t_all = torch.cat([d[1] for d in datasets])
+            x_all, t_all = torch.cat([d[0] for d in datasets]), torch.cat([d[1] for d in datasets])
             offsets = torch.tensor([0] + [len(d[0]) for d in datasets[:-1]]).cumsum(0).tolist()  # one per client
             # the datasets are kept so their ids cannot be reused by other tensors
             self._cache[key] = (list(datasets), (x_all, t_all, offsets))
@@ -357,7 +355,7 @@ class VectorizedExecutor(ClientExecutor):
         for members in stacks:
             group = [clients[i] for i in members]
             modes = [c.model.training for c in group]
-            for c in group:
+            for c in group:  # measured as evaluated: no dropout, batch norm's running statistics
                 c.model.eval()
             stack = ParamStack(group)
             _, net, prefix = split_input(group[0].model)
@@ -369,8 +367,7 @@ class VectorizedExecutor(ClientExecutor):
             # one input pass for the whole group when every client's input module is the same
             # function in eval mode (the usual case: the dataset's normalisation); else one per client
             shared = inputs[0] is None or same_module_state(inputs)
-            fn = None
-            chunks = []
+            fn, chunks = None, []
             start, batch = 0, self.eval_batch_size
             while start < len(xx):
                 xb = xx[start : start + batch]
