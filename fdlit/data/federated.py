@@ -40,6 +40,12 @@ class ClientData:
     pool_index: np.ndarray  # indices of this client's samples (train + calibration) in the private pool
 
 
+def absent_client(client_id: int, classes: list[int], like: TensorDataset) -> ClientData:
+    """A client known by id (and classes, where known) with no samples here: a deployment node's others."""
+    none = like.subset(torch.zeros(0, dtype=torch.long))
+    return ClientData(client_id, classes, none, none, np.zeros(0, dtype=np.int64))
+
+
 class FederatedData:
     """Builds test, public and per-client private/calibration splits from a dataset and a seed.
 
@@ -259,10 +265,7 @@ class FederatedData:
         samples; every other client's samples and the private pool are dropped. Their classes stay:
         who holds which classes is what the round's facts name, not data."""
         keep = set(client_ids)
-        no_rows = torch.zeros(0, dtype=torch.long)
-        self.clients = [cd if cd.client_id in keep else
-                        ClientData(cd.client_id, cd.classes, cd.train.subset(no_rows), cd.calibration.subset(no_rows),
-                                   cd.pool_index[:0])
+        self.clients = [cd if cd.client_id in keep else absent_client(cd.client_id, cd.classes, cd.train)
                         for cd in self.clients]
         self.pool = None
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fdlit.data.federated import ClientData
+from fdlit.data.federated import ClientData, absent_client
 from fdlit.data.local_files import IDX_FILES, _idx_file, read_idx
 from fdlit.data.partition import stratified_holdout
 from fdlit.data.tensor_dataset import TensorDataset
@@ -150,7 +150,5 @@ def serve_node_data(data, meta: dict, tensors: dict[str, torch.Tensor], folder: 
     data.pool = None
     own = {cd.client_id: cd for cd in node_client_data(folder, data.public, str(data.dataset), list(client_ids), seed,
                                                        data.calibration_fraction)}
-    none = data.public.subset(torch.zeros(0, dtype=torch.long))
-    data.clients = [own.get(i) or ClientData(i, [], none, none, np.zeros(0, dtype=np.int64))
-                    for i in range(data.num_clients)]
+    data.clients = [own.get(i) or absent_client(i, [], data.public) for i in range(data.num_clients)]
     data.is_setup = True
