@@ -14,7 +14,10 @@ CLASS_ALIASES = {"ProbabilityAveraging": "avg", "UncertaintyWeighted": "uwa",
 
 
 def short(key: str, value: Any) -> str:
-    """Readable name parts: ``tau0.5``, ``k3``, ``avg`` (a class path is named by its class)."""
+    """Readable name parts: ``tau0.5``, ``k3``, ``avg`` (a class path is named by its class, a swept
+    ``config`` file by its stem: ``methods/fedavg.yaml`` -> ``fedavg``)."""
+    if key == "config" and isinstance(value, str) and value.endswith((".yaml", ".yml")):
+        return safe_name(value.rsplit("/", 1)[-1].rsplit(".", 1)[0])
     if isinstance(value, str) and "." in value and "/" not in value and not value.replace(".", "").isdigit():
         cls = value.rsplit(".", 1)[-1]
         return safe_name(CLASS_ALIASES.get(cls, cls))
