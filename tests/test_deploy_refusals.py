@@ -81,16 +81,3 @@ def test_a_deployed_node_never_imports_a_client_class_its_operator_did_not_allow
            "(federation.client_class in " in err[-1], err
     importers = [p.read_text() for p in code_dir.glob("ran-*")]
     assert importers and not [a for a in importers if "fdlit.deployment.node" in a], importers  # the server did, no node
-
-
-@pytest.mark.parametrize("flags", [("--privacy.secure_aggregation", "true"), ("--privacy.accounting", "central")])
-def test_deploy_refuses_secure_aggregation_rather_than_sending_uploads_unmasked(flags, tmp_path, capsys, monkeypatch):
-    import fdlit.deployment.launcher as launcher
-
-    monkeypatch.setattr(launcher.LocalDeployment, "start", lambda self: pytest.fail("a process was started"))
-    argv = ["deploy", "--work-dir", str(tmp_path / "work"), *SMALL, "--config", "digits_avg.yaml", *flags,
-            "--logger.run_dir", str(tmp_path / "runs")]
-    assert cli_main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("fdlit: error: privacy.secure_aggregation: deploy does not mask"), err
-    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*"))

@@ -67,10 +67,7 @@ def main(run_dir: str | None, argv: list[str]) -> int:
     else:
         fit_args, parser, cfg = fit_arguments(rest)
         experiment = Experiment(cfg, parser)  # the whole config checked before any process starts
-    if getattr(experiment.loop.privacy, "secure", False):  # refused rather than sending uploads unmasked
-        raise ConfigError("privacy.secure_aggregation", "deploy does not mask uploads (secure aggregation runs in "
-                          "fit only), so every client's upload would reach the server in the clear; use fit, or "
-                          "privacy.secure_aggregation: false with privacy.accounting: local")
+    check_secure_deployment(experiment.loop)
     import_flwr()
     # the client count as fit reads it from the config (no data is built)
     check_node_count(options, getattr(experiment.loop.data, "num_clients", None))
@@ -78,6 +75,17 @@ def main(run_dir: str | None, argv: list[str]) -> int:
     # `kill`, Ctrl-C and a closed terminal stop the deployment, never half of it
     with deployment_locks(options, runs_parent), stop_signals():
         return run(options, fit_args)
+
+
+def check_secure_deployment(loop) -> None:
+    """Under secure aggregation the ServerApp holds no upload (the nodes mask them): colluding attackers,
+    whose uploads the server copies, are refused rather than silently not copied."""
+    adversaries = loop.adversaries
+    if getattr(loop.privacy, "secure", False) and getattr(adversaries, "collude", False) and \
+            getattr(adversaries, "attack", None) is not None:
+        raise ConfigError("adversaries.collude", "colluding attackers send the first attacker's upload, which the "
+                          "server copies; under secure aggregation a deployment's server holds no upload to copy; "
+                          "set adversaries.collude: false, or use fit")
 
 
 class DeploymentInUse(ConfigError):

@@ -25,6 +25,7 @@ from fdlit.deployment.membership import apply_local_classes, assign_order, clien
 from fdlit.deployment.messages import NodeFailure, NodeLink
 from fdlit.deployment.node_requests import NodeRequests
 from fdlit.deployment.replies import check_losses, check_step, messages_of
+from fdlit.deployment.secure_rounds import SecureRounds
 from fdlit.execution.executor import ClientExecutor
 from fdlit.execution.tokens import Tokens
 from fdlit.messages import Message, array_bytes
@@ -62,6 +63,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         self.states_every: int | None = None  # the run's checkpoint.every_n_rounds (None: no checkpoints)
         self._round = 0
         self._upload_bytes = 0  # bytes of the arrays the clients' uploads carried this round
+        self.secure = SecureRounds(self.request, lambda: self.node_of)  # secure aggregation's server half
 
     def bind(self, loop: Any, config_yaml: str) -> None:
         """The loop whose tensors nodes build themselves, and the config they build them from."""
@@ -115,7 +117,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
 
     # ------------------------------------------------------------------ set-up and teardown
     def setup(self, fabric, clients) -> None:
-        self.device = fabric.device
+        self.device = self.secure.device = fabric.device
         deadline = time.monotonic() + self.node_wait_s
         while len(nodes := sorted(self.grid.get_node_ids())) < self.nodes:
             if time.monotonic() > deadline:
@@ -284,6 +286,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         inputs = self._evaluated_sets()
         info = step.info
         expect = (len(info.public_x), self.loop.parts.facts.num_classes) if step.upload == "predictions" else None
+        secure = step.upload is not None and self.loop.privacy.secure  # keys go up, the uploads stay on the nodes
         per_node = {}
         for node in sorted(set(trained) | set(uploading)):
             out: dict[str, torch.Tensor] = {}
@@ -298,10 +301,14 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
                 meta["upload"] = {"kind": step.upload, "ids": [step.uploading[j].client_id for j in uploading[node]],
                                   "clients": list(info.clients), "public_index": self._ref(info.public_index, node, out),
                                   "received": {k: self._ref(v, node, out) for k, v in step.received.items()}}
+            if secure:
+                meta["secagg"] = self.secure.step_meta(step.round, meta["ids"])
             per_node[node] = (meta, out)
         replies = self.request("step", per_node, tolerate=True)
         replies = self._valid(replies, lambda node, meta, tensors: check_step(
             meta, tensors, len(trained.get(node, [])), len(uploading[node]) if node in uploading else 0, expect))
+        if secure:
+            self.secure.keep_keys(replies)
         losses = self._losses(len(step.trained), replies, trained)
         self._changed(step.trained, range(len(step.trained)), {n: r for n, r in replies.items() if n in trained},
                       trained, inputs)
@@ -312,6 +319,11 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
                 messages[j] = m
                 self._upload_bytes += sum(map(array_bytes, m.arrays.values()))  # as the node sent them (released, encoded)
         return losses, messages
+
+    def secure_sum(self, r, sampled, clients, fraction, send):
+        """Secure aggregation with the clients' half on the nodes (fdlit.deployment.secure_rounds): the
+        server receives only the sum."""
+        return self.secure.secure_sum(r, sampled, clients, fraction, send)
 
     def distil(self, part, clients, teachers, private, epochs, batch_size):
         """The public phase in one exchange per node: the (public inputs, targets) each client was sent

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fdlit.deployment.secure_node import NodeSecureAggregation
 from fdlit.deployment.wire import pack, unpack
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ class NodeWorker:
         self.loop = None
         self.node_config: dict[str, Any] = {}  # flower-supernode --node-config
         self.objects: dict[int, torch.Tensor] = {}  # token -> tensor the server sent
+        self.secagg = NodeSecureAggregation()  # its clients' half of secure aggregation
 
     # ------------------------------------------------------------------ requests
     def handle(self, content):
@@ -204,6 +206,12 @@ class NodeWorker:
         losses = executor.train(trained, "private", datasets, meta["epochs"], meta["batch_size"]) if trained else []
         out_meta: dict[str, Any] = {"losses": [float(v) for v in losses]}
         out = self._then_measure(meta)  # before the upload, as the round evaluates after the private phase
+        secure = loop.privacy.secure
+        if secure and upload and "secagg" not in meta:
+            raise RuntimeError("secure aggregation is on, and the server asked for the uploads without keys")
+        if secure and "secagg" in meta:  # step 0: its sampled clients' keys (fdlit.deployment.secure_node)
+            out_meta["secagg_ids"], out["secagg/keys"] = self.secagg.start(meta["secagg"]["round"],
+                                                                           meta["secagg"]["clients"])
         if upload:
             from fdlit.errors import check_finite
 
@@ -214,6 +222,8 @@ class NodeWorker:
                               [loop.client_data[i] for i in ids], loop.parts.clients.method_part, info,
                               {k: self._ref(r) for k, r in upload["received"].items()}, loop.parts.clients.release)
             _, payloads = executor.client_step(step)
+            if secure:  # the terms of the sum stay here; each message goes up without its arrays
+                payloads = self.secagg.keep(ids, payloads, loop.privacy)
             out_meta["upload"] = self._typed(payloads, out)
         return self._after(out_meta, meta, out)
 
@@ -282,6 +292,15 @@ class NodeWorker:
             client.load_client_state(state)
         self.loop.executor.push_states(clients)
         return {}, {}
+
+    def op_secagg_share(self, meta, tensors):
+        return self.secagg.share(meta, tensors)
+
+    def op_secagg_mask(self, meta, tensors):
+        return self.secagg.mask(meta, tensors)
+
+    def op_secagg_unmask(self, meta, tensors):
+        return self.secagg.unmask(meta, tensors)
 
     def op_teardown(self, meta, tensors):
         self.stop = True

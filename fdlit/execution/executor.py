@@ -56,6 +56,9 @@ class ClientExecutor:
     compile_backend: str | None = None  # federation.compile: a torch.compile backend, or None
     # set by the loop: progress(phase, clients done (may be fractional), clients in the phase)
     progress: Callable[[str, float, int], None] | None = None
+    # secure aggregation's clients' half where the clients live (a deployment's nodes): ``secure_sum(r,
+    # sampled, clients, threshold, count) -> (SecureSums | None, stats)``; None: in the server's process
+    secure_sum: Callable | None = None
 
     def report(self, phase: str, done: float, total: int) -> None:
         """Tell the loop how far a ``train`` call is (a progress bar advances as clients finish)."""

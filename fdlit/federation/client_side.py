@@ -99,6 +99,12 @@ class ClientSide:
         return self.executor.distil(self.method_part, self.subset(self.clients, ids), teachers,
                                     self.subset(self.private, ids), epochs, batch_size)
 
+    @property
+    def masking(self) -> Callable | None:
+        """Secure aggregation where the clients live (fdlit.privacy.UploadPrivacy.receive's ``masking``), or
+        None: its clients' half runs in the server's process."""
+        return self.executor.secure_sum
+
     def unreachable(self) -> frozenset[int]:
         """Clients whose node stopped answering (a deployment): dropouts of the round."""
         return self.executor.unreachable()

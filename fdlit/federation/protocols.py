@@ -159,7 +159,7 @@ class PredictionExchange(Protocol):
         messages = parts.adversaries.collude_uploads(r, ids, messages)
         return server.privacy.receive(r, ids, messages, parts.num_classes, len(info.public_x),
                                       parts.facts.sample_rate, server.send_up, parts.seed, sampled=sampled,
-                                      send_down=server.send_down)
+                                      send_down=server.send_down, masking=parts.clients.masking)
 
     @staticmethod
     def server_aggregate(parts: RoundParts, plan: RoundPlan, ids: list[int], uploads, info):
@@ -227,7 +227,8 @@ class ParameterExchange(Protocol):
         if server.privacy.secure:  # masked (fdlit.privacy.secure_upload): the rule is given only the sums
             uploads, stats = server.privacy.receive(plan.round, ids, raw, parts.num_classes, 0, parts.facts.sample_rate,
                                                     server.send_up, parts.seed, sampled=plan.sampled,
-                                                    send_down=server.send_down)
+                                                    send_down=server.send_down,
+                                                    masking=parts.clients.masking)
             if uploads is None:  # too few clients survived to unmask: every client keeps what it has
                 return None, [math.nan] * m, parts.evaluated(plan)
         else:

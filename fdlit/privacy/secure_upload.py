@@ -85,19 +85,29 @@ def masked_sums(r: int, sampled: Sequence[int], clients: Sequence[int], summands
     vectors, layout = {}, []
     for i, s in zip(clients, summands, strict=True):
         vectors[i], layout = flatten(s, len(u1))
-
-    def count(client, direction, kind, array):
-        send(r, client, direction, kind, torch.from_numpy(array.view(np.int64) if array.dtype == np.uint64 else array))
-
-    total, stats = secure_sum(u1, vectors, count, round=r, fraction=threshold)
+    total, stats = secure_sum(u1, vectors, ledger_counter(r, send), round=r, fraction=threshold)
     if total is None:
         return None, stats
     device = next(iter(summands[0].values()))[0].device  # the sums go where the uploads were
+    return decoded_sums(total, layout, len(u1), clients, device, stats)
+
+
+def ledger_counter(r: int, send: Callable[[int, int, str, str, torch.Tensor], None]):
+    """The protocol's ``send(client, direction, kind, array)`` as the ledger's call for round r."""
+    def count(client, direction, kind, array):
+        send(r, client, direction, kind, torch.from_numpy(array.view(np.int64) if array.dtype == np.uint64 else array))
+    return count
+
+
+def decoded_sums(total: np.ndarray, layout: list, clients_u1: int, clients: Sequence[int], device,
+                 stats: dict[str, float]) -> tuple[SecureSums, dict[str, float]]:
+    """The unmasked ``total`` (``flatten``'s ``layout``, ``clients_u1`` clients in the key exchange) as
+    the sums the rule receives, on ``device``."""
     sums, errors, start = {}, {}, 0
     for name, shape, _, bits in layout:
         size = int(np.prod(shape))
         sums[name] = torch.from_numpy(decode(total[start:start + size], bits).reshape(shape)).to(device)
-        errors[name] = fixed_point_error(len(u1), bits)
+        errors[name] = fixed_point_error(clients_u1, bits)
         start += size
     stats["secagg/scale_bits_min"] = float(min(bits for *_, bits in layout))
     stats["secagg/fixed_point_error_max"] = max(errors.values())

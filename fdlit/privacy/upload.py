@@ -43,8 +43,9 @@ Where it runs: clipping, local noise and the encoding happen on the client, wher
 a Ray actor, a Flower node: fdlit.privacy.client_release), so raw logits never leave a client when this
 section is on; the server decodes, adds the secure sum's noise (central) and keeps the accountant.
 Secure aggregation (fdlit.privacy.secure_upload) masks each client's terms of a rule that is a sum; in
-``fit`` its clients' half runs in the server's process, on each client's release, and the rule is given
-only the unmasked sum (``deploy`` refuses it).
+``fit`` its clients' half runs in the server's process, on each client's release; in ``deploy`` on the
+nodes (fdlit.deployment.secure_rounds), so no upload reaches the server. Either way the rule is given
+only the unmasked sum.
 
 sigma = 0 turns the mechanism off: nothing is clipped or noised and epsilon is not reported.
 Encodings (``encoding``) apply after the noise (post-processing): they send less, and by
@@ -267,15 +268,17 @@ class UploadPrivacy:
 
     def receive(self, r: int, clients: Sequence[int], messages: list[dict[str, torch.Tensor]], num_classes: int,
                 num_rows: int, sample_rate: float, send: Callable[[int, int, dict], dict], seed: int = 0,
-                sampled: Sequence[int] | None = None, send_down: Callable[[int, int, dict], Any] | None = None
-                ) -> tuple[list[dict[str, torch.Tensor]] | SecureSums | None, dict[str, float]]:
+                sampled: Sequence[int] | None = None, send_down: Callable[[int, int, dict], Any] | None = None,
+                masking: Callable | None = None) -> tuple[list[dict[str, torch.Tensor]] | SecureSums | None, dict[str, float]]:
         """The server's side: count (``send(r, client, messages)``) and decode what each client released
         (``ClientRelease``), add the secure sum's noise (central), account the round; returns what the
         server's rule receives and this round's privacy metrics. ``num_rows``: the public rows each
         upload covers; ``sample_rate``: the round's q (logged, and the before-sampling account's rate);
         ``seed``: the run's, for the secure sum's noise stream. Under secure aggregation the rule receives
         ``SecureSums`` (None: too few clients survived to unmask), ``sampled`` are the clients of the key
-        exchange (default: ``clients``) and ``send_down`` counts what the server sends them."""
+        exchange (default: ``clients``) and ``send_down`` counts what the server sends them; ``masking``
+        runs the clients' half where they live and returns the sums (a deployment's nodes: ``messages``
+        then carry no arrays), None: here, from ``messages`` (``masked_sums``)."""
         ids = list(clients)
         if not self.active:  # fdlit's plain upload, bit for bit
             return [send(r, i, m) for i, m in zip(ids, messages, strict=True)], {}
@@ -286,11 +289,10 @@ class UploadPrivacy:
         u1 = ids if sampled is None else sampled
         secure_stats: dict[str, float] = {}
         if self.dp and self.central:
-            uploads, std, secure_stats = self._summed(r, ids, messages, seed, u1, counter)
+            uploads, std, secure_stats = self._summed(r, ids, messages, seed, u1, counter, masking)
             stds = [std]
-        elif self.secure:  # each client's terms, masked where it lives (simulated here), summed
-            terms = [self.summands(m, i) for i, m in zip(ids, messages, strict=True)]
-            uploads, secure_stats = masked_sums(r, u1, ids, terms, counter, self.secure_threshold)
+        elif self.secure:  # each client's terms, masked where it lives (fit: simulated here), summed
+            uploads, secure_stats = self._masked(r, u1, ids, messages, counter, masking)
             stds = [float(d[2]) for d in diagnostics if d is not None]
         else:
             uploads, stds = [], [float(d[2]) for d in diagnostics if d is not None]
@@ -337,13 +339,25 @@ class UploadPrivacy:
                 send_down(r, client, {kind: tensor})
         return count
 
-    def _summed(self, r, ids, shares, seed, sampled, count):
+    def secure_terms(self, message, client: int) -> dict[str, tuple[torch.Tensor, float]]:
+        """A client's terms of the secure sum from its release (``check`` chose them): the clipped rows
+        under central noise, else the method's ``secure_summands``; where the client lives in a deployment."""
+        if self.dp and self.central:
+            return {"logits": (message["logits"].double(), self.clip_norm)}  # rows of norm <= c
+        return self.summands(message, client)
+
+    def _masked(self, r, sampled, ids, messages, count, masking):
+        if masking is not None:  # the clients mask where they live; ``messages`` carry no arrays
+            return masking(r, sampled, ids, self.secure_threshold, count)
+        terms = [self.secure_terms(m, i) for i, m in zip(ids, messages, strict=True)]
+        return masked_sums(r, sampled, ids, terms, count, self.secure_threshold)
+
+    def _summed(self, r, ids, shares, seed, sampled, count, masking=None):
         """Central noise: each client's clipped rows are masked and summed (secure aggregation); the sum
         gets one Gaussian draw, and every upload the rule receives is the noisy mean (as logits: a mean
         probability is made a distribution first)."""
         probabilities = self.release.summed == "probabilities"
-        summands = [{"logits": (m["logits"].double(), self.clip_norm)} for m in shares]  # rows of norm <= c
-        secure, secure_stats = masked_sums(r, sampled, ids, summands, count, self.secure_threshold)
+        secure, secure_stats = self._masked(r, sampled, ids, shares, count, masking)
         if secure is None:
             return None, 0.0, secure_stats
         total = secure.sums["logits"]
