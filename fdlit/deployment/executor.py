@@ -7,7 +7,9 @@ exchange's receive, and the rarer train / predict / hook / state requests. Repli
 (fdlit.deployment.replies): an invalid one makes its node a dropout of the round. Tensors a node
 builds itself (its clients' data, the public, test and validation sets) are named; anything else
 (the teacher, a broadcast, a public subset) goes down once per node and is named by a token after.
-Every Message's serialised size is counted by operation and direction (``comm/wire_*``).
+Every Message's serialised size is counted by operation and direction (``comm/wire_*``). Under secure
+aggregation the uploads stay on the nodes and three exchanges give the server their sum
+(fdlit.deployment.secure_rounds).
 """
 
 from __future__ import annotations
