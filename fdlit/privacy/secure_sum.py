@@ -22,8 +22,9 @@ Two key pairs, as in Bonawitz et al.: the server rebuilds a dropped client's s_v
 that would also open every share sent to or from v.
 
 A client's half is :class:`Participant` (keys, shares, mask, reveal), the server's is :func:`unmask`;
-:func:`secure_sum` runs both in one process (``fit``); a deployment runs them on the nodes and in the
-ServerApp (fdlit.deployment.secure_rounds). The PRG is ChaCha20's key stream keyed by HKDF-SHA256 of
+:func:`secure_sum` runs both in one process (``fit``: the shares are handed over there as they are,
+their ciphertexts' bytes counted); a deployment runs them on the nodes, encrypting every share, and in
+the ServerApp (fdlit.deployment.secure_rounds). The PRG is ChaCha20's key stream keyed by HKDF-SHA256 of
 the secret (the ``cryptography`` library); Shamir's scheme over the prime field 2^521 - 1 is a few
 lines, written here.
 
@@ -122,10 +123,18 @@ def prg(seed: bytes, length: int, info: bytes) -> np.ndarray:
     return np.frombuffer(stream.update(b"\0" * (8 * length)), dtype=np.uint64)
 
 
-def agree(private: bytes, public: bytes) -> bytes:
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+def agree(private, public: bytes) -> bytes:
+    """The X25519 secret of ``private`` (raw bytes, or a key made once by ``private_key``) and ``public``."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
-    return X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(public))
+    key = private_key(private) if isinstance(private, bytes) else private
+    return key.exchange(X25519PublicKey.from_public_bytes(public))
+
+
+def private_key(raw: bytes):
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    return X25519PrivateKey.from_private_bytes(raw)
 
 
 def keypair() -> tuple[bytes, bytes]:
@@ -135,7 +144,7 @@ def keypair() -> tuple[bytes, bytes]:
     return key.private_bytes_raw(), key.public_key().public_bytes_raw()
 
 
-def _aead(private: bytes, public: bytes):
+def _aead(private, public: bytes):
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
     return ChaCha20Poly1305(_kdf(agree(private, public), b"fdlit secagg shares"))
@@ -164,6 +173,9 @@ class Participant:
     self_seed: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     held: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # from v: (x, share of s_v, share of b_v)
 
+    def __post_init__(self):  # the keys as objects, made once (from raw bytes: most of an agreement's time)
+        self._mask_key, self._channel_key = private_key(self.private), private_key(self.channel_private)
+
     @classmethod
     def new(cls, id: int) -> Participant:
         return cls(id, *keypair(), *keypair())
@@ -173,26 +185,29 @@ class Participant:
         """Step 0: c_u's and s_u's public keys."""
         return self.channel_public + self.public
 
-    def share(self, u1: list[int], t: int, advertised: dict[int, bytes], info: bytes) -> dict[int, bytes]:
-        """Step 1: shares of s_u and b_u for every v of ``u1`` (x = v's place in u1, from 1), each encrypted
-        for v; u keeps its own."""
+    def shares(self, u1: list[int], t: int) -> dict[int, tuple[int, int, int]]:
+        """Step 1: (x, share of s_u, share of b_u) for every v of ``u1`` (x: v's place in u1, from 1); u
+        keeps its own."""
         key_shares = shamir_share(int.from_bytes(self.private, "little"), len(u1), t)
         seed_shares = shamir_share(int.from_bytes(self.self_seed, "little"), len(u1), t)
+        out = {v: (x, s, b) for (x, s), (_, b), v in zip(key_shares, seed_shares, u1, strict=True)}
+        self.held[self.id] = out.pop(self.id)
+        return out
+
+    def share(self, u1: list[int], t: int, advertised: dict[int, bytes], info: bytes) -> dict[int, bytes]:
+        """``shares``, each encrypted for its recipient (what travels through the server)."""
         out = {}
-        for (x, s), (_, b), v in zip(key_shares, seed_shares, u1, strict=True):
-            if v == self.id:
-                self.held[v] = (x, s, b)
-                continue
+        for v, (x, s, b) in self.shares(u1, t).items():
             nonce = secrets.token_bytes(12)
             plain = x.to_bytes(4, "little") + s.to_bytes(FIELD_BYTES, "little") + b.to_bytes(FIELD_BYTES, "little")
-            aead = _aead(self.channel_private, advertised[v][:KEY_BYTES])
+            aead = _aead(self._channel_key, advertised[v][:KEY_BYTES])
             out[v] = nonce + aead.encrypt(nonce, plain, _bound(self.id, v, info))
         return out
 
     def receive(self, ciphertexts: dict[int, bytes], advertised: dict[int, bytes], info: bytes) -> None:
         """Step 1, on arrival: the shares other clients sent u (a forged or altered one fails to decrypt)."""
         for v, c in ciphertexts.items():
-            plain = _aead(self.channel_private, advertised[v][:KEY_BYTES]).decrypt(c[:12], c[12:],
+            plain = _aead(self._channel_key, advertised[v][:KEY_BYTES]).decrypt(c[:12], c[12:],
                                                                                    _bound(v, self.id, info))
             self.held[v] = (int.from_bytes(plain[:4], "little"), int.from_bytes(plain[4:4 + FIELD_BYTES], "little"),
                             int.from_bytes(plain[4 + FIELD_BYTES:], "little"))
@@ -203,7 +218,7 @@ class Participant:
         for v, public in keys.items():
             if v == self.id:
                 continue
-            pair = prg(agree(self.private, public), len(x), info + b"pair")
+            pair = prg(agree(self._mask_key, public), len(x), info + b"pair")
             y = y + pair if self.id < v else y - pair
         return y
 
@@ -277,9 +292,9 @@ def secure_sum(sampled: list[int], vectors: dict[int, np.ndarray], send: Send, r
     n, t, info = len(u1), threshold(len(u1), fraction), info_of(round)
     people = {u: Participant.new(u) for u in u1}  # 0. advertise keys
     advertised = {u: p.advertised for u, p in people.items()}
-    sent = {u: p.share(u1, t, advertised, info) for u, p in people.items()}  # 1. share keys
-    for v, p in people.items():
-        p.receive({u: c[v] for u, c in sent.items() if u != v}, advertised, info)
+    for u, p in people.items():  # 1. share keys (in one process: handed over as they are; the bytes are counted)
+        for v, share in p.shares(u1, t).items():
+            people[v].held[u] = share
     keys = mask_keys(advertised)
     masked = {u: people[u].mask(vectors[u], keys, info) for u in u2}  # 2. masked input
     dropped = [v for v in u1 if v not in masked]
