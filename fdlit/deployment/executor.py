@@ -303,8 +303,10 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
                 meta["upload"] = {"kind": step.upload, "ids": [step.uploading[j].client_id for j in uploading[node]],
                                   "clients": list(info.clients), "public_index": self._ref(info.public_index, node, out),
                                   "received": {k: self._ref(v, node, out) for k, v in step.received.items()}}
-            if secure:
-                meta["secagg"] = self.secure.step_meta(step.round, meta["ids"])
+            if secure:  # with what the method's client-side terms read of the server's state (``secure_state``)
+                method = self.loop.aggregator
+                meta["secagg"] = {**self.secure.step_meta(step.round, meta["ids"]), "state": {
+                    name: self._ref(getattr(method, name), node, out) for name in getattr(method, "secure_state", ())}}
             per_node[node] = (meta, out)
         replies = self.request("step", per_node, tolerate=True)
         replies = self._valid(replies, lambda node, meta, tensors: check_step(

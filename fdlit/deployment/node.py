@@ -210,6 +210,9 @@ class NodeWorker:
         if secure and upload and "secagg" not in meta:
             raise RuntimeError("secure aggregation is on, and the server asked for the uploads without keys")
         if secure and "secagg" in meta:  # step 0: its sampled clients' keys (fdlit.deployment.secure_node)
+            method = loop.aggregator  # the server's state its clients' terms read (only what the method declares)
+            for name in getattr(method, "secure_state", ()):
+                setattr(method, name, self._ref(meta["secagg"].get("state", {}).get(name)))
             out_meta["secagg_ids"], out["secagg/keys"] = self.secagg.start(meta["secagg"]["round"],
                                                                            meta["secagg"]["clients"])
         if upload:

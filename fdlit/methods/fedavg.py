@@ -105,6 +105,7 @@ class FedAvg(Aggregator):
 
     # secure aggregation (fdlit.privacy.secure_upload): the n_k-weighted mean is a ratio of two sums
     secure_setup = "its set-up sends each client's sample count n_k and one client's initial model in the clear"
+    secure_state = ("counts",)  # what the clients' terms read of the server's state (a deployment sends it to the nodes)
 
     def secure_summands(self, upload, client):
         """Client k's terms: w_k theta_k and w_k, w_k = n_k / max_j n_j in (0, 1] (every n_j went to the
