@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from fdlit.deployment.secure_node import keys_of, keys_tensor
-from fdlit.privacy.secure_sum import EXCHANGES, count_messages, info_of, mask_keys, threshold, unmask
+from fdlit.privacy.secure_sum import EXCHANGES, count_messages, info_of, mask_keys, scale_bits, threshold, unmask
 from fdlit.privacy.secure_upload import SecureSums, decoded_sums, ledger_counter
 
 Request = Callable[..., dict]  # request(op, {node: (meta, tensors)}, tolerate=True) -> {node: (meta, tensors)}
@@ -103,9 +103,11 @@ class SecureRounds:
                 if not ids or any(self.node_of().get(u) != node or u not in clients for u in ids):
                     continue
                 node_layout = [(name, tuple(shape), float(b), int(bits)) for name, shape, b, bits in meta["layout"]]
-                layout = layout or node_layout
-                if node_layout != layout or tensors["masked"].shape[-1] != sum(int(np.prod(s)) for _, s, _, _ in layout):
-                    continue  # terms another node would not sum with: that node's clients drop out
+                size = sum(int(np.prod(s)) for _, s, _, _ in node_layout)
+                if layout not in (None, node_layout) or "masked" not in tensors or tensors["masked"].shape != (
+                        len(ids), size) or any(bits != scale_bits(b, n) for _, _, b, bits in node_layout):
+                    continue  # terms the others' would not sum with (or could wrap around): its clients drop out
+                layout = node_layout
                 masked.update({u: y.numpy().view(np.uint64) for u, y in zip(ids, tensors["masked"], strict=True)})
         survivors = sorted(masked)
         dropped = [v for v in shared if v not in masked]
