@@ -171,6 +171,8 @@ def test_a_deployed_secure_run_equals_fits_and_no_upload_reaches_the_server(depl
         for key, value in f.items():  # accuracies, teacher, secagg/*, the ledger's bytes: all but times
             if not key.startswith("time/"):
                 assert close(d[key], value), key
+        # the sums are fit's bit for bit; their fixed-point error (docs/privacy.md) is far below the 1e-5 allowed
+        assert d["secagg/fixed_point_error_max"] == f["secagg/fixed_point_error_max"] < 1e-13
         assert d["comm/wire_upload_bytes"] == 0  # no upload array came up from a node
         assert d["comm/wire/secagg_mask_up"] > 0 and d["comm/wire/secagg_unmask_up"] > 0
         assert d["comm/exchanges"] >= 5  # the client step, 3 protocol exchanges, the teacher or the broadcast

@@ -5,7 +5,9 @@ The ServerApp (:mod:`fdlit.deployment.server_app`) runs fdlit's ordinary round
 whose calls (train, predict, a client part's hook) become Flower Messages to the SuperNodes. Each
 SuperNode's ClientApp (:mod:`fdlit.deployment.client_app`) hands them to a long-lived node worker
 (:mod:`fdlit.deployment.node`) that holds that node's clients and builds their data itself from the
-config and the seed. :mod:`fdlit.deployment.launcher` starts a local deployment (``python -m fdlit
+config and the seed. Under secure aggregation the uploads stay on the nodes and the server gets their
+sum (:mod:`fdlit.deployment.secure_rounds`, :mod:`fdlit.deployment.secure_node`).
+:mod:`fdlit.deployment.launcher` starts a local deployment (``python -m fdlit
 deploy``) or submits to an existing SuperLink. docs/deployment.md.
 
 ``flwr`` is imported only here, lazily: fdlit works without it.
