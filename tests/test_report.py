@@ -654,3 +654,27 @@ def test_the_report_is_never_written_into_a_run_directory(runs_dir, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"fdlit: error: out: '{run}' is a run directory"), err
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_table1_says_which_network_each_row_measures(tmp_path):
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        fake_run(root, "AVG", 2, seed, 0.5, summary={"measured_network": "each client's own network"})
+        fake_run(root, "sUWA", 2, seed, 0.6, summary={"measured_network": "the private <network>"})
+    page = write_report(root, formats=PNG).read_text()
+    md = (root / "report" / "table1.md").read_text()
+    assert "Network measured: AVG: each client's own network; sUWA τ=0.25: the private &lt;network>." in md
+    assert "<li>AVG: each client&#x27;s own network</li>" in page and "the private &lt;network&gt;" in page
+    plain = tmp_path / "plain"  # runs that do not say: no line
+    fake_run(plain, "AVG", 2, 0, 0.5)
+    write_report(plain, formats=PNG)
+    assert "Network measured" not in (plain / "report" / "table1.md").read_text()
+
+
+def test_the_baselines_name_their_network():
+    from fdlit.federation.baselines import measured_network
+    from fdlit.methods import FedAvg, FedProto
+
+    assert measured_network("local_only", FedAvg()) == "each client's own network"
+    assert "reference" in measured_network("reference", FedProto())
+    assert measured_network("fd", FedAvg()).startswith("the averaged model")

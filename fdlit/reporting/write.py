@@ -27,7 +27,14 @@ from fdlit.reporting.privacy_table import CAPTION as PRIVACY_CAPTION
 from fdlit.reporting.privacy_table import privacy_csv, privacy_html, privacy_markdown, privacy_table
 from fdlit.reporting.runs import ACC, LOCAL, _k_sort, _method_sort, load_runs
 from fdlit.reporting.table import TIED_MARK, table1, table1_caption
-from fdlit.reporting.table_files import legend_markdown, markdown_text, table1_csv, table1_latex, table1_markdown
+from fdlit.reporting.table_files import (
+    legend_markdown,
+    markdown_text,
+    networks_markdown,
+    table1_csv,
+    table1_latex,
+    table1_markdown,
+)
 from fdlit.runs.atomic_write import enclosing_run_directory, is_run_directory, write_file
 
 
@@ -59,7 +66,7 @@ def write_report(runs_dir: str | Path | list, out: str | Path | None = None, inc
             md_caption = table1_caption(table, selected, tied=f"marked {TIED_MARK}")
             heading = f"## {markdown_text(section.name)}\n\n" if len(parts) > 1 else ""
             tables["table1.md"].append(heading + markdown_text(md_caption) + "\n\n" + table1_markdown(table)
-                                       + legend_markdown(section.legend))
+                                       + networks_markdown(section.runs) + legend_markdown(section.legend))
             csv = table1_csv(table)
             tables["table1.csv"].append(csv if not tables["table1.csv"] else csv.split("\n", 1)[1])
             tables["table1.tex"].append(table1_latex(table, caption))
