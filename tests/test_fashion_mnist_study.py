@@ -1,5 +1,6 @@
-"""configs/fashion_mnist.yaml and every rule of scripts/fashion_mnist_study.py run end to end on tiny IDX
-files in the real format (4 clients, 1 round), with validation selection, so the study cannot fail on a flag."""
+"""configs/fashion_mnist.yaml, every method of sweeps/fashion_mnist_families.yaml and every rule of
+scripts/fashion_mnist_study.py run end to end on tiny IDX files in the real format (4 clients, 1 round), with
+validation selection, so the study cannot fail on a flag."""
 
 import sys
 from pathlib import Path
@@ -10,10 +11,13 @@ from test_local_files import idx_folder
 
 from fdlit.config import parse_fit
 from fdlit.runs.experiment import Experiment
+from fdlit.sweep_file import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from fashion_mnist_study import RULES  # noqa: E402
+
+FAMILIES = load_sweep(ROOT / "sweeps" / "fashion_mnist_families.yaml")
 
 TINY = ["--logger.mode", "disabled", "--logger.progress", "false", "--federation.rounds", "1",
         "--federation.private_epochs_first", "1", "--federation.public_epochs_first", "1",
@@ -44,3 +48,16 @@ def test_every_study_rule_runs_on_idx_files(rule, fashion_dir, tmp_path):
     summary = Experiment(cfg, parser).fit()
     assert summary["finished"]
     assert 0.0 <= summary["selected_global_acc_mean_after_private"] <= 1.0  # chosen by validation
+
+
+@pytest.mark.parametrize("method", FAMILIES["parameters"]["config"]["values"])
+def test_every_method_of_the_families_study_runs_on_idx_files_with_both_metrics(method, fashion_dir, tmp_path):
+    tail = FAMILIES["_fit_tail"]
+    base = tail[tail.index("--config") + 1]
+    parser, cfg = parse_fit(["--config", base, f"--config={method}", "--data.data_dir", str(fashion_dir),
+                             "--data.classes_per_client", "5", "--logger.run_dir", str(tmp_path), *TINY])
+    summary = Experiment(cfg, parser).fit()
+    assert summary["finished"]
+    # the table's two metrics: the whole test set and each client's own classes
+    assert 0.0 <= summary["selected_global_acc_mean"] <= 1.0
+    assert 0.0 <= summary["final_local_acc_mean_after_public"] <= 1.0

@@ -56,6 +56,21 @@ def test_the_two_network_methods_measure_the_network_evaluate_names(method, eval
     other = "shared" if named == "private" else "private"
     check_measured(loop, lambda c: getattr(find_pair(c.model), named),
                    lambda c: scramble(getattr(find_pair(c.model), other), seed=99))
+    # the run says which network its numbers are (summary.json, the printed summary, the report)
+    said = loop.summary()["measured_network"]
+    assert ("private" if named == "private" else "averaged at the exchange") in said
+
+
+@pytest.mark.parametrize(("method", "words"), [
+    (FedGen(share="parameters", **SMALL_GEN), "the averaged model each client loads"),
+    (FedGen(share="heads", **SMALL_GEN), "averaged head"),
+    (FedDistill(), "each client's own network"),
+    (FedProto(), "each client's own network"),
+])
+def test_every_run_says_which_network_its_accuracy_is(method, words):
+    loop = loop_for(method)
+    loop.fit()
+    assert words in loop.summary()["measured_network"]
 
 
 def test_fedgen_measures_each_clients_network_after_the_exchange_not_the_generator():

@@ -365,6 +365,22 @@ def test_privacy_runs_get_accuracy_and_attack_auc_against_epsilon(tmp_path):
     fake_run(plain, "AVG", 2, 0, 0.80)
     assert accuracy_vs_epsilon(load_runs(plain)[0]) is None
     assert "privacy_accuracy" not in write_report(plain, formats=PNG).read_text()
+    # the privacy table: a row per group (no DP, sigma 0.3, sigma 1.0), the last round's epsilon, the label
+    # attack's error averaged over rounds beside the uniform guess's, the membership AUC from predictions
+    table = (root / "report" / "privacy.md").read_text()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines()
+            if line.startswith("| [") and line.split(" | ")[0].endswith("] AVG")}
+    assert len(rows) == 3
+    by_eps = {row[3].split(" ")[0]: row for row in rows.values()}
+    assert set(by_eps) == {"–", "40.00", "5.00"}  # the run without DP has no epsilon
+    assert by_eps["5.00"][2] == "30.00 ± 0.00" and by_eps["5.00"][4] == "0.700 ± 0.000"  # 0.2 + 1.0 / 2
+    assert by_eps["40.00"][4] == "0.350 ± 0.000" and by_eps["40.00"][5].startswith("0.800")
+    assert by_eps["40.00"][6].startswith("0.520")
+    assert by_eps["–"][2] == "80.00 ± 0.00" and by_eps["–"][4] == "–"
+    csv_lines = (root / "report" / "privacy.csv").read_text().splitlines()
+    assert csv_lines[0] == "method,k,column,mean,std,n" and any(",ε,5.0,0.0,2" in line for line in csv_lines)
+    assert 'id="privacy"' in (root / "report" / "index.html").read_text()
+    assert not (plain / "report" / "privacy.md").exists()  # no privacy measured: no table
 
 
 def welch_p(a, b):
@@ -638,3 +654,27 @@ def test_the_report_is_never_written_into_a_run_directory(runs_dir, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"fdlit: error: out: '{run}' is a run directory"), err
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_table1_says_which_network_each_row_measures(tmp_path):
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        fake_run(root, "AVG", 2, seed, 0.5, summary={"measured_network": "each client's own network"})
+        fake_run(root, "sUWA", 2, seed, 0.6, summary={"measured_network": "the private <network>"})
+    page = write_report(root, formats=PNG).read_text()
+    md = (root / "report" / "table1.md").read_text()
+    assert "Network measured: AVG: each client's own network; sUWA τ=0.25: the private &lt;network>." in md
+    assert "<li>AVG: each client&#x27;s own network</li>" in page and "the private &lt;network&gt;" in page
+    plain = tmp_path / "plain"  # runs that do not say: no line
+    fake_run(plain, "AVG", 2, 0, 0.5)
+    write_report(plain, formats=PNG)
+    assert "Network measured" not in (plain / "report" / "table1.md").read_text()
+
+
+def test_the_baselines_name_their_network():
+    from fdlit.federation.baselines import measured_network
+    from fdlit.methods import FedAvg, FedProto
+
+    assert measured_network("local_only", FedAvg()) == "each client's own network"
+    assert "reference" in measured_network("reference", FedProto())
+    assert measured_network("fd", FedAvg()).startswith("the averaged model")

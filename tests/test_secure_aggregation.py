@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+import fdlit.methods
 from fdlit.cli import main
 from fdlit.messages import Message
 from fdlit.methods import ProbabilityAveraging, SmoothedUncertaintyWeighted
@@ -69,7 +70,8 @@ def suwa_uploads(m: int, n: int = 40, c: int = 5) -> list[Message]:
 
 
 @pytest.mark.parametrize("rule", [ProbabilityAveraging(), SmoothedUncertaintyWeighted(upload="scores"),
-                                  SmoothedUncertaintyWeighted(upload="scores", tau=1.0, mix="logits")])
+                                  SmoothedUncertaintyWeighted(upload="scores", tau=1.0, mix="logits"),
+                                  fdlit.methods.EntropyReduction(), fdlit.methods.FedMD()])
 def test_a_sum_rule_on_masked_uploads_gives_the_plain_teacher_of_the_survivors(rule):
     uploads, sampled, survivors = suwa_uploads(5), [0, 1, 2, 3, 4], [0, 2, 3, 4]  # client 1 drops after sharing
     sums, stats = masked_sums(1, sampled, survivors, [rule.secure_summands(uploads[i], i) for i in survivors],

@@ -34,3 +34,11 @@ def reference_client(data: FederatedData, seed: int) -> ClientData:
     )
     classes = sorted(int(c) for c in torch.unique(train.y))
     return ClientData(0, classes, train, train.subset(torch.arange(min(2, len(train)))), draw)
+
+
+def measured_network(mode: str, method) -> str:
+    """Whose accuracy a run of ``mode`` reports: the method's network in ``fd``, the clients' own without
+    communication, the one model of the reference."""
+    if mode == "reference":
+        return "one model trained on every class (the reference)"
+    return method.measured_network if mode == "fd" else "each client's own network"

@@ -22,7 +22,7 @@ from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import select_executor
-from fdlit.federation import measurement
+from fdlit.federation import baselines, measurement
 from fdlit.federation.checks import check_before_data
 from fdlit.federation.client_side import ClientSide
 from fdlit.federation.construction import InitialDraws, build_clients, check_seed, eval_rows
@@ -247,7 +247,8 @@ class FederationLoop:
         return measurement.summary(
             self.history, rounds_done=self.round, rounds=self.rounds, test_samples=len(self.parts.tensors.test_y),
             bytes_up=ledger.total("up"), bytes_down=ledger.total("down"), wall_time=self.wall_time,
-            client_classes=[[int(c) for c in cd.classes] for cd in self.client_data])
+            client_classes=[[int(c) for c in cd.classes] for cd in self.client_data],
+            measured_network=baselines.measured_network(self.settings.mode, self.server_side.method))
 
     # ------------------------------------------------------------------ read-only views of the parts
     # (callbacks, run bookkeeping and tests read these; the round's steps get the parts themselves)

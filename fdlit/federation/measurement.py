@@ -160,7 +160,8 @@ def server_summary(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summary(history: list[dict[str, Any]], *, rounds_done: int, rounds: int, test_samples: int,
-            bytes_up: int, bytes_down: int, wall_time: float, client_classes: list[list[int]]) -> dict[str, Any]:
+            bytes_up: int, bytes_down: int, wall_time: float, client_classes: list[list[int]],
+            measured_network: str = "") -> dict[str, Any]:
     """Best and final numbers over the rounds that evaluated the clients (``eval/test_samples`` > 0;
     a finished run's last round always did, on the whole test set)."""
     if not history:
@@ -193,6 +194,7 @@ def summary(history: list[dict[str, Any]], *, rounds_done: int, rounds: int, tes
         "bytes_down_total": bytes_down,
         "wall_time_s": wall_time,
         "client_classes": client_classes,  # the report boxes them in trust matrices
+        "measured_network": measured_network,  # whose accuracy every number above is
     }
 
 

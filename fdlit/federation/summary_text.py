@@ -34,6 +34,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"{_acc(summary, 'best_global_acc_mean_after_private')} after private phase (round "
             f"{summary.get('best_round_after_private')}{_on(summary.get('best_test_samples_after_private'), full)})")
     lines = [f"fdlit summary: {summary['run']}  ({summary['rounds']} rounds, {summary['wall_time_s']:.1f} s)", best]
+    if summary.get("measured_network"):
+        lines.insert(1, f"  network measured          : {summary['measured_network']}")
     if "selected_global_acc_mean" in summary:
         lines.append(
             f"  validation-selected       : {_acc(summary, 'selected_global_acc_mean')} after public phase (round "

@@ -89,6 +89,8 @@ class Aggregator(LegacyAggregatorHooks):
 
     short_name = "rule"
     label: str | None = None  # how reports name the method (None: its class name)
+    # the network whose accuracy the run reports (summary.json, the report's tables)
+    measured_network = "each client's own network"
     needs_public_set = True  # False: the method runs without a public set (data.public_size 0 allowed)
     exchange = "predictions"  # or "parameters" (see the module docstring)
     # for the privacy mechanism (fdlit.privacy.release): each upload key's kind, and which quantity's

@@ -6,6 +6,7 @@ import torch
 
 from fdlit.errors import check_number
 from fdlit.methods.base import AggregationResult, Aggregator, uniform_weights
+from fdlit.privacy.secure_upload import probability_rows
 
 
 class EntropyReduction(Aggregator):
@@ -30,6 +31,7 @@ class EntropyReduction(Aggregator):
 
     short_name = "era"
     label = "ERA"  # how tables and figures name the method
+    summed = "probabilities"  # the teacher is a function of the clients' mean probability
 
     def __init__(self, temperature: float = 0.1):
         check_number("aggregator.temperature", temperature)
@@ -41,3 +43,11 @@ class EntropyReduction(Aggregator):
         avg = z.softmax(-1).mean(0)
         weights = uniform_weights(m, n, z.device)
         return AggregationResult(teacher=torch.softmax(avg / self.temperature, -1), weights=weights)
+
+    # secure aggregation (fdlit.privacy.secure_upload): the sharpening acts on the mean probability, a sum / M
+    def secure_summands(self, upload, client):
+        return {"probabilities": (upload["logits"].float().softmax(-1), 1.0)}
+
+    def aggregate_sums(self, sums, ctx):
+        avg = probability_rows(sums.sums["probabilities"] / sums.count)
+        return AggregationResult(teacher=torch.softmax(avg / self.temperature, -1).float())

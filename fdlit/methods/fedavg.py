@@ -75,6 +75,7 @@ class FedAvg(Aggregator):
 
     short_name = "fedavg"
     label = "FedAvg"  # how tables and figures name the method
+    measured_network = "the averaged model each client loads at the exchange (before it, its own copy)"
     released = {"parameters": "unbounded"}
     exchange = "parameters"
 

@@ -235,6 +235,14 @@ class FedGen(Aggregator):
         self.sharing = sharing
         self.fedavg = FedAvg() if sharing == "parameters" else None  # the paper's setting: FedAvg besides G
 
+    @property
+    def measured_network(self) -> str:
+        if self.sharing == "parameters":  # share: auto is resolved by check_config before any run
+            return FedAvg.measured_network
+        if self.sharing == "heads":
+            return "each client's own network with the averaged head it loads"
+        return "each client's own network"
+
     def check_config(self, model: Any, client: Any) -> None:
         if self.share == "auto":
             try:

@@ -141,6 +141,11 @@ class FedKD(FedAvg):
         self.energy_rounds = check_at_least("aggregator.energy_rounds", energy_rounds, 1)
         self.shapes: torch.Tensor | None = None  # (rows, cols) of every mentee tensor, from set-up
 
+    @property
+    def measured_network(self) -> str:
+        return ("the mentor (the private network)" if self.evaluate == "private"
+                else "the mentee (the shared network), averaged at the exchange")
+
     def check_config(self, model: Any, client: Any) -> None:
         check_one_shared_network(model, self.label)  # the mentors may differ
 

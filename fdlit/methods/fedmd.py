@@ -6,6 +6,7 @@ import torch
 
 from fdlit.errors import check_at_least
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart, uniform_weights
+from fdlit.privacy.secure_upload import LOGIT_BOUND
 
 
 class FedMDDigest(ClientPart):
@@ -46,6 +47,7 @@ class FedMD(Aggregator):
     short_name = "fedmd"
     label = "FedMD"  # how tables and figures name the method
     uses_public_labels = True  # only through the warm-up
+    summed = "logits"  # the consensus is the clients' mean score
 
     def __init__(self, warmup_epochs: int = 0):
         check_at_least("aggregator.warmup_epochs", warmup_epochs, 0)
@@ -63,6 +65,13 @@ class FedMD(Aggregator):
         z = self.stack_logits(uploads)
         m, n, _ = z.shape
         return AggregationResult(teacher=torch.softmax(z.mean(0), -1), weights=uniform_weights(m, n, z.device))
+
+    # secure aggregation (fdlit.privacy.secure_upload): the consensus is the sum of the scores / M
+    def secure_summands(self, upload, client):
+        return {"logits": (upload["logits"].float(), LOGIT_BOUND)}
+
+    def aggregate_sums(self, sums, ctx):
+        return AggregationResult(teacher=torch.softmax(sums.sums["logits"] / sums.count, -1).float())
 
 
 def centred(scores: torch.Tensor) -> torch.Tensor:

@@ -107,6 +107,11 @@ class FML(FedAvg):
         self.beta = check_fraction("aggregator.beta", beta)
         self.evaluate = check_evaluate(evaluate)
 
+    @property
+    def measured_network(self) -> str:
+        return ("the private network (FML's local model)" if self.evaluate == "private"
+                else "the shared (meme) network, averaged at the exchange")
+
     def check_config(self, model: Any, client: Any) -> None:
         check_one_shared_network(model, self.label)  # the private networks may differ
 

@@ -140,6 +140,7 @@ class SectionPage:
     trust_stems: set
     selected: bool
     runs: list
+    privacy_html: str = ""  # the privacy table, for runs that measure privacy
 
 
 def legend_html(legend: dict) -> str:
@@ -165,10 +166,31 @@ def section_html(section: SectionPage, formats, several: bool) -> str:
     return f"""<h2>{title}Table 1: {table1_heading(section.selected)}</h2>
 <p>{html.escape(section.caption)}</p>
 {table1_html(section.table)}
+{_networks_html(section.runs)}
 {legend_html(section.legend)}
+{_privacy_part(section)}
 <h3>Figures{' of ' + html.escape(section.name) if several else ''}</h3>
 {figures_html([f for f in section.figures if f[0] not in section.trust_stems], formats)}
 {trust_html}"""
+
+
+def _networks_html(runs) -> str:
+    from fdlit.reporting.table_files import measured_networks
+
+    networks = measured_networks(runs)
+    if not networks:
+        return ""
+    items = "".join(f"<li>{html.escape(label)}: {html.escape(text)}</li>" for label, text in networks.items())
+    return f'<p>Network measured:</p><ul class="networks">{items}</ul>'
+
+
+def _privacy_part(section: SectionPage) -> str:
+    if not section.privacy_html:
+        return ""
+    from fdlit.reporting.privacy_table import CAPTION
+
+    return f"<h3>Privacy (<code>privacy.md</code>, <code>privacy.csv</code>)</h3><p>{html.escape(CAPTION)}</p>" \
+           f"{section.privacy_html}"
 
 
 def page_html(runs: list[Run], skipped, runs_dir, sections: list[SectionPage], formats) -> str:

@@ -85,6 +85,12 @@ class Run:
         _, acc = self.series(ACC if phase == "public" else PRIVATE_ACC)
         return float(np.nanmax(acc)) if len(acc) else math.nan
 
+    @property
+    def measured_network(self) -> str:
+        """Whose accuracy the run reports (its summary says; empty for runs that do not)."""
+        value = self.summary.get("measured_network")
+        return value if isinstance(value, str) else ""
+
     def last(self, key: str) -> float | None:
         _, values = self.series(key)
         return float(values[-1]) if len(values) else None

@@ -140,3 +140,21 @@ def legend_markdown(legend: dict[str, dict]) -> str:
         lines.append(f"| {markdown_text(label.strip())} | " + " | ".join(markdown_text(settings.get(k, ""))
                                                                        for k in keys) + " |")
     return "\n".join(lines) + "\n"
+
+
+def measured_networks(runs) -> dict[str, str]:
+    """Row label -> the network whose accuracy the row is, for the rows whose runs say so (one text
+    per label: runs of one label that disagree are listed with both)."""
+    seen: dict[str, list[str]] = {}
+    for r in runs:
+        if r.measured_network and r.measured_network not in seen.setdefault(r.method, []):
+            seen[r.method].append(r.measured_network)
+    return {label: " / ".join(texts) for label, texts in seen.items() if texts}
+
+
+def networks_markdown(runs) -> str:
+    networks = measured_networks(runs)
+    if not networks:
+        return ""
+    return "\nNetwork measured: " + "; ".join(f"{markdown_text(label)}: {markdown_text(text)}"
+                                               for label, text in networks.items()) + ".\n"

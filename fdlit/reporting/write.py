@@ -23,9 +23,18 @@ from fdlit.reporting.groups import regroup
 from fdlit.reporting.labels import LOCAL_LABEL, REF_LABEL
 from fdlit.reporting.page import SectionPage, page_html
 from fdlit.reporting.paper_figures import FORMATS, check_formats, paper_style, save_figure
+from fdlit.reporting.privacy_table import CAPTION as PRIVACY_CAPTION
+from fdlit.reporting.privacy_table import privacy_csv, privacy_html, privacy_markdown, privacy_table
 from fdlit.reporting.runs import ACC, LOCAL, _k_sort, _method_sort, load_runs
 from fdlit.reporting.table import TIED_MARK, table1, table1_caption
-from fdlit.reporting.table_files import legend_markdown, markdown_text, table1_csv, table1_latex, table1_markdown
+from fdlit.reporting.table_files import (
+    legend_markdown,
+    markdown_text,
+    networks_markdown,
+    table1_csv,
+    table1_latex,
+    table1_markdown,
+)
 from fdlit.runs.atomic_write import enclosing_run_directory, is_run_directory, write_file
 
 
@@ -57,7 +66,7 @@ def write_report(runs_dir: str | Path | list, out: str | Path | None = None, inc
             md_caption = table1_caption(table, selected, tied=f"marked {TIED_MARK}")
             heading = f"## {markdown_text(section.name)}\n\n" if len(parts) > 1 else ""
             tables["table1.md"].append(heading + markdown_text(md_caption) + "\n\n" + table1_markdown(table)
-                                       + legend_markdown(section.legend))
+                                       + networks_markdown(section.runs) + legend_markdown(section.legend))
             csv = table1_csv(table)
             tables["table1.csv"].append(csv if not tables["table1.csv"] else csv.split("\n", 1)[1])
             tables["table1.tex"].append(table1_latex(table, caption))
@@ -65,13 +74,20 @@ def write_report(runs_dir: str | Path | list, out: str | Path | None = None, inc
             figures = [(prefix + stem, caption_, fig.get_figwidth(), save_figure(fig, out / "figures", prefix + stem,
                                                                                  formats))
                        for stem, caption_, fig in drawn + trust if fig is not None]
+            privacy = privacy_table(section.runs)
+            if privacy is not None:
+                tables.setdefault("privacy.md", []).append(heading + PRIVACY_CAPTION + "\n\n"
+                                                           + privacy_markdown(privacy) + legend_markdown(section.legend))
+                text, earlier = privacy_csv(privacy), tables.setdefault("privacy.csv", [])
+                earlier.append(text.split("\n", 1)[1] if earlier else text)  # one header line
             shown.append(SectionPage(section.name, section.legend, table, caption, figures,
-                                     {prefix + stem for stem, *_ in trust}, selected, section.runs))
+                                     {prefix + stem for stem, *_ in trust}, selected, section.runs,
+                                     privacy_html(privacy) if privacy is not None else ""))
     page = page_html(runs, skipped, ", ".join(map(str, roots)), shown, formats)
     # the page first: the tables are never there without the page that says what they hold
     index = write_file(out / "index.html", page)
     for name, texts in tables.items():
-        write_file(out / name, ("" if name == "table1.csv" else "\n").join(texts))
+        write_file(out / name, ("" if name.endswith(".csv") else "\n").join(texts))
     return index
 
 
