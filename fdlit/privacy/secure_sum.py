@@ -123,18 +123,18 @@ def prg(seed: bytes, length: int, info: bytes) -> np.ndarray:
     return np.frombuffer(stream.update(b"\0" * (8 * length)), dtype=np.uint64)
 
 
-def agree(private, public: bytes) -> bytes:
-    """The X25519 secret of ``private`` (raw bytes, or a key made once by ``private_key``) and ``public``."""
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
-
-    key = private_key(private) if isinstance(private, bytes) else private
-    return key.exchange(X25519PublicKey.from_public_bytes(public))
-
-
 def private_key(raw: bytes):
+    """An X25519 private key from its raw bytes (made once per key: most of an agreement's time)."""
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
     return X25519PrivateKey.from_private_bytes(raw)
+
+
+def agree(key, public: bytes) -> bytes:
+    """The X25519 secret of a ``private_key`` and a raw public key."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
+    return key.exchange(X25519PublicKey.from_public_bytes(public))
 
 
 def keypair() -> tuple[bytes, bytes]:
@@ -173,7 +173,7 @@ class Participant:
     self_seed: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     held: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # from v: (x, share of s_v, share of b_v)
 
-    def __post_init__(self):  # the keys as objects, made once (from raw bytes: most of an agreement's time)
+    def __post_init__(self):  # the keys as objects, made once
         self._mask_key, self._channel_key = private_key(self.private), private_key(self.channel_private)
 
     @classmethod
@@ -247,7 +247,7 @@ def unmask(masked: dict[int, np.ndarray], revealed: dict[int, dict[int, tuple[in
     for u, y in masked.items():
         total = total + y - prg(rebuild(u), length, info + b"self")
     for v in (v for v in keys if v not in masked):  # its pairwise masks with every survivor did not cancel
-        private = rebuild(v)
+        private = private_key(rebuild(v))
         for u in masked:
             pair = prg(agree(private, keys[u]), length, info + b"pair")
             total = total - pair if u < v else total + pair  # u added +pair when u < v: remove it
