@@ -281,7 +281,8 @@ def test_a_deployed_run_equals_fit(deployment, config, tmp_path, capsys):
         assert d["time/nodes_cpu_s"] > 0
         # the uploads' arrays as they arrived from the nodes are what the ledger counts (released there: with
         # the privacy section, top-2 probabilities a row, not 10 logits); two exchanges a round
-        # (round 1 also holds the set-up: hello, the nodes' federation, a method's round 0)
+        # (round 1 also holds the set-up: hello, the nodes' federation, a method's round 0; FedAvg's
+        # last round: its step, then the closing request that loads and measures the global model)
         if d["round"] > 1:
             assert d["comm/wire_upload_bytes"] == d["comm/up_bytes"] and d["comm/exchanges"] == 2
     summary = json.loads((Path(outcome["run_dir"]) / "summary.json").read_text())

@@ -1,9 +1,10 @@
-"""FlowerExecutor: the executor interface over a Flower Grid; a round is two exchanges per node.
+"""FlowerExecutor: the executor interface over a Flower Grid; a round is one or two exchanges per node.
 
 The ServerApp runs fdlit's ordinary FederationLoop with this executor, so every method and protocol
 runs unchanged. Each executor call becomes one Message to each SuperNode hosting some of its clients:
-the round's client step (private phase, evaluation, upload), the public phase or the parameter
-exchange's receive, and the rarer train / predict / hook / state requests. Replies are checked
+the round's client step (private phase, evaluation, upload), the public phase, and the rarer train /
+predict / hook / state requests; the parameter exchange's receive travels with the next round's
+step (fdlit.deployment.carried). Replies are checked
 (fdlit.deployment.replies): an invalid one makes its node a dropout of the round. Tensors a node
 builds itself (its clients' data, the public, test and validation sets) are named; anything else
 (the teacher, a broadcast, a public subset) goes down once per node and is named by a token after.
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from fdlit.deployment.carried import CarriedReceive
 from fdlit.deployment.membership import apply_local_classes, assign_order, client_blocks
 from fdlit.deployment.messages import NodeFailure, NodeLink
 from fdlit.deployment.node_requests import NodeRequests
@@ -30,7 +32,7 @@ from fdlit.execution.tokens import Tokens
 from fdlit.messages import Message, array_bytes
 
 
-class FlowerExecutor(NodeRequests, ClientExecutor):
+class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
     """Clients hosted by Flower SuperNodes, driven from a ServerApp.
 
     Args:
@@ -62,13 +64,11 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         self.states_every: int | None = None  # the run's checkpoint.every_n_rounds (None: no checkpoints)
         self._round = 0
         self._upload_bytes = 0  # bytes of the arrays the clients' uploads carried this round
+        self._carry_reset()
 
     def bind(self, loop: Any, config_yaml: str) -> None:
         """The loop whose tensors nodes build themselves, and the config they build them from."""
         self.loop, self.config_yaml = loop, config_yaml
-
-    def request(self, op: str, per_node: dict, tolerate: bool = False, timeout_s: float | None = None) -> dict:
-        return self.link.request(op, per_node, self._token.live(), tolerate, timeout_s)
 
     @property
     def lost_nodes(self) -> set[int]:
@@ -151,6 +151,8 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         if not self.node_ids:
             return
         run_failed = sys.exc_info()[0] is not None
+        if run_failed:
+            self._pending = {}  # a receive that waited for a round that never came
         try:
             if clients and not run_failed:
                 self.fetch_states(clients)
@@ -162,7 +164,12 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
             self.node_ids = []
 
     def timing_metrics(self) -> dict[str, object]:
-        """The round's real costs (NodeLink.round_metrics) and the nodes whose replies were refused."""
+        """The round's real costs (NodeLink.round_metrics) and the nodes whose replies were refused; for a
+        round whose receive the next round's step carried, up to that step."""
+        out, self._reported = self._reported or self._round_costs(), None
+        return out
+
+    def _round_costs(self) -> dict[str, object]:
         out = self.link.round_metrics(self.node_ids)
         out["nodes/invalid_replies"] = sorted(self._dropped)
         out["comm/wire_upload_bytes"], self._upload_bytes = self._upload_bytes, 0
@@ -276,6 +283,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         """The round's client step in one exchange per node: each node trains its sampled clients,
         predicts the evaluation sets with them, and its arriving clients make their upload (public
         inference, the method's upload, the privacy release, all on the node); one reply each."""
+        self._report_open_round()
         self._round = step.round
         self._rejoin()  # a round begins: nodes that replace lost ones join here
         self._dropped.clear()  # a node that sent an invalid reply last round takes part again
@@ -299,9 +307,11 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
                                   "clients": list(info.clients), "public_index": self._ref(info.public_index, node, out),
                                   "received": {k: self._ref(v, node, out) for k, v in step.received.items()}}
             per_node[node] = (meta, out)
+        carried = self._carry_into(per_node)  # the previous round's receive, loaded before training
         replies = self.request("step", per_node, tolerate=True)
         replies = self._valid(replies, lambda node, meta, tensors: check_step(
             meta, tensors, len(trained.get(node, [])), len(uploading[node]) if node in uploading else 0, expect))
+        self._took_carried(replies, *carried)
         losses = self._losses(len(step.trained), replies, trained)
         self._changed(step.trained, range(len(step.trained)), {n: r for n, r in replies.items() if n in trained},
                       trained, inputs)

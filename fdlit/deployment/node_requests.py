@@ -1,4 +1,4 @@
-"""The FlowerExecutor's requests outside a round's two exchanges: a phase, a prediction or a method's
+"""The FlowerExecutor's requests outside a round's exchanges: a phase, a prediction or a method's
 hook run on the nodes on their own, and the clients' states fetched or pushed.
 
 A round of a shipped protocol needs none of them (``client_step`` and ``distil`` carry it); they serve
@@ -59,6 +59,8 @@ class NodeRequests:
     def client_hook(self, hook, part, info, clients, client_data, received, public_logits=None):
         if public_logits is not None:  # the nodes make the public logits themselves (``upload``)
             raise NotImplementedError("FlowerExecutor.client_hook: public logits come from the nodes' upload step")
+        if hook == "receive" and self.may_carry_receive:  # goes with the nodes' next request (fdlit.deployment.carried)
+            return self._queue_receive(info, clients, received)
         return self._on_nodes(hook, info, clients, received)
 
     def _on_nodes(self, hook, info, clients, received):
@@ -88,6 +90,11 @@ class NodeRequests:
         from fdlit.deployment.node import from_bytes
 
         if not self.node_ids:
+            return [c.client_state() for c in clients]
+        if self._in_carried:  # the clients as they were after the carried receive: never asked for now
+            for c in clients:
+                if c.client_id in self._states:
+                    c.load_client_state(self._states[c.client_id])
             return [c.client_state() for c in clients]
         if all(c.client_id in self._states for c in clients):  # sent with the round's last reply
             for c in clients:

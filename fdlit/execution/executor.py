@@ -8,7 +8,8 @@ executors with ``client_state`` / ``load_client_state``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,9 @@ class ClientExecutor:
     """Interface: set clients up on the device, train them for a phase, predict with them."""
 
     compile_backend: str | None = None  # federation.compile: a torch.compile backend, or None
+    # set by the loop: whether a round's receive (every client loading the broadcast, the round's last
+    # client work) may wait for the clients' next request (``receive_carried``)
+    may_carry_receive = False
     # set by the loop: progress(phase, clients done (may be fractional), clients in the phase)
     progress: Callable[[str, float, int], None] | None = None
 
@@ -97,6 +101,19 @@ class ClientExecutor:
         if len(y):
             out[logits.flatten(1).isnan().all(1)] = math.nan
         return out
+
+    def receive_carried(self) -> bool:
+        """Whether the ``receive`` hook just asked for waits to travel with the clients' next request
+        (an executor whose clients live elsewhere, where it saves an exchange a round); the evaluation
+        after it then comes back with that request, read inside :meth:`carried_evaluation`."""
+        return False
+
+    @contextmanager
+    def carried_evaluation(self) -> Iterator[None]:
+        """Inside: evaluation (``correct``), states and logged values are those of the clients right
+        after the carried receive, even when a later request already trained them on (it is sent on
+        its own first when no request carried it yet)."""
+        yield
 
     def client_step(self, step: ClientStep) -> tuple[list[float], list[Message]]:
         """The private phase, then what the arriving clients send (see :class:`ClientStep`); returns
