@@ -29,7 +29,7 @@ class CarriedReceive:
     def _carry_reset(self) -> None:
         self._pending: dict[int, tuple[list[dict], dict[str, torch.Tensor]]] = {}  # node -> (receives, tensors)
         self._pending_round = 0  # the round whose receive waits (0: the method's set-up)
-        self._pending_states = False  # whether the nodes send their clients' states after it (a checkpoint)
+        self._pending_states: dict = {}  # what the nodes do with their clients' states after it (a checkpoint)
         self._open = False  # a round whose evaluation after its receive the loop has not read yet
         self._carried: dict[str, dict] = {}  # the clients after the carried receive: cache, states, logged
         self._in_carried = False
@@ -53,7 +53,7 @@ class CarriedReceive:
         self._pending_round = info.round
         # the set-up's receive (round 0) is not evaluated; a round's is, and ends in its checkpoint
         self._open = info.round > 0
-        self._pending_states = self._open and self._wants_states()
+        self._pending_states = self._states_ask() if self._open else {}
         return [Message() for _ in clients]
 
     def _carry_into(self, per_node: dict) -> tuple[dict[int, list[int]], list, bool]:
@@ -95,6 +95,8 @@ class CarriedReceive:
                     cache[(id(x), cid)] = z
             if "receive_states" in tensors:
                 states.update(zip(ids, from_bytes(tensors["receive_states"]), strict=True))
+            if "receive_saved" in meta:  # [round, client ids]: saved on the node
+                self._saved.update(dict.fromkeys(meta["receive_saved"][1], int(meta["receive_saved"][0])))
             for name, values in meta.get("receive_logged", {}).items():
                 logged.setdefault(name, []).extend(values)
         received = {cid for ids in carried.values() for cid in ids}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import uuid
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -62,6 +63,8 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
         self._dropped: dict[int, str] = {}  # node -> why its reply this round was refused (its clients: dropouts)
         self._states: dict[int, Any] = {}  # client id -> its state as sent with a round's last reply
         self.states_every: int | None = None  # the run's checkpoint.every_n_rounds (None: no checkpoints)
+        self.node_key = uuid.uuid4().hex  # names the run's checkpoints on the nodes' disks (a resume keeps it)
+        self._saved: dict[int, int] = {}  # client id -> the last round its node saved it
         self._round = 0
         self._upload_bytes = 0  # bytes of the arrays the clients' uploads carried this round
         self._carry_reset()
@@ -238,7 +241,7 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
             self.node_ids[position], self._has[node] = node, set()
             self.node_of.update({c: node for c in ids})
             lost.remove(old)
-            self.push_states([self.loop.clients[c] for c in ids])
+            self._restore_or_push(ids)
             warnings.warn(f"FlowerExecutor: node {node} took over lost node {old}'s clients {ids}")
 
     # ------------------------------------------------------------------ replies checked, states kept
@@ -271,10 +274,22 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
         every = self.states_every
         return bool(every) and (self._round % every == 0 or self._round >= self.loop.rounds)
 
-    def _keep_states(self, replies: dict) -> None:
+    def _states_ask(self) -> dict:
+        """What a round's last request asks of the nodes for its checkpoint: nothing (no checkpoint);
+        the last round's states, sent up (the finished run's checkpoint holds them); else each node
+        saves its clients' states on its own disk (fdlit.deployment.node_checkpoints)."""
+        if not self._wants_states():
+            return {}
+        if self._round >= self.loop.rounds:
+            return {"then_states": True}
+        return {"save_states": {"key": self.node_key, "round": self._round}}
+
+    def _keep_states(self, replies: dict, saved: str = "saved") -> None:
         from fdlit.deployment.node import from_bytes
 
         for _, (meta, tensors) in replies.items():
+            if saved in meta:  # [round, client ids]: saved on the node
+                self._saved.update(dict.fromkeys(meta[saved][1], int(meta[saved][0])))
             if "states" in tensors:
                 self._states.update(zip(meta["state_ids"], from_bytes(tensors["states"]), strict=True))
 
@@ -338,7 +353,7 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
                                "teachers": [[self._ref(teachers[j][0], node, out), self._ref(teachers[j][1], node, out)]
                                             for j in idx],
                                "then_measure": self._measure(inputs, node, out),
-                               "then_states": self._wants_states()}, out)
+                               **self._states_ask()}, out)
         replies = self.request("distil", per_node, tolerate=True)
         replies = self._valid(replies, lambda node, meta, tensors: check_losses(meta, len(groups[node])))
         losses = self._losses(len(clients), replies, groups)

@@ -230,8 +230,11 @@ class NodeWorker:
         ids = [i for entry in entries for i in entry["ids"]]
         out = {f"recv/{k}": v for k, v in self._measured(ids, meta["receive_measure"]).items()}
         out_meta = {"receive_logged": self.loop.executor.logged_values()}
-        if meta.get("receive_states"):
+        keep = meta.get("receive_states") or {}
+        if keep.get("then_states"):
             out["receive_states"] = to_bytes(self.loop.executor.fetch_states(self._clients(ids)))
+        if keep.get("save_states"):
+            out_meta["receive_saved"] = self._save(keep["save_states"], ids)
         return out_meta, out
 
     def op_distil(self, meta, tensors):
@@ -253,7 +256,17 @@ class NodeWorker:
         if meta.get("then_states"):
             out_meta["state_ids"] = list(self.ids)
             out["states"] = to_bytes(self.loop.executor.fetch_states(self._clients(self.ids)))
+        if meta.get("save_states"):
+            out_meta["saved"] = self._save(meta["save_states"], self.ids)
         return out_meta, out
+
+    def _save(self, ask: dict, ids: list[int]) -> list:
+        """The clients' states saved on this node's disk for the round's checkpoint: [round, ids]."""
+        from fdlit.deployment.node_checkpoints import save
+
+        states = self.loop.executor.fetch_states(self._clients(ids))
+        save(self.node_config, ask["key"], int(ask["round"]), dict(zip(ids, states, strict=True)))
+        return [int(ask["round"]), list(ids)]
 
     @staticmethod
     def _typed(payloads, out: dict[str, torch.Tensor]) -> dict:
@@ -305,6 +318,18 @@ class NodeWorker:
             client.load_client_state(state)
         self.loop.executor.push_states(clients)
         return {}, {}
+
+    def op_restore(self, meta, tensors):
+        """A resumed run: the clients load the states this node saved (fdlit.deployment.node_checkpoints)."""
+        from fdlit.deployment.node_checkpoints import load
+
+        rounds = {int(i): int(r) for i, r in meta["rounds"].items()}
+        states = load(self.node_config, meta["key"], rounds)
+        clients = self._clients(sorted(rounds))
+        for client in clients:
+            client.load_client_state(states[client.client_id])
+        self.loop.executor.push_states(clients)
+        return {"restored": sorted(rounds)}, {}
 
     def op_teardown(self, meta, tensors):
         self.stop = True

@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
+from fdlit.execution.executor import ON_NODES as STUB  # a checkpoint's client state that names the node's file
+
 KEEP = 3  # saved rounds a node keeps
-STUB = "node_checkpoint"  # a client state in the server's checkpoint that names the node's file instead
 FIELD = "node-config checkpoint-dir"
 
 

@@ -28,6 +28,10 @@ if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import
     from fdlit.clients import ClientModule
 
 
+# a client state in a checkpoint that names the node file holding it (fdlit.deployment.node_checkpoints)
+ON_NODES = "node_checkpoint"
+
+
 @dataclass
 class ClientStep:
     """One round's work of the clients before the server acts (Kovalchuk et al. 2026, Algorithm 1,
@@ -148,6 +152,23 @@ class ClientExecutor:
 
     def push_states(self, clients: Sequence[ClientModule]) -> None:
         """Make the executor's clients match ``clients`` (e.g. after loading a checkpoint)."""
+
+    def checkpoint_states(self, clients: Sequence[ClientModule]) -> list[dict]:
+        """The clients' states for the run's checkpoint: their states (``fetch_states``); an executor
+        whose clients save their own states where they live may name those instead."""
+        return self.fetch_states(clients)
+
+    def load_states(self, clients: Sequence[ClientModule], states: Sequence[dict]) -> None:
+        """Continue from a checkpoint's client states (``checkpoint_states``)."""
+        if any(isinstance(s, dict) and ON_NODES in s for s in states):
+            from fdlit.errors import ConfigError
+
+            raise ConfigError("resume", "this checkpoint's client states stay on the deployment's nodes, which "
+                              "saved them (node-side checkpoints): continue the run with `fdlit deploy --resume "
+                              "RUN_DIR` on those nodes")
+        for client, state in zip(clients, states, strict=True):
+            client.load_client_state(state)
+        self.push_states(clients)
 
     def teardown(self, clients: Sequence[ClientModule]) -> None:
         """End of a run: hand the final client state back into ``clients`` and free workers."""

@@ -256,7 +256,7 @@ class FederationLoop:
         """Everything a resumed run needs to continue exactly (tensors and plain data): the run's own
         state, every client's (fetched from where it lives) and the server's."""
         return {"round": self.round, "rounds": self.rounds, "seed": self.seed, "num_clients": len(self.clients),
-                "clients": self.parts.clients.state_dict(), **self.server_side.state_dict(),
+                "clients": self.parts.clients.checkpoint_states(), **self.server_side.state_dict(),
                 "history": [dict(m) for m in self.history], "wall_time": float(self.wall_time),
                 "selection": self.selection.state_dict()}
 
