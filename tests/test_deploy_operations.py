@@ -100,6 +100,22 @@ def test_node_settings_reach_every_local_supernode(tmp_path):
     assert sent == {**settings, "partition-id": 1, "num-partitions": 2, "state-dir": str(tmp_path / "work" / "nodes")}
 
 
+def test_local_nodes_keep_their_checkpoints_beside_the_runs_for_a_fresh_deployment(tmp_path, monkeypatch):
+    """deploy's own SuperNodes save their clients' states under logger.run_dir (a resume's temporary
+    work folder is new; the runs folder is not); a node-config checkpoint-dir of the user's wins."""
+    import fdlit.deployment.command as command
+
+    seen = []
+    monkeypatch.setattr(command, "run", lambda options, fit_args: seen.append(dict(options.node_settings)) or 0)
+    runs = tmp_path / "runs"
+    assert cli_main(["deploy", "--nodes", "2", "--config", "digits.yaml", "--logger.run_dir", str(runs)]) == 0
+    assert seen[-1] == {"checkpoint-dir": str(runs.resolve() / ".fdlit-node-checkpoints")}
+    mine = tmp_path / "disk"
+    assert cli_main(["deploy", "--nodes", "2", "--node-config", f"checkpoint-dir='{mine}'", "--config", "digits.yaml",
+                     "--logger.run_dir", str(runs)]) == 0
+    assert seen[-1] == {"checkpoint-dir": str(mine)}
+
+
 # ---------------------------------------------------------------------- keys, lock
 def test_a_node_key_is_created_0600_by_the_call_that_creates_it(tmp_path, monkeypatch):
     from fdlit.deployment.launcher import LocalDeployment

@@ -281,7 +281,8 @@ def test_a_deployed_run_equals_fit(deployment, config, tmp_path, capsys):
         assert d["time/nodes_cpu_s"] > 0
         # the uploads' arrays as they arrived from the nodes are what the ledger counts (released there: with
         # the privacy section, top-2 probabilities a row, not 10 logits); two exchanges a round
-        # (round 1 also holds the set-up: hello, the nodes' federation, a method's round 0)
+        # (round 1 also holds the set-up: hello, the nodes' federation, a method's round 0; FedAvg's
+        # last round: its step, then the closing request that loads and measures the global model)
         if d["round"] > 1:
             assert d["comm/wire_upload_bytes"] == d["comm/up_bytes"] and d["comm/exchanges"] == 2
     summary = json.loads((Path(outcome["run_dir"]) / "summary.json").read_text())
@@ -299,6 +300,52 @@ def test_a_deployed_run_equals_fit(deployment, config, tmp_path, capsys):
         if not key.startswith("time/"):
             assert close(deployed[2][key], value), key
     assert deployed[2]["privacy/epsilon"] > deployed[1]["privacy/epsilon"]
+
+
+@pytest.mark.deploy
+def test_a_killed_serverapp_resumes_from_the_nodes_own_checkpoints_as_an_uninterrupted_run(deployment, tmp_path):
+    runs = tmp_path / "runs"
+    args = ["--config", "digits_fedavg.yaml", *ROUNDS, "--federation.rounds", "6"]
+    killed = []
+
+    def kill_the_serverapp_after_round_3():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            done = [metrics_of(p.parent) for p in runs.glob("*/checkpoint.pt")]
+            if done and len(done[0]) >= 3:  # round 3 ended (round 2's checkpoint is written): the ServerApp dies
+                for pid in processes_mentioning(str(deployment.work)):
+                    if b"serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_the_serverapp_after_round_3, daemon=True)
+    killer.start()
+    outcome = deploy_run(deployment, [*args, "--logger.run_dir", str(runs)], timeout=60)
+    killer.join(1)
+    assert killed and outcome["status"] == "failed", outcome
+    run_dir = next(runs.iterdir())
+    from fdlit.runs.checkpoint import load_checkpoint
+
+    state = load_checkpoint(run_dir / "checkpoint.pt")
+    saved = state["loop"]["round"]
+    assert 2 <= saved < 6  # the last checkpoint the server completed (written while the next round runs)
+    # the server's checkpoint names the round each client's node saved; the states are on the nodes' disks
+    assert all(s == {"node_checkpoint": {"key": s["node_checkpoint"]["key"], "round": saved}}
+               for s in state["loop"]["clients"])
+    resumed = deploy_run(deployment, [], resume=str(run_dir))
+    assert resumed["status"] == "done", resumed
+    fit_with_one_thread([*args, "--logger.run_dir", str(tmp_path / "fit")])
+    deployed, fitted = metrics_of(run_dir), metrics_of(next((tmp_path / "fit").iterdir()))
+    assert [d["round"] for d in deployed] == list(range(1, 7))
+    for d, f in zip(deployed[saved:], fitted[saved:], strict=True):
+        for key, value in f.items():
+            if not key.startswith("time/"):
+                assert close(d[key], value), (d["round"], key)
+    # a checkpointed round before the last moves no client state up: besides the uploads, a few KB
+    assert all(d["comm/wire_up_bytes"] - d["comm/wire_upload_bytes"] < 50_000 for d in deployed[saved:-1])
+    assert deployed[-1]["comm/wire_up_bytes"] - deployed[-1]["comm/wire_upload_bytes"] > 500_000  # the last: states
 
 
 @pytest.mark.deploy

@@ -8,7 +8,8 @@ watches this SuperNode's processes and exits with them.
 Node settings (``flower-supernode --node-config "..."``): ``state-dir`` (where the worker's key, pid
 and log live; default: the system's temporary folder), ``idle-timeout`` (seconds without a
 message after which an abandoned worker exits; default 1800) and ``data-dir`` (where this machine
-keeps the dataset's files, instead of the config's ``data.data_dir``).
+keeps the dataset's files, instead of the config's ``data.data_dir``); ``checkpoint-dir``
+(where the worker saves its clients' checkpoints: fdlit.deployment.node_checkpoints).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from fdlit.errors import ConfigError
 
+NODE_CHECKPOINTS = ".fdlit-node-checkpoints"  # under logger.run_dir: where local nodes save their clients' states
+
 
 def deploy_parser() -> argparse.ArgumentParser:
     from fdlit.deployment.checks import OptionParser
@@ -72,6 +74,9 @@ def main(run_dir: str | None, argv: list[str]) -> int:
     # the client count as fit reads it from the config (no data is built)
     check_node_count(options, getattr(experiment.loop.data, "num_clients", None))
     runs_parent = None if run_dir is not None else experiment.config["logger"]["run_dir"]
+    if options.superlink is None:  # the local nodes keep their clients' checkpoints beside the runs, across deployments
+        runs = Path(run_dir).parent if run_dir is not None else Path(runs_parent).resolve()
+        options.node_settings = {"checkpoint-dir": str(runs / NODE_CHECKPOINTS), **options.node_settings}
     # `kill`, Ctrl-C and a closed terminal stop the deployment, never half of it
     with deployment_locks(options, runs_parent), stop_signals():
         return run(options, fit_args)

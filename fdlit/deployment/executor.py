@@ -1,9 +1,10 @@
-"""FlowerExecutor: the executor interface over a Flower Grid; a round is two exchanges per node.
+"""FlowerExecutor: the executor interface over a Flower Grid; a round is one or two exchanges per node.
 
 The ServerApp runs fdlit's ordinary FederationLoop with this executor, so every method and protocol
 runs unchanged. Each executor call becomes one Message to each SuperNode hosting some of its clients:
-the round's client step (private phase, evaluation, upload), the public phase or the parameter
-exchange's receive, and the rarer train / predict / hook / state requests. Replies are checked
+the round's client step (private phase, evaluation, upload), the public phase, and the rarer train /
+predict / hook / state requests; the parameter exchange's receive travels with the next round's
+step (fdlit.deployment.carried). Replies are checked
 (fdlit.deployment.replies): an invalid one makes its node a dropout of the round. Tensors a node
 builds itself (its clients' data, the public, test and validation sets) are named; anything else
 (the teacher, a broadcast, a public subset) goes down once per node and is named by a token after.
@@ -17,12 +18,14 @@ from __future__ import annotations
 import math
 import sys
 import time
+import uuid
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from fdlit.deployment.carried import CarriedReceive
 from fdlit.deployment.membership import apply_local_classes, assign_order, client_blocks
 from fdlit.deployment.messages import NodeFailure, NodeLink
 from fdlit.deployment.node_requests import NodeRequests
@@ -33,7 +36,7 @@ from fdlit.execution.tokens import Tokens
 from fdlit.messages import Message, array_bytes
 
 
-class FlowerExecutor(NodeRequests, ClientExecutor):
+class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
     """Clients hosted by Flower SuperNodes, driven from a ServerApp.
 
     Args:
@@ -63,16 +66,16 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         self._dropped: dict[int, str] = {}  # node -> why its reply this round was refused (its clients: dropouts)
         self._states: dict[int, Any] = {}  # client id -> its state as sent with a round's last reply
         self.states_every: int | None = None  # the run's checkpoint.every_n_rounds (None: no checkpoints)
+        self.node_key = uuid.uuid4().hex  # names the run's checkpoints on the nodes' disks (a resume keeps it)
+        self._saved: dict[int, int] = {}  # client id -> the last round its node saved it
         self._round = 0
         self._upload_bytes = 0  # bytes of the arrays the clients' uploads carried this round
         self.secure = SecureRounds(self.request, lambda: self.node_of)  # secure aggregation's server half
+        self._carry_reset()
 
     def bind(self, loop: Any, config_yaml: str) -> None:
         """The loop whose tensors nodes build themselves, and the config they build them from."""
         self.loop, self.config_yaml = loop, config_yaml
-
-    def request(self, op: str, per_node: dict, tolerate: bool = False, timeout_s: float | None = None) -> dict:
-        return self.link.request(op, per_node, self._token.live(), tolerate, timeout_s)
 
     @property
     def lost_nodes(self) -> set[int]:
@@ -155,6 +158,8 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         if not self.node_ids:
             return
         run_failed = sys.exc_info()[0] is not None
+        if run_failed:
+            self._pending = {}  # a receive that waited for a round that never came
         try:
             if clients and not run_failed:
                 self.fetch_states(clients)
@@ -166,7 +171,12 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
             self.node_ids = []
 
     def timing_metrics(self) -> dict[str, object]:
-        """The round's real costs (NodeLink.round_metrics) and the nodes whose replies were refused."""
+        """The round's real costs (NodeLink.round_metrics) and the nodes whose replies were refused; for a
+        round whose receive the next round's step carried, up to that step."""
+        out, self._reported = self._reported or self._round_costs(), None
+        return out
+
+    def _round_costs(self) -> dict[str, object]:
         out = self.link.round_metrics(self.node_ids)
         out["nodes/invalid_replies"] = sorted(self._dropped)
         out["comm/wire_upload_bytes"], self._upload_bytes = self._upload_bytes, 0
@@ -235,7 +245,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
             self.node_ids[position], self._has[node] = node, set()
             self.node_of.update({c: node for c in ids})
             lost.remove(old)
-            self.push_states([self.loop.clients[c] for c in ids])
+            self._restore_or_push(ids)
             warnings.warn(f"FlowerExecutor: node {node} took over lost node {old}'s clients {ids}")
 
     # ------------------------------------------------------------------ replies checked, states kept
@@ -268,10 +278,22 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         every = self.states_every
         return bool(every) and (self._round % every == 0 or self._round >= self.loop.rounds)
 
-    def _keep_states(self, replies: dict) -> None:
+    def _states_ask(self) -> dict:
+        """What a round's last request asks of the nodes for its checkpoint: nothing (no checkpoint);
+        the last round's states, sent up (the finished run's checkpoint holds them); else each node
+        saves its clients' states on its own disk (fdlit.deployment.node_checkpoints)."""
+        if not self._wants_states():
+            return {}
+        if self._round >= self.loop.rounds:
+            return {"then_states": True}
+        return {"save_states": {"key": self.node_key, "round": self._round}}
+
+    def _keep_states(self, replies: dict, saved: str = "saved") -> None:
         from fdlit.deployment.node import from_bytes
 
         for _, (meta, tensors) in replies.items():
+            if saved in meta:  # [round, client ids]: saved on the node
+                self._saved.update(dict.fromkeys(meta[saved][1], int(meta[saved][0])))
             if "states" in tensors:
                 self._states.update(zip(meta["state_ids"], from_bytes(tensors["states"]), strict=True))
 
@@ -280,6 +302,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
         """The round's client step in one exchange per node: each node trains its sampled clients,
         predicts the evaluation sets with them, and its arriving clients make their upload (public
         inference, the method's upload, the privacy release, all on the node); one reply each."""
+        self._report_open_round()
         self._round = step.round
         self._rejoin()  # a round begins: nodes that replace lost ones join here
         self._dropped.clear()  # a node that sent an invalid reply last round takes part again
@@ -308,9 +331,11 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
                 meta["secagg"] = {**self.secure.step_meta(step.round, meta["ids"]), "state": {
                     name: self._ref(getattr(method, name), node, out) for name in getattr(method, "secure_state", ())}}
             per_node[node] = (meta, out)
+        carried = self._carry_into(per_node)  # the previous round's receive, loaded before training
         replies = self.request("step", per_node, tolerate=True)
         replies = self._valid(replies, lambda node, meta, tensors: check_step(
             meta, tensors, len(trained.get(node, [])), len(uploading[node]) if node in uploading else 0, expect))
+        self._took_carried(replies, *carried)
         if secure:
             self.secure.keep_keys(replies)
         losses = self._losses(len(step.trained), replies, trained)
@@ -344,7 +369,7 @@ class FlowerExecutor(NodeRequests, ClientExecutor):
                                "teachers": [[self._ref(teachers[j][0], node, out), self._ref(teachers[j][1], node, out)]
                                             for j in idx],
                                "then_measure": self._measure(inputs, node, out),
-                               "then_states": self._wants_states()}, out)
+                               **self._states_ask()}, out)
         replies = self.request("distil", per_node, tolerate=True)
         replies = self._valid(replies, lambda node, meta, tensors: check_losses(meta, len(groups[node])))
         losses = self._losses(len(clients), replies, groups)

@@ -47,6 +47,7 @@ class NodeLink:
         self.node_peak_rss: dict[int, int] = {}
         self.lost: set[int] = set()
         self.exchanges: list[float] = []  # seconds each request took since the last round ended
+        self.messages = 0  # Messages sent to the nodes since the last round ended
         self._cpu_reported: dict[int, float] = {}
 
     def request(self, op: str, per_node: dict[int, tuple[dict, dict[str, torch.Tensor]]], live: list[int],
@@ -64,6 +65,7 @@ class NodeLink:
             self.wire[f"{op}_down"] += (n := wire_bytes(content))
             self.wire_total["down"] += n
             messages.append(Message(content, dst_node_id=node, message_type=MESSAGE_TYPE))
+        self.messages += len(messages)
         for mid, msg in zip(self.grid.push_messages(messages), messages, strict=True):
             sent_to[mid] = msg.metadata.dst_node_id
         replies: dict[int, tuple] = {}
@@ -125,6 +127,7 @@ class NodeLink:
         out.update({f"comm/wire/{k}": v for k, v in self.wire.items()})
         out["comm/exchanges"] = len(self.exchanges)  # requests to the nodes (each: one Message per node)
         out["time/exchange_s"] = list(self.exchanges)  # each request's wall time, replies included
+        out["comm/messages"], self.messages = self.messages, 0  # one per node and request
         self.wire.clear()
         self.exchanges.clear()
         return out

@@ -200,6 +200,7 @@ class NodeWorker:
         from fdlit.execution.executor import ClientStep
 
         loop, upload = self.loop, meta.get("upload")
+        carried_meta, carried = self._receive_carried(meta)  # the previous round's receive comes first
         trained = self._clients(meta["ids"])
         datasets = [(self._ref(x), self._ref(t)) for x, t in meta["datasets"]]
         executor = loop.executor
@@ -228,7 +229,26 @@ class NodeWorker:
             if secure:  # the terms of the sum stay here; each message goes up without its arrays
                 payloads = self.secagg.keep(ids, payloads, loop.privacy)
             out_meta["upload"] = self._typed(payloads, out)
-        return self._after(out_meta, meta, out)
+        return self._after(out_meta | carried_meta, meta, out | carried)
+
+    def _receive_carried(self, meta) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The receive the server carried with this request (fdlit.deployment.carried): every client
+        named loads what it was sent, then is measured on the evaluation sets (``recv/<k>``); its
+        logged values and, for a checkpointed round, its state travel back beside the step's."""
+        entries = meta.get("receive")
+        if not entries:
+            return {}, {}
+        for entry in entries:
+            self._hook("receive", entry)
+        ids = [i for entry in entries for i in entry["ids"]]
+        out = {f"recv/{k}": v for k, v in self._measured(ids, meta["receive_measure"]).items()}
+        out_meta = {"receive_logged": self.loop.executor.logged_values()}
+        keep = meta.get("receive_states") or {}
+        if keep.get("then_states"):
+            out["receive_states"] = to_bytes(self.loop.executor.fetch_states(self._clients(ids)))
+        if keep.get("save_states"):
+            out_meta["receive_saved"] = self._save(keep["save_states"], ids)
+        return out_meta, out
 
     def op_distil(self, meta, tensors):
         """The public phase: each client's training set from what it was sent and its own data."""
@@ -249,7 +269,17 @@ class NodeWorker:
         if meta.get("then_states"):
             out_meta["state_ids"] = list(self.ids)
             out["states"] = to_bytes(self.loop.executor.fetch_states(self._clients(self.ids)))
+        if meta.get("save_states"):
+            out_meta["saved"] = self._save(meta["save_states"], self.ids)
         return out_meta, out
+
+    def _save(self, ask: dict, ids: list[int]) -> list:
+        """The clients' states saved on this node's disk for the round's checkpoint: [round, ids]."""
+        from fdlit.deployment.node_checkpoints import save
+
+        states = self.loop.executor.fetch_states(self._clients(ids))
+        save(self.node_config, ask["key"], int(ask["round"]), dict(zip(ids, states, strict=True)))
+        return [int(ask["round"]), list(ids)]
 
     @staticmethod
     def _typed(payloads, out: dict[str, torch.Tensor]) -> dict:
@@ -263,10 +293,13 @@ class NodeWorker:
     def _then_measure(self, meta) -> dict[str, torch.Tensor]:
         """The evaluation the server will ask for next (test and validation sets): which samples each
         client predicts right, sent with this reply; the predictions themselves stay here."""
-        out = {}
-        for k, (x, y) in enumerate(meta.get("then_measure", [])):
-            out[f"pred/{k}"] = self._predict(meta["ids"], x).argmax(-1) == self._ref(y).to(self.loop.fabric.device)
-        return out
+        return {f"pred/{k}": v for k, v in self._measured(meta["ids"], meta.get("then_measure", [])).items()}
+
+    def _measured(self, ids, sets) -> dict[int, torch.Tensor]:
+        if not ids:
+            return {}
+        return {k: self._predict(ids, x).argmax(-1) == self._ref(y).to(self.loop.fabric.device)
+                for k, (x, y) in enumerate(sets)}
 
     def _predict(self, ids, ref) -> torch.Tensor:
         return self.loop.executor.predict(self._clients(ids), self._ref(ref)).float()
@@ -274,14 +307,17 @@ class NodeWorker:
     def op_predict(self, meta, tensors):
         return {}, {"logits": self._predict(meta["ids"], meta["x"])}
 
-    def op_hook(self, meta, tensors):
+    def _hook(self, hook: str, meta):
         ids = meta["ids"]
         loop = self.loop
         index = self._ref(meta["public_index"])
         info = loop.parts.facts.info(meta["round"], tuple(meta["clients"]), index)
         received = {k: self._ref(r) for k, r in meta["received"].items()}
         clients, data = self._clients(ids), [loop.client_data[i] for i in ids]
-        payloads = loop.executor.client_hook(meta["hook"], loop.parts.clients.method_part, info, clients, data, received)
+        return loop.executor.client_hook(hook, loop.parts.clients.method_part, info, clients, data, received)
+
+    def op_hook(self, meta, tensors):
+        payloads = self._hook(meta["hook"], meta)
         out: dict[str, torch.Tensor] = {}
         return self._after({"upload": self._typed(payloads, out)}, meta, out)
 
@@ -304,6 +340,18 @@ class NodeWorker:
 
     def op_secagg_unmask(self, meta, tensors):
         return self.secagg.unmask(meta, tensors)
+
+    def op_restore(self, meta, tensors):
+        """A resumed run: the clients load the states this node saved (fdlit.deployment.node_checkpoints)."""
+        from fdlit.deployment.node_checkpoints import load
+
+        rounds = {int(i): int(r) for i, r in meta["rounds"].items()}
+        states = load(self.node_config, meta["key"], rounds)
+        clients = self._clients(sorted(rounds))
+        for client in clients:
+            client.load_client_state(states[client.client_id])
+        self.loop.executor.push_states(clients)
+        return {"restored": sorted(rounds)}, {}
 
     def op_teardown(self, meta, tensors):
         self.stop = True

@@ -8,7 +8,8 @@ executors with ``client_state`` / ``load_client_state``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,10 @@ if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import
     from lightning.fabric import Fabric
 
     from fdlit.clients import ClientModule
+
+
+# a client state in a checkpoint that names the node file holding it (fdlit.deployment.node_checkpoints)
+ON_NODES = "node_checkpoint"
 
 
 @dataclass
@@ -54,6 +59,9 @@ class ClientExecutor:
     """Interface: set clients up on the device, train them for a phase, predict with them."""
 
     compile_backend: str | None = None  # federation.compile: a torch.compile backend, or None
+    # set by the loop: whether a round's receive (every client loading the broadcast, the round's last
+    # client work) may wait for the clients' next request (``receive_carried``)
+    may_carry_receive = False
     # set by the loop: progress(phase, clients done (may be fractional), clients in the phase)
     progress: Callable[[str, float, int], None] | None = None
     # secure aggregation's clients' half where the clients live (a deployment's nodes): ``secure_sum(r,
@@ -101,6 +109,19 @@ class ClientExecutor:
             out[logits.flatten(1).isnan().all(1)] = math.nan
         return out
 
+    def receive_carried(self) -> bool:
+        """Whether the ``receive`` hook just asked for waits to travel with the clients' next request
+        (an executor whose clients live elsewhere, where it saves an exchange a round); the evaluation
+        after it then comes back with that request, read inside :meth:`carried_evaluation`."""
+        return False
+
+    @contextmanager
+    def carried_evaluation(self) -> Iterator[None]:
+        """Inside: evaluation (``correct``), states and logged values are those of the clients right
+        after the carried receive, even when a later request already trained them on (it is sent on
+        its own first when no request carried it yet)."""
+        yield
+
     def client_step(self, step: ClientStep) -> tuple[list[float], list[Message]]:
         """The private phase, then what the arriving clients send (see :class:`ClientStep`); returns
         the trained clients' mean losses and the uploads. Non-finite losses stop here, before any
@@ -134,6 +155,23 @@ class ClientExecutor:
 
     def push_states(self, clients: Sequence[ClientModule]) -> None:
         """Make the executor's clients match ``clients`` (e.g. after loading a checkpoint)."""
+
+    def checkpoint_states(self, clients: Sequence[ClientModule]) -> list[dict]:
+        """The clients' states for the run's checkpoint: their states (``fetch_states``); an executor
+        whose clients save their own states where they live may name those instead."""
+        return self.fetch_states(clients)
+
+    def load_states(self, clients: Sequence[ClientModule], states: Sequence[dict]) -> None:
+        """Continue from a checkpoint's client states (``checkpoint_states``)."""
+        if any(isinstance(s, dict) and ON_NODES in s for s in states):
+            from fdlit.errors import ConfigError
+
+            raise ConfigError("resume", "this checkpoint's client states stay on the deployment's nodes, which "
+                              "saved them (node-side checkpoints): continue the run with `fdlit deploy --resume "
+                              "RUN_DIR` on those nodes")
+        for client, state in zip(clients, states, strict=True):
+            client.load_client_state(state)
+        self.push_states(clients)
 
     def teardown(self, clients: Sequence[ClientModule]) -> None:
         """End of a run: hand the final client state back into ``clients`` and free workers."""

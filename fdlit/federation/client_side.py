@@ -113,7 +113,9 @@ class ClientSide:
         """Every client's state, fetched from where it lives."""
         return self.executor.fetch_states(self.clients)
 
+    def checkpoint_states(self) -> list[dict]:
+        """Every client's state as the run's checkpoint keeps it (where the executor says)."""
+        return self.executor.checkpoint_states(self.clients)
+
     def load_state_dict(self, states: list[dict]) -> None:
-        for client, state in zip(self.clients, states, strict=True):
-            client.load_client_state(state)
-        self.executor.push_states(self.clients)
+        self.executor.load_states(self.clients, states)

@@ -12,6 +12,7 @@ checkpoint files: those observe it through callbacks, and a checkpoint is ``stat
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -27,7 +28,7 @@ from fdlit.federation.checks import check_before_data
 from fdlit.federation.client_side import ClientSide
 from fdlit.federation.construction import InitialDraws, build_clients, check_seed, eval_rows
 from fdlit.federation.measurement import Evaluation, check_finite
-from fdlit.federation.protocols import protocol_for
+from fdlit.federation.protocols import CARRIED, protocol_for
 from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.federation.round_facts import RoundFacts
 from fdlit.federation.round_parts import RoundParts
@@ -88,6 +89,10 @@ class FederationLoop:
         self.hosted: list[int] | None = None  # a deployment node's own clients (None: every client is here)
         # the random state each client's network was drawn from: recorded by set-up, given to a node
         self.draws: InitialDraws | None = None
+        # a round whose evaluation after its exchange comes back with the clients' next request
+        # (ClientExecutor.receive_carried): closed, with its metrics and callbacks, once it has
+        self._open: tuple | None = None
+        self._reported_at = -math.inf  # when the last round was closed (perf_counter)
         # what the config alone shows to be impossible, before any data loads
         check_before_data(self.settings, self.data, self.aggregator, self.privacy, self.adversaries)
 
@@ -150,6 +155,9 @@ class FederationLoop:
             raise
         executor.progress = self._clients_progress
         self.selection = ExactSelection(side, evaluate, active=rows is not None and tensors.val_y is not None)
+        # a receive may wait for the next request unless something reads the clients between the
+        # rounds: the selection keeps their weights, the upload audit queries them every round
+        executor.may_carry_receive = not self.selection.active and not self.privacy.upload_audit
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
@@ -164,10 +172,12 @@ class FederationLoop:
             for r in range(self.round + 1, self.settings.rounds + 1):
                 if reason := self.protocol.stop_reason(self.parts, r):
                     self.stop_reason = reason  # the last round is complete and checkpointed
+                    self._close_open(start)
                     if self.history:
                         self.history[-1].update(self.selection.finish())
                     break
                 self.run_round(r, clock=start)
+            self._close_open(start)  # the last round's carried evaluation: one closing request
         finally:
             self.executor.teardown(self.clients)  # remote executors: final state back into self.clients
         self.wall_time = time.perf_counter() - start
@@ -180,8 +190,10 @@ class FederationLoop:
         for cb in self.callbacks:
             cb.on_clients_progress(self, phase, done, total)
 
-    def run_round(self, r: int, clock: float | None = None) -> dict[str, Any]:
-        """One round of Kovalchuk et al. 2026, Algorithm 1 (docs/algorithms.md, "The round")."""
+    def run_round(self, r: int, clock: float | None = None) -> dict[str, Any] | None:
+        """One round of Kovalchuk et al. 2026, Algorithm 1 (docs/algorithms.md, "The round"); its
+        metrics, or None when its evaluation after the exchange comes with the next round's client
+        step (the previous round is closed, metrics and callbacks, right after that step)."""
         parts, clients = self.parts, self.parts.clients
         t0 = time.perf_counter()
         for cb in self.callbacks:
@@ -196,6 +208,7 @@ class FederationLoop:
                 r, plan.sampled, clients.subset(private_sets, plan.sampled), self.settings.private_epochs_of(r),
                 parts.batch_size, upload, plan.arrived, self.protocol.upload_info(parts, plan) if upload else None,
                 parts.server.received)
+        self._close_open(clock)  # the previous round's evaluation came back with this step
         lost = clients.unreachable()  # clients whose node stopped answering: dropped this round
         if lost:
             plan = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in lost])
@@ -205,12 +218,27 @@ class FederationLoop:
         self.selection.observe("after_private", r, after_private)
         # the rest of the round: the protocol's exchange (fdlit.federation.protocols)
         result, public_losses, after_public = self.protocol.run(parts, plan, after_private, sent)
-        self.selection.observe("after_public", r, after_public)
         if later := clients.unreachable() - set(lost):  # lost during the exchange: dropouts too
             plan, lost = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in later]), lost | later
+        opened = (plan, result, (private_losses, public_losses), after_private, lost, t0)
+        if after_public is CARRIED:
+            self._open = opened
+            return None
+        return self._close_round(*opened, after_public, clock)
 
-        metrics = measurement.round_metrics(parts, self.protocol.communicates, plan, result,
-                                            (private_losses, public_losses), (after_private, after_public), lost, t0)
+    def _close_open(self, clock: float | None) -> None:
+        if self._open is not None:
+            opened, self._open = self._open, None
+            with self.executor.carried_evaluation():  # the clients as they were after the round's receive
+                self._close_round(*opened, self.parts.evaluated(opened[0]), clock)
+
+    def _close_round(self, plan, result, losses, after_private, lost, t0, after_public, clock) -> dict[str, Any]:
+        """The round's end: its metrics (``time/round_s``: since it began, or since the previous round
+        closed when that came later), the selection, the callbacks."""
+        r, parts = plan.round, self.parts
+        self.selection.observe("after_public", r, after_public)
+        metrics = measurement.round_metrics(parts, self.protocol.communicates, plan, result, losses,
+                                            (after_private, after_public), lost, max(t0, self._reported_at))
         metrics.update(self.adversaries.after_round(parts, plan, result, after_public))
         if r == self.settings.rounds:  # the selected rounds, measured on the whole test set
             metrics.update(self.selection.finish())
@@ -220,6 +248,7 @@ class FederationLoop:
             self.wall_time = time.perf_counter() - clock
         for cb in self.callbacks:
             cb.on_round_end(self, r, metrics)
+        self._reported_at = time.perf_counter()
         return metrics
 
     # ------------------------------------------------------------------ state
@@ -227,7 +256,7 @@ class FederationLoop:
         """Everything a resumed run needs to continue exactly (tensors and plain data): the run's own
         state, every client's (fetched from where it lives) and the server's."""
         return {"round": self.round, "rounds": self.rounds, "seed": self.seed, "num_clients": len(self.clients),
-                "clients": self.parts.clients.state_dict(), **self.server_side.state_dict(),
+                "clients": self.parts.clients.checkpoint_states(), **self.server_side.state_dict(),
                 "history": [dict(m) for m in self.history], "wall_time": float(self.wall_time),
                 "selection": self.selection.state_dict()}
 

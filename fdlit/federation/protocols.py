@@ -32,6 +32,10 @@ from fdlit.federation.round_parts import RoundParts
 from fdlit.messages import Message
 from fdlit.privacy.upload_audit import label_histograms, label_inference
 
+# a round's "after public" evaluation that comes back with the clients' next request (the executor
+# carried the round's receive: ClientExecutor.receive_carried); the loop reads it then
+CARRIED = "carried"
+
 
 def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """What goes down the wire for the teacher, and the targets clients rebuild from it. One-hot
@@ -242,6 +246,8 @@ class ParameterExchange(Protocol):
         if all(sent[i] is sent[0] for i in range(m)):  # one message for all: what the server last broadcast
             server.refresh(sent[0])
         parts.clients.receive_step(parts.facts.info(plan.round), sent)
+        if parts.clients.executor.receive_carried():  # measured with the clients' next request
+            return result, [math.nan] * m, CARRIED
         return result, [math.nan] * m, parts.evaluated(plan)
 
 
