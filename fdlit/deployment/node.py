@@ -31,22 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fdlit.deployment.processes import alive, peak_rss_bytes
 from fdlit.deployment.secure_node import NodeSecureAggregation
 from fdlit.deployment.wire import pack, unpack
 
 if TYPE_CHECKING:
     from fdlit.code_allowlist import CodeAllowlist
-
-
-def peak_rss_bytes(pid: int | str = "self") -> int:
-    """Peak resident memory of a process (Linux ``VmHWM``), 0 where unknown."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def to_bytes(obj: Any) -> torch.Tensor:
@@ -359,16 +349,6 @@ class NodeWorker:
 
 
 # ---------------------------------------------------------------------- the process
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def serve(name: str, folder: Path, authkey: bytes, watch: list[int], idle_timeout_s: float) -> None:
     """Answer relayed messages one at a time until teardown, a watched process ends, or idleness."""
     from multiprocessing.connection import Listener
