@@ -140,3 +140,33 @@ def test_a_layer_violation_is_found_when_there_is_one():
     graph = {"fdlit.runs.experiment": {"fdlit.config"}, "fdlit.config": {"fdlit.runs.checkpoint", "fdlit.errors"},
              "fdlit.data.x": {"fdlit.errors"}, "fdlit.new.y": set()}
     assert layer_violations(graph, layers) == ["fdlit.new is in no layer", "fdlit.runs.experiment imports fdlit.config"]
+
+
+METHOD_NAMES = {"method", "part", "aggregator", "rule", "inner", "method_part"}
+
+
+def read_by_name(node: ast.expr) -> bool:
+    """Whether ``node`` names a method or its part (``method``, ``self.method_part``, ...)."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return name in METHOD_NAMES
+
+
+def test_the_framework_reads_a_method_by_plain_attributes_its_base_classes_declare():
+    # docs/extending.md, "The contract": every attribute the framework reads is on the base class
+    from fdlit.clients.method_part import MethodPart
+    from fdlit.methods.base import Aggregator, ClientPart
+    from fdlit.privacy.release import Declaring, UploadsPart
+
+    soft = []
+    for layer in ("federation", "privacy", "adversaries", "execution", "clients"):
+        for path in (PACKAGE / layer).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                        and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                        and isinstance(node.args[1], ast.Constant) and read_by_name(node.args[0])
+                        and not node.args[1].value.startswith("__")):
+                    soft.append(f"{path.name}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
+    assert soft == []
+    for protocol, base in ((Declaring, Aggregator), (MethodPart, ClientPart), (UploadsPart, ClientPart)):
+        wanted = {n for n in (*protocol.__annotations__, *vars(protocol)) if not n.startswith("_")}
+        assert wanted and [n for n in sorted(wanted) if not hasattr(base, n)] == [], protocol.__name__

@@ -59,7 +59,7 @@ class PublicRowsGuard:
     def after_aggregate(self, method: Any, round: int, public_index: torch.Tensor | None) -> None:
         if self.before is None:
             return
-        declared = dict(getattr(method, "row_state", None) or {})
+        declared = dict(method.row_state)
         name = type(method).__name__
         for attr, value in vars(method).items():
             now = fingerprint(value)
