@@ -21,23 +21,26 @@ from fdlit.adversaries import Adversaries
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
-from fdlit.execution import select_executor
+from fdlit.execution import ClientExecutor, select_executor
 from fdlit.federation import baselines, measurement
 from fdlit.federation.checks import check_before_data
 from fdlit.federation.client_side import ClientSide
 from fdlit.federation.construction import InitialDraws, build_clients, check_seed, eval_rows
-from fdlit.federation.measurement import Evaluation, check_finite
+from fdlit.federation.evaluation import Evaluation
+from fdlit.federation.measurement import check_finite
 from fdlit.federation.protocols import protocol_for
 from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.federation.round_facts import RoundFacts
 from fdlit.federation.round_parts import RoundParts
 from fdlit.federation.selection import ExactSelection
+from fdlit.federation.server import ServerModel
 from fdlit.federation.server_side import ServerSide
 from fdlit.federation.settings import FederationSettings
 from fdlit.federation.tensors import FederationTensors
 from fdlit.methods.base import Aggregator
 from fdlit.models.build import ModelSpec
 from fdlit.privacy import UploadPrivacy
+from fdlit.records import Metrics
 
 
 class FederationLoop:
@@ -56,7 +59,7 @@ class FederationLoop:
     def __init__(self, federation: FederationSettings | None = None, *, data: FederatedData | None = None,
                  model: ModelSpec | None = None, client: ClientOptimization | None = None,
                  aggregator: Aggregator | None = None, privacy: UploadPrivacy | None = None, seed: int = 0,
-                 server: Any | None = None, adversaries: Adversaries | None = None, **settings: Any):
+                 server: ServerModel | None = None, adversaries: Adversaries | None = None, **settings: object):
         if federation is not None and settings:
             raise TypeError("FederationLoop takes the federation section or its fields as keywords, not both")
         self.settings = federation if federation is not None else FederationSettings(**settings)
@@ -80,7 +83,7 @@ class FederationLoop:
         self.callbacks = list(self.settings.callbacks)
         # the run's own state (with the parts' own in state_dict)
         self.round = 0  # last completed round; 0 before round 1 (the method's set-up is "round 0")
-        self.history: list[dict[str, Any]] = []
+        self.history: list[Metrics] = []
         self.wall_time = 0.0
         self.stop_reason: str | None = None  # set when the privacy budget ends the run early
         self._setup_started: float | None = None
@@ -152,7 +155,7 @@ class FederationLoop:
         self.selection = ExactSelection(side, evaluate, active=rows is not None and tensors.val_y is not None)
 
     # ------------------------------------------------------------------ the run
-    def fit(self) -> dict[str, Any]:
+    def fit(self) -> Metrics:
         self.setup()
         started, self._setup_started = self._setup_started or time.perf_counter(), None
         start = started - self.wall_time  # a resumed run continues its wall time
@@ -180,7 +183,7 @@ class FederationLoop:
         for cb in self.callbacks:
             cb.on_clients_progress(self, phase, done, total)
 
-    def run_round(self, r: int, clock: float | None = None) -> dict[str, Any]:
+    def run_round(self, r: int, clock: float | None = None) -> Metrics:
         """One round of Kovalchuk et al. 2026, Algorithm 1 (docs/algorithms.md, "The round")."""
         parts, clients = self.parts, self.parts.clients
         t0 = time.perf_counter()
@@ -241,7 +244,7 @@ class FederationLoop:
         self.round = state["round"]
         self.wall_time = state["wall_time"]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Metrics:
         """Best and final numbers of the run (fdlit.federation.measurement.summary)."""
         ledger = self.server_side.ledger
         return measurement.summary(
@@ -257,11 +260,11 @@ class FederationLoop:
         return self.settings.rounds
 
     @property
-    def executor(self) -> Any:
+    def executor(self) -> ClientExecutor | None:
         return self.settings.executor
 
     @executor.setter
-    def executor(self, executor: Any) -> None:  # before set-up only (the deployment, export)
+    def executor(self, executor: ClientExecutor) -> None:  # before set-up only (the deployment, export)
         if self.parts is not None:
             raise RuntimeError("the executor is chosen before set-up")
         self.settings.executor = executor
