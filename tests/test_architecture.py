@@ -170,3 +170,18 @@ def test_the_framework_reads_a_method_by_plain_attributes_its_base_classes_decla
     for protocol, base in ((Declaring, Aggregator), (MethodPart, ClientPart), (UploadsPart, ClientPart)):
         wanted = {n for n in (*protocol.__annotations__, *vars(protocol)) if not n.startswith("_")}
         assert wanted and [n for n in sorted(wanted) if not hasattr(base, n)] == [], protocol.__name__
+
+
+def test_the_rounds_signatures_name_real_types_not_any():
+    # a state_dict holds arbitrary checkpoint data (tensors and plain data), the one place Any is meant
+    loose = []
+    for path in (PACKAGE / "federation").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in ("state_dict",
+                                                                                               "load_state_dict"):
+                args = node.args
+                hints = [a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg,
+                                                args.kwarg) if a is not None and a.annotation is not None]
+                if any("Any" in ast.unparse(h) for h in (*hints, node.returns) if h is not None):
+                    loose.append(f"{path.name}:{node.lineno} {node.name}")
+    assert loose == []
