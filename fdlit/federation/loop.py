@@ -6,7 +6,8 @@ method's set-up and the rounds, ``run_round`` is one round exactly as in docs/al
 ("The round"): the private phase and its evaluation, then the exchange of the round's protocol
 (:mod:`fdlit.federation.protocols`), then the round's metrics (:mod:`fdlit.federation.measurement`).
 The steps get the parts, never the loop. The loop knows nothing of run directories, W&B or
-checkpoint files: those observe it through callbacks, and a checkpoint is ``state_dict()``.
+checkpoint files: those observe it through callbacks, which are given a read-only view of it
+(:class:`fdlit.callbacks.RoundView`), and a checkpoint is ``state_dict()``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from fdlit.federation.protocols import protocol_for
 from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.federation.round_facts import RoundFacts
 from fdlit.federation.round_parts import RoundParts
+from fdlit.federation.round_view import LoopView
 from fdlit.federation.selection import ExactSelection
 from fdlit.federation.server import ServerModel
 from fdlit.federation.server_side import ServerSide
@@ -80,7 +82,7 @@ class FederationLoop:
         server = server if server is not None and server.enabled and self.settings.mode == "fd" else None
         self.server_side = ServerSide(aggregator, self.privacy, server, self.settings.message_dtype)
         self.adversaries = adversaries or Adversaries()
-        self.callbacks = list(self.settings.callbacks)
+        self.callbacks, self.view = list(self.settings.callbacks), LoopView(self)  # what callbacks are given
         # the run's own state (with the parts' own in state_dict)
         self.round = 0  # last completed round; 0 before round 1 (the method's set-up is "round 0")
         self.history: list[Metrics] = []
@@ -160,7 +162,7 @@ class FederationLoop:
         started, self._setup_started = self._setup_started or time.perf_counter(), None
         start = started - self.wall_time  # a resumed run continues its wall time
         for cb in self.callbacks:
-            cb.on_fit_start(self)
+            cb.on_fit_start(self.view)
         try:
             if self.round == 0:
                 self.protocol.setup(self.parts)
@@ -176,19 +178,19 @@ class FederationLoop:
         self.wall_time = time.perf_counter() - start
         summary = self.summary()
         for cb in self.callbacks:
-            cb.on_fit_end(self, summary)
+            cb.on_fit_end(self.view, summary)
         return summary
 
     def _clients_progress(self, phase: str, done: float, total: int) -> None:
         for cb in self.callbacks:
-            cb.on_clients_progress(self, phase, done, total)
+            cb.on_clients_progress(self.view, phase, done, total)
 
     def run_round(self, r: int, clock: float | None = None) -> Metrics:
         """One round of Kovalchuk et al. 2026, Algorithm 1 (docs/algorithms.md, "The round")."""
         parts, clients = self.parts, self.parts.clients
         t0 = time.perf_counter()
         for cb in self.callbacks:
-            cb.on_round_start(self, r)
+            cb.on_round_start(self.view, r)
         plan = parts.facts.plan(r)  # who takes part: clients not sampled do nothing this round
         # Stage 1: the sampled clients' private phase, then what the arriving ones send (one client step)
         private_losses, sent = [], {}
@@ -222,7 +224,7 @@ class FederationLoop:
         if clock is not None:
             self.wall_time = time.perf_counter() - clock
         for cb in self.callbacks:
-            cb.on_round_end(self, r, metrics)
+            cb.on_round_end(self.view, r, metrics)
         return metrics
 
     # ------------------------------------------------------------------ state
@@ -253,8 +255,7 @@ class FederationLoop:
             client_classes=[[int(c) for c in cd.classes] for cd in self.client_data],
             measured_network=baselines.measured_network(self.settings.mode, self.server_side.method))
 
-    # ------------------------------------------------------------------ read-only views of the parts
-    # (callbacks, run bookkeeping and tests read these; the round's steps get the parts themselves)
+    # ---------------------------------- read-only views of the parts (LoopView, run bookkeeping, tests)
     @property
     def rounds(self) -> int:
         return self.settings.rounds
