@@ -15,8 +15,7 @@ from the mode and the method, and never branches on it:
   every client; no public phase;
 * :class:`NoExchange` (the local-only and reference baselines): nothing is sent.
 
-A method may name its own protocol class (``protocol`` attribute); otherwise its ``exchange``
-(``"predictions"`` or ``"parameters"``) chooses.
+A method's ``exchange`` (``"predictions"`` or ``"parameters"``) chooses.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import math
 
 import torch
 
+from fdlit.errors import ConfigError
 from fdlit.federation.evaluation import Accuracies
 from fdlit.federation.measurement import check_finite
 from fdlit.federation.round_facts import RoundPlan
@@ -264,7 +264,10 @@ PROTOCOLS = {"predictions": PredictionExchange, "parameters": ParameterExchange}
 
 
 def protocol_for(method: Aggregator, mode: str) -> Protocol:
-    """The round's protocol: none for the baselines, else the method's own or its ``exchange``'s."""
+    """The round's protocol: none for the baselines, else its ``exchange``'s."""
     if mode != "fd":
         return NoExchange()
-    return (method.protocol or PROTOCOLS[method.exchange])()
+    if method.exchange not in PROTOCOLS:
+        raise ConfigError("aggregator", f"{type(method).__name__}.exchange is {method.exchange!r}; allowed: "
+                          f"{', '.join(PROTOCOLS)}")
+    return PROTOCOLS[method.exchange]()

@@ -103,7 +103,6 @@ class Aggregator(LegacyAggregatorHooks):
     evaluates_logits = False  # the server evaluates the uploaded logits themselves (encodings refused)
     privacy_advice = ""  # a sentence a privacy refusal of the method appends (what to set instead)
     public_warmup_epochs = 0  # > 0: every client first trains on the labelled public set (FedMD's transfer learning)
-    protocol: type | None = None  # a protocol class of the method's own instead of ``exchange``'s
     # state kept per public sample: attribute -> the dim that runs over the full public set (indexed by
     # ctx.info.public_ids()), or None for state that is not per public sample; checked under a per-round
     # public subset, where every tensor ``aggregate`` changes must be declared (fdlit.federation.public_rows)
