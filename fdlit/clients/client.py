@@ -157,8 +157,6 @@ class ClientModule(LightningModule):
 
     def take_logged(self) -> dict[str, float]:
         """Means of the values logged since the last call, by name."""
-        if "_step_log" not in self.__dict__:  # a client unpickled from before logging existed
-            self._step_log = StepLog()
         return self._step_log.take()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
