@@ -6,8 +6,7 @@ method's set-up and the rounds, ``run_round`` is one round exactly as in docs/al
 ("The round"): the private phase and its evaluation, then the exchange of the round's protocol
 (:mod:`fdlit.federation.protocols`), then the round's metrics (:mod:`fdlit.federation.measurement`).
 The steps get the parts, never the loop. The loop knows nothing of run directories, W&B or
-checkpoint files: those observe it through callbacks, which are given a read-only view of it
-(:class:`fdlit.callbacks.RoundView`), and a checkpoint is ``state_dict()``.
+checkpoint files: callbacks observe a read-only view of it (a RoundView); a checkpoint is ``state_dict()``.
 """
 
 from __future__ import annotations
