@@ -42,14 +42,14 @@ class Attack:
     exchanges: tuple[str, ...] = ("predictions", "parameters")  # the exchanges it can attack
     changes: tuple[str, ...] = ()  # the uploaded arrays it rewrites, which the method must declare
 
-    def carried(self, method: Aggregator) -> tuple[str, ...]:
+    def rewrites(self, method: Aggregator) -> tuple[str, ...]:
         """The uploaded arrays the attack rewrites on ``method`` (by default ``changes``)."""
         return self.changes
 
     def fits(self, method: Aggregator) -> bool:
         """Whether this attack can act on ``method``: its exchange, and the arrays its client part
         declares it uploads (``ClientPart.uploads``)."""
-        return method.exchange in self.exchanges and set(self.carried(method)) <= uploaded(method)
+        return method.exchange in self.exchanges and set(self.rewrites(method)) <= uploaded(method)
 
     def misfit(self, method: Aggregator) -> str:
         """Why :meth:`fits` is False, for the error message."""
@@ -57,7 +57,7 @@ class Attack:
         if method.exchange not in self.exchanges:
             return (f"{type(self).__name__} attacks {' or '.join(self.exchanges)} exchange; the method "
                     f"{name} exchanges {method.exchange}")
-        return (f"{type(self).__name__} rewrites the uploaded {', '.join(self.carried(method))}, and {name}'s client "
+        return (f"{type(self).__name__} rewrites the uploaded {', '.join(self.rewrites(method))}, and {name}'s client "
                 f"part uploads {', '.join(sorted(uploaded(method))) or 'nothing'}")
 
     def check(self, method: Aggregator, num_classes: int | None) -> None:
@@ -224,7 +224,7 @@ class FreeRider(Attack):
     previous round on this round's public rows (round 1: uniform predictions); parameter exchange:
     the global model it started the round from, unchanged (a zero update)."""
 
-    def carried(self, method):
+    def rewrites(self, method):
         return ("parameters",) if method.exchange == "parameters" else ("logits",)
 
     @property
