@@ -5,7 +5,8 @@ A :class:`Message` has three parts, kept apart by type, never by a key's spellin
 * ``arrays``: the tensors the method's protocol sends (logits, a density's rows, parameters, a
   keep-mask). The ledger counts every byte of every array, by its name, dtype and shape. Which of
   them are released data, and with which sensitivity, is ``sensitivity`` (name -> kind of
-  ``fdlit.privacy.release``: ``rows``, ``positive_rows``, ``unbounded``, ``clear``).
+  ``fdlit.privacy.release``: ``rows``, ``positive_rows``, ``unbounded``, ``clear``), set on a
+  round's upload from the client part's declaration (:class:`Upload` ``kind``), never by hand.
 * ``metrics``: numbers a client reports for the run's log (how many density components it dropped,
   how many rows the privacy release clipped). They describe the experiment, not the method's
   protocol, so they are not in the method's ``comm/*`` bytes; a deployment sends them in Flower's

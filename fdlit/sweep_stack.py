@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fdlit.callbacks import FederationCallback
+from fdlit.callbacks import FederationCallback, RoundView
 
 # what a stack shares (sections of the resolved config); the client section but its learning rates
 SHARED_SECTIONS = ("data", "model", "server")
@@ -72,10 +72,10 @@ class RoundLine(FederationCallback):
     def __init__(self, name: str, out: Callable[[str], None]):
         self.name, self.out = name, out
 
-    def on_round_end(self, loop, round, metrics):
+    def on_round_end(self, view: RoundView, round, metrics):
         acc = metrics.get("global_acc_mean")
         shown = f", global acc {acc:.4f}" if isinstance(acc, float) else ""
-        self.out(f"fdlit sweep: {self.name} round {round}/{loop.rounds}{shown}")
+        self.out(f"fdlit sweep: {self.name} round {round}/{view.rounds}{shown}")
 
 
 @contextlib.contextmanager

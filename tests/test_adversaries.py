@@ -303,8 +303,25 @@ def test_attackers_under_client_sampling_count_only_arrived_uploads(tmp_path):
 def test_the_free_rider_remembers_the_teacher_it_was_sent(tmp_path):
     loop = fit_loop(tiny("digits_avg.yaml", tmp_path, "--adversaries.attack", "fdlit.adversaries.FreeRider",
                          "--adversaries.ids", "[1]"))
-    teacher = loop.received[LAST_TEACHER]  # in the checkpoint with the set-up broadcast
+    teacher = loop.server_side.received[LAST_TEACHER]  # in the checkpoint with the set-up broadcast
     assert teacher.shape == (120, 10) and torch.allclose(teacher.sum(-1), torch.ones(120))
     assert float((teacher - 0.1).abs().max()) > 1e-2  # a real teacher, not the uniform first-round upload
     assert math.isclose(loop.history[-1]["teacher/acc"],
                         float((teacher.argmax(-1) == loop.parts.tensors.public_y).float().mean()), rel_tol=1e-6)
+
+
+def test_an_attack_fits_the_arrays_a_method_declares_it_uploads(tmp_path, capsys):
+    # an attack rewrites an upload the method's client part declares, never one it guesses
+    from fdlit.adversaries import FabricatedDensity, FreeRider, RandomPredictions, ScaledUpdate
+    from fdlit.methods import FedProto, UncertaintyWeighted
+    from tests.test_declared_uploads import GatedVotes
+
+    assert ScaledUpdate().fits(FedAvg()) and not ScaledUpdate().fits(FedProto())  # prototypes, no parameters
+    assert FreeRider().fits(FedAvg()) and not FreeRider().fits(FedProto())
+    assert not RandomPredictions().fits(GatedVotes())  # its part sends probabilities and a mask, no logits
+    assert FabricatedDensity().fits(UncertaintyWeighted()) and not FabricatedDensity().fits(GatedVotes())
+    assert main(["fit", *tiny("digits_fedproto.yaml", tmp_path, "--adversaries.attack", "fdlit.adversaries.ScaledUpdate",
+                              "--adversaries.count", "1")]) == 2
+    err = capsys.readouterr().err
+    assert "ScaledUpdate rewrites the uploaded parameters" in err and "class_counts, prototypes" in err, err
+    assert "LabelFlipping" in err and "Traceback" not in err and not list(tmp_path.rglob("metrics.jsonl"))

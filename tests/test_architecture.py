@@ -93,7 +93,7 @@ def test_methods_never_import_the_loop_or_execution_or_runs():
 
 # docs/design.md's layers, lowest first: a package imports only packages of layers below its own
 LAYERS = [
-    {"fdlit", "fdlit.errors", "fdlit.callbacks", "fdlit.messages"},
+    {"fdlit", "fdlit.errors", "fdlit.messages", "fdlit.records"},
     {"fdlit.bounded_yaml"},
     {"fdlit.config_files", "fdlit.config_ranges", "fdlit.run_settings", "fdlit.data", "fdlit.models", "fdlit.privacy"},
     {"fdlit.code_allowlist"},
@@ -101,6 +101,7 @@ LAYERS = [
     {"fdlit.methods"},
     {"fdlit.aggregators", "fdlit.adversaries"},
     {"fdlit.execution"},
+    {"fdlit.callbacks"},
     {"fdlit.federation"},
     {"fdlit.config"},
     {"fdlit.runs"},
@@ -140,3 +141,56 @@ def test_a_layer_violation_is_found_when_there_is_one():
     graph = {"fdlit.runs.experiment": {"fdlit.config"}, "fdlit.config": {"fdlit.runs.checkpoint", "fdlit.errors"},
              "fdlit.data.x": {"fdlit.errors"}, "fdlit.new.y": set()}
     assert layer_violations(graph, layers) == ["fdlit.new is in no layer", "fdlit.runs.experiment imports fdlit.config"]
+
+
+METHOD_NAMES = {"method", "part", "aggregator", "rule", "inner", "method_part"}
+
+
+def read_by_name(node: ast.expr) -> bool:
+    """Whether ``node`` names a method or its part (``method``, ``self.method_part``, ...)."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return name in METHOD_NAMES
+
+
+def test_the_framework_reads_a_method_by_plain_attributes_its_base_classes_declare():
+    # docs/extending.md, "The contract": every attribute the framework reads is on the base class
+    from fdlit.clients.method_part import MethodPart
+    from fdlit.methods.base import Aggregator, ClientPart
+    from fdlit.privacy.release import Declaring, UploadsPart
+
+    soft = []
+    for layer in ("federation", "privacy", "adversaries", "execution", "clients"):
+        for path in (PACKAGE / layer).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                        and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                        and isinstance(node.args[1], ast.Constant) and read_by_name(node.args[0])
+                        and not node.args[1].value.startswith("__")):
+                    soft.append(f"{path.name}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
+    assert soft == []
+    for protocol, base in ((Declaring, Aggregator), (MethodPart, ClientPart), (UploadsPart, ClientPart)):
+        wanted = {n for n in (*protocol.__annotations__, *vars(protocol)) if not n.startswith("_")}
+        assert wanted and [n for n in sorted(wanted) if not hasattr(base, n)] == [], protocol.__name__
+
+
+def test_the_rounds_signatures_name_real_types_not_any():
+    # a state_dict holds arbitrary checkpoint data (tensors and plain data), the one place Any is meant
+    loose = []
+    for path in (PACKAGE / "federation").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in ("state_dict",
+                                                                                               "load_state_dict"):
+                args = node.args
+                hints = [a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg,
+                                                args.kwarg) if a is not None and a.annotation is not None]
+                if any("Any" in ast.unparse(h) for h in (*hints, node.returns) if h is not None):
+                    loose.append(f"{path.name}:{node.lineno} {node.name}")
+    assert loose == []
+
+
+def test_design_md_names_every_module_of_the_round():
+    # docs/design.md, "The round, module by module"
+    text = (PACKAGE.parent / "docs" / "design.md").read_text()
+    listed = set(re.findall(r"^ +(\w+\.py) ", text.split("fdlit/federation/", 1)[1].split("```", 1)[0], re.M))
+    actual = {p.name for p in (PACKAGE / "federation").glob("*.py")} - {"__init__.py"}
+    assert listed == actual

@@ -199,3 +199,20 @@ def test_the_gated_votes_resume_equal_to_an_uninterrupted_run(tmp_path):
     resumed.fit()
     assert resumed.round == 2
     same_numbers(straight, resumed)
+
+
+def test_a_messages_sensitivity_is_its_declared_kinds_and_cannot_be_stated_otherwise():
+    # fdlit.messages: the sensitivity is set from the declaration (Upload.kind), never by hand
+    from fdlit.messages import Message
+    from fdlit.methods.client_part import declared_payload
+
+    uploads = GatedVotesClient.uploads
+    probs, mask = torch.rand(3, 10), torch.tensor([True, False, True, True])
+    sent = declared_payload("GatedVotesClient", uploads, {"probs": probs, "mask": mask}, rows=4, classes=10)
+    assert sent.sensitivity == {"probs": "rows", "mask": "clear"}
+    stated = Message({"probs": probs, "mask": mask}, sensitivity={"mask": "clear"})  # agrees: kept
+    assert declared_payload("GatedVotesClient", uploads, stated, rows=4, classes=10).sensitivity == sent.sensitivity
+    with pytest.raises(ConfigError, match=r"^aggregator: GatedVotesClient sends 'probs' with sensitivity 'clear', "
+                                         r"and its client part declares it 'rows'"):
+        declared_payload("GatedVotesClient", uploads, Message({"probs": probs}, sensitivity={"probs": "clear"}),
+                         rows=4, classes=10)

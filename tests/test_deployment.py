@@ -118,7 +118,8 @@ def test_bad_input_is_refused_before_any_process_starts(tmp_path, capsys, monkey
 
 
 def test_an_unreachable_client_has_no_accuracy_and_the_means_leave_it_out():
-    from fdlit.federation.measurement import Evaluation, accuracy_metrics
+    from fdlit.federation.evaluation import Evaluation
+    from fdlit.federation.measurement import accuracy_metrics
 
     y = torch.tensor([0, 1, 1, 0])
     logits = torch.stack([torch.nn.functional.one_hot(y, 2).float(), torch.full((4, 2), math.nan),

@@ -37,7 +37,7 @@ def uploads(loop, agg, z=None):
     """What every client sends for ``agg`` in round 1, its public logits included."""
     z = public_logits(loop) if z is None else z
     extra = loop.executor.client_hook("upload", agg.client_part(), loop.parts.facts.info(1), loop.clients, loop.client_data,
-                                      loop.received, z)
+                                      loop.server_side.received, z)
     return [payload.with_arrays({"logits": z[i], **payload.arrays}) for i, payload in enumerate(extra)]
 
 

@@ -94,6 +94,28 @@ def test_hooks_are_called_in_order_and_optimizer_state_persists(tmp_path):
     assert int(steps) == 3 * per_epoch + 2 * public
 
 
+def test_callbacks_get_a_read_only_view_of_the_run_not_the_loop(tmp_path):
+    # fdlit.callbacks / docs/extending.md "Callbacks": hooks see the run's RoundView, never the loop's steps
+    from fdlit.callbacks import RoundView
+
+    seen = []
+
+    class Look(FederationCallback):
+        def on_round_end(self, view, round, metrics):
+            assert not hasattr(view, "run_round") and not hasattr(view, "parts") and not hasattr(view, "settings")
+            with pytest.raises(AttributeError):
+                view.round = 7  # read-only
+            members = {n for n in dir(RoundView) if not n.startswith("_")}
+            assert members <= set(dir(view)) and not {n for n in dir(view) if not n.startswith("_")} - members
+            seen.append((view.round, view.rounds, len(view.history), view.history[-1] is metrics,
+                         len(view.clients), view.ledger.total("up", round=round) > 0,
+                         view.state_dict()["round"], view.summary()["rounds"]))
+
+    loop = small_loop(tmp_path, ProbabilityAveraging(), callbacks=[Look()])
+    loop.fit()
+    assert seen == [(1, 2, 1, True, 4, True, 1, 1), (2, 2, 2, True, 4, True, 2, 2)]
+
+
 def test_first_round_epochs_differ(tmp_path):
     loop = small_loop(tmp_path, ProbabilityAveraging(), rounds=1)
     loop.settings.private_epochs_first, loop.settings.public_epochs_first = 3, 0

@@ -164,3 +164,17 @@ def test_configure_decides_what_each_client_is_sent_and_the_client_distils_from_
     sizes = [len(cd.train.y) for cd in loop.client_data]
     public = [s - 2 * -(-n // 32) + (2 if n % 32 == 1 else 0) for s, n in zip(private, sizes, strict=True)]
     assert public[0] == 2 and all(p == 15 for p in public[1:])  # 10 rows / 8 a batch vs 120 rows / 8
+
+
+def test_a_method_exchanges_predictions_or_parameters_and_nothing_else():
+    # docs/extending.md: ``exchange`` is "predictions" or "parameters"; the round has no other protocol
+    from fdlit.errors import ConfigError
+    from fdlit.federation import FederationLoop
+    from fdlit.methods import ProbabilityAveraging
+
+    class Gradients(ProbabilityAveraging):
+        exchange = "gradients"
+
+    with pytest.raises(ConfigError, match=r"^aggregator: Gradients.exchange is 'gradients'; allowed: predictions, "
+                                         r"parameters$"):
+        FederationLoop(aggregator=Gradients(), rounds=1)

@@ -1,7 +1,7 @@
 """A method's stats can never replace a framework metric: a stat named in a framework namespace is
 kept under ``method/``; the method's own names stay as they are."""
 
-from fdlit.federation.measurement import method_stats
+from fdlit.federation.metric_names import method_stats
 from fdlit.methods import ProbabilityAveraging
 from tests.test_server_state import loop_of
 

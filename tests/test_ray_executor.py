@@ -70,28 +70,29 @@ class StateRoundTrip(FederationCallback):
 
     checked = False
 
-    def on_round_end(self, loop, round, metrics):
+    def on_round_end(self, view, round, metrics):
         import ray
 
         import fdlit
 
-        executor = loop.executor
+        executor = view.executor
         if round != 1 or not isinstance(executor, RayExecutor):
             return
+        x = view.client_data[0].train.x[:64]
         where = ray.get([a.where.remote() for a in executor.actors])
         assert {w["fdlit"] for w in where} == {fdlit.__file__}  # actors run this checkout
         assert {w["threads"] for w in where} == {1}
-        trained = executor.predict(loop.clients, loop.parts.tensors.test_x)
-        initial = torch.stack([c.predict_logits(loop.parts.tensors.test_x) for c in loop.clients])
+        trained = executor.predict(view.clients, x)
+        initial = torch.stack([c.predict_logits(x) for c in view.clients])
         assert not torch.equal(trained, initial)  # the driver's copies were not trained ...
-        states = executor.fetch_states(loop.clients)
-        assert torch.equal(torch.stack([c.predict_logits(loop.parts.tensors.test_x) for c in loop.clients]), trained)  # ... now fetched
-        for p in loop.clients[0].model.parameters():
+        states = executor.fetch_states(view.clients)
+        assert torch.equal(torch.stack([c.predict_logits(x) for c in view.clients]), trained)  # ... now fetched
+        for p in view.clients[0].model.parameters():
             torch.nn.init.zeros_(p)
-        executor.push_states(loop.clients)
-        assert torch.equal(executor.predict(loop.clients, loop.parts.tensors.test_x)[0], torch.zeros_like(trained[0]))
-        loop.clients[0].load_client_state(states[0])
-        executor.push_states(loop.clients)
+        executor.push_states(view.clients)
+        assert torch.equal(executor.predict(view.clients, x)[0], torch.zeros_like(trained[0]))
+        view.clients[0].load_client_state(states[0])
+        executor.push_states(view.clients)
         self.checked = True
 
 

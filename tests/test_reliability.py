@@ -628,14 +628,14 @@ def test_a_second_process_on_a_run_gets_an_error_naming_the_holder_until_it_dies
 
 
 class TryTheLock(FederationCallback):
-    def __init__(self):
-        self.refused = []
+    def __init__(self, experiment):
+        self.refused, self.experiment = [], experiment
 
-    def on_round_end(self, loop, round, metrics):
+    def on_round_end(self, view, round, metrics):
         from fdlit.runs.directory import RunInUse, RunLock
 
         try:
-            RunLock(Path(loop.callbacks[0].path)).acquire().release()
+            RunLock(Path(self.experiment.run_path)).acquire().release()
         except RunInUse as exc:
             self.refused.append(str(exc))
 
@@ -645,7 +645,7 @@ def test_a_run_holds_its_lock_while_it_runs_and_releases_it_after(fast_args):
 
     parser, cfg = parse_fit(fast_args)
     experiment = Experiment(cfg, parser)
-    probe = TryTheLock()
+    probe = TryTheLock(experiment)
     experiment.loop.callbacks.append(probe)
     experiment.fit()
     assert len(probe.refused) == 2 and f"pid {os.getpid()}" in probe.refused[0]

@@ -81,13 +81,13 @@ def test_a_rule_that_drops_samples_trains_the_server_on_the_kept_rows_only(tmp_p
     parser, cfg = parse_fit(tiny("digits_selective_fd.yaml", tmp_path, *SERVER))
     loop = Experiment(cfg, parser).loop
     seen = []
-    real = loop.server.round if loop.server is not None else None
+    real = loop.server_side.server_model.round if loop.server_side.server_model is not None else None
 
     def spy(first, public_x, teacher, test):
         seen.append((len(public_x), len(teacher)))
         return real(first, public_x, teacher, test)
 
-    loop.server.round = spy
+    loop.server_side.server_model.round = spy
     loop.fit()
     kept = [m.shape[0] for m in loop.ledger.messages if m.kind == "teacher" and m.client == 0]
     assert [n for n, _ in seen] == [n for _, n in seen] == kept

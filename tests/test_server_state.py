@@ -98,6 +98,6 @@ def test_the_servers_copy_of_the_global_model_is_the_last_one_it_broadcast(tmp_p
     loop = Experiment(cfg, parser).loop
     assert isinstance(loop.aggregator, FedAvg)
     loop.fit()
-    final = flatten(exchanged_tensors(loop.clients[0].model)).to(loop.received["parameters"])
-    torch.testing.assert_close(loop.received["parameters"], final)
+    final = flatten(exchanged_tensors(loop.clients[0].model)).to(loop.server_side.received["parameters"])
+    torch.testing.assert_close(loop.server_side.received["parameters"], final)
     torch.testing.assert_close(loop.state_dict()["received"]["parameters"], final)

@@ -74,7 +74,10 @@ def assert_same_clients(a, b, atol=1e-5):
 def assert_executors_agree(seq_clients, vec_clients):
     """Train the same phases on both executors: same losses, predictions and client state."""
     seq_losses, seq_pred = run_phases(SequentialExecutor(), seq_clients)
-    vec_losses, vec_pred = run_phases(VectorizedExecutor(), vec_clients)
+    vectorized = VectorizedExecutor()
+    vec_losses, vec_pred = run_phases(vectorized, vec_clients)
+    # the vmapped step ran for every client and phase, not a fall-back to one client at a time
+    assert vectorized.trained == {"vectorized": 3 * len(vec_clients), "sequential": 0}
     for a, b in zip(seq_losses, vec_losses, strict=True):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     torch.testing.assert_close(seq_pred, vec_pred, atol=1e-4, rtol=1e-4)
@@ -278,6 +281,7 @@ def test_heterogeneous_groups_and_fallback():
     vec = results[1]
     groups, rest = ex._groups(vec_clients)
     assert sorted(map(sorted, groups)) == [[0, 4], [1, 5], [2, 6]] and rest == [3, 7]
+    assert ex.trained == {"vectorized": 6, "sequential": 2}  # the groups vmapped, the rest one at a time
     assert results[0][0] == pytest.approx(vec[0], rel=1e-5)
     torch.testing.assert_close(results[0][1], vec[1], atol=1e-4, rtol=1e-4)
     assert_same_clients(seq_clients, vec_clients)
@@ -335,6 +339,8 @@ def test_federation_metrics_match_sequential(tmp_path, model, aggregator):
         histories.append(loop.history)
         loops.append(loop)
     assert isinstance(loops[1].executor, VectorizedExecutor)
+    # every client-phase ran the vmapped step: a fall-back to sequential training would pass the comparison
+    assert loops[1].executor.trained["sequential"] == 0 and loops[1].executor.trained["vectorized"] > 0
     assert len({len(cd.train.x) for cd in loops[0].data.clients}) > 1
     for a, b in zip(*histories, strict=True):
         for key, value in a.items():

@@ -21,6 +21,8 @@ import math
 import torch
 
 from fdlit.errors import ConfigError, check_number
+from fdlit.methods.base import Aggregator, ClientContext
+from fdlit.methods.client_part import declared_uploads
 
 FIELD = "adversaries.attack"
 # the method's last aggregate, as the client received it (what a free-rider sends back)
@@ -29,7 +31,7 @@ START_PARAMETERS = "adversaries_start"  # parameter exchange: the global model t
 DENSITY_KEYS = ("gmm_means", "log_likelihood")  # uploads that decide a density-weighted rule's weights
 
 
-def _generator(ctx, salt: int) -> torch.Generator:
+def _generator(ctx: ClientContext, salt: int) -> torch.Generator:
     seed = (ctx.info.client_seed(ctx.client.client_id) * 7919 + ctx.info.round * 104_729 + salt) % (2**63)
     return torch.Generator().manual_seed(seed)
 
@@ -38,17 +40,27 @@ class Attack:
     """An attack (see the module docstring). The default does nothing: an honest client."""
 
     exchanges: tuple[str, ...] = ("predictions", "parameters")  # the exchanges it can attack
+    changes: tuple[str, ...] = ()  # the uploaded arrays it rewrites, which the method must declare
 
-    def fits(self, method) -> bool:
-        """Whether this attack can act on ``method`` (its exchange, its uploads)."""
-        return method.exchange in self.exchanges
+    def rewrites(self, method: Aggregator) -> tuple[str, ...]:
+        """The uploaded arrays the attack rewrites on ``method`` (by default ``changes``)."""
+        return self.changes
 
-    def misfit(self, method) -> str:
+    def fits(self, method: Aggregator) -> bool:
+        """Whether this attack can act on ``method``: its exchange, and the arrays its client part
+        declares it uploads (``ClientPart.uploads``)."""
+        return method.exchange in self.exchanges and set(self.rewrites(method)) <= uploaded(method)
+
+    def misfit(self, method: Aggregator) -> str:
         """Why :meth:`fits` is False, for the error message."""
-        return (f"{type(self).__name__} attacks {' or '.join(self.exchanges)} exchange; the method "
-                f"{type(method).__name__} exchanges {method.exchange}")
+        name = type(method).__name__
+        if method.exchange not in self.exchanges:
+            return (f"{type(self).__name__} attacks {' or '.join(self.exchanges)} exchange; the method "
+                    f"{name} exchanges {method.exchange}")
+        return (f"{type(self).__name__} rewrites the uploaded {', '.join(self.rewrites(method))}, and {name}'s client "
+                f"part uploads {', '.join(sorted(uploaded(method))) or 'nothing'}")
 
-    def check(self, method, num_classes: int | None) -> None:
+    def check(self, method: Aggregator, num_classes: int | None) -> None:
         """Refuse, with a ConfigError, a method this attack cannot act on (called before any work)."""
         if not self.fits(method):
             raise ConfigError(FIELD, f"{self.misfit(method)}. Allowed for it: {', '.join(fitting_attacks(method))}")
@@ -65,8 +77,9 @@ class Attack:
         """The labels the client trains on; None: its private set is untouched."""
         return None
 
-    def upload(self, ctx, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """What the client sends instead of ``payload`` (the method's upload, ``"logits"`` included)."""
+    def upload(self, ctx: ClientContext, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What the client sends instead of ``payload`` (what the method's client part returned; its
+        public logits are ``ctx.public_logits`` where it returned none of its own)."""
         return payload
 
     def targeted(self, num_classes: int) -> tuple[list[int], int] | None:
@@ -84,7 +97,12 @@ class Attack:
         return False
 
 
-def fitting_attacks(method) -> list[str]:
+def uploaded(method: Aggregator) -> set[str]:
+    """The arrays ``method``'s clients upload each round, as its client part declares them."""
+    return {u.name for u in declared_uploads(method.client_part(), method)}
+
+
+def fitting_attacks(method: Aggregator) -> list[str]:
     """The shipped attacks a method can be attacked with (for error messages)."""
     return [f"fdlit.adversaries.{cls.__name__}" for cls in SHIPPED if cls().fits(method)]
 
@@ -128,6 +146,7 @@ class LabelFlipping(Attack):
 # ---------------------------------------------------------------------- prediction poisoning
 class _PredictionAttack(Attack):
     exchanges = ("predictions",)
+    changes = ("logits",)
 
     def upload(self, ctx, payload):
         logits = payload.get("logits", ctx.public_logits)
@@ -205,6 +224,9 @@ class FreeRider(Attack):
     previous round on this round's public rows (round 1: uniform predictions); parameter exchange:
     the global model it started the round from, unchanged (a zero update)."""
 
+    def rewrites(self, method):
+        return ("parameters",) if method.exchange == "parameters" else ("logits",)
+
     @property
     def needs_teacher(self):
         return True
@@ -246,12 +268,13 @@ class FabricatedDensity(Attack):
     """
 
     exchanges = ("predictions",)
+    changes = ("logits",)
 
     def __init__(self, std: float = 0.01):
         self.std = check_number(f"{FIELD}.std", std)
 
     def fits(self, method):
-        return super().fits(method) and any(k in getattr(method, "released", {}) for k in DENSITY_KEYS)
+        return super().fits(method) and bool(uploaded(method) & set(DENSITY_KEYS))
 
     def misfit(self, method):
         return (f"FabricatedDensity poisons density statistics, which {type(method).__name__} does not use; it "
@@ -283,6 +306,7 @@ class ScaledUpdate(Attack):
     """
 
     exchanges = ("parameters",)
+    changes = ("parameters",)
 
     def __init__(self, scale: float = -1.0):
         if not math.isfinite(scale):

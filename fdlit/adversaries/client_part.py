@@ -63,6 +63,9 @@ class AdversarialClientPart(ClientPart):
     def client_network(self, model, seed):
         return self.inner.client_network(model, seed)
 
+    def carried_classes(self) -> set[type]:
+        return {type(self), *self.inner.carried_classes(), type(self.attack)}
+
     @property
     def has_loss(self):
         return self.inner.has_loss

@@ -16,37 +16,40 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
+from fdlit.adversaries.attacks import Attack
+from fdlit.adversaries.views import PartsView, PlanView
+from fdlit.methods.base import AggregationResult, Aggregator
 
-def attackers_weight(method: Any, result: Any, arrived: list[int], attackers: frozenset[int]) -> float:
+
+def attackers_weight(method: Aggregator, result: AggregationResult | None, arrived: list[int],
+                     attackers: frozenset[int]) -> float:
     rows = [j for j, i in enumerate(arrived) if i in attackers]
     if result is None:
         return math.nan
     if result.weights is not None:
         return float(result.weights[rows].sum(0).mean()) if rows else 0.0
     shares = result.stats.get("clients/model_share")
-    if shares is None and getattr(method, "counts", None) is not None and result.broadcast:
-        counts = method.counts.double()[list(arrived)]
-        shares = (counts / counts.sum()).tolist()
+    if shares is None and result.broadcast:
+        shares = method.model_shares(arrived)
     if shares is None:
         return math.nan
     return float(sum(shares[j] for j in rows))
 
 
-def attack_metrics(parts: Any, adversaries: Any, plan: Any, result: Any, after_public: Any) -> dict[str, Any]:
-    attackers = adversaries.of_round(plan.round)
+def attack_metrics(parts: PartsView, attackers: frozenset[int], attack: Attack, plan: PlanView,
+                   result: AggregationResult | None, after_public: dict[str, torch.Tensor] | None) -> dict[str, float]:
     arrived = list(plan.arrived)
-    out: dict[str, Any] = {"adversaries/attackers": sum(i in attackers for i in arrived),
+    out: dict[str, float] = {"adversaries/attackers": sum(i in attackers for i in arrived),
                            "adversaries/weight": attackers_weight(parts.server.method, result, arrived, attackers)}
     honest = [i for i in range(len(parts.clients)) if i not in attackers]
     for name in ("global_acc", "local_acc"):
         accs = None if after_public is None else after_public[name]
         out[f"adversaries/honest_{name}"] = (math.nan if accs is None or not honest
                                              else float(accs[honest].mean()))
-    target = adversaries.attack.targeted(parts.num_classes)
+    target = attack.targeted(parts.num_classes)
     if target is not None:
         out["adversaries/attack_success"] = math.nan
         if after_public is not None and honest:
@@ -55,7 +58,8 @@ def attack_metrics(parts: Any, adversaries: Any, plan: Any, result: Any, after_p
 
 
 @torch.no_grad()
-def attack_success(parts: Any, honest: list[int], rows, sources: list[int], target: int) -> float:
+def attack_success(parts: PartsView, honest: list[int], rows: torch.Tensor | None, sources: list[int],
+                   target: int) -> float:
     x, y = parts.tensors.test_x, parts.tensors.test_y
     if rows is not None:
         x, y = x[rows], y[rows]

@@ -14,14 +14,16 @@ without it. Bad settings are refused before any work (:meth:`Adversaries.check`)
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch
 
 from fdlit.adversaries.attacks import LAST_TEACHER, Attack
 from fdlit.adversaries.client_part import AdversarialClientPart
+from fdlit.adversaries.views import PartsView, PlanView
 from fdlit.errors import ConfigError
+from fdlit.messages import Message
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 
 FIELD = "adversaries"
 _DRAW = 0xAD5  # the attackers' own random stream
@@ -103,7 +105,7 @@ class Adversaries:
         return self.attack is not None and self.number(num_clients) > 0
 
     # ------------------------------------------------------------------ before any work
-    def check(self, method: Any, mode: str, num_clients: int | None, num_classes: int | None) -> None:
+    def check(self, method: Aggregator, mode: str, num_clients: int | None, num_classes: int | None) -> None:
         """Refuse attackers the federation cannot have, or an attack the method cannot suffer."""
         if self.attack is None:
             return
@@ -124,7 +126,7 @@ class Adversaries:
             self.attack.check(method, num_classes)
 
     # ------------------------------------------------------------------ set-up
-    def wrap(self, part, exchange: str, num_clients: int, seed: int):
+    def wrap(self, part: ClientPart, exchange: str, num_clients: int, seed: int) -> ClientPart:
         """The client part every client runs: ``part``, with the attack on the attackers' uploads."""
         if not self.active(num_clients):
             return part
@@ -143,7 +145,8 @@ class Adversaries:
     def of_round(self, r: int) -> frozenset[int]:
         return frozenset() if self.attackers is None else self.attackers.of_round(r)
 
-    def private_sets(self, r: int, private: list, num_classes: int) -> list:
+    def private_sets(self, r: int, private: list[tuple[torch.Tensor, torch.Tensor]], num_classes: int
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The private sets the clients train on in round r: the attackers' labels poisoned."""
         if self.attackers is None or type(self.attack).labels is Attack.labels:
             return private
@@ -155,7 +158,7 @@ class Adversaries:
             out[i] = self._flipped[i]
         return out
 
-    def collude_uploads(self, r: int, ids: list[int], payloads: list[dict]) -> list[dict]:
+    def collude_uploads(self, r: int, ids: list[int], payloads: list[Message]) -> list[Message | dict[str, torch.Tensor]]:
         """With ``collude``: every attacker among ``ids`` sends the first attacker's upload."""
         if not self.collude or self.attackers is None:
             return payloads
@@ -165,9 +168,11 @@ class Adversaries:
         shared = payloads[attacking[0]]
         return [dict(shared) if j in attacking else p for j, p in enumerate(payloads)]
 
-    def after_round(self, parts: Any, plan: Any, result: Any, after_public: Any) -> dict[str, Any]:
+    def after_round(self, parts: PartsView, plan: PlanView, result: AggregationResult | None,
+                    after_public: dict[str, torch.Tensor] | None) -> dict[str, float]:
         """Keep what the free-rider sends back next round, and the round's attack metrics
-        (``parts``: the federation's RoundParts)."""
+        (``parts``: the federation's RoundParts; ``after_public``: every client's accuracies after
+        the exchange, None when the round does not evaluate)."""
         if self.attackers is None:
             return {}
         if self.attack.needs_teacher and result is not None and result.teacher is not None:
@@ -175,10 +180,10 @@ class Adversaries:
                                    result.teacher)
         from fdlit.adversaries.metrics import attack_metrics
 
-        return attack_metrics(parts, self, plan, result, after_public)
+        return attack_metrics(parts, self.of_round(plan.round), self.attack, plan, result, after_public)
 
     @staticmethod
-    def _remember_teacher(received: dict, public_size: int, public_index: torch.Tensor | None,
+    def _remember_teacher(received: dict[str, torch.Tensor], public_size: int, public_index: torch.Tensor | None,
                           teacher: torch.Tensor) -> None:
         full = received.get(LAST_TEACHER)
         if public_index is None:

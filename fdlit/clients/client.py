@@ -11,6 +11,7 @@ from torch import nn
 from fdlit.clients.features import check_feature_network, features_and_logits
 from fdlit.clients.lightning_import import LightningModule
 from fdlit.clients.loss_context import LossContext
+from fdlit.clients.method_part import MethodPart
 from fdlit.clients.options import OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
 from fdlit.clients.own_module import find_own_module, step_loss
 from fdlit.clients.schedules import built_once, read_optimizers, step_schedules, stepping_hook
@@ -35,9 +36,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tens
     return (per_sample * weight).sum() / weight.sum()
 
 
-def part_name(part) -> str:
+def part_name(part: MethodPart) -> str:
     """How errors name a method's client part (its method's label where it has one)."""
-    return getattr(part, "label", None) or type(part).__name__
+    return part.label or type(part).__name__
 
 
 class ClientModule(LightningModule):
@@ -130,26 +131,25 @@ class ClientModule(LightningModule):
         return find_own_module(self.model)
 
     @property
-    def method_part(self):
+    def method_part(self) -> MethodPart | None:
         return self.__dict__.get("_method_part")
 
     @method_part.setter
-    def method_part(self, part) -> None:
+    def method_part(self, part: MethodPart | None) -> None:
         if part is not None and part.has_loss and self.own_module is not None:
             raise ConfigError("model.class_path", f"{type(self.own_module).__name__} is a LightningModule with its own "
                               f"training_step: the method's loss hook ({type(part).__name__}) cannot shape it; "
                               "use a method without a client loss")
-        network = getattr(part, "client_network", None)  # ClientPart's default: the network unchanged
-        if network is not None and self._optimizer is None:  # before any optimizer holds the parameters
-            self.model = network(self.model, self.generator.initial_seed())
-        if part is not None and getattr(part, "needs_features", False):
+        if part is not None and self._optimizer is None:  # before any optimizer holds the parameters
+            self.model = part.client_network(self.model, self.generator.initial_seed())
+        if part is not None and part.needs_features:
             check_feature_network(self.model, part_name(part))
         self.__dict__["_method_part"] = part
 
     @property
     def needs_features(self) -> bool:
         """Whether the method's loss reads each step's penultimate features (``LossContext.features``)."""
-        return bool(getattr(self.method_part, "needs_features", False))
+        return self.method_part is not None and self.method_part.needs_features
 
     def log(self, name: str, value, *args, **kwargs) -> None:
         """Lightning's ``self.log``: recorded for the round's metrics (``clients/log/<name>``)."""
@@ -157,8 +157,6 @@ class ClientModule(LightningModule):
 
     def take_logged(self) -> dict[str, float]:
         """Means of the values logged since the last call, by name."""
-        if "_step_log" not in self.__dict__:  # a client unpickled from before logging existed
-            self._step_log = StepLog()
         return self._step_log.take()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -192,7 +190,7 @@ class ClientModule(LightningModule):
         part = self.method_part
         if part is None or not part.has_loss:
             return base
-        if features is None and getattr(part, "needs_features", False):
+        if features is None and part.needs_features:
             raise ConfigError("federation.executor", f"{part_name(part)} reads each step's penultimate "
                               "features, which this executor's training step does not pass (it must call "
                               "ClientModule.phase_loss with features=)")

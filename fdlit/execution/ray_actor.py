@@ -17,7 +17,7 @@ import torch
 
 from fdlit.execution.executor import SequentialExecutor
 from fdlit.execution.vectorized import VectorizedExecutor
-from fdlit.methods.base import LegacyClientPart
+from fdlit.methods.base import ClientPart
 
 if TYPE_CHECKING:
     from fdlit.clients import ClientModule
@@ -127,11 +127,7 @@ def ship_code_by_value(ray, classes) -> None:
             ray.cloudpickle.register_pickle_by_value(module)
 
 
-def shipped_classes(part) -> set[type]:
-    """The classes a client part travels with (a deprecated rule's adapter carries the rule)."""
-    if part is None:
-        return set()
-    inner = getattr(part, "inner", None)  # a wrapped part (adversarial clients) carries the method's part
-    return {type(part), *((type(part.method),) if isinstance(part, LegacyClientPart) else ()),
-            *shipped_classes(inner), *((type(part.attack),) if hasattr(part, "attack") else ())}
+def shipped_classes(part: ClientPart | None) -> set[type]:
+    """The classes a client part travels with (a wrapper's carry the part it wraps)."""
+    return set() if part is None else part.carried_classes()
 

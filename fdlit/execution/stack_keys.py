@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from fdlit.execution.vectorized import VectorizedExecutor
+from fdlit.methods.client_part import ClientPart
 
 _PLAIN = (int, float, str, bool, type(None))
 
@@ -38,13 +39,13 @@ def _settings(obj: Any, leave_out: Sequence[str] = ()) -> tuple | None:
     return tuple(items)
 
 
-def part_signature(part: Any) -> tuple | None:
+def part_signature(part: ClientPart | None) -> tuple | None:
     """What of a method's client part the stacked step reads; None when its loss settings are not comparable."""
     if part is None:
         return ("none",)
-    base = (type(part), tuple(getattr(part, "loss_state_keys", ()) or ()), bool(getattr(part, "needs_features", False)),
-            bool(getattr(part, "rowwise_loss", False)), bool(getattr(part, "has_loss", False)))
-    if not getattr(part, "has_loss", False):
+    base = (type(part), tuple(part.loss_state_keys or ()), bool(part.needs_features), bool(part.rowwise_loss),
+            bool(part.has_loss))
+    if not part.has_loss:
         return base
     settings = _settings(part)
     return None if settings is None else (*base, settings)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fdlit.data import ClientData, FederatedData, TensorDataset
+from fdlit.methods.base import Aggregator
 
 MODES = ("fd", "local_only", "reference")
 
@@ -36,7 +37,7 @@ def reference_client(data: FederatedData, seed: int) -> ClientData:
     return ClientData(0, classes, train, train.subset(torch.arange(min(2, len(train)))), draw)
 
 
-def measured_network(mode: str, method) -> str:
+def measured_network(mode: str, method: Aggregator) -> str:
     """Whose accuracy a run of ``mode`` reports: the method's network in ``fd``, the clients' own without
     communication, the one model of the reference."""
     if mode == "reference":

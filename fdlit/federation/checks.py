@@ -8,13 +8,21 @@ actually yields); here M is ``data.num_clients`` and N is ``data.public_size``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fdlit.data.datasets import NUM_CLASSES
 from fdlit.data.federated import check_public_set
 
+if TYPE_CHECKING:
+    from fdlit.adversaries import Adversaries
+    from fdlit.data.federated import FederatedData
+    from fdlit.federation.settings import FederationSettings
+    from fdlit.methods.base import Aggregator
+    from fdlit.privacy import UploadPrivacy
 
-def check_before_data(settings: Any, data: Any, method: Any, privacy: Any, adversaries: Any) -> None:
+
+def check_before_data(settings: FederationSettings, data: FederatedData, method: Aggregator, privacy: UploadPrivacy,
+                      adversaries: Adversaries) -> None:
     """Raise ConfigError for a setting the config alone shows to be impossible or one under which no
     client would ever train (``settings``: the federation section)."""
     num_clients = getattr(data, "num_clients", None)

@@ -6,14 +6,18 @@ them (in process, vmapped, Ray actors, Flower nodes) is its business.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from fdlit.execution.executor import ClientStep
+from fdlit.execution.executor import ClientExecutor, ClientStep
 from fdlit.messages import Message
 from fdlit.methods.client_part import ClientPart
 from fdlit.methods.contexts import FederationInfo
+
+if TYPE_CHECKING:
+    from fdlit.clients.client import ClientModule
+    from fdlit.data.federated import ClientData
 
 
 class ClientSide:
@@ -28,7 +32,8 @@ class ClientSide:
         release: the privacy layer's client step (clip, noise, encode), or None when nothing is sent.
     """
 
-    def __init__(self, executor: Any, clients: list, client_data: list, method_part: ClientPart,
+    def __init__(self, executor: ClientExecutor, clients: list[ClientModule | None], client_data: list[ClientData],
+                 method_part: ClientPart,
                  private: list[tuple[torch.Tensor, torch.Tensor]],
                  release: Callable[[int, int, dict], dict] | None = None):
         self.executor, self.clients, self.client_data = executor, clients, client_data

@@ -10,7 +10,7 @@ import importlib
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +20,14 @@ from fdlit.federation.baselines import reference_client
 from fdlit.methods.client_part import declared_uploads
 from fdlit.methods.compat import client_part_of
 from fdlit.models.build import build_model
+
+if TYPE_CHECKING:  # the config's checks import this module for --help, before clients or data load
+    from fdlit.adversaries import Adversaries
+    from fdlit.clients import ClientModule, ClientOptimization
+    from fdlit.data.federated import ClientData, FederatedData
+    from fdlit.methods.base import Aggregator
+    from fdlit.methods.client_part import ClientPart
+    from fdlit.models.build import ModelSpec
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "64-true")
@@ -53,7 +61,7 @@ def check_accelerator(accelerator: str) -> str:
 
 def check_loop_settings(*, rounds: int, epochs: dict[str, int], precision: str, message_dtype: str, mode: str,
                         modes: tuple[str, ...], accelerator: str, eval_every_n_rounds: int,
-                        eval_subsample: Any, compile: bool, compile_backend: str) -> None:
+                        eval_subsample: int | None, compile: bool, compile_backend: str) -> None:
     """The ``federation`` section's own checks, named by field, before anything is built."""
     check_at_least("federation.rounds", rounds, 1)
     for name, value in epochs.items():
@@ -73,7 +81,7 @@ def check_loop_settings(*, rounds: int, epochs: dict[str, int], precision: str, 
             raise ConfigError("federation.compile_backend", f"allowed: {', '.join(known)}; got {compile_backend!r}")
 
 
-def check_seed(seed: Any) -> int:
+def check_seed(seed: object) -> int:
     if not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
         raise ConfigError("seed", f"must be an integer in [0, {MAX_SEED}], got {seed!r}")
     return seed
@@ -100,7 +108,7 @@ def augmentation_seed(seed: int, client_id: int) -> int:
     return int(np.random.SeedSequence([seed, client_id, 0xA06]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def client_network(model_spec: Any, data: Any, client_id: int, seed: int) -> torch.nn.Module:
+def client_network(model_spec: ModelSpec, data: FederatedData, client_id: int, seed: int) -> torch.nn.Module:
     """The client's network; the dataset's input module (uint8 -> normalised float, batched
     augmentation in training mode; fdlit.data.augment) goes first when the dataset has one."""
     net = build_model(model_spec, data.input_shape, data.num_classes, client_id, len(data.clients))
@@ -112,7 +120,7 @@ def client_network(model_spec: Any, data: Any, client_id: int, seed: int) -> tor
     return WithInput(make_input(seed=augmentation_seed(seed, client_id)), net)
 
 
-def eval_rows(eval_subsample: Any, total: int, seed: int) -> torch.Tensor | None:
+def eval_rows(eval_subsample: int | None, total: int, seed: int) -> torch.Tensor | None:
     """The test rows of intermediate evaluations (sorted), or None for all of them. Drawn from
     a generator of its own, so the subsample changes no other random stream."""
     if eval_subsample is None or eval_subsample >= total:
@@ -131,9 +139,10 @@ class InitialDraws:
     after: torch.Tensor
 
 
-def build_clients(data: Any, mode: str, client_class: type, model_spec: Any, optimization: Any, method: Any,
-                  adversaries: Any, seed: int, hosted: Sequence[int] | None = None,
-                  draws: InitialDraws | None = None) -> tuple[list, list, Any, InitialDraws]:
+def build_clients(data: FederatedData, mode: str, client_class: type[ClientModule], model_spec: ModelSpec,
+                  optimization: ClientOptimization, method: Aggregator, adversaries: Adversaries, seed: int,
+                  hosted: Sequence[int] | None = None, draws: InitialDraws | None = None
+                  ) -> tuple[list[ClientData], list[ClientModule | None], ClientPart, InitialDraws]:
     """The clients' data and modules (one pooled client for the reference baseline), the method's
     client part every client carries (wrapped by the attack for adversarial clients): what of the
     method runs where the clients live, and the random state each network was drawn from.

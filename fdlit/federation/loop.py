@@ -6,7 +6,7 @@ method's set-up and the rounds, ``run_round`` is one round exactly as in docs/al
 ("The round"): the private phase and its evaluation, then the exchange of the round's protocol
 (:mod:`fdlit.federation.protocols`), then the round's metrics (:mod:`fdlit.federation.measurement`).
 The steps get the parts, never the loop. The loop knows nothing of run directories, W&B or
-checkpoint files: those observe it through callbacks, and a checkpoint is ``state_dict()``.
+checkpoint files: callbacks observe a read-only view of it (a RoundView); a checkpoint is ``state_dict()``.
 """
 
 from __future__ import annotations
@@ -22,23 +22,27 @@ from fdlit.adversaries import Adversaries
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
-from fdlit.execution import select_executor
+from fdlit.execution import ClientExecutor, select_executor
 from fdlit.federation import baselines, measurement
 from fdlit.federation.checks import check_before_data
 from fdlit.federation.client_side import ClientSide
 from fdlit.federation.construction import InitialDraws, build_clients, check_seed, eval_rows
-from fdlit.federation.measurement import Evaluation, check_finite
+from fdlit.federation.evaluation import Evaluation
+from fdlit.federation.measurement import check_finite
 from fdlit.federation.protocols import CARRIED, protocol_for
 from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.federation.round_facts import RoundFacts
 from fdlit.federation.round_parts import RoundParts
+from fdlit.federation.round_view import LoopView
 from fdlit.federation.selection import ExactSelection
+from fdlit.federation.server import ServerModel
 from fdlit.federation.server_side import ServerSide
 from fdlit.federation.settings import FederationSettings
 from fdlit.federation.tensors import FederationTensors
 from fdlit.methods.base import Aggregator
 from fdlit.models.build import ModelSpec
 from fdlit.privacy import UploadPrivacy
+from fdlit.records import Metrics
 
 
 class FederationLoop:
@@ -57,7 +61,7 @@ class FederationLoop:
     def __init__(self, federation: FederationSettings | None = None, *, data: FederatedData | None = None,
                  model: ModelSpec | None = None, client: ClientOptimization | None = None,
                  aggregator: Aggregator | None = None, privacy: UploadPrivacy | None = None, seed: int = 0,
-                 server: Any | None = None, adversaries: Adversaries | None = None, **settings: Any):
+                 server: ServerModel | None = None, adversaries: Adversaries | None = None, **settings: object):
         if federation is not None and settings:
             raise TypeError("FederationLoop takes the federation section or its fields as keywords, not both")
         self.settings = federation if federation is not None else FederationSettings(**settings)
@@ -78,10 +82,10 @@ class FederationLoop:
         server = server if server is not None and server.enabled and self.settings.mode == "fd" else None
         self.server_side = ServerSide(aggregator, self.privacy, server, self.settings.message_dtype)
         self.adversaries = adversaries or Adversaries()
-        self.callbacks = list(self.settings.callbacks)
+        self.callbacks, self.view = list(self.settings.callbacks), LoopView(self)  # what callbacks are given
         # the run's own state (with the parts' own in state_dict)
         self.round = 0  # last completed round; 0 before round 1 (the method's set-up is "round 0")
-        self.history: list[dict[str, Any]] = []
+        self.history: list[Metrics] = []
         self.wall_time = 0.0
         self.stop_reason: str | None = None  # set when the privacy budget ends the run early
         self._setup_started: float | None = None
@@ -160,12 +164,12 @@ class FederationLoop:
         executor.may_carry_receive = not self.selection.active and not self.privacy.upload_audit
 
     # ------------------------------------------------------------------ the run
-    def fit(self) -> dict[str, Any]:
+    def fit(self) -> Metrics:
         self.setup()
         started, self._setup_started = self._setup_started or time.perf_counter(), None
         start = started - self.wall_time  # a resumed run continues its wall time
         for cb in self.callbacks:
-            cb.on_fit_start(self)
+            cb.on_fit_start(self.view)
         try:
             if self.round == 0:
                 self.protocol.setup(self.parts)
@@ -183,21 +187,20 @@ class FederationLoop:
         self.wall_time = time.perf_counter() - start
         summary = self.summary()
         for cb in self.callbacks:
-            cb.on_fit_end(self, summary)
+            cb.on_fit_end(self.view, summary)
         return summary
 
     def _clients_progress(self, phase: str, done: float, total: int) -> None:
         for cb in self.callbacks:
-            cb.on_clients_progress(self, phase, done, total)
+            cb.on_clients_progress(self.view, phase, done, total)
 
-    def run_round(self, r: int, clock: float | None = None) -> dict[str, Any] | None:
-        """One round of Kovalchuk et al. 2026, Algorithm 1 (docs/algorithms.md, "The round"); its
-        metrics, or None when its evaluation after the exchange comes with the next round's client
-        step (the previous round is closed, metrics and callbacks, right after that step)."""
+    def run_round(self, r: int, clock: float | None = None) -> Metrics | None:
+        """One round of Kovalchuk et al. 2026, Algorithm 1 (docs/algorithms.md, "The round"); None when
+        its evaluation after the exchange comes with the next round's client step (closed right after it)."""
         parts, clients = self.parts, self.parts.clients
         t0 = time.perf_counter()
         for cb in self.callbacks:
-            cb.on_round_start(self, r)
+            cb.on_round_start(self.view, r)
         plan = parts.facts.plan(r)  # who takes part: clients not sampled do nothing this round
         # Stage 1: the sampled clients' private phase, then what the arriving ones send (one client step)
         private_losses, sent = [], {}
@@ -232,7 +235,7 @@ class FederationLoop:
             with self.executor.carried_evaluation():  # the clients as they were after the round's receive
                 self._close_round(*opened, self.parts.evaluated(opened[0]), clock)
 
-    def _close_round(self, plan, result, losses, after_private, lost, t0, after_public, clock) -> dict[str, Any]:
+    def _close_round(self, plan, result, losses, after_private, lost, t0, after_public, clock) -> Metrics:
         """The round's end: its metrics (``time/round_s``: since it began, or since the previous round
         closed when that came later), the selection, the callbacks."""
         r, parts = plan.round, self.parts
@@ -247,7 +250,7 @@ class FederationLoop:
         if clock is not None:
             self.wall_time = time.perf_counter() - clock
         for cb in self.callbacks:
-            cb.on_round_end(self, r, metrics)
+            cb.on_round_end(self.view, r, metrics)
         self._reported_at = time.perf_counter()
         return metrics
 
@@ -270,7 +273,7 @@ class FederationLoop:
         self.round = state["round"]
         self.wall_time = state["wall_time"]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Metrics:
         """Best and final numbers of the run (fdlit.federation.measurement.summary)."""
         ledger = self.server_side.ledger
         return measurement.summary(
@@ -279,18 +282,17 @@ class FederationLoop:
             client_classes=[[int(c) for c in cd.classes] for cd in self.client_data],
             measured_network=baselines.measured_network(self.settings.mode, self.server_side.method))
 
-    # ------------------------------------------------------------------ read-only views of the parts
-    # (callbacks, run bookkeeping and tests read these; the round's steps get the parts themselves)
+    # ---------------------------------- read-only views of the parts (LoopView, run bookkeeping, tests)
     @property
     def rounds(self) -> int:
         return self.settings.rounds
 
     @property
-    def executor(self) -> Any:
+    def executor(self) -> ClientExecutor | None:
         return self.settings.executor
 
     @executor.setter
-    def executor(self, executor: Any) -> None:  # before set-up only (the deployment, export)
+    def executor(self, executor: ClientExecutor) -> None:  # before set-up only (the deployment, export)
         if self.parts is not None:
             raise RuntimeError("the executor is chosen before set-up")
         self.settings.executor = executor
@@ -308,14 +310,6 @@ class FederationLoop:
     @property
     def ledger(self):
         return self.server_side.ledger
-
-    @property
-    def received(self) -> dict[str, torch.Tensor]:
-        return self.server_side.received
-
-    @property
-    def server(self):
-        return self.server_side.server_model
 
     @property
     def clients(self) -> list:

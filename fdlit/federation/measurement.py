@@ -1,74 +1,36 @@
-"""Measurement: evaluating the clients, the round's metrics, and the run's summary.
+"""Measurement: the round's metrics, and the run's summary.
 
-Global accuracy is measured on the whole test set (or a fixed subsample of it), local accuracy on
-the test samples of each client's own classes (Kovalchuk et al. 2026, App. B). Teacher quality and
-the who-to-trust matrix use the public labels: diagnostics only, never used for training.
+The clients' accuracies come from :mod:`fdlit.federation.evaluation`. Teacher quality and the
+who-to-trust matrix use the public labels: diagnostics only, never used for training.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from fdlit.errors import NumericalFault, check_finite  # noqa: F401  (re-exported: the round raises them)
 from fdlit.federation.diagnostics import trust_matrix
-from fdlit.methods.base import weight_concentration, weight_entropy
+from fdlit.federation.evaluation import Accuracies
+from fdlit.methods.base import AggregationResult, weight_concentration, weight_entropy
 from fdlit.privacy.audit import membership_audit
 from fdlit.privacy.upload_audit import prediction_membership
+from fdlit.records import JSON, Metrics
 
-# the framework's metric namespaces: a method's stat never takes a name in them
-FRAMEWORK = ("after_private/", "after_public/", "eval/", "teacher/", "weights/", "train/", "comm/",
-             "participation/", "privacy/", "server/", "time/", "selection/", "ray/", "clients/after_private/",
-             "clients/after_public/", "clients/trust_matrix", "clients/log/", "adversaries/", "audit/")
-METHOD = "method/"  # where a method's stat named like a framework metric is kept instead
-
-
-def method_stats(stats: dict[str, Any]) -> dict[str, Any]:
-    """A method's stats as the run records them: a name in a framework namespace (``teacher/acc``)
-    moves under ``method/``, so it can never replace the framework's own metric."""
-    return {f"{METHOD}{k}" if k == "round" or k.startswith(FRAMEWORK) else k: v for k, v in stats.items()}
+if TYPE_CHECKING:
+    from fdlit.federation.round_facts import RoundPlan
+    from fdlit.federation.round_parts import RoundParts
 
 
-class Evaluation:
-    """The held-out tensors on the device and how every client is measured on them.
-
-    ``correct(x, y, rows)`` says which samples every client predicts right (M x T), wherever the clients
-    live: an executor may measure it where they are, so their predictions need not leave them."""
-
-    def __init__(self, correct: Callable[..., torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
-                 local_masks: torch.Tensor, validation: tuple[torch.Tensor | None, torch.Tensor | None]):
-        self.correct = correct  # (x, y, rows) -> M x N correctness, wherever the clients live
-        self.test_x, self.test_y = test
-        self.local_mask_matrix = local_masks  # M x T: test samples of each client's own classes
-        self.val_x, self.val_y = validation
-
-    def __call__(self, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Global accuracy (whole test set, or its ``rows``) and local accuracy (those test samples
-        of the client's own classes), micro-averaged, for every client; ``test_samples``: how many
-        test samples that was."""
-        out = {}
-        if self.val_y is not None:  # the (small) validation set
-            out["val_acc"] = self.correct(self.val_x, self.val_y).mean(1)
-        masks = self.local_mask_matrix if rows is None else self.local_mask_matrix[:, rows]
-        # micro accuracy (correct / total; torchmetrics' MulticlassAccuracy defaults to macro), for
-        # all clients in one op: 80 per-client metric calls a round cost more than the predictions
-        correct = self.correct(self.test_x, self.test_y, rows)
-        out.update(global_acc=correct.mean(1), local_acc=(correct * masks).sum(1) / masks.sum(1).clamp_min(1))
-        # a client that could not be reached (a deployment's node is gone): no accuracy
-        unreachable = correct.isnan().all(1) if correct.shape[1] else torch.zeros(len(correct), dtype=torch.bool)
-        out = {k: v.masked_fill(unreachable.to(v.device), math.nan).cpu() if bool(unreachable.any()) else v.cpu()
-               for k, v in out.items()}
-        return {**out, "test_samples": correct.shape[1]}
-
-
-def accuracy_metrics(after_private, after_public, with_validation: bool) -> dict[str, Any]:
+def accuracy_metrics(after_private: Accuracies | None, after_public: Accuracies | None, with_validation: bool
+                     ) -> Metrics:
     """Mean, min, max and per-client accuracies after each phase; NaN (and no per-client lists)
     for a phase that was not evaluated this round."""
-    metrics: dict[str, Any] = {}
+    metrics: Metrics = {}
     for phase, accs in (("after_private", after_private), ("after_public", after_public)):
         for name in ("global_acc", "local_acc"):
             if accs is None:
@@ -87,7 +49,7 @@ def accuracy_metrics(after_private, after_public, with_validation: bool) -> dict
     return metrics
 
 
-def teacher_metrics(result, public_y: torch.Tensor) -> dict[str, float]:
+def teacher_metrics(result: AggregationResult | None, public_y: torch.Tensor) -> dict[str, float]:
     """Teacher quality against the public labels of the round's rows (diagnostic only)."""
     if result is None or result.teacher is None:  # baselines, rounds where no upload arrived and
         # parameter exchange have no teacher
@@ -107,7 +69,7 @@ def teacher_metrics(result, public_y: torch.Tensor) -> dict[str, float]:
     return out
 
 
-def participation_metrics(sampled: Sequence[int], arrived: Sequence[int], public_size: int) -> dict[str, Any]:
+def participation_metrics(sampled: Sequence[int], arrived: Sequence[int], public_size: int) -> Metrics:
     return {"participation/clients": list(sampled), "participation/arrived": list(arrived),
             "participation/sampled_count": len(sampled), "participation/arrived_count": len(arrived),
             "participation/dropped_count": len(sampled) - len(arrived), "participation/public_size": public_size}
@@ -124,15 +86,15 @@ def trust_rows(weights: torch.Tensor, public_y: torch.Tensor, num_classes: int, 
 
 
 # ---------------------------------------------------------------------- the run's summary
-def _finite(value: Any) -> bool:
+def _finite(value: JSON) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def selected(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
+def selected(evaluated: list[Metrics]) -> Metrics:
     """Selection without the test set: per phase, the test accuracy of the evaluated round with
     the best mean validation accuracy (the earliest such round on a tie). Empty without a
     validation set."""
-    out: dict[str, Any] = {}
+    out: Metrics = {}
     for phase, suffix in (("after_public", ""), ("after_private", "_after_private")):
         rows = [m for m in evaluated if _finite(m.get(f"{phase}/val_acc_mean"))]
         if rows:
@@ -149,7 +111,7 @@ def selected(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def server_summary(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
+def server_summary(evaluated: list[Metrics]) -> Metrics:
     """Best and final server-model accuracy (only runs with a server model log ``server/acc``)."""
     rows = [m for m in evaluated if not math.isnan(m.get("server/acc", math.nan))]
     if not rows:
@@ -159,9 +121,9 @@ def server_summary(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
             "server_final_acc": rows[-1]["server/acc"], "server_final_nll": rows[-1]["server/nll"]}
 
 
-def summary(history: list[dict[str, Any]], *, rounds_done: int, rounds: int, test_samples: int,
+def summary(history: list[Metrics], *, rounds_done: int, rounds: int, test_samples: int,
             bytes_up: int, bytes_down: int, wall_time: float, client_classes: list[list[int]],
-            measured_network: str = "") -> dict[str, Any]:
+            measured_network: str = "") -> Metrics:
     """Best and final numbers over the rounds that evaluated the clients (``eval/test_samples`` > 0;
     a finished run's last round always did, on the whole test set)."""
     if not history:
@@ -198,8 +160,9 @@ def summary(history: list[dict[str, Any]], *, rounds_done: int, rounds: int, tes
     }
 
 
-def round_metrics(parts: Any, communicates: bool, plan: Any, result: Any, losses: tuple[list, list],
-                  evaluations: tuple[Any, Any], lost: Sequence[int], started: float) -> dict[str, Any]:
+def round_metrics(parts: RoundParts, communicates: bool, plan: RoundPlan, result: AggregationResult | None,
+                  losses: tuple[list[float], list[float]], evaluations: tuple[Accuracies | None, Accuracies | None],
+                  lost: Sequence[int], started: float) -> Metrics:
     """One round's metrics (``parts``: the federation's RoundParts; ``communicates``: whether the
     round's protocol sends anything): accuracy after each phase, teacher quality, losses, bytes,
     participation, the method's and the executor's statistics, the privacy audit on the last round,

@@ -15,21 +15,22 @@ from the mode and the method, and never branches on it:
   every client; no public phase;
 * :class:`NoExchange` (the local-only and reference baselines): nothing is sent.
 
-A method may name its own protocol class (``protocol`` attribute); otherwise its ``exchange``
-(``"predictions"`` or ``"parameters"``) chooses.
+A method's ``exchange`` (``"predictions"`` or ``"parameters"``) chooses.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
+from fdlit.errors import ConfigError
+from fdlit.federation.evaluation import Accuracies
 from fdlit.federation.measurement import check_finite
 from fdlit.federation.round_facts import RoundPlan
 from fdlit.federation.round_parts import RoundParts
 from fdlit.messages import Message
+from fdlit.methods.base import AggregationResult, Aggregator, FederationInfo
 from fdlit.privacy.upload_audit import label_histograms, label_inference
 
 # a round's "after public" evaluation that comes back with the clients' next request (the executor
@@ -72,7 +73,7 @@ class Protocol:
     communicates = True  # False: the baselines, which send nothing (set-up, DP and budget included)
     upload: str | None = None  # what the round's client step sends after the private phase (ClientStep.upload)
 
-    def upload_info(self, parts: RoundParts, plan: RoundPlan) -> Any:
+    def upload_info(self, parts: RoundParts, plan: RoundPlan) -> FederationInfo | None:
         """What the uploading clients (``plan.arrived``) know in their upload step."""
         return info_of(parts, plan, list(plan.arrived)) if self.upload else None
 
@@ -112,12 +113,12 @@ class Protocol:
         return parts.server.privacy.over_budget(r, parts.facts.sample_rate)
 
     # ------------------------------------------------------------------ a round
-    def run(self, parts: RoundParts, plan: RoundPlan, after_private: Any, sent: dict[int, Message]
-            ) -> tuple[Any, list[float], Any]:
+    def run(self, parts: RoundParts, plan: RoundPlan, after_private: Accuracies | None, sent: dict[int, Message]
+            ) -> tuple[AggregationResult | None, list[float], Accuracies | None]:
         raise NotImplementedError
 
 
-def info_of(parts: RoundParts, plan: RoundPlan, ids: list[int], public: bool = True):
+def info_of(parts: RoundParts, plan: RoundPlan, ids: list[int], public: bool = True) -> FederationInfo:
     """What the clients ``ids`` and the server know in this round (``public``: with the round's public subset)."""
     everyone = len(ids) == len(parts.clients)
     return parts.facts.info(plan.round, () if everyone else tuple(ids), plan.public_index if public else None)
@@ -269,8 +270,11 @@ class NoExchange(Protocol):
 PROTOCOLS = {"predictions": PredictionExchange, "parameters": ParameterExchange}
 
 
-def protocol_for(method: Any, mode: str) -> Protocol:
-    """The round's protocol: none for the baselines, else the method's own or its ``exchange``'s."""
+def protocol_for(method: Aggregator, mode: str) -> Protocol:
+    """The round's protocol: none for the baselines, else its ``exchange``'s."""
     if mode != "fd":
         return NoExchange()
-    return (method.protocol or PROTOCOLS[method.exchange])()
+    if method.exchange not in PROTOCOLS:
+        raise ConfigError("aggregator", f"{type(method).__name__}.exchange is {method.exchange!r}; allowed: "
+                          f"{', '.join(PROTOCOLS)}")
+    return PROTOCOLS[method.exchange]()

@@ -16,16 +16,22 @@ Either failure stops the run in one line, before the state is used with other ro
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from fdlit.errors import ConfigError
 
+if TYPE_CHECKING:
+    from fdlit.methods.base import Aggregator
+
+Fingerprint = tuple[object, ...]  # what identifies a tensor's storage, version and shape, inside its containers
+
 SUBSET = "participation.public_fraction / public_subset"
 
 
-def fingerprint(value: Any) -> Any:
+def fingerprint(value: object) -> Fingerprint | None:
     """What changes when a tensor is rebound, resized or written in place, inside any containers
     (None: ``value`` holds no tensor)."""
     if isinstance(value, torch.Tensor):
@@ -35,7 +41,7 @@ def fingerprint(value: Any) -> Any:
     return (id(value), inner) if inner else None
 
 
-def tensors(value: Any):
+def tensors(value: object) -> Iterator[torch.Tensor]:
     """Every tensor inside ``value`` (containers of any depth)."""
     if isinstance(value, torch.Tensor):
         yield value
@@ -50,16 +56,16 @@ class PublicRowsGuard:
 
     def __init__(self, public_size: int):
         self.public_size = public_size
-        self.before: dict[str, Any] | None = None
+        self.before: dict[str, Fingerprint | None] | None = None
 
-    def before_aggregate(self, method: Any, round: int, public_index: torch.Tensor | None) -> None:
+    def before_aggregate(self, method: Aggregator, round: int, public_index: torch.Tensor | None) -> None:
         subset = public_index is not None and len(public_index) < self.public_size
         self.before = {k: fingerprint(v) for k, v in vars(method).items()} if subset and hasattr(method, "__dict__") else None
 
-    def after_aggregate(self, method: Any, round: int, public_index: torch.Tensor | None) -> None:
+    def after_aggregate(self, method: Aggregator, round: int, public_index: torch.Tensor | None) -> None:
         if self.before is None:
             return
-        declared = dict(getattr(method, "row_state", None) or {})
+        declared = dict(method.row_state)
         name = type(method).__name__
         for attr, value in vars(method).items():
             now = fingerprint(value)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from fdlit.adversaries import Adversaries
 from fdlit.federation.client_side import ClientSide
-from fdlit.federation.measurement import Evaluation
-from fdlit.federation.round_facts import RoundFacts
+from fdlit.federation.evaluation import Accuracies, Evaluation
+from fdlit.federation.round_facts import RoundFacts, RoundPlan
 from fdlit.federation.server_side import ServerSide
 from fdlit.federation.settings import FederationSettings
 from fdlit.federation.tensors import FederationTensors
@@ -27,12 +27,12 @@ class RoundParts:
     server: ServerSide
     tensors: FederationTensors
     evaluate: Evaluation
-    adversaries: Any
+    adversaries: Adversaries
     num_classes: int
     seed: int
     batch_size: int
     public_batch_size: int
 
-    def evaluated(self, plan: Any) -> Any:
+    def evaluated(self, plan: RoundPlan) -> Accuracies | None:
         """Every client's accuracies when the round evaluates, else None."""
         return self.evaluate(plan.eval_rows) if plan.evaluated else None

@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from fdlit.records import Metrics
+
+if TYPE_CHECKING:
+    from fdlit.federation.client_side import ClientSide
+    from fdlit.federation.evaluation import Accuracies, Evaluation
 
 PHASES = ("after_private", "after_public")
 
@@ -26,16 +32,16 @@ class ExactSelection:
 
     Args:
         clients: the federation's :class:`~fdlit.federation.client_side.ClientSide`.
-        evaluate: the federation's :class:`~fdlit.federation.measurement.Evaluation`.
+        evaluate: the federation's :class:`~fdlit.federation.evaluation.Evaluation`.
         active: whether the run subsamples its intermediate evaluations and has a validation set.
     """
 
-    def __init__(self, clients: Any, evaluate: Any, active: bool):
+    def __init__(self, clients: ClientSide, evaluate: Evaluation, active: bool):
         self.clients, self.evaluate, self.active = clients, evaluate, active
         self.best: dict[str, tuple[float, int]] = {}  # phase -> (mean validation accuracy, round)
         self.kept: dict[str, list[dict] | None] = {}  # phase -> the clients' weights then (None: measured exactly)
 
-    def observe(self, phase: str, round: int, accs: dict[str, Any] | None) -> None:
+    def observe(self, phase: str, round: int, accs: Accuracies | None) -> None:
         """After a phase's evaluation: keep the weights when its validation accuracy beats every
         earlier round's (the earliest round wins a tie, as the summary's selection does)."""
         if not self.active or accs is None or "val_acc" not in accs:
@@ -56,10 +62,10 @@ class ExactSelection:
             client.model.load_state_dict(w)
         self.clients.executor.push_states(self.clients.clients)
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> Metrics:
         """After the last round's evaluations: the selected rounds measured on the whole test set
         (``selection/<phase>/*`` metrics, for the last round's row); the final weights stay."""
-        out: dict[str, Any] = {}
+        out: Metrics = {}
         pending = {p: w for p, w in self.kept.items() if w is not None}
         if not pending:
             return out

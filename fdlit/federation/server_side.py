@@ -4,17 +4,21 @@ accountant, the server model, the set-up broadcast and the byte ledger, each wit
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fdlit.errors import ConfigError
 from fdlit.federation.communication import CommunicationLedger
-from fdlit.federation.measurement import method_stats
+from fdlit.federation.metric_names import method_stats
 from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.messages import Message, as_message
 from fdlit.methods.base import AggregationResult, Aggregator, ServerContext
 from fdlit.privacy.secure_upload import SecureSums
+
+if TYPE_CHECKING:
+    from fdlit.federation.server import ServerModel
+    from fdlit.privacy import UploadPrivacy
 
 
 class ServerSide:
@@ -27,7 +31,8 @@ class ServerSide:
         message_dtype: the dtype the teacher is sent in.
     """
 
-    def __init__(self, method: Aggregator, privacy: Any, server_model: Any, message_dtype: torch.dtype):
+    def __init__(self, method: Aggregator, privacy: UploadPrivacy, server_model: ServerModel | None,
+                 message_dtype: torch.dtype):
         self.method, self.privacy, self.server_model = method, privacy, server_model
         self.message_dtype = message_dtype
         self.ledger = CommunicationLedger()

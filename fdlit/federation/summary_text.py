@@ -4,20 +4,21 @@ measured on, and no number where there is none (``no teacher``, never ``nan``)."
 from __future__ import annotations
 
 import math
-from typing import Any
+
+from fdlit.records import JSON, Metrics
 
 
-def _number(value: Any) -> float | None:
+def _number(value: JSON) -> float | None:
     """A finite number, or None (a NaN, a null from summary.json, a missing key)."""
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def _acc(summary: dict[str, Any], key: str, missing: str = "not measured") -> str:
+def _acc(summary: Metrics, key: str, missing: str = "not measured") -> str:
     value = _number(summary.get(key))
     return missing if value is None else f"{value:.4f}"
 
 
-def _on(samples: Any, full: Any) -> str:
+def _on(samples: JSON, full: JSON) -> str:
     """``on 1000 of 1797 test samples (federation.eval_subsample)`` / ``on all 1797 test samples``."""
     if not isinstance(samples, int) or isinstance(samples, bool) or samples <= 0:
         return ""
@@ -26,7 +27,7 @@ def _on(samples: Any, full: Any) -> str:
     return f", on all {samples} test samples"
 
 
-def format_summary(summary: dict[str, Any]) -> str:
+def format_summary(summary: Metrics) -> str:
     mb = 1024**2
     full = summary.get("final_test_samples")
     best = (f"  best mean global accuracy : {_acc(summary, 'best_global_acc_mean')} after public phase (round "

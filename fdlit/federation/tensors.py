@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from fdlit.data.federated import ClientData, FederatedData
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,7 @@ class FederationTensors:
     local_masks: torch.Tensor
 
     @classmethod
-    def on_device(cls, data: Any, client_data: list, device: torch.device) -> FederationTensors:
+    def on_device(cls, data: FederatedData, client_data: list[ClientData], device: torch.device) -> FederationTensors:
         validation = getattr(data, "validation", None)  # data.validation_size > 0 only
         return cls(
             test_x=data.test.x.to(device), test_y=data.test.y.to(device),

@@ -41,7 +41,7 @@ import functools
 import types
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -57,6 +57,9 @@ from fdlit.methods.contexts import (
     Uploads,
     context_for,
 )
+
+if TYPE_CHECKING:
+    from fdlit.privacy.secure_upload import SecureSums
 
 __all__ = ["AggregationResult", "Aggregator", "ClientContext", "ClientPart", "DistillationContext", "FederationInfo",
            "LegacyClientPart", "LossContext", "ServerContext", "Uploads", "client_part_of", "context_for",
@@ -100,11 +103,15 @@ class Aggregator(LegacyAggregatorHooks):
     evaluates_logits = False  # the server evaluates the uploaded logits themselves (encodings refused)
     privacy_advice = ""  # a sentence a privacy refusal of the method appends (what to set instead)
     public_warmup_epochs = 0  # > 0: every client first trains on the labelled public set (FedMD's transfer learning)
-    protocol: type | None = None  # a protocol class of the method's own instead of ``exchange``'s
     # state kept per public sample: attribute -> the dim that runs over the full public set (indexed by
     # ctx.info.public_ids()), or None for state that is not per public sample; checked under a per-round
     # public subset, where every tensor ``aggregate`` changes must be declared (fdlit.federation.public_rows)
     row_state: dict[str, int | None] = {}
+    # secure aggregation (fdlit.privacy.secure_upload): why the rule cannot run on masked sums ("": it may,
+    # where it defines secure_summands / aggregate_sums), and what its set-up sends in the clear ("": its
+    # set-up stage, if any, is refused under secure aggregation)
+    secure_refusal: str = ""
+    secure_setup: str = ""
 
     def check_config(self, model: Any, client: Any) -> None:
         """Refuse, with a ConfigError, a model spec or client optimization the method cannot run
@@ -159,6 +166,28 @@ class Aggregator(LegacyAggregatorHooks):
             warnings.simplefilter("ignore", DeprecationWarning)
             part = client_part_of(self)
         return part.has_setup or type(self).server_setup is not Aggregator.server_setup
+
+    # ------------------------------------------------------------------ secure aggregation
+    def secure_summands(self, upload: dict[str, torch.Tensor], client: int) -> dict[str, tuple[torch.Tensor, float]]:
+        """Client ``client``'s terms of the sums the teacher needs, each with a bound on its absolute
+        values (name -> (tensor, bound)); a rule that defines it and :meth:`aggregate_sums` runs under
+        secure aggregation (the server sees only the sums)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no secure_summands")
+
+    def aggregate_sums(self, sums: SecureSums, ctx: ServerContext) -> AggregationResult:
+        """The round's result from the sums of the clients' masked summands."""
+        raise NotImplementedError(f"{type(self).__name__} declares no aggregate_sums")
+
+    @property
+    def sums_uploads(self) -> bool:
+        """Whether the rule defines both secure-aggregation hooks."""
+        cls = type(self)
+        return cls.secure_summands is not Aggregator.secure_summands and cls.aggregate_sums is not Aggregator.aggregate_sums
+
+    def model_shares(self, arrived: list[int]) -> list[float] | None:
+        """Each of the ``arrived`` clients' share of the global model a parameter exchange broadcasts
+        (e.g. FedAvg's n_k / n), for the adversary metrics; None: the rule has no such shares."""
+        return None
 
     # ------------------------------------------------------------------ helpers
     @staticmethod

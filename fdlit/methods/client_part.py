@@ -51,6 +51,7 @@ class ClientPart:
     rowwise_loss: bool = True
     needs_features: bool = False
     uploads: tuple[Upload, ...] | None = None
+    label: str | None = None  # how errors name the part (None: its class name)
 
     def client_network(self, model: torch.nn.Module, seed: int) -> torch.nn.Module:
         """The client's network for this method, from the one the config builds (``seed``: the client's)."""
@@ -80,6 +81,11 @@ class ClientPart:
         """The loss of a ``ctx.phase`` (``"private"`` or ``"public"``) step; ``ctx.base`` is the
         client's own (cross-entropy against the labels or the teacher). Add a term or replace it."""
         return ctx.base
+
+    def carried_classes(self) -> set[type]:
+        """The classes the part travels with to a worker (a wrapper adds the part it wraps), so that
+        Ray can ship the code of those defined in the user's own modules."""
+        return {type(self)}
 
     @property
     def has_setup(self) -> bool:
@@ -111,7 +117,8 @@ def declared_payload(owner: str, uploads: tuple[Upload, ...], payload: Message |
                      classes: int | None = None) -> Message:
     """What a client sends: its hook's ``payload``, with its public logits when ``logits`` is declared
     and the hook did not send its own; any array the declaration does not name, or does not fit, is
-    refused in one line naming ``owner`` and the array."""
+    refused in one line naming ``owner`` and the array. The message's ``sensitivity`` is each array's
+    declared kind (a hook that states another kind is refused: the declaration is the one truth)."""
     message = as_message(payload)
     arrays = dict(message.arrays)
     declared = {u.name: u for u in uploads}
@@ -125,4 +132,10 @@ def declared_payload(owner: str, uploads: tuple[Upload, ...], payload: Message |
                               "to its ``uploads``")
         if why := spec.problem(value, rows, classes):
             raise ConfigError("aggregator", f"{owner} uploads {key!r}, which {why}")
-    return message.with_arrays(arrays)
+        if message.sensitivity.get(key, spec.kind) != spec.kind:
+            raise ConfigError("aggregator", f"{owner} sends {key!r} with sensitivity {message.sensitivity[key]!r}, "
+                              f"and its client part declares it {spec.kind!r} (Upload.kind); drop the message's "
+                              "sensitivity: the declaration sets it")
+    out = message.with_arrays(arrays)
+    out.sensitivity = {key: declared[key].kind for key in arrays}
+    return out

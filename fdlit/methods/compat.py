@@ -76,6 +76,9 @@ class LegacyClientPart(ClientPart):
     def loss(self, ctx):
         return self.own.loss(ctx)
 
+    def carried_classes(self) -> set[type]:
+        return {type(self), type(self.method)}  # the whole rule travels
+
     @property
     def loss_state_keys(self) -> tuple[str, ...]:
         return self.own.loss_state_keys
@@ -133,6 +136,9 @@ class FormerSignatures(ClientPart):
         if self.old_loss:
             return self.inner.loss(ctx.client, ctx.phase, ctx.logits, ctx.target, ctx.weight, ctx.base)
         return self.inner.loss(ctx)
+
+    def carried_classes(self) -> set[type]:
+        return {type(self), *self.inner.carried_classes()}
 
     @property
     def loss_state_keys(self) -> tuple[str, ...]:

@@ -120,6 +120,12 @@ class FedAvg(Aggregator):
         mean = sums.sums["weighted"] / sums.sums["weight"][0]
         return AggregationResult(teacher=None, broadcast={"parameters": mean.float()})
 
+    def model_shares(self, arrived: list[int]) -> list[float] | None:
+        if self.counts is None:
+            return None
+        counts = self.counts.double()[list(arrived)]
+        return (counts / counts.sum()).tolist()
+
     def state_dict(self) -> dict[str, Any]:
         return {"counts": self.counts}
 

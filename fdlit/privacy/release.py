@@ -34,13 +34,48 @@ themselves, which encodings (they send probabilities or labels) cannot serve.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from fdlit.messages import Upload
 
 ROWS, POSITIVE_ROWS, CLEAR, UNBOUNDED = "rows", "positive_rows", "clear", "unbounded"
 KINDS = (ROWS, POSITIVE_ROWS, CLEAR, UNBOUNDED)
 NOISED = (ROWS, POSITIVE_ROWS)  # the kinds that enter the Gaussian release
 SUMMANDS = ("logits", "probabilities")
 DEFAULT = {"logits": ROWS}
+
+
+class UploadsPart(Protocol):
+    """What of a method's client part the mechanism reads."""
+
+    uploads: tuple[Upload, ...] | None
+
+
+class Declaring(Protocol):
+    """What the privacy mechanism reads on a method (``fdlit.methods.Aggregator`` declares each of them,
+    with its meaning)."""
+
+    exchange: str
+    released: dict[str, str]
+    summed: str | None
+    evaluates_logits: bool
+    privacy_advice: str
+    secure_refusal: str
+    secure_setup: str
+
+    @property
+    def has_setup(self) -> bool: ...
+
+    @property
+    def sums_uploads(self) -> bool: ...
+
+    def client_part(self) -> UploadsPart: ...
+
+    def secure_summands(self, upload: dict[str, torch.Tensor], client: int
+                        ) -> dict[str, tuple[torch.Tensor, float]]: ...
 
 
 def declared_in(cls: type, name: str) -> type | None:
@@ -55,38 +90,33 @@ def stale(cls: type, declaration: str, behaviour: str) -> bool:
     return declares is not None and behaves is not None and behaves is not declares and issubclass(behaves, declares)
 
 
-def part_uploads(method: Any) -> bool:
+def part_uploads(method: Declaring) -> bool:
     """Whether the method's client part overrides ``upload`` (the base's sends nothing besides the logits)."""
-    make = getattr(method, "client_part", None)
-    if make is None:
-        return False
-    return len([k for k in type(make()).__mro__ if "upload" in vars(k)]) > 1
+    return len([k for k in type(method.client_part()).__mro__ if "upload" in vars(k)]) > 1
 
 
-def part_declaration(method: Any) -> tuple | None:
+def part_declaration(method: Declaring | None) -> tuple[Upload, ...] | None:
     """The ``uploads`` a method's client part declares itself (None: it leaves them to ``released``)."""
-    make = getattr(method, "client_part", None)
-    return None if make is None else getattr(make(), "uploads", None)
+    return None if method is None else method.client_part().uploads
 
 
 class Release:
-    """A method's declaration, read once and checked (``method``: any object; missing attributes take
-    the defaults above)."""
+    """A method's declaration, read once and checked (``method``: None reads the defaults above)."""
 
-    def __init__(self, method: Any = None):
+    def __init__(self, method: Declaring | None = None):
         self.name = type(method).__name__ if method is not None else "the method"
         declared = part_declaration(method)  # the client part's own ``uploads``, where it declares them
-        released = DEFAULT if method is None else getattr(method, "released", DEFAULT)
+        released = DEFAULT if method is None else method.released
         self.released: dict[str, str] = dict(released) if declared is None else {u.name: u.kind for u in declared}
         for key, kind in self.released.items():
             if kind not in KINDS:
                 raise TypeError(f"{self.name}.released[{key!r}] = {kind!r}; allowed kinds: {', '.join(KINDS)}")
-        self.summed: str | None = getattr(method, "summed", None)
+        self.summed: str | None = None if method is None else method.summed
         if self.summed is not None and self.summed not in SUMMANDS:
             raise TypeError(f"{self.name}.summed = {self.summed!r}; allowed: None, {', '.join(SUMMANDS)}")
-        self.evaluates_logits = bool(getattr(method, "evaluates_logits", False))
-        self.advice = getattr(method, "privacy_advice", "") or ""
-        cls, own = type(method), getattr(method, "__dict__", {})  # own: declared on the instance itself
+        self.evaluates_logits = method is not None and bool(method.evaluates_logits)
+        self.advice = "" if method is None else method.privacy_advice or ""
+        cls, own = type(method), {} if method is None else vars(method)  # own: declared on the instance itself
         # a hook that uploads more, defined below the class that declared ``released`` (an old-style
         # ``client_upload`` on the method, or a client part whose ``upload`` is its own)
         self.undeclared_upload = method is not None and declared is None and "released" not in own and (

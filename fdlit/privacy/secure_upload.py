@@ -26,12 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
-from fdlit.privacy.release import stale
+from fdlit.privacy.release import Declaring, stale
 from fdlit.privacy.secure_sum import decode, encode, fixed_point_error, scale_bits, secure_sum
 
 
@@ -49,14 +48,12 @@ class SecureSums:
         return len(self.clients)
 
 
-def maskable(method: Any) -> str | None:
+def maskable(method: Declaring) -> str | None:
     """None when ``method`` can run on masked sums, else why not (one sentence)."""
     name = type(method).__name__
-    reason = getattr(method, "secure_refusal", None)
-    if reason:
-        return f"{name} {reason}"
-    has = callable(getattr(method, "secure_summands", None)) and callable(getattr(method, "aggregate_sums", None))
-    if not has or stale(type(method), "secure_summands", "aggregate"):
+    if method.secure_refusal:
+        return f"{name} {method.secure_refusal}"
+    if not method.sums_uploads or stale(type(method), "secure_summands", "aggregate"):
         return (f"{name}'s teacher is not declared a sum of per-client terms (no ``secure_summands``/"
                 "``aggregate_sums``), so the server would need the individual uploads")
     return None

@@ -66,7 +66,7 @@ from fdlit.messages import as_message
 from fdlit.privacy.accounting import ClientAccountant, make_accountant
 from fdlit.privacy.client_release import DIAGNOSTICS, ClientRelease, clip_rows, gaussian_noise
 from fdlit.privacy.encoding import ENCODINGS, MESSAGE_KEYS, decode
-from fdlit.privacy.release import NOISED, POSITIVE_ROWS, ROWS, UNBOUNDED, Release
+from fdlit.privacy.release import NOISED, POSITIVE_ROWS, ROWS, UNBOUNDED, Declaring, Release
 from fdlit.privacy.secure_upload import SecureSums, maskable, masked_sums
 
 ACCOUNTANTS = ("rdp", "prv")
@@ -196,7 +196,7 @@ class UploadPrivacy:
         return self.accountant.rounds
 
     # ------------------------------------------------------------------ checks (before any work)
-    def check(self, method, num_classes: int) -> None:
+    def check(self, method: Declaring, num_classes: int) -> None:
         """Refuse what the mechanism does not cover, from the method's declaration
         (fdlit.privacy.release); called in set-up, before any training."""
         if self.encoding == "top_k" and not 1 <= self.top_k <= num_classes:
@@ -206,7 +206,7 @@ class UploadPrivacy:
         name = release.name
         if self.dp:
             field = "privacy.noise_multiplier"
-            if getattr(method, "has_setup", False):
+            if method.has_setup:
                 raise ConfigError(field, release.refusal(
                     f"differential privacy covers the rows a method declares it releases; {name} has a set-up "
                     "stage whose messages would leave the mechanism; use a method that uploads logits only or "
@@ -248,7 +248,7 @@ class UploadPrivacy:
             if why is None and self.encoding != "full":
                 why = (f"privacy.encoding {self.encoding!r} encodes one client's prediction, and secure aggregation "
                        "sends only the masked sum (set privacy.encoding: full)")
-            if why is None and getattr(method, "has_setup", False) and not getattr(method, "secure_setup", ""):
+            if why is None and method.has_setup and not method.secure_setup:
                 why = f"{name} has a set-up stage whose messages would go unmasked"
             if why:
                 raise ConfigError("privacy.secure_aggregation", "secure aggregation gives the server only the sum "

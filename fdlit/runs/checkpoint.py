@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fdlit.callbacks import FederationCallback
+from fdlit.callbacks import FederationCallback, RoundView
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.privacy.upload import default_config
 from fdlit.run_settings import CheckpointConfig  # noqa: F401  (the checkpoint section, importable from here)
@@ -157,11 +157,11 @@ def config_fingerprint(config: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------- save / load
-def checkpoint_state(loop: FederationLoop, config: dict[str, Any], wandb_run_id: str | None = None) -> dict[str, Any]:
-    """The checkpoint of ``loop`` as it is now: a snapshot (copies), safe to write while the next
-    round trains. History rows and the ledger's columns are never changed once written, so they
-    are taken as they are."""
-    state = loop.state_dict()
+def checkpoint_state(run: RoundView, config: dict[str, Any], wandb_run_id: str | None = None) -> dict[str, Any]:
+    """The checkpoint of ``run`` (the loop, or the view its callbacks get) as it is now: a snapshot
+    (copies), safe to write while the next round trains. History rows and the ledger's columns are
+    never changed once written, so they are taken as they are."""
+    state = run.state_dict()
     state["clients"] = pack_client_states(state["clients"])
     state["method"] = _detached(state["method"])
     state["received"] = _detached(state["received"])
@@ -300,14 +300,14 @@ class Checkpointer(FederationCallback):
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def due(self, loop, round: int) -> bool:
-        return round % self.settings.every_n_rounds == 0 or round >= loop.rounds
+    def due(self, view: RoundView, round: int) -> bool:
+        return round % self.settings.every_n_rounds == 0 or round >= view.rounds
 
-    def on_round_end(self, loop, round, metrics):
-        if not self.due(loop, round):
+    def on_round_end(self, view: RoundView, round, metrics):
+        if not self.due(view, round):
             return
         self.wait()  # one write at a time, and at most one snapshot in memory besides the live state
-        state = checkpoint_state(loop, self.config, self.wandb_run_id())
+        state = checkpoint_state(view, self.config, self.wandb_run_id())
         if self.settings.background:
             self._writer = threading.Thread(target=self._write, args=(state, round), name="fdlit-checkpoint")
             self._writer.start()
@@ -315,7 +315,7 @@ class Checkpointer(FederationCallback):
             self._write(state, round)
             self._raise()
 
-    def on_fit_end(self, loop, summary):
+    def on_fit_end(self, view: RoundView, summary):
         self.wait()
 
     def wait(self) -> None:

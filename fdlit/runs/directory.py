@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import yaml
 
-from fdlit.callbacks import FederationCallback
+from fdlit.callbacks import FederationCallback, RoundView
 from fdlit.run_settings import MAX_NAME, NAME_PATTERN, NAME_RULE, check_run_name  # noqa: F401
 from fdlit.errors import ConfigError
 from fdlit.runs import strict_json
@@ -317,14 +317,14 @@ class RunDirectory(FederationCallback):
         self.identity = identity  # run name and directory, first in every summary
         self._messages_written = messages_written
 
-    def summary(self, loop) -> dict[str, Any]:
-        return {**self.identity, **loop.summary()}
+    def summary(self, view: RoundView) -> dict[str, Any]:
+        return {**self.identity, **view.summary()}
 
-    def on_round_end(self, loop, round, metrics):
+    def on_round_end(self, view: RoundView, round, metrics):
         append_jsonl(self.path / METRICS, [metrics])
-        append_jsonl(self.path / COMMUNICATION, loop.ledger.rows(self._messages_written))
-        self._messages_written = len(loop.ledger.messages)
-        write_atomic(self.path / SUMMARY, strict_json.dumps(self.summary(loop), indent=2))
+        append_jsonl(self.path / COMMUNICATION, view.ledger.rows(self._messages_written))
+        self._messages_written = len(view.ledger.messages)
+        write_atomic(self.path / SUMMARY, strict_json.dumps(self.summary(view), indent=2))
 
-    def on_fit_end(self, loop, summary):
+    def on_fit_end(self, view: RoundView, summary):
         write_atomic(self.path / SUMMARY, strict_json.dumps({**self.identity, **summary}, indent=2))

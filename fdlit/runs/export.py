@@ -98,7 +98,7 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
 
     loop = _trained_loop(path, state, trust_config)
     if server:
-        module, spec, which, classes = loop.server.net, resolved(loop.server.spec, loop), "server", None
+        module, spec, which, classes = loop.server_side.server_model.net, resolved(loop.server_side.server_model.spec, loop), "server", None
     else:
         module = loop.clients[client].model
         spec = resolved(loop.model_spec, loop, client)

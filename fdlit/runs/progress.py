@@ -12,7 +12,7 @@ from typing import Any, Optional, TextIO
 
 from tqdm.auto import tqdm
 
-from fdlit.callbacks import FederationCallback
+from fdlit.callbacks import FederationCallback, RoundView
 
 SHOWN = (("acc", "after_public/global_acc_mean"), ("local", "after_private/local_acc_mean"), ("teacher", "teacher/acc"))
 
@@ -42,33 +42,33 @@ class ProgressBar(FederationCallback):
         self.plain = False
         self.round_started = 0.0
 
-    def on_fit_start(self, loop):
+    def on_fit_start(self, view: RoundView):
         stream = self.stream or sys.stderr
         self.plain = not is_terminal(stream)
         if self.plain:
             return
-        self.rounds = tqdm(total=loop.rounds, initial=loop.round, desc="rounds", unit="round",
+        self.rounds = tqdm(total=view.rounds, initial=view.round, desc="rounds", unit="round",
                            file=stream, dynamic_ncols=True)
-        self.clients = tqdm(total=len(loop.clients), desc="clients", unit="client", position=1, leave=False,
+        self.clients = tqdm(total=len(view.clients), desc="clients", unit="client", position=1, leave=False,
                             file=stream, dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.0f}/{total}")
 
-    def on_round_start(self, loop, round):
+    def on_round_start(self, view: RoundView, round):
         self.phase = None
         self.round_started = time.monotonic()
 
-    def on_clients_progress(self, loop, phase, done, total):
+    def on_clients_progress(self, view: RoundView, phase, done, total):
         if self.clients is None:
             return
         if phase != self.phase:  # a new phase: the bar starts over
             self.phase = phase
             self.clients.reset(total=total)
-            self.clients.set_description(f"round {loop.round + 1} {phase}")
+            self.clients.set_description(f"round {view.round + 1} {phase}")
         self.clients.n = done
         self.clients.refresh()
 
-    def on_round_end(self, loop, round, metrics):
+    def on_round_end(self, view: RoundView, round, metrics):
         if self.plain:
-            print(round_line(round, loop.rounds, metrics, time.monotonic() - self.round_started),
+            print(round_line(round, view.rounds, metrics, time.monotonic() - self.round_started),
                   file=self.stream or sys.stderr, flush=True)
             return
         if self.rounds is None:
@@ -81,7 +81,7 @@ class ProgressBar(FederationCallback):
             )
         self.rounds.update(1)
 
-    def on_fit_end(self, loop, summary):
+    def on_fit_end(self, view: RoundView, summary):
         for bar in (self.clients, self.rounds):
             if bar is not None:
                 bar.close()

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from fdlit.callbacks import FederationCallback
+from fdlit.callbacks import FederationCallback, RoundView
 from fdlit.federation import format_summary
 from fdlit.errors import ConfigError
 from fdlit.runs.dashboards import SUMMARIES, accuracy_table_rows, run_summary, wandb_round_payload
@@ -196,11 +196,11 @@ class WandbLogger(FederationCallback):
             dir=str(self.directory), mode=mode, reinit=REINIT, settings=settings, **resume,
         )
 
-    def on_fit_start(self, loop):
+    def on_fit_start(self, view: RoundView):
         if self.mode == "disabled":
             return
-        if loop.round >= loop.rounds:  # resuming a finished run: nothing to log, no empty W&B run
-            print(f"fdlit: the run finished all {loop.rounds} rounds; no W&B run opened "
+        if view.round >= view.rounds:  # resuming a finished run: nothing to log, no empty W&B run
+            print(f"fdlit: the run finished all {view.rounds} rounds; no W&B run opened "
                   "(--federation.rounds with more rounds continues it)", file=sys.stderr)
             return
         run_id = self.run_id
@@ -231,27 +231,27 @@ class WandbLogger(FederationCallback):
         except Exception as exc:
             self._say(f"fdlit: W&B setup failed ({exc}); metrics stay in {self.directory}")
 
-    def on_round_end(self, loop, round, metrics):
+    def on_round_end(self, view: RoundView, round, metrics):
         if self.run is None:
             return
         try:
             import wandb
 
-            classes = [cd.classes for cd in loop.client_data]
+            classes = [cd.classes for cd in view.client_data]
             every = self.config.trust_every_n_rounds
-            trust = every > 0 and (round == 1 or round % every == 0 or round == loop.rounds)
+            trust = every > 0 and (round == 1 or round % every == 0 or round == view.rounds)
             with without_field_docstrings():
                 self.run.log(wandb_round_payload(wandb, metrics, classes, trust, self.config.trust_max_rows))
         except Exception as exc:  # keep trying next round (transient), but say it once
             self._say(f"fdlit: W&B log failed ({exc}); continuing, every metric is in {self.directory}")
 
-    def on_fit_end(self, loop, summary):
+    def on_fit_end(self, view: RoundView, summary):
         if self.run is None:
             return
         try:
             import wandb
 
-            columns, rows = accuracy_table_rows(loop.history, [cd.classes for cd in loop.client_data])
+            columns, rows = accuracy_table_rows(view.history, [cd.classes for cd in view.client_data])
             if rows:  # one table, every evaluated round: not a new table artifact each round
                 with without_field_docstrings():  # the table's artifact imports wandb's artifact models
                     self.run.log({"clients/accuracy": wandb.Table(columns=columns, data=rows)})
@@ -260,7 +260,7 @@ class WandbLogger(FederationCallback):
         self.save_run_file("summary.txt", format_summary({"run": self.name, "run_dir": str(self.directory), **summary})
                            if {"rounds", "best_global_acc_mean"} <= set(summary) else None)
         try:
-            for key, value in run_summary(loop.history).items():
+            for key, value in run_summary(view.history).items():
                 self.run.summary[key] = value
             for key, value in summary.items():
                 if isinstance(value, (int, float, str)):
