@@ -107,7 +107,7 @@ def worker(args) -> None:
             if not stamps:
                 stamps.append(time.perf_counter())
             if round == 1:  # what the parent needs if this process is stopped at its time limit
-                print(json.dumps({"flop": round_flop(loop, args), "first_flop": round_flop(loop, args, first=True),
+                print(json.dumps({"flop": round_flop(data, args), "first_flop": round_flop(data, args, first=True),
                                   "gpu": gpu}), file=sys.stderr, flush=True)
             if sampler is not None:
                 sampler.active.set()
@@ -156,13 +156,14 @@ def worker(args) -> None:
         run_dir = os.path.join(args.run_dir, f"{args.executor}-{args.clients_one}-{os.getpid()}")
         os.makedirs(run_dir, exist_ok=True)
         callbacks.append(TimedCheckpointer(run_dir, {"benchmark": "cifar10_gpu"}))
+    data = FederatedData(dataset=dataset, data_dir=args.data_dir, num_clients=args.clients_one,
+                         classes_per_client=2, samples_per_client=args.samples, public_size=args.public)
     loop = FederationLoop(
         rounds=args.rounds, private_epochs_first=args.first_epochs or args.epochs, private_epochs=args.epochs,
         public_epochs_first=args.first_epochs or args.epochs, public_epochs=args.epochs, executor=executor,
         callbacks=callbacks, seed=0, accelerator=args.device, precision=args.precision,
         channels_last=args.channels_last, compile=args.compile,
-        data=FederatedData(dataset=dataset, data_dir=args.data_dir, num_clients=args.clients_one,
-                           classes_per_client=2, samples_per_client=args.samples, public_size=args.public),
+        data=data,
         model={"class_path": f"fdlit.models.{args.model}",
                "init_args": {"stem": "cifar", "pretrained": False} if args.model == "ResNet18" else {}},
         client=ClientOptimization(optimizer="adam", lr=1e-3, batch_size=args.batch_size),
@@ -177,7 +178,7 @@ def worker(args) -> None:
     print(json.dumps({
         "times": times[1:], "first": times[0], "executor_used": type(loop.executor).__name__,
         "forms": sorted(getattr(loop.executor, "forms", ())), "profile": profiled.get("path"),
-        "flop": round_flop(loop, args), "first_flop": round_flop(loop, args, first=True),
+        "flop": round_flop(data, args), "first_flop": round_flop(data, args, first=True),
         "ckpt_blocking": checkpoint_times["blocking"], "ckpt_write": checkpoint_times["write"],
         "ckpt_mib": os.path.getsize(ckpt) / 2**20 if ckpt else float("nan"),
         "acc": loop.history[-1]["after_public/global_acc_mean"],

@@ -87,11 +87,11 @@ def step_flop(model_name: str, batch: int, train: bool) -> float:
     return float(counter.get_total_flops())
 
 
-def round_flop(loop, args, first: bool = False) -> float:
-    """Model FLOPs of one round: private and public training epochs, the public and calibration
-    predictions, and the two evaluations on the test set (after each phase), for every client."""
+def round_flop(data, args, first: bool = False) -> float:
+    """Model FLOPs of one round on the set-up federated ``data``: private and public training epochs, the
+    public and calibration predictions, and the two evaluations on the test set (after each phase), for
+    every client."""
     train, forward = step_flop(args.model, 1, True), step_flop(args.model, 1, False)
-    data = loop.data
     private = sum(len(s.train) for s in data.clients)
     calibration = sum(len(s.calibration) for s in data.clients if s.calibration is not None)
     clients, public, test = len(data.clients), len(data.public), len(data.test)

@@ -108,8 +108,13 @@ def test_every_method_stacks_on_the_digits_federation(method):
     _, base = parse_fit(["--config", "datasets/digits.yaml"])
     _, cfg = parse_fit(["--config", "datasets/digits.yaml", "--config", f"methods/{method}"])
     declared = yaml.safe_load((CONFIGS / "methods" / f"{method}.yaml").read_text())
-    assert cfg.aggregator.class_path == declared["aggregator"]["class_path"]
+    if "aggregator" in declared:
+        assert cfg.aggregator.class_path == declared["aggregator"]["class_path"]
+    else:  # a baseline mode (local-only): no aggregator of its own, the mode is what it sets
+        assert cfg.federation.mode == declared["federation"]["mode"] != base.federation.mode
     assert cfg.data == base.data and cfg.model == base.model  # a method leaves the federation alone
+    if "aggregator" not in declared:
+        return  # stacked on a full config it keeps that config's (unused) aggregator
     _, over_default = parse_fit(["--config", "digits.yaml", "--config", f"methods/{method}"])
     assert plain(over_default) == plain(cfg)  # stacked on a full config, a method replaces its method
 

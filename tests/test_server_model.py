@@ -44,7 +44,7 @@ def same(a, b):
 def test_off_by_default_on_without_broadcast_changes_nothing_and_broadcast_is_counted(tmp_path):
     off = fit_loop(tiny("digits.yaml", tmp_path / "off"))
     on = fit_loop(tiny("digits.yaml", tmp_path / "on", *SERVER))
-    assert off.server is None and on.server is not None
+    assert off.server_side.server_model is None and on.server_side.server_model is not None
     assert not any(k.startswith("server/") for m in off.history for k in m)
     assert "server_final_acc" not in off.summary() and 0 <= on.summary()["server_final_acc"] <= 1
     # its own random stream, no messages: every client metric and every byte as without it
