@@ -4,8 +4,6 @@ and what a node keeps on disk are checked in seconds; the real deployment is tes
 
 from __future__ import annotations
 
-import json
-import math
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +15,7 @@ from fdlit.cli import main as cli_main
 pytest.importorskip("flwr")
 
 from fdlit.deployment.wire import unpack  # noqa: E402
+from tests.test_deployment import close, metrics_of  # noqa: E402
 
 ROUNDS = ["--federation.executor", "fdlit.execution.SequentialExecutor", "--logger.mode", "disabled",
           "--logger.progress", "false", "--data.num_clients", "6"]
@@ -85,18 +84,6 @@ def deployed_in_process(args: list[str], grid: InProcessGrid, resume: str | None
     executor.bind(experiment.loop, experiment.config_yaml)
     experiment.run()
     return experiment.run_path
-
-
-def metrics_of(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def close(a, b) -> bool:
-    if isinstance(b, list):
-        return isinstance(a, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(b, float) and isinstance(a, (int, float)):
-        return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-5
-    return a == b
 
 
 def assert_equal_to_fit(deployed: list[dict], fitted: list[dict]) -> None:
