@@ -11,8 +11,10 @@ from dataclasses import dataclass
 
 from fdlit.reporting.labels import REF_LABEL
 from fdlit.reporting.paper_figures import FORMATS, MIN_FONT_PT, ONE_COLUMN_IN, PNG_DPI, TWO_COLUMN_IN
+from fdlit.reporting.privacy_table import CAPTION as PRIVACY_CAPTION
 from fdlit.reporting.runs import SELECTED, Run, _k_sort, _method_sort, shared_settings
 from fdlit.reporting.table import Table, _first_of_block, _row_cells, _show_dataset
+from fdlit.reporting.table_files import measured_networks
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
@@ -175,8 +177,6 @@ def section_html(section: SectionPage, formats, several: bool) -> str:
 
 
 def _networks_html(runs) -> str:
-    from fdlit.reporting.table_files import measured_networks
-
     networks = measured_networks(runs)
     if not networks:
         return ""
@@ -187,9 +187,7 @@ def _networks_html(runs) -> str:
 def _privacy_part(section: SectionPage) -> str:
     if not section.privacy_html:
         return ""
-    from fdlit.reporting.privacy_table import CAPTION
-
-    return f"<h3>Privacy (<code>privacy.md</code>, <code>privacy.csv</code>)</h3><p>{html.escape(CAPTION)}</p>" \
+    return f"<h3>Privacy (<code>privacy.md</code>, <code>privacy.csv</code>)</h3><p>{html.escape(PRIVACY_CAPTION)}</p>" \
            f"{section.privacy_html}"
 
 

@@ -11,6 +11,7 @@ each client sends a round and secure aggregation's seconds a round (``time/secag
 from __future__ import annotations
 
 import csv
+import html
 import io
 import math
 from collections import defaultdict
@@ -127,8 +128,6 @@ def privacy_csv(table: PrivacyTable) -> str:
 
 
 def privacy_html(table: PrivacyTable) -> str:
-    import html
-
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ["method", "k", *(n for n, _ in table.columns)])
     body = "".join(
         f"<tr><th>{html.escape(label)}</th><td>{html.escape(str(k))}</td>"
