@@ -9,7 +9,7 @@ exchange of the round's protocol (:mod:`fdlit.federation.protocols`), then the r
 The steps get the parts, never the loop. The loop knows nothing of run directories, W&B or
 checkpoint files: callbacks observe a read-only view of it (``view``, a RoundView); a checkpoint is
 ``state_dict()``. What the run is made of is read from its parts (``parts``, ``server_side``,
-``settings``), never through the loop.
+``settings``): the loop forwards none of them.
 """
 
 from __future__ import annotations
@@ -118,17 +118,16 @@ class FederationLoop:
         self.parts, self.draws = build_parts(s, self.data, self.model_spec, self.optimization, self.server_side,
                                              self.adversaries, self.seed, self.fabric.device, release, self.hosted,
                                              self.draws)
-        side, executor = self.parts.clients, s.executor
+        parts, executor = self.parts, s.executor
         executor.configure(s.compile_backend)
         try:
-            executor.setup(self.fabric, [c for c in side.clients if c is not None])
+            executor.setup(self.fabric, [c for c in parts.clients.clients if c is not None])
         except BaseException:
             self.parts = None  # not set up: a later setup() starts again
             raise
         executor.progress = self._clients_progress
-        parts = self.parts
         active = parts.facts.eval_rows is not None and parts.tensors.val_y is not None
-        self.selection = ExactSelection(side, parts.evaluate, active=active)
+        self.selection = ExactSelection(parts.clients, parts.evaluate, active=active)
         # a receive may wait for the next request unless something reads the clients between the
         # rounds: the selection keeps their weights, the upload audit queries them every round
         executor.may_carry_receive = not self.selection.active and not self.privacy.upload_audit
