@@ -132,9 +132,11 @@ def worker(args) -> None:
             print(json.dumps({"round": round, "s": stamps[-1] - stamps[-2],
                               "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                               "util": sampler.mean() if sampler is not None else None,
-                              "forms": sorted(getattr(loop.executor, "forms", ())), "profile": profiled.get("path"),
+                              "forms": sorted(getattr(loop.executor, "forms", ())),
+                              "profile": profiled.get("path"),
                               "chunk_size": getattr(loop.executor, "chunk_size", None),
-                              "auto_chunks": sorted(set(getattr(loop.executor, "_auto_chunks", {}).values()))}),
+                              "auto_chunks": sorted(set(getattr(loop.executor, "_auto_chunks",
+                                                                {}).values()))}),
                   file=sys.stderr, flush=True)
 
     callbacks = [RoundClock()]
@@ -176,8 +178,8 @@ def worker(args) -> None:
     times = [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)]
     ckpt = os.path.join(run_dir, "checkpoint.pt") if args.checkpoint else None
     print(json.dumps({
-        "times": times[1:], "first": times[0], "executor_used": type(loop.executor).__name__,
-        "forms": sorted(getattr(loop.executor, "forms", ())), "profile": profiled.get("path"),
+        "times": times[1:], "first": times[0], "executor_used": type(loop.settings.executor).__name__,
+        "forms": sorted(getattr(loop.settings.executor, "forms", ())), "profile": profiled.get("path"),
         "flop": round_flop(data, args), "first_flop": round_flop(data, args, first=True),
         "ckpt_blocking": checkpoint_times["blocking"], "ckpt_write": checkpoint_times["write"],
         "ckpt_mib": os.path.getsize(ckpt) / 2**20 if ckpt else float("nan"),

@@ -56,9 +56,9 @@ def achieved_flops(config: str, rounds: int) -> tuple[float, list[tuple[int, int
     experiment = Experiment(cfg, parser)
     experiment.setup()
     loop = experiment.loop
-    shapes = linear_shapes(loop.clients[0].model)
+    shapes = linear_shapes(loop.view.clients[0].model)
     per_sample = sum(6 * i * o for i, o in shapes)
-    executor, train = loop.executor, loop.executor.train
+    executor, train = loop.settings.executor, loop.settings.executor.train
     spent, samples = [0.0], [0]
 
     def timed(clients, phase, datasets, epochs, batch_size):
@@ -71,7 +71,7 @@ def achieved_flops(config: str, rounds: int) -> tuple[float, list[tuple[int, int
 
     executor.train = timed
     experiment.fit()
-    return samples[0] * per_sample / spent[0], shapes, len(loop.clients), loop.optimization.batch_size
+    return samples[0] * per_sample / spent[0], shapes, len(loop.view.clients), loop.optimization.batch_size
 
 
 def main(argv: list[str] | None = None) -> float:

@@ -107,7 +107,7 @@ def worker(args, fit_flags: list[str]) -> None:
     loop = experiment.loop
     rounds: list[dict] = []
     seconds: dict[str, float] = defaultdict(float)
-    ex, agg = loop.executor, loop.aggregator
+    ex, agg = loop.settings.executor, loop.server_side.method
     ex.train = _timed(seconds, lambda *a, **k: "train", ex.train)
     ex.predict = _timed(seconds, lambda clients, x: "public predict" if x is loop.parts.tensors.public_x else "evaluate",
                         ex.predict)

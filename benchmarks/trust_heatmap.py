@@ -72,7 +72,7 @@ def main() -> None:
     keep = Keep()
     experiment.loop.callbacks.append(keep)
     experiment.fit()
-    classes = [cd.classes for cd in experiment.loop.client_data]
+    classes = [cd.classes for cd in experiment.loop.view.client_data]
     round_s = statistics.mean(keep.seconds[1:] or keep.seconds)
     # over a whole run of --steady_rounds rounds: the heatmap rounds cost `with`, the others `plain`
     m = keep.metrics[-1]

@@ -190,8 +190,8 @@ def run_reference(ref, loop: FederationLoop, aggregator: str, rounds: int, first
     span = [np.arange(starts[j], starts[j + 1]) for j in range(len(parts))]
     ref_clients = [{"cls": list(cd.classes), "train": span[2 + 2 * i], "cal": span[3 + 2 * i]}
                    for i, cd in enumerate(data.clients)]
-    initial = [{k: v.detach().clone() for k, v in c.model.state_dict().items()} for c in loop.clients]
-    generators = [torch.Generator().set_state(c.generator.get_state()) for c in loop.clients]
+    initial = [{k: v.detach().clone() for k, v in c.model.state_dict().items()} for c in loop.view.clients]
+    generators = [torch.Generator().set_state(c.generator.get_state()) for c in loop.view.clients]
     built: dict[int, int] = {}  # id(reference network) -> client
 
     def network():

@@ -227,7 +227,7 @@ def test_an_attack_on_a_two_network_method_keeps_its_pairing(tmp_path):
 
     loop = fit_loop(tiny("digits_fml.yaml", tmp_path, "--adversaries.attack", "fdlit.adversaries.LabelFlipping",
                          "--adversaries.ids", "[1]"))
-    assert all(find_pair(c.model) is not None for c in loop.clients)
+    assert all(find_pair(c.model) is not None for c in loop.view.clients)
     assert loop.history[-1]["adversaries/attackers"] == 1
 
 

@@ -459,6 +459,6 @@ def test_meta_model_labelled_size_sets_the_pooled_set_in_a_run(tmp_path):
     experiment = Experiment(parse_fit(argv)[1])
     experiment.fit()
     loop = experiment.loop
-    sent = [m.shape[0] for m in loop.ledger.messages if m.kind == "mm_labels"]
+    sent = [m.shape[0] for m in loop.server_side.ledger.messages if m.kind == "mm_labels"]
     assert sent == [8, 8, 7, 7]
     assert loop.history[-1]["mm/labelled_size"] == 30.0

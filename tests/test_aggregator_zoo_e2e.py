@@ -35,10 +35,10 @@ def test_rule_runs_end_to_end_and_counts_what_clients_send(config, tmp_path):
     loop = experiment.loop
     summary = experiment.fit()
     assert summary["finished"] and 0.0 <= summary["best_global_acc_mean"] <= 1.0
-    kinds = {(m.direction, m.kind) for m in loop.ledger.messages}
+    kinds = {(m.direction, m.kind) for m in loop.server_side.ledger.messages}
     for kind in CONFIGS[config]:
         assert ("up", kind) in kinds, f"{kind} was not counted as sent"
-    up = sum(m.bytes for m in loop.ledger.messages if m.direction == "up")
+    up = sum(m.bytes for m in loop.server_side.ledger.messages if m.direction == "up")
     assert summary["bytes_up_total"] == up > 0
     metrics = json.loads(Path(summary["run_dir"], "metrics.jsonl").read_text().splitlines()[-1])
     assert 0.0 <= metrics["teacher/kept_fraction"] <= 1.0
@@ -54,7 +54,7 @@ def test_selective_fd_hard_labels_send_fewer_bytes_than_soft(tmp_path):
         experiment = Experiment(parse_fit(argv)[1])
         loop = experiment.loop
         totals[config] = experiment.fit()["bytes_up_total"]
-        teachers[config] = [m for m in loop.ledger.messages if m.kind == "teacher"]
+        teachers[config] = [m for m in loop.server_side.ledger.messages if m.kind == "teacher"]
     # one uint8 class id per kept row instead of C float32 logits, up and down
     assert totals["digits_selective_fd_hard.yaml"] * 10 < totals["digits_selective_fd.yaml"]
     hard, soft = teachers["digits_selective_fd_hard.yaml"], teachers["digits_selective_fd.yaml"]
@@ -91,7 +91,7 @@ def test_alternative_upload_modes_are_counted(config, flags, up, down, tmp_path)
     experiment = Experiment(parse_fit(argv)[1])
     loop = experiment.loop
     experiment.fit()
-    kinds = {(m.direction, m.kind): m for m in loop.ledger.messages}
+    kinds = {(m.direction, m.kind): m for m in loop.server_side.ledger.messages}
     assert ("up", up) in kinds
     if down:
         assert kinds[("down", down)].shape[0] == 40

@@ -34,7 +34,7 @@ def test_reference_is_one_model_on_all_classes_with_public_plus_private_size(fas
     experiment = Experiment(cfg, parser)
     loop = experiment.loop
     summary = experiment.fit()
-    assert len(loop.clients) == 1 and loop.clients[0].classes == list(range(10))
+    assert len(loop.view.clients) == 1 and loop.view.clients[0].classes == list(range(10))
     mean_private = round(sum(len(cd.train) for cd in loop.data.clients) / len(loop.data.clients))
     assert len(loop.parts.tensors.private[0][0]) == len(loop.data.public) + mean_private
     m = loop.history[-1]
@@ -60,7 +60,7 @@ def test_fd_on_local_cifar_copy_with_heterogeneous_clients(tmp_path):
     experiment = Experiment(cfg, parser)
     loop = experiment.loop
     summary = experiment.fit()
-    nets = [c.model for c in loop.clients]
+    nets = [c.model for c in loop.view.clients]
     assert all(isinstance(n, WithInput) and isinstance(n.input, ImageInput) and n.input.augment for n in nets)
     assert [type(n.net).__name__ for n in nets] == ["SmallCNN", "SmallCNN", "MLP", "MLP"]
     # images stay uint8 on the training device; conversion happens per batch inside the model
@@ -93,8 +93,8 @@ def test_image_dataset_clients_are_vectorized_by_default_and_match_sequential(tm
         experiment.fit()
         history[executor] = loop.history
         if executor == "null":
-            assert type(loop.executor).__name__ == "VectorizedExecutor"
-            assert loop.executor._vectorized == {c.client_id for c in loop.clients}  # no fallback
+            assert type(loop.settings.executor).__name__ == "VectorizedExecutor"
+            assert loop.settings.executor._vectorized == {c.client_id for c in loop.view.clients}  # no fallback
     for vec, seq in zip(history["null"], history["fdlit.execution.SequentialExecutor"], strict=True):
         for key in ("after_private/global_acc_mean", "after_public/global_acc_mean", "teacher/acc"):
             assert math.isclose(vec[key], seq[key], abs_tol=1e-6), key
@@ -118,7 +118,7 @@ def test_fd_on_local_yahoo_copy_with_a_local_bert(tmp_path):
     experiment = Experiment(cfg, parser)
     loop = experiment.loop
     summary = experiment.fit()
-    assert type(loop.clients[0].model).__name__ == "BertClassifier"  # text: no input module in front
+    assert type(loop.view.clients[0].model).__name__ == "BertClassifier"  # text: no input module in front
     assert loop.parts.tensors.public_x.shape == (10, 2, 16) and loop.parts.tensors.public_x.dtype == torch.int64
     assert summary["finished"] and summary["bytes_up_total"] > 0
     assert 0.0 <= summary["best_global_acc_mean"] <= 1.0

@@ -79,7 +79,7 @@ def deployed_in_process(args: list[str], grid: InProcessGrid, resume: str | None
         parser, cfg = parse_fit(args)
         experiment = Experiment(cfg, parser)
     executor = FlowerExecutor(grid, nodes=len(grid.workers), threads=1)
-    experiment.loop.executor = executor
+    experiment.loop.settings.executor = executor
     executor.states_every = experiment.checkpoint.every_n_rounds
     executor.bind(experiment.loop, experiment.config_yaml)
     experiment.run()

@@ -21,11 +21,11 @@ def test_dotted_flags_reach_the_objects(fast_args):
     parser, cfg = parse_fit(fast_args + ["--aggregator.tau", "0.5", "--seed", "3", "--client.lr", "0.01"])
     experiment = Experiment(cfg, parser)
     loop = experiment.loop
-    assert loop.aggregator.tau == 0.5
+    assert loop.server_side.method.tau == 0.5
     assert loop.seed == 3
     assert loop.optimization.lr == 0.01
     assert loop.data.classes_per_client == 3 and loop.data.num_clients == 4
-    assert loop.rounds == 2
+    assert loop.settings.rounds == 2
     # the full resolved config is kept for W&B and the run directory
     assert experiment.config["aggregator"]["init_args"]["tau"] == 0.5
     assert "tau: 0.5" in experiment.config_yaml
@@ -33,7 +33,7 @@ def test_dotted_flags_reach_the_objects(fast_args):
 
 def test_switching_to_uwa_does_not_inherit_suwa_tau(fast_args):
     parser, cfg = parse_fit(fast_args + ["--aggregator", "fdlit.methods.UncertaintyWeighted"])
-    assert Experiment(cfg, parser).loop.aggregator.tau == 1.0
+    assert Experiment(cfg, parser).loop.server_side.method.tau == 1.0
 
 
 def test_class_path_picks_aggregator_and_model(fast_args):
@@ -41,7 +41,7 @@ def test_class_path_picks_aggregator_and_model(fast_args):
                                          "--model", "fdlit.models.MLP", "--model.hidden", "[32]"])
     experiment = Experiment(cfg, parser)
     loop = experiment.loop
-    assert type(loop.aggregator).__name__ == "ProbabilityAveraging"
+    assert type(loop.server_side.method).__name__ == "ProbabilityAveraging"
     assert loop.model_spec["class_path"] == "fdlit.models.MLP"
     assert loop.model_spec["init_args"]["hidden"] == [32]
 

@@ -74,7 +74,7 @@ def test_a_subclass_epoch_scheduler_steps_after_each_private_epoch(executor):
     loop.fit()
     epochs = FIRST + (ROUNDS - 1) * LATER  # the public phase trains at the rate of that moment
     assert epochs // STEP_SIZE >= 2
-    for client in loop.clients:
+    for client in loop.view.clients:
         assert type(client) is StepLRClient
         assert lr_of(client) == pytest.approx(LR * GAMMA ** (epochs // STEP_SIZE))  # StepLR's closed form
         assert client._private_epochs == epochs
@@ -83,7 +83,7 @@ def test_a_subclass_epoch_scheduler_steps_after_each_private_epoch(executor):
 def test_a_subclass_step_scheduler_steps_after_each_private_step():
     loop = loop_for(PerStepClient, SequentialExecutor(), rounds=2)
     loop.fit()
-    for client, data in zip(loop.clients, loop.client_data, strict=True):
+    for client, data in zip(loop.view.clients, loop.view.client_data, strict=True):
         n = len(data.train.x)
         per_epoch = sum(1 for start in range(0, n, 32) if n - start >= 2)  # a final batch of one is skipped
         steps = (FIRST + LATER) * per_epoch

@@ -51,14 +51,14 @@ def test_a_kd_temperature_subclass_trains_the_same_in_both_executors_and_differe
     base = loop(SequentialExecutor())
     for run in (seq, vec, base):
         run.fit()
-    assert all(type(c) is TemperatureKD for c in vec.clients)
+    assert all(type(c) is TemperatureKD for c in vec.view.clients)
     for a, b in zip(numbers(seq.history), numbers(vec.history), strict=True):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
     # round 1's private phase is the same; from the first public phase on the subclass differs
     assert numbers(seq.history)[0][4] == numbers(base.history)[0][4]
     assert numbers(seq.history)[0][2] != pytest.approx(numbers(base.history)[0][2], rel=1e-3)
     def params(run):
-        return torch.cat([p.detach().flatten() for p in run.clients[0].parameters()])
+        return torch.cat([p.detach().flatten() for p in run.view.clients[0].parameters()])
     assert not torch.allclose(params(seq), params(base))
     assert torch.allclose(params(seq), params(vec), atol=1e-5)
 

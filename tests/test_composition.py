@@ -50,20 +50,20 @@ def test_rule_x_executor_x_mode(rule, executor, mode, tmp_path):
     loop = fit_loop(tiny(rule, tmp_path, "--federation.executor", EXECUTORS[executor], "--federation.mode", mode))
     assert loop.round == 2 and len(loop.history) == 2
     if mode == "local_only":  # promises no communication: nothing at all, set-up included
-        assert loop.ledger.messages == [] and loop.history[-1]["comm/up_bytes_total"] == 0
+        assert loop.server_side.ledger.messages == [] and loop.history[-1]["comm/up_bytes_total"] == 0
     else:
-        assert {m.round for m in loop.ledger.messages} >= {1, 2}
-        assert loop.ledger.total("up") == loop.history[-1]["comm/up_bytes_total"] > 0
+        assert {m.round for m in loop.server_side.ledger.messages} >= {1, 2}
+        assert loop.server_side.ledger.total("up") == loop.history[-1]["comm/up_bytes_total"] > 0
 
 
 @pytest.mark.parametrize("rule", SETUP_RULES)
 def test_reference_mode_sends_nothing(rule, tmp_path):
     loop = fit_loop(tiny(rule, tmp_path, "--federation.mode", "reference"))
-    assert loop.ledger.messages == [] and len(loop.clients) == 1
+    assert loop.server_side.ledger.messages == [] and len(loop.view.clients) == 1
 
 
 def ledger_rows(loop):
-    return [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in loop.ledger.messages]
+    return [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in loop.server_side.ledger.messages]
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -79,7 +79,7 @@ def test_every_rule_runs_under_ray_and_sends_what_it_sends_in_process(rule, tmp_
 @pytest.mark.parametrize("rule", SETUP_RULES)
 def test_local_only_under_ray_sends_nothing(rule, tmp_path, ray_local):
     loop = fit_loop(tiny(rule, tmp_path, "--federation.executor", EXECUTORS["ray"], "--federation.mode", "local_only"))
-    assert loop.round == 2 and loop.ledger.messages == []
+    assert loop.round == 2 and loop.server_side.ledger.messages == []
 
 
 def without_time(rows):
@@ -113,7 +113,7 @@ PARTIAL = ("--federation.participation.fraction", "0.5", "--federation.participa
 def round_clients(loop, direction):
     """Per round >= 1, the clients the ledger has messages of in ``direction``."""
     out: dict[int, set] = {}
-    for m in loop.ledger.messages:
+    for m in loop.server_side.ledger.messages:
         if m.round >= 1 and m.direction == direction:
             out.setdefault(m.round, set()).add(m.client)
     return out
@@ -137,7 +137,7 @@ def test_participation_and_dropout_under_every_executor(rule, executor, tmp_path
         assert up.get(m["round"], set()) == down.get(m["round"], set()) == set(arrived)
         assert m["participation/public_size"] == 60
         assert len(m["clients/after_public/global_acc"]) == 4  # evaluation still measures every client
-    logits = [r for r in loop.ledger.messages if r.kind == "logits" and r.round >= 1]
+    logits = [r for r in loop.server_side.ledger.messages if r.kind == "logits" and r.round >= 1]
     assert logits and all(r.shape[0] == 60 for r in logits)  # only this round's public rows travel
     if executor != "sequential":
         seq = fit_loop(tiny(rule, tmp_path / "seq", "--federation.executor", EXECUTORS["sequential"], *PARTIAL))
@@ -180,7 +180,8 @@ def test_every_method_under_client_sampling_dropout_and_a_public_subset(rule, tm
         assert m["participation/public_size"] == 60
     up = round_clients(loop, "up")
     assert all(up.get(m["round"], set()) == set(m["participation/arrived"]) for m in loop.history)
-    rows = [r for r in loop.ledger.messages if r.round >= 1 and r.direction == "up" and r.kind in ("logits", "mask")]
+    rows = [r for r in loop.server_side.ledger.messages
+            if r.round >= 1 and r.direction == "up" and r.kind in ("logits", "mask")]
     assert all(r.shape[0] <= 60 for r in rows)  # nothing beyond this round's public rows goes up
 
 
@@ -251,7 +252,7 @@ def executor_flags(executor):
 def outcome(loop):
     """Every client's final parameters (an attack reaches them through the teacher, the global model or
     the attacker's own training)."""
-    return torch.cat([p.detach().reshape(-1) for c in loop.clients for p in c.model.parameters()])
+    return torch.cat([p.detach().reshape(-1) for c in loop.view.clients for p in c.model.parameters()])
 
 
 @pytest.mark.parametrize("executor", ["sequential", "vectorized", "ray"])

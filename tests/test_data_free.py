@@ -35,13 +35,13 @@ def loop_for(method, rounds=2, clients=4, model=MLP16, executor=None, public_siz
 
 
 def params(loop, i=0):
-    return flatten(list(loop.clients[i].model.parameters()))
+    return flatten(list(loop.view.clients[i].model.parameters()))
 
 
-def own_class_logits(loop, i=0):
-    """Client i's per-class average logits on its training split, computed here."""
-    train = loop.client_data[i].train
-    logits = loop.clients[i].predict_logits(train.x)
+def own_class_logits(view, i=0):
+    """Client i's per-class average logits on its training split, computed here (``view``: the run's RoundView)."""
+    train = view.client_data[i].train
+    logits = view.clients[i].predict_logits(train.x)
     out = torch.zeros(C, C)
     for c in range(C):
         if (train.y == c).any():
@@ -129,7 +129,7 @@ def test_fd_with_one_client_equals_training_alone_with_its_own_class_logits_as_t
     give = OwnTeacher(give=True)
     alone = loop_for(FedDistill(gamma=1.0, temperature=2.0), rounds=2, clients=1, mode="local_only", callbacks=[give])
     alone.fit()
-    assert alone.ledger.messages == []
+    assert alone.server_side.ledger.messages == []
     assert torch.equal(params(fed), params(alone))
     plain = loop_for(FedDistill(gamma=1.0, temperature=2.0), rounds=2, clients=1, mode="local_only")
     plain.fit()
@@ -151,10 +151,10 @@ def test_bytes_of_a_round_are_the_analytic_sizes():
     fd = loop_for(FedDistill())
     fd.fit()
     for r in (1, 2):
-        assert fd.ledger.total("up", round=r) == m * (C * C * 4 + mask)
-        assert fd.ledger.total("down", round=r) == m * (C * C * 4 + mask)
-    assert fd.ledger.total(round=0) == 0
-    assert {x.kind for x in fd.ledger.messages} == {"class_logits", "class_mask", "global_class_logits"}
+        assert fd.server_side.ledger.total("up", round=r) == m * (C * C * 4 + mask)
+        assert fd.server_side.ledger.total("down", round=r) == m * (C * C * 4 + mask)
+    assert fd.server_side.ledger.total(round=0) == 0
+    assert {x.kind for x in fd.server_side.ledger.messages} == {"class_logits", "class_mask", "global_class_logits"}
     assert fd.history[-1]["comm/up_bytes"] == m * (C * C * 4 + mask)
 
 
@@ -180,10 +180,10 @@ HETERO = {"class_path": "fdlit.models.PerClient", "init_args": {"groups": [
 def test_two_different_networks_exchange_without_parameters(method):
     loop = loop_for(method(), model=HETERO)
     loop.fit()
-    kinds = {type(c.model).__name__ for c in loop.clients}
+    kinds = {type(c.model).__name__ for c in loop.view.clients}
     assert kinds == {"MLP", "SmallCNN"} and loop.round == 2
-    assert not any(m.kind == "parameters" for m in loop.ledger.messages)
-    assert all(len(c.method_state) == 2 for c in loop.clients)
+    assert not any(m.kind == "parameters" for m in loop.server_side.ledger.messages)
+    assert all(len(c.method_state) == 2 for c in loop.view.clients)
 
 
 class ConvOnly(torch.nn.Module):
@@ -223,6 +223,7 @@ def test_runs_without_a_public_set_and_with_one_alike(method):
     none.fit()
     some.fit()
     assert none.round == some.round == 2
-    assert [(m.kind, m.shape) for m in none.ledger.messages] == [(m.kind, m.shape) for m in some.ledger.messages]
+    sent = [[(m.kind, m.shape) for m in run.server_side.ledger.messages] for run in (none, some)]
+    assert sent[0] == sent[1]
     assert math.isnan(none.history[-1]["teacher/acc"])
 

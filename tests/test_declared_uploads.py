@@ -85,7 +85,7 @@ class ClearOnly(GatedVotes):
 def run(tmp_path, method, *extra):
     parser, cfg = parse_fit(args(tmp_path, *extra))
     loop = Experiment(cfg, parser).loop
-    loop.aggregator = method
+    loop.server_side.method = method
     loop.fit()
     return loop
 
@@ -95,8 +95,8 @@ def test_a_gated_upload_sends_exactly_its_declared_arrays_and_no_logits(tmp_path
     method = GatedVotes()
     loop = run(tmp_path, method, "--federation.executor", f"fdlit.execution.{executor.capitalize()}Executor")
     if executor == "vectorized":  # the vmapped step ran, not a fallback to one client at a time
-        assert loop.executor.trained == {"vectorized": 8, "sequential": 0}
-    up = [m for m in loop.ledger.messages if m.direction == "up" and m.round == 1]
+        assert loop.settings.executor.trained == {"vectorized": 8, "sequential": 0}
+    up = [m for m in loop.server_side.ledger.messages if m.direction == "up" and m.round == 1]
     assert {m.kind for m in up} == {"probs", "mask"}  # the server never receives the unmasked logits
     assert all(set(u) == {"probs", "mask"} for u in method.received) and len(method.received) == 4
     for u in method.received:  # kept rows only: fewer probability rows than public rows
@@ -125,7 +125,7 @@ def test_an_upload_that_does_not_fit_its_declared_shape_is_refused(tmp_path):
 def test_differential_privacy_noises_the_declared_rows_of_a_method_without_logits(tmp_path):
     method = GatedVotes()
     loop = run(tmp_path, method, "--privacy.noise_multiplier", "1.0", "--privacy.clip_norm", "1.0")
-    assert {m.kind for m in loop.ledger.messages if m.direction == "up"} == {"probs", "mask"}
+    assert {m.kind for m in loop.server_side.ledger.messages if m.direction == "up"} == {"probs", "mask"}
     assert loop.history[-1]["privacy/noise_std_mean"] > 0 and loop.history[-1]["privacy/epsilon"] > 0
 
 
@@ -194,7 +194,7 @@ def test_the_gated_votes_resume_equal_to_an_uninterrupted_run(tmp_path):
     buffer.seek(0)
     parser, cfg = parse_fit(args(tmp_path / "c", "--federation.rounds", "2", *rounds))
     resumed = Experiment(cfg, parser).loop
-    resumed.aggregator = GatedVotes()
+    resumed.server_side.method = GatedVotes()
     resumed.load_state_dict(torch.load(buffer, weights_only=True))
     resumed.fit()
     assert resumed.round == 2

@@ -184,8 +184,8 @@ def test_a_node_reads_the_dataset_from_its_own_data_dir(tmp_path):
     worker.node_config = {"data-dir": str(here)}
     meta, _ = worker.op_setup({"config": config, "clients": [0, 1], "threads": 1}, draws)
     assert meta == {"clients": [0, 1]} and worker.loop.data.data_dir == str(here)
-    assert len(worker.loop.clients) == 4 and worker.loop.data.num_classes == 10
-    assert [c is None for c in worker.loop.clients] == [False, False, True, True]  # only its own are built
+    assert len(worker.loop.view.clients) == 4 and worker.loop.data.num_classes == 10
+    assert [c is None for c in worker.loop.view.clients] == [False, False, True, True]  # only its own are built
 
 
 # ---------------------------------------------------------------------- a real deployment

@@ -24,27 +24,28 @@ def digits_k2(tmp_path_factory):
             "--logger.run_dir", str(tmp_path_factory.mktemp("runs"))]
     loop = Experiment(parse_fit(argv)[1]).loop
     loop.setup()
-    loop.executor.train(loop.clients, "private", loop.parts.tensors.private, loop.settings.private_epochs_first, loop.optimization.batch_size)
-    loop.executor.teardown(loop.clients)
+    loop.settings.executor.train(loop.view.clients, "private", loop.parts.tensors.private,
+                                 loop.settings.private_epochs_first, loop.optimization.batch_size)
+    loop.settings.executor.teardown(loop.view.clients)
     return loop
 
 
 def public_logits(loop):
-    return torch.stack([c.predict_logits(loop.parts.tensors.public_x) for c in loop.clients])
+    return torch.stack([c.predict_logits(loop.parts.tensors.public_x) for c in loop.view.clients])
 
 
 def uploads(loop, agg, z=None):
     """What every client sends for ``agg`` in round 1, its public logits included."""
     z = public_logits(loop) if z is None else z
-    extra = loop.executor.client_hook("upload", agg.client_part(), loop.parts.facts.info(1), loop.clients, loop.client_data,
-                                      loop.server_side.received, z)
+    extra = loop.settings.executor.client_hook("upload", agg.client_part(), loop.parts.facts.info(1), loop.view.clients,
+                                               loop.view.client_data, loop.server_side.received, z)
     return [payload.with_arrays({"logits": z[i], **payload.arrays}) for i, payload in enumerate(extra)]
 
 
 def holders(loop):
     """M x N: 1 where the public sample's true class is one of the client's classes (diagnostic only)."""
     y = loop.parts.tensors.public_y.cpu()
-    return torch.stack([torch.isin(y, torch.tensor(cd.classes)) for cd in loop.client_data]).float()
+    return torch.stack([torch.isin(y, torch.tensor(cd.classes)) for cd in loop.view.client_data]).float()
 
 
 def holder_weight(weights, loop):
@@ -55,13 +56,13 @@ def holder_weight(weights, loop):
 # ---------------------------------------------------------------- LKD (F2L, Nguyen et al. 2022)
 def test_lkd_scored_against_the_public_set_differs_from_avg_and_favours_the_class_holders(digits_k2):
     loop = digits_k2
-    m, n = len(loop.clients), len(loop.parts.tensors.public_y)
+    m, n = len(loop.view.clients), len(loop.parts.tensors.public_y)
     avg = ProbabilityAveraging().aggregate(uploads(loop, ProbabilityAveraging()), loop.parts.facts.server_context(1))
     agg = LKD()  # scoring: calibration_vs_public, T_w = 20
     ups = uploads(loop, agg)
     r = agg.aggregate(ups, loop.parts.facts.server_context(1))
     auc = torch.stack([u["class_auc"] for u in ups])
-    for i, cd in enumerate(loop.client_data):  # unseen classes 0; own classes in (0.5, 1): public holds all
+    for i, cd in enumerate(loop.view.client_data):  # unseen classes 0; own classes in (0.5, 1): public holds all
         own = torch.zeros(10, dtype=torch.bool)
         own[cd.classes] = True
         assert (auc[i, ~own] == 0).all() and (auc[i, own] > 0.5).all() and (auc[i, own] < 1).all()
@@ -82,10 +83,10 @@ def test_lkd_scored_on_own_calibration_only_is_avg_when_every_class_has_as_many_
     loop = digits_k2
     agg = LKD(scoring="calibration")
     r = agg.aggregate(uploads(loop, agg), loop.parts.facts.server_context(1))
-    print("calibration-only LKD: max |W - 1/M| =", float((r.weights - 1 / len(loop.clients)).abs().max()),
+    print("calibration-only LKD: max |W - 1/M| =", float((r.weights - 1 / len(loop.view.clients)).abs().max()),
           "holder weight", holder_weight(r.weights, loop))
-    assert float((r.weights - 1 / len(loop.clients)).abs().max()) < 0.005
-    assert holder_weight(r.weights, loop) == pytest.approx(4 / len(loop.clients), abs=1e-3)
+    assert float((r.weights - 1 / len(loop.view.clients)).abs().max()) < 0.005
+    assert holder_weight(r.weights, loop) == pytest.approx(4 / len(loop.view.clients), abs=1e-3)
 
 
 # ---------------------------------------------------------------- UWA / sUWA (Kovalchuk et al. 2026): degenerate fits
@@ -100,9 +101,9 @@ def collapse(monkeypatch, client, row):
                          ids=["uwa", "suwa-0.25"])
 def test_a_collapsed_client_no_longer_takes_the_weight(digits_k2, monkeypatch, make, upload):
     loop = digits_k2
-    m = len(loop.clients)
-    own = loop.client_data[0].classes[0]
-    collapse(monkeypatch, loop.clients[0], 8.0 * torch.nn.functional.one_hot(torch.tensor(own), 10).float())
+    m = len(loop.view.clients)
+    own = loop.view.client_data[0].classes[0]
+    collapse(monkeypatch, loop.view.clients[0], 8.0 * torch.nn.functional.one_hot(torch.tensor(own), 10).float())
     z = public_logits(loop)
     assert (z[0] == z[0, :1]).all()  # identical rows
 

@@ -107,20 +107,21 @@ def test_sequential_and_vectorized_executors_give_the_same_numbers_and_messages(
 def test_the_bytes_of_a_round_are_the_kept_rows_and_the_bit_masks(tmp_path):
     n, c = 120, 10
     loop = fit_loop(tiny(CONFIG, tmp_path))
-    masks = torch.stack([client.method_state["edgefd_mask"] for client in loop.clients])  # M x N
+    masks = torch.stack([client.method_state["edgefd_mask"] for client in loop.view.clients])  # M x N
     kept = masks.sum(1)
     covered = int(masks.any(0).sum())
     bits = math.ceil(n / 8)
     for r in (1, 2):
-        for i, client in enumerate(loop.clients):
-            up = sum(m.bytes for m in loop.ledger.messages if m.round == r and m.client == i and m.direction == "up")
+        for i, client in enumerate(loop.view.clients):
+            up = sum(m.bytes for m in loop.server_side.ledger.messages
+                     if m.round == r and m.client == i and m.direction == "up")
             assert up == int(kept[i]) * c * 4 + bits  # float32 kept logits + the bit mask
-        down = loop.ledger.total("down", round=r)
-        assert down == len(loop.clients) * (covered * c * 4 + bits)  # the covered rows' teacher + the keep mask
-    assert loop.ledger.total(round=0) == 0
+        down = loop.server_side.ledger.total("down", round=r)
+        assert down == len(loop.view.clients) * (covered * c * 4 + bits)  # the covered rows' teacher + the keep mask
+    assert loop.server_side.ledger.total(round=0) == 0
     # the set-up fitted each client's selector with 3 centroids per local class, its own seed
-    client, data = loop.clients[1], loop.client_data[1]
-    again = loop.aggregator.client_part().client_mask(data.train.x, data.calibration.x, 3 * len(client.classes),
+    client, data = loop.view.clients[1], loop.view.client_data[1]
+    again = loop.server_side.method.client_part().client_mask(data.train.x, data.calibration.x, 3 * len(client.classes),
                                                       loop.parts.tensors.public_x,
                                                       seed=(loop.seed * 1_000_003 + client.client_id) % 2**32)
     assert torch.equal(again.cpu(), masks[1].cpu())
@@ -128,11 +129,11 @@ def test_the_bytes_of_a_round_are_the_kept_rows_and_the_bit_masks(tmp_path):
 
 def test_a_per_round_public_subset_uploads_the_rounds_rows_of_the_set_up_mask(tmp_path):
     loop = fit_loop(tiny(CONFIG, tmp_path, "--federation.participation.public_fraction", "0.5"))
-    masks = [m for m in loop.ledger.messages if m.kind == "mask" and m.round >= 1]
-    logits = [m for m in loop.ledger.messages if m.kind == "logits" and m.round >= 1]
+    masks = [m for m in loop.server_side.ledger.messages if m.kind == "mask" and m.round >= 1]
+    logits = [m for m in loop.server_side.ledger.messages if m.kind == "logits" and m.round >= 1]
     assert masks and all(m.shape == (60,) for m in masks)
     assert all(lg.shape[0] <= 60 for lg in logits)
-    assert all(c.method_state["edgefd_mask"].shape == (120,) for c in loop.clients)  # fitted over the full set
+    assert all(c.method_state["edgefd_mask"].shape == (120,) for c in loop.view.clients)  # fitted over the full set
 
 
 def test_stopped_after_round_1_and_resumed_equals_an_uninterrupted_run(tmp_path):

@@ -43,7 +43,8 @@ def test_the_median_teacher_runs_by_class_path_under_every_executor(executor, tm
         extra += ["--federation.executor.actor_executor", "sequential"]
     parser, cfg = parse_fit(tiny(tmp_path, *extra))
     loop = Experiment(cfg, parser).loop
-    assert type(loop.aggregator).__module__ == "median_teacher" and "median_teacher" not in sys.modules["fdlit"].__dict__
+    assert type(loop.server_side.method).__module__ == "median_teacher"
+    assert "median_teacher" not in sys.modules["fdlit"].__dict__
     loop.fit()
     assert loop.round == 2 and loop.history[-1]["teacher/acc"] > 0.3  # most clients hold each class: the median knows it
 
@@ -88,7 +89,7 @@ def test_fednova_runs_by_class_path_under_every_executor_and_resumes(executor, t
     assert loop.round == 2 and loop.history[-1]["fednova/tau_eff"] > 0
     assert loop.history[-1]["after_public/global_acc_mean"] > 0.2
     state = loop.state_dict()["method"]
-    assert torch.equal(state["global_model"], loop.aggregator.global_model)
+    assert torch.equal(state["global_model"], loop.server_side.method.global_model)
 
 
 def test_a_class_path_python_cannot_find_says_how_python_finds_a_users_module(fast_args, capsys):

@@ -106,7 +106,7 @@ def test_a_torchscript_export_loads_without_fdlit_and_gives_the_clients_logits(t
     data = FederatedData(**cfg.data.as_dict())
     data.setup(cfg.seed)
     torch.save(data.test.x, tmp_path / "x.pt")
-    client = _trained_loop(run_dir, load_checkpoint(run_dir / "checkpoint.pt")).clients[2].model.eval()
+    client = _trained_loop(run_dir, load_checkpoint(run_dir / "checkpoint.pt")).view.clients[2].model.eval()
     with torch.no_grad():
         expected = client(data.test.x)
     site = str(Path(torch.__file__).parents[1])

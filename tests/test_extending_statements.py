@@ -152,3 +152,11 @@ def test_the_loop_never_branches_on_the_protocol():
                                                                            if isinstance(n, ast.Attribute)}
     assert not words & {"predictions", "parameters"}
     assert not {n for n in names if "Exchange" in n or n == "exchange"}
+
+
+def test_the_loop_has_no_property_that_forwards_to_a_part():
+    # design.md, "The round, module by module": the run is read through its parts or its view
+    from fdlit.federation import FederationLoop
+
+    assert [name for name, member in vars(FederationLoop).items() if isinstance(member, property)] == []
+    assert len((ROOT / "fdlit" / "federation" / "loop.py").read_text().splitlines()) <= 300

@@ -40,13 +40,13 @@ def test_between_global_rounds_each_region_holds_its_own_fedavg_and_pays_for_one
     its members; the two regions differ; every client is charged P floats down, not R x P."""
     method = F2LParams(regions=[0, 1, 0, 1], global_every=2)
     loop = fitted(method, rounds=1)
-    held = [flatten(exchanged_tensors(c.model)) for c in loop.clients]
+    held = [flatten(exchanged_tensors(c.model)) for c in loop.view.clients]
     assert torch.equal(held[0], held[2]) and torch.equal(held[1], held[3])
     assert not torch.allclose(held[0], held[1])
     torch.testing.assert_close(method.regional[0], held[0])
     p = held[0].numel()
     for i in range(4):
-        assert loop.ledger.total("down", round=1, client=i) == p * 4
+        assert loop.server_side.ledger.total("down", round=1, client=i) == p * 4
     stats = loop.history[-1]
     assert stats["f2l/bytes_region_to_global"] == 0 and stats["f2l/bytes_client_to_region"] == 4 * p * 4
 
@@ -54,14 +54,14 @@ def test_between_global_rounds_each_region_holds_its_own_fedavg_and_pays_for_one
 def test_a_global_round_gives_every_client_the_global_model_and_counts_both_tiers():
     method = F2LParams(regions=2, global_every=2, epochs=1)
     loop = fitted(method, rounds=2)
-    held = [flatten(exchanged_tensors(c.model)) for c in loop.clients]
+    held = [flatten(exchanged_tensors(c.model)) for c in loop.view.clients]
     assert all(torch.equal(h, held[0]) for h in held)
     torch.testing.assert_close(method.global_model, held[0])
     p = held[0].numel()
     stats = loop.history[-1]
     assert stats["f2l/bytes_region_to_global"] == stats["f2l/bytes_global_to_region"] == 2 * p * 4
     assert stats["f2l/lkd_active"] in (0.0, 1.0) and "f2l/beta_gap" in stats
-    assert loop.ledger.total("down", round=2, client=0) == p * 4
+    assert loop.server_side.ledger.total("down", round=2, client=0) == p * 4
 
 
 def regional_setup(num_regions=2, seed=0, same=False):
@@ -69,9 +69,9 @@ def regional_setup(num_regions=2, seed=0, same=False):
     loop = loop_for(F2LParams(regions=num_regions, global_every=1, epochs=2, lr=0.01), rounds=1, clients=4)
     loop.setup()
     loop.protocol.method_setup(loop.parts)
-    method = loop.aggregator
+    method = loop.server_side.method
     torch.manual_seed(seed)
-    models = [flatten(exchanged_tensors(c.model)) for c in loop.clients[:num_regions]]
+    models = [flatten(exchanged_tensors(c.model)) for c in loop.view.clients[:num_regions]]
     if same:
         models = [models[0]] * num_regions
     return loop, method, models

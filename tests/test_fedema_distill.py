@@ -142,16 +142,16 @@ def test_sequential_and_vectorized_executors_give_the_same_numbers(tmp_path):
         assert a.keys() == b.keys()
         for key in a:
             assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-5) or (math.isnan(a[key]) and math.isnan(b[key])), key
-    torch.testing.assert_close(seq.aggregator.ema, vec.aggregator.ema, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(seq.server_side.method.ema, vec.server_side.method.ema, rtol=1e-5, atol=1e-5)
 
 
 def test_the_bytes_of_a_round_are_the_logits_up_and_the_teacher_down(tmp_path):
     m, n, c = 4, 120, 10
     loop = fit_loop(tiny(CONFIG, tmp_path))
     for r in (1, 2):
-        assert loop.ledger.total("up", round=r) == m * n * c * 4  # float32 logits
-        assert loop.ledger.total("down", round=r) == m * n * c * 4  # float32 teacher
-    assert loop.ledger.total(round=0) == 0
+        assert loop.server_side.ledger.total("up", round=r) == m * n * c * 4  # float32 logits
+        assert loop.server_side.ledger.total("down", round=r) == m * n * c * 4  # float32 teacher
+    assert loop.server_side.ledger.total(round=0) == 0
 
 
 def test_stopped_after_round_1_and_resumed_equals_an_uninterrupted_run(tmp_path):
@@ -168,7 +168,7 @@ def test_stopped_after_round_1_and_resumed_equals_an_uninterrupted_run(tmp_path)
 
 def test_a_per_round_public_subset_keeps_the_ema_over_the_full_public_set(tmp_path):
     loop = fit_loop(tiny(CONFIG, tmp_path, "--federation.participation.public_fraction", "0.5", "--federation.rounds", "3"))
-    assert loop.round == 3 and loop.aggregator.ema.shape == (120, 10)
+    assert loop.round == 3 and loop.server_side.method.ema.shape == (120, 10)
     fractions = [m["fedema/new_rows_fraction"] for m in loop.history]
     assert fractions[0] == 1.0 and fractions[-1] < 1.0  # later rounds meet samples aggregated before
 

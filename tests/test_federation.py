@@ -29,8 +29,8 @@ def test_avg_upload_is_n_c_4_bytes_per_client_per_round(tmp_path):
     n, c, m = 200, 10, 4
     for r in (1, 2):
         for i in range(m):
-            assert loop.ledger.total("up", round=r, client=i) == n * c * 4
-            assert loop.ledger.total("down", round=r, client=i) == n * c * 4  # the teacher, broadcast
+            assert loop.server_side.ledger.total("up", round=r, client=i) == n * c * 4
+            assert loop.server_side.ledger.total("down", round=r, client=i) == n * c * 4  # the teacher, broadcast
     assert loop.history[-1]["comm/up_bytes_total"] == 2 * m * n * c * 4
     assert loop.history[-1]["weights/chi"] == pytest.approx(1 / m)
 
@@ -41,15 +41,15 @@ def test_uwa_counts_its_density_model_and_half_precision_halves_logits(tmp_path)
     for i, cd in enumerate(loop.data.clients):
         k = len(cd.classes)  # every class has >= 2 calibration samples here
         expected = 200 * 10 * 2 + 2 * k * 10 * 4 + k * 2  # fp16 logits + fp32 means/stds + int16 class ids
-        assert loop.ledger.total("up", client=i) == expected
-    kinds = {m.kind for m in loop.ledger.messages}
+        assert loop.server_side.ledger.total("up", client=i) == expected
+    kinds = {m.kind for m in loop.server_side.ledger.messages}
     assert kinds == {"logits", "gmm_means", "gmm_stds", "gmm_classes", "teacher"}
 
 
 def test_scores_upload_sends_n_floats(tmp_path):
     loop = small_loop(tmp_path, UncertaintyWeighted(upload="scores"), rounds=1)
     loop.fit()
-    assert loop.ledger.total("up", client=0) == 200 * 10 * 4 + 200 * 4
+    assert loop.server_side.ledger.total("up", client=0) == 200 * 10 * 4 + 200 * 4
 
 
 def test_hooks_are_called_in_order_and_optimizer_state_persists(tmp_path):
@@ -84,9 +84,9 @@ def test_hooks_are_called_in_order_and_optimizer_state_persists(tmp_path):
     loop.fit()
     assert calls == ["fit_start", "round_start1", "client0", "client1", "client2", "client3", "round_end1",
                      "round_start2", "client0", "client1", "client2", "client3", "round_end2", "fit_end"]
-    assert loop.ledger.total("up", client=0, round=1) == 200 * 10 * 4 + 3 * 4
+    assert loop.server_side.ledger.total("up", client=0, round=1) == 200 * 10 * 4 + 3 * 4
     # Adam's step counter keeps counting across rounds and phases: state persists
-    opt = loop.clients[0].configure_optimizers()
+    opt = loop.view.clients[0].configure_optimizers()
     steps = next(iter(opt.state.values()))["step"]
     n_train = len(loop.data.clients[0].train)
     per_epoch = -(-n_train // 32) - (1 if n_train % 32 == 1 else 0)
@@ -120,7 +120,7 @@ def test_first_round_epochs_differ(tmp_path):
     loop = small_loop(tmp_path, ProbabilityAveraging(), rounds=1)
     loop.settings.private_epochs_first, loop.settings.public_epochs_first = 3, 0
     loop.fit()
-    steps = int(next(iter(loop.clients[0].configure_optimizers().state.values()))["step"])
+    steps = int(next(iter(loop.view.clients[0].configure_optimizers().state.values()))["step"])
     n_train = len(loop.data.clients[0].train)
     assert steps == 3 * (-(-n_train // 32) - (1 if n_train % 32 == 1 else 0))
 
@@ -178,7 +178,7 @@ def test_accuracies_are_micro_and_match_torchmetrics(tmp_path):
     loop = small_loop(tmp_path, ProbabilityAveraging(), rounds=1)
     loop.fit()
     acc = loop.parts.evaluate()
-    preds = loop.executor.predict(loop.clients, loop.parts.tensors.test_x).argmax(-1)
+    preds = loop.settings.executor.predict(loop.view.clients, loop.parts.tensors.test_x).argmax(-1)
     for i, cd in enumerate(loop.data.clients):
         mask = torch.isin(loop.parts.tensors.test_y, torch.tensor(cd.classes))
         assert float(acc["global_acc"][i]) == pytest.approx(
@@ -200,7 +200,7 @@ def test_float64_precision_runs_with_the_uwa_calibration_hook(fast_args):
         experiment = Experiment(cfg, parser)
         loop = experiment.loop
         loop.fit()
-        assert next(loop.clients[0].model.parameters()).dtype == torch.float64
+        assert next(loop.view.clients[0].model.parameters()).dtype == torch.float64
         histories.append(loop.history)
     for a, b in zip(*histories, strict=True):
         assert a["after_public/global_acc_mean"] == pytest.approx(b["after_public/global_acc_mean"], abs=1e-9)
@@ -253,7 +253,7 @@ def test_evaluation_every_n_rounds_on_a_fixed_subsample_then_the_full_test_set_l
     rows = loop.parts.facts.eval_rows
     assert len(rows) == 50 and torch.equal(rows, rows.sort().values)
     assert torch.equal(rows, eval_rows(50, total, loop.seed))
-    preds = loop.executor.predict(loop.clients, loop.parts.tensors.test_x).argmax(-1)[:, rows]
+    preds = loop.settings.executor.predict(loop.view.clients, loop.parts.tensors.test_x).argmax(-1)[:, rows]
     acc = (preds == loop.parts.tensors.test_y[rows]).float().mean(1)
     torch.testing.assert_close(loop.parts.evaluate(rows)["global_acc"], acc)
 

@@ -38,7 +38,7 @@ def loop_for(method, rounds=2, clients=4, model=MLP16, executor=None, **kw):
 
 
 def params(loop, i=0):
-    return flatten(list(loop.clients[i].model.parameters()))
+    return flatten(list(loop.view.clients[i].model.parameters()))
 
 
 def floats(history):
@@ -152,12 +152,12 @@ def test_a_client_loads_the_global_head_into_its_output_layer_on_receipt():
 def test_under_share_heads_every_client_ends_with_one_head_and_its_own_extractor():
     shared = loop_for(FedGen(**SMALL, share="heads"))
     shared.fit()
-    heads = [flatten(list(c.model.net[-1].parameters())) for c in shared.clients]
+    heads = [flatten(list(c.model.net[-1].parameters())) for c in shared.view.clients]
     assert all(torch.equal(h, heads[0]) for h in heads)
-    assert not torch.allclose(shared.clients[0].model.net[1].weight, shared.clients[1].model.net[1].weight)
+    assert not torch.allclose(shared.view.clients[0].model.net[1].weight, shared.view.clients[1].model.net[1].weight)
     kept = loop_for(FedGen(**SMALL, share="none"))
     kept.fit()
-    assert not torch.allclose(kept.clients[0].model.net[-1].weight, kept.clients[1].model.net[-1].weight)
+    assert not torch.allclose(kept.view.clients[0].model.net[-1].weight, kept.view.clients[1].model.net[-1].weight)
 
 
 def test_share_parameters_averages_the_networks_as_fedavg_and_reads_each_head_out_of_its_vector():
@@ -237,7 +237,7 @@ def test_sequential_and_vectorized_executors_give_the_same_metrics(share):
     vec = loop_for(FedGen(**SMALL, share=share), executor=VectorizedExecutor())
     vec.fit()
     assert len(vec.parts.clients.executor._vectorized) == 4  # stacked, not the sequential fallback
-    assert all(c.method_state["fedgen_features"].shape == (16, D) for c in vec.clients)
+    assert all(c.method_state["fedgen_features"].shape == (16, D) for c in vec.view.clients)
     for a, b in zip(floats(seq.history), floats(vec.history), strict=True):
         assert a.keys() == b.keys()
         for key in a:
@@ -253,10 +253,10 @@ def test_sequential_and_vectorized_executors_give_the_same_metrics(share):
 def test_weight_zero_is_training_alone_exactly():
     alone = loop_for(FedGen(**SMALL), mode="local_only")
     alone.fit()
-    assert alone.ledger.messages == []
+    assert alone.server_side.ledger.messages == []
     off = loop_for(FedGen(**{**SMALL, "alpha": 0.0, "share": "none"}))
     off.fit()
-    assert "fedgen_features" in off.clients[0].method_state  # the generator arrived, weighted by 0
+    assert "fedgen_features" in off.view.clients[0].method_state  # the generator arrived, weighted by 0
     for i in range(4):
         assert torch.equal(params(off, i), params(alone, i))
     shared = loop_for(FedGen(**{**SMALL, "alpha": 0.0, "share": "heads"}))  # the averaged head still goes down
@@ -269,22 +269,23 @@ def test_bytes_of_a_round_are_the_analytic_sizes(share):
     m, noise, hidden = 4, 32, 16
     loop = loop_for(FedGen(**SMALL, share=share))
     loop.fit()
+    ledger = loop.server_side.ledger
     generator = (noise + C) * hidden + hidden + hidden * D + D
     p = 64 * D + D + D * C + C  # the MLP's parameters, float32
     head = {"heads": (C * D + C) * 4, "none": 0, "parameters": p * 4}[share]  # what goes down besides G
     up = p * 4 if share == "parameters" else (C * D + C) * 4  # the network, or the head's W and b
     for r in (1, 2):
-        assert loop.ledger.total("up", round=r) == m * (up + C * 4)  # and the class counts, int32
-        assert loop.ledger.total("down", round=r) == m * (generator * 4 + C * 4 + head)  # generator; counts int32
+        assert ledger.total("up", round=r) == m * (up + C * 4)  # and the class counts, int32
+        assert ledger.total("down", round=r) == m * (generator * 4 + C * 4 + head)  # generator; counts int32
     kinds = {"feature_width", "class_counts", "generator", "label_counts"}
     if share == "parameters":  # set-up: widths int32, n_k int64, head offsets 2 int64; the initial model
-        assert loop.ledger.total("up", round=0) == m * (4 + 8 + 16) + p * 4
-        assert loop.ledger.total("down", round=0) == m * p * 4
+        assert ledger.total("up", round=0) == m * (4 + 8 + 16) + p * 4
+        assert ledger.total("down", round=0) == m * p * 4
         kinds |= {"num_samples", "head_slices", "initial_parameters", "parameters"}
     else:
-        assert loop.ledger.total("up", round=0) == m * 4 and loop.ledger.total("down", round=0) == 0  # int32 widths
+        assert ledger.total("up", round=0) == m * 4 and ledger.total("down", round=0) == 0  # int32 widths
         kinds |= {"head_weight", "head_bias"} | ({"global_head_weight", "global_head_bias"} if share == "heads" else set())
-    assert {x.kind for x in loop.ledger.messages} == kinds
+    assert {x.kind for x in ledger.messages} == kinds
 
 
 def test_two_networks_with_the_same_feature_width_share_one_generator():
@@ -293,8 +294,8 @@ def test_two_networks_with_the_same_feature_width_share_one_generator():
         {"class_path": "fdlit.models.SmallCNN", "init_args": {"channels": 4, "hidden": D}, "fraction": 0.5}]}}
     loop = loop_for(FedGen(**SMALL, share="heads"), model=spec)
     loop.fit()
-    assert {type(c.model).__name__ for c in loop.clients} == {"MLP", "SmallCNN"} and loop.round == 2
-    assert all(c.method_state["fedgen_features"].shape == (16, D) for c in loop.clients)
+    assert {type(c.model).__name__ for c in loop.view.clients} == {"MLP", "SmallCNN"} and loop.round == 2
+    assert all(c.method_state["fedgen_features"].shape == (16, D) for c in loop.view.clients)
 
 
 # ---------------------------------------------------------------- refusals
@@ -344,8 +345,8 @@ def test_a_network_without_one_linear_output_layer_is_refused_before_training(ne
         loop.fit()
     message = str(err.value)
     assert message.startswith("model: FedGen") and words in message and net in message and "\n" not in message
-    assert loop.history == [] and loop.ledger.messages == []
-    assert all(c._private_epochs == 0 for c in loop.clients)
+    assert loop.history == [] and loop.server_side.ledger.messages == []
+    assert all(c._private_epochs == 0 for c in loop.view.clients)
 
 
 def test_clients_whose_feature_widths_differ_are_refused_before_training():
@@ -355,8 +356,9 @@ def test_clients_whose_feature_widths_differ_are_refused_before_training():
     loop = loop_for(FedGen(**SMALL, share="heads"), model=spec, rounds=1)
     with pytest.raises(ConfigError, match=r"^model: FedGen's generator .* got widths \[16, 32\]$"):
         loop.fit()
-    assert loop.history == [] and {m.round for m in loop.ledger.messages} == {0}  # only the set-up's widths went up
-    assert all(c._private_epochs == 0 for c in loop.clients)
+    # only the set-up's widths went up
+    assert loop.history == [] and {m.round for m in loop.server_side.ledger.messages} == {0}
+    assert all(c._private_epochs == 0 for c in loop.view.clients)
 
 
 def test_the_default_beats_local_training_on_digits_by_ten_points(tmp_path):

@@ -138,7 +138,7 @@ class KeepTrained(FedKD):
 def test_one_client_at_full_energy_gets_back_its_own_trained_mentee():
     loop = loop_for(KeepTrained(1.0, 1.0), rounds=2, clients=1)
     loop.fit()
-    state = loop.clients[0].method_state
+    state = loop.view.clients[0].method_state
     torch.testing.assert_close(shared(loop), state["_trained"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(state["fedkd_reference"], shared(loop), rtol=0, atol=0)
 
@@ -158,11 +158,11 @@ def test_the_ledger_counts_the_bytes_of_the_factors_sent():
     method = Recording(0.8, 0.9)
     loop = loop_for(method, model=pair_spec(MLP16, MLP8))
     loop.fit()
-    shapes = matrix_shapes(exchanged_tensors(find_pair(loop.clients[0].model).shared))
+    shapes = matrix_shapes(exchanged_tensors(find_pair(loop.view.clients[0].model).shared))
     full = int(shapes.prod(-1).sum())
     for r in (1, 2):
         up_ranks, down_ranks = method.seen[r]
-        rows = [m for m in loop.ledger.messages if m.round == r]
+        rows = [m for m in loop.server_side.ledger.messages if m.round == r]
         factors_up = sorted(m.bytes for m in rows if m.direction == "up" and m.kind == "factors")
         assert factors_up == sorted(4 * factor_numbers(k, shapes) for k in up_ranks)
         matrices = int(((shapes[:, 0] > 1) & (shapes[:, 1] > 1)).sum())  # W1 and W2; the biases travel whole
@@ -170,8 +170,8 @@ def test_the_ledger_counts_the_bytes_of_the_factors_sent():
         down = [m.bytes for m in rows if m.direction == "down" and m.kind == "factors"]
         assert down == [4 * factor_numbers(down_ranks, shapes)] * 4
         assert max(factors_up) < 4 * full  # compressed: fewer numbers than the mentee has
-    assert {m.kind for m in loop.ledger.messages if m.round >= 1} == {"factors", "ranks"}
-    assert loop.ledger.total("up", round=0) == 4 * 8 + 4 * full + 4 * shapes.numel()
+    assert {m.kind for m in loop.server_side.ledger.messages if m.round >= 1} == {"factors", "ranks"}
+    assert loop.server_side.ledger.total("up", round=0) == 4 * 8 + 4 * full + 4 * shapes.numel()
 
 
 # ---------------------------------------------------------------- executors and networks
@@ -193,7 +193,7 @@ def test_a_smaller_mentee_beside_different_mentors():
     groups = [{**pair_spec(MLP16, MLP8), "fraction": 0.5}, {**pair_spec(cnn, MLP8), "fraction": 0.5}]
     loop = loop_for(FedKD(), model={"class_path": "fdlit.models.PerClient", "init_args": {"groups": groups}})
     loop.fit()
-    assert {type(find_pair(c.model).private).__name__ for c in loop.clients} == {"MLP", "SmallCNN"}
+    assert {type(find_pair(c.model).private).__name__ for c in loop.view.clients} == {"MLP", "SmallCNN"}
     assert all(torch.equal(shared(loop, i), shared(loop, 0)) for i in range(4))
     assert shared(loop).numel() < private(loop).numel()
 

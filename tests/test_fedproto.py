@@ -36,7 +36,7 @@ def loop_for(method, rounds=2, clients=4, model=MLP16, executor=None, **kw):
 
 
 def params(loop, i=0):
-    return flatten(list(loop.clients[i].model.parameters()))
+    return flatten(list(loop.view.clients[i].model.parameters()))
 
 
 def mlp_hidden(model, x):
@@ -68,7 +68,7 @@ def test_server_averages_prototypes_weighted_by_class_counts():
 def test_a_clients_prototypes_are_its_mean_penultimate_features_per_class():
     loop = loop_for(FedProto(), rounds=1)
     loop.fit()
-    client, data = loop.clients[0], loop.client_data[0]
+    client, data = loop.view.clients[0], loop.view.client_data[0]
     info = FederationInfo(round=1, seed=0, num_clients=4, num_classes=C, public_x=torch.zeros(0, 1))
     sent = loop.parts.clients.method_part.upload(ClientContext(info, client, data, None, {}, client.method_state))
     with torch.no_grad():
@@ -95,10 +95,10 @@ class Probe(FedProtoClient):
 def test_the_loss_context_carries_the_features_of_the_steps_own_forward():
     loop = loop_for(FedProto(), rounds=1)
     loop.fit()
-    client = loop.clients[0]
+    client = loop.view.clients[0]
     probe = Probe(1.0)
     client.method_part = probe
-    x, y = loop.client_data[0].train.x[:8], loop.client_data[0].train.y[:8]
+    x, y = loop.view.client_data[0].train.x[:8], loop.view.client_data[0].train.y[:8]
     client.train()
     loss = client.training_step((x, y))
     features, logits = probe.seen
@@ -165,7 +165,7 @@ def test_one_client_trains_as_alone_with_its_own_prototypes_as_the_global_ones()
     give = OwnPrototypes(give=True)
     alone = loop_for(FedProto(lam=2.0), clients=1, mode="local_only", callbacks=[give])
     alone.fit()
-    assert alone.ledger.messages == []
+    assert alone.server_side.ledger.messages == []
     torch.testing.assert_close(params(fed), params(alone), rtol=0, atol=1e-6)
     plain = loop_for(FedProto(lam=2.0), clients=1, mode="local_only")
     plain.fit()
@@ -175,10 +175,10 @@ def test_one_client_trains_as_alone_with_its_own_prototypes_as_the_global_ones()
 def test_weight_zero_is_training_alone_exactly_and_a_positive_weight_is_not():
     alone = loop_for(FedProto(0.0), mode="local_only")
     alone.fit()
-    assert alone.ledger.messages == []
+    assert alone.server_side.ledger.messages == []
     off = loop_for(FedProto(0.0))
     off.fit()
-    assert "proto_global" in off.clients[0].method_state  # the prototypes arrived, weighted by 0
+    assert "proto_global" in off.view.clients[0].method_state  # the prototypes arrived, weighted by 0
     for i in range(4):
         assert torch.equal(params(off, i), params(alone, i))
     on = loop_for(FedProto(1.0))
@@ -190,11 +190,12 @@ def test_bytes_of_a_round_are_the_analytic_sizes():
     m, mask = 4, math.ceil(C / 8)
     loop = loop_for(FedProto())
     loop.fit()
+    ledger = loop.server_side.ledger
     for r in (1, 2):
-        assert loop.ledger.total("up", round=r) == m * (C * D * 4 + C * 4)  # float32 prototypes, int32 counts
-        assert loop.ledger.total("down", round=r) == m * (C * D * 4 + mask)
-    assert loop.ledger.total(round=0) == 0
-    assert {x.kind for x in loop.ledger.messages} == {"prototypes", "class_counts", "global_prototypes", "class_mask"}
+        assert ledger.total("up", round=r) == m * (C * D * 4 + C * 4)  # float32 prototypes, int32 counts
+        assert ledger.total("down", round=r) == m * (C * D * 4 + mask)
+    assert ledger.total(round=0) == 0
+    assert {x.kind for x in ledger.messages} == {"prototypes", "class_counts", "global_prototypes", "class_mask"}
 
 
 def test_two_networks_with_the_same_feature_width_exchange_prototypes():
@@ -203,8 +204,8 @@ def test_two_networks_with_the_same_feature_width_exchange_prototypes():
         {"class_path": "fdlit.models.SmallCNN", "init_args": {"hidden": D}, "fraction": 0.5}]}}
     loop = loop_for(FedProto(), model=spec)
     loop.fit()
-    assert {type(c.model).__name__ for c in loop.clients} == {"MLP", "SmallCNN"} and loop.round == 2
-    assert all(c.method_state["proto_global"].shape == (C, D) for c in loop.clients)
+    assert {type(c.model).__name__ for c in loop.view.clients} == {"MLP", "SmallCNN"} and loop.round == 2
+    assert all(c.method_state["proto_global"].shape == (C, D) for c in loop.view.clients)
 
 
 # ---------------------------------------------------------------- refusals

@@ -30,11 +30,11 @@ def pair_spec(private, shared=None):
 
 
 def shared(loop, i=0):
-    return flatten(exchanged_tensors(find_pair(loop.clients[i].model).shared))
+    return flatten(exchanged_tensors(find_pair(loop.view.clients[i].model).shared))
 
 
 def private(loop, i=0):
-    return flatten(list(find_pair(loop.clients[i].model).private.parameters()))
+    return flatten(list(find_pair(loop.view.clients[i].model).private.parameters()))
 
 
 # ---------------------------------------------------------------- the pair
@@ -42,12 +42,12 @@ def private(loop, i=0):
 def test_a_plain_network_is_paired_with_a_fresh_copy_whose_forward_is_the_evaluated_network(evaluate):
     loop = loop_for(FML(evaluate=evaluate), rounds=1)
     loop.fit()
-    pair = find_pair(loop.clients[0].model)
+    pair = find_pair(loop.view.clients[0].model)
     assert isinstance(pair, MutualPair) and type(pair.private) is type(pair.shared)
     assert not torch.equal(flatten(list(pair.private.parameters())), flatten(list(pair.shared.parameters())))
-    x = loop.client_data[0].train.x[:5]
+    x = loop.view.client_data[0].train.x[:5]
     with torch.no_grad():
-        torch.testing.assert_close(loop.clients[0](x), getattr(pair, evaluate)(x), rtol=0, atol=0)
+        torch.testing.assert_close(loop.view.clients[0](x), getattr(pair, evaluate)(x), rtol=0, atol=0)
         both = pair.embed(x)
         torch.testing.assert_close(both, torch.cat([pair.private(x), pair.shared(x)], -1), rtol=0, atol=0)
         torch.testing.assert_close(pair.classify(both), pair.private(x), rtol=0, atol=0)
@@ -57,13 +57,13 @@ def test_which_network_is_evaluated_changes_the_accuracies_not_the_training():
     shared, private = loop_for(FML(evaluate="shared"), rounds=2), loop_for(FML(), rounds=2)
     shared.fit()
     private.fit()
-    for a, b in zip(shared.clients, private.clients, strict=True):
+    for a, b in zip(shared.view.clients, private.view.clients, strict=True):
         assert torch.equal(flatten(list(a.model.parameters())), flatten(list(b.model.parameters())))
     x, y = shared.parts.tensors.test_x, shared.parts.tensors.test_y
     for loop, name in ((shared, "shared"), (private, "private")):
         with torch.no_grad():
             hand = torch.stack([(getattr(find_pair(c.model), name)(x).argmax(-1) == y).float().mean()
-                                for c in loop.clients]).mean()
+                                for c in loop.view.clients]).mean()
         assert loop.history[-1]["after_public/global_acc_mean"] == pytest.approx(float(hand), abs=1e-6)
     with pytest.raises(ConfigError, match="aggregator.evaluate"):
         FML(evaluate="meme")
@@ -123,7 +123,7 @@ def test_without_distillation_the_private_networks_train_as_if_alone():
     fed, alone = loop_for(FML(1.0, 1.0)), loop_for(FML(1.0, 1.0), mode="local_only")
     fed.fit()
     alone.fit()
-    assert alone.ledger.messages == []
+    assert alone.server_side.ledger.messages == []
     for i in range(4):
         assert torch.equal(private(fed, i), private(alone, i))
         assert not torch.equal(shared(fed, i), shared(alone, i))
@@ -162,13 +162,14 @@ def test_one_client_receives_back_exactly_its_own_meme_network():
 def test_bytes_of_a_round_are_the_meme_networks_size():
     loop = loop_for(FML())
     loop.fit()
+    ledger = loop.server_side.ledger
     p = shared(loop).numel()
-    assert p == sum(t.numel() for t in find_pair(loop.clients[0].model).shared.parameters())
+    assert p == sum(t.numel() for t in find_pair(loop.view.clients[0].model).shared.parameters())
     for r in (1, 2):
-        assert loop.ledger.total("up", round=r) == 4 * p * 4 and loop.ledger.total("down", round=r) == 4 * p * 4
-    assert loop.ledger.total("up", round=0) == 4 * 8 + p * 4  # n_k from each, the initial model from client 0
-    assert loop.ledger.total("down", round=0) == 4 * p * 4
-    assert {m.kind for m in loop.ledger.messages} == {"num_samples", "initial_parameters", "parameters"}
+        assert ledger.total("up", round=r) == 4 * p * 4 and ledger.total("down", round=r) == 4 * p * 4
+    assert ledger.total("up", round=0) == 4 * 8 + p * 4  # n_k from each, the initial model from client 0
+    assert ledger.total("down", round=0) == 4 * p * 4
+    assert {m.kind for m in ledger.messages} == {"num_samples", "initial_parameters", "parameters"}
 
 
 # ---------------------------------------------------------------- executors
@@ -202,7 +203,7 @@ def test_private_networks_may_differ_when_the_meme_network_is_the_same():
     cnn = {"class_path": "fdlit.models.SmallCNN", "init_args": {"channels": 4, "hidden": 16}}
     loop = loop_for(FML(), model=per_client(pair_spec(MLP16, MLP16), pair_spec(cnn, MLP16)))
     loop.fit()
-    kinds = {type(find_pair(c.model).private).__name__ for c in loop.clients}
+    kinds = {type(find_pair(c.model).private).__name__ for c in loop.view.clients}
     assert kinds == {"MLP", "SmallCNN"} and loop.round == 2
     assert all(torch.equal(shared(loop, i), shared(loop, 0)) for i in range(4))
 

@@ -29,7 +29,7 @@ def run(executor, rounds=1, model="SmallCNN", **kw):
 
 
 def max_weight_difference(a, b):
-    return max((x - y).abs().max().item() for ca, cb in zip(a.clients, b.clients, strict=True)
+    return max((x - y).abs().max().item() for ca, cb in zip(a.view.clients, b.view.clients, strict=True)
                for x, y in zip(ca.model.parameters(), cb.model.parameters(), strict=True))
 
 
@@ -38,7 +38,7 @@ def test_channels_last_keeps_the_layout_and_the_results(executor, request):
     if executor == "ray":
         request.getfixturevalue("ray_local")  # the executor uses the running 2-CPU Ray
     plain, nhwc = run(executor), run(executor, channels_last=True)
-    for c in nhwc.clients:
+    for c in nhwc.view.clients:
         convs = [p for p in c.model.parameters() if p.dim() == 4]
         assert convs and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
         assert not convs[1].is_contiguous()  # 4 -> 8 channels: really NHWC, not trivially both
@@ -113,7 +113,7 @@ def test_compile_traces_the_training_step_and_computes_the_same(executor):
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] >= 1 and graphs[1] == graphs[0]  # compiled in round 1, reused in round 2
     assert max_weight_difference(plain, compiled) < 1e-6
-    assert list(compiled.clients[0].model.state_dict()) == list(plain.clients[0].model.state_dict())
+    assert list(compiled.view.clients[0].model.state_dict()) == list(plain.view.clients[0].model.state_dict())
 
 
 def test_compile_with_inductor_on_the_vectorized_step():

@@ -172,7 +172,7 @@ def test_one_round_matches_sequential_and_vmap(aggregator):
             assert value == pytest.approx(reference[key], abs=METRIC_TOL, nan_ok=True), key
             compared += 1
     assert compared > 10
-    for a, b in zip(loops[0].clients, loops[2].clients, strict=True):
+    for a, b in zip(loops[0].view.clients, loops[2].view.clients, strict=True):
         for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
             torch.testing.assert_close(pa, pb, atol=METRIC_TOL, rtol=0)
 

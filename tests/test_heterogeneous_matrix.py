@@ -69,16 +69,16 @@ def test_the_method_runs_with_three_client_networks(rule, tmp_path):
     parser, cfg = parse_fit(heterogeneous(rule, tmp_path))
     loop = Experiment(cfg, parser).loop
     loop.fit()
-    nets = [split_network(c.model)[1] for c in loop.clients]
+    nets = [split_network(c.model)[1] for c in loop.view.clients]
     assert [type(n).__name__ for n in nets] == ["MLP", "MLP", "SmallCNN", "SmallCNN"]
     assert len({sum(p.numel() for p in n.parameters()) for n in nets}) == 3  # three architectures
     assert loop.round == 2 and len(loop.history) == 2
     for m in loop.history:
         assert finite([m["after_private/global_acc_mean"], m["after_public/global_acc_mean"]])
         assert len(m["clients/after_public/global_acc"]) == 4 and finite(m["clients/after_public/global_acc"])
-        assert loop.ledger.total("up", round=m["round"]) > 0  # the round's uploads are counted
-    assert loop.ledger.total("up") == loop.history[-1]["comm/up_bytes_total"]
-    assert not any(x.kind == "parameters" for x in loop.ledger.messages)
+        assert loop.server_side.ledger.total("up", round=m["round"]) > 0  # the round's uploads are counted
+    assert loop.server_side.ledger.total("up") == loop.history[-1]["comm/up_bytes_total"]
+    assert not any(x.kind == "parameters" for x in loop.server_side.ledger.messages)
 
 
 REFUSALS = {**{rule: f"model.class_path: {name} averages the clients' parameters, so every client needs the "

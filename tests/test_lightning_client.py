@@ -109,11 +109,11 @@ def test_own_lightning_module_federates_logs_and_schedules(executor, tmp_path, e
     experiment = Experiment(cfg, parser)
     experiment.fit()
     loop = experiment.loop
-    assert loop.round == ROUNDS and type(loop.clients[0].own_module).__name__ == "LitClassifier"
+    assert loop.round == ROUNDS and type(loop.view.clients[0].own_module).__name__ == "LitClassifier"
     # the private phase's epochs are the module's epochs: FIRST in round 1, LATER after
     epochs = FIRST + (ROUNDS - 1) * LATER
     assert lr_after(epochs) != LR
-    for client in loop.clients:
+    for client in loop.view.clients:
         assert client.configure_optimizers().param_groups[0]["lr"] == pytest.approx(lr_after(epochs))
     rows = [json.loads(line) for line in (experiment.run_path / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "round" in r]
@@ -128,7 +128,7 @@ def test_own_lightning_module_runs_sequentially_under_the_vectorized_executor(tm
     experiment = Experiment(cfg, parser)
     experiment.setup()
     try:
-        reason = unsupported_reason(experiment.loop.clients[0])
+        reason = unsupported_reason(experiment.loop.view.clients[0])
         assert "LightningModule with its own steps" in reason
     finally:
         experiment.close()
@@ -142,7 +142,7 @@ def test_automatic_choice_is_sequential_for_an_own_lightning_module(tmp_path, ex
     experiment = Experiment(cfg, parser)
     experiment.setup()
     try:
-        assert type(select_executor(experiment.loop.clients)) is SequentialExecutor
+        assert type(select_executor(experiment.loop.view.clients)) is SequentialExecutor
     finally:
         experiment.close()
 

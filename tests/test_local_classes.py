@@ -58,10 +58,10 @@ def test_dirichlet_clients_local_accuracy_and_the_oracle_follow_the_threshold():
     # and the server's class sets (the Oracle) see the strict set
     on_stray = loop.parts.tensors.test_y == cls
     assert loop.parts.tensors.local_masks[cid][on_stray].sum() == 0
-    assert loop.clients[cid].classes == strict.clients[cid].classes
+    assert loop.view.clients[cid].classes == strict.clients[cid].classes
     ctx = loop.parts.facts.server_context(0)
     assert ctx.client_classes[cid] == tuple(strict.clients[cid].classes) and cls not in ctx.client_classes[cid]
-    oracle = loop.aggregator
+    oracle = loop.server_side.method
     oracle.server_setup([], ctx)
     assert not oracle.holds[cid][loop.parts.tensors.public_y == cls].any()
     assert torch.equal(loop.parts.tensors.local_masks[cid].bool(), torch.isin(loop.parts.tensors.test_y, torch.tensor(strict.clients[cid].classes)))

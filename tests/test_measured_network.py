@@ -34,13 +34,13 @@ def check_measured(loop, measured, others):
     server holds, perturbed in place. The logged metric is the named network's, by hand; perturbing
     the others leaves the accuracies as they are; perturbing the named one moves them."""
     x, y = loop.parts.tensors.test_x, loop.parts.tensors.test_y
-    hand = sum(accuracy(measured(c), x, y) for c in loop.clients) / len(loop.clients)
+    hand = sum(accuracy(measured(c), x, y) for c in loop.view.clients) / len(loop.view.clients)
     assert loop.history[-1]["after_public/global_acc_mean"] == pytest.approx(hand, abs=1e-6)
     before = global_accuracies(loop)
-    for c in loop.clients:
+    for c in loop.view.clients:
         others(c)
     torch.testing.assert_close(global_accuracies(loop), before, rtol=0, atol=0)
-    for i, c in enumerate(loop.clients):
+    for i, c in enumerate(loop.view.clients):
         scramble(measured(c), seed=i)
     assert not torch.equal(global_accuracies(loop), before)
 
@@ -78,8 +78,8 @@ def test_fedgen_measures_each_clients_network_after_the_exchange_not_the_generat
     averaged one; the server's generator is not measured."""
     loop = loop_for(FedGen(**SMALL_GEN))
     loop.fit()
-    assert loop.aggregator.sharing == "parameters"
-    check_measured(loop, lambda c: c.model, lambda c: scramble(loop.aggregator.generator, seed=99))
+    assert loop.server_side.method.sharing == "parameters"
+    check_measured(loop, lambda c: c.model, lambda c: scramble(loop.server_side.method.generator, seed=99))
 
 
 @pytest.mark.parametrize(("method", "key"), [(FedDistill, "fd_teacher"), (FedProto, "proto_global")])

@@ -74,7 +74,8 @@ def test_the_ema_teacher_trains_as_it_does_one_client_at_a_time(executor, tmp_pa
     other = fit(ema_args(tmp_path / executor, *extra))
     assert sequential.history[-1]["train/public_loss_mean"] > 0
     if executor == "vectorized":  # every client trained in the vmapped step: a silent fallback fails here
-        assert other.executor.trained == {"vectorized": 5 * 2 * 2, "sequential": 0}  # 5 clients, 2 phases, 2 rounds
+        # 5 clients, 2 phases, 2 rounds
+        assert other.settings.executor.trained == {"vectorized": 5 * 2 * 2, "sequential": 0}
     for a, b in zip(numbers(sequential.history), numbers(other.history), strict=True):
         assert a.keys() == b.keys()
         for key in a:
@@ -92,7 +93,7 @@ def test_state_over_one_rounds_public_rows_is_refused_under_a_public_subset(tmp_
 def test_state_indexed_by_public_ids_runs_under_a_public_subset(tmp_path, examples_on_path):
     loop = fit(ema_args(tmp_path, "--config", "studies/participation.yaml", "--federation.rounds", "3",
                         "--aggregator.init_args.full_public_set", "true"))
-    assert loop.round == 3 and loop.aggregator.ema.shape[0] == 120
+    assert loop.round == 3 and loop.server_side.method.ema.shape[0] == 120
 
 
 def test_the_ema_over_public_ids_mixes_only_the_same_samples(examples_on_path):
@@ -151,17 +152,18 @@ def test_configure_decides_what_each_client_is_sent_and_the_client_distils_from_
     argv[argv.index("--config", 2): argv.index("--config", 2) + 2] = []  # no EMA config: the rule below
     parser, cfg = parse_fit(argv)
     loop = Experiment(cfg, parser).loop
-    loop.aggregator = FirstRowsForClientZero()
+    loop.server_side.method = FirstRowsForClientZero()
     loop.fit()
-    down = {(m.client, m.kind): m.shape for m in loop.ledger.messages if m.direction == "down" and m.round == 1}
+    down = {(m.client, m.kind): m.shape for m in loop.server_side.ledger.messages
+            if m.direction == "down" and m.round == 1}
     assert down[(0, "teacher")] == (10, 10) and (0, "keep_mask") in down
     assert down[(1, "teacher")] == (120, 10) and (1, "keep_mask") not in down
 
     def steps(client):
         return int(next(iter(client.configure_optimizers().state.values()))["step"])
 
-    private = [steps(c) for c in loop.clients]  # the same private data sizes differ, so compare the public part
-    sizes = [len(cd.train.y) for cd in loop.client_data]
+    private = [steps(c) for c in loop.view.clients]  # the same private data sizes differ, so compare the public part
+    sizes = [len(cd.train.y) for cd in loop.view.client_data]
     public = [s - 2 * -(-n // 32) + (2 if n % 32 == 1 else 0) for s, n in zip(private, sizes, strict=True)]
     assert public[0] == 2 and all(p == 15 for p in public[1:])  # 10 rows / 8 a batch vs 120 rows / 8
 

@@ -39,17 +39,17 @@ def test_a_node_builds_its_own_clients_equal_to_fit_and_nothing_of_the_others(tm
     experiment = server_loop(tmp_path, *extra)
     server = experiment.loop
     node = node_setup(experiment, [2, 3])
-    assert [c is None for c in node.clients] == [True, True, False, False, True, True]
+    assert [c is None for c in node.view.clients] == [True, True, False, False, True, True]
     for i in (2, 3):  # the same networks as the server drew (fit's), parameter for parameter
-        ours, theirs = node.clients[i].model.state_dict(), server.clients[i].model.state_dict()
+        ours, theirs = node.view.clients[i].model.state_dict(), server.view.clients[i].model.state_dict()
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
         assert torch.equal(node.parts.tensors.private[i][0], server.parts.tensors.private[i][0])  # the same samples
         assert torch.equal(node.parts.tensors.private[i][1], server.parts.tensors.private[i][1])
-        assert node.client_data[i].classes == server.client_data[i].classes
+        assert node.view.client_data[i].classes == server.view.client_data[i].classes
     for i in (0, 1, 4, 5):  # the others' classes are known (the round's facts); their samples are not here
-        assert len(node.parts.tensors.private[i][0]) == 0 and len(node.client_data[i].train) == 0
-        assert len(node.client_data[i].calibration) == 0
-        assert node.client_data[i].classes == server.client_data[i].classes
+        assert len(node.parts.tensors.private[i][0]) == 0 and len(node.view.client_data[i].train) == 0
+        assert len(node.view.client_data[i].calibration) == 0
+        assert node.view.client_data[i].classes == server.view.client_data[i].classes
     assert node.data.pool is None and server.data.pool is not None
     # what is drawn after the networks is drawn from the same state as in fit
     assert torch.equal(node.draws.after, server.draws.after)
@@ -61,6 +61,6 @@ def test_without_the_servers_draws_a_node_would_draw_other_networks(tmp_path):
     draws = experiment.loop.draws
     assert not torch.equal(draws.before[0], draws.before[3])
     node = node_setup(experiment, [3])
-    first = next(iter(node.clients[3].model.state_dict().values()))
-    assert torch.equal(first, next(iter(experiment.loop.clients[3].model.state_dict().values())))
-    assert not torch.equal(first, next(iter(experiment.loop.clients[0].model.state_dict().values())))
+    first = next(iter(node.view.clients[3].model.state_dict().values()))
+    assert torch.equal(first, next(iter(experiment.loop.view.clients[3].model.state_dict().values())))
+    assert not torch.equal(first, next(iter(experiment.loop.view.clients[0].model.state_dict().values())))

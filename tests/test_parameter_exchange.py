@@ -28,7 +28,7 @@ def loop_for(method, rounds=2, clients=4, optimizer="sgd", lr=0.05, batch_size=3
 
 
 def params(loop, i=0):
-    return flatten(list(loop.clients[i].model.parameters()))
+    return flatten(list(loop.view.clients[i].model.parameters()))
 
 
 def test_fedavg_with_one_client_equals_the_client_trained_alone():
@@ -39,7 +39,7 @@ def test_fedavg_with_one_client_equals_the_client_trained_alone():
     fed.fit()
     alone = loop_for(FedAvg(), rounds=1, clients=1, optimizer=optimizer, epochs=3, mode="local_only")
     alone.fit()
-    assert fed.ledger.total("up", round=3) > 0 and alone.ledger.messages == []
+    assert fed.server_side.ledger.total("up", round=3) > 0 and alone.server_side.ledger.messages == []
     assert torch.equal(params(fed), params(alone))
 
 
@@ -47,17 +47,18 @@ def test_bytes_fedavg_two_p_floats_per_client_per_round_scaffold_twice_that():
     fedavg, scaffold = loop_for(FedAvg()), loop_for(Scaffold())
     fedavg.fit()
     scaffold.fit()
-    p = sum(t.numel() for t in fedavg.clients[0].model.parameters())  # MLP: no buffers
+    p = sum(t.numel() for t in fedavg.view.clients[0].model.parameters())  # MLP: no buffers
     assert p == 64 * 16 + 16 + 16 * 10 + 10
     for i in range(4):
-        assert fedavg.ledger.total("down", round=0, client=i) == p * 4  # the initial model
+        assert fedavg.server_side.ledger.total("down", round=0, client=i) == p * 4  # the initial model
         # n_i (one int64); client 0 also sends the initial model the server starts from
-        assert fedavg.ledger.total("up", round=0, client=i) == 8 + (p * 4 if i == 0 else 0)
+        assert fedavg.server_side.ledger.total("up", round=0, client=i) == 8 + (p * 4 if i == 0 else 0)
         for r in (1, 2):
-            assert fedavg.ledger.total(round=r, client=i) == 2 * p * 4
-            assert fedavg.ledger.total("up", round=r, client=i) == p * 4
-            assert scaffold.ledger.total(round=r, client=i) == 2 * 2 * p * 4
-    assert {m.kind for m in scaffold.ledger.messages if m.round > 0} == {"parameters", "control_delta", "control"}
+            assert fedavg.server_side.ledger.total(round=r, client=i) == 2 * p * 4
+            assert fedavg.server_side.ledger.total("up", round=r, client=i) == p * 4
+            assert scaffold.server_side.ledger.total(round=r, client=i) == 2 * 2 * p * 4
+    kinds = {m.kind for m in scaffold.server_side.ledger.messages if m.round > 0}
+    assert kinds == {"parameters", "control_delta", "control"}
 
 
 def test_after_the_exchange_every_client_holds_the_weighted_average():
@@ -69,7 +70,7 @@ def test_after_the_exchange_every_client_holds_the_weighted_average():
             uploads.extend(u["parameters"].clone() for u in ups)
             return super().aggregate(ups, ctx)
 
-    loop.aggregator = Spy()
+    loop.server_side.method = Spy()
     loop.fit()
     n = torch.tensor([len(cd.train.y) for cd in loop.data.clients], dtype=torch.float64)
     expected = sum(w * u.double() for w, u in zip(n / n.sum(), uploads, strict=True)).float()
@@ -106,8 +107,9 @@ def test_vectorized_executor_reads_each_clients_own_loss_state(method):
     seq, vec = loop_for(method()), loop_for(method(), executor=VectorizedExecutor(strict=True))
     seq.fit()
     vec.fit()
-    if isinstance(seq.aggregator, Scaffold):
-        assert not torch.equal(seq.clients[0].method_state["linear_term"], seq.clients[1].method_state["linear_term"])
+    if isinstance(seq.server_side.method, Scaffold):
+        first, second = seq.view.clients[:2]
+        assert not torch.equal(first.method_state["linear_term"], second.method_state["linear_term"])
     for i in range(4):
         torch.testing.assert_close(params(vec, i), params(seq, i), rtol=1e-5, atol=1e-6)
 
@@ -115,11 +117,11 @@ def test_vectorized_executor_reads_each_clients_own_loss_state(method):
 def test_scaffold_server_control_is_the_mean_of_the_client_controls():
     loop = loop_for(Scaffold(), rounds=3)
     loop.fit()
-    c_i = torch.stack([c.method_state["scaffold_c_i"] for c in loop.clients])
+    c_i = torch.stack([c.method_state["scaffold_c_i"] for c in loop.view.clients])
     assert c_i.abs().sum() > 0 and not torch.allclose(c_i[0], c_i[1])
-    torch.testing.assert_close(loop.aggregator.control, c_i.mean(0))
-    for c in loop.clients:
-        torch.testing.assert_close(c.method_state["scaffold_c"], loop.aggregator.control)
+    torch.testing.assert_close(loop.server_side.method.control, c_i.mean(0))
+    for c in loop.view.clients:
+        torch.testing.assert_close(c.method_state["scaffold_c"], loop.server_side.method.control)
 
 
 def test_scaffold_two_rounds_of_one_full_batch_step_by_hand():
@@ -128,7 +130,7 @@ def test_scaffold_two_rounds_of_one_full_batch_step_by_hand():
     lr = 0.1
     loop = loop_for(Scaffold(), rounds=2, clients=2, lr=lr, batch_size=10_000)
     loop.setup()
-    model = loop.clients[0].model
+    model = loop.view.clients[0].model
     names = [n for n, _ in model.named_parameters()]
     shapes = [p.shape for p in model.parameters()]
     x0 = params(loop, 0).clone()
@@ -151,7 +153,7 @@ def test_scaffold_two_rounds_of_one_full_batch_step_by_hand():
 
     loop.fit()
     torch.testing.assert_close(params(loop, 0), x2, rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(loop.clients[0].method_state["scaffold_c_i"] - g0[0],
+    torch.testing.assert_close(loop.view.clients[0].method_state["scaffold_c_i"] - g0[0],
                                (x1 - y2[0]) / lr - c1, rtol=1e-4, atol=1e-5)  # round 2's option II update
 
 
@@ -197,5 +199,5 @@ def test_a_rule_with_client_hooks_on_the_aggregator_still_runs_with_a_deprecatio
     new.fit()
     assert arrived == [["client_norm", "parameters"]] * 2
     assert torch.equal(params(old), params(new))
-    assert [m.kind for m in old.ledger.messages if m.round == 1 and m.client == 0] == ["parameters", "client_norm",
-                                                                                      "parameters"]
+    sent = [m.kind for m in old.server_side.ledger.messages if m.round == 1 and m.client == 0]
+    assert sent == ["parameters", "client_norm", "parameters"]

@@ -70,11 +70,11 @@ def test_everyone_every_round_reproduces_a_run_without_the_section(section):
     full = make_loop("--federation.executor", VEC, *section)
     full.fit()
     assert comparable(full.history) == comparable(plain.history)
-    assert full.ledger.messages == plain.ledger.messages
+    assert full.server_side.ledger.messages == plain.server_side.ledger.messages
 
 
 def states(loop):
-    return [copy.deepcopy(c.client_state()) for c in loop.clients]
+    return [copy.deepcopy(c.client_state()) for c in loop.view.clients]
 
 
 def same(a, b):
@@ -91,17 +91,18 @@ def same(a, b):
 def test_half_the_clients_the_ledger_shows_exactly_them_and_the_others_stay_untouched(executor):
     loop = make_loop("--federation.executor", executor, "--federation.participation.fraction", "0.5")
     loop.setup()
+    ledger = loop.server_side.ledger
     for r in (1, 2):
         before = states(loop)
         metrics = loop.run_round(r)
         sampled = Participation(fraction=0.5).draw(loop.seed, r, 4)[0]
         assert metrics["participation/clients"] == metrics["participation/arrived"] == sampled
         for direction in ("up", "down"):
-            assert {m.client for m in loop.ledger.messages if m.round == r and m.direction == direction} == set(sampled)
+            assert {m.client for m in ledger.messages if m.round == r and m.direction == direction} == set(sampled)
         after = states(loop)
         for i in range(4):  # unsampled: model, optimizer state (Adam's step included) and generator as before
             assert same(before[i], after[i]) == (i not in sampled), (r, i)
-    assert metrics["comm/up_bytes"] == sum(m.bytes for m in loop.ledger.messages if m.round == 2 and m.direction == "up")
+    assert metrics["comm/up_bytes"] == sum(m.bytes for m in ledger.messages if m.round == 2 and m.direction == "up")
 
 
 def test_dropped_clients_train_but_send_and_receive_nothing():
@@ -114,7 +115,7 @@ def test_dropped_clients_train_but_send_and_receive_nothing():
         metrics = loop.run_round(r)
         sampled, arrived = metrics["participation/clients"], metrics["participation/arrived"]
         assert sampled == [0, 1, 2, 3] and metrics["participation/dropped_count"] == 4 - len(arrived)
-        assert {m.client for m in loop.ledger.messages if m.round == r} == set(arrived)
+        assert {m.client for m in loop.server_side.ledger.messages if m.round == r} == set(arrived)
         after = states(loop)
         for i in sorted(set(sampled) - set(arrived)):  # trained its private phase all the same
             seen_drop = True
@@ -171,12 +172,12 @@ def test_late_joiners_do_nothing_before_their_round():
     before = states(loop)
     metrics = loop.run_round(1)
     assert metrics["participation/clients"] == [0, 1, 2]
-    assert {m.client for m in loop.ledger.messages if m.round == 1} == {0, 1, 2}
+    assert {m.client for m in loop.server_side.ledger.messages if m.round == 1} == {0, 1, 2}
     assert same(before[3], states(loop)[3])  # not joined yet: untouched
     assert len(metrics["clients/after_public/global_acc"]) == 4  # but evaluated
     metrics = loop.run_round(2)
     assert metrics["participation/clients"] == [0, 1, 2, 3]
-    assert {m.client for m in loop.ledger.messages if m.round == 2} == {0, 1, 2, 3}
+    assert {m.client for m in loop.server_side.ledger.messages if m.round == 2} == {0, 1, 2, 3}
 
 
 # ---------------------------------------------------------------- parameter exchange
@@ -185,22 +186,22 @@ def test_fedavg_and_scaffold_with_half_the_clients_exchange_only_what_arrived():
         loop = make_loop("--aggregator", method, "--client.optimizer", "sgd", "--client.lr", "0.05",
                          "--federation.participation.fraction", "0.5")
         loop.fit()
-        params = sum(p.numel() for p in loop.clients[0].model.parameters())
+        params = sum(p.numel() for p in loop.view.clients[0].model.parameters())
         per_model = 4 * params * (2 if "Scaffold" in method else 1)  # SCAFFOLD also sends a control variate
         for m in loop.history:
             arrived = m["participation/arrived"]
             assert len(arrived) == 2
-            sent = [e for e in loop.ledger.messages if e.round == m["round"] and e.direction == "up"]
+            sent = [e for e in loop.server_side.ledger.messages if e.round == m["round"] and e.direction == "up"]
             assert {e.client for e in sent} == set(arrived)  # nobody else uploaded
             up = sum(e.bytes for e in sent)
             assert per_model * 2 <= up < per_model * 2 + 64
         # every client holds the same (global) model after the exchange
-        first = torch.cat([p.flatten() for p in loop.clients[0].model.parameters()])
-        for c in loop.clients[1:]:
+        first = torch.cat([p.flatten() for p in loop.view.clients[0].model.parameters()])
+        for c in loop.view.clients[1:]:
             assert torch.equal(first, torch.cat([p.flatten() for p in c.model.parameters()]))
         if "Scaffold" in method:  # the server's control variate is the mean over all N clients' c_i
-            cs = torch.stack([c.method_state["scaffold_c_i"] for c in loop.clients])
-            torch.testing.assert_close(loop.aggregator.control, cs.mean(0), rtol=1e-5, atol=1e-7)
+            cs = torch.stack([c.method_state["scaffold_c_i"] for c in loop.view.clients])
+            torch.testing.assert_close(loop.server_side.method.control, cs.mean(0), rtol=1e-5, atol=1e-7)
 
 
 def test_fedmd_with_a_per_round_public_subset_communicates_and_digests_only_those_rows():
@@ -208,7 +209,7 @@ def test_fedmd_with_a_per_round_public_subset_communicates_and_digests_only_thos
                      "--federation.participation.public_subset", "50")
     loop.fit()
     for m in loop.history:
-        sent = [e for e in loop.ledger.messages if e.round == m["round"]]
+        sent = [e for e in loop.server_side.ledger.messages if e.round == m["round"]]
         assert {e.shape[0] for e in sent if e.kind in ("logits", "teacher")} == {50}
         assert m["participation/public_size"] == 50 and m["teacher/kept_fraction"] == 1.0
 
@@ -244,11 +245,11 @@ def test_a_client_lost_during_the_upload_is_a_dropout_of_that_round(config):
 
     parser, cfg = parse_fit(["--config", config, *tiny("--federation.rounds", "3")[2:]])
     loop = Experiment(cfg, parser).loop
-    loop.executor = LosesClientAtUpload(SequentialExecutor())
+    loop.settings.executor = LosesClientAtUpload(SequentialExecutor())
     loop.fit()
     first, second, third = loop.history
     assert "participation/dropped_count" not in first
     for metrics in (second, third):
         assert metrics["participation/arrived"] == [0, 2, 3] and metrics["participation/dropped_count"] == 1
-    assert {m.client for m in loop.ledger.messages if m.round == 2 and m.direction == "up"} == {0, 2, 3}
+    assert {m.client for m in loop.server_side.ledger.messages if m.round == 2 and m.direction == "up"} == {0, 2, 3}
     assert all(math.isfinite(m["after_public/global_acc_mean"]) for m in loop.history)

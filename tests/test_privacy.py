@@ -86,7 +86,7 @@ def test_the_server_receives_each_clients_release_of_its_own_logits(tmp_path, ex
 
     def spy(r, ids, messages, *args, **kwargs):
         info = loop.parts.facts.info(r, (), None)
-        raw = [loop.executor.predict([loop.clients[i]], info.public_x)[0] for i in ids]
+        raw = [loop.settings.executor.predict([loop.view.clients[i]], info.public_x)[0] for i in ids]
         seen.append((r, list(ids), list(messages), raw))
         return receive(r, ids, messages, *args, **kwargs)
 
@@ -121,14 +121,14 @@ def test_sigma_0_and_full_logits_reproduce_the_run_without_privacy(tmp_path):
     zero = fit_loop(tiny("digits_avg.yaml", tmp_path / "zero", "--privacy.noise_multiplier", "0",
                          "--privacy.clip_norm", "0.01", "--privacy.encoding", "full"))
     assert without_time(zero.history) == without_time(plain.history)
-    assert zero.ledger.rows() == plain.ledger.rows()
+    assert zero.server_side.ledger.rows() == plain.server_side.ledger.rows()
     assert not any(k.startswith("privacy/") for k in zero.history[-1])
 
 
 def test_suwa_density_is_noised_in_the_same_release_and_the_audit_reports_auc(tmp_path):
     loop = fit_loop(tiny("digits.yaml", tmp_path, *DP, "--privacy.audit", "true"))
     n = 120
-    rows = [m for m in loop.ledger.messages if m.round == 1 and m.kind == "gmm_means"]
+    rows = [m for m in loop.server_side.ledger.messages if m.round == 1 and m.kind == "gmm_means"]
     assert len(rows) == 4
     k = rows[0].shape[0]  # the noise covers the logits and both density parts: N + 2K rows
     assert loop.history[0]["privacy/noise_std_mean"] >= 0.8 * 2 * 2.0 * math.sqrt(n + 2 * 1) - 1e-9
@@ -162,9 +162,9 @@ def test_the_budget_stops_after_the_last_round_within_it_with_the_round_checkpoi
 
 def test_hard_labels_with_uwa_scores_and_refused_with_uwa_density(tmp_path):
     loop = fit_loop(tiny("digits.yaml", tmp_path / "a", "--privacy.encoding", "hard", "--aggregator.upload", "scores"))
-    kinds = {m.kind for m in loop.ledger.messages if m.direction == "up"}
+    kinds = {m.kind for m in loop.server_side.ledger.messages if m.direction == "up"}
     assert kinds == {"labels", "log_likelihood"}
-    assert all(m.dtype == "uint8" and m.bytes == 120 for m in loop.ledger.messages if m.kind == "labels")
+    assert all(m.dtype == "uint8" and m.bytes == 120 for m in loop.server_side.ledger.messages if m.kind == "labels")
     assert main(["fit", *tiny("digits.yaml", tmp_path / "b", "--privacy.encoding", "hard")]) == 2
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
 
@@ -245,11 +245,11 @@ def worst_of(rounds: int) -> float:
 
 def test_with_half_the_clients_sampled_epsilon_counts_the_rounds_each_client_uploaded(tmp_path):
     loop = fit_loop(tiny("digits_avg.yaml", tmp_path, *DP, "--federation.participation.fraction", "0.5", rounds=3))
-    taken = {i: 0 for i in range(len(loop.clients))}
+    taken = {i: 0 for i in range(len(loop.view.clients))}
     for r, metrics in enumerate(loop.history, start=1):
         assert metrics["privacy/sample_rate"] == 0.5
-        up = {m.client for m in loop.ledger.messages if m.round == metrics["round"] and m.direction == "up"}
-        assert up == set(metrics["participation/arrived"]) and len(up) < len(loop.clients)
+        up = {m.client for m in loop.server_side.ledger.messages if m.round == metrics["round"] and m.direction == "up"}
+        assert up == set(metrics["participation/arrived"]) and len(up) < len(loop.view.clients)
         for i in up:
             taken[i] += 1
         assert metrics["privacy/epsilon"] == pytest.approx(worst_of(max(taken.values())), rel=1e-12)

@@ -138,10 +138,10 @@ def test_central_runs_end_to_end_with_the_same_epsilon_and_counts_the_masking(tm
     assert [m["privacy/epsilon"] for m in central.history] == [m["privacy/epsilon"] for m in local.history]
 
     def up(loop, kind):
-        return sum(m.bytes for m in loop.ledger.messages if m.direction == "up" and m.kind == kind)
+        return sum(m.bytes for m in loop.server_side.ledger.messages if m.direction == "up" and m.kind == kind)
 
     # the masked share: the same N x C numbers in 64-bit fixed point (twice float32), plus the keys and shares
     assert up(central, "secagg_masked") == 2 * up(local, "logits") > 0 and up(central, "logits") == 0
-    assert central.ledger.total("up") > up(central, "secagg_masked")
+    assert central.server_side.ledger.total("up") > up(central, "secagg_masked")
     assert all(math.isfinite(m["after_public/global_acc_mean"]) for m in central.history)
     assert main(["fit", *tiny("digits.yaml", tmp_path / "refused", *DP, "--privacy.accounting", "central")]) == 2

@@ -73,7 +73,7 @@ class NestedVotesByPublicId(NestedVotes):
 def loop_of(tmp_path, method, *extra):
     parser, cfg = parse_fit(args(tmp_path, *extra))
     loop = Experiment(cfg, parser).loop
-    loop.aggregator = method
+    loop.server_side.method = method
     return loop
 
 

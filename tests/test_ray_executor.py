@@ -122,10 +122,11 @@ def test_ray_reproduces_sequential_metrics_and_final_state(tmp_path, ray_local):
         assert m["time/actors_cpu_s"] == pytest.approx(sum(m["time/actor_cpu_s"]))
     assert comparable(ray_loop.history) == comparable(seq.history)  # exact, every metric but time/*
     assert ray_loop.history[-1]["density/log_likelihood_mean"] == seq.history[-1]["density/log_likelihood_mean"]
-    assert [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in ray_loop.ledger.messages] == \
-        [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in seq.ledger.messages]
+    rows = [[(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in run.server_side.ledger.messages]
+            for run in (ray_loop, seq)]
+    assert rows[0] == rows[1]
     # teardown handed the actors' final clients back to the driver: weights, Adam state, generators
-    for a, b in zip(seq.clients, ray_loop.clients, strict=True):
+    for a, b in zip(seq.view.clients, ray_loop.view.clients, strict=True):
         sa, sb = a.client_state(), b.client_state()
         assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
         assert torch.equal(sa["generator"], sb["generator"])
@@ -187,8 +188,9 @@ def test_cli_knob_selects_the_ray_executor(fast_args):
     ])
     experiment = Experiment(cfg, parser)
     loop = experiment.loop
-    assert isinstance(loop.executor, RayExecutor)
-    assert (loop.executor.address, loop.executor.num_gpus_per_client, loop.executor.clients_per_actor) == ("auto", 0.25, 2)
+    assert isinstance(loop.settings.executor, RayExecutor)
+    ray = loop.settings.executor
+    assert (ray.address, ray.num_gpus_per_client, ray.clients_per_actor) == ("auto", 0.25, 2)
 
 
 def test_missing_ray_names_the_package_and_the_install_command(monkeypatch):
@@ -250,7 +252,7 @@ def test_actors_get_the_client_part_only_never_the_server_state(tmp_path, ray_lo
         aggregator=Scaffold() if method == "scaffold" else FedDF(epochs=1), seed=3,
     )
     loop.fit()
-    server = loop.aggregator
+    server = loop.server_side.method
     assert server.counts is not None  # the server holds state: n_k, and c or its distillation network
     assert server.control is not None if method == "scaffold" else server.net is not None
     hooks = [hook for hook, _, _ in executor.shipped]

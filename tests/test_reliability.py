@@ -226,7 +226,7 @@ def test_packed_checkpoint_is_a_few_large_tensors_and_loads_bit_identically(fast
     groups = raw["loop"]["clients"]["groups"]
     assert [g["clients"] for g in groups] == [[0, 1, 2], [3, 4, 5]]
     per_client = [sum(isinstance(t, torch.Tensor) for t in pack_client_states([st])["groups"][0]["tensors"])
-                  for st in (loop.clients[0].client_state(), loop.clients[3].client_state())]
+                  for st in (loop.view.clients[0].client_state(), loop.view.clients[3].client_state())]
     assert [len(g["tensors"]) for g in groups] == per_client  # one stacked tensor per state tensor, not per client
     assert all(t.shape[0] == 3 for g in groups for t in g["tensors"])
     assert_same_state(load_checkpoint(path)["loop"]["clients"], loop.state_dict()["clients"])
@@ -237,7 +237,7 @@ def test_packing_groups_clients_that_differ_and_unpacked_tensors_are_their_own(f
     loop = Experiment(cfg, parser).loop
     loop.fit()
     states = loop.state_dict()["clients"]
-    fresh = type(loop.clients[0])(loop.clients[0].model, 9, [0], loop.optimization)  # no optimizer step yet
+    fresh = type(loop.view.clients[0])(loop.view.clients[0].model, 9, [0], loop.optimization)  # no optimizer step yet
     states.insert(1, fresh.client_state())
     states[2]["method"] = {"mask": torch.ones(3, dtype=torch.bool)}
     packed = pack_client_states(states)

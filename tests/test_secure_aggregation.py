@@ -106,7 +106,7 @@ def runs(tmp_path_factory):
                                  "--privacy.upload_audit", "true", rounds=3))
     loop = Experiment(cfg, parser).loop
     seen = []
-    rule = loop.aggregator
+    rule = loop.server_side.method
     aggregate_sums = rule.aggregate_sums
     rule.aggregate = lambda uploads, ctx: pytest.fail("the rule was given individual uploads")
 
@@ -125,16 +125,17 @@ def test_the_server_part_sees_only_the_aggregate(runs):
     for s in seen:
         assert set(s.sums) == {"weight", "weighted", "plain"}  # sums over clients, one tensor each
         assert s.sums["plain"].shape == (120, 10)
-    up = {m.kind for m in secure.ledger.messages if m.direction == "up"}
+    up = {m.kind for m in secure.server_side.ledger.messages if m.direction == "up"}
     assert up == {"secagg_keys", "secagg_shares", "secagg_masked", "secagg_unmask"}  # no logits, no density
-    assert "logits" in {m.kind for m in plain.ledger.messages if m.direction == "up"}
+    assert "logits" in {m.kind for m in plain.server_side.ledger.messages if m.direction == "up"}
     # no individual upload to attack: the label audit has nothing; the model audit still queries the clients
     assert "privacy/label_tv" not in secure.history[0] and "privacy/upload_mia_auc" in secure.history[0]
 
 
 def test_secure_aggregation_changes_no_accuracy_and_counts_its_cost(runs):
     plain, secure, _ = runs
-    arrived = [len([m for m in plain.ledger.messages if m.round == r and m.kind == "logits"]) for r in (1, 2, 3)]
+    sent = plain.server_side.ledger.messages
+    arrived = [len([m for m in sent if m.round == r and m.kind == "logits"]) for r in (1, 2, 3)]
     assert min(arrived) < 4  # the dropout left clients out of some round: their masks were removed
     dropped = [h["secagg/dropped_after_sharing"] for h in secure.history]
     assert dropped == [4 - a for a in arrived]
@@ -170,7 +171,7 @@ def test_central_accounting_cannot_turn_secure_aggregation_off(tmp_path, capsys)
 def test_central_dp_sums_the_clipped_rows_under_masks(tmp_path):
     loop = fit_loop(tiny("digits_avg.yaml", tmp_path, "--privacy.accounting", "central", "--privacy.noise_multiplier",
                          "0.01", "--privacy.clip_norm", "1", rounds=1))
-    kinds = {m.kind for m in loop.ledger.messages if m.direction == "up"}
+    kinds = {m.kind for m in loop.server_side.ledger.messages if m.direction == "up"}
     assert "secagg_masked" in kinds and "logits" not in kinds
     assert loop.history[0]["privacy/epsilon"] > 0 and loop.history[0]["secagg/failed"] == 0
 
@@ -179,7 +180,7 @@ def test_fedavg_under_masks_broadcasts_the_plain_weighted_mean_with_dropouts(tmp
     plain = fit_loop(tiny("digits_fedavg.yaml", tmp_path / "plain", *PARTIAL, rounds=3))
     secure = fit_loop(tiny("digits_fedavg.yaml", tmp_path / "secure", *PARTIAL, "--privacy.secure_aggregation",
                            "true", rounds=3))
-    up = {m.kind for m in secure.ledger.messages if m.direction == "up" and m.round > 0}
+    up = {m.kind for m in secure.server_side.ledger.messages if m.direction == "up" and m.round > 0}
     assert "parameters" not in up and "secagg_masked" in up  # no client's parameters reach the server
     assert sum(h["secagg/dropped_after_sharing"] for h in secure.history) > 0
     for p, s in zip(plain.history, secure.history, strict=True):

@@ -24,13 +24,14 @@ def tiny(aggregator, rounds=2):
 
 
 def context(loop, i, r=1):
-    logits = loop.executor.predict(loop.clients, loop.parts.tensors.public_x)
-    return ClientContext(loop.parts.facts.info(r), loop.clients[i], loop.client_data[i], logits[i], {}, loop.clients[i].method_state)
+    logits = loop.settings.executor.predict(loop.view.clients, loop.parts.tensors.public_x)
+    client = loop.view.clients[i]
+    return ClientContext(loop.parts.facts.info(r), client, loop.view.client_data[i], logits[i], {}, client.method_state)
 
 
 def test_penultimate_features_are_the_input_of_the_last_linear_layer():
     loop = tiny(SelectiveFD(features="penultimate"))
-    client = loop.clients[0]
+    client = loop.view.clients[0]
     feats = penultimate_features(client, loop.parts.tensors.public_x)
     assert feats.shape == (len(loop.parts.tensors.public_x), 16)
     last = [m for m in client.model.modules() if isinstance(m, torch.nn.Linear)][-1]
@@ -45,19 +46,19 @@ def test_penultimate_selectors_are_fitted_on_the_current_features_every_round():
     part.setup(ctx)
     assert "selective_mask" not in ctx.state  # nothing fitted once: the features will change
     up = part.upload(ctx)
-    cd = loop.client_data[0]
-    expected = part.client_mask(penultimate_features(loop.clients[0], cd.train.x), cd.train.y,
-                               penultimate_features(loop.clients[0], cd.calibration.x), cd.calibration.y,
-                               loop.clients[0].classes, penultimate_features(loop.clients[0], loop.parts.tensors.public_x),
+    cd, client = loop.view.client_data[0], loop.view.clients[0]
+    expected = part.client_mask(penultimate_features(client, cd.train.x), cd.train.y,
+                               penultimate_features(client, cd.calibration.x), cd.calibration.y,
+                               client.classes, penultimate_features(client, loop.parts.tensors.public_x),
                                seed=ctx.info.client_seed(0))
     assert torch.equal(up["mask"], expected)
     # training moves the features, so the next round's selectors see other points
-    before = penultimate_features(loop.clients[0], loop.parts.tensors.public_x)
-    loop.executor.train(loop.clients, "private", loop.parts.tensors.private, 3, 32)
-    assert not torch.allclose(before, penultimate_features(loop.clients[0], loop.parts.tensors.public_x))
+    before = penultimate_features(loop.view.clients[0], loop.parts.tensors.public_x)
+    loop.settings.executor.train(loop.view.clients, "private", loop.parts.tensors.private, 3, 32)
+    assert not torch.allclose(before, penultimate_features(loop.view.clients[0], loop.parts.tensors.public_x))
     on_inputs = SelectiveFD(per_class=False, auxiliary="public").client_part()
     assert not torch.equal(expected, on_inputs.client_mask(cd.train.x, cd.train.y, cd.calibration.x, cd.calibration.y,
-                                                           loop.clients[0].classes, loop.parts.tensors.public_x,
+                                                           loop.view.clients[0].classes, loop.parts.tensors.public_x,
                                                            seed=ctx.info.client_seed(0)))
 
 
@@ -69,7 +70,7 @@ def test_each_round_uses_a_fresh_public_sample_shared_by_every_client_and_the_se
     assert int(s1.sum()) == int(s2.sum()) == 50 and not torch.equal(s1, s2)
     assert torch.equal(s1, part.round_sample(loop.parts.facts.info(1)))  # reproducible from (seed, round)
     uploads = []
-    for i in range(len(loop.clients)):
+    for i in range(len(loop.view.clients)):
         ctx = context(loop, i)
         part.setup(ctx)
         up = part.upload(ctx)
@@ -115,9 +116,9 @@ def test_a_local_frozen_backbone_gives_the_selectors_its_features(tmp_path):
     assert feats.shape == (len(loop.parts.tensors.public_x), 12)
     ctx = context(loop, 0)
     part.setup(ctx)  # fitted once: a frozen backbone's features never change
-    cd = loop.client_data[0]
+    cd = loop.view.client_data[0]
     expected = part.client_mask(part.backbone_features(cd.train.x), cd.train.y, part.backbone_features(cd.calibration.x),
-                               cd.calibration.y, loop.clients[0].classes, feats, seed=ctx.info.client_seed(0))
+                               cd.calibration.y, loop.view.clients[0].classes, feats, seed=ctx.info.client_seed(0))
     assert torch.equal(ctx.state["selective_mask"], expected)
 
 
@@ -144,16 +145,16 @@ def test_a_fit_with_the_joint_loss_distils_on_private_and_kept_public_samples():
     agg = SelectiveFD(private_weight=0.5, client_selector=False, server_threshold=2.0, public_per_round=30)
     loop = tiny(agg, rounds=1)
     seen = []
-    train = loop.executor.train
+    train = loop.settings.executor.train
 
     def spy(clients, phase, datasets, *args):
         seen.append((phase, [len(x) for x, _ in datasets]))
         return train(clients, phase, datasets, *args)
 
-    loop.executor.train = spy
+    loop.settings.executor.train = spy
     loop.fit()
     public = [sizes for phase, sizes in seen if phase == "public"]
-    assert public == [[len(cd.train.x) + 30 for cd in loop.client_data]]
+    assert public == [[len(cd.train.x) + 30 for cd in loop.view.client_data]]
 
 
 def test_selectors_evaluated_on_some_rows_give_the_full_mask_on_those_rows():
@@ -162,7 +163,7 @@ def test_selectors_evaluated_on_some_rows_give_the_full_mask_on_those_rows():
     auxiliary box."""
     loop = tiny(SelectiveFD(features="penultimate"))
     part = SelectiveFD(features="penultimate").client_part()
-    cd, client = loop.client_data[1], loop.clients[1]
+    cd, client = loop.view.client_data[1], loop.view.clients[1]
     args = (penultimate_features(client, cd.train.x), cd.train.y, penultimate_features(client, cd.calibration.x),
             cd.calibration.y, client.classes, penultimate_features(client, loop.parts.tensors.public_x))
     full = part.client_mask(*args, seed=3)

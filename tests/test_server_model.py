@@ -23,7 +23,7 @@ SERVER = ["--server.model", "fdlit.models.MLP", "--server.model.hidden", "[16]",
 
 
 def ledger_rows(loop):
-    return [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in loop.ledger.messages]
+    return [(m.round, m.client, m.direction, m.kind, m.shape, m.bytes) for m in loop.server_side.ledger.messages]
 
 
 def client_metrics(history):
@@ -89,7 +89,7 @@ def test_a_rule_that_drops_samples_trains_the_server_on_the_kept_rows_only(tmp_p
 
     loop.server_side.server_model.round = spy
     loop.fit()
-    kept = [m.shape[0] for m in loop.ledger.messages if m.kind == "teacher" and m.client == 0]
+    kept = [m.shape[0] for m in loop.server_side.ledger.messages if m.kind == "teacher" and m.client == 0]
     assert [n for n, _ in seen] == [n for _, n in seen] == kept
     assert min(kept) < 120  # the rule did drop rows
 
@@ -118,7 +118,8 @@ def test_fedmd_digest_is_l1_to_the_consensus_up_to_a_row_constant():
 def test_fedmd_warmup_trains_on_the_labelled_public_set_and_sends_nothing(tmp_path):
     def public_acc(loop):
         with torch.no_grad():
-            return [float((c(loop.parts.tensors.public_x).argmax(-1) == loop.parts.tensors.public_y).float().mean()) for c in loop.clients]
+            x, y = loop.parts.tensors.public_x, loop.parts.tensors.public_y
+            return [float((c(x).argmax(-1) == y).float().mean()) for c in loop.view.clients]
 
     loops = {}
     for epochs in (0, 5):
@@ -128,7 +129,7 @@ def test_fedmd_warmup_trains_on_the_labelled_public_set_and_sends_nothing(tmp_pa
         loop.setup()
         loop.protocol.public_warmup(loop.parts)
         loops[epochs] = loop
-    assert loops[5].ledger.messages == []
+    assert loops[5].server_side.ledger.messages == []
     # every client learnt the public set's labels, beyond its own few classes
     warm, cold = public_acc(loops[5]), public_acc(loops[0])
     assert sum(warm) / len(warm) > sum(cold) / len(cold) + 0.3, (warm, cold)

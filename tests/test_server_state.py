@@ -44,7 +44,7 @@ def loop_of(tmp_path, rounds, method):
     parser, cfg = parse_fit(args(tmp_path, "--federation.rounds", str(rounds), "--federation.private_epochs", "1",
                                  "--federation.public_epochs", "1"))
     loop = Experiment(cfg, parser).loop
-    loop.aggregator = method
+    loop.server_side.method = method
     return loop
 
 
@@ -64,11 +64,11 @@ def test_a_server_part_without_state_dict_resumes_equal_to_an_uninterrupted_run(
     resumed = loop_of(tmp_path / "c", 3, CumulativeVotes())
     resumed.load_state_dict(state)
     resumed.fit()
-    assert resumed.aggregator.rounds_seen == 3
-    torch.testing.assert_close(resumed.aggregator.votes, straight.aggregator.votes)
+    assert resumed.server_side.method.rounds_seen == 3
+    torch.testing.assert_close(resumed.server_side.method.votes, straight.server_side.method.votes)
     assert resumed.history[-1]["teacher/acc"] == straight.history[-1]["teacher/acc"]
     # the resume is not a restart: a fresh part would vote from round 3 only
-    assert resumed.aggregator.votes.sum() == straight.aggregator.votes.sum() == 3 * 100
+    assert resumed.server_side.method.votes.sum() == straight.server_side.method.votes.sum() == 3 * 100
 
 
 def test_server_state_fdlit_cannot_save_is_refused_before_round_1(tmp_path):
@@ -96,8 +96,8 @@ def test_the_servers_copy_of_the_global_model_is_the_last_one_it_broadcast(tmp_p
     parser, cfg = parse_fit(args(tmp_path, "--config", "digits_fedavg.yaml", "--federation.rounds", "2",
                                  "--federation.private_epochs", "1"))
     loop = Experiment(cfg, parser).loop
-    assert isinstance(loop.aggregator, FedAvg)
+    assert isinstance(loop.server_side.method, FedAvg)
     loop.fit()
-    final = flatten(exchanged_tensors(loop.clients[0].model)).to(loop.server_side.received["parameters"])
+    final = flatten(exchanged_tensors(loop.view.clients[0].model)).to(loop.server_side.received["parameters"])
     torch.testing.assert_close(loop.server_side.received["parameters"], final)
     torch.testing.assert_close(loop.state_dict()["received"]["parameters"], final)

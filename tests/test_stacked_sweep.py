@@ -120,7 +120,7 @@ def test_stacked_loops_equal_separate_ones_with_either_executor():
     assert [error for _, error in outcomes] == [None] * 4
     assert rendezvous.merged_calls > 0 and rendezvous.alone_calls > 0 and rendezvous.twin_calls > 0
     for a, b in zip(separate, stacked, strict=True):
-        assert type(a.executor) is type(b.executor)  # the run's own executor again afterwards
+        assert type(a.settings.executor) is type(b.settings.executor)  # the run's own executor again afterwards
         assert close([comparable(r) for r in a.history], [comparable(r) for r in b.history])
     # the sequential executor's calls run alone: bit for bit
     assert [comparable(r) for r in separate[3].history] == [comparable(r) for r in stacked[3].history]

@@ -58,7 +58,7 @@ class SlowStart(SequentialExecutor):
 def test_wall_time_includes_executor_start_up(tmp_path):
     parser, cfg = parse_fit(tiny(tmp_path))
     experiment = Experiment(cfg, parser)
-    experiment.loop.executor = SlowStart()
+    experiment.loop.settings.executor = SlowStart()
     start = time.perf_counter()
     summary = experiment.fit()
     took = time.perf_counter() - start

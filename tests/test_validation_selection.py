@@ -68,7 +68,7 @@ def test_evaluated_rounds_measure_validation_accuracy_and_the_summary_selects_by
         values = [m[f"{phase}/val_acc_mean"] for m in loop.history]
         assert 0 <= values[0] <= 1 and math.isnan(values[1]) and 0 <= values[2] <= 1  # evaluated rounds only
     last = loop.history[-1]
-    preds = loop.executor.predict(loop.clients, loop.parts.tensors.val_x).argmax(-1)
+    preds = loop.settings.executor.predict(loop.view.clients, loop.parts.tensors.val_x).argmax(-1)
     torch.testing.assert_close(last["after_public/val_acc_mean"], float((preds == loop.parts.tensors.val_y).float().mean()))
     assert len(loop.parts.tensors.val_y) == 60
     for phase, suffix in (("after_public", ""), ("after_private", "_after_private")):
@@ -109,7 +109,8 @@ def test_the_selected_round_is_exact_on_the_whole_test_set_when_the_curves_use_a
     assert "selection/after_public/round" in sub.history[-1] or "selection/after_private/round" in sub.history[-1]
     # the final weights were restored after measuring the kept ones
     assert sub.history[-1]["after_public/global_acc_mean"] == full.history[-1]["after_public/global_acc_mean"]
-    for x, y in zip(full.executor.fetch_states(full.clients), sub.executor.fetch_states(sub.clients), strict=True):
+    states = [run.settings.executor.fetch_states(run.view.clients) for run in (full, sub)]
+    for x, y in zip(*states, strict=True):
         assert all(torch.equal(x["model"][k], y["model"][k]) for k in x["model"])
 
 

@@ -338,9 +338,10 @@ def test_federation_metrics_match_sequential(tmp_path, model, aggregator):
         loop.fit()
         histories.append(loop.history)
         loops.append(loop)
-    assert isinstance(loops[1].executor, VectorizedExecutor)
+    assert isinstance(loops[1].settings.executor, VectorizedExecutor)
     # every client-phase ran the vmapped step: a fall-back to sequential training would pass the comparison
-    assert loops[1].executor.trained["sequential"] == 0 and loops[1].executor.trained["vectorized"] > 0
+    trained = loops[1].settings.executor.trained
+    assert trained["sequential"] == 0 and trained["vectorized"] > 0
     assert len({len(cd.train.x) for cd in loops[0].data.clients}) > 1
     for a, b in zip(*histories, strict=True):
         for key, value in a.items():
@@ -364,10 +365,10 @@ def test_cli_knob_chooses_the_executor():
     chosen = {}
     for name in ("VectorizedExecutor", "SequentialExecutor"):
         parser, cfg = parse_fit(base + ["--federation.executor", f"fdlit.execution.{name}"])
-        chosen[name] = type(Experiment(cfg, parser).loop.executor).__name__
+        chosen[name] = type(Experiment(cfg, parser).loop.settings.executor).__name__
     assert chosen == {"VectorizedExecutor": "VectorizedExecutor", "SequentialExecutor": "SequentialExecutor"}
     parser, cfg = parse_fit(base)
-    assert Experiment(cfg, parser).loop.executor is None  # null: select_executor decides in setup
+    assert Experiment(cfg, parser).loop.settings.executor is None  # null: select_executor decides in setup
 
 
 # ---------------------------------------------------------------------------------- client chunks

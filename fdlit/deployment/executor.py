@@ -276,7 +276,7 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
     def _wants_states(self) -> bool:
         """Whether the round ends in a checkpoint, whose client states the round's last reply then carries."""
         every = self.states_every
-        return bool(every) and (self._round % every == 0 or self._round >= self.loop.rounds)
+        return bool(every) and (self._round % every == 0 or self._round >= self.loop.settings.rounds)
 
     def _states_ask(self) -> dict:
         """What a round's last request asks of the nodes for its checkpoint: nothing (no checkpoint);
@@ -284,7 +284,7 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
         saves its clients' states on its own disk (fdlit.deployment.node_checkpoints)."""
         if not self._wants_states():
             return {}
-        if self._round >= self.loop.rounds:
+        if self._round >= self.loop.settings.rounds:
             return {"then_states": True}
         return {"save_states": {"key": self.node_key, "round": self._round}}
 
@@ -327,7 +327,7 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
                                   "clients": list(info.clients), "public_index": self._ref(info.public_index, node, out),
                                   "received": {k: self._ref(v, node, out) for k, v in step.received.items()}}
             if secure:  # with what the method's client-side terms read of the server's state (``secure_state``)
-                method = self.loop.aggregator
+                method = self.loop.server_side.method
                 meta["secagg"] = {**self.secure.step_meta(step.round, meta["ids"]), "state": {
                     name: self._ref(getattr(method, name), node, out) for name in getattr(method, "secure_state", ())}}
             per_node[node] = (meta, out)

@@ -36,9 +36,9 @@ def apply_local_classes(loop: Any, replies: dict) -> None:
     reported = {int(i): list(c) for meta, _ in replies.values() for i, c in meta.get("classes", {}).items()}
     if not reported:
         return
-    masks = loop.parts.tensors.local_masks
+    masks, side = loop.parts.tensors.local_masks, loop.parts.clients
     for i, classes in reported.items():
-        loop.clients[i].classes = classes
-        loop.client_data[i].classes = classes
+        side.clients[i].classes = classes
+        side.client_data[i].classes = classes
         masks[i] = loop.data.local_test_mask(classes).to(masks)
-    loop.parts.facts.client_classes = tuple(tuple(cd.classes) for cd in loop.client_data)
+    loop.parts.facts.client_classes = tuple(tuple(cd.classes) for cd in side.client_data)

@@ -173,4 +173,4 @@ class NodeRequests:
             except NodeRefused as exc:
                 warnings.warn(f"FlowerExecutor: {exc}; its clients continue from the server's copies")
         if ids:
-            self.push_states([self.loop.clients[c] for c in ids])
+            self.push_states([self.loop.parts.clients.clients[c] for c in ids])

@@ -53,7 +53,7 @@ def main(grid: Grid, context: Context) -> None:
             experiment = Experiment(cfg, parser)
         executor = FlowerExecutor(grid, nodes=int(settings["nodes"]), timeout_s=float(settings["timeout"]),
                                   node_wait_s=float(settings["node-wait"]), threads=int(settings["threads"]) or None)
-        experiment.loop.executor = executor
+        experiment.loop.settings.executor = executor
         if settings["progress-file"]:  # the round lines and warnings, for the deploy command to show as they come
             stream = experiment.progress_stream = open(str(settings["progress-file"]), "a", buffering=1)  # noqa: SIM115
             warnings.showwarning = lambda message, category, *_, **__: stream.write(

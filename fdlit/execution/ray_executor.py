@@ -15,9 +15,9 @@ and afterwards names it by a token; the actor keeps it on its device until the d
 holds the tensor. Public logits that an actor computed stay there for the client hooks.
 
 Client state: the authoritative copy lives in the actors during a run. :meth:`RayExecutor.fetch_states`
-copies it into the driver's ``ClientModule`` objects (``loop.clients``), :meth:`push_states` copies
+copies it into the driver's ``ClientModule`` objects (``ClientSide.clients``), :meth:`push_states` copies
 the driver's into the actors; :meth:`teardown` (called by ``FederationLoop.fit`` at the end) fetches,
-then frees the actors, so ``loop.clients`` hold the final clients after ``fit``.
+then frees the actors, so ``ClientSide.clients`` hold the final clients after ``fit``.
 
 ``ray`` is imported only when a RayExecutor is set up: fdlit works without it.
 """

@@ -1,12 +1,15 @@
 """FederationLoop: runs the rounds of Kovalchuk et al. 2026, Algorithm 1, and calls callbacks at named hooks.
 
 Read top to bottom: ``setup`` builds the federation's parts (the clients' side, the server's side,
-the round's facts, the data on the device: :mod:`fdlit.federation.round_parts`), ``fit`` runs the
-method's set-up and the rounds, ``run_round`` is one round exactly as in docs/algorithms.md
-("The round"): the private phase and its evaluation, then the exchange of the round's protocol
-(:mod:`fdlit.federation.protocols`), then the round's metrics (:mod:`fdlit.federation.measurement`).
+the round's facts, the data on the device: :func:`fdlit.federation.round_parts.build_parts`) and
+starts the executor, ``fit`` runs the method's set-up and the rounds, ``run_round`` is one round
+exactly as in docs/algorithms.md ("The round"): the private phase and its evaluation, then the
+exchange of the round's protocol (:mod:`fdlit.federation.protocols`), then the round's metrics
+(:mod:`fdlit.federation.measurement`).
 The steps get the parts, never the loop. The loop knows nothing of run directories, W&B or
-checkpoint files: callbacks observe a read-only view of it (a RoundView); a checkpoint is ``state_dict()``.
+checkpoint files: callbacks observe a read-only view of it (``view``, a RoundView); a checkpoint is
+``state_dict()``. What the run is made of is read from its parts (``parts``, ``server_side``,
+``settings``): the loop forwards none of them.
 """
 
 from __future__ import annotations
@@ -16,29 +19,21 @@ import math
 import time
 from typing import Any
 
-import torch
-
 from fdlit.adversaries import Adversaries
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
-from fdlit.execution import ClientExecutor, select_executor
 from fdlit.federation import baselines, measurement
 from fdlit.federation.checks import check_before_data
-from fdlit.federation.client_side import ClientSide
-from fdlit.federation.construction import InitialDraws, build_clients, check_seed, eval_rows
-from fdlit.federation.evaluation import Evaluation
+from fdlit.federation.construction import InitialDraws, check_seed
 from fdlit.federation.measurement import check_finite
 from fdlit.federation.protocols import CARRIED, protocol_for
-from fdlit.federation.public_rows import PublicRowsGuard
-from fdlit.federation.round_facts import RoundFacts
-from fdlit.federation.round_parts import RoundParts
+from fdlit.federation.round_parts import RoundParts, build_parts
 from fdlit.federation.round_view import LoopView
 from fdlit.federation.selection import ExactSelection
 from fdlit.federation.server import ServerModel
 from fdlit.federation.server_side import ServerSide
 from fdlit.federation.settings import FederationSettings
-from fdlit.federation.tensors import FederationTensors
 from fdlit.methods.base import Aggregator
 from fdlit.models.build import ModelSpec
 from fdlit.privacy import UploadPrivacy
@@ -98,7 +93,7 @@ class FederationLoop:
         self._open: tuple | None = None
         self._reported_at = -math.inf  # when the last round was closed (perf_counter)
         # what the config alone shows to be impossible, before any data loads
-        check_before_data(self.settings, self.data, self.aggregator, self.privacy, self.adversaries)
+        check_before_data(self.settings, self.data, aggregator, self.privacy, self.adversaries)
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -116,49 +111,23 @@ class FederationLoop:
             self.data.setup(self.seed)
         release = None
         if self.protocol.communicates:
-            self.privacy.check(self.aggregator, self.data.num_classes)
+            self.privacy.check(self.server_side.method, self.data.num_classes)
             release = self.privacy.client_release(s.message_dtype, self.seed)  # applied on each client
         self.fabric = make_device(s.accelerator, s.precision, s.fabric_devices)
-        device = self.fabric.device
-        if self.hosted is not None and s.mode != "reference":  # a deployment node keeps its own clients' data only
-            self.data.keep_only(self.hosted)
-        client_data, clients, method_part, self.draws = build_clients(
-            self.data, s.mode, s.client_class, self.model_spec, self.optimization, self.aggregator, self.adversaries,
-            self.seed, self.hosted, self.draws)
-        present = [c for c in clients if c is not None]  # a node builds only the clients it hosts
-        tensors = FederationTensors.on_device(self.data, client_data, device)
-        if s.participation is not None:
-            s.participation.check(len(clients), len(tensors.public_x))
-        rows = eval_rows(s.eval_subsample, len(tensors.test_y), self.seed)
-        rows = None if rows is None else rows.to(device)
-        facts = RoundFacts(self.seed, s.rounds, len(clients), self.data.num_classes, tensors.public_x,
-                           tensors.public_y, tuple(tuple(cd.classes) for cd in client_data), s.participation,
-                           (s.private_epochs_first, s.private_epochs), s.eval_every_n_rounds, rows)
-        if s.channels_last:
-            for c in present:
-                c.model.to(memory_format=torch.channels_last)  # 4-D weights only; the rest is unchanged
-        executor = s.executor
-        if executor is None:  # null: the fastest executor that applies (fdlit.execution.selection)
-            executor = s.executor = select_executor(present, s.precision, sample=tensors.public_x[:1])
-        side = ClientSide(executor, clients, client_data, method_part, tensors.private, release)
-        evaluate = Evaluation(side.correct, (tensors.test_x, tensors.test_y), tensors.local_masks,
-                              (tensors.val_x, tensors.val_y))
-        server = self.server_side
-        server.start(PublicRowsGuard(len(tensors.public_x)))  # refuses server state it could not save
-        if server.server_model is not None:  # on the driver, whatever the executor
-            server.server_model.setup(self.data.input_shape, self.data.num_classes, self.seed, device,
-                                      getattr(self.data, "input_transform", None))
         # the parts exist before the executor starts: a remote executor names the loop's tensors in set-up
-        self.parts = RoundParts(s, facts, side, server, tensors, evaluate, self.adversaries, self.data.num_classes,
-                                self.seed, self.optimization.batch_size, self.optimization.public_batch_size)
+        self.parts, self.draws = build_parts(s, self.data, self.model_spec, self.optimization, self.server_side,
+                                             self.adversaries, self.seed, self.fabric.device, release, self.hosted,
+                                             self.draws)
+        parts, executor = self.parts, s.executor
         executor.configure(s.compile_backend)
         try:
-            executor.setup(self.fabric, present)
+            executor.setup(self.fabric, [c for c in parts.clients.clients if c is not None])
         except BaseException:
             self.parts = None  # not set up: a later setup() starts again
             raise
         executor.progress = self._clients_progress
-        self.selection = ExactSelection(side, evaluate, active=rows is not None and tensors.val_y is not None)
+        active = parts.facts.eval_rows is not None and parts.tensors.val_y is not None
+        self.selection = ExactSelection(parts.clients, parts.evaluate, active=active)
         # a receive may wait for the next request unless something reads the clients between the
         # rounds: the selection keeps their weights, the upload audit queries them every round
         executor.may_carry_receive = not self.selection.active and not self.privacy.upload_audit
@@ -183,7 +152,8 @@ class FederationLoop:
                 self.run_round(r, clock=start)
             self._close_open(start)  # the last round's carried evaluation: one closing request
         finally:
-            self.executor.teardown(self.clients)  # remote executors: final state back into self.clients
+            side = self.parts.clients
+            side.executor.teardown(side.clients)  # remote executors: final state back into the clients
         self.wall_time = time.perf_counter() - start
         summary = self.summary()
         for cb in self.callbacks:
@@ -232,7 +202,7 @@ class FederationLoop:
     def _close_open(self, clock: float | None) -> None:
         if self._open is not None:
             opened, self._open = self._open, None
-            with self.executor.carried_evaluation():  # the clients as they were after the round's receive
+            with self.parts.clients.executor.carried_evaluation():  # the clients as they were after the round's receive
                 self._close_round(*opened, self.parts.evaluated(opened[0]), clock)
 
     def _close_round(self, plan, result, losses, after_private, lost, t0, after_public, clock) -> Metrics:
@@ -258,7 +228,8 @@ class FederationLoop:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue exactly (tensors and plain data): the run's own
         state, every client's (fetched from where it lives) and the server's."""
-        return {"round": self.round, "rounds": self.rounds, "seed": self.seed, "num_clients": len(self.clients),
+        return {"round": self.round, "rounds": self.settings.rounds, "seed": self.seed,
+                "num_clients": len(self.parts.clients),
                 "clients": self.parts.clients.checkpoint_states(), **self.server_side.state_dict(),
                 "history": [dict(m) for m in self.history], "wall_time": float(self.wall_time),
                 "selection": self.selection.state_dict()}
@@ -277,44 +248,8 @@ class FederationLoop:
         """Best and final numbers of the run (fdlit.federation.measurement.summary)."""
         ledger = self.server_side.ledger
         return measurement.summary(
-            self.history, rounds_done=self.round, rounds=self.rounds, test_samples=len(self.parts.tensors.test_y),
+            self.history, rounds_done=self.round, rounds=self.settings.rounds,
+            test_samples=len(self.parts.tensors.test_y),
             bytes_up=ledger.total("up"), bytes_down=ledger.total("down"), wall_time=self.wall_time,
-            client_classes=[[int(c) for c in cd.classes] for cd in self.client_data],
+            client_classes=[[int(c) for c in cd.classes] for cd in self.parts.clients.client_data],
             measured_network=baselines.measured_network(self.settings.mode, self.server_side.method))
-
-    # ---------------------------------- read-only views of the parts (LoopView, run bookkeeping, tests)
-    @property
-    def rounds(self) -> int:
-        return self.settings.rounds
-
-    @property
-    def executor(self) -> ClientExecutor | None:
-        return self.settings.executor
-
-    @executor.setter
-    def executor(self, executor: ClientExecutor) -> None:  # before set-up only (the deployment, export)
-        if self.parts is not None:
-            raise RuntimeError("the executor is chosen before set-up")
-        self.settings.executor = executor
-
-    @property
-    def aggregator(self) -> Aggregator:
-        return self.server_side.method
-
-    @aggregator.setter
-    def aggregator(self, method: Aggregator) -> None:  # before set-up only (tests swap in a spy)
-        if self.parts is not None:
-            raise RuntimeError("the method is chosen before set-up")
-        self.server_side.method = method
-
-    @property
-    def ledger(self):
-        return self.server_side.ledger
-
-    @property
-    def clients(self) -> list:
-        return self.parts.clients.clients
-
-    @property
-    def client_data(self) -> list:
-        return self.parts.clients.client_data

@@ -1,17 +1,34 @@
-"""The loop as its callbacks see it: :class:`fdlit.callbacks.RoundView`, read-only. The loop has every
-member of the view itself; this proxy hands callbacks those members and nothing else."""
+"""The loop as its callbacks see it: :class:`fdlit.callbacks.RoundView`, read-only: the run's own
+state and what its parts hold (the clients' side, the server's ledger), nothing else."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from fdlit.callbacks import LedgerView, RoundView
+    from fdlit.callbacks import LedgerView
     from fdlit.clients.client import ClientModule
     from fdlit.data.federated import ClientData
     from fdlit.execution.executor import ClientExecutor
+    from fdlit.federation.round_parts import RoundParts
+    from fdlit.federation.server_side import ServerSide
+    from fdlit.federation.settings import FederationSettings
     from fdlit.records import Metrics
+
+
+class Run(Protocol):
+    """What the view reads of the run (the FederationLoop): its own state, its parts, its summary."""
+
+    round: int
+    history: list[Metrics]
+    settings: FederationSettings
+    server_side: ServerSide
+    parts: RoundParts | None
+
+    def summary(self) -> Metrics: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
 
 
 class LoopView:
@@ -19,7 +36,7 @@ class LoopView:
 
     __slots__ = ("_loop",)
 
-    def __init__(self, loop: RoundView):
+    def __init__(self, loop: Run):
         self._loop = loop
 
     @property
@@ -28,7 +45,7 @@ class LoopView:
 
     @property
     def rounds(self) -> int:
-        return self._loop.rounds
+        return self._loop.settings.rounds
 
     @property
     def history(self) -> Sequence[Metrics]:
@@ -36,19 +53,19 @@ class LoopView:
 
     @property
     def clients(self) -> Sequence[ClientModule]:
-        return tuple(self._loop.clients)
+        return tuple(self._loop.parts.clients.clients)
 
     @property
     def client_data(self) -> Sequence[ClientData]:
-        return tuple(self._loop.client_data)
+        return tuple(self._loop.parts.clients.client_data)
 
     @property
     def executor(self) -> ClientExecutor:
-        return self._loop.executor
+        return self._loop.settings.executor
 
     @property
     def ledger(self) -> LedgerView:
-        return self._loop.ledger
+        return self._loop.server_side.ledger
 
     def summary(self) -> Metrics:
         return self._loop.summary()

@@ -271,10 +271,10 @@ def check_config(config: dict[str, Any], rounds: int, state: dict[str, Any]) -> 
 
 def check_resumable(loop: FederationLoop, config: dict[str, Any], state: dict[str, Any]) -> None:
     """Refuse a checkpoint that does not fit the loop, before anything is written."""
-    check_config(config, loop.rounds, state)
+    check_config(config, loop.settings.rounds, state)
     saved = state["loop"]
-    if saved["num_clients"] != len(loop.clients):
-        raise CheckpointError(f"checkpoint has {saved['num_clients']} clients, the config {len(loop.clients)}")
+    if saved["num_clients"] != len(loop.parts.clients):
+        raise CheckpointError(f"checkpoint has {saved['num_clients']} clients, the config {len(loop.parts.clients)}")
 
 
 def restore_checkpoint(loop: FederationLoop, state: dict[str, Any]) -> None:

@@ -47,7 +47,7 @@ def default_run_name(loop: FederationLoop, config: dict[str, Any]) -> tuple[str,
     name carries the non-default settings and a hash unique per setting (fdlit.runs.naming.run_name)."""
     from fdlit.runs.naming import run_name
 
-    method = getattr(loop.aggregator, "short_name", type(loop.aggregator).__name__)
+    method = getattr(loop.server_side.method, "short_name", type(loop.server_side.method).__name__)
     method = {"fd": method, "local_only": "local", "reference": "reference"}[loop.settings.mode]
     d = loop.data
     heterogeneity = f"k{d.classes_per_client}" if d.partition == "classes" else f"dir{d.dirichlet_alpha}"
@@ -106,7 +106,8 @@ class Experiment:
         """One line per part of a user's LightningModule that the federation does not call."""
         from fdlit.clients.lightning_habits import own_module_notes
 
-        own = next((c.own_module for c in self.loop.clients if getattr(c, "own_module", None) is not None), None)
+        clients = self.loop.parts.clients.clients
+        own = next((c.own_module for c in clients if getattr(c, "own_module", None) is not None), None)
         for note in own_module_notes(own) if own is not None else []:
             print(f"fdlit: note: {note}", file=sys.stderr)
 
@@ -124,7 +125,7 @@ class Experiment:
             checkpoint = self.checkpoint_file or self.run_path / CHECKPOINT
             if checkpoint.exists():
                 state = load_checkpoint(checkpoint)
-                check_config(self.saved_config, loop.rounds, state)
+                check_config(self.saved_config, loop.settings.rounds, state)
                 self.resumed_round = state["loop"]["round"]
             try:
                 self.lock = RunLock(self.run_path).acquire()
@@ -143,17 +144,17 @@ class Experiment:
             self.lock = RunLock(self.run_path).acquire()
         saved_round = state["loop"]["round"] if state is not None else 0
         if self.resume_from is not None:
-            print(f"fdlit: resuming {self.run_path} after round {saved_round} of {loop.rounds}" if state else
+            print(f"fdlit: resuming {self.run_path} after round {saved_round} of {loop.settings.rounds}" if state else
                   f"fdlit: starting {self.run_path} again from round 1 (no round completed there)", file=sys.stderr)
             if state is not None:
                 restore_checkpoint(loop, state)  # sets the random state round r+1 starts from: nothing below draws
-            for note in rebuild_logs(self.run_path, saved_round, loop.history, loop.ledger.rows()):
+            for note in rebuild_logs(self.run_path, saved_round, loop.history, loop.server_side.ledger.rows()):
                 print(f"fdlit: {note}", file=sys.stderr)
         wandb = self.wandb = WandbLogger(self.logger, self.config, self.run_path, self.name,
                                          run_id=state["wandb_run_id"] if state else None)
         self.identity = {"run": self.name, "run_dir": str(self.run_path), **self.setting}
         directory = RunDirectory(self.run_path, self.config_yaml, self.identity,
-                                 messages_written=len(loop.ledger.messages))
+                                 messages_written=len(loop.server_side.ledger.messages))
         self.checkpointer = Checkpointer(self.run_path, self.config, wandb.current_run_id, self.checkpoint,
                                          saved_round=saved_round)
         loop.callbacks = [

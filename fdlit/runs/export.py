@@ -100,9 +100,9 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
     if server:
         module, spec, which, classes = loop.server_side.server_model.net, resolved(loop.server_side.server_model.spec, loop), "server", None
     else:
-        module = loop.clients[client].model
+        module = loop.parts.clients.clients[client].model
         spec = resolved(loop.model_spec, loop, client)
-        which, classes = f"client {client}", [int(c) for c in loop.client_data[client].classes]
+        which, classes = f"client {client}", [int(c) for c in loop.parts.clients.client_data[client].classes]
     net, input_module = (module.net, module.input) if hasattr(module, "net") and hasattr(module, "input") else (module, None)
     source = {"run_dir": str(path.resolve()), "round": int(loop_state["round"]), "model": which, "classes": classes}
     if format == "torchscript":
@@ -202,12 +202,12 @@ def _trained_loop(path: Path, state: dict[str, Any], trust_config: bool = False)
                                 None if trust_config else EXPORT_ALLOWLIST)
         experiment = Experiment(cfg, parser, resume_from=path)
     try:
-        check_config(experiment.config, experiment.loop.rounds, state)  # a config.yaml edited since is refused
+        check_config(experiment.config, experiment.loop.settings.rounds, state)  # a config.yaml edited since is refused
     except CheckpointError as exc:
         raise CheckpointError(f"{path / CONFIG} differs from the config its checkpoint was written with (edited "
                               "since the run?); export needs the config.yaml the run saved", "run_dir") from exc
     loop = experiment.loop
-    loop.executor = SequentialExecutor()
+    loop.settings.executor = SequentialExecutor()
     restore_checkpoint(loop, state)
     return loop
 
