@@ -5,8 +5,8 @@ so one sweep gives every shorter budget. Rounds that were not evaluated do not c
 
 from __future__ import annotations
 
-from fdlit.reporting.measure_table import MeasureTable, measure_table
-from fdlit.reporting.runs import ACC, Run
+from fdlit.reporting.measure_table import MeasureTable, evaluated_accuracy, measure_table
+from fdlit.reporting.runs import Run
 
 
 def caption(budgets: list[int]) -> str:
@@ -17,7 +17,7 @@ def caption(budgets: list[int]) -> str:
 
 def _best_within(budget: int):
     def value(run: Run) -> float | None:
-        rounds, acc = run.series(ACC)
+        rounds, acc = evaluated_accuracy(run)
         within = acc[rounds <= budget]
         return 100 * float(within.max()) if len(within) else None
     return value

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from fdlit.reporting.labels import _number, _section
-from fdlit.reporting.measure_table import Column, MeasureTable, measure_table
-from fdlit.reporting.runs import ACC, Run
+from fdlit.reporting.measure_table import Column, MeasureTable, evaluated_accuracy, measure_table
+from fdlit.reporting.runs import Run
 
 MB = 1e6
 UP, DOWN = "comm/up_bytes_total", "comm/down_bytes_total"
@@ -32,7 +32,7 @@ def _clients(run: Run) -> float | None:
 
 def _reach(run: Run) -> tuple[float, float] | None:
     """(round, cumulative MB per client) of the first evaluated round at 95 % of the run's best."""
-    rounds, acc = run.series(ACC)
+    rounds, acc = evaluated_accuracy(run)
     m = _clients(run)
     if not len(acc) or m is None:
         return None
@@ -55,7 +55,7 @@ def _total(key: str):
 
 def _accuracy(which: str):
     def value(run: Run) -> float | None:
-        _, acc = run.series(ACC)
+        _, acc = evaluated_accuracy(run)
         return None if not len(acc) else 100 * float(acc[-1] if which == "last" else acc.max())
     return value
 

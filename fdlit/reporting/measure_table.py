@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fdlit.reporting.runs import Run, _k_sort, _method_sort
+from fdlit.reporting.runs import ACC, Run, _k_sort, _method_sort
 from fdlit.reporting.table_files import csv_text, markdown_text
 
 # (column name, how a run gives its number (None: not measured), decimals)
@@ -26,6 +26,13 @@ class MeasureTable:
     columns: list[tuple[str, int]]  # (name, decimals) of the columns some run measured
     rows: list[tuple[str, object]]  # (method label, k)
     cells: dict  # (label, k, column name) -> per-seed values
+
+
+def evaluated_accuracy(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """(rounds, mean global accuracy after the public phase) of the rounds that were evaluated."""
+    rounds, acc = run.series(ACC)
+    finite = np.isfinite(acc)
+    return rounds[finite], acc[finite]
 
 
 def measure_table(runs: list[Run], columns: list[Column]) -> MeasureTable | None:

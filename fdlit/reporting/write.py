@@ -91,8 +91,8 @@ def write_report(runs_dir: str | Path | list, out: str | Path | None = None, inc
                 earlier.append(text.split("\n", 1)[1] if earlier else text)  # one header line
             parts_html = []
             for stem, title, about, md, csv_text_, table_html in other_tables(section.runs, list(budgets)):
-                tables.setdefault(f"{stem}.md", []).append(heading + about + "\n\n" + md
-                                                           + legend_markdown(section.legend))
+                legend = legend_markdown(section.legend) if stem != "adversaries" else ""  # its rows name no group
+                tables.setdefault(f"{stem}.md", []).append(heading + about + "\n\n" + md + legend)
                 earlier = tables.setdefault(f"{stem}.csv", [])
                 earlier.append(csv_text_.split("\n", 1)[1] if earlier else csv_text_)
                 parts_html.append(f"<h3>{title} (<code>{stem}.md</code>, <code>{stem}.csv</code>)</h3>"
