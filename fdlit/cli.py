@@ -89,7 +89,18 @@ def report_parser() -> ArgumentParser:
     parser.add_argument("--formats", type=list[str] | str, default=["pdf", "svg", "png"],
                         help="Figure files to write: pdf, svg, png (the PNG is always written; the page shows it); "
                              "a list ([pdf,png]) or one format or a comma-separated string (png, pdf,png).")
+    parser.add_argument("--budgets", type=list[int], default=[],
+                        help="Also write budgets.md / .csv: each method's best accuracy within its first R rounds, "
+                             "one column per R (e.g. --budgets [5,10]).")
     return parser
+
+
+def report_budgets(value: list[int]) -> list[int]:
+    """The round budgets in order, no repeats; each a whole number of rounds of at least 1."""
+    bad = [b for b in value if b < 1]
+    if bad:
+        raise ConfigError("budgets", f"must be whole numbers of rounds >= 1 (e.g. --budgets [5,10]); got {bad}")
+    return sorted(set(value))
 
 
 def report_formats(value: list[str] | str) -> tuple[str, ...]:
@@ -194,12 +205,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"fdlit sweep: {len(result['failed'])} runs failed: {', '.join(result['failed'])}", file=sys.stderr)
                 return 1
         elif cfg.command == "report":
+            budgets = report_budgets(cfg.report.budgets)
             from fdlit.reporting import write_report
 
             with one_line_warnings("fdlit report"):  # a plotting library's warning, without its source line
                 index = write_report(cfg.report.runs, cfg.report.out, include_unfinished=cfg.report.include_unfinished,
                                      include_duplicates=cfg.report.include_duplicates,
-                                     formats=report_formats(cfg.report.formats))
+                                     formats=report_formats(cfg.report.formats), budgets=budgets)
             print(f"fdlit report: {index}")
         elif cfg.command == "export":
             from fdlit.runs.export import export_model

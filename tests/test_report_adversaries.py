@@ -112,3 +112,25 @@ def test_share_of_attackers_from_count_fraction_or_ids():
     assert share(count=4) == 0.2 and share(fraction=0.1) == 0.1 and share(ids=[1, 2, 3]) == 0.15
     assert share(fraction=0.12) == 0.1  # round(0.12 * 20) = 2 clients attack
     assert attacked_share({"data": {"num_clients": 20}, "adversaries": {"attack": None, "count": 3}}) == 0.0
+
+
+def test_adversaries_table_is_honest_accuracy_and_attackers_weight_per_share(study, tmp_path, monkeypatch):
+    root, made = study
+    monkeypatch.setattr("fdlit.reporting.write.trust_figures", lambda runs: [])
+    write_report(root, tmp_path / "out", formats=("png",))
+    md = (tmp_path / "out" / "adversaries.md").read_text()
+    flip = md.split("### Attack LabelFlipping", 1)[1].split("### Attack", 1)[0]
+    assert "| rule | 0 % | 25 % | 50 % |" in flip
+    for rule in RULES:
+        line = next(line for line in flip.splitlines() if line.startswith(f"| {rule} |"))
+        cells = [c.strip() for c in line.strip("|").split("|")][1:]
+        for f, cell in zip(FRACTIONS, cells, strict=True):
+            key = "adversaries/honest_global_acc" if f else "after_public/global_acc_mean"
+            acc = [100 * last(made[(rule, f, seed)], key) for seed in (0, 1)]
+            weight = np.mean([last(made[(rule, f, seed)], "adversaries/weight") for seed in (0, 1)]) if f else 0.0
+            assert cell == f"{np.mean(acc):.1f} ± {np.std(acc, ddof=1):.1f} ({weight:.2f})"
+    wrong = md.split("### Attack ConfidentWrong(confidence=10.0, target=0)", 1)[1].split("### Attack", 1)[0]
+    assert "| rule | 0 % | 25 % |" in wrong and "| AVG | " in wrong and "| UWA |" not in wrong
+    rows = (tmp_path / "out" / "adversaries.csv").read_text().splitlines()
+    assert rows[0].startswith("attack,rule,attackers,honest_accuracy_mean")
+    assert sum(row.startswith("LabelFlipping,AVG,") for row in rows) == len(FRACTIONS)

@@ -24,7 +24,11 @@ size, text >= 8 pt, no in-plot titles, the captions are in the page) and Table 1
 - App. B curves: mean global and local accuracy vs round, shaded ±1 std over seeds
   (Kovalchuk et al. 2026, App. B.1); χ vs round; accuracy vs cumulative bytes (up + down);
 - the last round's who-to-trust matrix of every rule, k and seed, a dot on each client's own classes,
-  in files named by the run (``trust_<run directory>``).
+  in files named by the run (``trust_<run directory>``);
+- beside Table 1: the privacy table (runs that measure privacy), the bytes table (``bytes.md``: accuracy,
+  rounds and MB per client to 95 % of the best), the round-budget table (``budgets.md``, with
+  ``budgets``) and the adversaries table (``adversaries.md``: honest accuracy and attackers' weight by
+  share of attackers).
 
 "Best" is the best round's mean over clients (``summary.json``; the metrics when it lacks it). When a
 run's summary holds a validation-selected accuracy (``selected_global_acc_mean``), that one is used
@@ -38,6 +42,8 @@ and runs of different settings are labelled by what tells them apart (:mod:`~fdl
 
 Modules: :mod:`~fdlit.reporting.runs` (which runs), :mod:`~fdlit.reporting.labels` (how they are
 named), :mod:`~fdlit.reporting.groups` (sections and setting groups), :mod:`~fdlit.reporting.table` and :mod:`~fdlit.reporting.table_files` (Table 1),
+:mod:`~fdlit.reporting.measure_table`, :mod:`~fdlit.reporting.bytes_table`, :mod:`~fdlit.reporting.budget_table`,
+:mod:`~fdlit.reporting.privacy_table` and :mod:`~fdlit.reporting.adversaries_table` (the other tables),
 :mod:`~fdlit.reporting.figures`, :mod:`~fdlit.reporting.adversaries` and
 :mod:`~fdlit.reporting.paper_figures` (the figures), :mod:`~fdlit.reporting.page` (``index.html``),
 :mod:`~fdlit.reporting.write` (the command).

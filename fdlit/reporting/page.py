@@ -143,6 +143,7 @@ class SectionPage:
     selected: bool
     runs: list
     privacy_html: str = ""  # the privacy table, for runs that measure privacy
+    tables_html: str = ""  # the other tables (bytes, round budgets, adversaries), headed
 
 
 def legend_html(legend: dict) -> str:
@@ -171,6 +172,7 @@ def section_html(section: SectionPage, formats, several: bool) -> str:
 {_networks_html(section.runs)}
 {legend_html(section.legend)}
 {_privacy_part(section)}
+{section.tables_html}
 <h3>Figures{' of ' + html.escape(section.name) if several else ''}</h3>
 {figures_html([f for f in section.figures if f[0] not in section.trust_stems], formats)}
 {trust_html}"""

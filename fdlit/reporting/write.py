@@ -3,12 +3,19 @@ them with the page (what each part is: :mod:`fdlit.reporting`)."""
 
 from __future__ import annotations
 
+import html
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 from fdlit.errors import ConfigError
 from fdlit.reporting.adversaries import adversaries_figures
+from fdlit.reporting.adversaries_table import CAPTION as ADVERSARIES_CAPTION
+from fdlit.reporting.adversaries_table import adversaries_csv, adversaries_html, adversaries_markdown, adversaries_table
+from fdlit.reporting.budget_table import budget_table
+from fdlit.reporting.budget_table import caption as budget_caption
+from fdlit.reporting.bytes_table import CAPTION as BYTES_CAPTION
+from fdlit.reporting.bytes_table import bytes_table
 from fdlit.reporting.figures import (
     accuracy_vs_epsilon,
     accuracy_vs_tau,
@@ -21,6 +28,7 @@ from fdlit.reporting.figures import (
 )
 from fdlit.reporting.groups import regroup
 from fdlit.reporting.labels import LOCAL_LABEL, REF_LABEL
+from fdlit.reporting.measure_table import measure_csv, measure_html, measure_markdown
 from fdlit.reporting.page import SectionPage, page_html
 from fdlit.reporting.paper_figures import FORMATS, check_formats, paper_style, save_figure
 from fdlit.reporting.privacy_table import CAPTION as PRIVACY_CAPTION
@@ -40,10 +48,11 @@ from fdlit.runs.atomic_write import enclosing_run_directory, is_run_directory, w
 
 def write_report(runs_dir: str | Path | list, out: str | Path | None = None, include_unfinished: bool = False,
                  say: Callable[[str], None] = print, include_duplicates: bool = False,
-                 formats: tuple[str, ...] = FORMATS) -> Path:
+                 formats: tuple[str, ...] = FORMATS, budgets: list[int] = ()) -> Path:
     """Write the report of the runs under ``runs_dir`` (a folder, or a list of folders and run
     directories) into ``out``; ``formats``: the figure files (``pdf``, ``svg``, ``png``; the PNG is
-    always written, the page shows it). The page's path back."""
+    always written, the page shows it); ``budgets``: round budgets R of the budget table (none: no such
+    table). The page's path back."""
     formats = check_formats(formats)
     roots = [Path(r) for r in ([runs_dir] if isinstance(runs_dir, (str, Path)) else runs_dir)]
     out = check_out(Path(out) if out else default_out(roots))
@@ -80,15 +89,39 @@ def write_report(runs_dir: str | Path | list, out: str | Path | None = None, inc
                                                            + privacy_markdown(privacy) + legend_markdown(section.legend))
                 text, earlier = privacy_csv(privacy), tables.setdefault("privacy.csv", [])
                 earlier.append(text.split("\n", 1)[1] if earlier else text)  # one header line
+            parts_html = []
+            for stem, title, about, md, csv_text_, table_html in other_tables(section.runs, list(budgets)):
+                legend = legend_markdown(section.legend) if stem != "adversaries" else ""  # its rows name no group
+                tables.setdefault(f"{stem}.md", []).append(heading + about + "\n\n" + md + legend)
+                earlier = tables.setdefault(f"{stem}.csv", [])
+                earlier.append(csv_text_.split("\n", 1)[1] if earlier else csv_text_)
+                parts_html.append(f"<h3>{title} (<code>{stem}.md</code>, <code>{stem}.csv</code>)</h3>"
+                                  f"<p>{html.escape(about)}</p>{table_html}")
             shown.append(SectionPage(section.name, section.legend, table, caption, figures,
                                      {prefix + stem for stem, *_ in trust}, selected, section.runs,
-                                     privacy_html(privacy) if privacy is not None else ""))
+                                     privacy_html(privacy) if privacy is not None else "", "".join(parts_html)))
     page = page_html(runs, skipped, ", ".join(map(str, roots)), shown, formats)
     # the page first: the tables are never there without the page that says what they hold
     index = write_file(out / "index.html", page)
     for name, texts in tables.items():
         write_file(out / name, ("" if name.endswith(".csv") else "\n").join(texts))
     return index
+
+
+def other_tables(runs, budgets: list[int]) -> list[tuple[str, str, str, str, str, str]]:
+    """(file stem, title, caption, Markdown, CSV, HTML) of a section's tables beside Table 1 and privacy:
+    bytes (runs that log their communication), round budgets (when asked for) and adversaries (attacked runs)."""
+    out = []
+    for stem, title, about, table in (("bytes", "Accuracy against bytes", BYTES_CAPTION, bytes_table(runs)),
+                                      ("budgets", "Round budgets", budget_caption(budgets),
+                                       budget_table(runs, budgets))):
+        if table is not None:
+            out.append((stem, title, about, measure_markdown(table), measure_csv(table), measure_html(table, stem)))
+    attacks = adversaries_table(runs)
+    if attacks:
+        out.append(("adversaries", "Adversaries", ADVERSARIES_CAPTION, adversaries_markdown(attacks),
+                    adversaries_csv(attacks), adversaries_html(attacks)))
+    return out
 
 
 def section_figures(runs, table, selected: bool):
