@@ -19,11 +19,12 @@ AGGREGATORS = {
     "AVG": {"class_path": "fdlit.methods.ProbabilityAveraging", "init_args": {}},
     "UWA": {"class_path": "fdlit.methods.UncertaintyWeighted", "init_args": {}},
     "sUWA": {"class_path": "fdlit.methods.SmoothedUncertaintyWeighted", "init_args": {"tau": 0.25}},
+    "ERA": {"class_path": "fdlit.methods.EntropyReduction", "init_args": {"temperature": 0.1}},
 }
 
 
 def run_dir(root: Path, name: str, dataset="digits", method="AVG", seed=0, tau=0.25, best=0.5, rounds=3,
-            hidden=(128, 128), lr=0.001, num_clients=20, data_dir=None) -> Path:
+            hidden=(128, 128), lr=0.001, num_clients=20, data_dir=None, server=None, sigma=None) -> Path:
     """A finished run directory in the on-disk format RunDirectory writes (config, metrics, summary)."""
     path = root / name
     path.mkdir(parents=True)
@@ -36,7 +37,8 @@ def run_dir(root: Path, name: str, dataset="digits", method="AVG", seed=0, tau=0
               "model": {"class_path": "fdlit.models.MLP", "init_args": {"hidden": list(hidden)}},
               "client": {"optimizer": "adam", "lr": lr, "batch_size": 32},
               "aggregator": aggregator, "federation": {"rounds": rounds, "mode": "fd"},
-              "logger": {"name": name, "run_dir": str(root)}}
+              "logger": {"name": name, "run_dir": str(root)},
+              **({"server": server} if server else {}), **({"privacy": {"noise_multiplier": sigma}} if sigma else {})}
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     rows = [{"round": r, "after_public/global_acc_mean": best - 0.05 * (rounds - r),
              "after_public/local_acc_mean": 0.9, "after_private/global_acc_mean": best - 0.1,
@@ -157,6 +159,23 @@ def test_groups_too_long_to_name_are_lettered_with_the_full_settings_in_the_lege
     assert main(["report", str(root), "--out", str(tmp_path / "out"), "--formats", "png"]) == 0
     md = (tmp_path / "out" / "table1.md").read_text()
     assert re.search(rf"\| \[B\] \| {re.escape(long_dir)} \|", md) and "| [A] | default |" in md
+
+
+def test_a_method_files_own_settings_name_the_method_not_a_group(tmp_path):
+    """DS-FL is ERA with a server model: its row says DS-FL, and the server section every DS-FL run
+    shares (and no other method has) makes no group; the noise multiplier the runs differ in does."""
+    root = tmp_path / "runs"
+    server = {"model": {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [128, 128]}}, "batch_size": 32}
+    for sigma in (None, 0.01):
+        run_dir(root, f"avg-{sigma}", method="AVG", sigma=sigma)
+        run_dir(root, f"dsfl-{sigma}", method="ERA", server=server, sigma=sigma)
+    run_dir(root, "era", method="ERA", sigma=0.01)  # ERA alone: no server model, no DS-FL
+    runs, _ = load_runs(root)
+    labels = sorted(r.method for r in runs)
+    assert labels == sorted(["[noise_multiplier=default] AVG", "[noise_multiplier=0.01] AVG",
+                             "[noise_multiplier=default] DS-FL", "[noise_multiplier=0.01] DS-FL",
+                             "[noise_multiplier=0.01] ERA"]), labels
+    assert all(set(r.group_settings) == {"privacy.noise_multiplier"} for r in runs)
 
 
 def test_report_of_chosen_runs_and_a_link_out_of_a_run_is_not_followed(mixed, tmp_path, capsys):

@@ -92,6 +92,8 @@ class Aggregator(LegacyAggregatorHooks):
 
     short_name = "rule"
     label: str | None = None  # how reports name the method (None: its class name)
+    # the published method this rule is with a trained server model (the `server` section): DS-FL for ERA
+    server_label: str | None = None
     # the network whose accuracy the run reports (summary.json, the report's tables)
     measured_network = "each client's own network"
     needs_public_set = True  # False: the method runs without a public set (data.public_size 0 allowed)

@@ -31,6 +31,7 @@ class EntropyReduction(Aggregator):
 
     short_name = "era"
     label = "ERA"  # how tables and figures name the method
+    server_label = "DS-FL"  # ERA with the server model DS-FL trains on the same labels
     summed = "probabilities"  # the teacher is a function of the clients' mean probability
 
     def __init__(self, temperature: float = 0.1):

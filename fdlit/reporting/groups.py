@@ -114,7 +114,7 @@ def distinguishing(groups: list[dict[str, str]], keys: list[str]) -> list[str]:
 def name_groups(section: Section) -> None:
     flat = [_flatten(without_noop_sections(r.config)) for r in section.runs]  # a no-op section is no difference
     keys = sorted(k for k in set().union(*flat) if not k.startswith(STUDIED)
-                  and len({repr(f.get(k)) for f in flat}) > 1)
+                  and len({repr(f.get(k)) for f in flat}) > 1 and not _of_the_method(k, section.runs, flat))
     if not keys:
         return
     values = [{k: compact(f.get(k)) for k in keys} for f in flat]
@@ -133,6 +133,15 @@ def name_groups(section: Section) -> None:
     for r, v in zip(section.runs, values, strict=True):
         r.group = f"[{labels[distinct.index(v)]}] "
         r.method = r.group + r.method
+
+
+def _of_the_method(key: str, runs: list, flat: list[dict[str, Any]]) -> bool:
+    """A setting every run of each method shares (DS-FL's server model, a method file's own
+    optimizer) is part of the method the row already names, not a group of runs."""
+    values: dict[str, set[str]] = {}
+    for r, f in zip(runs, flat, strict=True):
+        values.setdefault(r.method, set()).add(repr(f.get(key)))
+    return len(values) > 1 and all(len(v) == 1 for v in values.values())
 
 
 def letter(i: int) -> str:

@@ -78,6 +78,8 @@ def method_label(config: dict) -> str:
     class_path = canonical_class_path(_class_path(config))
     cls = method_class(class_path)
     label = (cls.label or cls.__name__) if cls is not None else class_path.rsplit(".", 1)[-1]
+    if cls is not None and cls.server_label and _section(_section(config, "server"), "model").get("class_path"):
+        label = cls.server_label
     tau = suwa_tau(config)
     if tau is not None:  # the τ study's rows are sUWA at different temperatures; τ = 0 is AVG, τ = 1 UWA
         label = {0.0: f"AVG (sUWA τ={tau:g})", 1.0: f"UWA (sUWA τ={tau:g})"}.get(tau, f"sUWA τ={tau:g}")
