@@ -1,6 +1,7 @@
 """Tables with a row per method and k and a column per measurement, mean ± std over seeds, written as
-Markdown, CSV (one line per cell) and HTML: the bytes table (:mod:`fdlit.reporting.bytes_table`) and the
-round-budget table (:mod:`fdlit.reporting.budget_table`)."""
+Markdown, CSV (one line per cell) and HTML: the bytes table (:mod:`fdlit.reporting.bytes_table`), the
+round-budget table (:mod:`fdlit.reporting.budget_table`) and the privacy table
+(:mod:`fdlit.reporting.privacy_table`)."""
 
 from __future__ import annotations
 

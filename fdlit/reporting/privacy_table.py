@@ -10,17 +10,8 @@ each client sends a round and secure aggregation's seconds a round (``time/secag
 
 from __future__ import annotations
 
-import csv
-import html
-import io
-import math
-from collections import defaultdict
-from dataclasses import dataclass
-
-import numpy as np
-
-from fdlit.reporting.runs import Run, _k_sort, _method_sort
-from fdlit.reporting.table_files import csv_text, markdown_text
+from fdlit.reporting.measure_table import MeasureTable, measure_csv, measure_html, measure_markdown, measure_table
+from fdlit.reporting.runs import Run
 
 MIB = 2**20
 
@@ -55,38 +46,18 @@ def _scaled(value: float | None, factor: float) -> float | None:
     return None if value is None else value * factor
 
 
-@dataclass
-class PrivacyTable:
-    columns: list[tuple[str, int]]  # (name, decimals) of the measured columns
-    rows: list[tuple[str, object]]  # (method label, k)
-    cells: dict  # (label, k, column) -> per-seed values
-
-
 def measures_privacy(run: Run) -> bool:
     return any(m.get(key) is not None for m in run.metrics for key in PRIVACY_KEYS)
 
 
-def privacy_table(runs: list[Run]) -> PrivacyTable | None:
+def privacy_table(runs: list[Run]) -> MeasureTable | None:
     """The table of the runs that measure privacy; None when none does. A method's runs without any
     privacy measurement (its plain baseline) get a row too, so the cost of each defence is read off."""
     measured = {r.method for r in runs if measures_privacy(r)}
     if not measured:
         return None
-    groups: dict[tuple, list[Run]] = defaultdict(list)
-    for r in runs:
-        if r.kind == "rule" and (r.method in measured or _base_of(r.method, measured)):
-            groups[(r.method, r.k)].append(r)
-    cells, used = {}, []
-    for name, value, decimals in COLUMNS:
-        any_value = False
-        for key, group in groups.items():
-            values = [v for v in (value(r) for r in group) if v is not None and math.isfinite(v)]
-            cells[(*key, name)] = values
-            any_value |= bool(values)
-        if any_value:
-            used.append((name, decimals))
-    rows = sorted(groups, key=lambda row: (_method_sort(row[0]), _k_sort(row[1])))
-    return PrivacyTable(used, rows, cells)
+    return measure_table([r for r in runs if r.kind == "rule" and (r.method in measured or _base_of(r.method, measured))],
+                         list(COLUMNS))
 
 
 def _base_of(label: str, measured: set[str]) -> bool:
@@ -95,42 +66,8 @@ def _base_of(label: str, measured: set[str]) -> bool:
     return any(m.split("] ", 1)[-1] == bare for m in measured)
 
 
-def cell_text(values: list[float], decimals: int) -> str:
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.{decimals}f}"
-    return f"{np.mean(values):.{decimals}f} ± {np.std(values, ddof=1):.{decimals}f}"
+privacy_markdown, privacy_csv = measure_markdown, measure_csv
 
 
-def privacy_markdown(table: PrivacyTable) -> str:
-    head = ["method", "k", *(name for name, _ in table.columns)]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for label, k in table.rows:
-        row = [markdown_text(label), markdown_text(k)]
-        row += [cell_text(table.cells[(label, k, name)], decimals) for name, decimals in table.columns]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def privacy_csv(table: PrivacyTable) -> str:
-    """One line per (method, k, column): mean, std (empty with one seed) and the number of seeds."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["method", "k", "column", "mean", "std", "n"])
-    for label, k in table.rows:
-        for name, _ in table.columns:
-            values = table.cells[(label, k, name)]
-            if values:
-                std = float(np.std(values, ddof=1)) if len(values) > 1 else ""
-                writer.writerow([csv_text(label), csv_text(str(k)), name, float(np.mean(values)), std, len(values)])
-    return out.getvalue()
-
-
-def privacy_html(table: PrivacyTable) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["method", "k", *(n for n, _ in table.columns)])
-    body = "".join(
-        f"<tr><th>{html.escape(label)}</th><td>{html.escape(str(k))}</td>"
-        + "".join(f"<td>{html.escape(cell_text(table.cells[(label, k, n)], d))}</td>" for n, d in table.columns)
-        + "</tr>" for label, k in table.rows)
-    return f'<table id="privacy"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+def privacy_html(table: MeasureTable) -> str:
+    return measure_html(table, "privacy")
