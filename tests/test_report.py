@@ -334,6 +334,27 @@ def test_a_run_that_left_k_at_its_default_is_labelled_k2(tmp_path):
     assert run.k == 2
 
 
+def test_the_label_attacks_uniform_guess_is_drawn_per_k(tmp_path):
+    """The uniform guess's error depends on k (0.8 at k = 2 of 10 classes, near 0 at k = 10): one
+    dotted line per k, never their mean, which would be no run's chance."""
+    from fdlit.reporting import load_runs, upload_attacks_vs_epsilon
+
+    root = tmp_path / "runs"
+    for k, chance in ((2, 0.8), (10, 0.04)):
+        path = fake_run(root / f"k{k}", "AVG", k, 0, 0.5)
+        config = yaml.safe_load((path / "config.yaml").read_text())
+        config["privacy"] = {"noise_multiplier": 0.1, "encoding": "full"}
+        (path / "config.yaml").write_text(yaml.safe_dump(config))
+        rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+        for row in rows:
+            row.update({"privacy/epsilon": 10.0, "privacy/label_tv": chance / 2, "privacy/label_tv_chance": chance,
+                        "privacy/upload_mia_auc": 0.5})
+        (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    figure = upload_attacks_vs_epsilon(load_runs(root)[0])
+    dotted = {line.get_label(): line.get_ydata()[0] for line in figure.axes[0].lines if line.get_linestyle() == ":"}
+    assert dotted == {"uniform guess, k=2": pytest.approx(0.8), "uniform guess, k=10": pytest.approx(0.04)}
+
+
 def test_privacy_runs_get_accuracy_and_attack_auc_against_epsilon(tmp_path):
     from fdlit.reporting import accuracy_vs_epsilon, load_runs, upload_attacks_vs_epsilon
 

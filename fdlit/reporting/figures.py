@@ -133,14 +133,21 @@ def upload_attacks_vs_epsilon(runs: list[Run]):
     membership attack's AUC from predictions (last round); None without both audits and DP runs."""
     if not any(r.last("privacy/label_tv") is not None for r in runs):
         return None
-    chance = [c for r in runs if (c := _mean_over_rounds(r, "privacy/label_tv_chance")) is not None]
+    by_k: dict = defaultdict(list)  # the uniform guess's error depends on k (0.8 at k = 2 of 10 classes)
+    for r in runs:
+        if (c := _mean_over_rounds(r, "privacy/label_tv_chance")) is not None:
+            by_k[r.k].append(c)
+    chance = {k: float(np.mean(v)) for k, v in by_k.items()}
     return _against_epsilon(runs, [
-        (lambda r: _mean_over_rounds(r, "privacy/label_tv"), "label-inference TV error", float(np.mean(chance))),
+        (lambda r: _mean_over_rounds(r, "privacy/label_tv"), "label-inference TV error", chance),
         (lambda r: r.last("privacy/upload_mia_auc"), "membership AUC from predictions", 0.5)])
 
 
 def _against_epsilon(runs: list[Run], panels: list[tuple]):
-    """One panel per (value of a run, y label, chance level or None) against the last round's ε."""
+    """One panel per (value of a run, y label, chance level, or one per k as {k: level}, or None)
+    against the last round's ε."""
+    from matplotlib.ticker import NullFormatter
+
     dp: dict[tuple, dict[float, list[tuple]]] = defaultdict(lambda: defaultdict(list))
     plain: dict[tuple, list[tuple]] = defaultdict(list)
     for r in runs:
@@ -172,9 +179,13 @@ def _against_epsilon(runs: list[Run], panels: list[tuple]):
             if v:
                 ax.axhline(np.mean(v), ls="--", lw=1, color=colors.get(key, "grey"),
                            label=f"{key[1]} k={key[2]}, no DP")
-        if chance is not None:
+        if isinstance(chance, dict):
+            for k, level in sorted(chance.items(), key=lambda kv: str(kv[0])):
+                ax.axhline(level, ls=":", lw=1, color="black", label=f"uniform guess, k={k}")
+        elif chance is not None:
             ax.axhline(chance, ls=":", lw=1, color="black", label="chance")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # under a decade apart, minor labels overlap
         ax.set_xlabel("ε after the last round (log)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
