@@ -355,6 +355,26 @@ def test_the_label_attacks_uniform_guess_is_drawn_per_k(tmp_path):
     assert dotted == {"uniform guess, k=2": pytest.approx(0.8), "uniform guess, k=10": pytest.approx(0.04)}
 
 
+def test_noise_on_the_sum_and_noise_on_each_client_are_lines_of_their_own(tmp_path):
+    """The local and the central threat model at the same sigma spend the same epsilon for different
+    accuracy: pooled into one line, the figure would show their mean, which no run reached."""
+    from fdlit.reporting import accuracy_vs_epsilon, load_runs
+
+    root = tmp_path / "runs"
+    for accounting, best in (("local", 0.25), ("central", 0.75)):
+        path = fake_run(root / accounting, "AVG", 2, 0, best)
+        config = yaml.safe_load((path / "config.yaml").read_text())
+        config["privacy"] = {"noise_multiplier": 0.1, "encoding": "full", "accounting": accounting}
+        (path / "config.yaml").write_text(yaml.safe_dump(config))
+        rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+        for row in rows:
+            row.update({"privacy/epsilon": 100.0, "privacy/mia_auc": 0.5})
+        (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    figure = accuracy_vs_epsilon(load_runs(root)[0])
+    lines = {c.get_label(): c.lines[0].get_ydata()[0] for c in figure.axes[0].containers}
+    assert lines == {"AVG k=2": pytest.approx(25.0), "AVG, noise on the sum k=2": pytest.approx(75.0)}
+
+
 def test_privacy_runs_get_accuracy_and_attack_auc_against_epsilon(tmp_path):
     from fdlit.reporting import accuracy_vs_epsilon, load_runs, upload_attacks_vs_epsilon
 

@@ -110,9 +110,13 @@ def accuracy_vs_tau(runs: list[Run]):
 
 
 def privacy_label(run: Run) -> str:
-    """The run's rule (without the block prefix) and, unless full logits, its upload encoding."""
-    encoding = (_section(run.config, "privacy").get("encoding") or "full")
-    return run.method.split("] ")[-1] + ("" if encoding == "full" else f" ({encoding})")
+    """The run's rule (without the block prefix) and, unless full logits, its upload encoding; noise on
+    the securely aggregated sum (the central threat model) is a line of its own."""
+    privacy = _section(run.config, "privacy")
+    encoding = privacy.get("encoding") or "full"
+    central = privacy.get("accounting") in ("central", "secure_aggregation")
+    return (run.method.split("] ")[-1] + ("" if encoding == "full" else f" ({encoding})")
+            + (", noise on the sum" if central else ""))
 
 
 def accuracy_vs_epsilon(runs: list[Run]):
