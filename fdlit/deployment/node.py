@@ -37,6 +37,7 @@ from fdlit.deployment.wire import pack, unpack
 
 if TYPE_CHECKING:
     from fdlit.code_allowlist import CodeAllowlist
+    from fdlit.federation.client_side import ClientSide
 
 
 def to_bytes(obj: Any) -> torch.Tensor:
@@ -136,8 +137,13 @@ class NodeWorker:
             return self.loop.parts.tensors.private[rest[0]][rest[1]]
         return getattr(self.loop.parts.tensors, kind)
 
+    @property
+    def _side(self) -> ClientSide:
+        """The clients this node hosts, their data and the executor that runs them."""
+        return self.loop.parts.clients
+
     def _clients(self, ids):
-        return [self.loop.parts.clients.clients[i] for i in ids]
+        return [self._side.clients[i] for i in ids]
 
     def op_hello(self, meta, tensors):
         part = self.node_config.get("partition-id")
@@ -175,12 +181,12 @@ class NodeWorker:
             self.loop.setup()
         if folder:  # their local classes go to the server, which measures local accuracy on them
             return {"clients": self.ids,
-                    "classes": {str(i): list(self.loop.parts.clients.client_data[i].classes) for i in self.ids}}, {}
+                    "classes": {str(i): list(self._side.client_data[i].classes) for i in self.ids}}, {}
         return {"clients": self.ids}, {}
 
     def op_train(self, meta, tensors):
         datasets = [(self._ref(x), self._ref(t)) for x, t in meta["datasets"]]
-        losses = self.loop.parts.clients.executor.train(self._clients(meta["ids"]), meta["phase"], datasets,
+        losses = self._side.executor.train(self._clients(meta["ids"]), meta["phase"], datasets,
                                                         meta["epochs"], meta["batch_size"])
         return self._after({"losses": [float(v) for v in losses]}, meta, {})
 
@@ -193,7 +199,7 @@ class NodeWorker:
         carried_meta, carried = self._receive_carried(meta)  # the previous round's receive comes first
         trained = self._clients(meta["ids"])
         datasets = [(self._ref(x), self._ref(t)) for x, t in meta["datasets"]]
-        executor = loop.parts.clients.executor
+        executor = self._side.executor
         losses = executor.train(trained, "private", datasets, meta["epochs"], meta["batch_size"]) if trained else []
         out_meta: dict[str, Any] = {"losses": [float(v) for v in losses]}
         out = self._then_measure(meta)  # before the upload, as the round evaluates after the private phase
@@ -213,8 +219,8 @@ class NodeWorker:
             info = loop.parts.facts.info(meta["round"], tuple(upload["clients"]), self._ref(upload["public_index"]))
             ids = upload["ids"]
             step = ClientStep(meta["round"], [], [], 0, 0, upload["kind"], self._clients(ids),
-                              [loop.parts.clients.client_data[i] for i in ids], loop.parts.clients.method_part, info,
-                              {k: self._ref(r) for k, r in upload["received"].items()}, loop.parts.clients.release)
+                              [self._side.client_data[i] for i in ids], self._side.method_part, info,
+                              {k: self._ref(r) for k, r in upload["received"].items()}, self._side.release)
             _, payloads = executor.client_step(step)
             if secure:  # the terms of the sum stay here; each message goes up without its arrays
                 payloads = self.secagg.keep(ids, payloads, loop.privacy)
@@ -232,10 +238,10 @@ class NodeWorker:
             self._hook("receive", entry)
         ids = [i for entry in entries for i in entry["ids"]]
         out = {f"recv/{k}": v for k, v in self._measured(ids, meta["receive_measure"]).items()}
-        out_meta = {"receive_logged": self.loop.parts.clients.executor.logged_values()}
+        out_meta = {"receive_logged": self._side.executor.logged_values()}
         keep = meta.get("receive_states") or {}
         if keep.get("then_states"):
-            out["receive_states"] = to_bytes(self.loop.parts.clients.executor.fetch_states(self._clients(ids)))
+            out["receive_states"] = to_bytes(self._side.executor.fetch_states(self._clients(ids)))
         if keep.get("save_states"):
             out_meta["receive_saved"] = self._save(keep["save_states"], ids)
         return out_meta, out
@@ -245,7 +251,7 @@ class NodeWorker:
         loop = self.loop
         ids = meta["ids"]
         teachers = [(self._ref(x), self._ref(t)) for x, t in meta["teachers"]]
-        losses = loop.parts.clients.executor.distil(loop.parts.clients.method_part, self._clients(ids), teachers,
+        losses = self._side.executor.distil(self._side.method_part, self._clients(ids), teachers,
                                       [loop.parts.tensors.private[i] for i in ids], meta["epochs"], meta["batch_size"])
         return self._after({"losses": [float(v) for v in losses]}, meta, self._then_measure(meta))
 
@@ -255,10 +261,10 @@ class NodeWorker:
         in a checkpoint (saves the server a request)."""
         if "then_measure" in meta and not any(k.startswith("pred/") for k in out):
             out.update(self._then_measure(meta))
-        out_meta["logged"] = self.loop.parts.clients.executor.logged_values()
+        out_meta["logged"] = self._side.executor.logged_values()
         if meta.get("then_states"):
             out_meta["state_ids"] = list(self.ids)
-            out["states"] = to_bytes(self.loop.parts.clients.executor.fetch_states(self._clients(self.ids)))
+            out["states"] = to_bytes(self._side.executor.fetch_states(self._clients(self.ids)))
         if meta.get("save_states"):
             out_meta["saved"] = self._save(meta["save_states"], self.ids)
         return out_meta, out
@@ -267,7 +273,7 @@ class NodeWorker:
         """The clients' states saved on this node's disk for the round's checkpoint: [round, ids]."""
         from fdlit.deployment.node_checkpoints import save
 
-        states = self.loop.parts.clients.executor.fetch_states(self._clients(ids))
+        states = self._side.executor.fetch_states(self._clients(ids))
         save(self.node_config, ask["key"], int(ask["round"]), dict(zip(ids, states, strict=True)))
         return [int(ask["round"]), list(ids)]
 
@@ -292,7 +298,7 @@ class NodeWorker:
                 for k, (x, y) in enumerate(sets)}
 
     def _predict(self, ids, ref) -> torch.Tensor:
-        return self.loop.parts.clients.executor.predict(self._clients(ids), self._ref(ref)).float()
+        return self._side.executor.predict(self._clients(ids), self._ref(ref)).float()
 
     def op_predict(self, meta, tensors):
         return {}, {"logits": self._predict(meta["ids"], meta["x"])}
@@ -303,9 +309,8 @@ class NodeWorker:
         index = self._ref(meta["public_index"])
         info = loop.parts.facts.info(meta["round"], tuple(meta["clients"]), index)
         received = {k: self._ref(r) for k, r in meta["received"].items()}
-        clients, data = self._clients(ids), [loop.parts.clients.client_data[i] for i in ids]
-        side = loop.parts.clients
-        return side.executor.client_hook(hook, side.method_part, info, clients, data, received)
+        clients, data = self._clients(ids), [self._side.client_data[i] for i in ids]
+        return self._side.executor.client_hook(hook, self._side.method_part, info, clients, data, received)
 
     def op_hook(self, meta, tensors):
         payloads = self._hook(meta["hook"], meta)
@@ -314,13 +319,13 @@ class NodeWorker:
 
     def op_get_states(self, meta, tensors):
         clients = self._clients(meta["ids"])
-        return {}, {"states": to_bytes(self.loop.parts.clients.executor.fetch_states(clients))}
+        return {}, {"states": to_bytes(self._side.executor.fetch_states(clients))}
 
     def op_set_states(self, meta, tensors):
         clients = self._clients(meta["ids"])
         for client, state in zip(clients, from_bytes(tensors["states"]), strict=True):
             client.load_client_state(state)
-        self.loop.parts.clients.executor.push_states(clients)
+        self._side.executor.push_states(clients)
         return {}, {}
 
     def op_secagg_share(self, meta, tensors):
@@ -341,7 +346,7 @@ class NodeWorker:
         clients = self._clients(sorted(rounds))
         for client in clients:
             client.load_client_state(states[client.client_id])
-        self.loop.parts.clients.executor.push_states(clients)
+        self._side.executor.push_states(clients)
         return {"restored": sorted(rounds)}, {}
 
     def op_teardown(self, meta, tensors):

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from fdlit.reporting.labels import REF_LABEL
 from fdlit.reporting.paper_figures import FORMATS, MIN_FONT_PT, ONE_COLUMN_IN, PNG_DPI, TWO_COLUMN_IN
-from fdlit.reporting.privacy_table import CAPTION as PRIVACY_CAPTION
 from fdlit.reporting.runs import SELECTED, Run, _k_sort, _method_sort, shared_settings
 from fdlit.reporting.table import Table, _first_of_block, _row_cells, _show_dataset
 from fdlit.reporting.table_files import measured_networks
@@ -142,8 +141,7 @@ class SectionPage:
     trust_stems: set
     selected: bool
     runs: list
-    privacy_html: str = ""  # the privacy table, for runs that measure privacy
-    tables_html: str = ""  # the other tables (bytes, round budgets, adversaries), headed
+    tables_html: str = ""  # the tables beside Table 1 (privacy, bytes, round budgets, adversaries), headed
 
 
 def legend_html(legend: dict) -> str:
@@ -171,7 +169,6 @@ def section_html(section: SectionPage, formats, several: bool) -> str:
 {table1_html(section.table)}
 {_networks_html(section.runs)}
 {legend_html(section.legend)}
-{_privacy_part(section)}
 {section.tables_html}
 <h3>Figures{' of ' + html.escape(section.name) if several else ''}</h3>
 {figures_html([f for f in section.figures if f[0] not in section.trust_stems], formats)}
@@ -184,13 +181,6 @@ def _networks_html(runs) -> str:
         return ""
     items = "".join(f"<li>{html.escape(label)}: {html.escape(text)}</li>" for label, text in networks.items())
     return f'<p>Network measured:</p><ul class="networks">{items}</ul>'
-
-
-def _privacy_part(section: SectionPage) -> str:
-    if not section.privacy_html:
-        return ""
-    return f"<h3>Privacy (<code>privacy.md</code>, <code>privacy.csv</code>)</h3><p>{html.escape(PRIVACY_CAPTION)}</p>" \
-           f"{section.privacy_html}"
 
 
 def page_html(runs: list[Run], skipped, runs_dir, sections: list[SectionPage], formats) -> str:

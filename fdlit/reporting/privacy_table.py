@@ -10,7 +10,7 @@ each client sends a round and secure aggregation's seconds a round (``time/secag
 
 from __future__ import annotations
 
-from fdlit.reporting.measure_table import MeasureTable, measure_csv, measure_html, measure_markdown, measure_table
+from fdlit.reporting.measure_table import MeasureTable, measure_table
 from fdlit.reporting.runs import Run
 
 MIB = 2**20
@@ -64,10 +64,3 @@ def _base_of(label: str, measured: set[str]) -> bool:
     """Whether ``label`` is a measured method's run without the defence ("[A] AVG" beside "[B] AVG")."""
     bare = label.split("] ", 1)[-1]
     return any(m.split("] ", 1)[-1] == bare for m in measured)
-
-
-privacy_markdown, privacy_csv = measure_markdown, measure_csv
-
-
-def privacy_html(table: MeasureTable) -> str:
-    return measure_html(table, "privacy")

@@ -32,7 +32,7 @@ from fdlit.reporting.measure_table import measure_csv, measure_html, measure_mar
 from fdlit.reporting.page import SectionPage, page_html
 from fdlit.reporting.paper_figures import FORMATS, check_formats, paper_style, save_figure
 from fdlit.reporting.privacy_table import CAPTION as PRIVACY_CAPTION
-from fdlit.reporting.privacy_table import privacy_csv, privacy_html, privacy_markdown, privacy_table
+from fdlit.reporting.privacy_table import privacy_table
 from fdlit.reporting.runs import ACC, LOCAL, _k_sort, _method_sort, load_runs
 from fdlit.reporting.table import TIED_MARK, table1, table1_caption
 from fdlit.reporting.table_files import (
@@ -83,23 +83,17 @@ def write_report(runs_dir: str | Path | list, out: str | Path | None = None, inc
             figures = [(prefix + stem, caption_, fig.get_figwidth(), save_figure(fig, out / "figures", prefix + stem,
                                                                                  formats))
                        for stem, caption_, fig in drawn + trust if fig is not None]
-            privacy = privacy_table(section.runs)
-            if privacy is not None:
-                tables.setdefault("privacy.md", []).append(heading + PRIVACY_CAPTION + "\n\n"
-                                                           + privacy_markdown(privacy) + legend_markdown(section.legend))
-                text, earlier = privacy_csv(privacy), tables.setdefault("privacy.csv", [])
-                earlier.append(text.split("\n", 1)[1] if earlier else text)  # one header line
             parts_html = []
             for stem, title, about, md, csv_text_, table_html in other_tables(section.runs, list(budgets)):
                 legend = legend_markdown(section.legend) if stem != "adversaries" else ""  # its rows name no group
                 tables.setdefault(f"{stem}.md", []).append(heading + about + "\n\n" + md + legend)
                 earlier = tables.setdefault(f"{stem}.csv", [])
-                earlier.append(csv_text_.split("\n", 1)[1] if earlier else csv_text_)
+                earlier.append(csv_text_.split("\n", 1)[1] if earlier else csv_text_)  # one header line
                 parts_html.append(f"<h3>{title} (<code>{stem}.md</code>, <code>{stem}.csv</code>)</h3>"
                                   f"<p>{html.escape(about)}</p>{table_html}")
             shown.append(SectionPage(section.name, section.legend, table, caption, figures,
                                      {prefix + stem for stem, *_ in trust}, selected, section.runs,
-                                     privacy_html(privacy) if privacy is not None else "", "".join(parts_html)))
+                                     "".join(parts_html)))
     page = page_html(runs, skipped, ", ".join(map(str, roots)), shown, formats)
     # the page first: the tables are never there without the page that says what they hold
     index = write_file(out / "index.html", page)
@@ -109,10 +103,12 @@ def write_report(runs_dir: str | Path | list, out: str | Path | None = None, inc
 
 
 def other_tables(runs, budgets: list[int]) -> list[tuple[str, str, str, str, str, str]]:
-    """(file stem, title, caption, Markdown, CSV, HTML) of a section's tables beside Table 1 and privacy:
-    bytes (runs that log their communication), round budgets (when asked for) and adversaries (attacked runs)."""
+    """(file stem, title, caption, Markdown, CSV, HTML) of a section's tables beside Table 1: privacy (runs
+    that measure it), bytes (runs that log their communication), round budgets (when asked for) and
+    adversaries (attacked runs)."""
     out = []
-    for stem, title, about, table in (("bytes", "Accuracy against bytes", BYTES_CAPTION, bytes_table(runs)),
+    for stem, title, about, table in (("privacy", "Privacy", PRIVACY_CAPTION, privacy_table(runs)),
+                                      ("bytes", "Accuracy against bytes", BYTES_CAPTION, bytes_table(runs)),
                                       ("budgets", "Round budgets", budget_caption(budgets),
                                        budget_table(runs, budgets))):
         if table is not None:
