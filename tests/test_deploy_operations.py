@@ -333,13 +333,35 @@ def test_a_stop_signal_stops_every_process_of_the_deployment(sig, tmp_path):
 
 
 @pytest.mark.deploy
+def test_a_killed_serverapp_ends_deploy_within_seconds(tmp_path):
+    """The ServerApp on this machine is watched as a process: killed mid-run (no outcome written), deploy
+    says so and stops everything within seconds, not at the SuperLink's next status check."""
+    deploy = Deploy(tmp_path, ["--federation.rounds", "200"])
+    try:
+        run_dir = deploy.wait_for(deploy.run_dir)
+        deploy.wait_for(lambda: (run_dir / "metrics.jsonl").exists())  # round 1 done
+        said = json.loads(deploy.wait_for(lambda: read(deploy.work / "result.serverapp.json")))
+        assert b"flwr-serverapp" in read(Path(f"/proc/{said['pid']}/cmdline"))
+        os.kill(said["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        code = deploy.process.wait(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        deploy.kill()
+    assert code == 1 and took < 30, (code, took, deploy.err())
+    failed = [line for line in deploy.err().splitlines() if "the ServerApp exited without an outcome" in line]
+    assert len(failed) == 1 and failed[0].startswith("fdlit deploy: the run failed: "), deploy.err()
+    assert deploy.left_behind() == []
+
+
+@pytest.mark.deploy
 def test_a_lost_superlink_ends_deploy_within_seconds_and_says_what_was_kept(tmp_path):
     deploy = Deploy(tmp_path, ["--federation.rounds", "3"])
     try:
         run_dir = deploy.wait_for(deploy.run_dir)
         deploy.wait_for(lambda: (run_dir / "checkpoint.pt").exists())  # round 1 saved
         superlink = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and
-                     b"flower-superlink" in read(p / "cmdline") and in_env(p, str(deploy.work))]
+                     b"fdlit.deployment.superlink" in read(p / "cmdline") and in_env(p, str(deploy.work))]
         assert len(superlink) == 1
         os.killpg(os.getpgid(superlink[0]), signal.SIGKILL)
         lost = time.monotonic()

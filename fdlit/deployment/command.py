@@ -285,8 +285,10 @@ def run_on(address: str, work: Path, env: dict, options, fit_args: list[str], wa
 
     write_connection(env, address, options.root_certificates)
     result_file, progress_file = work / "result.json", work / "progress.log"
-    result_file.unlink(missing_ok=True)
-    progress_file.unlink(missing_ok=True)
+    from fdlit.deployment.launcher import serverapp_file
+
+    for stale in (result_file, progress_file, serverapp_file(result_file)):
+        stale.unlink(missing_ok=True)
     app = write_app(work / "app", {"fit-args": json.dumps(fit_args), "nodes": options.nodes,
                                    "timeout": float(options.timeout), "node-wait": float(options.node_wait),
                                    "threads": options.threads, "result-file": str(result_file),

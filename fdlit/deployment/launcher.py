@@ -86,6 +86,8 @@ class LocalDeployment:
     # SuperNode authentication (needs ``certificates``): each SuperNode gets an EC key whose public half
     # is registered with the SuperLink (``flwr supernode register``); unregistered nodes are refused
     authenticate: bool = False
+    # Flower's own SuperLink (``flower-superlink``) instead of fdlit.deployment.superlink: for comparisons
+    flower_superlink: bool = False
     # more --node-config for every SuperNode (data-dir, idle-timeout, allowed-classes, ...; checked by
     # fdlit.deployment.checks.node_settings)
     node_settings: dict = field(default_factory=dict)
@@ -106,7 +108,9 @@ class LocalDeployment:
         port = free_port()
         self.address = f"127.0.0.1:{port}"
         auth = ["--enable-supernode-auth"] if self.authenticate else []
-        self._spawn([flower_bin("flower-superlink"), *self._security(True), *auth, "--host", "127.0.0.1", "--port", str(port),
+        flower = flower_bin("flower-superlink")  # Flower installed (else: how to install it)
+        command = [flower] if self.flower_superlink else [sys.executable, "-m", "fdlit.deployment.superlink"]
+        self._spawn([*command, *self._security(True), *auth, "--host", "127.0.0.1", "--port", str(port),
                      "--disable-runtime-dependency-installation"], env, logs / "superlink.log")
         wait_for_port(port, self.processes[0], timeout_s, "flower-superlink")
         if self.authenticate:
@@ -262,17 +266,49 @@ def stop_run(run_id: int, env: dict) -> None:
         subprocess.run([flower_bin("flwr"), "stop", str(run_id), CONNECTION], env=env, capture_output=True, timeout=30)
 
 
+def serverapp_file(result_file: Path) -> Path:
+    """Where the ServerApp says which process it is (beside its result file): host and pid."""
+    return result_file.with_name(result_file.stem + ".serverapp.json")
+
+
+def serverapp_alive(result_file: Path) -> bool | None:
+    """Whether the run's ServerApp process still runs: None where that cannot be seen from here (not
+    started yet, or on another machine), so the SuperLink is asked instead."""
+    try:
+        said = json.loads(serverapp_file(result_file).read_text())
+        if said.get("host") != socket.gethostname():
+            return None
+        pid = int(said["pid"])
+        os.kill(pid, 0)
+        with contextlib.suppress(OSError):  # (Linux) one that ended, not yet reaped by its parent, is gone too
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        return True
+    except ProcessLookupError:
+        return False
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def wait_for_result(result_file: Path, run_id: int, env: dict, timeout_s: float,
                     watch: Callable[[], None] | None = None) -> dict:
     """The ServerApp's outcome: its result file, or the run's failure as the SuperLink reports it.
-    ``watch``: called every 0.2 s meanwhile (node lines, the SuperLink's loss)."""
+    ``watch``: called every 0.2 s meanwhile (node lines, the SuperLink's loss). A ServerApp on this
+    machine is watched as a process (its end is seen within 0.2 s); one elsewhere through ``flwr
+    ls`` every 10 s (a Python process of its own: ~1 CPU-second each, which a round beside it feels)."""
     deadline, next_check = time.monotonic() + timeout_s, time.monotonic() + 10
     while not result_file.exists():
         if watch is not None:
             watch()
         if time.monotonic() > deadline:
             raise TimeoutError(f"the run did not finish within {timeout_s:g} s (deploy --run-timeout)")
-        if time.monotonic() > next_check:  # a ServerApp that died without writing its outcome
+        alive = serverapp_alive(result_file)
+        if alive is False:  # it exited: its result is written before it does, so none now is a failure
+            time.sleep(1)
+            if result_file.exists():
+                break
+            status = run_status(run_id, env) or "not reported"
+            return {"status": "failed", "error": f"the ServerApp exited without an outcome (Flower: {status})"}
+        if alive is None and time.monotonic() > next_check:  # a ServerApp that died without writing its outcome
             status = run_status(run_id, env)
             if status.startswith("finished"):
                 time.sleep(1)

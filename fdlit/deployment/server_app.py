@@ -15,8 +15,10 @@ Run config (``flwr run --run-config``; :mod:`fdlit.deployment.launcher` sets it)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import traceback
 import warnings
 from pathlib import Path
@@ -44,6 +46,12 @@ def main(grid: Grid, context: Context) -> None:
         os.environ["WANDB_DIR"] = str(settings["wandb-dir"])
     outcome: dict = {"status": "failed"}
     experiment = None
+    if settings["result-file"]:  # which process this is, for the launcher to watch (fdlit.deployment.launcher)
+        from fdlit.deployment.launcher import serverapp_file
+
+        with contextlib.suppress(OSError):  # the launcher's folder is not on this machine
+            serverapp_file(Path(str(settings["result-file"]))).write_text(
+                json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
     try:
         args = json.loads(str(settings["fit-args"]))
         if args[:1] == ["--resume"]:  # a run directory of this machine, continued from its checkpoint
