@@ -24,14 +24,16 @@ def test_the_superlink_keeps_flowers_layers_in_their_order_and_scopes_the_six_th
         name = theirs.cls.__name__
         names.append(name)
         if name in SCOPES:
-            assert mine.cls is Scoped and mine.args[:2] == (theirs.cls, SCOPES[name])
-            assert mine.args[2:] == theirs.args and mine.kwargs == theirs.kwargs
+            assert mine.cls is Scoped and mine.args[:3] == (theirs.cls, *SCOPES[name])
+            assert mine.args[3:] == theirs.args and mine.kwargs == theirs.kwargs
         else:
             assert mine is theirs
     assert set(SCOPES) <= set(names)  # every scoped layer is one Flower builds (a renamed one would run everywhere)
 
 
 def test_a_scoped_layer_runs_on_its_api_and_every_other_request_passes_it_by():
+    from types import SimpleNamespace
+
     from fdlit.deployment.superlink import Scoped
 
     seen: list[tuple[str, str]] = []
@@ -47,9 +49,16 @@ def test_a_scoped_layer_runs_on_its_api_and_every_other_request_passes_it_by():
             seen.append((self.tag, scope["path"]))
             await self.inner(scope, receive, send)
 
-    scoped = Scoped(app, Layer, "/v1/fleet/", tag="fleet-layer")
-    for scope in ({"type": "http", "path": "/v1/fleet/pull-messages"}, {"type": "http", "path": "/v1/runtime/pull-object"},
-                  {"type": "http", "path": "/v1/control/list-runs"}, {"type": "lifespan"}):
-        asyncio.run(scoped(scope, None, None))
-    assert seen == [("fleet-layer", "/v1/fleet/pull-messages"), ("app", "/v1/fleet/pull-messages"),
-                    ("app", "/v1/runtime/pull-object"), ("app", "/v1/control/list-runs"), ("app", "lifespan")]
+    flower_app = SimpleNamespace(state=SimpleNamespace(fleet_event_log_plugin=None))
+    requests = [{"type": "http", "path": p, "app": flower_app}
+                for p in ("/v1/fleet/pull-messages", "/v1/runtime/pull-object", "/v1/control/list-runs")]
+    for layer in (Scoped(app, Layer, "/v1/fleet/", None, tag="fleet"),
+                  Scoped(app, Layer, "/v1/fleet/", "fleet_event_log_plugin", tag="fleet log")):
+        for scope in [*requests, {"type": "lifespan"}]:
+            asyncio.run(layer(scope, None, None))
+    flower_app.state.fleet_event_log_plugin = object()  # a configured event log: its layer acts
+    asyncio.run(Scoped(app, Layer, "/v1/fleet/", "fleet_event_log_plugin", tag="fleet log")(requests[0], None, None))
+    everything_on = [("app", "/v1/fleet/pull-messages"), ("app", "/v1/runtime/pull-object"),
+                     ("app", "/v1/control/list-runs"), ("app", "lifespan")]
+    assert seen == [("fleet", "/v1/fleet/pull-messages"), *everything_on, *everything_on,
+                    ("fleet log", "/v1/fleet/pull-messages"), ("app", "/v1/fleet/pull-messages")]

@@ -110,8 +110,11 @@ class LocalDeployment:
         auth = ["--enable-supernode-auth"] if self.authenticate else []
         flower = flower_bin("flower-superlink")  # Flower installed (else: how to install it)
         command = [flower] if self.flower_superlink else [sys.executable, "-m", "fdlit.deployment.superlink"]
+        # its SuperExec only starts the ServerApp: asking twice a second, not ten times (each ask is a
+        # request the SuperLink serves, all run long)
+        slower = {} if "FLWR_SUPEREXEC_TASK_POLL_INTERVAL" in os.environ else {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5"}
         self._spawn([*command, *self._security(True), *auth, "--host", "127.0.0.1", "--port", str(port),
-                     "--disable-runtime-dependency-installation"], env, logs / "superlink.log")
+                     "--disable-runtime-dependency-installation"], {**env, **slower}, logs / "superlink.log")
         wait_for_port(port, self.processes[0], timeout_s, "flower-superlink")
         if self.authenticate:
             write_connection(env, self.address, str(self.certificates[0]))

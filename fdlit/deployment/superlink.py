@@ -6,8 +6,9 @@ two on ``/v1/fleet/``) and hand every other request straight on. Each layer stil
 group, streams and wrapped response (about 0.4 ms of the SuperLink's CPU a layer and request), and on
 a deployment's small, frequent requests (a digits FedAvg round: 65 requests, most of them a message's
 objects and polls) those pass-throughs were most of the SuperLink's time. Here each such layer is
-built as Flower builds it and reached only by the requests of its own API: the same layers, in the
-same order, on the same requests; the others skip them.
+built as Flower builds it and reached only by the requests of its own API (the event-log layers only
+while an event-log plugin is configured, as they act only then): the same layers, in the same order,
+on the same requests; the others skip them.
 
 ``deploy`` starts this SuperLink for its local federation; a SuperLink started with
 ``flower-superlink`` (another machine, ``flwr run .``) is Flower's and works the same, at its pace.
@@ -19,22 +20,28 @@ from __future__ import annotations
 
 import sys
 
-# the API each path-specific layer of Flower's SuperLink acts on (checked against its dispatch, 1.42)
-SCOPES = {"ControlSensitiveResponseMiddleware": "/v1/control/", "ControlAuthenticationMiddleware": "/v1/control/",
-          "ControlLicenseMiddleware": "/v1/control/", "ControlEventLogMiddleware": "/v1/control/",
-          "NodeAuthMiddleware": "/v1/fleet/", "FleetEventLogMiddleware": "/v1/fleet/"}
+# the API each path-specific layer of Flower's SuperLink acts on, and for the event logs the app's
+# plugin without which the layer hands every request on (checked against their dispatch, Flower 1.42)
+SCOPES = {"ControlSensitiveResponseMiddleware": ("/v1/control/", None),
+          "ControlAuthenticationMiddleware": ("/v1/control/", None),
+          "ControlLicenseMiddleware": ("/v1/control/", None),
+          "ControlEventLogMiddleware": ("/v1/control/", "control_event_log_plugin"),
+          "NodeAuthMiddleware": ("/v1/fleet/", None),
+          "FleetEventLogMiddleware": ("/v1/fleet/", "fleet_event_log_plugin")}
 
 
 class Scoped:
     """An ASGI middleware that runs ``layer`` (built as Starlette builds it) on HTTP requests whose path
-    starts with ``prefix``, and passes every other request (and every other scope) to ``app``."""
+    starts with ``prefix`` (and, given ``plugin``, only while the app's state holds that plugin), and
+    passes every other request (and every other scope) to ``app``."""
 
-    def __init__(self, app, layer, prefix: str, *args, **kwargs):
-        self.app, self.prefix = app, prefix
+    def __init__(self, app, layer, prefix: str, plugin: str | None, *args, **kwargs):
+        self.app, self.prefix, self.plugin = app, prefix, plugin
         self.layer = layer(app, *args, **kwargs)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith(self.prefix):
+        if (scope["type"] == "http" and scope["path"].startswith(self.prefix)
+                and (self.plugin is None or getattr(scope["app"].state, self.plugin, None) is not None)):
             await self.layer(scope, receive, send)
         else:
             await self.app(scope, receive, send)
@@ -46,8 +53,8 @@ def scoped(middleware: list) -> list:
 
     out = []
     for m in middleware:
-        prefix = SCOPES.get(getattr(m.cls, "__name__", ""))
-        out.append(Middleware(Scoped, m.cls, prefix, *m.args, **m.kwargs) if prefix else m)
+        scope = SCOPES.get(getattr(m.cls, "__name__", ""))
+        out.append(Middleware(Scoped, m.cls, *scope, *m.args, **m.kwargs) if scope else m)
     return out
 
 
