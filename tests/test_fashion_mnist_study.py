@@ -1,8 +1,7 @@
-"""configs/fashion_mnist.yaml, every method of sweeps/fashion_mnist_families.yaml and every rule of
-scripts/fashion_mnist_study.py run end to end on tiny IDX files in the real format (4 clients, 1 round), with
-validation selection, so the study cannot fail on a flag."""
+"""configs/fashion_mnist.yaml, every method of sweeps/fashion_mnist_families.yaml and every run kind of
+the every-rule sweeps (sweeps/fashion_mnist_every_rule*.yaml) run end to end on tiny IDX files in the real
+format (4 clients, 1 round), with validation selection, so the studies cannot fail on a flag."""
 
-import sys
 from pathlib import Path
 
 import paper_fixtures  # noqa: F401  (offline HF env first)
@@ -14,10 +13,23 @@ from fdlit.runs.experiment import Experiment
 from fdlit.sweep_file import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from fashion_mnist_study import RULES  # noqa: E402
-
 FAMILIES = load_sweep(ROOT / "sweeps" / "fashion_mnist_families.yaml")
+
+
+def every_rule_runs() -> dict[str, list[str]]:
+    """Each kind of run of the every-rule study: its ``fit`` arguments as its sweep file gives them
+    (the file's fixed arguments, then a ``config`` value where the file sweeps configs)."""
+    runs = {}
+    for path in sorted((ROOT / "sweeps").glob("fashion_mnist_every_rule*.yaml")):
+        sweep = load_sweep(path)
+        fixed = [a for a in sweep["_fit_tail"] if a != "${args}" and not a.startswith("--logger.run_dir")]
+        configs = sweep["parameters"].get("config", {}).get("values", [None])
+        for config in configs:
+            runs[f"{path.stem}:{config or 'fixed'}"] = fixed + ([f"--config={config}"] if config else [])
+    return runs
+
+
+EVERY_RULE = every_rule_runs()
 
 TINY = ["--logger.mode", "disabled", "--logger.progress", "false", "--federation.rounds", "1",
         "--federation.private_epochs_first", "1", "--federation.public_epochs_first", "1",
@@ -40,11 +52,17 @@ def test_config_is_the_documented_setting():
     assert cfg.model.class_path == "fdlit.models.LeNet5"
 
 
-@pytest.mark.parametrize("rule", sorted(RULES))
-def test_every_study_rule_runs_on_idx_files(rule, fashion_dir, tmp_path):
-    config, flags = RULES[rule]
-    parser, cfg = parse_fit(["--config", str(ROOT / config), *flags, "--data.data_dir", str(fashion_dir),
-                             "--data.classes_per_client", "5", "--logger.run_dir", str(tmp_path), *TINY])
+def test_the_every_rule_study_is_the_thirteen_runs_its_table_documents():
+    assert len(EVERY_RULE) == 13  # 10 configs and the three runs with their own settings
+    assert sum(len(load_sweep(p)["parameters"]["seed"]["values"]) * 3
+               for p in (ROOT / "sweeps").glob("fashion_mnist_every_rule*.yaml")
+               for _ in load_sweep(p)["parameters"].get("config", {}).get("values", [None])) == 117
+
+
+@pytest.mark.parametrize("run", sorted(EVERY_RULE))
+def test_every_run_of_the_every_rule_study_runs_on_idx_files(run, fashion_dir, tmp_path):
+    parser, cfg = parse_fit([*EVERY_RULE[run], "--data.data_dir", str(fashion_dir), "--data.classes_per_client",
+                             "5", "--logger.run_dir", str(tmp_path), *TINY])
     summary = Experiment(cfg, parser).fit()
     assert summary["finished"]
     assert 0.0 <= summary["selected_global_acc_mean_after_private"] <= 1.0  # chosen by validation
