@@ -11,10 +11,11 @@ import pytest
 pytest.importorskip("flwr", reason="the flower extra is not installed")
 
 
-def test_the_superlink_keeps_flowers_layers_in_their_order_and_scopes_the_six_that_act_on_one_api():
+def test_the_superlink_keeps_flowers_layers_in_their_order_scopes_the_six_that_act_on_one_api_and_translates_errors_plainly():
+    from flwr.supercore.error import http_error_translator
     from flwr.superlink import main as app_module
 
-    from fdlit.deployment.superlink import SCOPES, Scoped, scoped
+    from fdlit.deployment.superlink import SCOPES, Scoped, Translated, scoped
 
     flower = app_module._get_middleware()
     ours = scoped(flower)
@@ -26,9 +27,12 @@ def test_the_superlink_keeps_flowers_layers_in_their_order_and_scopes_the_six_th
         if name in SCOPES:
             assert mine.cls is Scoped and mine.args[:3] == (theirs.cls, *SCOPES[name])
             assert mine.args[3:] == theirs.args and mine.kwargs == theirs.kwargs
+        elif theirs.kwargs.get("dispatch") is http_error_translator:
+            assert mine.cls is Translated and mine.kwargs == {"translate": http_error_translator}
         else:
             assert mine is theirs
-    assert set(SCOPES) <= set(names)  # every scoped layer is one Flower builds (a renamed one would run everywhere)
+    assert set(SCOPES) <= set(names)
+    assert [m.cls for m in ours].count(Translated) == 1  # every scoped layer is one Flower builds (a renamed one would run everywhere)
 
 
 def test_a_scoped_layer_runs_on_its_api_and_every_other_request_passes_it_by():
@@ -62,3 +66,42 @@ def test_a_scoped_layer_runs_on_its_api_and_every_other_request_passes_it_by():
                      ("app", "/v1/control/list-runs"), ("app", "lifespan")]
     assert seen == [("fleet", "/v1/fleet/pull-messages"), *everything_on, *everything_on,
                     ("fleet log", "/v1/fleet/pull-messages"), ("app", "/v1/fleet/pull-messages")]
+
+
+def test_the_plain_error_translation_answers_every_request_as_flowers_layer_does():
+    """Success, a FlowerError (a catalogued code and an unknown one), an HTTPException and any other
+    exception: the same status, body and headers through Flower's BaseHTTPMiddleware translator and
+    through fdlit's plain ASGI one."""
+    from flwr.supercore.error import ApiErrorCode, FlowerError, http_error_translator
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
+    from starlette.middleware.base import BaseHTTPMiddleware
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from fdlit.deployment.superlink import Translated
+
+    def raising(exc):
+        async def endpoint(request):
+            raise exc
+        return endpoint
+
+    async def ok(request):
+        return PlainTextResponse("fine", headers={"x-kept": "1"})
+
+    known = FlowerError(ApiErrorCode.FEDERATION_NOT_FOUND_OR_NO_PERMISSION, "internal detail")
+    routes = [Route("/ok", ok), Route("/flower", raising(known)),
+              Route("/unknown", raising(FlowerError(10**6, "internal detail"))),
+              Route("/http", raising(HTTPException(418, "teapot"))), Route("/boom", raising(ValueError("internal detail")))]
+    answers = []
+    for layer in (Middleware(BaseHTTPMiddleware, dispatch=http_error_translator),
+                  Middleware(Translated, translate=http_error_translator)):
+        client = TestClient(Starlette(routes=routes, middleware=[layer]), raise_server_exceptions=False)
+        answers.append([(r.status_code, r.content, sorted((k, v) for k, v in r.headers.items() if k != "date"))
+                        for r in (client.get(p) for p in ("/ok", "/flower", "/unknown", "/http", "/boom"))])
+    flowers, ours = answers
+    assert ours == flowers
+    assert [status for status, _, _ in ours] == [200, flowers[1][0], 500, 418, 500] and flowers[1][0] >= 400
+    assert all(b"internal detail" not in body for _, body, _ in ours)
