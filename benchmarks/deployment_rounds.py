@@ -55,7 +55,7 @@ def main(config: str, rounds: str, extra: list[str]) -> None:
     assert outcome["status"] == "done", outcome
     assert cli_main(["fit", *args, "--logger.run_dir", str(work / "fit")]) == 0
     fitted, deployed = rows(next((work / "fit").iterdir())), rows(Path(outcome["run_dir"]))
-    print(f"{config} {' '.join(extra)}{' (Flower' + chr(39) + 's SuperLink)' if flower_superlink else ''}")
+    print(f"{config} {' '.join(extra)}" + (" (Flower's SuperLink)" if flower_superlink else ""))
     ratios = [d["time/round_s"] / f["time/round_s"] for f, d in zip(fitted[1:], deployed[1:], strict=True)]
     for f, d in zip(fitted, deployed, strict=True):
         differ = [k for k, v in f.items() if not k.startswith(("time/", "memory/")) and isinstance(v, float)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import fdlit
-from fdlit.deployment.processes import MARKER, stop_processes
+from fdlit.deployment.processes import MARKER, alive, stop_processes
 
 CONNECTION = "fdlit"  # the SuperLink connection's name in the generated Flower config
 
@@ -281,13 +281,7 @@ def serverapp_alive(result_file: Path) -> bool | None:
         said = json.loads(serverapp_file(result_file).read_text())
         if said.get("host") != socket.gethostname():
             return None
-        pid = int(said["pid"])
-        os.kill(pid, 0)
-        with contextlib.suppress(OSError):  # (Linux) one that ended, not yet reaped by its parent, is gone too
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-        return True
-    except ProcessLookupError:
-        return False
+        return alive(int(said["pid"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -111,10 +111,14 @@ def peak_rss_bytes(pid: int | str = "self") -> int:
 
 
 def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs; one that ended but is not reaped yet by its parent (a zombie, Linux)
+    counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     return True
