@@ -281,8 +281,7 @@ class RoundLines:
 def run_on(address: str, work: Path, env: dict, options, fit_args: list[str], watch=None) -> dict:
     """Submit one fit run to the SuperLink at ``address`` and wait for its outcome (the ServerApp's
     result: status, run directory, error). ``watch``: a DeploymentWatch (node lines, a lost SuperLink)."""
-    from fdlit.deployment.launcher import (serverapp_file, stop_run, submit, wait_for_result, write_app,
-                                          write_connection)
+    from fdlit.deployment.launcher import serverapp_file, stop_run, submit, wait_for_result, write_app, write_connection
 
     write_connection(env, address, options.root_certificates)
     result_file, progress_file = work / "result.json", work / "progress.log"
