@@ -12,6 +12,7 @@ from fdlit.errors import ConfigError
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.federation.metric_names import method_stats
 from fdlit.federation.public_rows import PublicRowsGuard
+from fdlit.federation.result_checks import check_result
 from fdlit.messages import Message, as_message
 from fdlit.methods.base import AggregationResult, Aggregator, ServerContext
 from fdlit.privacy.secure_upload import SecureSums
@@ -64,6 +65,7 @@ class ServerSide:
             result = self.method.aggregate_sums(uploads, ctx)
         else:
             result = self.method.aggregate(uploads, ctx)
+        check_result(self.method, result, len(info.client_ids()), len(info.public_x), info.num_classes)
         result.stats = method_stats(result.stats)  # never in a framework metric's name
         if self.public_rows is not None:
             self.public_rows.after_aggregate(self.method, info.round, info.public_index)

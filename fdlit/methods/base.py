@@ -102,6 +102,9 @@ class Aggregator(LegacyAggregatorHooks):
     # client mean is all the teacher needs (None: the rule combines the uploads non-linearly)
     released: dict[str, str] = {"logits": "rows"}
     summed: str | None = None
+    # what ``AggregationResult.teacher`` holds: "probabilities" (rows sum to 1) or "logits"; the round
+    # checks the result against it (fdlit.federation.result_checks)
+    teacher_space = "probabilities"
     evaluates_logits = False  # the server evaluates the uploaded logits themselves (encodings refused)
     privacy_advice = ""  # a sentence a privacy refusal of the method appends (what to set instead)
     public_warmup_epochs = 0  # > 0: every client first trains on the labelled public set (FedMD's transfer learning)
