@@ -113,3 +113,18 @@ def test_only_the_kept_rows_are_checked():
     result.teacher[1] = 0.0
     with pytest.raises(ValueError, match="row 1 sums to 0"):
         check_result(ProbabilityAveraging(), result, 3, 5, 4)
+
+
+def test_the_cost_benchmark_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(repo / "benchmarks" / "result_checks.py"), "--repeats", "1"],
+                         capture_output=True, text=True, cwd=repo, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines()[2:]]
+    assert [(r[0], r[1]) for r in rows] == [(s, rule) for s in ("digits", "fashion-mnist", "cifar-100")
+                                            for rule in ("AVG", "sUWA")]
+    assert all(float(r[-1]) >= 0 for r in rows)
