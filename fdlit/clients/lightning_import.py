@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import sys
@@ -50,10 +51,40 @@ def _hidden(name: str | None) -> bool:
     return _hiding and bool(name) and name.replace("-", "_").split(".")[0].split("[")[0] in HIDDEN_BACKENDS
 
 
-def _patch_availability() -> None:
+def _availability_fits() -> bool:
+    """lightning_utilities' private checks are the ones wrapped below: ``RequirementCache`` runs
+    ``_check_requirement(self)`` / ``_check_module(self)``, which set ``available`` and ``message`` that
+    its truth value reads. Else one note, and nothing is hidden (torchmetrics finds its backends)."""
+    from fdlit.internals import MovedInternal, expect_function, fell_back
+
+    try:
+        for name in ("_check_requirement", "_check_module"):
+            fn = expect_function(availability.RequirementCache, name, ("self",))
+            if len(inspect.signature(fn).parameters) != 1:
+                raise MovedInternal(f"RequirementCache.{name} takes more than self")
+        for name in ("package_available", "module_available"):
+            expect_function(availability, name)
+        class Probe(availability.RequirementCache):
+            def _check_requirement(self) -> None:
+                self.available, self.message = False, "requirement"
+
+            def _check_module(self) -> None:
+                self.available, self.message = True, "module"
+
+        if bool(Probe("fdlit-probe")) or str(Probe("fdlit-probe")) != "requirement" or not Probe(module="fdlit_probe"):
+            raise MovedInternal("RequirementCache does not answer through _check_requirement / _check_module")
+    except MovedInternal as exc:
+        fell_back(f"{exc}: torchmetrics' optional backends are loaded with Lightning (slower start-up)")
+        return False
+    return True
+
+
+def _patch_availability() -> bool:
     """Wrap lightning_utilities' checks once; the wrappers answer as before unless ``_hiding``."""
     if getattr(availability, "_fdlit_wrapped", False):
-        return
+        return True
+    if not _availability_fits():
+        return False
     check_requirement = availability.RequirementCache._check_requirement
     check_module = availability.RequirementCache._check_module
 
@@ -82,6 +113,7 @@ def _patch_availability() -> None:
     availability.package_available = wrap(availability.package_available)
     availability.module_available = wrap(availability.module_available)
     availability._fdlit_wrapped = True
+    return True
 
 
 def _real_dynamo() -> types.ModuleType | None:
@@ -137,6 +169,36 @@ class _DeferredDynamo(types.ModuleType):
         return getattr(importlib.import_module("torch._dynamo"), name)
 
 
+class _RealSubmodule:
+    """A submodule of ``torch._dynamo`` asked for while the stand-in is in place (``from
+    torch._dynamo.eval_frame import ...``): the stand-in leaves, the real ``torch._dynamo`` loads, and
+    the import gets the real submodule (loaded once, by the real package). Said once: that import
+    costs what the stand-in saves."""
+
+    def find_spec(self, name, path=None, target=None):
+        if not name.startswith("torch._dynamo.") or not isinstance(sys.modules.get("torch._dynamo"), _DeferredDynamo):
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(name, self)
+
+    def create_module(self, spec):
+        import importlib
+
+        from fdlit.internals import fell_back
+
+        fell_back(f"{spec.name} was imported while Lightning loaded: torch._dynamo is loaded in full "
+                  "(about a CPU second more at start-up)")
+        stand_in = sys.modules.pop("torch._dynamo", None)
+        torch = sys.modules["torch"]
+        if torch.__dict__.get("_dynamo") is stand_in:
+            del torch._dynamo
+        return importlib.import_module(spec.name)  # the real package first, then its submodule
+
+    def exec_module(self, module) -> None:
+        """Loaded in :meth:`create_module` by the real package."""
+
+
 @contextlib.contextmanager
 def _dynamo_deferred():
     import torch
@@ -146,10 +208,13 @@ def _dynamo_deferred():
         return
     stand_in = _DeferredDynamo("torch._dynamo")
     stand_in.__path__ = []  # a package, as the real one is
+    finder = _RealSubmodule()
     sys.modules["torch._dynamo"] = stand_in
+    sys.meta_path.insert(0, finder)
     try:
         yield
     finally:
+        sys.meta_path.remove(finder)
         if sys.modules.get("torch._dynamo") is stand_in:
             del sys.modules["torch._dynamo"]
         if torch.__dict__.get("_dynamo") is stand_in:
@@ -211,20 +276,37 @@ def _torchmetrics_deferred():
 @contextlib.contextmanager
 def _backends_hidden():
     global _hiding
-    _patch_availability()
-    _hiding = True
+    _hiding = _patch_availability()
     try:
         yield
     finally:
         _hiding = False
 
 
+LOADED_BY_LIGHTNING = ("lightning", "lightning_fabric", "pytorch_lightning", "torchmetrics")
+
+
+def _ours(name: str) -> bool:
+    return name.split(".", 1)[0] in LOADED_BY_LIGHTNING
+
+
 def import_lightning() -> None:
-    """Import ``lightning.pytorch`` as described above, unless it (or torchmetrics) is loaded already."""
+    """Import ``lightning.pytorch`` as described above, unless it (or torchmetrics) is loaded already.
+    Should that import fail (a Lightning or torchmetrics release this does not fit), what it loaded is
+    dropped and Lightning is imported plainly, with one note."""
     if "lightning.pytorch" in sys.modules or "torchmetrics" in sys.modules:
         import lightning.pytorch  # noqa: F401
         return
-    with _backends_hidden(), _dynamo_deferred(), _torchmetrics_deferred():
+    try:
+        with _backends_hidden(), _dynamo_deferred(), _torchmetrics_deferred():
+            import lightning.pytorch  # noqa: F401
+    except Exception as exc:
+        from fdlit.internals import fell_back
+
+        for name in [n for n in sys.modules if _ours(n)]:
+            del sys.modules[name]
+        fell_back(f"Lightning's import with torchmetrics and torch._dynamo deferred failed "
+                  f"({type(exc).__name__}: {exc}): Lightning is imported plainly (a few CPU seconds more at start-up)")
         import lightning.pytorch  # noqa: F401
 
 
