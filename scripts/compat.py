@@ -5,7 +5,8 @@ Flower, jsonargparse, W&B).
 For each end (``oldest``: every range's lower bound; ``newest``: the newest release pip can install
 here within the range) it makes a throwaway virtual environment under /tmp that sees this Python's
 packages (torch and the rest, not reinstalled) behind its own, installs the six releases there (pip
-resolves them against what it sees), and runs with this checkout's fdlit:
+resolves them against what it sees; they count as this environment's installation), and runs with this
+checkout's fdlit:
 
     fit (W&B offline), fit --resume (one more round), sweep --stack, deploy (2 SuperNodes), report, export
 
@@ -86,12 +87,20 @@ def make_env(where: Path, versions: dict[str, str]) -> Path:
     python = where / "bin" / "python"
     own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                          capture_output=True, text=True, check=True).stdout.strip()
-    Path(own, "fdlit-compat-base.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    base = site.getsitepackages()
+    Path(own, "fdlit-compat-base.pth").write_text("\n".join(base) + "\n")
+    # those packages count as installed here (fdlit's import guard admits the installation's site-packages)
+    Path(own, "sitecustomize.py").write_text(
+        "import site\n_own = site.getsitepackages\n"
+        f"site.getsitepackages = lambda prefixes=None: [*_own(prefixes), *{base!r}]\n")
     pins = [f"{name}=={version}" for name, version in versions.items()]
     pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, *pins], check=True)
-    # Flower's commands (flower-superlink, flower-supernode, flwr, ...) beside this environment's python
-    subprocess.run([*pip, "--no-deps", "--ignore-installed", f"flwr=={versions['flwr']}"], check=True)
+    # then Flower's commands (flower-superlink, flower-supernode, flwr, ...) beside this environment's python
+    for command in ([*pip, *pins], [*pip, "--no-deps", "--ignore-installed", f"flwr=={versions['flwr']}"]):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            errors = [ln for ln in done.stderr.splitlines() if ln.startswith("ERROR")] or done.stderr.splitlines()
+            raise RuntimeError("pip: " + " | ".join(errors[-3:]))
     return python
 
 
@@ -162,7 +171,7 @@ def main(argv: list[str]) -> int:
             wrong = {n: v for n, v in have.items() if v != chosen[end][n]}
             (base / "work").mkdir()
             results = [] if wrong else smoke(python, base / "work")
-        except subprocess.CalledProcessError as exc:
+        except (subprocess.CalledProcessError, RuntimeError) as exc:
             print(f"  install: FAILED ({exc})", flush=True)
             have, wrong, results = {}, {"install": "failed"}, []
         ok = not wrong and all(r[1] for r in results)

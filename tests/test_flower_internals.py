@@ -102,6 +102,29 @@ def test_a_scoped_layer_that_acts_on_another_api_leaves_flowers_middleware_unsco
     assert "ControlSensitiveResponseMiddleware acts on requests outside /v1/control/" in capsys.readouterr().err
 
 
+def test_an_error_translation_that_changes_successful_answers_leaves_flowers_middleware_unscoped(monkeypatch, capsys):
+    """A Flower release whose translator marks every answer: fdlit's plain layer would skip that, so
+    Flower's own layers stay."""
+    import flwr.supercore.error as error
+    from flwr.superlink import main as app_module
+
+    from fdlit import internals
+    from fdlit.deployment import superlink
+
+    translate = error.http_error_translator
+
+    async def marking(request, call_next):
+        response = await translate(request, call_next)
+        response.headers["x-flower"] = "1"
+        return response
+
+    monkeypatch.setattr(internals, "_said", set())
+    flower = app_module._get_middleware()
+    monkeypatch.setattr(error, "http_error_translator", marking)
+    assert superlink.scoped(flower) is flower
+    assert "http_error_translator changes answers that did not raise" in capsys.readouterr().err
+
+
 def test_a_renamed_get_middleware_leaves_flowers_app_as_it_is(monkeypatch, capsys):
     from flwr.superlink import main as app_module
 

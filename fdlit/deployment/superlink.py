@@ -17,7 +17,8 @@ request that raised (:class:`Translated`).
 
 ``_get_middleware`` is Flower's private name: before it is wrapped, :func:`scoping_fits` checks that it
 is there, that every Control and Fleet route lies under the prefix its layers are scoped to, and that each
-scoped layer hands a request to another API on untouched; else one note, and Flower's middleware runs
+scoped layer hands a request to another API on untouched, and that Flower's error translation hands an
+answer that did not raise back as it is; else one note, and Flower's middleware runs
 as Flower builds it (the same answers, more SuperLink CPU a request).
 
 ``deploy`` starts this SuperLink for its local federation; a SuperLink started with
@@ -129,6 +130,24 @@ def _passes_on(layer_cls, path: str) -> bool:
             and [(k, v) for k, v in start.get("headers", []) if k != b"content-length"] == [(b"x-fdlit-probe", b"1")])
 
 
+def _translator_passes_success() -> bool:
+    """Flower's error translation hands an answer that did not raise back as it is (:class:`Translated`
+    calls it only on a request that raised)."""
+    from flwr.supercore.error import http_error_translator
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    answer = Response(b"", status_code=204, headers={"x-fdlit-probe": "1"})
+
+    async def call_next(_request):
+        return answer
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/fleet/probe", "headers": [], "query_string": b""}
+    headers = list(answer.raw_headers)
+    returned = asyncio.run(http_error_translator(Request(scope), call_next))
+    return returned is answer and answer.status_code == 204 and answer.raw_headers == headers
+
+
 def scoping_fits(middleware: list) -> None:
     """Raise :class:`MovedInternal` unless scoping ``middleware`` keeps Flower's answers: every route of
     Flower's Control and Fleet routers lies under its API's prefix, no authentication layer is among
@@ -142,6 +161,8 @@ def scoping_fits(middleware: list) -> None:
         moved = [r.path for r in routes if not getattr(r, "path", "").startswith(prefix)]
         if not routes or moved:
             raise MovedInternal(f"Flower's {module} routes {moved or 'none'} outside {prefix}")
+    if not _translator_passes_success():
+        raise MovedInternal("Flower's http_error_translator changes answers that did not raise")
     for m in middleware:
         scope = SCOPES.get(getattr(m.cls, "__name__", ""))
         if scope is None:
