@@ -12,7 +12,7 @@ checkout's fdlit:
 
     python scripts/compat.py [oldest] [newest] [--keep]        (make compat)
 
-Each step prints one line (ok or failed, seconds); the last line of each end names the versions and
+Each step prints one line (ok or failed, seconds) and any fallback fdlit noted; the last line of each end names the versions and
 says PASS or FAIL; the exit status is 0 only if every end passed. ``--keep`` keeps the environments
 and run folders (their paths are printed).
 """
@@ -142,12 +142,16 @@ def smoke(python: Path, work: Path) -> list[tuple[str, bool, float, str]]:
         start = time.monotonic()
         try:
             done = subprocess.run(command(), cwd=work, env=env, capture_output=True, text=True, timeout=900)
-            ok, tail = done.returncode == 0, (done.stdout + done.stderr).strip().splitlines()[-3:]
+            lines = (done.stdout + done.stderr).strip().splitlines()
+            ok, tail = done.returncode == 0, lines[-3:]
+            notes = sorted({ln for ln in lines if ln.startswith("fdlit: note:")})  # a fallback fdlit took
         except subprocess.TimeoutExpired:
-            ok, tail = False, ["timed out after 900 s"]
+            ok, tail, notes = False, ["timed out after 900 s"], []
         results.append((name, ok, time.monotonic() - start, " | ".join(tail)))
         print(f"  {name}: {'ok' if ok else 'FAILED'} ({results[-1][2]:.0f} s)" + ("" if ok else f": {results[-1][3]}"),
               flush=True)
+        for note in notes:
+            print(f"    {note}", flush=True)
     return results
 
 

@@ -217,6 +217,7 @@ def import_lightning() -> None:
 
         for name in [n for n in sys.modules if _ours(n)]:
             del sys.modules[name]
+        logging.getLogger("torchmetrics").handlers.clear()  # torchmetrics' __init__ adds its handler again
         fell_back(f"Lightning's import with torchmetrics and torch._dynamo deferred failed "
                   f"({type(exc).__name__}: {exc}): Lightning is imported plainly (a few CPU seconds more at start-up)")
         import lightning.pytorch  # noqa: F401
