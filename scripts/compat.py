@@ -144,7 +144,9 @@ def smoke(python: Path, work: Path) -> list[tuple[str, bool, float, str]]:
             done = subprocess.run(command(), cwd=work, env=env, capture_output=True, text=True, timeout=900)
             lines = (done.stdout + done.stderr).strip().splitlines()
             ok, tail = done.returncode == 0, lines[-3:]
-            notes = sorted({ln for ln in lines if ln.startswith("fdlit: note:")})  # a fallback fdlit took
+            logs = [ln for f in (work / "deploy-work").rglob("*.log") if name == "deploy"  # the SuperLink's, nodes'
+                    for ln in f.read_text(errors="replace").splitlines()]
+            notes = sorted({ln for ln in lines + logs if ln.startswith("fdlit: note:")})  # a fallback fdlit took
         except subprocess.TimeoutExpired:
             ok, tail, notes = False, ["timed out after 900 s"], []
         results.append((name, ok, time.monotonic() - start, " | ".join(tail)))
