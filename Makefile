@@ -15,7 +15,7 @@ CONFIG  ?= configs/digits.yaml
 FASHION_MNIST_DIR ?= /usr/share/datasets/fashion-mnist
 ARGS    ?=
 
-.PHONY: install run test bench clean torch-choice data-hint
+.PHONY: install run test bench compat clean torch-choice data-hint
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -41,6 +41,9 @@ test: install
 
 bench: install
 	$(VPY) benchmarks/round_time.py $(ARGS)
+
+compat: install  # fdlit's smoke set on the oldest and newest releases of its tested ranges (scripts/compat.py)
+	$(VPY) scripts/compat.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs wandb .pytest_cache

@@ -41,6 +41,44 @@ def test_launch_inputs_are_applied_only_when_a_launch_job_could_have_staged_them
     assert fake.util.pd_available is ("pandas" in sys.modules)
 
 
+def test_a_launch_method_with_another_signature_is_left_as_it_is_and_said_once(monkeypatch, capsys):
+    from fdlit import internals
+
+    class Run:
+        def _detect_and_apply_job_inputs(self, staged):  # a wandb release that passes what was staged
+            return staged
+
+    monkeypatch.setattr(internals, "_said", set())
+    fake = types.SimpleNamespace(util=types.SimpleNamespace(), sdk=types.SimpleNamespace(
+        wandb_run=types.SimpleNamespace(Run=Run)))
+    method = Run._detect_and_apply_job_inputs
+    wandb_costs.skip_unused_work(fake)
+    wandb_costs.skip_unused_work(fake)
+    assert Run._detect_and_apply_job_inputs is method and Run()._detect_and_apply_job_inputs(3) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "Run._detect_and_apply_job_inputs takes more than self" in err[0], err
+
+
+def test_pydantics_docstring_search_is_skipped_only_where_it_takes_what_its_stand_in_takes(monkeypatch, capsys):
+    from pydantic._internal import _fields
+
+    from fdlit import internals
+
+    monkeypatch.setattr(internals, "_said", set())
+    search = _fields.extract_docstrings_from_cls
+    with wandb_costs.without_field_docstrings():
+        assert _fields.extract_docstrings_from_cls is not search and _fields.extract_docstrings_from_cls(int) == {}
+    assert _fields.extract_docstrings_from_cls is search
+
+    def moved(cls, use_inspect=False, *, source=None):  # a pydantic release with another parameter
+        return {"x": "doc"}
+
+    monkeypatch.setattr(_fields, "extract_docstrings_from_cls", moved)
+    with wandb_costs.without_field_docstrings():
+        assert _fields.extract_docstrings_from_cls is moved
+    assert "extract_docstrings_from_cls takes more than cls, use_inspect" in capsys.readouterr().err
+
+
 def test_the_settings_drop_console_capture_and_system_metrics_unless_asked():
     quiet = wandb_costs.wandb_settings(wandb, LoggerConfig(init_timeout_s=3.0))
     assert quiet.console == "off" and quiet.init_timeout == 3.0

@@ -15,8 +15,8 @@ deploy``) or submits to an existing SuperLink. docs/deployment.md.
 
 from __future__ import annotations
 
-FLWR_VERSION = "1.42.0"
-INSTALL_HINT = "pip install -e '.[flower]'  (or: pip install flwr==1.42.0)"
+FLWR_RANGE = ">=1.41"  # pyproject.toml's flower extra, tested at both ends by `make compat`
+INSTALL_HINT = f"pip install -e '.[flower]'  (or: pip install 'flwr{FLWR_RANGE}')"
 
 
 def import_flwr():

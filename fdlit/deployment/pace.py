@@ -1,4 +1,4 @@
-"""Flower's waits, shortened or replaced by wake-ups where fdlit's round sets them (Flower 1.42, pinned).
+"""Flower's waits, shortened or replaced by wake-ups where fdlit's round sets them (Flower 1.41, 1.42).
 
 A federated-distillation round is two exchanges whose server work takes milliseconds, so Flower's
 fixed waits, not the training, set a deployed round's pace (measured on digits, 3 SuperNodes on
@@ -18,6 +18,9 @@ loopback: ~5 s an exchange against 0.2 s of node CPU with Flower's waits):
 
 ``FDLIT_FLOWER_POLL_S`` (default 0.1 s) is the longest of these waits. The cost: ten small requests
 a second per idle node, on the node's own link, a few more in the moments after it worked.
+
+These are Flower's private names: each is checked first (:mod:`fdlit.internals`); one that moved
+leaves Flower's own wait in place (slower rounds, the same results) and says so once.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+
+from fdlit.internals import MovedInternal, check_keyword_defaults, expect_function, fell_back, set_keyword_defaults
 
 POLL_S = float(os.environ.get("FDLIT_FLOWER_POLL_S", "0.1"))
 FIRST_POLL_S = 0.03
@@ -49,20 +54,40 @@ class SuperNodeClock:
             REPLY_STORED.clear()
 
 
-def short_object_pulls() -> None:
-    """Objects still arriving are asked for again after ``POLL_S`` / 10, backing off to ``POLL_S``."""
-    from flwr.supercore.inflatable import inflatable_utils
+def short_object_pulls() -> bool:
+    """Objects still arriving are asked for again after ``POLL_S`` / 10, backing off to ``POLL_S``.
+    False (and one note) where Flower's pull functions lack those keyword-only defaults."""
+    try:
+        from flwr.supercore.inflatable import inflatable_utils as utils
 
-    for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
-        fn.__kwdefaults__.update(initial_backoff=POLL_S / 10, backoff_cap=POLL_S)
+        pulls = [expect_function(utils, n) for n in ("pull_objects", "pull_and_inflate_object_from_tree")]
+        for fn in pulls:  # both checked before either changes
+            check_keyword_defaults(fn, "initial_backoff", "backoff_cap")
+    except (ImportError, MovedInternal) as exc:
+        fell_back(f"{exc}: message objects still arriving are retried at Flower's pace (slower rounds)")
+        return False
+    for fn in pulls:
+        set_keyword_defaults(fn, initial_backoff=POLL_S / 10, backoff_cap=POLL_S)
+    return True
 
 
-def short_supernode_polls() -> None:
-    """The SuperNode's loop: polls soon after work, sends a reply once stored, announces stored messages."""
-    from flwr.supernode import start_client_internal as loop
+LOOP_PARAMETERS = {"_pull_and_store_message": ("state", "object_store", "receive"),
+                   "_push_messages": ("state", "object_store", "send")}
 
+
+def short_supernode_polls() -> bool:
+    """The SuperNode's loop: polls soon after work, sends a reply once stored, announces stored messages.
+    False (and one note) where the loop's module is not the one expected: Flower's own waits stay."""
+    try:
+        from flwr.supernode import start_client_internal as loop
+
+        pull_and_store, push = (expect_function(loop, n, p) for n, p in LOOP_PARAMETERS.items())
+        if getattr(loop, "time", None) is not time:
+            raise MovedInternal(f"{loop.__name__} does not wait through the time module")
+    except (ImportError, MovedInternal) as exc:
+        fell_back(f"{exc}: the SuperNode polls at Flower's pace (slower rounds)")
+        return False
     clock = SuperNodeClock()
-    pull_and_store, push = loop._pull_and_store_message, loop._push_messages
 
     def pull_and_store_message(*args, **kwargs):
         run_id = pull_and_store(*args, **kwargs)
@@ -77,3 +102,4 @@ def short_supernode_polls() -> None:
 
     loop.time = clock  # that module's own sleeps only; the rest of Flower is untouched
     loop._pull_and_store_message, loop._push_messages = pull_and_store_message, push_messages
+    return True

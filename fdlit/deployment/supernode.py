@@ -1,6 +1,6 @@
 """fdlit's SuperNode: ``python -m fdlit.deployment.supernode [flower-supernode options]``.
 
-It is Flower's ``flower-supernode`` (1.42; the same in 1.41) with two changes that set a deployed round's pace:
+It is Flower's ``flower-supernode`` (1.41, 1.42) with two changes that set a deployed round's pace:
 
 * **One long-lived task runner instead of a process per message.** Flower's default (``--isolation
   subprocess``) starts a SuperExec, which starts a fresh ``flwr-clientapp`` process for every
@@ -17,7 +17,12 @@ It is Flower's ``flower-supernode`` (1.42; the same in 1.41) with two changes th
   still arriving soon.
 
 Measured on digits (3 SuperNodes on loopback, docs/deployment.md): a round went from ~15 s with
-Flower's defaults to within 3x of a `fit` round (median 2.85x). ``fdlit deploy`` starts its local nodes this way; on another machine,
+Flower's defaults to within 3x of a `fit` round (median 2.85x).
+
+The task runner calls Flower's private Runtime API handlers: :func:`runner_fits` checks their names and
+signatures first; where one moved, the node runs as ``flower-supernode`` does by default (a
+``flwr-clientapp`` process per message, fdlit's ClientApp relaying to the same node worker: slower
+rounds, the same results) and says so once. ``fdlit deploy`` starts its local nodes this way; on another machine,
 run this module with the options you would give ``flower-supernode``.
 """
 
@@ -29,11 +34,40 @@ import sys
 import threading
 import traceback
 
-from fdlit.deployment.pace import MESSAGE_STORED, REPLY_STORED, short_object_pulls, short_supernode_polls
+from fdlit.deployment.pace import MESSAGE_STORED, POLL_S, REPLY_STORED, short_object_pulls, short_supernode_polls
+from fdlit.internals import MovedInternal, expect_function, fell_back
 
 TASK_FALLBACK_POLL_S = 1.0  # a task whose message was stored outside the wrapped path is still taken
 
 CLIENTAPP_TASK = "flwr-clientapp"
+
+# the Flower functions the task runner calls, and the parameters it passes them (Flower 1.41, 1.42)
+RUNTIME_HANDLERS = {
+    "flwr.supercore.servicer.runtime.runtime_handlers": {"send_task_heartbeat": ("request", "state", "task")},
+    "flwr.supernode.servicer.runtime.runtime_handlers": {
+        "acquire_task": ("request", "state"),
+        **{n: ("request", "state", "task") for n in ("pull_task_input", "push_task_output", "pull_messages",
+                                                      "push_messages", "pull_object", "push_object",
+                                                      "confirm_message_received")}},
+    "flwr.supernode.runtime.run_clientapp": {"pull_task_input": ("client",), "push_message": ("client", "message", "context"),
+                                             "push_task_output": ("client", "context", "sub_status", "details")},
+    "flwr.supercore.heartbeat": {"make_task_heartbeat_fn_http": ("client",), "HeartbeatSender": ("heartbeat_fn",)},
+    "flwr.supernode.cli.flower_supernode": {"start_client_internal": ("state_factory", "isolation")},
+}
+
+
+def runner_fits() -> bool:
+    """Flower's Runtime API handlers and SuperNode start are the ones the task runner calls (names and
+    parameters); else one note, and the node runs Flower's own ClientApp process per message."""
+    try:
+        for module, functions in RUNTIME_HANDLERS.items():
+            owner = importlib.import_module(module)
+            for name, parameters in functions.items():
+                expect_function(owner, name, parameters)
+    except (ImportError, MovedInternal) as exc:
+        fell_back(f"{exc}: the SuperNode runs Flower's ClientApp process per message (slower rounds)")
+        return False
+    return True
 
 
 class NodeRuntime:
@@ -98,8 +132,9 @@ def run_task(state, token: str) -> None:
         heartbeat.stop()
 
 
-def serve_tasks(state_factory) -> None:
-    """Take ClientApp tasks one at a time, as soon as the SuperNode stored a message, for as long as it runs."""
+def serve_tasks(state_factory, fallback_poll_s: float = TASK_FALLBACK_POLL_S) -> None:
+    """Take ClientApp tasks one at a time, as soon as the SuperNode stored a message (else after
+    ``fallback_poll_s``), for as long as it runs."""
     from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
 
     runtime = NodeRuntime(state_factory.state())
@@ -111,14 +146,15 @@ def serve_tasks(state_factory) -> None:
                 continue
         except Exception:  # one task failed outside the relay: log it and go on
             traceback.print_exc()
-        if MESSAGE_STORED.wait(TASK_FALLBACK_POLL_S):
+        if MESSAGE_STORED.wait(fallback_poll_s):
             MESSAGE_STORED.clear()
 
 
-def serve_tasks_beside(start_client_internal):
+def serve_tasks_beside(start_client_internal, fallback_poll_s: float = TASK_FALLBACK_POLL_S):
     """Flower's ``start_client_internal``, with fdlit's task runner started on the node's own state."""
     def start(*, state_factory, **kwargs):
-        threading.Thread(target=serve_tasks, args=(state_factory,), daemon=True, name="fdlit-tasks").start()
+        threading.Thread(target=serve_tasks, args=(state_factory, fallback_poll_s), daemon=True,
+                         name="fdlit-tasks").start()
         return start_client_internal(state_factory=state_factory, **kwargs)
     return start
 
@@ -148,10 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     if "--isolation" in argv:
         raise SystemExit("fdlit.deployment.supernode: --isolation is set here (process, with fdlit's task runner)")
     check_node_config(argv)
-    short_supernode_polls()
+    announced = short_supernode_polls()  # else the runner looks for tasks every POLL_S
     short_object_pulls()
+    if not runner_fits():
+        sys.argv = ["flower-supernode", *argv]
+        return flower_supernode()
     cli = importlib.import_module("flwr.supernode.cli.flower_supernode")  # the module (its package exports the function)
-    cli.start_client_internal = serve_tasks_beside(cli.start_client_internal)
+    cli.start_client_internal = serve_tasks_beside(cli.start_client_internal,
+                                                   TASK_FALLBACK_POLL_S if announced else POLL_S)
     sys.argv = ["flower-supernode", *argv, "--isolation", "process"]
     return flower_supernode()
 

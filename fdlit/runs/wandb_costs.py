@@ -15,13 +15,20 @@ module importing it. Each change below skips work whose result nothing in an fdl
   reads a description, so while wandb imports and logs (``without_field_docstrings``) it is skipped.
 
 Console capture, system metrics and the requirements file are settings (``wandb_settings``).
+
+The last two replace a private function: each is checked first to take the parameters its stand-in
+takes (:mod:`fdlit.internals`); one that does not is left as it is (the import it would skip costs
+its CPU seconds; nothing else changes), said once.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
+
+from fdlit.internals import MovedInternal, expect_function, fell_back
 
 LAUNCH_INPUTS = "wandb.sdk.launch.inputs.internal"  # where W&B Launch stages a job's inputs
 
@@ -34,12 +41,28 @@ def skip_unused_work(wandb: Any) -> None:
     run_class = getattr(getattr(getattr(wandb, "sdk", None), "wandb_run", None), "Run", None)
     apply_inputs = getattr(run_class, "_detect_and_apply_job_inputs", None)
     if apply_inputs is not None and not getattr(apply_inputs, "_fdlit_skips_unstaged", False):
+        if not _takes_exactly(run_class, "_detect_and_apply_job_inputs", ("self",)):
+            return
         def detect_and_apply_job_inputs(run):
             if LAUNCH_INPUTS in sys.modules:
                 apply_inputs(run)
 
         detect_and_apply_job_inputs._fdlit_skips_unstaged = True
         run_class._detect_and_apply_job_inputs = detect_and_apply_job_inputs
+
+
+def _takes_exactly(owner: Any, name: str, parameters: tuple[str, ...]) -> bool:
+    """``owner.name`` takes ``parameters`` and no others (its stand-in takes those); else one note."""
+    import inspect
+
+    try:
+        fn = expect_function(owner, name, parameters)
+        if len(inspect.signature(fn).parameters) != len(parameters):
+            raise MovedInternal(f"{getattr(owner, '__name__', owner)}.{name} takes more than {', '.join(parameters)}")
+    except MovedInternal as exc:
+        fell_back(f"{exc}: left as it is (W&B's start-up costs what it costs without fdlit)")
+        return False
+    return True
 
 
 @contextmanager
@@ -51,7 +74,7 @@ def without_field_docstrings() -> Iterator[None]:
         yield
         return
     search = getattr(_fields, "extract_docstrings_from_cls", None)
-    if search is None:
+    if search is None or not _takes_exactly(_fields, "extract_docstrings_from_cls", ("cls", "use_inspect")):
         yield
         return
     _fields.extract_docstrings_from_cls = lambda cls, use_inspect=False: {}
