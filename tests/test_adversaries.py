@@ -32,7 +32,7 @@ from fdlit.methods import (
 )
 from fdlit.methods.base import ClientContext, FederationInfo, context_for
 from fdlit.runs import read_jsonl
-from tests.test_composition import fit_loop, tiny
+from tests.fitting import fit_loop, tiny
 
 N, C = 6, 4
 
