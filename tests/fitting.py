@@ -4,11 +4,21 @@ importing each other). Fixtures live in conftest.py."""
 import json
 from pathlib import Path
 
+import torch
+
 from fdlit.cli import main
+from fdlit.clients import ClientOptimization
 from fdlit.config import parse_fit
+from fdlit.data import FederatedData
+from fdlit.execution import SequentialExecutor
+from fdlit.federation import FederationLoop
+from fdlit.messages import Upload
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.runs import read_jsonl
 from fdlit.runs.experiment import Experiment
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+MLP16 = {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}}
 RULES = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "configs").glob("digits*.yaml"))
 EXECUTORS = {
     "sequential": "fdlit.execution.SequentialExecutor",
@@ -67,3 +77,75 @@ def stopped_and_resumed_equals_straight(rule, tmp_path, *flags) -> tuple[list, l
     assert summary["finished"] and summary["bytes_up_total"] == json.loads(
         (straight / "summary.json").read_text())["bytes_up_total"]
     return resumed, ledger
+
+
+# ---------------------------------------------------------------- loops built directly, and a method by class path
+def exchange_loop(method, rounds=2, clients=4, optimizer="sgd", lr=0.05, batch_size=32, executor=None, epochs=1,
+                  **kw):
+    """A parameter-exchange federation of ``clients`` digits clients with a 120-row public set."""
+    return FederationLoop(
+        rounds=rounds, private_epochs_first=epochs, private_epochs=epochs, public_epochs_first=1, public_epochs=1,
+        data=FederatedData(num_clients=clients, classes_per_client={1: 10, 2: 5}.get(clients, 3), public_size=120),
+        model=MLP16, client=ClientOptimization(optimizer=optimizer, lr=lr, batch_size=batch_size),
+        aggregator=method, executor=executor or SequentialExecutor(), **kw,
+    )
+
+
+def data_free_loop(method, rounds=2, clients=4, model=MLP16, executor=None, **kw):
+    """A data-free federation (no public set) of ``clients`` digits clients, one private epoch a round."""
+    return FederationLoop(
+        rounds=rounds, private_epochs_first=1, private_epochs=1, public_epochs_first=0, public_epochs=0,
+        data=FederatedData(num_clients=clients, classes_per_client={1: 10}.get(clients, 3), public_size=0),
+        model=model, client=ClientOptimization(optimizer="adam", lr=0.01, batch_size=32),
+        aggregator=method, executor=executor or SequentialExecutor(), **kw,
+    )
+
+
+def one_round_args(tmp_path, *extra):
+    """``fit`` arguments for one round of four digits clients with six classes each, an MLP with 16 units."""
+    return ["--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+            "--logger.run_dir", str(tmp_path), "--federation.rounds", "1", "--federation.private_epochs_first", "1",
+            "--federation.public_epochs_first", "1", "--data.num_clients", "4", "--data.classes_per_client", "6",
+            "--data.public_size", "100", "--model.hidden", "[16]", *extra]
+
+
+class GatedVotesClient(ClientPart):
+    """docs/extending.md's gated votes: a client sends its probabilities on the rows it is confident
+    about and the mask of those rows, never its logits."""
+
+    uploads = (Upload("probs", "rows", shape=(None, "C")), Upload("mask", "clear", dtype=torch.bool, shape=("N",)))
+
+    def upload(self, ctx):
+        probs = ctx.public_logits.float().softmax(-1)
+        confidence = probs.max(-1).values
+        mask = confidence >= confidence.median()  # the more confident half
+        return {"probs": probs[mask], "mask": mask}
+
+
+class GatedVotes(Aggregator):
+    short_name = "gated_votes"
+
+    def __init__(self):
+        self.received: list[dict[str, tuple]] = []
+
+    def client_part(self):
+        return GatedVotesClient()
+
+    def aggregate(self, uploads, ctx):
+        self.received += [{k: tuple(v.shape) for k, v in u.items()} for u in uploads]
+        n, c = len(ctx.info.public_x), ctx.info.num_classes
+        votes = torch.zeros(n, c)
+        for u in uploads:
+            votes[u["mask"].cpu()] += u["probs"].float().cpu()
+        keep = votes.sum(-1) > 0
+        teacher = torch.where(keep[:, None], votes, torch.ones(n, c))
+        return AggregationResult(teacher=teacher / teacher.sum(-1, keepdim=True), keep=keep)
+
+
+def loop_of(tmp_path, rounds, method):
+    """The loop of a ``rounds``-round one_round_args run whose server part is ``method`` (not yet fitted)."""
+    parser, cfg = parse_fit(one_round_args(tmp_path, "--federation.rounds", str(rounds), "--federation.private_epochs", "1",
+                                 "--federation.public_epochs", "1"))
+    loop = Experiment(cfg, parser).loop
+    loop.server_side.method = method
+    return loop

@@ -314,7 +314,7 @@ def test_an_attack_fits_the_arrays_a_method_declares_it_uploads(tmp_path, capsys
     # an attack rewrites an upload the method's client part declares, never one it guesses
     from fdlit.adversaries import FabricatedDensity, FreeRider, RandomPredictions, ScaledUpdate
     from fdlit.methods import FedProto, UncertaintyWeighted
-    from tests.test_declared_uploads import GatedVotes
+    from tests.fitting import GatedVotes
 
     assert ScaledUpdate().fits(FedAvg()) and not ScaledUpdate().fits(FedProto())  # prototypes, no parameters
     assert FreeRider().fits(FedAvg()) and not FreeRider().fits(FedProto())

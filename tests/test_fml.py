@@ -18,7 +18,8 @@ from fdlit.methods import FML
 from fdlit.methods.base import context_for
 from fdlit.methods.parameters import exchanged_tensors, flatten
 from fdlit.models.mutual import MutualPair, find_pair
-from tests.test_fedproto import MLP16, loop_for  # the same data-free loop
+from tests.fitting import MLP16
+from tests.fitting import data_free_loop as loop_for
 
 C = 10
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
