@@ -14,6 +14,8 @@ from fdlit.execution import SequentialExecutor
 from fdlit.federation import FederationLoop
 from fdlit.messages import Upload
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
+from fdlit.methods.parameters import exchanged_tensors, flatten
+from fdlit.models.mutual import find_pair
 from fdlit.runs import read_jsonl
 from fdlit.runs.experiment import Experiment
 
@@ -149,3 +151,19 @@ def loop_of(tmp_path, rounds, method):
     loop = Experiment(cfg, parser).loop
     loop.server_side.method = method
     return loop
+
+
+def pair_spec(private, shared=None):
+    """A MutualPair model spec (FML, FedKD): a private network and the shared one paired with it."""
+    return {"class_path": "fdlit.models.mutual.MutualPair",
+            "init_args": {"private": private, **({"shared": shared} if shared else {})}}
+
+
+def shared(loop, i=0):
+    """Client ``i``'s shared network's exchanged tensors, flat."""
+    return flatten(exchanged_tensors(find_pair(loop.view.clients[i].model).shared))
+
+
+def private(loop, i=0):
+    """Client ``i``'s private network's parameters, flat."""
+    return flatten(list(find_pair(loop.view.clients[i].model).private.parameters()))
