@@ -146,8 +146,8 @@ class GatedVotes(Aggregator):
 
 def loop_of(tmp_path, rounds, method):
     """The loop of a ``rounds``-round one_round_args run whose server part is ``method`` (not yet fitted)."""
-    parser, cfg = parse_fit(one_round_args(tmp_path, "--federation.rounds", str(rounds), "--federation.private_epochs", "1",
-                                 "--federation.public_epochs", "1"))
+    parser, cfg = parse_fit(one_round_args(tmp_path, "--federation.rounds", str(rounds),
+                                           "--federation.private_epochs", "1", "--federation.public_epochs", "1"))
     loop = Experiment(cfg, parser).loop
     loop.server_side.method = method
     return loop
