@@ -15,16 +15,24 @@ CONFIG  ?= configs/digits.yaml
 FASHION_MNIST_DIR ?= /usr/share/datasets/fashion-mnist
 ARGS    ?=
 
-.PHONY: install run test bench compat clean torch-choice data-hint
+.PHONY: install install-test run test bench compat clean torch-choice data-hint
 
+# `make run` installs what a run needs (torch, then fdlit's core dependencies); `make test` adds the
+# extras the suite needs (.[test]: report, privacy, paper, ray, flower, pytest, ruff, playwright).
 $(VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	# torch first, from the index chosen above: with it present, pip keeps that build for fdlit's deps.
 	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q $(TORCH_PIP)
-	$(VPY) -m pip install -q -e ".[dev]"
+	$(VPY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(VPY) -m pip install -q -e ".[test]"
 	touch $@
 
 install: $(VENV)/.installed data-hint
+
+install-test: $(VENV)/.installed-test
 
 data-hint:  # where Fashion-MNIST (configs/fashion_mnist.yaml) comes from, when it is not installed
 	@test -d $(FASHION_MNIST_DIR) || echo "Fashion-MNIST (configs/fashion_mnist.yaml) is not in $(FASHION_MNIST_DIR): sudo apt-get install dataset-fashion-mnist (Debian/Ubuntu), or put its IDX files in DIR and pass --data.data_dir DIR"
@@ -35,11 +43,11 @@ torch-choice:  # what `make install` would install, and why
 run: install
 	$(VPY) -m fdlit fit --config $(CONFIG) $(ARGS)
 
-test: install
+test: install install-test
 	$(VPY) -m ruff check fdlit tests benchmarks scripts examples
 	$(VPY) -m pytest -q $(ARGS)
 
-bench: install
+bench: install install-test
 	$(VPY) benchmarks/round_time.py $(ARGS)
 
 compat: install  # fdlit's smoke set on the oldest and newest releases of its tested ranges (scripts/compat.py)

@@ -19,6 +19,7 @@ from jsonargparse import ActionYesNo, ArgumentParser
 from fdlit.code_allowlist import check_config_files
 from fdlit.config import PARSER_MODE, config_files, fit_parser, parse_error, rewrite_config_args
 from fdlit.errors import ConfigError
+from fdlit.extras import require
 from fdlit.federation import NumericalFault
 
 if TYPE_CHECKING:  # the run machinery (Lightning) is imported when a run starts, not for --help
@@ -206,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         elif cfg.command == "report":
             budgets = report_budgets(cfg.report.budgets)
+            require("matplotlib", "report")  # figures
+            require("scipy", "report")  # Welch's t-test of the tables' bold rule
             from fdlit.reporting import write_report
 
             with one_line_warnings("fdlit report"):  # a plotting library's warning, without its source line

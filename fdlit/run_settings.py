@@ -60,6 +60,8 @@ class LoggerConfig:
         system_metrics: W&B also samples the machine's CPU, GPU and memory use (every 15 s) and saves
             the installed packages (requirements.txt), as it does by default; off, it records the run's
             own metrics and its metadata (command, Python, git commit, host) only, ~0.3 CPU s cheaper.
+        verbose: print W&B's own console output (its banners, run history and summary); off, fdlit
+            prints one line per run saying where W&B logs it.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class LoggerConfig:
         trust_every_n_rounds: int = 5,
         trust_max_rows: int = 40,
         system_metrics: bool = False,
+        verbose: bool = False,
     ):
         if mode not in ("auto", "online", "offline", "disabled"):
             raise ConfigError("logger.mode", f"allowed: auto, online, offline, disabled; got {mode!r}")
@@ -101,6 +104,7 @@ class LoggerConfig:
         self.trust_every_n_rounds = trust_every_n_rounds
         self.trust_max_rows = trust_max_rows
         self.system_metrics = bool(system_metrics)
+        self.verbose = bool(verbose)
 
 
 class CheckpointConfig:

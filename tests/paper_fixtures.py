@@ -1,13 +1,16 @@
 """Tiny local copies of the paper datasets and models, in their real on-disk formats (no network).
 
-Imported by the paper tests; sets the Hugging Face libraries offline with an empty cache first.
+Imported by the paper and local-file tests; sets the Hugging Face libraries offline with an empty cache
+first. Also the IDX files of MNIST-shaped data sets (LeCun et al.'s format) for the local-file tests.
 """
 
 from __future__ import annotations
 
 import atexit
+import gzip
 import os
 import shutil
+import struct
 import tempfile
 
 
@@ -97,3 +100,27 @@ def local_bert(folder: Path, num_layers=1, hidden=16) -> Path:
                      intermediate_size=32, max_position_embeddings=64)
     BertForSequenceClassification(cfg).save_pretrained(str(folder))
     return folder
+
+
+def write_idx(path: Path, array: np.ndarray, gz: bool) -> None:
+    """An IDX file as LeCun et al. specify it: 0, 0, type 0x08 (uint8), ndim, big-endian dims, data."""
+    raw = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    raw += array.astype(np.uint8).tobytes()
+    if gz:
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(raw))
+    else:
+        path.write_bytes(raw)
+
+
+def idx_folder(folder: Path, n_train=40, n_test=20, gz=True, seed=0):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        x = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        y = (np.arange(n) % 10).astype(np.uint8)
+        write_idx(folder / f"{split}-images-idx3-ubyte", x, gz)
+        write_idx(folder / f"{split}-labels-idx1-ubyte", y, gz)
+        arrays[split] = (x, y)
+    return arrays

@@ -32,7 +32,7 @@ from fdlit.methods import (
 )
 from fdlit.methods.base import ClientContext, FederationInfo, context_for
 from fdlit.runs import read_jsonl
-from tests.test_composition import fit_loop, tiny
+from tests.fitting import fit_loop, tiny
 
 N, C = 6, 4
 
@@ -314,7 +314,7 @@ def test_an_attack_fits_the_arrays_a_method_declares_it_uploads(tmp_path, capsys
     # an attack rewrites an upload the method's client part declares, never one it guesses
     from fdlit.adversaries import FabricatedDensity, FreeRider, RandomPredictions, ScaledUpdate
     from fdlit.methods import FedProto, UncertaintyWeighted
-    from tests.test_declared_uploads import GatedVotes
+    from tests.fitting import GatedVotes
 
     assert ScaledUpdate().fits(FedAvg()) and not ScaledUpdate().fits(FedProto())  # prototypes, no parameters
     assert FreeRider().fits(FedAvg()) and not FreeRider().fits(FedProto())

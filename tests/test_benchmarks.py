@@ -61,7 +61,7 @@ def test_executors_benchmark_prints_both_ratios(tmp_path):
 
 def test_scale_benchmark_times_every_component(tmp_path):
     """On Fashion-MNIST's IDX format (tiny files), with the benchmark's own test subset."""
-    from test_local_files import idx_folder
+    from paper_fixtures import idx_folder
 
     idx_folder(tmp_path / "fashion", n_train=500, n_test=40)
     out = run("scale.py", "--clients", "5", "--rounds", "2", "--run_dir", str(tmp_path), "--test_samples", "20",

@@ -10,48 +10,10 @@ from fdlit.cli import main
 from fdlit.config import parse_fit
 from fdlit.errors import ConfigError
 from fdlit.messages import Upload
-from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
+from fdlit.methods.base import ClientPart
 from fdlit.runs.experiment import Experiment
-
-
-def args(tmp_path, *extra):
-    return ["--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
-            "--logger.run_dir", str(tmp_path), "--federation.rounds", "1", "--federation.private_epochs_first", "1",
-            "--federation.public_epochs_first", "1", "--data.num_clients", "4", "--data.classes_per_client", "6",
-            "--data.public_size", "100", "--model.hidden", "[16]", *extra]
-
-
-class GatedVotesClient(ClientPart):
-    """docs/extending.md's gated votes: a client sends its probabilities on the rows it is confident
-    about and the mask of those rows, never its logits."""
-
-    uploads = (Upload("probs", "rows", shape=(None, "C")), Upload("mask", "clear", dtype=torch.bool, shape=("N",)))
-
-    def upload(self, ctx):
-        probs = ctx.public_logits.float().softmax(-1)
-        confidence = probs.max(-1).values
-        mask = confidence >= confidence.median()  # the more confident half
-        return {"probs": probs[mask], "mask": mask}
-
-
-class GatedVotes(Aggregator):
-    short_name = "gated_votes"
-
-    def __init__(self):
-        self.received: list[dict[str, tuple]] = []
-
-    def client_part(self):
-        return GatedVotesClient()
-
-    def aggregate(self, uploads, ctx):
-        self.received += [{k: tuple(v.shape) for k, v in u.items()} for u in uploads]
-        n, c = len(ctx.info.public_x), ctx.info.num_classes
-        votes = torch.zeros(n, c)
-        for u in uploads:
-            votes[u["mask"].cpu()] += u["probs"].float().cpu()
-        keep = votes.sum(-1) > 0
-        teacher = torch.where(keep[:, None], votes, torch.ones(n, c))
-        return AggregationResult(teacher=teacher / teacher.sum(-1, keepdim=True), keep=keep)
+from tests.fitting import GatedVotes, GatedVotesClient
+from tests.fitting import one_round_args as args
 
 
 class Leaky(GatedVotesClient):

@@ -161,7 +161,7 @@ def test_deploy_prints_the_summary_of_a_run_without_teacher(tmp_path, monkeypatc
 
 def test_a_node_reads_the_dataset_from_its_own_data_dir(tmp_path):
     """--node-config "data-dir=..." replaces the server's data.data_dir on that node only."""
-    from test_local_files import idx_folder
+    from paper_fixtures import idx_folder
 
     from fdlit.config import parse_fit
     from fdlit.deployment.node import NodeWorker

@@ -60,6 +60,15 @@ def test_the_hooks_and_contexts_extending_describes_are_the_contract():
 
 
 def test_the_readme_is_for_users_and_stays_short():
-    """Details live in docs/: the README stays at most 350 lines."""
-    readme = Path(__file__).resolve().parents[1] / "README.md"
-    assert len(readme.read_text().splitlines()) <= 350
+    """Details live in docs/: the README stays at most 1,500 words, and every page it links exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.split()) <= 1500
+    links = re.findall(r"\]\(([^)#]+)", text)
+    assert "docs/README.md" in links and [link for link in links if not link.startswith("http")
+                                          and not (ROOT / link).exists()] == []
+
+
+def test_the_docs_index_lists_every_page_once_and_only_pages_that_exist():
+    links = re.findall(r"^- \[[^]]+\]\(([^)]+)\): \S", (ROOT / "docs" / "README.md").read_text(), flags=re.M)
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    assert sorted(links) == pages

@@ -14,7 +14,7 @@ from fdlit.errors import ConfigError
 from fdlit.methods import EdgeFD, ProbabilityAveraging
 from fdlit.methods.base import context_for
 from fdlit.runs import read_jsonl
-from tests.test_composition import EXECUTORS, fit_loop, ledger_rows, only_run, tiny, without_time
+from tests.fitting import EXECUTORS, fit_loop, ledger_rows, only_run, tiny, without_time
 
 CONFIG = "digits_edgefd.yaml"
 

@@ -335,7 +335,7 @@ def test_a_kept_checkpoint_can_be_exported(trained_run, tmp_path, capsys):
 
 def test_a_fashion_mnist_card_names_the_real_classes(tmp_path, capsys):
     import paper_fixtures  # noqa: F401  (offline HF env first)
-    from test_local_files import idx_folder
+    from paper_fixtures import idx_folder
 
     data = tmp_path / "idx"
     data.mkdir()

@@ -19,7 +19,7 @@ from fdlit.methods import ProbabilityAveraging
 from fdlit.methods.base import ClientPart
 from fdlit.models import MLP
 from fdlit.privacy import UploadPrivacy
-from tests.test_declared_uploads import GatedVotes
+from tests.fitting import GatedVotes
 
 ROOT = Path(__file__).resolve().parents[1]
 

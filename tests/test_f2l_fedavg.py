@@ -10,7 +10,7 @@ from fdlit.methods import F2L, F2LParams
 from fdlit.methods.base import FederationInfo, ServerContext, context_for
 from fdlit.methods.f2l_fedavg import class_auc
 from fdlit.methods.fedavg import exchanged_tensors, flatten
-from tests.test_parameter_exchange import loop_for
+from tests.fitting import exchange_loop as loop_for
 
 
 def test_coefficients_follow_eq_11_and_12():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import paper_fixtures  # noqa: F401  (offline HF env first)
 import pytest
-from test_local_files import idx_folder
+from paper_fixtures import idx_folder
 
 from fdlit.config import parse_fit
 from fdlit.runs.experiment import Experiment

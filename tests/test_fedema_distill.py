@@ -17,7 +17,7 @@ from fdlit.methods import FedEMADistill
 from fdlit.methods.base import ServerContext, context_for
 from fdlit.methods.contexts import FederationInfo
 from fdlit.runs import read_jsonl
-from tests.test_composition import EXECUTORS, fit_loop, only_run, tiny, without_time
+from tests.fitting import EXECUTORS, fit_loop, only_run, tiny, without_time
 
 CONFIG = "digits_fedema_distill.yaml"
 

@@ -16,7 +16,8 @@ from fdlit.methods.fedkd import FedKDClient
 from fdlit.methods.parameters import exchanged_tensors, flatten
 from fdlit.methods.svd_compression import compress, decompress, factor_numbers, kept_rank, matrix_shapes
 from fdlit.models.mutual import find_pair
-from tests.test_fml import MLP16, loop_for, pair_spec, private, shared  # the same pairs
+from tests.fitting import MLP16, pair_spec, private, shared
+from tests.fitting import data_free_loop as loop_for
 
 C = 10
 MLP8 = {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [8]}}

@@ -10,29 +10,18 @@ import torch
 import torch.nn.functional as F
 
 from fdlit.callbacks import FederationCallback
-from fdlit.clients import ClientOptimization
 from fdlit.clients.loss_context import LossContext
-from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
-from fdlit.execution import SequentialExecutor, VectorizedExecutor
-from fdlit.federation import FederationLoop
+from fdlit.execution import VectorizedExecutor
 from fdlit.methods import FedProto
 from fdlit.methods.base import context_for
 from fdlit.methods.contexts import ClientContext, FederationInfo
 from fdlit.methods.fedavg import flatten
 from fdlit.methods.fedproto import FedProtoClient
+from tests.fitting import MLP16
+from tests.fitting import data_free_loop as loop_for
 
 C, D = 10, 16
-MLP16 = {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [D]}}
-
-
-def loop_for(method, rounds=2, clients=4, model=MLP16, executor=None, **kw):
-    return FederationLoop(
-        rounds=rounds, private_epochs_first=1, private_epochs=1, public_epochs_first=0, public_epochs=0,
-        data=FederatedData(num_clients=clients, classes_per_client={1: 10}.get(clients, 3), public_size=0),
-        model=model, client=ClientOptimization(optimizer="adam", lr=0.01, batch_size=32),
-        aggregator=method, executor=executor or SequentialExecutor(), **kw,
-    )
 
 
 def params(loop, i=0):

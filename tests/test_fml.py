@@ -16,25 +16,13 @@ from fdlit.errors import ConfigError
 from fdlit.execution import VectorizedExecutor
 from fdlit.methods import FML
 from fdlit.methods.base import context_for
-from fdlit.methods.parameters import exchanged_tensors, flatten
+from fdlit.methods.parameters import flatten
 from fdlit.models.mutual import MutualPair, find_pair
-from tests.test_fedproto import MLP16, loop_for  # the same data-free loop
+from tests.fitting import MLP16, pair_spec, private, shared
+from tests.fitting import data_free_loop as loop_for
 
 C = 10
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-def pair_spec(private, shared=None):
-    return {"class_path": "fdlit.models.mutual.MutualPair",
-            "init_args": {"private": private, **({"shared": shared} if shared else {})}}
-
-
-def shared(loop, i=0):
-    return flatten(exchanged_tensors(find_pair(loop.view.clients[i].model).shared))
-
-
-def private(loop, i=0):
-    return flatten(list(find_pair(loop.view.clients[i].model).private.parameters()))
 
 
 # ---------------------------------------------------------------- the pair

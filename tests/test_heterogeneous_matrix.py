@@ -18,7 +18,7 @@ from fdlit.config import parse_fit
 from fdlit.methods.fedavg import FedAvg, FedAvgClient
 from fdlit.models.build import build_model
 from fdlit.runs.experiment import Experiment
-from tests.test_composition import RULES, tiny
+from tests.fitting import RULES, tiny
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # three architectures, one penultimate width (16), so the methods that exchange features apply too

@@ -1,15 +1,14 @@
 """Datasets from their original files: IDX (MNIST, Fashion-MNIST; gzipped or not) and the CIFAR python
 batches, written here in the real formats; the real Fashion-MNIST files where Debian's package is installed."""
 
-import gzip
 import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
 import paper_fixtures  # noqa: F401  (offline HF env first)
 import pytest
 import torch
+from paper_fixtures import idx_folder
 
 import fdlit.data.local_files as local_files
 from fdlit.data import FederatedData, load_dataset
@@ -17,30 +16,6 @@ from fdlit.data.hub import DatasetUnavailable
 from fdlit.errors import ConfigError
 
 DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
-
-
-def write_idx(path: Path, array: np.ndarray, gz: bool) -> None:
-    """An IDX file as LeCun et al. specify it: 0, 0, type 0x08 (uint8), ndim, big-endian dims, data."""
-    raw = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    raw += array.astype(np.uint8).tobytes()
-    if gz:
-        path = path.with_name(path.name + ".gz")
-        path.write_bytes(gzip.compress(raw))
-    else:
-        path.write_bytes(raw)
-
-
-def idx_folder(folder: Path, n_train=40, n_test=20, gz=True, seed=0):
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    arrays = {}
-    for split, n in (("train", n_train), ("t10k", n_test)):
-        x = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
-        y = (np.arange(n) % 10).astype(np.uint8)
-        write_idx(folder / f"{split}-images-idx3-ubyte", x, gz)
-        write_idx(folder / f"{split}-labels-idx1-ubyte", y, gz)
-        arrays[split] = (x, y)
-    return arrays
 
 
 def cifar_folder(folder: Path, fine: bool, per_batch=6, seed=0):

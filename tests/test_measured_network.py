@@ -7,7 +7,7 @@ import torch
 
 from fdlit.methods import FML, FedDistill, FedGen, FedKD, FedProto
 from fdlit.models.mutual import find_pair
-from tests.test_fedproto import loop_for
+from tests.fitting import data_free_loop as loop_for
 
 SMALL_GEN = {"generated": 16, "generator_steps": 20, "generator_batch": 16, "hidden": 16}
 

@@ -14,7 +14,7 @@ from fdlit.clients.options import ClientOptimization
 from fdlit.config import parse_fit
 from fdlit.methods.base import ClientPart, FederationInfo, ServerContext, client_part_of
 from fdlit.runs.experiment import Experiment
-from tests.test_examples import EXAMPLES, EXECUTORS
+from tests.fitting import EXAMPLES, EXECUTORS
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ kept under ``method/``; the method's own names stay as they are."""
 
 from fdlit.federation.metric_names import method_stats
 from fdlit.methods import ProbabilityAveraging
-from tests.test_server_state import loop_of
+from tests.fitting import loop_of
 
 
 class ClaimsPerfection(ProbabilityAveraging):

@@ -189,7 +189,7 @@ def fashion_like_folder(folder: Path, classes: list[int], count: int = 60, seed:
 def test_three_nodes_with_only_their_own_folders_run_a_fashion_mnist_shaped_federation(tmp_path):
     """No node has a copy of the dataset (its data-dir is empty): each gets the shared sets from the server
     and trains on its own folder; the server never reads a node's folder (the run knows no node path)."""
-    from test_local_files import idx_folder
+    from paper_fixtures import idx_folder
 
     idx_folder(tmp_path / "server-data", n_train=400, n_test=60)  # the server's copy: public, test, validation
     empty = tmp_path / "no-dataset-here"

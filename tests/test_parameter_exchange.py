@@ -7,24 +7,14 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fdlit.clients import ClientOptimization
-from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
-from fdlit.execution import SequentialExecutor, VectorizedExecutor
+from fdlit.execution import VectorizedExecutor
 from fdlit.federation import FederationLoop
 from fdlit.methods import FedAvg, FedProx, Scaffold
 from fdlit.methods.fedavg import flatten
 from fdlit.methods.fedprox import FedProxClient
-
-MLP16 = {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}}
-
-
-def loop_for(method, rounds=2, clients=4, optimizer="sgd", lr=0.05, batch_size=32, executor=None, epochs=1, **kw):
-    return FederationLoop(
-        rounds=rounds, private_epochs_first=epochs, private_epochs=epochs, public_epochs_first=1, public_epochs=1,
-        data=FederatedData(num_clients=clients, classes_per_client={1: 10, 2: 5}.get(clients, 3), public_size=120),
-        model=MLP16, client=ClientOptimization(optimizer=optimizer, lr=lr, batch_size=batch_size),
-        aggregator=method, executor=executor or SequentialExecutor(), **kw,
-    )
+from tests.fitting import MLP16
+from tests.fitting import exchange_loop as loop_for
 
 
 def params(loop, i=0):

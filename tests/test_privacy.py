@@ -13,7 +13,7 @@ from fdlit.cli import main
 from fdlit.federation.communication import CommunicationLedger
 from fdlit.privacy import UploadPrivacy, decode, encode, encoded_bytes, membership_auc, sampled_epsilon
 from fdlit.runs import read_jsonl
-from tests.test_composition import fit_loop, only_run, tiny, without_time
+from tests.fitting import fit_loop, only_run, tiny, without_time
 
 DP = ("--privacy.noise_multiplier", "0.8", "--privacy.clip_norm", "2.0", "--privacy.delta", "1e-4")
 

@@ -16,7 +16,7 @@ from fdlit.messages import Message
 from fdlit.methods import ProbabilityAveraging
 from fdlit.methods.base import Aggregator, ClientPart, context_for
 from fdlit.privacy import UploadPrivacy
-from tests.test_composition import fit_loop, tiny
+from tests.fitting import fit_loop, tiny
 
 DP = ("--privacy.noise_multiplier", "0.8", "--privacy.clip_norm", "2.0", "--privacy.delta", "1e-4")
 PRIVACY = Path(fdlit.methods.__file__).parent.parent / "privacy"

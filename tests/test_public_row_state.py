@@ -11,7 +11,7 @@ from fdlit.config import parse_fit
 from fdlit.errors import ConfigError
 from fdlit.methods.base import AggregationResult, Aggregator
 from fdlit.runs.experiment import Experiment
-from tests.test_declared_uploads import args
+from tests.fitting import one_round_args as args
 
 SUBSET = ("--federation.rounds", "2", "--federation.private_epochs", "1", "--federation.public_epochs", "1",
           "--federation.participation.public_fraction", "0.5")

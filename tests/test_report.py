@@ -3,7 +3,6 @@ import os
 import re
 import shutil
 import statistics
-from pathlib import Path
 
 import pytest
 import yaml
@@ -11,44 +10,13 @@ import yaml
 from fdlit.cli import main
 from fdlit.errors import ConfigError
 from fdlit.reporting import load_runs, write_report
+from tests.fake_runs import fake_run
 
 ACC_KEY, PRIVATE_KEY = "after_public/global_acc_mean", "after_private/global_acc_mean"
 PNG = ("png",)  # figure files for tests that look at the tables: PNG only, fast
-AGGREGATORS = {
-    "AVG": {"class_path": "fdlit.methods.ProbabilityAveraging", "init_args": {}},
-    "sUWA": {"class_path": "fdlit.methods.SmoothedUncertaintyWeighted", "init_args": {"tau": 0.25}},
-    "UWA": {"class_path": "fdlit.methods.UncertaintyWeighted", "init_args": {}},
-}
 # best accuracy per (method, k, seed): Table 1 must show their mean ± sample std, in %
 BEST = {("AVG", 2, 0): 0.20, ("AVG", 2, 1): 0.30, ("sUWA", 2, 0): 0.40, ("sUWA", 2, 1): 0.50,
         ("AVG", 5, 0): 0.60, ("AVG", 5, 1): 0.70, ("sUWA", 5, 0): 0.55, ("sUWA", 5, 1): 0.65}
-
-
-def fake_run(root: Path, method: str, k: int, seed: int, best: float, rounds: int = 3, finished: bool = True,
-             mode: str = "fd", tau: float = 0.25, summary: dict | None = None):
-    """A run directory as RunDirectory writes it, with accuracy peaking at ``best`` in round 2 (after
-    the private phase: ``best`` - 0.1)."""
-    path = root / f"20260101-000000-{mode}-{method}-tau{tau}-k{k}-seed{seed}"
-    path.mkdir(parents=True)
-    aggregator = json.loads(json.dumps(AGGREGATORS[method]))
-    if method == "sUWA":
-        aggregator["init_args"]["tau"] = tau
-    config = {"seed": seed, "data": {"dataset": "digits", "partition": "classes", "classes_per_client": k},
-              "aggregator": aggregator, "federation": {"rounds": rounds, "mode": mode}}
-    (path / "config.yaml").write_text(yaml.safe_dump(config))
-    rows = []
-    for r in range(1, rounds + 1):
-        acc = best if r == 2 else best - 0.05
-        row = {"round": r, "after_public/global_acc_mean": acc, "after_public/local_acc_mean": acc + 0.25,
-               "after_private/global_acc_mean": acc - 0.1,
-               "weights/chi": 0.05 if method == "AVG" else 0.3, "comm/up_bytes_total": 1000 * r,
-               "comm/down_bytes_total": 2000 * r}
-        if method == "sUWA":
-            row["clients/trust_matrix"] = [[0.5, 0.5, None], [0.5, 0.5, None]]
-        rows.append(row)
-    (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (path / "summary.json").write_text(json.dumps({"finished": finished, "rounds": rounds, **(summary or {})}))
-    return path
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from fdlit.cli import main
 from fdlit.reporting import load_runs, write_report
 from fdlit.reporting.adversaries import attack_lines, attacked_share
 from fdlit.runs import read_jsonl
-from tests.test_composition import tiny
+from tests.fitting import tiny
 
 FLIP = ["--adversaries.attack", "fdlit.adversaries.LabelFlipping"]
 RULES = {"AVG": "digits_avg.yaml", "UWA": "digits_uwa.yaml"}

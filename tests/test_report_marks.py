@@ -3,7 +3,7 @@
 import numpy as np
 
 from fdlit.reporting import load_runs, shared_settings
-from tests.test_report import fake_run
+from tests.fake_runs import fake_run
 
 
 def test_own_classes_are_dots_that_stay_apart_where_boxes_would_merge():

@@ -14,7 +14,7 @@ from fdlit.errors import ConfigError
 from fdlit.reporting import load_runs, write_report
 from fdlit.runs.checkpoint import load_checkpoint
 from fdlit.runs.directory import RunFileError, read_config, read_jsonl
-from tests.test_report import fake_run
+from tests.fake_runs import fake_run
 
 REPO = Path(__file__).resolve().parents[1]
 PNG = ("png",)

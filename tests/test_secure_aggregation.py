@@ -21,7 +21,7 @@ from fdlit.privacy.secure_sum import (
     shamir_share,
 )
 from fdlit.privacy.secure_upload import SecureSums, masked_sums
-from tests.test_composition import fit_loop, tiny
+from tests.fitting import fit_loop, tiny
 
 PARTIAL = ("--federation.participation.dropout", "0.3")
 

@@ -16,7 +16,7 @@ from fdlit.methods.fedmd import FedMDDigest
 from fdlit.methods.fedmd_client import FedMDClient
 from fdlit.models import MLP
 from fdlit.runs.experiment import Experiment
-from tests.test_composition import fit_loop, tiny
+from tests.fitting import fit_loop, tiny
 
 SERVER = ["--server.model", "fdlit.models.MLP", "--server.model.hidden", "[16]",
           "--server.epochs_first", "1", "--server.epochs", "1"]

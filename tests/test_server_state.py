@@ -11,7 +11,8 @@ from fdlit.config import parse_fit
 from fdlit.errors import ConfigError
 from fdlit.methods.base import AggregationResult, Aggregator
 from fdlit.runs.experiment import Experiment
-from tests.test_declared_uploads import args
+from tests.fitting import loop_of
+from tests.fitting import one_round_args as args
 
 
 class CumulativeVotes(Aggregator):
@@ -38,14 +39,6 @@ class KeepsAGenerator(CumulativeVotes):
     def __init__(self):
         super().__init__()
         self.noise = torch.Generator().manual_seed(0)
-
-
-def loop_of(tmp_path, rounds, method):
-    parser, cfg = parse_fit(args(tmp_path, "--federation.rounds", str(rounds), "--federation.private_epochs", "1",
-                                 "--federation.public_epochs", "1"))
-    loop = Experiment(cfg, parser).loop
-    loop.server_side.method = method
-    return loop
 
 
 def through_a_checkpoint(state):

@@ -17,7 +17,7 @@ from fdlit.privacy.upload_audit import (
     tpr_at_fpr,
 )
 from fdlit.runs import read_jsonl
-from tests.test_composition import only_run, tiny
+from tests.fitting import only_run, tiny
 
 
 def test_label_inference_reads_the_predicted_classes_and_measures_total_variation():

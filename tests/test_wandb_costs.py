@@ -97,7 +97,7 @@ print("IMPORTED=" + json.dumps({m: m in sys.modules for m in ("wandb.sdk.launch"
 
 
 def test_an_offline_run_logs_its_metrics_heatmaps_at_their_cadence_and_one_table_only(fast_args, tmp_path):
-    from test_wandb_logging import offline_record
+    from tests.wandb_records import offline_record
 
     args = [*fast_args, "--federation.rounds", "3", "--logger.trust_every_n_rounds", "2"]
     args[args.index("--logger.mode") + 1] = "offline"

@@ -62,6 +62,7 @@ import numpy as np
 import torch
 
 from fdlit.errors import ConfigError, check_choice, check_number
+from fdlit.extras import require
 from fdlit.messages import as_message
 from fdlit.privacy.accounting import ClientAccountant, make_accountant
 from fdlit.privacy.client_release import DIAGNOSTICS, ClientRelease, clip_rows, gaussian_noise
@@ -176,6 +177,10 @@ class UploadPrivacy:
             raise ConfigError("privacy.secure_threshold", "applies to secure aggregation only; set "
                               "privacy.secure_aggregation: true, or leave privacy.secure_threshold at 0.5")
         self.secure_threshold = float(secure_threshold)
+        if self.dp:  # the accountants (RDP, PRV) are opacus's
+            require("opacus", "privacy.noise_multiplier")
+        if self.secure:  # key agreement, key derivation and the mask stream are cryptography's
+            require("cryptography", "privacy.secure_aggregation")
         self.audit, self.upload_audit = bool(audit), bool(upload_audit)
         self.summands = None  # the method's client-side terms of the secure sum (``check``)
         self.release = Release()  # the method's declaration (check() reads it); by default the logits alone

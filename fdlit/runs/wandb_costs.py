@@ -88,7 +88,9 @@ def wandb_settings(wandb: Any, config: Any) -> Any:
     """``wandb.Settings`` for an fdlit run (``config``: the ``logger`` section): start-up bounded by
     ``init_timeout_s``; no console capture (it costs CPU every line; fdlit's summary and run
     directory hold the results); without ``system_metrics``, no sampling of the machine's use and no
-    requirements file (reading every installed package's metadata: ~0.3 CPU s)."""
+    requirements file (reading every installed package's metadata: ~0.3 CPU s); without ``verbose``,
+    none of W&B's own console output (its banners, run history and summary blocks: ``silent``)."""
     quiet = not config.system_metrics
+    silent = not getattr(config, "verbose", False)
     return wandb.Settings(init_timeout=config.init_timeout_s, console="off", x_disable_stats=quiet,
-                          x_save_requirements=not quiet)
+                          x_save_requirements=not quiet, silent=silent, quiet=silent)

@@ -223,6 +223,8 @@ class WandbLogger(FederationCallback):
                 return
         self.save_run_file("config.yaml", (self.directory / "config.yaml").read_text()
                            if (self.directory / "config.yaml").exists() else None)
+        if not self.config.verbose:  # W&B itself is silent (wandb_settings): one line says where it logs
+            print(f"fdlit: W&B logs this run {self.where()} (--logger.verbose true: W&B's own output)")
         try:
             self.run.define_metric("round")
             self.run.define_metric("*", step_metric="round")
@@ -272,6 +274,15 @@ class WandbLogger(FederationCallback):
                 print(f"fdlit: W&B run saved offline; upload it with: {self.sync_command()}")
         except Exception as exc:
             self._say(f"fdlit: W&B finish failed ({exc}); every metric is in {self.directory}")
+
+    def where(self) -> str:
+        """Where the W&B run goes: its page online, its folder offline."""
+        try:
+            if self.mode == "online":
+                return f"online at {self.run.url}"
+            return f"offline in {Path(self.run.dir).parent}"
+        except Exception:  # a tracker that cannot say: the run directory holds every metric anyway
+            return f"{self.mode} (every metric is also in {self.directory})"
 
     def save_run_file(self, name: str, text: Optional[str]) -> None:
         """Write ``fdlit/<name>`` among the W&B run's files (uploaded live online, by ``wandb sync``
