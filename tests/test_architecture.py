@@ -93,7 +93,7 @@ def test_methods_never_import_the_loop_or_execution_or_runs():
 
 # docs/design.md's layers, lowest first: a package imports only packages of layers below its own
 LAYERS = [
-    {"fdlit", "fdlit.errors", "fdlit.messages", "fdlit.records"},
+    {"fdlit", "fdlit.errors", "fdlit.messages", "fdlit.records", "fdlit.internals"},
     {"fdlit.bounded_yaml", "fdlit.extras"},
     {"fdlit.config_files", "fdlit.config_ranges", "fdlit.run_settings", "fdlit.data", "fdlit.models", "fdlit.privacy"},
     {"fdlit.code_allowlist"},

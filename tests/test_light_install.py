@@ -24,6 +24,13 @@ sys.meta_path.insert(0, Absent())
 for name in {EXTRA_MODULES!r}:
     sys.modules.pop(name, None)
 sys.modules.update({{name: None for name in ("opacus", "cryptography", "matplotlib", "scipy")}})  # find_spec: None
+import importlib.metadata as metadata  # nor their distributions (lightning_utilities asks for those)
+found = metadata.distribution
+def distribution(name):
+    if name.lower().replace("-", "_") in {EXTRA_MODULES!r}:
+        raise metadata.PackageNotFoundError(name)
+    return found(name)
+metadata.distribution = distribution
 from fdlit.cli import main
 sys.exit(main(sys.argv[1:]))
 """
