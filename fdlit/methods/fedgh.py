@@ -1,7 +1,7 @@
 """FedGH: a generalized global prediction head trained on the server from the clients' class-average
 representations (Yi et al. 2023).
 
-Yi, Wang, Liu, Li, Yu, *FedGH: Heterogeneous Federated Learning with Generalized Global Header*,
+Yi, Wang, Liu, Shi, Yu, *FedGH: Heterogeneous Federated Learning with Generalized Global Header*,
 ACM Multimedia 2023. Each client k's network splits into a feature extractor f_k (``embed``) and a
 linear head h(z) = W z + b (``classify``, one ``torch.nn.Linear``); extractors may differ between
 clients (``fdlit.models.PerClient``) as long as their width D agrees. Every round each client trains
