@@ -14,15 +14,18 @@ from fdlit.methods.fedavg import FedAvg
 from fdlit.methods.feddf import FedDF
 from fdlit.methods.fedema_distill import FedEMADistill
 from fdlit.methods.fedgen import FedGen
+from fdlit.methods.fedgh import FedGH
 from fdlit.methods.fedgo import FedGO
 from fdlit.methods.fedgo_fedavg import FedGOParams
 from fdlit.methods.fedkd import FedKD
 from fdlit.methods.fedmd import FedMD
 from fdlit.methods.fedproto import FedProto
 from fdlit.methods.fedprox import FedProx
+from fdlit.methods.fedtgp import FedTGP
 from fdlit.methods.fml import FML
 from fdlit.methods.krum import Krum
 from fdlit.methods.kulsif import KuLSIF
+from fdlit.methods.lg_fedavg import LGFedAvg
 from fdlit.methods.lkd import LKD
 from fdlit.methods.logit_averaging import LogitAveraging
 from fdlit.methods.meta_model import MetaModel
@@ -53,6 +56,7 @@ __all__ = [
     "FedDF",
     "FedEMADistill",
     "FedGen",
+    "FedGH",
     "FedGO",
     "FedGOParams",
     "FedKD",
@@ -62,8 +66,10 @@ __all__ = [
     "FedTrimmedMean",
     "FedProx",
     "FedProto",
+    "FedTGP",
     "Krum",
     "KuLSIF",
+    "LGFedAvg",
     "LKD",
     "MetaModel",
     "Oracle",

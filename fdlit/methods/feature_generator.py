@@ -69,13 +69,14 @@ def ensemble_logits(features: torch.Tensor, labels: torch.Tensor, weights: torch
     return (mix[:, labels.long()][..., None] * per_head).sum(0)
 
 
-def linear_head(model: nn.Module) -> nn.Linear:
+def linear_head(model: nn.Module, method: str = "FedGen") -> nn.Linear:
     """The client network's output layer: the one ``nn.Linear`` its ``classify`` runs. Anything else
-    (no embed/classify split, a deeper head, a head that is not linear) is refused naming ``model``."""
+    (no embed/classify split, a deeper head, a head that is not linear) is refused naming ``model``
+    and ``method``, the method that exchanges the layer."""
     _, net = split_network(model)
     name = type(net).__name__
     if not has_feature_split(net):
-        raise ConfigError("model", "FedGen sends each client's output layer and trains it on generated "
+        raise ConfigError("model", f"{method} exchanges each client's output layer and reads its "
                           "penultimate features, so the network must provide embed(x) -> B x D features and "
                           f"classify(features) -> logits with forward(x) == classify(embed(x)); {name} does not")
     linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
@@ -95,7 +96,7 @@ def linear_head(model: nn.Module) -> nn.Linear:
             for h in hooks:
                 h.remove()
     if head is None or not same or any(m is not head for m in ran):
-        raise ConfigError("model", f"FedGen exchanges the output layer, so {name}.classify must be one "
+        raise ConfigError("model", f"{method} exchanges the output layer, so {name}.classify must be one "
                           "torch.nn.Linear layer (features -> logits); it is not")
     return head
 

@@ -11,18 +11,23 @@ from __future__ import annotations
 
 from torch import nn
 
+from fdlit.errors import check_at_least
 from fdlit.models.base import ClientNetwork
 
 
 class LeNet5(ClientNetwork):
-    """LeNet-5 as in the module docstring; no knobs of its own.
+    """LeNet-5 as in the module docstring.
 
     Args:
         input_shape: shape of one input (C, H, W); 28x28 is padded to 32x32, filled in from the data.
         num_classes: number of classes C, filled in from the data.
+        feature_dim: width of the penultimate layer (84 in LeNet-5), the features ``embed`` gives; another
+            width lets LeNet-5 share a feature space with other networks (FedProto, FedTGP, FedGH, LG-FedAvg).
     """
 
-    def __init__(self, input_shape: tuple[int, ...] | None = None, num_classes: int | None = None):
+    def __init__(self, input_shape: tuple[int, ...] | None = None, num_classes: int | None = None,
+                 feature_dim: int = 84):
+        check_at_least("model.feature_dim", feature_dim, 1)
         super().__init__()
         c, h, w = input_shape or (1, 28, 28)
         pad = 2 if h < 32 else 0
@@ -34,8 +39,8 @@ class LeNet5(ClientNetwork):
         self.classifier = nn.Sequential(
             nn.Flatten(),
             nn.Linear(16 * fh * fw, 120), nn.ReLU(),
-            nn.Linear(120, 84), nn.ReLU(),
-            nn.Linear(84, num_classes or 10),
+            nn.Linear(120, feature_dim), nn.ReLU(),
+            nn.Linear(feature_dim, num_classes or 10),
         )
 
     def forward(self, x):

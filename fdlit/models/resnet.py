@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fdlit.errors import ConfigError
+from fdlit.errors import ConfigError, check_at_least
 from fdlit.models.base import ClientNetwork
 
 DEFAULT_WEIGHTS_REPO = "timm/resnet18.tv_in1k"
@@ -64,6 +64,10 @@ class ResNet18(ClientNetwork):
         weights_repo: hub repository holding torchvision-named ``model.safetensors``.
         weights_path: local weights file used instead of the hub.
         upsample: resize inputs to this side length (bilinear) before the stem; null keeps them.
+        width: channels of the first stage (64 in ResNet-18); the stages have width, 2, 4 and 8 times
+            it, and the penultimate features (``embed``) are 8 * width wide (a narrow ResNet for a CPU).
+        blocks: basic blocks per stage ([2, 2, 2, 2] in ResNet-18; [1, 1, 1, 1] is ResNet-10,
+            [3, 4, 6, 3] ResNet-34). ImageNet weights need both at ResNet-18's values.
     """
 
     def __init__(
@@ -75,8 +79,16 @@ class ResNet18(ClientNetwork):
         weights_repo: str = DEFAULT_WEIGHTS_REPO,
         weights_path: str | None = None,
         upsample: int | None = None,
+        width: int = 64,
+        blocks: list[int] = [2, 2, 2, 2],
     ):
         super().__init__()
+        check_at_least("model.init_args.width", width, 1)
+        if len(blocks) != 4 or any(not isinstance(b, int) or b < 1 for b in blocks):
+            raise ConfigError("model.init_args.blocks", f"four integers >= 1 (blocks per stage), got {list(blocks)}")
+        if pretrained and (width != 64 or list(blocks) != [2, 2, 2, 2]):
+            raise ConfigError("model.init_args.pretrained", "ImageNet weights are ResNet-18's: width 64 and blocks "
+                              f"[2, 2, 2, 2] (got width {width}, blocks {list(blocks)})")
         if stem not in ("cifar", "imagenet"):
             raise ConfigError("model.init_args.stem", f"allowed: 'cifar', 'imagenet'; got {stem!r}")
         in_ch = (input_shape or (3, 32, 32))[0]
@@ -85,20 +97,21 @@ class ResNet18(ClientNetwork):
                               f"ImageNet weights need stem: imagenet and 3 input channels (got stem={stem!r}, {in_ch} channels)")
         self.upsample = upsample
         if stem == "cifar":
-            self.conv1 = nn.Conv2d(in_ch, 64, 3, 1, 1, bias=False)
+            self.conv1 = nn.Conv2d(in_ch, width, 3, 1, 1, bias=False)
             self.maxpool = nn.Identity()
         else:
-            self.conv1 = nn.Conv2d(in_ch, 64, 7, 2, 3, bias=False)
+            self.conv1 = nn.Conv2d(in_ch, width, 7, 2, 3, bias=False)
             self.maxpool = nn.MaxPool2d(3, 2, 1)
-        self.bn1 = nn.BatchNorm2d(64)
+        self.bn1 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU(inplace=True)
-        widths, inplanes = (64, 128, 256, 512), 64
-        for i, planes in enumerate(widths, start=1):
+        inplanes = width
+        for i, (planes, count) in enumerate(zip((width, 2 * width, 4 * width, 8 * width), blocks, strict=True), start=1):
             stride = 1 if i == 1 else 2
-            setattr(self, f"layer{i}", nn.Sequential(BasicBlock(inplanes, planes, stride), BasicBlock(planes, planes)))
+            stage = [BasicBlock(inplanes, planes, stride), *(BasicBlock(planes, planes) for _ in range(count - 1))]
+            setattr(self, f"layer{i}", nn.Sequential(*stage))
             inplanes = planes
         self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, num_classes or 10)
+        self.fc = nn.Linear(8 * width, num_classes or 10)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -118,7 +131,7 @@ class ResNet18(ClientNetwork):
         return self.classify(self.embed(x))
 
     def embed(self, x):
-        """The penultimate features (the pooled 512 channels, the input of ``fc``)."""
+        """The penultimate features (the pooled 8 * width channels, 512 in ResNet-18; the input of ``fc``)."""
         if self.upsample:
             x = nn.functional.interpolate(x, size=(self.upsample, self.upsample), mode="bilinear", align_corners=False)
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
