@@ -30,6 +30,7 @@ from fdlit.methods.oracle import Oracle
 from fdlit.methods.robust_parameters import FedMedian, FedTrimmedMean
 from fdlit.methods.robust_predictions import CoordinateMedian, TrimmedMean
 from fdlit.methods.scaffold import Scaffold
+from fdlit.methods.scarlet import SCARLET
 from fdlit.methods.selective import SelectiveFD
 from fdlit.methods.uncertainty import SmoothedUncertaintyWeighted, UncertaintyWeighted
 from fdlit.methods.variance import LogitVariance
@@ -68,6 +69,7 @@ __all__ = [
     "MetaModel",
     "Oracle",
     "Scaffold",
+    "SCARLET",
     "SelectiveFD",
     "ProbabilityAveraging",
     "SmoothedUncertaintyWeighted",
