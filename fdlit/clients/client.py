@@ -12,9 +12,9 @@ from fdlit.clients.features import check_feature_network, features_and_logits
 from fdlit.clients.lightning_import import LightningModule
 from fdlit.clients.loss_context import LossContext
 from fdlit.clients.method_part import MethodPart
+from fdlit.clients.optimizer_scope import OptimizerScope
 from fdlit.clients.options import OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
 from fdlit.clients.own_module import find_own_module, step_loss
-from fdlit.clients.optimizer_scope import OptimizerScope
 from fdlit.clients.schedules import built_once, read_optimizers, step_schedules, stepping_hook
 from fdlit.clients.step_log import StepLog
 from fdlit.errors import ConfigError
