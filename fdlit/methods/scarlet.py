@@ -70,8 +70,8 @@ class ScarletClient(ClientPart):
 class SCARLET(Aggregator):
     """SCARLET: DS-FL's soft-label exchange with a soft-label cache and Enhanced ERA.
 
-    Source: Azuma et al. 2025, "SCARLET: soft-label caching and sharpening for communication-efficient
-    federated distillation" (arXiv 2504.19602); the authors' code (kitsuyaazuma/SCARLET) names the knobs.
+    Source: Azuma et al. 2025, "Soft-Label Caching and Sharpening for Communication-Efficient Federated
+    Distillation" (arXiv 2504.19602); the authors' code (kitsuyaazuma/SCARLET) names the knobs.
 
     Each round r, on its public rows (DS-FL draws a subset each round: ``federation.participation.public_subset``):
 
