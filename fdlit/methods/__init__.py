@@ -4,6 +4,7 @@ global model) and a client part (a ClientPart) (docs/algorithms.md, docs/design.
 from fdlit.methods.averaging import ProbabilityAveraging
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart, weight_concentration, weight_entropy
 from fdlit.methods.cfd import CFD
+from fdlit.methods.comet import COMET
 from fdlit.methods.density import DiagonalGaussianMixture, mixture_log_likelihood
 from fdlit.methods.edgefd import EdgeFD
 from fdlit.methods.entropy import EntropyWeighted
@@ -39,6 +40,7 @@ from fdlit.methods.variance import LogitVariance
 __all__ = [
     "AggregationResult",
     "CFD",
+    "COMET",
     "Aggregator",
     "ClientPart",
     "CoordinateMedian",
