@@ -34,8 +34,8 @@ def row_centroids(probs: torch.Tensor, clusters: int, seed: int) -> tuple[torch.
 class COMET(Aggregator):
     """COMET: each client distils from the average of the clients whose predictions cluster with its own.
 
-    Source: Cho, Wang, Tuli, Joshi, "Communication-Efficient and Model-Heterogeneous Personalized
-    Federated Learning via Clustered Knowledge Transfer" (COMET, IEEE JSTSP 2023); the SCARLET authors'
+    Source: Cho et al. 2023, "Communication-Efficient and Model-Heterogeneous Personalized Federated
+    Learning via Clustered Knowledge Transfer" (COMET, IEEE JSTSP; title as recalled); the SCARLET authors''
     COMET (kitsuyaazuma/SCARLET, reproducibility branch: ``num_clusters`` 2, ``regularization_weight`` 1).
 
     Round r, public rows x of the round: for each x the server runs k-means (K = ``num_clusters``) over
