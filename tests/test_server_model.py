@@ -70,7 +70,9 @@ def test_server_accuracy_is_logged_every_round_and_improves(config, tmp_path):
     # clients and server trained enough that the teacher (ERA's is flat early) carries its argmax
     loop = fit_loop(tiny(config, tmp_path, *SERVER, "--data.public_size", "400", "--client.lr", "0.01",
                          "--server.lr", "0.01", "--server.epochs_first", "3", "--server.epochs", "3",
-                         "--federation.private_epochs_first", "3", "--federation.private_epochs", "3", rounds=3))
+                         "--federation.private_epochs_first", "3", "--federation.private_epochs", "3",
+                         # every public row every round (DS-FL's config draws a tenth a round)
+                         "--federation.participation.public_fraction", "1.0", rounds=3))
     accs = [m["server/acc"] for m in loop.history]
     assert len(accs) == 3 and all(0 <= a <= 1 for a in accs), accs
     assert accs[-1] > accs[0] + 0.1, accs

@@ -12,6 +12,7 @@ from fdlit.clients.features import check_feature_network, features_and_logits
 from fdlit.clients.lightning_import import LightningModule
 from fdlit.clients.loss_context import LossContext
 from fdlit.clients.method_part import MethodPart
+from fdlit.clients.optimizer_scope import OptimizerScope
 from fdlit.clients.options import OPTIMIZERS, ClientOptimization  # noqa: F401 (re-exported)
 from fdlit.clients.own_module import find_own_module, step_loss
 from fdlit.clients.schedules import built_once, read_optimizers, step_schedules, stepping_hook
@@ -118,6 +119,7 @@ class ClientModule(LightningModule):
         self.method_state: dict[str, torch.Tensor] = {}
         self.method_part = None  # the method's ClientPart, whose ``loss`` hook shapes both losses
         self._optimizer: torch.optim.Optimizer | None = None
+        self._scope = OptimizerScope(getattr(optimization, "optimizer_scope", "shared"))
         self._schedules: list = []
         self._step_log = StepLog()
         self._private_epochs = self._private_steps = 0
@@ -268,6 +270,7 @@ class ClientModule(LightningModule):
     def set_phase(self, phase: Phase) -> None:
         self.phase = phase
         optimizer = self.configure_optimizers()
+        self._scope.enter(optimizer, phase)
         if self.own_module is not None or self._schedules:  # the learning rate is its schedulers'
             return
         lr = self.optimization.lr if phase == "private" else self.optimization.public_lr
@@ -306,6 +309,7 @@ class ClientModule(LightningModule):
             "optimizer": self.configure_optimizers().state_dict(),
             "generator": self.generator.get_state(),
             "method": dict(self.method_state),
+            **({"optimizer_scope": self._scope.state_dict()} if self._scope.scope != "shared" else {}),
             **({"schedulers": [s.scheduler.state_dict() for s in self._schedules],
                 "private_epochs": self._private_epochs, "private_steps": self._private_steps}
                if self._schedules else {}),
@@ -316,6 +320,8 @@ class ClientModule(LightningModule):
         self.configure_optimizers().load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         self.method_state = dict(state.get("method", {}))
+        if "optimizer_scope" in state:
+            self._scope.load_state_dict(state["optimizer_scope"])
         for schedule, saved in zip(self._schedules, state.get("schedulers", []), strict=False):
             schedule.scheduler.load_state_dict(saved)
         self._private_epochs = state.get("private_epochs", self._private_epochs)

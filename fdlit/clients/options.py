@@ -27,6 +27,9 @@ class ClientOptimization:
             per operation, faster for small models (on CPU, 20 digits MLP clients trained one at a
             time: see ``benchmarks/executors.py``). Results differ from the default kernel in the
             last float bits. The vectorized executor always uses the fused Adam kernel.
+        optimizer_scope: how long the optimizer's state lives: ``shared`` (one optimizer across both
+            phases and all rounds), ``per_phase`` (one per phase, each kept across rounds) or
+            ``per_round`` (cleared when each round's private phase starts); fdlit.clients.optimizer_scope.
     """
 
     def __init__(
@@ -39,6 +42,7 @@ class ClientOptimization:
         batch_size: int = 32,
         public_batch_size: int | None = None,
         fused: bool = False,
+        optimizer_scope: Literal["shared", "per_phase", "per_round"] = "shared",
     ):
         if optimizer not in OPTIMIZERS:
             raise ConfigError("client.optimizer", f"allowed: {sorted(OPTIMIZERS)}; got {optimizer!r}")
@@ -58,6 +62,9 @@ class ClientOptimization:
         self.batch_size = batch_size
         self.public_batch_size = public_batch_size or batch_size
         self.fused = fused
+        if optimizer_scope not in ("shared", "per_phase", "per_round"):
+            raise ConfigError("client.optimizer_scope", f"allowed: shared, per_phase, per_round; got {optimizer_scope!r}")
+        self.optimizer_scope = optimizer_scope
 
     def build(self, params) -> torch.optim.Optimizer:
         kwargs = {"lr": self.lr, "weight_decay": self.weight_decay}

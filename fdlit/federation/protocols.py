@@ -192,7 +192,11 @@ class PredictionExchange(Protocol):
         teachers = []
         for i in ids:
             server.send_down(plan.round, i, sent[i])
-            teachers.append((public_x, targets) if sent[i] is message else received_teacher(sent[i], info.public_x, parts.num_classes))
+            # a cache's changes rebuild, with the client's cache, the teacher the server computed
+            rebuilt = sent[i] is message or server.method.client_cache
+            teachers.append((public_x, targets) if rebuilt else received_teacher(sent[i], info.public_x, parts.num_classes))
+        if server.method.client_cache:  # each client takes the changes into its cache, where it lives
+            parts.clients.receive_step(info, {i: sent[i] for i in ids})
         return result, teachers
 
     @staticmethod

@@ -3,6 +3,8 @@ global model) and a client part (a ClientPart) (docs/algorithms.md, docs/design.
 
 from fdlit.methods.averaging import ProbabilityAveraging
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart, weight_concentration, weight_entropy
+from fdlit.methods.cfd import CFD
+from fdlit.methods.comet import COMET
 from fdlit.methods.density import DiagonalGaussianMixture, mixture_log_likelihood
 from fdlit.methods.edgefd import EdgeFD
 from fdlit.methods.entropy import EntropyWeighted
@@ -33,12 +35,15 @@ from fdlit.methods.oracle import Oracle
 from fdlit.methods.robust_parameters import FedMedian, FedTrimmedMean
 from fdlit.methods.robust_predictions import CoordinateMedian, TrimmedMean
 from fdlit.methods.scaffold import Scaffold
+from fdlit.methods.scarlet import SCARLET
 from fdlit.methods.selective import SelectiveFD
 from fdlit.methods.uncertainty import SmoothedUncertaintyWeighted, UncertaintyWeighted
 from fdlit.methods.variance import LogitVariance
 
 __all__ = [
     "AggregationResult",
+    "CFD",
+    "COMET",
     "Aggregator",
     "ClientPart",
     "CoordinateMedian",
@@ -74,6 +79,7 @@ __all__ = [
     "MetaModel",
     "Oracle",
     "Scaffold",
+    "SCARLET",
     "SelectiveFD",
     "ProbabilityAveraging",
     "SmoothedUncertaintyWeighted",

@@ -117,6 +117,10 @@ class Aggregator(LegacyAggregatorHooks):
     # set-up stage, if any, is refused under secure aggregation)
     secure_refusal: str = ""
     secure_setup: str = ""
+    # True: the clients keep a cache of the teacher's rows; ``configure`` sends each client only the rows
+    # its cache lacks (what it sends is what is counted) and the client part's ``receive`` takes the
+    # message in every round, where the client lives (SCARLET)
+    client_cache: bool = False
 
     def check_config(self, model: Any, client: Any) -> None:
         """Refuse, with a ConfigError, a model spec or client optimization the method cannot run

@@ -1,0 +1,62 @@
+"""COMET (Cho et al. 2023): each client distils from the centroid of its own cluster of predictions,
+is sent (and charged for) its own targets, and runs with different networks per client."""
+
+import json
+
+import pytest
+import torch
+
+from fdlit.cli import main
+from fdlit.messages import Message
+from fdlit.methods import COMET
+from fdlit.methods.base import ServerContext, context_for
+from tests.test_composition import EXECUTORS, fit_loop, ledger_rows, tiny
+from tests.test_heterogeneous_matrix import NETWORKS
+
+PARTIAL = ("--federation.participation.fraction", "0.5", "--federation.participation.dropout", "0.3",
+           "--federation.participation.public_fraction", "0.25")
+
+
+def test_each_client_is_sent_the_mean_of_its_own_cluster():
+    # rows where clients 0, 1 agree on class 0 and clients 2, 3 on class 2
+    a, b = torch.tensor([4.0, 0.0, 0.0]), torch.tensor([0.0, 0.0, 4.0])
+    logits = [a + 0.1 * torch.randn(6, 3), a + 0.1 * torch.randn(6, 3), b + 0.1 * torch.randn(6, 3), b + 0.1 * torch.randn(6, 3)]
+    uploads = [{"logits": z} for z in logits]
+    ctx = context_for(uploads)
+    method = COMET(num_clusters=2)
+    result = method.aggregate(uploads, ctx)
+    sent = method.configure(Message({"teacher": result.teacher}), [0, 1, 2, 3], ServerContext(ctx.info))
+    probs = [z.softmax(-1) for z in logits]
+    torch.testing.assert_close(sent[0]["teacher"], (probs[0] + probs[1]) / 2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sent[3]["teacher"], (probs[2] + probs[3]) / 2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(result.teacher, torch.stack(probs).mean(0))
+    # one cluster: every client gets the plain mean
+    single = COMET(num_clusters=1)
+    single.aggregate(uploads, ctx)
+    one = single.configure(Message({"teacher": result.teacher}), [0, 1, 2, 3], ServerContext(ctx.info))
+    torch.testing.assert_close(one[2]["teacher"], torch.stack(probs).mean(0), rtol=1e-5, atol=1e-6)
+
+
+def test_heterogeneous_client_networks_run_through_per_client(tmp_path):
+    argv = tiny("digits_comet.yaml", tmp_path)
+    at = argv.index("--model")
+    del argv[at:at + 4]
+    loop = fit_loop([*argv, "--model", "fdlit.models.PerClient", "--model.groups", json.dumps(NETWORKS)])
+    assert loop.round == 2
+    down = [m for m in loop.server_side.ledger.messages if m.direction == "down" and m.round >= 1]
+    assert down and all(m.kind == "teacher" and m.shape == (12, 10) for m in down)  # 12 = a tenth of 120 rows
+    assert {type(c.model).__name__ for c in loop.view.clients} >= {"MLP", "SmallCNN"}
+
+
+def test_vectorized_equals_sequential_under_participation(tmp_path):
+    seq = fit_loop(tiny("digits_comet.yaml", tmp_path / "seq", *PARTIAL, "--federation.executor", EXECUTORS["sequential"]))
+    vec = fit_loop(tiny("digits_comet.yaml", tmp_path / "vec", *PARTIAL, "--federation.executor", EXECUTORS["vectorized"]))
+    assert ledger_rows(vec) == ledger_rows(seq)
+    assert [m["comet/largest_cluster_share"] for m in seq.history] == [m["comet/largest_cluster_share"] for m in vec.history]
+
+
+@pytest.mark.parametrize("value", ["0", "true"])
+def test_bad_cluster_counts_are_refused_in_one_line(value, tmp_path, capsys):
+    assert main(["fit", *tiny("digits_comet.yaml", tmp_path, "--aggregator.init_args.num_clusters", value)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fdlit: error: aggregator")
