@@ -167,3 +167,11 @@ def shared(loop, i=0):
 def private(loop, i=0):
     """Client ``i``'s private network's parameters, flat."""
     return flatten(list(find_pair(loop.view.clients[i].model).private.parameters()))
+
+
+# three architectures, one penultimate width (16), so the methods that exchange features apply too
+NETWORKS = [
+    {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}, "clients": [0]},
+    {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32, 16]}, "clients": [1]},
+    {"class_path": "fdlit.models.SmallCNN", "init_args": {"channels": 4, "hidden": 16}, "clients": [2, 3]},
+]

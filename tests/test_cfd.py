@@ -14,7 +14,7 @@ from fdlit.methods import CFD
 from fdlit.methods.base import ClientContext, FederationInfo, ServerContext
 from fdlit.methods.cfd import decode, dequantise, encode
 from fdlit.runs import read_jsonl
-from tests.test_composition import EXECUTORS, fit_loop, ledger_rows, only_run, tiny, without_time
+from tests.fitting import EXECUTORS, fit_loop, ledger_rows, only_run, tiny, without_time
 
 PARTIAL = ("--federation.participation.fraction", "0.5", "--federation.participation.dropout", "0.3",
            "--federation.participation.public_fraction", "0.25")

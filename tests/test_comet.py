@@ -10,8 +10,7 @@ from fdlit.cli import main
 from fdlit.messages import Message
 from fdlit.methods import COMET
 from fdlit.methods.base import ServerContext, context_for
-from tests.test_composition import EXECUTORS, fit_loop, ledger_rows, tiny
-from tests.test_heterogeneous_matrix import NETWORKS
+from tests.fitting import EXECUTORS, NETWORKS, fit_loop, ledger_rows, tiny
 
 PARTIAL = ("--federation.participation.fraction", "0.5", "--federation.participation.dropout", "0.3",
            "--federation.participation.public_fraction", "0.25")

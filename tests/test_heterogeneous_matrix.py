@@ -18,15 +18,9 @@ from fdlit.config import parse_fit
 from fdlit.methods.fedavg import FedAvg, FedAvgClient
 from fdlit.models.build import build_model
 from fdlit.runs.experiment import Experiment
-from tests.fitting import RULES, tiny
+from tests.fitting import NETWORKS, RULES, tiny
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-# three architectures, one penultimate width (16), so the methods that exchange features apply too
-NETWORKS = [
-    {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}, "clients": [0]},
-    {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32, 16]}, "clients": [1]},
-    {"class_path": "fdlit.models.SmallCNN", "init_args": {"channels": 4, "hidden": 16}, "clients": [2, 3]},
-]
 # the methods that average parameter vectors: they need one architecture
 REFUSED = {
     "digits_f2l_fedavg.yaml": "F2L (parameters)",

@@ -14,7 +14,7 @@ from fdlit.config import parse_fit
 from fdlit.errors import ConfigError
 from fdlit.models import LeNet5, PerClient, ResNet18
 from fdlit.models.build import build_model
-from tests.test_local_files import idx_folder
+from tests.paper_fixtures import idx_folder
 
 MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
 GROUPS = {  # group file: (the dataset it is for, its input shape, the shared width, distinct architectures)

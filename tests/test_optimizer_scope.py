@@ -10,7 +10,7 @@ from fdlit.cli import main
 from fdlit.clients.client import ClientModule
 from fdlit.clients.options import ClientOptimization
 from fdlit.runs import read_jsonl
-from tests.test_composition import EXECUTORS, fit_loop, only_run, tiny, without_time
+from tests.fitting import EXECUTORS, fit_loop, only_run, tiny, without_time
 
 
 def adam_steps(client):

@@ -13,7 +13,7 @@ from fdlit.methods import SCARLET
 from fdlit.methods.base import ClientContext, FederationInfo, ServerContext
 from fdlit.methods.scarlet import cache_valid, enhanced_era
 from fdlit.runs import read_jsonl
-from tests.test_composition import EXECUTORS, fit_loop, ledger_rows, only_run, tiny, without_time
+from tests.fitting import EXECUTORS, fit_loop, ledger_rows, only_run, tiny, without_time
 
 SUBSET = ("--federation.participation.public_fraction", "0.25")  # 30 of the 120 public rows
 PARTIAL = ("--federation.participation.fraction", "0.5", "--federation.participation.dropout", "0.3")
