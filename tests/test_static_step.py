@@ -68,3 +68,35 @@ def test_the_static_step_is_off_unless_asked_and_for_the_vmapped_form(static_cal
     vmapped.cuda_graphs = True
     train_phases(vmapped, sizes=(8, 8))
     assert static_calls == []
+
+
+def test_bf16_weights_train_grouped_and_static_as_per_client_networks_do():
+    """``federation.precision: bf16-true`` (weights, gradients and Adam moments in bf16): the grouped
+    step, eager and static, computes what per-client bf16 networks compute, within bf16 rounding
+    (the kernels differ: grouped convolutions sum in another order)."""
+    seq, seq_losses, seq_pred = train_phases(SequentialExecutor(), "bf16-true", sizes=(16, 16))
+    static, losses, pred = train_phases(static_executor(), "bf16-true", sizes=(16, 16))
+    eager, eager_losses, _ = train_phases(VectorizedExecutor(strict=True, conv_network="grouped"), "bf16-true",
+                                          sizes=(16, 16))
+    assert {p.dtype for c in static for p in c.model.parameters()} == {torch.bfloat16}
+    assert losses == eager_losses
+    assert_same_clients(static, eager, atol=0)
+    for a, b in zip(seq_losses, losses, strict=True):
+        assert a == pytest.approx(b, rel=0.05, abs=0.05)
+    torch.testing.assert_close(pred.float(), seq_pred.float(), atol=0.1, rtol=0.05)
+    assert_same_clients(static, seq, atol=0.05)
+
+
+def test_cuda_graphs_are_refused_in_one_line_where_they_cannot_run(capsys):
+    from fdlit.cli import main
+    from fdlit.errors import ConfigError
+    from fdlit.federation.construction import use_cuda_graphs
+
+    assert main(["fit", "--config", "configs/digits.yaml", "--federation.cuda_graphs", "true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("fdlit: error: federation.cuda_graphs: needs a CUDA device")
+    with pytest.raises(ConfigError, match="federation.cuda_graphs: needs the vectorized executor"):
+        use_cuda_graphs(SequentialExecutor())  # (checked after the device, so not reachable here by the CLI)
+    executor = VectorizedExecutor()
+    use_cuda_graphs(executor)
+    assert executor.cuda_graphs

@@ -75,6 +75,7 @@ if TYPE_CHECKING:
 
     from fdlit.clients import ClientModule
 
+TRUE_DTYPES = (torch.float64, torch.bfloat16)  # 64-true, bf16-true: floating inputs converted to the weights'
 GROUPED_PRECISIONS = AUTO_PRECISIONS["cpu"]  # those at which the grouped network runs on a CPU by default
 
 __all__ = ["VectorizedExecutor", "architecture_key", "auto_chunk_size", "client_memory_bytes", "free_device_memory",
@@ -218,8 +219,8 @@ class VectorizedExecutor(ClientExecutor):
         device, dtype = stack.device, stack.dtype
 
         x_all, t_all, offsets = self._concat(datasets)
-        if x_all.is_floating_point() and x_all.dtype != dtype and dtype == torch.float64:
-            x_all = x_all.to(dtype)  # 64-true: Fabric converts inputs of the sequential path alike
+        if x_all.is_floating_point() and x_all.dtype != dtype and dtype in TRUE_DTYPES:
+            x_all = x_all.to(dtype)  # 64-true, bf16-true: Fabric converts the sequential path's alike
         index, weight, counts = batch_plan(clients, [len(d[0]) for d in datasets], offsets, epochs, batch_size,
                                             width)
         lengths = weight.sum(-1).long()  # S x M real samples per batch
@@ -368,7 +369,7 @@ class VectorizedExecutor(ClientExecutor):
             stack = ParamStack(group)
             _, net, prefix = split_input(group[0].model)
             inputs = [split_input(c.model)[0] for c in group]
-            xx = x.to(stack.dtype) if x.is_floating_point() and stack.dtype == torch.float64 else x
+            xx = x.to(stack.dtype) if x.is_floating_point() and stack.dtype in TRUE_DTYPES else x
             tied = has_tied_tensors(net)
             params = {n.removeprefix(prefix): p for n, p in zip(stack.names, stack.params, strict=True)}
             bufs = {n.removeprefix(prefix): b for n, b in stack.buffers.items() if n.startswith(prefix)}
