@@ -112,5 +112,6 @@ def static_step(executor, step_fn, opt, stack, buffer_names: list[str], loss_sta
     functorch's transforms around the forward) on at least two clients."""
     if not executor.cuda_graphs or getattr(step_fn, "grouped_network", None) is None or m < 2:
         return None
+    executor.trained["static"] = executor.trained.get("static", 0) + m  # client-phases (tests read it)
     return StaticStep(step_fn, opt, stack.params, {n: stack.buffers[n] for n in buffer_names}, loss_state,
                       stack.dtype, capture=stack.device.type == "cuda", graph_optimizer=executor.graph_optimizer)

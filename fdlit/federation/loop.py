@@ -120,10 +120,10 @@ class FederationLoop:
                                              self.draws)
         parts, executor = self.parts, s.executor
         executor.configure(s.compile_backend)
-        if s.cuda_graphs:
-            use_cuda_graphs(executor)
         try:
             executor.setup(self.fabric, [c for c in parts.clients.clients if c is not None])
+            if s.cuda_graphs:  # the executor that runs the clients (a stacked run's own: its inner one)
+                use_cuda_graphs(getattr(executor, "inner", executor))
         except BaseException:
             self.parts = None  # not set up: a later setup() starts again
             raise
