@@ -79,7 +79,8 @@ class StaticStep:
         else:
             if self.graph is None:
                 self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph):
+                # thread-local: the run's other threads (the checkpoint writer, a GPU sampler) go on
+                with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                     self.out = self._body()
             self.graph.replay()
             self.replays += 1
