@@ -1,14 +1,10 @@
-"""CIFAR-10 / ResNet-18: time per round, TFLOP/s, % of the dense bf16 peak, GPU utilisation and memory,
-sequential vs vectorized (the grouped network), for M = 20 and M = 100 clients. The one command:
+"""CIFAR-10 / ResNet-18 on one GPU: time per round, TFLOP/s, % of the dense bf16 peak, GPU utilisation
+and memory, sequential vs vectorized (the grouped network). The suite (every case in a fresh
+process, 8 minutes of device time in all; benchmarks/cifar10_suite.py, docs/gpu.md):
 
-    python benchmarks/cifar10_gpu.py --suite
+    python benchmarks/cifar10_gpu.py --suite [--out results.jsonl]
 
-(under 8 minutes on one H100 / H200: each cell runs in a fresh process within ``--budget_s``, 450 s in
-all; a cell stopped at its share reports the rounds it finished; sequential at M = 100, ~4 minutes a
-round, is given as 5 x its M = 20 round, the clients running one after another, when the budget left
-cannot hold it). On a CPU-only machine
-``--suite --smoke`` runs the same cells at toy size (M = 5 and 6, a few images; the numbers mean nothing;
-``--model SmallCNN`` makes it quick).
+``--suite --dry-run`` runs every case's code path on a CPU at toy size.
 
 One setting at a time (each executor in a fresh process):
 
@@ -22,8 +18,8 @@ batch 128, 5,000 private samples per client, 5,000 public, k = 2, crop + flip on
 ``--epochs`` private + public epochs per round (the paper's 2) and ``--first_epochs`` in round 1
 (the paper's 20; default: the same as ``--epochs``, so round 1 is only a warm-up). The table's
 s / round is the median of rounds 2 and later; round 1 is reported apart (with ``--compile`` it holds
-the compile time). The suite runs ``bf16-mixed`` (the vectorized executor's grouped network with
-bf16 autocast and channels-last activations).
+the compile time). With ``--precision bf16-mixed`` the vectorized executor's grouped network runs
+with bf16 autocast and channels-last activations.
 
 ``--profile`` writes the kernel time by op over round 2 (``torch.profiler``, sorted by device time)
 to ``--run_dir``; that round's time then includes the profiler's overhead.
@@ -63,7 +59,6 @@ EXECUTORS = {
 # dense bf16 TFLOP/s by GPU name (first match; without sparsity)
 PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0),
                ("A100", 312.0), ("L40S", 362.0))
-SUITE = [(20, "vectorized", 3), (20, "sequential", 2), (100, "vectorized", 2), (100, "sequential", 1)]
 
 
 def worker(args) -> None:
@@ -239,62 +234,12 @@ def rate(r: dict, args) -> tuple[float, float, float]:
     return seconds, tflops, 100 * tflops / peak_of(args, r["gpu"])
 
 
-def suite(args) -> None:
-    """Every (M, executor) cell of ``SUITE`` within ``--budget_s`` seconds in all."""
-    if args.smoke:
-        args.device, args.samples, args.public, args.train_size, args.test_size = "cpu", 8, 8, 100, 8
-        args.batch_size, args.epochs, args.conv_network = 4, 1, "grouped"
-    cells = [((5, 6)[i // 2] if args.smoke else m, name, rounds) for i, (m, name, rounds) in enumerate(SUITE)]
-    start, results = time.perf_counter(), {}
-    for k, (m, name, rounds) in enumerate(cells):
-        left = args.budget_s - (time.perf_counter() - start)
-        if left < 30:
-            print(f"{name}, M={m}: not run (time budget spent)", file=sys.stderr)
-            results[(m, name)] = None
-            continue
-        smaller = next((m0 for (m0, n0), r in results.items() if n0 == name == "sequential" and r and m0 < m), None)
-        if smaller is not None:  # clients one after another: M / M0 times the smaller round
-            r0, factor = results[(smaller, name)], m / smaller
-            estimate = factor * rate(r0, args)[0]
-            if estimate * 1.1 + 30 > left:
-                results[(m, name)] = {**r0, "first": float("nan"), "flop": factor * r0["flop"],
-                                      "times": [t * factor for t in (r0["times"] or [r0["first"]])],
-                                      "extrapolated": f"{factor:g} x the M={smaller} round, not run (~{estimate:.0f} s)"}
-                continue
-        share = left if k == len(cells) - 1 else max(30.0, left / (len(cells) - k) * (1.5 if m > 20 else 1.0))
-        results[(m, name)] = run_cell(args, name, m, rounds, timeout=min(left, share))
-    ran = [r for r in results.values() if r is not None]
-    gpu = ran[0]["gpu"] if ran else "no cell finished"
-    print(f"CIFAR-10 synthetic, {args.model}, k=2, {args.samples} private / {args.public} public per client, batch "
-          f"{args.batch_size}, {args.epochs}+{args.epochs} epochs a round, {args.precision}, {gpu}, dense bf16 peak "
-          f"{peak_of(args, gpu):.0f} TFLOP/s{' (smoke: toy sizes on a CPU)' if args.smoke else ''}")
-    print("| M | executor (forms) | round 1 s | s / round | speed-up vs sequential | TFLOP/s | % bf16 peak "
-          "| GPU util % | peak GPU memory GiB | rounds timed |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for (m, name), r in results.items():
-        if r is None:
-            print(f"| {m} | {name} | – | – | – | – | – | – | – | failed or not reached |")
-            continue
-        seconds, tflops, peak = rate(r, args)
-        base = results.get((m, "sequential"))
-        speedup = rate(base, args)[0] / seconds if base else float("nan")
-        timed = r.get("extrapolated") or (f"{len(r['times'])} after round 1" if r["times"] else "round 1 only")
-        timed += " (stopped at its time share)" if r["executor_used"] == "stopped" else ""
-        print(f"| {m} | {name} ({', '.join(r['forms']) or '-'}) | {r['first']:.1f} | {seconds:.2f} | {speedup:.2f}x "
-              f"| {tflops:.3g} | {peak:.3g} | {r['util']:.0f} | {r['peak_gib']:.2f} | {timed} |")
-    for (m, name), r in results.items():
-        if r is not None and r.get("profile"):
-            print(f"M={m} {name}: kernel time by op over round 2 in {r['profile']}")
-    print(json.dumps({"args": vars(args), "results": {f"{m}/{n}": r for (m, n), r in results.items()}}))
-    if not ran:
-        sys.exit("cifar10_gpu.py: every cell failed")
-
-
 def main() -> None:
+    if "--suite" in sys.argv[1:]:  # the suite's own options (benchmarks/cifar10_suite.py --help)
+        from cifar10_suite import main as suite_main
+
+        return suite_main([a for a in sys.argv[1:] if a != "--suite"])
     p = argparse.ArgumentParser()
-    p.add_argument("--suite", action="store_true", help="M = 20 and 100, sequential and vectorized, bf16")
-    p.add_argument("--smoke", action="store_true", help="with --suite: toy sizes on a CPU")
-    p.add_argument("--budget_s", type=float, default=450.0, help="--suite: seconds for every cell together")
     p.add_argument("--clients", type=int, default=20)
     p.add_argument("--executors", nargs="+", default=list(EXECUTORS), choices=list(EXECUTORS))
     p.add_argument("--rounds", type=int, default=3)
@@ -307,7 +252,7 @@ def main() -> None:
     p.add_argument("--test_size", type=int, default=10000, help="synthetic test split")
     p.add_argument("--batch_size", type=int, default=128)
     p.add_argument("--model", default="ResNet18", choices=["ResNet18", "SmallCNN"])
-    p.add_argument("--precision", default=None, help="default: 32-true; bf16-mixed with --suite on a GPU")
+    p.add_argument("--precision", default="32-true")
     p.add_argument("--first_epochs", type=int, default=None, help="epochs in round 1 (paper: 20)")
     p.add_argument("--checkpoint", action="store_true", help="write the run's checkpoint every round")
     p.add_argument("--chunk_size", type=int, default=None, help="vectorized: clients per stack")
@@ -326,17 +271,13 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    if args.precision is None:
-        args.precision = "bf16-mixed" if args.suite and not args.smoke else "32-true"
-    if args.rounds < 2 and not args.suite:
+    if args.rounds < 2:
         p.error("--rounds must be >= 2 (round 1 is warm-up)")
-    if args.device == "cuda" and not args.smoke:
+    if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            sys.exit("cifar10_gpu.py: no CUDA device (--suite --smoke, or --device cpu, for a functional run)")
-    if args.suite:
-        return suite(args)
+            sys.exit("cifar10_gpu.py: no CUDA device (--suite --dry-run, or --device cpu, for a functional run)")
 
     results: dict[str, list[dict]] = {}
     for _ in range(args.repeats):

@@ -13,8 +13,9 @@ import time
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 
-def synthetic_cifar10(train: int, test: int):
-    """Random uint8 images with CIFAR-10's shape, labels and input module (for timing only)."""
+def synthetic_cifar10(train: int, test: int, size: int = 32):
+    """Random uint8 images with CIFAR-10's shape (``size`` x ``size``: 32; smaller for a functional
+    run on a CPU), labels and input module (for timing only)."""
     from functools import partial
 
     import torch
@@ -26,7 +27,7 @@ def synthetic_cifar10(train: int, test: int):
     transform = partial(ImageInput, mean=CIFAR10_MEAN, std=CIFAR10_STD, augment=True)
     out = []
     for n, name in ((train, "train"), (test, "test")):
-        x = torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8)
+        x = torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8)
         y = torch.arange(n) % 10
         out.append(TensorDataset(x, y, 10, f"cifar10-synthetic/{name}", input_transform=transform))
     return out[0], out[1]
@@ -69,7 +70,7 @@ class UtilisationSampler:
         return statistics.mean(self.samples) if self.samples else float("nan")
 
 
-def step_flop(model_name: str, batch: int, train: bool) -> float:
+def step_flop(model_name: str, batch: int, train: bool, size: int = 32) -> float:
     """Model FLOPs of one batch (forward, or forward + backward), counted on the meta device."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -77,9 +78,9 @@ def step_flop(model_name: str, batch: int, train: bool) -> float:
     from fdlit.models import ResNet18, SmallCNN
 
     with torch.device("meta"):
-        shape = dict(input_shape=(3, 32, 32), num_classes=10)
+        shape = dict(input_shape=(3, size, size), num_classes=10)
         net = ResNet18(**shape, stem="cifar") if model_name == "ResNet18" else SmallCNN(**shape)
-        x = torch.empty(batch, 3, 32, 32)
+        x = torch.empty(batch, 3, size, size)
     with FlopCounterMode(display=False) as counter:
         out = net(x)
         if train:
@@ -91,7 +92,8 @@ def round_flop(data, args, first: bool = False) -> float:
     """Model FLOPs of one round on the set-up federated ``data``: private and public training epochs, the
     public and calibration predictions, and the two evaluations on the test set (after each phase), for
     every client."""
-    train, forward = step_flop(args.model, 1, True), step_flop(args.model, 1, False)
+    size = getattr(args, "size", 32)
+    train, forward = step_flop(args.model, 1, True, size), step_flop(args.model, 1, False, size)
     private = sum(len(s.train) for s in data.clients)
     calibration = sum(len(s.calibration) for s in data.clients if s.calibration is not None)
     clients, public, test = len(data.clients), len(data.public), len(data.test)

@@ -26,7 +26,8 @@ from fdlit.callbacks import FederationCallback, RoundView
 # what a stack shares (sections of the resolved config); the client section but its learning rates
 SHARED_SECTIONS = ("data", "model", "server")
 SCHEDULE = ("private_epochs_first", "private_epochs", "public_epochs_first", "public_epochs", "accelerator",
-            "precision", "devices", "mode", "compile_backend", "channels_last")
+            "precision", "devices", "mode", "compile_backend", "channels_last",
+            "cuda_graphs")
 STACKABLE_EXECUTORS = ("fdlit.execution.SequentialExecutor", "fdlit.execution.executor.SequentialExecutor",
                        "fdlit.execution.VectorizedExecutor", "fdlit.execution.vectorized.VectorizedExecutor")
 

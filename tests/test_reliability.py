@@ -345,7 +345,7 @@ BAD = [
     (["--data.dataset", "nosuch"], "data.dataset: unknown dataset 'nosuch'; allowed: ['cifar10', 'cifar100', 'digits', 'fashion_mnist', 'mnist', 'yahoo_answers']"),
     (["--federation.rounds", "0"], "federation.rounds: must be >= 1, got 0"),
     (["--federation.private_epochs", "-1"], "federation.private_epochs: must be >= 0, got -1"),
-    (["--federation.precision", "8-bit"], "federation.precision: allowed: 32-true, bf16-mixed, 16-mixed, 64-true"),
+    (["--federation.precision", "8-bit"], "federation.precision: allowed: 32-true, bf16-mixed, bf16-true, 16-mixed, 64-true"),
     (["--client.lr", "0"], "client.lr: must be > 0"),
     (["--client.batch_size", "0"], "client.batch_size: must be >= 1"),
     (["--client.optimizer", "lbfgs"], "client.optimizer"),

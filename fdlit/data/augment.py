@@ -73,7 +73,9 @@ class ImageInput(nn.Module):
         if self.training and self.augment:
             x = random_crop_flip(x, self.padding, self._gen(x.device))
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-        return (x - self.mean) / self.std
+        out = (x - self.mean) / self.std
+        # bf16-true / 16-true convert this module's buffers with the network: hand it its dtype
+        return out.to(self.mean.dtype) if self.mean.dtype in (torch.bfloat16, torch.float16) else out
 
     def extra_repr(self) -> str:
         return f"augment={self.augment}, padding={self.padding}"

@@ -304,4 +304,5 @@ def grouped_training_step(step, network: GroupedNetwork, names: list[str], prefi
             loss = losses(leaves, logits, t, w, state)
         return torch.autograd.grad(loss.sum(), leaves), (loss.detach(), buffers)
 
+    fn.grouped_network = network  # what a captured step (fdlit.execution.graph_step) checks for
     return fn

@@ -62,6 +62,7 @@ class StackedOptimizer:
                                            dtype=torch.float64)
             self.step_dtype = states[0][0]["step"].dtype if states[0][0] else scalar_dtype()
             self.fused = _fused_adam_kernel(self.decoupled, stack.params[0])
+            self._device_step: torch.Tensor | None = None  # the step count a captured update reads
         else:
             self.momentum = group["momentum"]
             self.buf = gather("momentum_buffer") if self.momentum else None
@@ -142,11 +143,12 @@ class StackedOptimizer:
             denom = (exp_avg_sq.sqrt() / per_client(bias_correction2**0.5, p)).add_(self.eps)
             p.add_(per_client(-(lr / bias_correction1), p) * exp_avg / denom)  # = addcdiv_ with value
 
-    def _fused_step(self, p, g, exp_avg, exp_avg_sq, lr, step, uniform) -> None:
+    def _fused_step(self, p, g, exp_avg, exp_avg_sq, lr, step, uniform, steps=None) -> None:
         """torch.optim's fused Adam/AdamW kernel (``fused=True``): one pass over the stack instead
         of ~8 (it was 20 % of a vectorized round on CPU). It reads the step count from a tensor
         per parameter, so clients at different steps or learning rates go in row by row, in one
-        call per learning rate, each row with its client's step."""
+        call per learning rate, each row with its client's step. ``steps``: the step count as device
+        tensors, one per parameter (a captured update), instead of ``step``."""
         kwargs = dict(beta1=self.beta1, beta2=self.beta2, weight_decay=self.weight_decay, eps=self.eps,
                       amsgrad=False, maximize=False)
         # the kernel walks raw memory: weight, gradient and moments in one layout, contiguous (a
@@ -156,7 +158,7 @@ class StackedOptimizer:
                                      for ts in (p, g, exp_avg, exp_avg_sq))
         device = p[0].device
         if uniform:
-            steps = [torch.full((), float(step[0]), dtype=torch.float32, device=device)] * len(p)
+            steps = steps or [torch.full((), float(step[0]), dtype=torch.float32, device=device)] * len(p)
             self.fused(p, g, exp_avg, exp_avg_sq, [], steps, lr=float(lr[0]), **kwargs)
             return
         for value in lr.unique().tolist():
@@ -165,6 +167,28 @@ class StackedOptimizer:
             self.fused([t[j] for j in rows for t in p], [t[j] for j in rows for t in g],
                        [t[j] for j in rows for t in exp_avg], [t[j] for j in rows for t in exp_avg_sq], [],
                        [steps[r] for r in range(len(rows)) for _ in p], lr=value, **kwargs)
+
+    def graph_safe(self) -> bool:
+        """Whether the update can run inside a captured step (:mod:`fdlit.execution.graph_step`):
+        Adam with the fused kernel, one learning rate and one step count for the whole stack."""
+        return (self.kind == "adam" and self.fused is not None and bool((self.lr == self.lr[0]).all())
+                and bool((self.step_count == self.step_count[0]).all()))
+
+    def prepare_graph_step(self) -> None:
+        """Before a captured update: the step it makes is counted on the CPU (as :meth:`step`
+        counts it) and written to the device tensor the update reads, without a device sync."""
+        step = self.step_count + 1
+        if self._device_step is None:
+            self._device_step = torch.zeros((), dtype=torch.float32, device=self.stack.params[0].device)
+        self._device_step.fill_(float(step[0]))
+        self.step_count = step
+        self._mark(None)
+
+    def graph_step(self, p: Stacked, g: Stacked) -> None:
+        """The fused Adam update of the whole stack as :meth:`step` makes it, its step count read
+        from the device tensor :meth:`prepare_graph_step` sets (a capture records the tensor, not
+        its value)."""
+        self._fused_step(p, g, self.exp_avg, self.exp_avg_sq, self.lr, None, True, [self._device_step] * len(p))
 
     @staticmethod
     def _put(target: Stacked, value: Stacked, rows: torch.Tensor | None) -> None:

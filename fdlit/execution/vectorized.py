@@ -54,6 +54,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.execution.batch_plan import batch_plan, client_inputs, shared_input, step_calls
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
+from fdlit.execution.graph_step import static_step
 from fdlit.execution.grouped import AUTO_PRECISIONS, GroupedNetwork, grouped_applies, grouped_training_step
 from fdlit.execution.stack_memory import auto_chunk_size, client_memory_bytes, free_device_memory
 from fdlit.execution.stacked_optimizer import StackedOptimizer
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
 
     from fdlit.clients import ClientModule
 
+TRUE_DTYPES = (torch.float64, torch.bfloat16)  # 64-true, bf16-true: floating inputs converted to the weights'
 GROUPED_PRECISIONS = AUTO_PRECISIONS["cpu"]  # those at which the grouped network runs on a CPU by default
 
 __all__ = ["VectorizedExecutor", "architecture_key", "auto_chunk_size", "client_memory_bytes", "free_device_memory",
@@ -103,15 +105,18 @@ class VectorizedExecutor(ClientExecutor):
             up to ``CPU_MAX_GROUPED_FLOPS`` (LeNet-5: 0.51x the sequential executor's CPU in a
             2-round run, docs/speed-and-scale.md; ResNet-18 is slower grouped there) and on CUDA (bf16
             too), vmap elsewhere. Networks the grouped form does not cover run under vmap.
+        graph_optimizer: with ``federation.cuda_graphs``, the fused Adam update inside the captured
+            step (:mod:`fdlit.execution.graph_step`); false: it runs after each replay.
     """
 
     def __init__(self, eval_batch_size: int = 128, strict: bool = False, chunk_size: int | None = None,
-                 conv_network: Literal["auto", "grouped", "vmap"] = "auto"):
+                 conv_network: Literal["auto", "grouped", "vmap"] = "auto", graph_optimizer: bool = True):
         if chunk_size is not None:
             check_at_least("federation.executor.chunk_size", chunk_size, 1)
         if conv_network not in ("auto", "grouped", "vmap"):
             raise ConfigError("federation.executor.conv_network", f"allowed: auto, grouped, vmap; got {conv_network!r}")
         self.conv_network = conv_network
+        self.cuda_graphs, self.graph_optimizer = False, graph_optimizer  # the loop sets federation.cuda_graphs
         self._grouped: dict[tuple, GroupedNetwork | None] = {}
         self.forms: set[str] = set()  # the forms the stacked forwards ran in: "grouped", "vmap"
         self._precision = "32-true"
@@ -214,8 +219,8 @@ class VectorizedExecutor(ClientExecutor):
         device, dtype = stack.device, stack.dtype
 
         x_all, t_all, offsets = self._concat(datasets)
-        if x_all.is_floating_point() and x_all.dtype != dtype and dtype == torch.float64:
-            x_all = x_all.to(dtype)  # 64-true: Fabric converts inputs of the sequential path alike
+        if x_all.is_floating_point() and x_all.dtype != dtype and dtype in TRUE_DTYPES:
+            x_all = x_all.to(dtype)  # 64-true, bf16-true: Fabric converts the sequential path's alike
         index, weight, counts = batch_plan(clients, [len(d[0]) for d in datasets], offsets, epochs, batch_size,
                                             width)
         lengths = weight.sum(-1).long()  # S x M real samples per batch
@@ -231,7 +236,7 @@ class VectorizedExecutor(ClientExecutor):
             with self.fabric.autocast():
                 x_all, inputs = transform(x_all), [None] * m
         buffer_names = [n for n in stack.buffers if n.startswith(prefix)]  # BatchNorm's, not the input's
-        step_fn = None  # chosen at the first step, from the network's input (grouped or vmapped)
+        step_fn = static = None  # chosen at the first step, from the network's input (grouped or vmapped)
         # method state the loss reads (e.g. SCAFFOLD's per-client correction): stacked like the parameters
         part = clients[0].method_part
         keys = [k for k in (part.loss_state_keys if part is not None else ()) if all(k in c.method_state for c in clients)]
@@ -265,6 +270,10 @@ class VectorizedExecutor(ClientExecutor):
                                            [int(lengths[s, j]) for j in members])
                     if step_fn is None:
                         step_fn = self._step_function(clients[0], phase, net, stack.names, prefix, x[0, :1])
+                        static = static_step(self, step_fn, opt, stack, buffer_names, loss_state, m)
+                    if static is not None and rows is None and width == index.shape[2]:
+                        total += static(x, t_all[idx], w)  # a captured step: weights, buffers, moments updated
+                        continue
                     with batch_norm_in_float32(net, self.fabric.device.type):
                         g, (loss, new_bufs) = at_least_two(step_fn, params, bufs, x, t_all[idx], w, state)
                 opt.step(params, [gk.to(dtype) for gk in g], rows)
@@ -360,7 +369,7 @@ class VectorizedExecutor(ClientExecutor):
             stack = ParamStack(group)
             _, net, prefix = split_input(group[0].model)
             inputs = [split_input(c.model)[0] for c in group]
-            xx = x.to(stack.dtype) if x.is_floating_point() and stack.dtype == torch.float64 else x
+            xx = x.to(stack.dtype) if x.is_floating_point() and stack.dtype in TRUE_DTYPES else x
             tied = has_tied_tensors(net)
             params = {n.removeprefix(prefix): p for n, p in zip(stack.names, stack.params, strict=True)}
             bufs = {n.removeprefix(prefix): b for n, b in stack.buffers.items() if n.startswith(prefix)}

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the config's checks import this module for --help, before c
     from fdlit.models.build import ModelSpec
 
 MESSAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "64-true")
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "64-true")
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
 MAX_SEED = 2**32 - 1  # numpy's and Lightning's seed range
 
@@ -61,7 +61,8 @@ def check_accelerator(accelerator: str) -> str:
 
 def check_loop_settings(*, rounds: int, epochs: dict[str, int], precision: str, message_dtype: str, mode: str,
                         modes: tuple[str, ...], accelerator: str, eval_every_n_rounds: int,
-                        eval_subsample: int | None, compile: bool, compile_backend: str) -> None:
+                        eval_subsample: int | None, compile: bool, compile_backend: str,
+                        cuda_graphs: bool = False) -> None:
     """The ``federation`` section's own checks, named by field, before anything is built."""
     check_at_least("federation.rounds", rounds, 1)
     for name, value in epochs.items():
@@ -73,12 +74,36 @@ def check_loop_settings(*, rounds: int, epochs: dict[str, int], precision: str, 
     check_at_least("federation.eval_every_n_rounds", eval_every_n_rounds, 1)
     if eval_subsample is not None:
         check_at_least("federation.eval_subsample", eval_subsample, 1)
+    if cuda_graphs:
+        check_cuda_graphs(accelerator, compile)
     if compile:
         from torch._dynamo import list_backends
 
         known = list_backends(exclude_tags=())
         if compile_backend not in known:
             raise ConfigError("federation.compile_backend", f"allowed: {', '.join(known)}; got {compile_backend!r}")
+
+
+def check_cuda_graphs(accelerator: str, compile: bool) -> None:
+    """``federation.cuda_graphs`` captures the vectorized executor's grouped step on a CUDA device."""
+    cuda = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
+    if not cuda or not torch.cuda.is_available():
+        raise ConfigError("federation.cuda_graphs", f"needs a CUDA device (federation.accelerator {accelerator!r}"
+                          f"{'' if torch.cuda.is_available() else ', and this machine has none'}); allowed here: false")
+    if compile:
+        raise ConfigError("federation.cuda_graphs", "not with federation.compile (the compiled step is not "
+                          "captured); allowed: one of the two")
+
+
+def use_cuda_graphs(executor) -> None:
+    """``federation.cuda_graphs`` handed to the executor, which must be the vectorized one."""
+    from fdlit.execution import VectorizedExecutor
+
+    if not isinstance(executor, VectorizedExecutor):
+        raise ConfigError("federation.cuda_graphs", f"needs the vectorized executor (this run's: "
+                          f"{type(executor).__name__}); allowed: false, or federation.executor "
+                          "fdlit.execution.VectorizedExecutor")
+    executor.cuda_graphs = True
 
 
 def check_seed(seed: object) -> int:

@@ -25,7 +25,7 @@ from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import baselines, measurement
 from fdlit.federation.checks import check_before_data
-from fdlit.federation.construction import InitialDraws, check_seed
+from fdlit.federation.construction import InitialDraws, check_seed, use_cuda_graphs
 from fdlit.federation.measurement import check_finite
 from fdlit.federation.protocols import CARRIED, protocol_for
 from fdlit.federation.round_parts import RoundParts, build_parts
@@ -122,6 +122,8 @@ class FederationLoop:
         executor.configure(s.compile_backend)
         try:
             executor.setup(self.fabric, [c for c in parts.clients.clients if c is not None])
+            if s.cuda_graphs:  # the executor that runs the clients (a stacked run's own: its inner one)
+                use_cuda_graphs(getattr(executor, "inner", executor))
         except BaseException:
             self.parts = None  # not set up: a later setup() starts again
             raise

@@ -14,7 +14,7 @@ from fdlit.callbacks import FederationCallback
 from fdlit.errors import ConfigError
 from fdlit.execution import ClientExecutor
 from fdlit.federation.baselines import MODES
-from fdlit.federation.construction import MESSAGE_DTYPES, check_loop_settings, import_client_class
+from fdlit.federation.construction import MESSAGE_DTYPES, check_loop_settings, import_client_class, use_cuda_graphs
 from fdlit.federation.devices import Devices, check_devices
 from fdlit.federation.participation import Participation
 
@@ -34,7 +34,8 @@ class FederationSettings:
         accelerator: Lightning accelerator (``auto``, ``cpu``, ``cuda``, ``mps``).
         devices: which device: ``auto`` (the first) or a GPU's index (``1`` or ``[1]``); see
             :mod:`fdlit.federation.devices`.
-        precision: Lightning precision: ``32-true``, ``bf16-mixed``, ``16-mixed`` or ``64-true``.
+        precision: Lightning precision: ``32-true``, ``bf16-mixed``, ``bf16-true`` (weights, gradients
+            and optimizer state in bf16), ``16-mixed`` or ``64-true``.
         message_dtype: dtype of logits sent up and of the teacher sent down (counted as sent).
         callbacks: extra :class:`FederationCallback` objects.
         mode: ``fd`` (federated distillation), ``local_only`` (private phase only, no communication) or
@@ -61,6 +62,10 @@ class FederationSettings:
             available with the Ray executor.
         compile_backend: the ``torch.compile`` backend (``inductor``, the default compiler; e.g.
             ``aot_eager`` to check a model traces without generating code).
+        cuda_graphs: capture the vectorized executor's grouped training step (forward, losses,
+            backward and the fused Adam update) once per phase as a CUDA graph and replay it at every
+            full-width step (:mod:`fdlit.execution.graph_step`): one launch instead of hundreds of
+            kernels a step, the same arithmetic. CUDA only, not with ``compile``.
         participation: client sampling, dropout, late joiners and a per-round public subset
             (:class:`~fdlit.federation.participation.Participation`, docs/participation.md). Unset:
             every client and the whole public set every round (the default).
@@ -86,12 +91,13 @@ class FederationSettings:
         channels_last: bool = False,
         compile: bool = False,
         compile_backend: str = "inductor",
+        cuda_graphs: bool = False,
         participation: Participation = Participation(),
     ):
         check_loop_settings(
             rounds=rounds, precision=precision, message_dtype=message_dtype, mode=mode, modes=MODES,
             accelerator=accelerator, eval_every_n_rounds=eval_every_n_rounds, eval_subsample=eval_subsample,
-            compile=compile, compile_backend=compile_backend,
+            compile=compile, compile_backend=compile_backend, cuda_graphs=cuda_graphs,
             epochs={"private_epochs_first": private_epochs_first, "private_epochs": private_epochs,
                     "public_epochs_first": public_epochs_first, "public_epochs": public_epochs})
         self.rounds, self.mode = rounds, mode
@@ -106,6 +112,9 @@ class FederationSettings:
         self.eval_every_n_rounds, self.eval_subsample = eval_every_n_rounds, eval_subsample
         self.channels_last = channels_last
         self.compile_backend = compile_backend if compile else None
+        self.cuda_graphs = cuda_graphs
+        if cuda_graphs and executor is not None:
+            use_cuda_graphs(executor)
         # no section, or one that changes nothing: the round runs the unsampled code path; the
         # reference baseline is one pooled model, so nobody is sampled there
         full = participation is None or participation.is_full or mode == "reference"

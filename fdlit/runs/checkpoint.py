@@ -138,6 +138,14 @@ def without_noop_sections(config: dict[str, Any]) -> dict[str, Any]:
                 cfg["privacy"].pop(knob, None)
     if cfg.get("privacy") == {k: v for k, v in default_config().items() if k not in LATER_PRIVACY_KNOBS}:
         cfg.pop("privacy")
+    federation = cfg.get("federation")
+    if isinstance(federation, dict):  # CUDA-graph knobs added later, at the value that changes nothing
+        if federation.get("cuda_graphs") is False:
+            federation.pop("cuda_graphs")
+        executor = federation.get("executor")
+        init = executor.get("init_args") if isinstance(executor, dict) else None
+        if isinstance(init, dict) and init.get("graph_optimizer") is True:
+            init.pop("graph_optimizer")
     if isinstance(cfg.get("data"), dict) and cfg["data"].get("input_scaling", "absent") is None:
         cfg["data"].pop("input_scaling")  # null: the dataset's own scaling, what runs did before the knob
     return cfg
