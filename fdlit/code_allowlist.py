@@ -39,6 +39,9 @@ GROUPS = ("data", "client", "federation", "privacy", "adversaries", "server", "l
 # fields whose value names a class to import (``x.Y``, ``{class_path: x.Y}``, or a list of them)
 CODE_FIELDS = ("model", "server.model", "aggregator", "federation.executor", "federation.callbacks",
                "federation.client_class")
+# the options whose command-line value jsonargparse loads from a file when it names one (a test compares them
+# with the parser)
+FILE_OPTIONS = (*GROUPS, "federation.participation", *CODE_FIELDS, "adversaries.attack")
 
 
 @dataclass(frozen=True)
