@@ -52,11 +52,67 @@ def read_bounded(path: str | Path, field: str = "config", what: str = "a config 
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ConfigError(field, f"{path} is not a regular file (a device, pipe, socket or folder); {what}")
-        data = f.read(MAX_BYTES + 1)
+        if is_kernel_file(path):
+            raise ConfigError(field, f"{path} is a file of the kernel (/proc, /sys), not one a user wrote; {what}")
+        try:
+            data = f.read(MAX_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}") from None
     if len(data) > MAX_BYTES:
         raise ConfigError(field, f"{path} is larger than {MAX_BYTES // KiB} KiB, the most fdlit reads of it; {what}")
     check_line_length(data, f"{path}", field)
     return data
+
+
+def is_kernel_file(path: Path) -> bool:
+    """Whether ``path`` (links followed) is in /proc or /sys: files whose size says nothing of what a
+    read returns (``/proc/self/mem``, ``/proc/kcore``)."""
+    try:
+        parts = Path(path).resolve().parts
+    except (OSError, RuntimeError):
+        return False
+    return len(parts) > 1 and parts[1] in ("proc", "sys")
+
+
+def check_arguments(argv: list[str], file_options: tuple[str, ...]) -> None:
+    """Every value of a command line (``--key value``, ``--key=value``) within the bounds of a config
+    file: the value of one of ``file_options`` (a section or a class, which jsonargparse loads from a
+    file when the value names one) that names a file is read as a config file is (a regular file,
+    not in /proc, within the size and line caps) and its text checked; any other value is checked as
+    YAML text. A ConfigError of one line naming the option otherwise."""
+    for at, arg in enumerate(argv):
+        if not arg.startswith("--") or len(arg) == 2:
+            continue
+        if "=" in arg:
+            name, value = arg[2:].split("=", 1)
+        elif at + 1 < len(argv) and not argv[at + 1].startswith("--"):
+            name, value = arg[2:], argv[at + 1]
+        else:
+            continue
+        if name == "config":  # read as a config file (fdlit.config_files)
+            continue
+        loads_files = name in file_options or name.endswith(".init_args")
+        if loads_files and _names_a_file(value):
+            what = "a section given as a file is a short YAML file"
+            raw = read_bounded(value, name, what)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                line = raw[: exc.start].count(b"\n") + 1
+                raise ConfigError(name, f"{value}, line {line}: not UTF-8 text; {what}") from None
+            check_text(text, value, name)
+        else:
+            check_text(value, "its YAML text", name)
+
+
+def _names_a_file(value: str) -> bool:
+    """Whether ``value`` names something other than a folder on this machine (a special file too)."""
+    if not value or "\n" in value or len(value) > 4096 or "\0" in value:
+        return False
+    try:
+        return not stat.S_ISDIR(os.stat(value).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def check_line_length(data: bytes | str, where: str, field: str) -> None:

@@ -11,8 +11,8 @@ name with the key that gave it. A :class:`CodeAllowlist` then refuses a name out
 naming the key and the file.
 
 Whoever reads a run's config without having written it applies an allow-list: a deployed node
-(fdlit's classes and its operator's ``allowed-classes`` prefixes) and ``export`` (fdlit's classes,
-unless ``--trust_config``). ``report`` and ``sweep`` import nothing a run folder's config names.
+(the classes of fdlit's a received config may construct, :mod:`fdlit.constructible`, and its
+operator's ``allowed-classes`` prefixes) and ``export`` (those classes, unless ``--trust_config``). ``report`` and ``sweep`` import nothing a run folder's config names.
 
 The same walk refuses a section that is not a mapping of options (``federation: 5``, ``client: null``,
 ``data: [1, 2]``) naming the key, for every config fdlit parses.
@@ -24,7 +24,6 @@ import importlib
 import importlib.abc
 import importlib.util
 import os
-import re
 import site
 import sys
 from collections.abc import Iterable
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fdlit.constructible import DOTTED, NOT_ON_A_NODE, constructible, fdlit_class, fdlit_object, full_name
 from fdlit.errors import ConfigError
 
 # the fit schema's option groups: each is a mapping of its options (a test compares them with the parser)
@@ -39,7 +39,9 @@ GROUPS = ("data", "client", "federation", "privacy", "adversaries", "server", "l
 # fields whose value names a class to import (``x.Y``, ``{class_path: x.Y}``, or a list of them)
 CODE_FIELDS = ("model", "server.model", "aggregator", "federation.executor", "federation.callbacks",
                "federation.client_class")
-DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+# the options whose command-line value jsonargparse loads from a file when it names one (a test compares them
+# with the parser)
+FILE_OPTIONS = (*GROUPS, "federation.participation", *CODE_FIELDS, "adversaries.attack")
 
 
 @dataclass(frozen=True)
@@ -148,18 +150,21 @@ class _Walk:
 
 
 class CodeAllowlist:
-    """fdlit's own classes and the names under ``prefixes`` (``mylab.`` allows ``mylab.models.Net``).
-    ``refusal``: how the one-line error goes on after the key (what to do)."""
+    """The classes of fdlit's that a received config may construct (:mod:`fdlit.constructible`; on a
+    node, ``on_node``, less those it never sets up) and the names under ``prefixes`` (``mylab.`` allows
+    ``mylab.models.Net``). ``refusal``: how the one-line error goes on after the key (what to do); its
+    ``{what}`` says why the first name is refused."""
 
-    def __init__(self, prefixes: Iterable[str] = (), refusal: str = ""):
+    def __init__(self, prefixes: Iterable[str] = (), refusal: str = "", on_node: bool = False):
         self.prefixes = tuple(p.strip().rstrip("*") for p in prefixes if p.strip().rstrip("*").strip("."))
         self.refusal = refusal
+        self.on_node = on_node
 
     def allows(self, name: str) -> bool:
         for prefix in self.prefixes:
             if name == prefix.rstrip(".") or name.startswith(prefix if prefix.endswith(".") else prefix + "."):
                 return True
-        return fdlit_class(name)
+        return constructible(name, self.on_node)
 
     def refused(self, names: Iterable[CodeName]) -> list[CodeName]:
         return [n for n in names if not self.allows(n.name) and not (n.loose and not _importable_top(n.name))]
@@ -169,8 +174,9 @@ class CodeAllowlist:
         refused = self.refused(names)
         if refused:
             first = refused[0]
-            raise ConfigError(field or first.key, self.refusal.format(name=first.name, key=first.key, file=first.file,
-                                                                      names=sorted({n.name for n in refused})))
+            raise ConfigError(field or first.key, self.refusal.format(
+                name=first.name, key=first.key, file=first.file, names=sorted({n.name for n in refused}),
+                what=why_refused(first.name, self.on_node)))
 
 
 def check_config_files(files: Iterable[str | Path], allowlist: CodeAllowlist | None = None,
@@ -183,24 +189,15 @@ def check_config_files(files: Iterable[str | Path], allowlist: CodeAllowlist | N
     return names
 
 
-def fdlit_class(path: str) -> bool:
-    """Whether ``path`` names a class defined in fdlit (fdlit's own modules are imported to look;
-    ``fdlit.x.os.system`` is no class of fdlit's)."""
-    parts = path.split(".")
-    if not DOTTED.fullmatch(path) or parts[0] != "fdlit" or "__main__" in parts:  # importing it runs the CLI
-        return False
-    for i in range(len(parts) - 1, 0, -1):
-        module = ".".join(parts[:i])
-        try:
-            if importlib.util.find_spec(module) is None:
-                continue
-            obj = importlib.import_module(module)
-        except (ImportError, ValueError):
-            continue
-        for attr in parts[i:]:
-            obj = getattr(obj, attr, None)
-        return isinstance(obj, type) and obj.__module__.split(".", 1)[0] == "fdlit"
-    return False
+def why_refused(name: str, on_node: bool = False) -> str:
+    """Why a received config may not name ``name``, in words that follow it."""
+    obj = fdlit_object(name)
+    if isinstance(obj, type) and on_node and full_name(obj) in NOT_ON_A_NODE:
+        return f"is not set up on a node ({NOT_ON_A_NODE[full_name(obj)]})"
+    if fdlit_class(name):
+        return ("is a class of fdlit's that a received config may not construct (only methods, models, executors, "
+                "attacks, clients and callbacks: it may write files)")
+    return "is not a class of fdlit"
 
 
 def _importable_top(name: str) -> bool:

@@ -18,10 +18,10 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader, set_loader
 
 from fdlit.adversaries import Adversaries
-from fdlit.bounded_yaml import check_text
+from fdlit.bounded_yaml import check_arguments, check_text
 from fdlit.clients import ClientOptimization
 from fdlit.clients.lightning_habits import command_hint, flag_hint
-from fdlit.code_allowlist import CodeAllowlist, check_config_files
+from fdlit.code_allowlist import FILE_OPTIONS, CodeAllowlist, check_config_files
 from fdlit.config_files import key_line, listed_file, read_yaml, shipped_configs  # noqa: F401 (re-exported)
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, UnknownConfigKey, import_hint
@@ -146,7 +146,9 @@ def rewrite_config_args(argv: list[str]) -> list[str]:
         if flags and out[-len(flags):] == flags:  # already expanded
             flags = []
         out += [*flags, "--config", file]
-    return attach_signed_numbers(out)
+    out = attach_signed_numbers(out)
+    check_arguments(out, FILE_OPTIONS)  # a section given as a file or as text: within a config file's bounds
+    return out
 
 
 def attach_signed_numbers(argv: list[str]) -> list[str]:

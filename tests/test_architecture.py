@@ -94,7 +94,7 @@ def test_methods_never_import_the_loop_or_execution_or_runs():
 # docs/design.md's layers, lowest first: a package imports only packages of layers below its own
 LAYERS = [
     {"fdlit", "fdlit.errors", "fdlit.messages", "fdlit.records", "fdlit.internals"},
-    {"fdlit.bounded_yaml", "fdlit.extras"},
+    {"fdlit.bounded_yaml", "fdlit.extras", "fdlit.constructible"},
     {"fdlit.config_files", "fdlit.config_ranges", "fdlit.run_settings", "fdlit.data", "fdlit.models", "fdlit.privacy"},
     {"fdlit.code_allowlist"},
     {"fdlit.clients"},

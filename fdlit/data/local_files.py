@@ -16,19 +16,18 @@ and MNIST are also looked for in Debian's location (``apt-get install dataset-fa
 
 from __future__ import annotations
 
-import gzip
+import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from fdlit.data.idx import read_idx  # noqa: F401 (re-exported: a node operator's loader may use it)
 from fdlit.errors import ConfigError
 
 IDX_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
              "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
-# IDX type byte -> numpy dtype (big-endian where it matters)
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
 @dataclass(frozen=True)
@@ -71,29 +70,11 @@ def local_fetch_hint(name: str) -> str:
     return "or use the original files:\n" + "\n".join(lines)
 
 
-def read_idx(path: Path) -> np.ndarray:
-    """An IDX file (gzipped when its name ends in .gz) as a numpy array of its declared shape."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
-        raise ConfigError("data.data_dir", f"{path} is not an IDX file (bad magic number {raw[:4].hex()})")
-    ndim = raw[3]
-    if len(raw) < 4 + 4 * ndim:
-        raise ConfigError("data.data_dir", f"{path}: {len(raw)} bytes, shorter than its {ndim}-dimension header")
-    dims = tuple(int(d) for d in np.frombuffer(raw, ">u4", count=ndim, offset=4))
-    dtype = np.dtype(_IDX_DTYPES[raw[2]])
-    count = int(np.prod(dims)) if dims else 1
-    offset = 4 + 4 * ndim
-    if len(raw) - offset != count * dtype.itemsize:
-        raise ConfigError("data.data_dir", f"{path}: header says shape {dims} ({count * dtype.itemsize} bytes), "
-                          f"the file holds {len(raw) - offset} bytes (truncated download?)")
-    return np.frombuffer(raw, dtype, count=count, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
-
-
 def _idx_file(folder: Path, stem: str) -> Path | None:
+    """The file ``stem`` (or ``stem.gz``) in ``folder``: anything there but a folder, so that a pipe, a
+    device or a link to one is named by the reader's refusal rather than taken for a missing file."""
     for name in (stem, stem + ".gz"):
-        if (folder / name).is_file():
+        if os.path.lexists(folder / name) and not (folder / name).is_dir():
             return folder / name
     return None
 

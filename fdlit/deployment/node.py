@@ -53,14 +53,16 @@ def from_bytes(t: torch.Tensor) -> Any:
 
 
 def node_allowlist(allowed: str) -> CodeAllowlist:
-    """The code a node's runs may name: fdlit's own classes and its operator's ``allowed-classes``
-    (``--node-config "allowed-classes='mylab.,torch.optim.'"``: comma-separated prefixes of dotted names)."""
+    """The code a node's runs may name: the classes of fdlit's a received config may construct
+    (:mod:`fdlit.constructible`) and its operator's ``allowed-classes`` (``--node-config
+    "allowed-classes='mylab.,torch.optim.'"``: comma-separated prefixes of dotted names)."""
     from fdlit.code_allowlist import CodeAllowlist
 
     prefixes = [p for p in str(allowed).split(",") if p.strip()]
-    return CodeAllowlist(prefixes, "the run names {names} ({key} in {file}); this node accepts fdlit's own classes "
-                         f"and names starting with {[p.strip() for p in prefixes]} (its operator adds prefixes to "
-                         "allowed-classes to accept more)")
+    return CodeAllowlist(prefixes, "the run names {names} ({key} in {file}; {name} {what}); this node constructs "
+                         "fdlit's methods, models, executors, attacks, clients and callbacks and names starting with "
+                         f"{[p.strip() for p in prefixes]} (its operator adds prefixes to allowed-classes to accept "
+                         "more)", on_node=True)
 
 
 def check_class_paths(config_yaml: str, allowed: str, folder: Path | None = None) -> Path:

@@ -253,6 +253,7 @@ class Rendezvous:
             generators = [cl.generator.get_state() for cl in clients]
             progress, inner.progress = inner.progress, None
             chunk, inner.chunk_size = inner.chunk_size, inner.chunk_size or cpu_chunk(clients, counts)
+            inner.runs = {id(cl): i for i, c in enumerate(unique) for cl in c.clients}  # each run's update its own
             try:
                 out = inner.train(clients, phase, [d for c in unique for d in c.args[1]], epochs, batch_size)
             except Exception:
@@ -260,7 +261,7 @@ class Rendezvous:
                     cl.generator.set_state(state)
                 raise
             finally:
-                inner.progress, inner.chunk_size = progress, chunk
+                inner.progress, inner.chunk_size, inner.runs = progress, chunk, None
             computed = [out[sum(counts[:i]) : sum(counts[: i + 1])] for i in range(len(unique))]
         else:
             chunk, inner.chunk_size = inner.chunk_size, inner.chunk_size or cpu_chunk(clients, counts)

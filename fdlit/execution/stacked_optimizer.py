@@ -35,8 +35,13 @@ class StackedOptimizer:
     kernel, follow torch.optim's single-tensor arithmetic. State is read from and written back to
     each client's own optimizer."""
 
-    def __init__(self, clients: Sequence[ClientModule], stack: ParamStack):
+    def __init__(self, clients: Sequence[ClientModule], stack: ParamStack, runs: Sequence[int] | None = None):
         self.clients, self.stack = clients, stack
+        # the run of each client where one call holds several runs' clients (a stacked sweep): each
+        # run's rows are updated as a stack of their own, so the path the update takes (one fused call
+        # over the stack when every client is at the same step, one per client otherwise: they round
+        # differently) is the run's alone whichever runs share the call
+        self.runs = None if runs is None else torch.tensor(list(runs))
         self.optimizers = [c.configure_optimizers() for c in clients]
         opt = self.optimizers[0]
         group = opt.param_groups[0]
@@ -68,6 +73,20 @@ class StackedOptimizer:
             self.buf = gather("momentum_buffer") if self.momentum else None
 
     def step(self, p: Stacked, g: Stacked, rows: torch.Tensor | None) -> None:
+        """Update p (the rows ``rows`` (CPU indices) of the stack, or all of it) with gradients g,
+        each run's rows on their own (``runs``)."""
+        if self.runs is not None:
+            runs = self.runs if rows is None else self.runs[rows]
+            cuts = ((runs[1:] != runs[:-1]).nonzero().squeeze(1) + 1).tolist()
+            if cuts:
+                every = torch.arange(len(self.runs)) if rows is None else rows
+                bounds = [0, *cuts, len(runs)]
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True):  # slices: updated in place
+                    self._step([t[a:b] for t in p], [t[a:b] for t in g], every[a:b])
+                return
+        self._step(p, g, rows)
+
+    def _step(self, p: Stacked, g: Stacked, rows: torch.Tensor | None) -> None:
         """Update p (the rows ``rows`` (CPU indices) of the stack, or all of it) in place with
         gradients g. Adam runs torch.optim's fused kernel where the device has one, else
         torch.optim's single-tensor arithmetic (with per-client scalars broadcast when the updated

@@ -121,6 +121,7 @@ class VectorizedExecutor(ClientExecutor):
         self.forms: set[str] = set()  # the forms the stacked forwards ran in: "grouped", "vmap"
         self._precision = "32-true"
         self.eval_batch_size = eval_batch_size
+        self.runs: dict[int, int] | None = None  # id(client) -> its run, while a call holds several runs'
         self.strict = strict
         self.chunk_size = chunk_size
         self.fabric: Fabric | None = None
@@ -215,7 +216,7 @@ class VectorizedExecutor(ClientExecutor):
             return [0.0] * m  # what the sequential executor reports for no steps
         template = clients[0].model
         stack = ParamStack(clients, gradient_layout=True)
-        opt = StackedOptimizer(clients, stack)
+        opt = StackedOptimizer(clients, stack, None if self.runs is None else [self.runs[id(c)] for c in clients])
         device, dtype = stack.device, stack.dtype
 
         x_all, t_all, offsets = self._concat(datasets)

@@ -60,8 +60,8 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
                  trust_config: bool = False, format: str = "torchscript") -> dict:
     """Write the chosen network of ``run_dir``'s checkpoint to ``out``; what was written (without the
     tensors) back. Every argument is checked before the run is rebuilt. The run is rebuilt from its
-    config.yaml, whose class paths are imported: unless ``trust_config``, only fdlit's own classes
-    (:data:`EXPORT_ALLOWLIST`)."""
+    config.yaml, whose class paths are imported: unless ``trust_config``, only the classes of fdlit's a
+    received config may construct (:data:`EXPORT_ALLOWLIST`)."""
     check_choice("format", format, FORMATS)
     path, out = Path(run_dir), Path(out)
     checkpoint = path / CHECKPOINT
@@ -184,10 +184,10 @@ def final_metrics(path: Path, client: Optional[int]) -> dict[str, Any]:
     return mine
 
 
-# a run's config.yaml may name fdlit's own classes only (in any spelling: fdlit.code_allowlist)
-EXPORT_ALLOWLIST = CodeAllowlist((), "{name!r} in {file} is not a class of fdlit; export imports only fdlit's own "
-                                 "classes from a run's config.yaml. If you trust this run folder and its code, add "
-                                 "--trust_config")
+# a run's config.yaml may name only the classes of fdlit's listed in fdlit.constructible (any spelling)
+EXPORT_ALLOWLIST = CodeAllowlist((), "{name!r} in {file} {what}; export constructs only fdlit's methods, models, "
+                                 "executors, attacks, clients and callbacks from a run's config.yaml. If you trust "
+                                 "this run folder and its code, add --trust_config")
 
 
 def _trained_loop(path: Path, state: dict[str, Any], trust_config: bool = False):
@@ -200,12 +200,14 @@ def _trained_loop(path: Path, state: dict[str, Any], trust_config: bool = False)
     with contextlib.nullcontext() if trust_config else ImportGuard(EXPORT_ALLOWLIST):  # imports nothing unforeseen
         parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), "--logger.mode", "disabled"],
                                 None if trust_config else EXPORT_ALLOWLIST)
+        config = cfg.clone().as_dict()  # as Experiment keeps it, compared before anything of it is constructed
+        config.pop("config", None)
+        try:
+            check_config(config, cfg.federation.rounds, state)  # a config.yaml edited since the run is refused
+        except CheckpointError as exc:
+            raise CheckpointError(f"{path / CONFIG} differs from the config its checkpoint was written with (edited "
+                                  "since the run?); export needs the config.yaml the run saved", "run_dir") from exc
         experiment = Experiment(cfg, parser, resume_from=path)
-    try:
-        check_config(experiment.config, experiment.loop.settings.rounds, state)  # a config.yaml edited since is refused
-    except CheckpointError as exc:
-        raise CheckpointError(f"{path / CONFIG} differs from the config its checkpoint was written with (edited "
-                              "since the run?); export needs the config.yaml the run saved", "run_dir") from exc
     loop = experiment.loop
     loop.settings.executor = SequentialExecutor()
     restore_checkpoint(loop, state)
