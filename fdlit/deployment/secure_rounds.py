@@ -129,6 +129,7 @@ class SecureRounds:
         survivors = sorted(masked)
         dropped = [v for v in shared if v not in masked]
         stats["secagg/dropped_after_sharing"] = float(n - len(survivors))
+        stats["secagg/survivors"] = float(len(survivors))
         # 3. unmasking: the survivors' shares of the survivors' seeds and the dropped clients' keys
         total = None
         if len(survivors) >= t:

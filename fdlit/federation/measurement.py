@@ -18,6 +18,7 @@ from fdlit.federation.diagnostics import trust_matrix
 from fdlit.federation.evaluation import Accuracies
 from fdlit.methods.base import AggregationResult, weight_concentration, weight_entropy
 from fdlit.privacy.audit import membership_audit
+from fdlit.privacy.guarantee import privacy_summary
 from fdlit.privacy.upload_audit import prediction_membership
 from fdlit.records import JSON, Metrics
 
@@ -152,6 +153,7 @@ def summary(history: list[Metrics], *, rounds_done: int, rounds: int, test_sampl
         "final_local_acc_mean_after_public": last["after_public/local_acc_mean"],
         "final_teacher_acc": history[-1]["teacher/acc"],
         **server_summary(evaluated),
+        **privacy_summary(history),
         "bytes_up_total": bytes_up,
         "bytes_down_total": bytes_down,
         "wall_time_s": wall_time,

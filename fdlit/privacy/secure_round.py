@@ -54,7 +54,7 @@ def merged(first: dict[str, float], second: dict[str, float], clients: int, surv
     """Two aggregations' stats as one round's: its clients, every drop-out across both, the time of both."""
     out = dict(second)
     out.update({"secagg/clients": float(clients), "secagg/threshold": first["secagg/threshold"],
-                "secagg/dropped_after_sharing": float(clients - survivors),
+                "secagg/dropped_after_sharing": float(clients - survivors), "secagg/survivors": float(survivors),
                 "secagg/extra_exchanges": float(2 * EXCHANGES),
                 "time/secagg_s": first.get("time/secagg_s", 0.0) + second.get("time/secagg_s", 0.0)})
     return out
@@ -85,7 +85,7 @@ def masked_round(privacy, r: int, sampled: Sequence[int], ids: Sequence[int], me
         terms = [privacy.secure_terms(by_id[i], i, r, len(u1), seed, maximum) for i in ids]
         sums, stats = masked_sums(r, u1, ids, terms, count, threshold)
     if levels:
-        stats = merged(first, stats, len(u1), 0 if sums is None else sums.count)
+        stats = merged(first, stats, len(u1), int(stats["secagg/survivors"]))
         if sums is not None:
             sums = dataclasses.replace(sums, maximum=maximum.maximum.to(next(iter(sums.sums.values())).device))
     return sums, stats

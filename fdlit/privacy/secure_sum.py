@@ -301,7 +301,8 @@ def secure_sum(sampled: list[int], vectors: dict[int, np.ndarray], send: Send, r
     masked = {u: people[u].mask(vectors[u], keys, info) for u in u2}  # 2. masked input
     dropped = [v for v in u1 if v not in masked]
     stats = {"secagg/clients": float(n), "secagg/dropped_after_sharing": float(len(dropped)),
-             "secagg/threshold": float(t), "secagg/extra_exchanges": float(EXCHANGES)}
+             "secagg/survivors": float(len(u2)), "secagg/threshold": float(t),
+             "secagg/extra_exchanges": float(EXCHANGES)}
     survived = len(u2) >= t
     count_messages(send, u1, masked, u2 if survived else [])
     if not survived:
