@@ -162,6 +162,13 @@ def summary(history: list[Metrics], *, rounds_done: int, rounds: int, test_sampl
     }
 
 
+def upload_membership(parts: RoundParts) -> Metrics:
+    """The membership attack on the client models that made the round's uploads (right after the
+    private phase), queried as a server could (fdlit.privacy.upload_audit)."""
+    t = parts.tensors
+    return prediction_membership(parts.clients.predict, t.private, t.test_x, t.test_y, t.local_masks)
+
+
 def round_metrics(parts: RoundParts, communicates: bool, plan: RoundPlan, result: AggregationResult | None,
                   losses: tuple[list[float], list[float]], evaluations: tuple[Accuracies | None, Accuracies | None],
                   lost: Sequence[int], started: float) -> Metrics:
@@ -189,8 +196,6 @@ def round_metrics(parts: RoundParts, communicates: bool, plan: RoundPlan, result
     metrics.update(clients.executor.logged_metrics())  # clients/log/<name>: the steps' self.log values
     if server.privacy.audit and r == parts.settings.rounds:  # membership inference on the final client models
         metrics.update(membership_audit(clients.predict, t.private, t.test_x, t.test_y, t.local_masks))
-    if server.privacy.upload_audit and communicates:  # the client models queried as a server could
-        metrics.update(prediction_membership(clients.predict, t.private, t.test_x, t.test_y, t.local_masks))
     if result is not None and result.weights is not None:  # M x C who-to-trust matrix (diagnostic only)
         metrics["clients/trust_matrix"] = trust_rows(result.weights, public_y, parts.num_classes,
                                                      plan.arrived, len(clients))
