@@ -25,19 +25,20 @@ def test_a_client_that_trained_on_the_target_is_never_its_shadow():
     g = torch.Generator().manual_seed(0)
     shared = torch.randn(40, 3, generator=g)
     # clients 0, 1 and 2 hold class 0; 0 and 1 trained on the same samples, 2 on others; 3 holds class 1
-    private = [(shared, torch.zeros(40)), (shared.clone(), torch.zeros(40)),
-               (torch.randn(40, 3, generator=g), torch.zeros(40)), (torch.randn(40, 3, generator=g), torch.ones(40))]
+    zeros, ones = torch.zeros(40, dtype=torch.long), torch.ones(40, dtype=torch.long)
+    private = [(shared, zeros), (shared.clone(), zeros), (torch.randn(40, 3, generator=g), zeros),
+               (torch.randn(40, 3, generator=g), ones)]
     test_x, test_y = torch.randn(80, 3, generator=g), torch.arange(80) % 2
     mask = torch.stack([test_y == y[0] for _, y in private])
     out = prediction_membership(memorising(private, 2), private, test_x, test_y, mask)
     # client 0's members are scored against client 2 only (client 1 saw them, and memorised them too):
     # the attack finds them; had client 1 been a shadow its confidence would have hidden them
     assert out["clients/privacy/upload_mia_auc"][0] > 0.95
-    with_two = prediction_membership(memorising(private[:2] + private[3:], 2), private[:2] + private[3:], test_x,
-                                     test_y, mask[[0, 1, 3]])
-    # without client 2 no client of class 0 that never saw client 0's samples is left: none is scored
-    assert with_two["privacy/upload_mia_unscored"] > 0 and with_two["clients/privacy/upload_mia_auc"][0] != \
-        with_two["clients/privacy/upload_mia_auc"][0]  # nan: nothing scored
+    alike = [(shared, zeros), (shared.clone(), zeros), (shared.clone(), zeros), private[3]]
+    none_left = prediction_membership(memorising(alike, 2), alike, test_x, test_y, mask)
+    # every other client of class 0 trained on client 0's samples: no shadow is left, none is scored
+    assert none_left["privacy/upload_mia_unscored"] > 0.7
+    assert none_left["clients/privacy/upload_mia_auc"][0] != none_left["clients/privacy/upload_mia_auc"][0]  # nan
 
 
 def test_the_audit_attacks_the_models_that_made_the_uploads_before_distillation(tmp_path, monkeypatch):
