@@ -1,7 +1,7 @@
 """A softmax over the clients under secure aggregation, exact for any range of scores.
 
-A rule whose teacher is P(x) = sum_i softmax_i(y_i(x)) q_i(x) (UWA and sUWA: y_i = tau l_i, the
-client's scaled log-density) is a ratio of two sums, sum_i e^{y_i - S} q_i / sum_i e^{y_i - S}, for any
+A rule whose teacher is P(x) = sum_i softmax_i(y_i(x)) q_i(x) (e.g. y_i = tau l_i,
+a client's scaled log-density of the sample) is a ratio of two sums, sum_i e^{y_i - S} q_i / sum_i e^{y_i - S}, for any
 shift S(x) the clients share. The shift must sit near max_i y_i(x): above it, so that no weight
 exceeds 1 (no overflow), and not far above, so that the largest weight keeps its precision in fixed
 point. With a fixed S (a bound on every y_i) the weights of a sample that every client scores low

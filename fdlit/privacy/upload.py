@@ -346,7 +346,7 @@ class UploadPrivacy:
     @property
     def secure_levels(self) -> int:
         """Levels of the first masked exchange the method's terms read (0: none; central DP: none)."""
-        return 0 if (self.dp and self.central) or self.method is None else int(getattr(self.method, "secure_levels", 0))
+        return 0 if (self.dp and self.central) or self.method is None else int(self.method.secure_levels)
 
     def secure_level(self, message, client: int) -> torch.Tensor:
         return self.method.secure_level(message, client)
