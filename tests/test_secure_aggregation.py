@@ -20,7 +20,7 @@ from fdlit.privacy.secure_sum import (
     shamir_reconstruct,
     shamir_share,
 )
-from fdlit.privacy.secure_upload import SecureSums, masked_sums
+from fdlit.privacy.secure_upload import SecureSums
 from tests.fitting import fit_loop, tiny
 
 PARTIAL = ("--federation.participation.dropout", "0.3")
@@ -74,23 +74,71 @@ def suwa_uploads(m: int, n: int = 40, c: int = 5) -> list[Message]:
                                   fdlit.methods.EntropyReduction(), fdlit.methods.FedMD()])
 def test_a_sum_rule_on_masked_uploads_gives_the_plain_teacher_of_the_survivors(rule):
     uploads, sampled, survivors = suwa_uploads(5), [0, 1, 2, 3, 4], [0, 2, 3, 4]  # client 1 drops after sharing
-    sums, stats = masked_sums(1, sampled, survivors, [rule.secure_summands(uploads[i], i) for i in survivors],
-                              lambda *m: None)
+    sums, stats = masked_rule(rule, sampled, survivors, uploads)
     plain = rule.aggregate([uploads[i] for i in survivors], None).teacher
     secure = rule.aggregate_sums(sums, None).teacher
     assert stats["secagg/dropped_after_sharing"] == 1
     assert torch.allclose(secure, plain, atol=1e-5, rtol=0)  # float32 rounding; the fixed-point error is ~1e-17
 
 
-def test_where_every_weight_rounds_to_zero_suwa_falls_back_to_the_plain_mean_as_its_rule_does():
+def masked_rule(rule, sampled, survivors, uploads, sent=None):
+    """The round's masked sums of ``rule`` as the server's privacy layer runs them in ``fit``."""
+    from fdlit.privacy import UploadPrivacy
+    from fdlit.privacy.secure_round import masked_round
+
+    privacy = UploadPrivacy(secure_aggregation=True)
+    privacy.check(rule, uploads[0]["logits"].shape[-1])
+    count = (lambda *m: sent.append(m)) if sent is not None else (lambda *m: None)
+    return masked_round(privacy, 1, sampled, survivors, [uploads[i] for i in survivors], count, None, 0)
+
+
+def test_where_no_client_has_a_density_suwa_takes_the_plain_mean_as_its_rule_does():
     rule = SmoothedUncertaintyWeighted(upload="scores", tau=1.0)
     uploads = suwa_uploads(3)
     for u in uploads:
         u["log_likelihood"][:5] = float("-inf")  # no client's density reaches these samples
-    sums, _ = masked_sums(1, [0, 1, 2], [0, 1, 2], [rule.secure_summands(u, i) for i, u in enumerate(uploads)], lambda *m: None)
+    sums, _ = masked_rule(rule, [0, 1, 2], [0, 1, 2], uploads)
     result = rule.aggregate_sums(sums, None)
     assert result.stats["density/uniform_fallback_samples"] == 5
-    assert torch.allclose(result.teacher, rule.aggregate(uploads, None).teacher, atol=1e-5, rtol=0)
+    assert torch.allclose(result.teacher, rule.aggregate(uploads, None).teacher, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("tau", [0.25, 1.0, 4.0])
+@pytest.mark.parametrize("mix", ["probabilities", "logits"])
+def test_masked_suwa_is_the_plain_rule_however_low_every_clients_density(tau, mix):
+    """The weights are shifted per sample by the masked maximum level, not by a fixed bound: samples that
+    every client scores hundreds of nats below the bound keep their softmax over the clients."""
+    rule = SmoothedUncertaintyWeighted(upload="scores", tau=tau, mix=mix)
+    uploads = suwa_uploads(4)
+    g = torch.Generator().manual_seed(5)
+    for u in uploads:  # far below U = 18.4 on every client (the fixed bound's weights were all 0 here)
+        u["log_likelihood"] = torch.empty(40).uniform_(-200, -60, generator=g)
+        u["log_likelihood"][::7] -= 3.0  # and spread: the softmax is far from uniform
+    sent = []
+    sums, stats = masked_rule(rule, [0, 1, 2, 3], [0, 1, 2, 3], uploads, sent)
+    secure, plain = rule.aggregate_sums(sums, None), rule.aggregate(uploads, None)
+    assert secure.stats["density/uniform_fallback_samples"] == 0
+    assert torch.allclose(secure.teacher, plain.teacher, atol=1e-6, rtol=0)
+    assert stats["secagg/extra_exchanges"] == 6  # the shift exchange, then the terms
+    assert {k for *_, k, _ in sent} >= {"secagg_shift", "secagg_masked"}
+
+
+def test_a_score_beyond_its_bound_stops_the_run_in_one_line_not_a_fallback():
+    from fdlit.errors import NumericalFault
+
+    rule = SmoothedUncertaintyWeighted(upload="scores", tau=1.0)
+    uploads = suwa_uploads(3)
+    uploads[1]["log_likelihood"][3] = 500.0  # above U: its weight would overflow the encoding
+    sums, _ = masked_rule(rule, [0, 1, 2], [0, 1, 2], uploads)
+    with pytest.raises(NumericalFault, match="on 1 public samples a client's score or term exceeds the range"):
+        rule.aggregate_sums(sums, None)
+    uploads = suwa_uploads(3)
+    for u in uploads:  # every client more than W (K - 1) = 992 nats below the bound, and far apart
+        u["log_likelihood"][0] = -5000.0
+    uploads[0]["log_likelihood"][0] = -1100.0
+    sums, _ = masked_rule(rule, [0, 1, 2], [0, 1, 2], uploads)
+    with pytest.raises(NumericalFault, match="on 1 public samples every client's scaled score is more than 992"):
+        rule.aggregate_sums(sums, None)
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +171,8 @@ def test_the_server_part_sees_only_the_aggregate(runs):
     plain, secure, seen = runs
     assert len(seen) == 3 and all(isinstance(s, SecureSums) for s in seen)
     for s in seen:
-        assert set(s.sums) == {"weight", "weighted", "plain"}  # sums over clients, one tensor each
-        assert s.sums["plain"].shape == (120, 10)
+        assert set(s.sums) == {"weight", "weighted"}  # sums over clients, one tensor each
+        assert s.sums["weighted"].shape == (120, 10) and s.maximum.shape == (120,)
     up = {m.kind for m in secure.server_side.ledger.messages if m.direction == "up"}
     assert up == {"secagg_keys", "secagg_shares", "secagg_masked", "secagg_unmask"}  # no logits, no density
     assert "logits" in {m.kind for m in plain.server_side.ledger.messages if m.direction == "up"}
@@ -142,7 +190,7 @@ def test_secure_aggregation_changes_no_accuracy_and_counts_its_cost(runs):
     for p, s in zip(plain.history, secure.history, strict=True):
         assert s["teacher/acc"] == pytest.approx(p["teacher/acc"], abs=1e-6)
         assert s["after_public/global_acc_mean"] == pytest.approx(p["after_public/global_acc_mean"], abs=1e-6)
-        assert s["comm/up_bytes"] > p["comm/up_bytes"] and s["secagg/extra_exchanges"] == 3
+        assert s["comm/up_bytes"] > p["comm/up_bytes"] and s["secagg/extra_exchanges"] == 6  # shift, then terms
         assert s["comm/up/secagg_masked"] > 0 and s["comm/down/secagg_shares"] > 0
         assert s["secagg/fixed_point_error_max"] < 1e-15
 

@@ -349,10 +349,10 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
                 self._upload_bytes += sum(map(array_bytes, m.arrays.values()))  # as the node sent them (released, encoded)
         return losses, messages
 
-    def secure_sum(self, r, sampled, clients, fraction, send):
+    def secure_sum(self, r, sampled, clients, fraction, send, stage="", maximum=None):
         """Secure aggregation with the clients' half on the nodes (fdlit.deployment.secure_rounds): the
-        server receives only the sum."""
-        return self.secure.secure_sum(r, sampled, clients, fraction, send)
+        server receives only the sum (of the terms, or of ``stage`` levels' codes)."""
+        return self.secure.secure_sum(r, sampled, clients, fraction, send, stage=stage, maximum=maximum)
 
     def distil(self, part, clients, teachers, private, epochs, batch_size):
         """The public phase in one exchange per node: the (public inputs, targets) each client was sent

@@ -225,7 +225,7 @@ class NodeWorker:
                               {k: self._ref(r) for k, r in upload["received"].items()}, self._side.release)
             _, payloads = executor.client_step(step)
             if secure:  # the terms of the sum stay here; each message goes up without its arrays
-                payloads = self.secagg.keep(ids, payloads, loop.privacy)
+                payloads = self.secagg.keep(ids, payloads, loop.privacy, loop.parts.seed)
             out_meta["upload"] = self._typed(payloads, out)
         return self._after(out_meta | carried_meta, meta, out | carried)
 

@@ -8,10 +8,12 @@ actually yields); here M is ``data.num_clients`` and N is ``data.public_size``.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from fdlit.data.datasets import NUM_CLASSES
 from fdlit.data.federated import check_public_set
+from fdlit.errors import ConfigError
 
 if TYPE_CHECKING:
     from fdlit.adversaries import Adversaries
@@ -34,7 +36,31 @@ def check_before_data(settings: FederationSettings, data: FederatedData, method:
         settings.participation.check_rounds(settings.rounds, num_clients)
     if settings.mode != "fd":
         return
+    if privacy.secure:
+        check_secure_clients(settings, num_clients)
     check_public_set(getattr(data, "public_size", 1), method)  # 0 only for a method that needs no public set
     method.check_clients(num_clients)  # e.g. F2L: every region needs a client
     if getattr(data, "dataset", None) in NUM_CLASSES:  # a hub dataset's classes are known once it is loaded
         privacy.check(method, NUM_CLASSES[data.dataset])
+
+
+def most_sampled(settings: FederationSettings, num_clients: int) -> int:
+    """The most clients any round samples (all of them without client sampling)."""
+    p = settings.participation
+    if p is None:
+        return num_clients
+    if p.count is not None:
+        return min(p.count, num_clients)
+    return math.ceil((p.fraction if p.fraction is not None else 1.0) * num_clients)
+
+
+def check_secure_clients(settings: FederationSettings, num_clients: int) -> None:
+    """Secure aggregation needs at least 2 clients in every sum (its threshold is max(2, ...)): refuse a
+    run in which no round can sample 2."""
+    most = most_sampled(settings, num_clients)
+    if most < 2:
+        field = "federation.participation.count" if settings.participation is not None else "data.num_clients"
+        raise ConfigError("privacy.secure_aggregation", f"needs at least 2 clients in each round's sum (its "
+                          f"threshold is max(2, ceil(privacy.secure_threshold x sampled)), so that the sum is never "
+                          f"one client's upload), and this run samples at most {most} a round; allowed: {field} "
+                          "of 2 or more, or privacy.secure_aggregation: false")

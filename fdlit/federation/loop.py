@@ -92,6 +92,7 @@ class FederationLoop:
         # (ClientExecutor.receive_carried): closed, with its metrics and callbacks, once it has
         self._open: tuple | None = None
         self._reported_at = -math.inf  # when the last round was closed (perf_counter)
+        self._audited: dict[int, dict] = {}  # the upload audit of a round, measured after its private phase
         # what the config alone shows to be impossible, before any data loads
         check_before_data(self.settings, self.data, aggregator, self.privacy, self.adversaries)
 
@@ -191,6 +192,8 @@ class FederationLoop:
         check_finite(private_losses, r, "private", [i for i in plan.sampled if i not in lost])
         after_private = parts.evaluated(plan)
         self.selection.observe("after_private", r, after_private)
+        if self.privacy.upload_audit and self.protocol.communicates:  # the models that made the uploads
+            self._audited[r] = measurement.upload_membership(parts)
         # the rest of the round: the protocol's exchange (fdlit.federation.protocols)
         result, public_losses, after_public = self.protocol.run(parts, plan, after_private, sent)
         if later := clients.unreachable() - set(lost):  # lost during the exchange: dropouts too
@@ -215,6 +218,7 @@ class FederationLoop:
         metrics = measurement.round_metrics(parts, self.protocol.communicates, plan, result, losses,
                                             (after_private, after_public), lost, max(t0, self._reported_at))
         metrics.update(self.adversaries.after_round(parts, plan, result, after_public))
+        metrics.update(self._audited.pop(r, {}))
         if r == self.settings.rounds:  # the selected rounds, measured on the whole test set
             metrics.update(self.selection.finish())
         self.round = r

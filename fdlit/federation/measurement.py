@@ -18,6 +18,7 @@ from fdlit.federation.diagnostics import trust_matrix
 from fdlit.federation.evaluation import Accuracies
 from fdlit.methods.base import AggregationResult, weight_concentration, weight_entropy
 from fdlit.privacy.audit import membership_audit
+from fdlit.privacy.guarantee import privacy_summary
 from fdlit.privacy.upload_audit import prediction_membership
 from fdlit.records import JSON, Metrics
 
@@ -152,12 +153,20 @@ def summary(history: list[Metrics], *, rounds_done: int, rounds: int, test_sampl
         "final_local_acc_mean_after_public": last["after_public/local_acc_mean"],
         "final_teacher_acc": history[-1]["teacher/acc"],
         **server_summary(evaluated),
+        **privacy_summary(history),
         "bytes_up_total": bytes_up,
         "bytes_down_total": bytes_down,
         "wall_time_s": wall_time,
         "client_classes": client_classes,  # the report boxes them in trust matrices
         "measured_network": measured_network,  # whose accuracy every number above is
     }
+
+
+def upload_membership(parts: RoundParts) -> Metrics:
+    """The membership attack on the client models that made the round's uploads (right after the
+    private phase), queried as a server could (fdlit.privacy.upload_audit)."""
+    t = parts.tensors
+    return prediction_membership(parts.clients.predict, t.private, t.test_x, t.test_y, t.local_masks)
 
 
 def round_metrics(parts: RoundParts, communicates: bool, plan: RoundPlan, result: AggregationResult | None,
@@ -187,8 +196,6 @@ def round_metrics(parts: RoundParts, communicates: bool, plan: RoundPlan, result
     metrics.update(clients.executor.logged_metrics())  # clients/log/<name>: the steps' self.log values
     if server.privacy.audit and r == parts.settings.rounds:  # membership inference on the final client models
         metrics.update(membership_audit(clients.predict, t.private, t.test_x, t.test_y, t.local_masks))
-    if server.privacy.upload_audit and communicates:  # the client models queried as a server could
-        metrics.update(prediction_membership(clients.predict, t.private, t.test_x, t.test_y, t.local_masks))
     if result is not None and result.weights is not None:  # M x C who-to-trust matrix (diagnostic only)
         metrics["clients/trust_matrix"] = trust_rows(result.weights, public_y, parts.num_classes,
                                                      plan.arrived, len(clients))

@@ -142,8 +142,10 @@ class PredictionExchange(Protocol):
         if ids:
             uploads, privacy_stats = self.receive_uploads(parts, plan.round, ids, messages, info_of(parts, plan, ids),
                                                           plan.sampled)
-        if not ids or uploads is None:  # no upload arrived (or too few to unmask): no teacher, no public phase
+        if not ids:  # no upload arrived: no teacher, no public phase
             return None, [math.nan], parts.evaluated(plan)
+        if uploads is None:  # too few survived to unmask: no teacher, and the round records why (secagg/*)
+            return AggregationResult(None, stats=privacy_stats), [math.nan], parts.evaluated(plan)
         if parts.server.privacy.upload_audit and isinstance(uploads, list):  # what the server saw of each client
             histograms = label_histograms([parts.tensors.private[i][1] for i in ids], parts.num_classes)
             privacy_stats.update(label_inference([u["logits"] for u in uploads], histograms))
@@ -238,8 +240,8 @@ class ParameterExchange(Protocol):
                                                     server.send_up, parts.seed, sampled=plan.sampled,
                                                     send_down=server.send_down,
                                                     masking=parts.clients.masking)
-            if uploads is None:  # too few clients survived to unmask: every client keeps what it has
-                return None, [math.nan] * m, parts.evaluated(plan)
+            if uploads is None:  # too few survived to unmask: every client keeps what it has; secagg/* says why
+                return AggregationResult(None, stats=stats), [math.nan] * m, parts.evaluated(plan)
         else:
             uploads = [server.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
         ctx = parts.facts.server_context(plan.round, info)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from fdlit.privacy.guarantee import no_teacher_cause, summary_lines
 from fdlit.records import JSON, Metrics
 
 
@@ -50,7 +51,8 @@ def format_summary(summary: Metrics) -> str:
     teacher = _number(summary.get("final_teacher_acc"))
     lines.append("  final teacher accuracy    : " + (
         f"{teacher:.4f} (on the public set's labels, diagnostic)" if teacher is not None else
-        "no teacher (this run sends no predictions on the public set)"))
+        no_teacher_cause(summary)))
+    lines += summary_lines(summary)
     if "server_final_acc" in summary:
         lines.append(f"  server model accuracy     : {_acc(summary, 'server_final_acc')} final, "
                      f"{_acc(summary, 'server_best_acc')} best (round {summary.get('server_best_round')})")

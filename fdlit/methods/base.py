@@ -121,6 +121,9 @@ class Aggregator(LegacyAggregatorHooks):
     # its cache lacks (what it sends is what is counted) and the client part's ``receive`` takes the
     # message in every round, where the client lives (SCARLET)
     client_cache: bool = False
+    # levels of a masked per-sample maximum its ``secure_summands`` read (``maximum=``; a softmax over the
+    # clients, fdlit.privacy.secure_softmax): 0, none; else each client's ``secure_level`` goes first
+    secure_levels: int = 0
 
     def check_config(self, model: Any, client: Any) -> None:
         """Refuse, with a ConfigError, a model spec or client optimization the method cannot run
@@ -182,6 +185,11 @@ class Aggregator(LegacyAggregatorHooks):
         values (name -> (tensor, bound)); a rule that defines it and :meth:`aggregate_sums` runs under
         secure aggregation (the server sees only the sums)."""
         raise NotImplementedError(f"{type(self).__name__} declares no secure_summands")
+
+    def secure_level(self, upload: dict[str, torch.Tensor], client: int) -> torch.Tensor:
+        """Client ``client``'s level per entry (in -1 … secure_levels - 1) for the masked maximum that
+        precedes its terms, where ``secure_levels`` > 0."""
+        raise NotImplementedError(f"{type(self).__name__} declares no secure_level")
 
     def aggregate_sums(self, sums: SecureSums, ctx: ServerContext) -> AggregationResult:
         """The round's result from the sums of the clients' masked summands."""

@@ -12,6 +12,7 @@ from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.messages import Message, metric_values
 from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 from fdlit.methods.density import DENSITY_METHODS, DiagonalGaussianMixture, mixture_log_likelihood
+from fdlit.privacy import secure_softmax
 from fdlit.privacy.client_release import FLOOR as NOISY_STD_FLOOR
 from fdlit.privacy.secure_upload import LOGIT_BOUND, probability_rows
 
@@ -213,29 +214,51 @@ class UncertaintyWeighted(Aggregator):
         is at least the floor (or the floor of noisy standard deviations, fdlit.privacy.client_release)."""
         return -0.5 * num_classes * math.log(2 * math.pi * min(self.variance_floor, NOISY_STD_FLOOR**2))
 
-    def secure_summands(self, upload, client):
-        """Client i's terms of the secure sum (fdlit.privacy.secure_upload), from its own upload: its weight
-        w_i(x) = exp(tau (l_i(x) - U)) in [0, 1] (the softmax over clients is then sum_i w_i q_i / sum_i w_i),
-        w_i q_i, and q_i for the samples no client's density reaches (the uniform fallback); q_i is the
-        probabilities or, with ``mix: logits``, the logits."""
+    @property
+    def secure_levels(self) -> int:
+        """Levels of the shift exchange (fdlit.privacy.secure_softmax: K bins and the overflow level);
+        0 at tau = 0, where every weight is 1."""
+        return secure_softmax.LEVELS + 1 if self.tau > 0 else 0
+
+    def _scores(self, upload) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+        """y_i = tau l_i(x), its bound tau U, the mixed quantity q_i and its encoding's bound."""
         z = upload["logits"].float()
-        if self.tau > 0:
-            ll = self.log_likelihoods([upload], z[None])[0]
-            w = torch.exp((self.tau * (ll - self.log_density_bound(z.shape[-1]))).clamp(max=0.0)).float()
-        else:  # tau = 0: AVG, even where l = -inf
-            w = torch.ones(len(z))
+        y = self.tau * self.log_likelihoods([upload], z[None])[0].double()
         q, bound = (z, LOGIT_BOUND) if self.mixing == "logits" else (z.softmax(-1), 1.0)
-        return {"weight": (w, 1.0), "weighted": (w[:, None] * q, bound), "plain": (q, bound)}
+        return y, q, self.tau * self.log_density_bound(z.shape[-1]), bound
+
+    def secure_level(self, upload, client):
+        """Client i's level of its scaled log-density per sample (the shift exchange's first step)."""
+        y, q, top, bound = self._scores(upload)
+        return secure_softmax.level_of(y, top, overflow=(q.abs() > bound).any(-1))
+
+    def secure_summands(self, upload, client, maximum=None):
+        """Client i's terms of the secure sum (fdlit.privacy.secure_upload), from its own upload and the
+        per-sample maximum level of the shift exchange: w_i(x) = exp(tau l_i(x) - S(x)) in [0, 1] and
+        w_i q_i, in wide fixed point (fdlit.privacy.secure_softmax); q_i is the probabilities or, with
+        ``mix: logits``, the logits. At tau = 0 every weight is 1 (AVG, even where l = -inf)."""
+        if self.tau > 0:
+            y, q, top, bound = self._scores(upload)
+            w = secure_softmax.weights(y, maximum, top)
+        else:
+            z = upload["logits"].float()
+            q, bound = (z, LOGIT_BOUND) if self.mixing == "logits" else (z.softmax(-1), 1.0)
+            w = torch.ones(len(z), dtype=torch.float64, device=z.device)
+        limbs = secure_softmax.LIMBS
+        return {"weight": (w, 1.0, limbs), "weighted": (w[:, None] * q.double(), bound, limbs)}
 
     def aggregate_sums(self, sums, ctx):
-        """The teacher from the sums alone: sum_i w_i q_i / sum_i w_i, or the plain mean where every
-        weight rounded to 0 (no client's density reaches the sample within the fixed point's range)."""
+        """The teacher from the sums alone: sum_i w_i q_i / sum_i w_i, the softmax over clients of
+        tau l_i shifted per sample; the run stops where a sample cannot be served exactly."""
         s = sums.sums
-        hopeless = s["weight"] <= 0
-        mixed = s["weighted"] / s["weight"].clamp_min(1e-300)[:, None]
-        q = torch.where(hopeless[:, None], s["plain"] / sums.count, mixed)
+        weight = s["weight"].double()
+        if sums.maximum is not None:
+            secure_softmax.check_served(sums.maximum, weight, sums.error["weight"] + sums.error["weighted"],
+                                        type(self).__name__, ctx.info.round if ctx is not None else 0)
+        q = s["weighted"] / weight.clamp_min(1e-300)[:, None]
         teacher = q.softmax(-1).float() if self.mixing == "logits" else probability_rows(q)
-        return AggregationResult(teacher=teacher, stats={"density/uniform_fallback_samples": float(hopeless.sum())})
+        hopeless = (sums.maximum < 0).sum() if sums.maximum is not None else 0
+        return AggregationResult(teacher=teacher, stats={"density/uniform_fallback_samples": float(hopeless)})
 
     def _warn_once(self, stats: dict[str, float]) -> None:
         """One warning per aggregator the first time a density fit was repaired (the counts go to

@@ -65,6 +65,7 @@ class Declaring(Protocol):
     privacy_advice: str
     secure_refusal: str
     secure_setup: str
+    secure_levels: int
 
     @property
     def has_setup(self) -> bool: ...
@@ -76,6 +77,8 @@ class Declaring(Protocol):
 
     def secure_summands(self, upload: dict[str, torch.Tensor], client: int
                         ) -> dict[str, tuple[torch.Tensor, float]]: ...
+
+    def secure_level(self, upload: dict[str, torch.Tensor], client: int) -> torch.Tensor: ...
 
 
 def declared_in(cls: type, name: str) -> type | None:

@@ -78,8 +78,9 @@ def fixed_point_error(clients: int, bits: int) -> float:
 
 
 def threshold(clients: int, fraction: float) -> int:
-    """t: at least 2 shares (one client alone never rebuilds another's secrets), at most all of them."""
-    return min(clients, max(2, math.ceil(fraction * clients)))
+    """t = max(2, ceil(fraction n)): at least 2 survivors, so that the sum is never one client's vector
+    (and one client alone never rebuilds another's secrets); with fewer than 2 clients no aggregate."""
+    return max(2, math.ceil(fraction * clients))
 
 
 # ---------------------------------------------------------------------- Shamir over GF(2^521 - 1)
@@ -254,9 +255,10 @@ def unmask(masked: dict[int, np.ndarray], revealed: dict[int, dict[int, tuple[in
     return total
 
 
-def info_of(round: int) -> bytes:
-    """What binds one aggregation's masks and ciphertexts to its round."""
-    return b"fdlit secagg round %d" % round
+def info_of(round: int, stage: str = "") -> bytes:
+    """What binds one aggregation's masks and ciphertexts to its round (and its stage, where a round
+    runs two aggregations: fdlit.privacy.secure_softmax)."""
+    return b"fdlit secagg round %d" % round + (b" " + stage.encode() if stage else b"")
 
 
 # ---------------------------------------------------------------------- what travels, and one aggregation
@@ -282,14 +284,14 @@ def count_messages(send: Send, u1: list[int], masked: dict[int, np.ndarray], unm
 
 
 def secure_sum(sampled: list[int], vectors: dict[int, np.ndarray], send: Send, round: int = 0,
-               fraction: float = 0.5) -> tuple[np.ndarray | None, dict[str, float]]:
+               fraction: float = 0.5, stage: str = "") -> tuple[np.ndarray | None, dict[str, float]]:
     """The sum of ``vectors`` (client -> uint64 vector, the fixed-point encodings of the clients of U2)
     over the protocol of the module docstring, every party in this process, with U1 = ``sampled`` and
     t = ``threshold(|U1|, fraction)``; ``send`` counts every message.
     Returns the sum mod 2^64 (None when fewer than t clients survive) and the aggregation's metrics."""
     start = time.perf_counter()
     u1, u2 = list(sampled), [u for u in sampled if u in vectors]
-    n, t, info = len(u1), threshold(len(u1), fraction), info_of(round)
+    n, t, info = len(u1), threshold(len(u1), fraction), info_of(round, stage)
     people = {u: Participant.new(u) for u in u1}  # 0. advertise keys
     advertised = {u: p.advertised for u, p in people.items()}
     for u, p in people.items():  # 1. share keys (in one process: handed over as they are; the bytes are counted)
@@ -299,7 +301,8 @@ def secure_sum(sampled: list[int], vectors: dict[int, np.ndarray], send: Send, r
     masked = {u: people[u].mask(vectors[u], keys, info) for u in u2}  # 2. masked input
     dropped = [v for v in u1 if v not in masked]
     stats = {"secagg/clients": float(n), "secagg/dropped_after_sharing": float(len(dropped)),
-             "secagg/threshold": float(t), "secagg/extra_exchanges": float(EXCHANGES)}
+             "secagg/survivors": float(len(u2)), "secagg/threshold": float(t),
+             "secagg/extra_exchanges": float(EXCHANGES)}
     survived = len(u2) >= t
     count_messages(send, u1, masked, u2 if survived else [])
     if not survived:

@@ -8,7 +8,11 @@ parameters (the sums of w_k theta_k and of w_k). A method declares this with two
 
 * ``secure_summands(upload, client) -> {name: (tensor, bound)}``: on client ``client``, from its own
   upload, the terms to sum, each with a bound B on its entries (entries are clipped to [-B, B]: fixed
-  point);
+  point); ``(tensor, bound, limbs)`` asks for wide fixed point (fdlit.privacy.wide_encoding);
+* optionally ``secure_levels = K`` and ``secure_level(upload, client)``: a first masked exchange gives
+  the server the maximum over the clients of each entry's level (in -1 … K), which goes down to the
+  clients, and ``secure_summands(upload, client, maximum=…)`` reads it (a softmax over the clients
+  shifted per sample: fdlit.privacy.secure_softmax);
 * ``aggregate_sums(sums: SecureSums, ctx) -> AggregationResult``: on the server, the teacher from the
   sums alone (no per-client weights exist there).
 
@@ -32,6 +36,7 @@ import torch
 
 from fdlit.privacy.release import Declaring, stale
 from fdlit.privacy.secure_sum import decode, encode, fixed_point_error, scale_bits, secure_sum
+from fdlit.privacy.wide_encoding import level_words, maximum_level, wide_decode, wide_encode, wide_scale_bits
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class SecureSums:
     sums: dict[str, torch.Tensor]
     clients: tuple[int, ...]
     error: dict[str, float] = field(default_factory=dict)
+    maximum: torch.Tensor | None = None  # the first exchange's per-sample maximum level, where the rule declares one
 
     @property
     def count(self) -> int:
@@ -59,16 +65,45 @@ def maskable(method: Declaring) -> str | None:
     return None
 
 
-def flatten(summands: dict[str, tuple[torch.Tensor, float]], clients: int
-            ) -> tuple[np.ndarray, list[tuple[str, tuple[int, ...], float, int]]]:
-    """One uint64 vector of every summand in fixed point, and its layout (name, shape, bound, scale bits)."""
+@dataclass(frozen=True)
+class SecureMaximum:
+    """The first exchange's result: each entry's largest level over the ``clients`` that sent theirs."""
+
+    maximum: torch.Tensor
+    clients: tuple[int, ...]
+
+
+def expected_bits(bound: float, clients: int, limbs: int) -> int:
+    """The scale bits of a term in [-bound, bound] summed over ``clients`` clients in ``limbs`` limbs."""
+    return scale_bits(bound, clients) if limbs == 1 else wide_scale_bits(bound, clients, limbs)
+
+
+def flatten(summands: dict[str, tuple], clients: int
+            ) -> tuple[np.ndarray, list[tuple[str, tuple[int, ...], float, int, int]]]:
+    """One uint64 vector of every summand in fixed point, and its layout (name, shape, bound, scale
+    bits, limbs)."""
     parts, layout = [], []
     for name in sorted(summands):
-        values, bound = summands[name]
-        bits = scale_bits(bound, clients)
-        parts.append(encode(values.detach().double().cpu().numpy().ravel(), bound, bits))
-        layout.append((name, tuple(values.shape), float(bound), bits))
+        values, bound, *wide = summands[name]
+        limbs = int(wide[0]) if wide else 1
+        bits = expected_bits(bound, clients, limbs)
+        x = values.detach().double().cpu().numpy().ravel()
+        parts.append(encode(x, bound, bits) if limbs == 1 else wide_encode(x, bound, bits, limbs))
+        layout.append((name, tuple(values.shape), float(bound), bits, limbs))
     return np.concatenate(parts), layout
+
+
+def masked_maximum(r: int, sampled: Sequence[int], clients: Sequence[int], levels: list[torch.Tensor], count: int,
+                   send: Callable, threshold: float = 0.5) -> tuple[SecureMaximum | None, dict[str, float]]:
+    """The first exchange (module docstring): every arrived client's ``levels`` (in -1 … count - 1) as a
+    thermometer code, masked and summed; the server reads the largest level of each entry. None when
+    fewer than t clients survived."""
+    u1 = sorted(set(sampled) | set(clients))
+    vectors = {i: level_words(lv.cpu().numpy(), count) for i, lv in zip(clients, levels, strict=True)}
+    total, stats = secure_sum(u1, vectors, ledger_counter(r, send), round=r, fraction=threshold, stage="levels")
+    if total is None:
+        return None, stats
+    return SecureMaximum(torch.from_numpy(maximum_level(total, count)), tuple(clients)), stats
 
 
 def masked_sums(r: int, sampled: Sequence[int], clients: Sequence[int], summands: list[dict],
@@ -101,12 +136,14 @@ def decoded_sums(total: np.ndarray, layout: list, clients_u1: int, clients: Sequ
     """The unmasked ``total`` (``flatten``'s ``layout``, ``clients_u1`` clients in the key exchange) as
     the sums the rule receives, on ``device``."""
     sums, errors, start = {}, {}, 0
-    for name, shape, _, bits in layout:
-        size = int(np.prod(shape))
-        sums[name] = torch.from_numpy(decode(total[start:start + size], bits).reshape(shape)).to(device)
+    for name, shape, _, bits, limbs in layout:
+        size = int(np.prod(shape)) * limbs
+        part = total[start:start + size]
+        values = decode(part, bits) if limbs == 1 else wide_decode(part, bits, limbs)
+        sums[name] = torch.from_numpy(values.reshape(shape)).to(device)
         errors[name] = fixed_point_error(clients_u1, bits)
         start += size
-    stats["secagg/scale_bits_min"] = float(min(bits for *_, bits in layout))
+    stats["secagg/scale_bits_min"] = float(min(bits for *_, bits, _ in layout))
     stats["secagg/fixed_point_error_max"] = max(errors.values())
     return SecureSums(sums, tuple(clients), errors), stats
 

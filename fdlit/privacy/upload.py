@@ -65,10 +65,11 @@ from fdlit.errors import ConfigError, check_choice, check_number
 from fdlit.extras import require
 from fdlit.messages import as_message
 from fdlit.privacy.accounting import ClientAccountant, make_accountant
-from fdlit.privacy.client_release import DIAGNOSTICS, ClientRelease, clip_rows, gaussian_noise
+from fdlit.privacy.client_release import DIAGNOSTICS, ClientRelease, clip_rows
 from fdlit.privacy.encoding import ENCODINGS, MESSAGE_KEYS, decode
 from fdlit.privacy.release import NOISED, POSITIVE_ROWS, ROWS, UNBOUNDED, Declaring, Release
-from fdlit.privacy.secure_upload import SecureSums, maskable, masked_sums
+from fdlit.privacy.secure_round import central_mean, masked_round, noisy_rows
+from fdlit.privacy.secure_upload import SecureSums, maskable
 
 ACCOUNTANTS = ("rdp", "prv")
 ACCOUNTINGS = ("local", "central", "secure_aggregation")  # secure_aggregation: another name for central
@@ -182,7 +183,7 @@ class UploadPrivacy:
         if self.secure:  # key agreement, key derivation and the mask stream are cryptography's
             require("cryptography", "privacy.secure_aggregation")
         self.audit, self.upload_audit = bool(audit), bool(upload_audit)
-        self.summands = None  # the method's client-side terms of the secure sum (``check``)
+        self.summands = self.method = None  # the method and its client-side terms of the secure sum (``check``)
         self.release = Release()  # the method's declaration (check() reads it); by default the logits alone
         self.accountant = ClientAccountant(accountant, self.delta)
 
@@ -260,7 +261,7 @@ class UploadPrivacy:
                                   f"of the clients' masked uploads; {why}; use a rule whose teacher is a sum of "
                                   "per-client terms (docs/privacy.md lists them) or set "
                                   "privacy.secure_aggregation: false")
-            self.summands = method.secure_summands
+            self.summands, self.method = method.secure_summands, method
 
     # ------------------------------------------------------------------ the upload
     def client_release(self, dtype: torch.dtype, seed: int) -> ClientRelease:
@@ -293,11 +294,13 @@ class UploadPrivacy:
         counter = self._counter(send, send_down)
         u1 = ids if sampled is None else sampled
         secure_stats: dict[str, float] = {}
-        if self.dp and self.central:
-            uploads, std, secure_stats = self._summed(r, ids, messages, seed, u1, counter, masking)
+        sigma = self.noise_multiplier
+        if self.dp and self.central:  # distributed noise inside the masked sum (fdlit.privacy.secure_round)
+            uploads, std, secure_stats = central_mean(self, r, u1, ids, messages, counter, masking, seed)
             stds = [std]
+            sigma = secure_stats.get("privacy/noise_multiplier_effective", sigma)
         elif self.secure:  # each client's terms, masked where it lives (fit: simulated here), summed
-            uploads, secure_stats = self._masked(r, u1, ids, messages, counter, masking)
+            uploads, secure_stats = masked_round(self, r, u1, ids, messages, counter, masking, seed)
             stds = [float(d[2]) for d in diagnostics if d is not None]
         else:
             uploads, stds = [], [float(d[2]) for d in diagnostics if d is not None]
@@ -311,13 +314,14 @@ class UploadPrivacy:
                 uploads.append(received.with_arrays({k: v for k, v in received.items() if k not in keys}
                                                     | {"logits": decoded}))
         stats: dict[str, float] = dict(secure_stats)
-        if self.dp:
+        if self.dp and (uploads is not None or not self.central):  # a central round without a sum released nothing
             clipped = sum(float(d[0]) for d in diagnostics if d is not None)
             rows = sum(float(d[1]) for d in diagnostics if d is not None)
-            self.accountant.step(self.noise_multiplier, sample_rate, ids)
+            self.accountant.step(sigma, sample_rate, ids)
             stats |= {"privacy/epsilon": self.epsilon(), "privacy/delta": self.delta,
                      "privacy/noise_multiplier": self.noise_multiplier, "privacy/clip_norm": self.clip_norm,
-                     "privacy/sample_rate": float(sample_rate), "privacy/noise_std_mean": float(np.mean(stds)),
+                     "privacy/sample_rate": float(sample_rate),
+                     "privacy/noise_std_mean": float(np.mean(stds)) if stds else 0.0,
                      "privacy/clipped_fraction": clipped / max(rows, 1)}
             if sample_rate < 1:
                 stats["privacy/epsilon_sampled"] = self.accountant.epsilon_sampled()
@@ -344,37 +348,25 @@ class UploadPrivacy:
                 send_down(r, client, {kind: tensor})
         return count
 
-    def secure_terms(self, message, client: int) -> dict[str, tuple[torch.Tensor, float]]:
-        """A client's terms of the secure sum from its release (``check`` chose them): the clipped rows
-        under central noise, else the method's ``secure_summands``; where the client lives in a deployment."""
+    @property
+    def secure_levels(self) -> int:
+        """Levels of the first masked exchange the method's terms read (0: none; central DP: none)."""
+        return 0 if (self.dp and self.central) or self.method is None else int(self.method.secure_levels)
+
+    def secure_level(self, message, client: int) -> torch.Tensor:
+        return self.method.secure_level(message, client)
+
+    def secure_terms(self, message, client: int, r: int = 0, clients: int = 1, seed: int = 0, maximum=None
+                     ) -> dict[str, tuple]:
+        """A client's terms of the secure sum from its release (``check`` chose them), where the client
+        lives: under central DP its clipped rows with its share of the noise (``clients``: n, the
+        clients of the key exchange; fdlit.privacy.secure_round), else the method's ``secure_summands``
+        (with the first exchange's ``maximum`` where the method declares levels)."""
         if self.dp and self.central:
-            return {"logits": (message["logits"].double(), self.clip_norm)}  # rows of norm <= c
+            return noisy_rows(message["logits"], r, client, seed, self.noise_multiplier, self.clip_norm, clients)
+        if self.secure_levels:
+            return self.summands(message, client, maximum=maximum.maximum)
         return self.summands(message, client)
-
-    def _masked(self, r, sampled, ids, messages, count, masking):
-        if masking is not None:  # the clients mask where they live; ``messages`` carry no arrays
-            return masking(r, sampled, ids, self.secure_threshold, count)
-        terms = [self.secure_terms(m, i) for i, m in zip(ids, messages, strict=True)]
-        return masked_sums(r, sampled, ids, terms, count, self.secure_threshold)
-
-    def _summed(self, r, ids, shares, seed, sampled, count, masking=None):
-        """Central noise: each client's clipped rows are masked and summed (secure aggregation); the sum
-        gets one Gaussian draw, and every upload the rule receives is the noisy mean (as logits: a mean
-        probability is made a distribution first)."""
-        probabilities = self.release.summed == "probabilities"
-        secure, secure_stats = self._masked(r, sampled, ids, shares, count, masking)
-        if secure is None:
-            return None, 0.0, secure_stats
-        total = secure.sums["logits"]
-        counted = secure.clients
-        std = self.noise_multiplier * 2 * self.clip_norm * math.sqrt(len(total))  # sigma * Delta
-        mean = (total + gaussian_noise(total.shape, r, 0, seed, std, total.device, stream=0xCE)
-                ) / len(counted)
-        if probabilities:  # post-processing: back onto the simplex, then logits the rule can softmax
-            p = mean.clamp_min(0)
-            p = torch.where(p.sum(-1, keepdim=True) > 0, p, torch.ones_like(p))
-            mean = (p / p.sum(-1, keepdim=True)).clamp_min(LOG_FLOOR).log()
-        return [m.with_arrays({"logits": mean.float()}) for m in shares], std, secure_stats
 
     # ------------------------------------------------------------------ accounting
     def epsilon(self) -> float:
@@ -382,10 +374,12 @@ class UploadPrivacy:
         return self.accountant.epsilon()
 
     def over_budget(self, r: int, sample_rate: float) -> str | None:
-        """Why round r must not run (it could exceed the budget: every client might take part), or None."""
+        """Why round r must not run (it could exceed the budget: every client might take part, and under
+        central noise only the fewest survivors that still unmask, t >= fraction n, add their shares), or None."""
         if not self.dp or self.epsilon_budget is None:
             return None
-        after = self.accountant.epsilon_after_next(self.noise_multiplier)
+        least = self.noise_multiplier * (math.sqrt(self.secure_threshold) if self.central else 1.0)
+        after = self.accountant.epsilon_after_next(least)
         if after <= self.epsilon_budget:
             return None
         return (f"privacy budget reached: round {r} would raise epsilon to {after:.4g} > privacy.epsilon_budget "

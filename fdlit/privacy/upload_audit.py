@@ -11,16 +11,20 @@ nothing, the uniform histogram. Under label skew (k classes per client) a model 
 predicts mostly those, so the attack's error sits far below chance; noise on the upload
 (differential privacy) scatters the predicted classes and pushes the error toward chance.
 
-**Membership inference from predictions** (every round, on the client models). The attacker queries
-client i's model on candidate samples (as a server could by placing them in the public set) and
-decides whether each was in the client's training data: members are the client's private samples,
-non-members the test samples of its classes (at most ``cap`` of each, the first ones). A sample's
-score is LiRA's (Carlini et al. 2022) offline test with the other clients as shadow models, none of
-which trained on it (private sets are disjoint): the client's scaled confidence
-phi_i(x) = log p_i(y|x) - log(1 - p_i(y|x)) minus the mean of the shadows' phi_j(x) (the shadows that
-hold class y, or every other client when fewer than two do); a single global variance, so the test's
-normalisation drops out of AUC and TPR. Reported: the attack's AUC (0.5: chance) and its true-positive
-rate at a 1 % false-positive rate.
+**Membership inference from predictions** (every round, on the client models that made the round's
+uploads: queried right after the private phase, before distillation changes them). The attacker
+queries client i's model on candidate samples (as a server could by placing them in the public set)
+and decides whether each was in the client's training data: members are the client's private
+samples, non-members the test samples of its classes (at most ``cap`` of each, the first ones). The
+test is the offline likelihood-ratio attack (LiRA, Carlini et al. 2022, *Membership inference attacks
+from first principles*) with the other clients as shadow models (the shadow-model attack of Shokri et
+al. 2017): a sample's score is the client's scaled confidence phi_i(x) = log p_i(y|x) - log(1 - p_i(y|x))
+minus the mean phi_j(x) of the shadows, the other clients that hold class y (every other client
+where fewer than two do) and **never trained on x** (a sample held by several clients, as the class
+partition draws them, is no shadow's for those clients); a single global variance, so the test's normalisation drops out of AUC and TPR. A target
+with no such shadow is not scored (``privacy/upload_mia_unscored``: the fraction of member targets
+left out; where clients of a class share most samples, as on digits, most members are). Reported:
+the attack's AUC (0.5: chance) and its true-positive rate at a 1 % false-positive rate.
 """
 
 from __future__ import annotations
@@ -68,11 +72,18 @@ def scaled_confidence(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return true - others
 
 
+def holders(private: list[tuple[torch.Tensor, torch.Tensor]], xs: torch.Tensor) -> torch.Tensor:
+    """targets x M: whether client j trained on target x (the same input in its private set)."""
+    key = [{row.tobytes() for row in x.detach().cpu().numpy().reshape(len(x), -1)} for x, _ in private]
+    rows = xs.detach().cpu().numpy().reshape(len(xs), -1)
+    return torch.tensor([[row.tobytes() in k for k in key] for row in rows], dtype=torch.bool)
+
+
 def prediction_membership(predict: Callable[[torch.Tensor], torch.Tensor], private: list[tuple[torch.Tensor, torch.Tensor]],
                           test_x: torch.Tensor, test_y: torch.Tensor, local_test_mask: torch.Tensor,
                           cap: int = 200) -> dict:
-    """The LiRA-style attack of the module docstring on every client; ``predict(x)`` gives every
-    client's logits on x (M x n x C), ``local_test_mask`` (M x T) marks each client's test classes."""
+    """The attack of the module docstring on every client; ``predict(x)`` gives every client's logits on
+    x (M x n x C), ``local_test_mask`` (M x T) marks each client's test classes."""
     m = len(private)
     members = [(x[:cap], y[:cap]) for x, y in private]
     rows = [local_test_mask[i].bool().nonzero().flatten()[:cap] for i in range(m)]
@@ -85,23 +96,27 @@ def prediction_membership(predict: Callable[[torch.Tensor], torch.Tensor], priva
     phi = scaled_confidence(logits, ys).cpu()  # M x targets
     c = logits.shape[-1]
     holds = torch.stack([torch.bincount(y.long().cpu(), minlength=c) > 0 for _, y in private])  # M x C
+    saw = holders(private, xs)  # targets x M
     ys = ys.cpu()
     position = {int(r): len(xs) - len(test_rows) + j for j, r in enumerate(test_rows.tolist())}
-    aucs, tprs, start = [], [], 0
+    aucs, tprs, unscored, start = [], [], [], 0
     for i, (x, _) in enumerate(members):
         targets = list(range(start, start + len(x))) + [position[int(r)] for r in rows[i]]
         start += len(x)
         t = torch.tensor(targets, dtype=torch.long)
-        shadows = holds[:, ys[t]].T.clone()  # targets x M: clients holding the target's class
+        shadows = holds[:, ys[t]].T.clone()  # targets x M: the other clients that hold the target's class ...
         shadows[:, i] = False
-        few = shadows.sum(1) < 2
+        few = shadows.sum(1) < 2  # ... or every other client where fewer than two do (alike for members and not)
         shadows[few] = True
         shadows[few, i] = False
-        reference = (phi[:, t].T * shadows).sum(1) / shadows.sum(1)
+        shadows &= ~saw[t]  # and never trained on the target
+        scored = shadows.any(1)
+        reference = (phi[:, t].T * shadows).sum(1) / shadows.sum(1).clamp_min(1)
         score = phi[i, t] - reference
         member = torch.arange(len(t)) < len(x)
-        aucs.append(membership_auc(score[member], score[~member]))
-        tprs.append(tpr_at_fpr(score[member], score[~member]))
+        unscored.append(float((member & ~scored).sum()) / max(len(x), 1))
+        aucs.append(membership_auc(score[member & scored], score[~member & scored]))
+        tprs.append(tpr_at_fpr(score[member & scored], score[~member & scored]))
     mean = torch.tensor(aucs).nanmean()
     return {"privacy/upload_mia_auc": float(mean), "privacy/upload_mia_tpr_at_1fpr": float(torch.tensor(tprs).nanmean()),
-            "clients/privacy/upload_mia_auc": aucs}
+            "privacy/upload_mia_unscored": sum(unscored) / len(unscored), "clients/privacy/upload_mia_auc": aucs}

@@ -10,6 +10,7 @@ each client sends a round and secure aggregation's seconds a round (``time/secag
 
 from __future__ import annotations
 
+from fdlit.privacy.guarantee import MEANINGFUL_EPSILON
 from fdlit.reporting.measure_table import MeasureTable, measure_table
 from fdlit.reporting.runs import Run
 
@@ -34,7 +35,8 @@ COLUMNS = (
     ("secure aggregation s per round", lambda r: _mean_over_rounds(r, "time/secagg_s"), 3),
 )
 CAPTION = ("What each defence costs and what each attack still gets, mean ± std over seeds: accuracy as Table 1's "
-           "after-public cell; ε spent by the last round (– without DP); the label-distribution attack's "
+           "after-public cell; ε spent by the last round (– without DP; above "
+           f"{MEANINGFUL_EPSILON:g} it gives no meaningful guarantee); the label-distribution attack's "
            "total-variation error from a client's public-set predictions (mean over rounds and clients; the uniform "
            "guess beside it: below it, the attack learns something); the membership attack's AUC and TPR at 1 % FPR "
            "from those predictions and the loss-threshold audit's AUC on the client models (last round; 0.5 is "
