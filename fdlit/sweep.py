@@ -18,10 +18,17 @@ and resumes them. ``method: bayes`` needs W&B's sweep server and is refused loca
 is installed), never run as a grid. ``--jobs N`` runs N combinations at once, each in its own process
 and run directory, with torch's threads split between them (:mod:`fdlit.sweep_workers`). ``--stack``
 runs the combinations that share dataset, network and schedule as one process whose executor steps
-all their clients together (:mod:`fdlit.sweep_stack`). A run that fails for any reason is
-recorded in ``<run_dir>/sweep-<name>.json`` with its error, and the sweep goes on.
+all their clients together (:mod:`fdlit.sweep_stack`).
 
-A sweep holds ``<run_dir>/sweep-<name>.lock`` (``flock``) while it runs: the same sweep started
+A sweep's runs go to ``<logger.run_dir>/<sweep name>/`` (``runs/<sweep name>/`` by default), so a
+sweep never mixes its runs with other runs; ``--logger.run_dir`` on the command line (the sweep
+file's ``command``, its parameters, or the flags after ``--``) names the folder itself. A sweep's
+bookkeeping sits in that folder's ``.sweep/``, never among its run folders: a run that fails for any
+reason is recorded in ``.sweep/sweep-<name>.json`` with its error, and the sweep goes on. A sweep
+started before sweeps had a folder of their own (its runs directly in ``<logger.run_dir>``, its
+``sweep-<name>.json`` beside them) continues there, and says so in one line.
+
+A sweep holds ``.sweep/sweep-<name>.lock`` (``flock``) while it runs: the same sweep started
 again on the folder is refused in one line, so no combination runs twice, and only the holder
 writes the results file (atomically, merged with the records already in it).
 """
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -53,6 +61,7 @@ from fdlit.runs.directory import (
     safe_name,
 )
 from fdlit.runs.naming import short
+from fdlit.runs.run_files import SWEEP_BOOKKEEPING
 from fdlit.sweep_file import (  # noqa: F401  (the sweep file's names, importable from here)
     ARGS_MACRO,
     DISTRIBUTIONS,
@@ -179,9 +188,56 @@ def _plain(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
-def results_path(runs: list[SweepRun], name: str) -> Path:
-    """Where the sweep records every combination's outcome: next to its run directories."""
-    return Path(runs[0].config["resolved"]["logger"]["run_dir"]) / f"sweep-{safe_name(str(name))}.json"
+RUN_DIR_FLAG = "--logger.run_dir"
+
+
+def results_path(folder: Path, name: str) -> Path:
+    """Where the sweep records every combination's outcome: in its folder's ``.sweep/``."""
+    return Path(folder) / SWEEP_BOOKKEEPING / f"sweep-{safe_name(str(name))}.json"
+
+
+def _names_run_dir(token: str) -> bool:
+    return token == RUN_DIR_FLAG or token.startswith(RUN_DIR_FLAG + "=")
+
+
+def place_runs(runs: list[SweepRun], name: str, parser_factory: Callable) -> str:
+    """Give every combination the sweep's own folder, ``<logger.run_dir>/<sweep name>``, unless its
+    flags name ``--logger.run_dir`` (then that folder is the sweep's). A sweep started before sweeps
+    had their own folder (its results file directly in ``<logger.run_dir>``) continues there. Returns
+    a line for the user when that is so (else empty)."""
+    from fdlit.config import rewrite_config_args
+
+    if not runs or any(_names_run_dir(t) for r in runs for t in r.argv):
+        return ""
+    parser = parser_factory()
+    parser.exit_on_error = False
+    try:  # the config's parent of run directories; a bad combination is named by resolve()
+        root = Path(str(parser.parse_args(rewrite_config_args(runs[0].argv))["logger.run_dir"]))
+    except Exception:  # noqa: BLE001 - resolve() parses again and reports the error in one line
+        return ""
+    folder, file = root / safe_name(str(name)), results_path(root, name).name
+    if not folder.exists() and ((root / file).is_file() or (root / SWEEP_BOOKKEEPING / file).is_file()):
+        return (f"fdlit sweep {name}: continuing in {root}/, where this sweep was started before sweeps had a "
+                f"folder of their own ({folder}/); to start it anew there: -- {RUN_DIR_FLAG} {folder}")
+    for run in runs:
+        at = next(i for i, t in enumerate(run.argv) if t.startswith("--logger.name="))
+        run.argv.insert(at + 1, f"{RUN_DIR_FLAG}={folder}")
+    return ""
+
+
+def _adopt_old_bookkeeping(folder: Path, results: Path) -> None:
+    """Move a results file an earlier fdlit left among the run folders into ``.sweep/`` (its lock file
+    is removed, unless an older fdlit still holds it: then this sweep is running already)."""
+    old = folder / results.name
+    if old.is_file() and not old.is_symlink() and not results.exists():
+        os.replace(old, results)
+    old_lock = folder / results.with_suffix(".lock").name
+    if old_lock.is_file() and not old_lock.is_symlink():
+        held = RunLock(folder, old_lock.name, SweepInUse).acquire()  # held by an older fdlit: in use
+        try:
+            old_lock.unlink()
+        finally:
+            held.release()
 
 
 def _record(path: Path, spec: dict[str, Any], records: dict[str, dict]) -> None:
@@ -218,17 +274,24 @@ def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
         raise ConfigError("jobs", f"must be a positive integer; got {jobs!r}")
     spec = load_sweep(path)
     runs = plan(spec, list(extra))
+    note = place_runs(runs, spec["name"], fit_parser)
     resolve(runs, fit_parser)
-    results = results_path(runs, spec["name"])
-    enclosing = enclosing_run_directory(results.parent)
+    folder = Path(runs[0].config["resolved"]["logger"]["run_dir"])
+    results = results_path(folder, spec["name"])
+    enclosing = enclosing_run_directory(folder)
     if enclosing is not None:  # its runs and results would land in another run's folder
-        raise ConfigError("logger.run_dir", f"{str(results.parent)!r} is inside the run directory {str(enclosing)!r}, "
+        raise ConfigError("logger.run_dir", f"{str(folder)!r} is inside the run directory {str(enclosing)!r}, "
                           "whose files only its run writes; choose another folder for the sweep's runs")
+    if note:
+        out(note)
     lock = None
     if not dry_run:  # one process per sweep and folder: it alone decides what is left to run
         results.parent.mkdir(parents=True, exist_ok=True)
-        lock = RunLock(results.parent, results.with_suffix(".lock").name, SweepInUse).acquire()
+        lock = RunLock(results.parent, results.with_suffix(".lock").name,
+                       lambda _, holder: SweepInUse(folder, holder)).acquire()
     try:
+        if lock is not None:
+            _adopt_old_bookkeeping(folder, results)
         return _run_sweep(spec, runs, results, dry_run, out, jobs, stack)
     finally:
         if lock is not None:

@@ -17,6 +17,7 @@ from fdlit.data.federated import DEFAULT_CLASSES_PER_CLIENT
 from fdlit.errors import ConfigError
 from fdlit.reporting.labels import LOCAL_LABEL, _flatten, _number, _section, method_label, run_kind, setting_key
 from fdlit.runs.directory import METRICS, RunFileError, read_config, read_jsonl, read_summary
+from fdlit.runs.run_files import SWEEP_BOOKKEEPING
 
 ACC = "after_public/global_acc_mean"
 PRIVATE_ACC = "after_private/global_acc_mean"
@@ -201,7 +202,7 @@ def run_directories(roots: list[Path]) -> list[Path]:
                 dirs[:] = []
                 continue
             seen.add(real)
-            dirs.sort()
+            dirs[:] = sorted(d for d in dirs if d != SWEEP_BOOKKEEPING)  # a sweep's own files, never a run
             if METRICS in files:
                 found.append(Path(folder))
                 # a run's own links are never followed: a run folder is read only for its own files

@@ -17,6 +17,7 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 COMMUNICATION = "communication.jsonl"
 SUMMARY = "summary.json"
+SWEEP_BOOKKEEPING = ".sweep"  # a sweep folder's own files (results, lock), beside and never among its runs
 
 # Caps far above what any run writes (a 1000-client run's metrics row is ~100 KiB), far below what
 # hangs or exhausts a reader; docs/reliability.md lists them.
