@@ -147,19 +147,27 @@ def same_run(saved: dict, resolved: dict) -> bool:
     return isinstance(saved, dict) and key(saved) == key(resolved)
 
 
-def existing_runs(run_dir: Path) -> list[tuple[Path, dict, bool]]:
-    """(run directory, saved config, finished) of every run directory directly under ``run_dir``."""
+def existing_runs(run_dir: Path, damaged: list[tuple[Path, str]] | None = None) -> list[tuple[Path, dict, bool]]:
+    """(run directory, saved config, finished) of every run directory directly under ``run_dir``;
+    ``damaged`` gets (run directory, what) for each whose config or summary fdlit could not read (a
+    config: the folder is left alone; a summary: the run counts as unfinished, so it is resumed)."""
     out = []
     for path in sorted(p for p in Path(run_dir).glob("*") if p.is_dir() and (p / CONFIG).exists()):
         try:
             config = read_config(path)
-        except (OSError, yaml.YAMLError, RunFileError):
+        except (OSError, yaml.YAMLError, RunFileError) as exc:
+            if damaged is not None:
+                damaged.append((path, exc.reason if isinstance(exc, RunFileError) else f"{CONFIG} unreadable"))
             continue
         try:
             summary = read_summary(path)
             finished = isinstance(summary, dict) and bool(summary.get("finished"))
-        except (OSError, ValueError):
-            finished = False  # killed before its first round ended (or a summary fdlit refuses to read)
+        except OSError:
+            finished = False  # killed before its first round ended
+        except ValueError as exc:  # a summary that is not JSON, or that fdlit refuses to read
+            finished = False
+            if damaged is not None:
+                damaged.append((path, exc.reason if isinstance(exc, RunFileError) else "summary.json is not JSON"))
         out.append((path, config, finished))
     return out
 
@@ -304,10 +312,11 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
     from fdlit.runs.experiment import Experiment
 
     by_dir: dict[str, list[tuple[Path, dict, bool]]] = {}
+    damaged: list[tuple[Path, str]] = []
     for run in runs:
         run_dir = run.config["resolved"]["logger"]["run_dir"]
         if run_dir not in by_dir:
-            by_dir[run_dir] = existing_runs(Path(run_dir))
+            by_dir[run_dir] = existing_runs(Path(run_dir), damaged)
         mine = [(p, finished) for p, c, finished in by_dir[run_dir] if same_run(c, run.config["resolved"])]
         run.existing = next((p for p, finished in mine if finished), None)
         run.partial = None if run.existing else _furthest([p for p, _ in mine])
@@ -318,6 +327,10 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
     out(f"fdlit sweep {spec['name']}: {len(runs)} combinations{drawn}, {len(runs) - len(todo)} finished, "
         f"{len(todo)} to run" + (f" ({resumed} resumed in their own folder)" if resumed else "")
         + (f", {jobs} at a time" if jobs > 1 and todo else ""))
+    if damaged:
+        out(f"fdlit sweep: {len(damaged)} run folder(s) with a file fdlit could not read (a config: left alone; a "
+            "summary: counted unfinished, resumed from its checkpoint): "
+            + "; ".join(f"{p.name} ({why})" for p, why in damaged))
     if dry_run:
         for i, run in enumerate(runs, 1):
             state = (f"done ({run.existing})" if run.existing else f"resume ({run.partial})" if run.partial

@@ -191,13 +191,17 @@ def _networks_html(runs) -> str:
     return f'<p>Network measured:</p><ul class="networks">{items}</ul>'
 
 
-def page_html(runs: list[Run], skipped, runs_dir, sections: list[SectionPage], formats) -> str:
+def page_html(runs: list[Run], skipped, runs_dir, sections: list[SectionPage], formats, damaged=()) -> str:
     """The whole page: settings, the runs left out, per section Table 1, its legend, figures and
-    trust matrices; the runs."""
+    trust matrices; the runs. ``damaged``: (run, metrics lines skipped as unreadable)."""
     flags = "<code>--include_unfinished</code> uses unfinished ones, <code>--include_duplicates</code> keeps copies"
     note = (f"<p>{len(skipped)} run(s) left out ({flags}):</p><ul>"
             + "".join(f"<li><code>{html.escape(str(p))}</code>: {html.escape(why)}</li>" for p, why in skipped)
             + "</ul>" if skipped else "")
+    if damaged:
+        note += (f"<p>{sum(n for _, n in damaged)} unreadable line(s) of <code>metrics.jsonl</code> skipped (damaged, "
+                 "or nested too deep):</p><ul>" + "".join(f"<li><code>{html.escape(str(p))}</code>: {n}</li>"
+                                                         for p, n in damaged) + "</ul>")
     several = len(sections) > 1
     names = ", ".join(html.escape(s.name) for s in sections)
     parts = "".join(section_html(s, formats, several) for s in sections)

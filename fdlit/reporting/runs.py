@@ -16,7 +16,7 @@ import yaml
 from fdlit.data.federated import DEFAULT_CLASSES_PER_CLIENT
 from fdlit.errors import ConfigError
 from fdlit.reporting.labels import LOCAL_LABEL, _flatten, _number, _section, method_label, run_kind, setting_key
-from fdlit.runs.directory import METRICS, RunFileError, read_config, read_jsonl, read_summary
+from fdlit.runs.directory import METRICS, RunFileError, read_config, read_jsonl_counted, read_summary
 from fdlit.runs.run_files import SWEEP_BOOKKEEPING
 
 ACC = "after_public/global_acc_mean"
@@ -43,6 +43,7 @@ class Run:
     group: str = ""  # the settings this run differs in from others of its section, e.g. "[rounds=5] "
     section: str = ""  # its dataset (and model, where the dataset was run with several): fdlit.reporting.groups
     group_settings: dict = field(default_factory=dict)  # every setting its section's groups differ in
+    unreadable_lines: int = 0  # metrics.jsonl lines skipped as unreadable (damaged, or nested too deep)
 
     @property
     def finished(self) -> bool:
@@ -121,12 +122,12 @@ def load_runs(roots: str | Path | list, include_unfinished: bool = False,
             skipped.append((path, "config.yaml unreadable"))
             continue
         try:
-            summary, metrics = _summary(path), read_jsonl(path / METRICS)
+            summary, (metrics, unreadable) = _summary(path), read_jsonl_counted(path / METRICS)
         except RunFileError as exc:
             skipped.append((path, exc.reason))
             continue
         run = Run(path, config if isinstance(config, dict) else {}, metrics,
-                  summary if isinstance(summary, dict) else {})
+                  summary if isinstance(summary, dict) else {}, unreadable_lines=unreadable)
         if not run.metrics:
             skipped.append((path, "no metrics"))
             continue

@@ -61,6 +61,10 @@ def write_report(runs_dir: str | Path | list, out: str | Path | None = None, inc
     if skipped:
         say(f"fdlit report: {len(runs)} run(s) used, {len(skipped)} left out: "
             + "; ".join(f"{p} ({why})" for p, why in skipped))
+    damaged = [(_relative(r.path, roots), r.unreadable_lines) for r in runs if r.unreadable_lines]
+    if damaged:
+        say(f"fdlit report: {sum(n for _, n in damaged)} unreadable line(s) of metrics.jsonl skipped (damaged, or "
+            "nested too deep): " + "; ".join(f"{p} ({n})" for p, n in damaged))
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for r in runs:
         bytes_total(r)
@@ -93,7 +97,7 @@ def write_report(runs_dir: str | Path | list, out: str | Path | None = None, inc
             shown.append(SectionPage(section.name, section.legend, table, caption, figures,
                                      {prefix + stem for stem, *_ in trust}, table_selection(table), section.runs,
                                      "".join(parts_html)))
-    page = page_html(runs, skipped, ", ".join(map(str, roots)), shown, formats)
+    page = page_html(runs, skipped, ", ".join(map(str, roots)), shown, formats, damaged)
     # the page first: the tables are never there without the page that says what they hold
     index = write_file(out / "index.html", page)
     for name, texts in tables.items():
