@@ -72,7 +72,7 @@ from fdlit.sweep_file import (  # noqa: F401  (the sweep file's names, importabl
     sample_random,
 )
 from fdlit.sweep_folder import SweepInUse, adopt_old_bookkeeping, place_runs, results_path  # noqa: F401 (importable from here)
-from fdlit.sweep_workers import _threads, run_in_processes  # noqa: F401  (_threads: importable from here)
+from fdlit.sweep_workers import _threads, run_in_processes, sigterm_as_interrupt  # noqa: F401  (_threads: importable from here)
 
 
 @dataclass
@@ -239,7 +239,8 @@ def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
     try:
         if lock is not None:
             adopt_old_bookkeeping(folder, results)
-        return _run_sweep(spec, runs, results, dry_run, out, jobs, stack)
+        with sigterm_as_interrupt():  # `kill` stops a sweep as Ctrl-C does
+            return _run_sweep(spec, runs, results, dry_run, out, jobs, stack)
     finally:
         if lock is not None:
             lock.release()
