@@ -283,6 +283,11 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
     failed, run_dirs = [], []
 
     def done(run: SweepRun, outcome: dict[str, Any]) -> None:
+        if outcome["status"] != "finished" and run.partial and "CheckpointError" in str(outcome.get("error")):
+            # the sweep would resume this folder again: say what starts the combination anew instead
+            outcome = {**outcome, "error": f"{outcome['error']} (the sweep resumes {run.partial} every time it "
+                       f"runs: move that folder out of {run.partial.parent} and run the sweep again to start "
+                       "this combination anew)"}
         records[run.name] = {"name": run.name, "group": run.group, "values": run.values, **outcome}
         _record(results, spec, records)
         if outcome["status"] == "finished":

@@ -48,3 +48,23 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path, capsys, jobs):
     assert counts, out  # every run it started is found again: finished, or resumed from its checkpoint
     finished, _, resumed = map(int, counts.groups())
     assert finished + resumed == len(started)
+
+
+def test_a_run_whose_checkpoint_is_damaged_names_what_starts_it_anew(tmp_path, capsys):
+    import json
+    import shutil
+
+    path = write_sweep(tmp_path, {"seed": {"values": [0]}, "data.classes_per_client": {"value": 4}})
+    runs = tmp_path / "runs"
+    extra = [*TINY, "--logger.run_dir", str(runs)]
+    assert main(["sweep", str(path), "--", *extra]) == 0
+    (run,) = [p for p in runs.iterdir() if p.is_dir() and p.name != ".sweep"]
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "finished": False}))  # stopped, as it seems
+    (run / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--", *extra]) == 1
+    err = capsys.readouterr().err
+    assert f"the sweep resumes {run} every time it runs: move that folder out of {runs}" in err, err
+    shutil.move(str(run), str(tmp_path / "aside"))  # what the line says
+    assert main(["sweep", str(path), "--", *extra]) == 0
