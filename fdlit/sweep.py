@@ -18,10 +18,17 @@ and resumes them. ``method: bayes`` needs W&B's sweep server and is refused loca
 is installed), never run as a grid. ``--jobs N`` runs N combinations at once, each in its own process
 and run directory, with torch's threads split between them (:mod:`fdlit.sweep_workers`). ``--stack``
 runs the combinations that share dataset, network and schedule as one process whose executor steps
-all their clients together (:mod:`fdlit.sweep_stack`). A run that fails for any reason is
-recorded in ``<run_dir>/sweep-<name>.json`` with its error, and the sweep goes on.
+all their clients together (:mod:`fdlit.sweep_stack`).
 
-A sweep holds ``<run_dir>/sweep-<name>.lock`` (``flock``) while it runs: the same sweep started
+A sweep's runs go to ``<logger.run_dir>/<sweep name>/`` (``runs/<sweep name>/`` by default), so a
+sweep never mixes its runs with other runs; ``--logger.run_dir`` on the command line (the sweep
+file's ``command``, its parameters, or the flags after ``--``) names the folder itself. A sweep's
+bookkeeping sits in that folder's ``.sweep/``, never among its run folders: a run that fails for any
+reason is recorded in ``.sweep/sweep-<name>.json`` with its error, and the sweep goes on. A sweep
+started before sweeps had a folder of their own (its runs directly in ``<logger.run_dir>``, its
+``sweep-<name>.json`` beside them) continues there, and says so in one line.
+
+A sweep holds ``.sweep/sweep-<name>.lock`` (``flock``) while it runs: the same sweep started
 again on the folder is refused in one line, so no combination runs twice, and only the holder
 writes the results file (atomically, merged with the records already in it).
 """
@@ -64,7 +71,8 @@ from fdlit.sweep_file import (  # noqa: F401  (the sweep file's names, importabl
     load_sweep,
     sample_random,
 )
-from fdlit.sweep_workers import _threads, run_in_processes  # noqa: F401  (_threads: importable from here)
+from fdlit.sweep_folder import SweepInUse, adopt_old_bookkeeping, place_runs, results_path  # noqa: F401 (importable from here)
+from fdlit.sweep_workers import _threads, run_in_processes, sigterm_as_interrupt  # noqa: F401  (_threads: importable from here)
 
 
 @dataclass
@@ -138,19 +146,27 @@ def same_run(saved: dict, resolved: dict) -> bool:
     return isinstance(saved, dict) and key(saved) == key(resolved)
 
 
-def existing_runs(run_dir: Path) -> list[tuple[Path, dict, bool]]:
-    """(run directory, saved config, finished) of every run directory directly under ``run_dir``."""
+def existing_runs(run_dir: Path, damaged: list[tuple[Path, str]] | None = None) -> list[tuple[Path, dict, bool]]:
+    """(run directory, saved config, finished) of every run directory directly under ``run_dir``;
+    ``damaged`` gets (run directory, what) for each whose config or summary fdlit could not read (a
+    config: the folder is left alone; a summary: the run counts as unfinished, so it is resumed)."""
     out = []
     for path in sorted(p for p in Path(run_dir).glob("*") if p.is_dir() and (p / CONFIG).exists()):
         try:
             config = read_config(path)
-        except (OSError, yaml.YAMLError, RunFileError):
+        except (OSError, yaml.YAMLError, RunFileError) as exc:
+            if damaged is not None:
+                damaged.append((path, exc.reason if isinstance(exc, RunFileError) else f"{CONFIG} unreadable"))
             continue
         try:
             summary = read_summary(path)
             finished = isinstance(summary, dict) and bool(summary.get("finished"))
-        except (OSError, ValueError):
-            finished = False  # killed before its first round ended (or a summary fdlit refuses to read)
+        except OSError:
+            finished = False  # killed before its first round ended
+        except ValueError as exc:  # a summary that is not JSON, or that fdlit refuses to read
+            finished = False
+            if damaged is not None:
+                damaged.append((path, exc.reason if isinstance(exc, RunFileError) else "summary.json is not JSON"))
         out.append((path, config, finished))
     return out
 
@@ -179,11 +195,6 @@ def _plain(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
-def results_path(runs: list[SweepRun], name: str) -> Path:
-    """Where the sweep records every combination's outcome: next to its run directories."""
-    return Path(runs[0].config["resolved"]["logger"]["run_dir"]) / f"sweep-{safe_name(str(name))}.json"
-
-
 def _record(path: Path, spec: dict[str, Any], records: dict[str, dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_file(path, strict_json.dumps({"sweep": spec["name"], "method": spec.get("method", "grid"),
@@ -200,14 +211,6 @@ def _recorded(path: Path) -> dict[str, dict]:
         return {}
 
 
-class SweepInUse(ConfigError):
-    """The same sweep is already running on this folder."""
-
-    def __init__(self, folder: Path, holder: str):
-        super().__init__("sweep", f"this sweep is already running on {folder} ({holder}); wait for it to end and "
-                         "run the command again: finished runs are skipped, so nothing runs twice")
-
-
 def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
               out: Callable[[str], None] = print, jobs: int = 1, stack: bool = False) -> dict[str, Any]:
     """Run (or list) every combination; returns counts, the failed runs and the run directories.
@@ -218,18 +221,26 @@ def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
         raise ConfigError("jobs", f"must be a positive integer; got {jobs!r}")
     spec = load_sweep(path)
     runs = plan(spec, list(extra))
+    note = place_runs(runs, spec["name"], fit_parser)
     resolve(runs, fit_parser)
-    results = results_path(runs, spec["name"])
-    enclosing = enclosing_run_directory(results.parent)
+    folder = Path(runs[0].config["resolved"]["logger"]["run_dir"])
+    results = results_path(folder, spec["name"])
+    enclosing = enclosing_run_directory(folder)
     if enclosing is not None:  # its runs and results would land in another run's folder
-        raise ConfigError("logger.run_dir", f"{str(results.parent)!r} is inside the run directory {str(enclosing)!r}, "
+        raise ConfigError("logger.run_dir", f"{str(folder)!r} is inside the run directory {str(enclosing)!r}, "
                           "whose files only its run writes; choose another folder for the sweep's runs")
+    if note:
+        out(note)
     lock = None
     if not dry_run:  # one process per sweep and folder: it alone decides what is left to run
         results.parent.mkdir(parents=True, exist_ok=True)
-        lock = RunLock(results.parent, results.with_suffix(".lock").name, SweepInUse).acquire()
+        lock = RunLock(results.parent, results.with_suffix(".lock").name,
+                       lambda _, holder: SweepInUse(folder, holder)).acquire()
     try:
-        return _run_sweep(spec, runs, results, dry_run, out, jobs, stack)
+        if lock is not None:
+            adopt_old_bookkeeping(folder, results)
+        with sigterm_as_interrupt():  # `kill` stops a sweep as Ctrl-C does
+            return _run_sweep(spec, runs, results, dry_run, out, jobs, stack)
     finally:
         if lock is not None:
             lock.release()
@@ -241,10 +252,11 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
     from fdlit.runs.experiment import Experiment
 
     by_dir: dict[str, list[tuple[Path, dict, bool]]] = {}
+    damaged: list[tuple[Path, str]] = []
     for run in runs:
         run_dir = run.config["resolved"]["logger"]["run_dir"]
         if run_dir not in by_dir:
-            by_dir[run_dir] = existing_runs(Path(run_dir))
+            by_dir[run_dir] = existing_runs(Path(run_dir), damaged)
         mine = [(p, finished) for p, c, finished in by_dir[run_dir] if same_run(c, run.config["resolved"])]
         run.existing = next((p for p, finished in mine if finished), None)
         run.partial = None if run.existing else _furthest([p for p, _ in mine])
@@ -255,6 +267,10 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
     out(f"fdlit sweep {spec['name']}: {len(runs)} combinations{drawn}, {len(runs) - len(todo)} finished, "
         f"{len(todo)} to run" + (f" ({resumed} resumed in their own folder)" if resumed else "")
         + (f", {jobs} at a time" if jobs > 1 and todo else ""))
+    if damaged:
+        out(f"fdlit sweep: {len(damaged)} run folder(s) with a file fdlit could not read (a config: left alone; a "
+            "summary: counted unfinished, resumed from its checkpoint): "
+            + "; ".join(f"{p.name} ({why})" for p, why in damaged))
     if dry_run:
         for i, run in enumerate(runs, 1):
             state = (f"done ({run.existing})" if run.existing else f"resume ({run.partial})" if run.partial
@@ -267,6 +283,11 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
     failed, run_dirs = [], []
 
     def done(run: SweepRun, outcome: dict[str, Any]) -> None:
+        if outcome["status"] != "finished" and run.partial and "CheckpointError" in str(outcome.get("error")):
+            # the sweep would resume this folder again: say what starts the combination anew instead
+            outcome = {**outcome, "error": f"{outcome['error']} (the sweep resumes {run.partial} every time it "
+                       f"runs: move that folder out of {run.partial.parent} and run the sweep again to start "
+                       "this combination anew)"}
         records[run.name] = {"name": run.name, "group": run.group, "values": run.values, **outcome}
         _record(results, spec, records)
         if outcome["status"] == "finished":

@@ -3,8 +3,11 @@ threads split between them, each run (or stack of runs, ``--stack``) in its own 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +30,30 @@ def _stop_with_the_sweep(sweep_pid: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
     if os.getppid() != sweep_pid:  # the sweep died before the request above was in place
         os._exit(1)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (``kill``) stops a sweep as Ctrl-C does: a KeyboardInterrupt in this process (each
+    unfinished run keeps its last checkpoint, the sweep prints how to continue), and SIGINT to its
+    worker processes, which a terminal's Ctrl-C reaches by itself (their runs stop the same way)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        import multiprocessing
+
+        for child in multiprocessing.active_children():  # the pool's workers (public API)
+            with contextlib.suppress(OSError):
+                os.kill(child.pid, signal.SIGINT)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_one(argv: list[str], partial: str | None, threads: int | None) -> dict[str, Any]:
@@ -61,7 +88,7 @@ def run_in_processes(stacks: list[list[Any]], alone: list[Any], jobs: int, done:
     """Run every stack and every single run (``SweepRun`` objects) in ``jobs`` worker processes;
     ``done(run, outcome)`` as each ends."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import ProcessPoolExecutor
 
     from fdlit.sweep_stack import run_stack_job
 
@@ -77,15 +104,26 @@ def run_in_processes(stacks: list[list[Any]], alone: list[Any], jobs: int, done:
         for i, run in enumerate(alone, 1):
             out(f"fdlit sweep: [{i}/{len(alone)}] {run.name} queued" + (f" (resuming {run.partial})" if run.partial else ""))
             futures[pool.submit(_run_one, run.argv, str(run.partial) if run.partial else None, _threads(jobs))] = run
-        for future in as_completed(futures):
-            members = futures[future]
-            try:
-                outcome = future.result()
-            except Exception as exc:  # the worker process itself died (killed, out of memory)
-                outcome = {"status": "failed", "run_dir": None, "error": f"{type(exc).__name__}: {exc}"}
-            if isinstance(members, list):  # a stack: one outcome per run (or the worker's death, for each)
-                for run, one in zip(members, outcome if isinstance(outcome, list) else [outcome] * len(members),
-                                    strict=True):
-                    done(run, one)
-            else:
-                done(members, outcome)
+        try:
+            _collect(futures, done)
+        except KeyboardInterrupt:  # queued runs never start; running ones stop (SIGINT) with their checkpoint
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+
+
+def _collect(futures: dict[Any, Any], done: Callable[[Any, dict[str, Any]], None]) -> None:
+    """``done(run, outcome)`` for every run as its future ends."""
+    from concurrent.futures import as_completed
+
+    for future in as_completed(futures):
+        members = futures[future]
+        try:
+            outcome = future.result()
+        except Exception as exc:  # the worker process itself died (killed, out of memory)
+            outcome = {"status": "failed", "run_dir": None, "error": f"{type(exc).__name__}: {exc}"}
+        if isinstance(members, list):  # a stack: one outcome per run (or the worker's death, for each)
+            for run, one in zip(members, outcome if isinstance(outcome, list) else [outcome] * len(members),
+                                strict=True):
+                done(run, one)
+        else:
+            done(members, outcome)

@@ -174,7 +174,7 @@ def test_two_identical_sweeps_on_one_folder_run_nothing_twice_and_lose_no_record
     cmd = [sys.executable, "-m", "fdlit", "sweep", str(sweep), "--", *SWEEP_FLAGS, "--logger.run_dir", str(runs)]
     first = subprocess.Popen(cmd, cwd=REPO, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 300
-    while not (runs / "sweep-twice.lock").exists() or not (runs / "sweep-twice.lock").read_text():
+    while not (runs / ".sweep" / "sweep-twice.lock").exists() or not (runs / ".sweep" / "sweep-twice.lock").read_text():
         assert first.poll() is None and time.time() < deadline, first.communicate()[1][-3000:]
         time.sleep(0.05)
     second = subprocess.run(cmd, cwd=REPO, env=ENV, text=True, capture_output=True, timeout=300)
@@ -186,9 +186,9 @@ def test_two_identical_sweeps_on_one_folder_run_nothing_twice_and_lose_no_record
         assert len(second.stderr.strip().splitlines()) == 1 and f"pid {first.pid}" in second.stderr
     else:  # the first one ended before: the second finds every run finished and skips them
         assert second.returncode == 0, second.stderr[-3000:]
-    assert sorted(p.name.split("-", 3)[-1] for p in runs.iterdir() if p.is_dir()) == [
+    assert sorted(p.name.split("-", 3)[-1] for p in runs.iterdir() if p.is_dir() and p.name != ".sweep") == [
         "twice-seed0", "twice-seed1", "twice-seed2"]  # every combination ran exactly once
-    records = strict_load((runs / "sweep-twice.json").read_text())["runs"]
+    records = strict_load((runs / ".sweep" / "sweep-twice.json").read_text())["runs"]
     assert sorted(r["name"] for r in records) == ["twice-seed0", "twice-seed1", "twice-seed2"]
     assert all(r["status"] == "finished" for r in records)
 
@@ -201,9 +201,9 @@ def test_a_sweep_held_by_another_process_is_refused_in_one_line_and_keeps_earlie
     sweep = tiny_sweep(tmp_path, seeds=(0,))
     argv = ["sweep", str(sweep), "--", *SWEEP_FLAGS, "--logger.run_dir", str(runs)]
     assert main(argv) == 0
-    results = runs / "sweep-twice.json"
+    results = runs / ".sweep" / "sweep-twice.json"
     first = strict_load(results.read_text())["runs"]
-    lock = RunLock(runs, "sweep-twice.lock", SweepInUse).acquire()
+    lock = RunLock(runs / ".sweep", "sweep-twice.lock", SweepInUse).acquire()
     try:
         capsys.readouterr()
         before = results.read_bytes()

@@ -35,10 +35,15 @@ def cell(values, n=None):
     return text, f"(n={len(values)})"
 
 
-def md_row(md: str, label: str) -> list[str]:
-    """A Table 1 row's cells (one dataset: no dataset column)."""
+def md_cells(md: str, label: str) -> list[str]:
+    """Every cell of a Table 1 row after its label (one dataset: no dataset column)."""
     line = next(line for line in md.splitlines() if line.startswith(f"| {label} |"))
     return [c.strip() for c in line.strip("|").split("|")][1:]
+
+
+def md_row(md: str, label: str) -> list[str]:
+    """A Table 1 row's numbers (and Ref.), without its last cell, the rule that selected them."""
+    return md_cells(md, label)[:-1]
 
 
 def test_table1_is_mean_and_std_over_seeds_after_each_phase(runs_dir):
@@ -46,7 +51,7 @@ def test_table1_is_mean_and_std_over_seeds_after_each_phase(runs_dir):
     md = (index.parent / "table1.md").read_text()
     # one dataset (named in the caption) and no reference runs: no dataset column, no empty Ref. column
     assert ("| method | k=2 after private | k=2 after public | k=2 personalized | k=5 after private | k=5 after public "
-            "| k=5 personalized |\n") in md
+            "| k=5 personalized | selected by |\n") in md
     assert md.startswith("Best mean global test accuracy (%) on digits")
 
     def expected(method, k, phase):
@@ -119,25 +124,34 @@ def test_baselines_have_their_own_labels_and_never_take_the_bold(tmp_path):
     assert "1 federated distillation" not in page and "3 federated distillation, 1 local only, 2 reference" in page
 
 
-def test_a_validation_selected_accuracy_is_used_only_when_every_run_has_one(tmp_path):
+def test_each_run_is_selected_by_its_own_rule_and_each_row_says_which(tmp_path):
     root = tmp_path / "runs"
     fake_run(root, "AVG", 2, 0, 0.30, summary={"selected_global_acc_mean": 0.25})
     fake_run(root, "sUWA", 2, 0, 0.50, summary={"selected_global_acc_mean": 0.45})
     index = write_report(root, formats=PNG)
     md = (index.parent / "table1.md").read_text()
     assert md_row(md, "AVG")[1] == "25.00†" and md_row(md, "sUWA τ=0.25")[1] == "45.00†"
+    assert md_cells(md, "AVG")[-1] == md_cells(md, "sUWA τ=0.25")[-1] == "validation"
     assert md.startswith("Validation-selected (selected_global_acc_mean)")
     page = index.read_text()
     assert "<b>validation-selected</b> accuracy (<code>selected_global_acc_mean</code>" in page
     assert "<h2>Table 1: validation-selected test accuracy (%): the round with the best validation accuracy</h2>" \
         in page and "best test accuracy" not in page
     assert "Figure 2: validation-selected test accuracy vs classes per client k" in page
-    # one run without a validation set: no table mixes the two selections, all fall back to test-best
+    # beside a run without a validation set: each row keeps its own rule and says which
     mixed = tmp_path / "mixed"
     fake_run(mixed, "AVG", 2, 0, 0.30, summary={"selected_global_acc_mean": 0.25})
     fake_run(mixed, "sUWA", 2, 0, 0.50)
-    md = (write_report(mixed, formats=PNG).parent / "table1.md").read_text()
-    assert md_row(md, "AVG")[1] == "30.00†" and "validation-selected" not in md.lower()
+    index = write_report(mixed, formats=PNG)
+    md = (index.parent / "table1.md").read_text()
+    # (and no marks: a validation-selected number is never ranked against a test-best one)
+    assert md_cells(md, "AVG")[1:] == ["25.00", "55.00", "validation"]
+    assert md_cells(md, "sUWA τ=0.25")[1:] == ["50.00", "75.00", "test"]
+    assert md.startswith("Validation-selected or best (per row)")
+    page = index.read_text()
+    assert "<td class=\"selection\">validation</td>" in page and "<td class=\"selection\">test</td>" in page
+    csv_rows = (index.parent / "table1.csv").read_text().splitlines()
+    assert csv_rows[0].endswith(",selected_by") and all(r.endswith((",validation", ",test")) for r in csv_rows[1:])
 
 
 def test_trust_matrix_of_every_run_boxes_own_classes_and_tau_plot(tmp_path):

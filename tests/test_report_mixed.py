@@ -111,8 +111,9 @@ def test_a_mixed_folder_gets_a_section_per_dataset_short_labels_and_legends_insi
     # the legend table lists every setting the digits groups differ in, in full
     for key in ("model.init_args.hidden", "client.lr", "data.num_clients", "federation.rounds"):
         assert f"<code>{key}</code>" in page and key in md
-    # each table states how its numbers were picked
-    assert md.count("Selection: each run's round of best test accuracy") == 2
+    # each table states how its numbers were picked, each row by its own rule
+    assert md.count("Selection (column \"selected by\"): each run's round of best test accuracy") == 2
+    assert " | test |\n" in md and "| validation |" not in md  # no run of this folder has a validation set
 
     for stem, fig in saved:
         texts = [t.get_text() for legend in fig.legends for t in legend.get_texts()]

@@ -87,7 +87,7 @@ def test_stacked_sweep_equals_separate_runs(tmp_path, capsys):
     assert twins > 0  # round 1's private phase of a seed is the same for every tau: computed once
     assert "tiny-tau0.5-seed1 round 2/2" in out  # each run's round
     assert_same_runs(runs_in(tmp_path / "separate"), runs_in(tmp_path / "stacked"))
-    results = json.loads((tmp_path / "stacked" / "sweep-tiny.json").read_text())["runs"]
+    results = json.loads((tmp_path / "stacked" / ".sweep" / "sweep-tiny.json").read_text())["runs"]
     assert sorted(r["status"] for r in results) == ["finished"] * 4
     capsys.readouterr()
     assert main(["sweep", str(path), "--stack", "--", *extra, "--logger.run_dir", str(tmp_path / "stacked")]) == 0
@@ -146,7 +146,7 @@ def test_a_failing_run_fails_alone(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "tiny-lr1e+30-seed1 failed: NumericalFault" in err
     assert "tiny-lr0.001-seed2 failed: RuntimeError: disk on fire" in err
-    by_name = {r["name"]: r for r in json.loads((tmp_path / "stacked" / "sweep-tiny.json").read_text())["runs"]}
+    by_name = {r["name"]: r for r in json.loads((tmp_path / "stacked" / ".sweep" / "sweep-tiny.json").read_text())["runs"]}
     assert by_name["tiny-lr0.001-seed1"]["status"] == "finished"
     monkeypatch.setattr(FederationLoop, "run_round", original)
     alone = write_sweep(tmp_path, {"client.lr": {"value": 0.001}, "seed": {"value": 1}}, name="tiny")
@@ -206,7 +206,7 @@ def test_a_stacked_sweep_killed_out_of_step_resumes_bit_for_bit(tmp_path, capsys
     assert main(["sweep", str(path), "--stack", "--", *extra]) == 0
     out = capsys.readouterr().out
     assert "4 combinations, 2 finished, 2 to run (2 resumed in their own folder)" in out
-    assert len([d for d in killed.iterdir() if d.is_dir()]) == 4  # no second folder for a resumed run
+    assert len([d for d in killed.iterdir() if d.is_dir() and d.name != ".sweep"]) == 4  # no second folder for a resumed run
     assert main(["sweep", str(path), "--stack", "--", *flags, "--logger.run_dir", str(tmp_path / "whole")]) == 0
     whole, resumed = runs_in(tmp_path / "whole"), runs_in(killed)
     assert set(whole) == set(resumed) and len(whole) == 4
@@ -245,7 +245,7 @@ def test_stack_composes_with_jobs_and_w_and_b_offline(tmp_path, capsys, monkeypa
     assert main(["sweep", str(path), "--stack", "--jobs", "2", "--", *extra]) == 0
     out = capsys.readouterr().out
     assert "4 runs stacked in 2 process(es)" in out and out.count("a stack of 2 queued") == 2
-    results = json.loads((tmp_path / "runs" / "sweep-tiny.json").read_text())["runs"]
+    results = json.loads((tmp_path / "runs" / ".sweep" / "sweep-tiny.json").read_text())["runs"]
     assert sorted(r["status"] for r in results) == ["finished"] * 4
     folders = [sorted((Path(r["run_dir"]) / "wandb").glob("offline-run-*")) for r in results]
     assert all(len(f) == 1 for f in folders)

@@ -216,14 +216,14 @@ def test_a_stopped_sweep_run_again_resumes_the_unfinished_run_in_its_own_folder(
     InterruptRound(stop_in_round).patch(monkeypatch)
     assert main(["sweep", str(path), "--", *extra]) == 130
     assert "run the same sweep command again to continue" in capsys.readouterr().err
-    (partial,) = [d for d in (tmp_path / "runs").iterdir() if d.is_dir()]
+    (partial,) = [d for d in (tmp_path / "runs").iterdir() if d.is_dir() and d.name != ".sweep"]
     assert (partial / "checkpoint.pt").exists() == (stop_in_round == 2)
 
     assert main(["sweep", str(path), "--", *extra]) == 0
     out = capsys.readouterr().out
     assert "2 combinations, 0 finished, 2 to run (1 resumed in their own folder)" in out
     assert f"(resuming {partial})" in out
-    dirs = sorted(p for p in (tmp_path / "runs").iterdir() if p.is_dir())  # sweep-<name>.json beside them
+    dirs = sorted(p for p in (tmp_path / "runs").iterdir() if p.is_dir() and p.name != ".sweep")  # its bookkeeping
     assert len(dirs) == 2 and partial in dirs  # no second folder for the stopped combination
     assert finished_dirs(tmp_path / "runs") == dirs
     assert [r["round"] for r in read_jsonl(partial / "metrics.jsonl")] == [1, 2]
@@ -235,7 +235,7 @@ def test_sweep_values_with_a_slash_make_flat_folders(tmp_path, capsys):
     hub_ids = ["org/model-a", "org/model-b"]
     path = write_sweep(tmp_path, {"data.tokenizer": {"values": hub_ids}, "data.classes_per_client": {"value": 4}})
     assert main(["sweep", str(path), "--", *TINY, "--logger.run_dir", str(tmp_path / "runs")]) == 0
-    dirs = [d for d in (tmp_path / "runs").iterdir() if d.is_dir()]
+    dirs = [d for d in (tmp_path / "runs").iterdir() if d.is_dir() and d.name != ".sweep"]
     assert len(dirs) == 2 and all((d / "summary.json").exists() for d in dirs)  # direct children, nothing nested
     names = {yaml.safe_load((d / "config.yaml").read_text())["logger"]["name"] for d in dirs}
     assert names == {"tiny-k4-tokenizerorg_model-a", "tiny-k4-tokenizerorg_model-b"}
@@ -294,7 +294,7 @@ def test_a_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkey
     assert main(["sweep", str(path), "--", *TINY, "--logger.run_dir", str(tmp_path / "runs")]) == 1
     err = capsys.readouterr().err
     assert "tiny-k4-seed1 failed: RuntimeError: disk on fire" in err
-    results = json.loads((tmp_path / "runs" / "sweep-tiny.json").read_text())
+    results = json.loads((tmp_path / "runs" / ".sweep" / "sweep-tiny.json").read_text())
     by_name = {r["name"]: r for r in results["runs"]}
     assert by_name["tiny-k4-seed1"]["status"] == "failed" and "disk on fire" in by_name["tiny-k4-seed1"]["error"]
     assert by_name["tiny-k4-seed2"]["status"] == "finished"  # the sweep went on after the failure
@@ -308,7 +308,7 @@ def test_jobs_run_in_parallel_processes_with_split_threads_and_own_folders(tmp_p
     extra = [*TINY, "--logger.run_dir", str(tmp_path / "runs")]
     assert main(["sweep", str(path), "--jobs", "2", "--", *extra]) == 0
     assert "2 at a time" in capsys.readouterr().out
-    runs = json.loads((tmp_path / "runs" / "sweep-tiny.json").read_text())["runs"]
+    runs = json.loads((tmp_path / "runs" / ".sweep" / "sweep-tiny.json").read_text())["runs"]
     assert sorted(r["name"] for r in runs) == ["tiny-k4-seed0", "tiny-k4-seed1"]
     assert all(r["status"] == "finished" and r["torch_threads"] == _threads(2) for r in runs)
     assert len({r["run_dir"] for r in runs}) == 2 and len(finished_dirs(tmp_path / "runs")) == 2

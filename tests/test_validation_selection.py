@@ -173,9 +173,11 @@ def test_report_table_ranks_by_validation_when_every_run_has_it(tmp_path):
     assert sorted(r.best() for r in runs) == [0.5, 0.6]
     md = (write_report(root, formats=("png",)).parent / "table1.md").read_text()
     assert md.startswith("Validation-selected") and "55.00 ± 7.07" in md and "85.00" not in md, md
-    # one run without validation: the whole table falls back to test-best, and says so
+    # one run of the same setting without validation: the others keep theirs, never pooled with it
     _run_dir(root, "avg-seed2", 2, [{"round": 1, "after_public/global_acc_mean": 0.7}])
     runs, _ = load_runs(root)
-    assert sorted(r.best() for r in runs) == [0.7, 0.8, 0.9]
+    assert sorted(r.best() for r in runs) == [0.5, 0.6, 0.7]
     md = (write_report(root, out=tmp_path / "r2", formats=("png",)).parent / "table1.md").read_text()
-    assert md.startswith("Best") and "80.00 ± 10.00" in md and "55.00" not in md, md
+    assert md.startswith("Validation-selected or best (per row)"), md
+    assert "| AVG (validation-selected) | 55.00 ± 7.07 (n=2) | validation |" in md, md
+    assert "| AVG (test-best) | 70.00 (n=1) | test |" in md, md

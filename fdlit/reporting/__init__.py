@@ -30,9 +30,10 @@ size, text >= 8 pt, no in-plot titles, the captions are in the page) and Table 1
   ``budgets``) and the adversaries table (``adversaries.md``: honest accuracy and attackers' weight by
   share of attackers).
 
-"Best" is the best round's mean over clients (``summary.json``; the metrics when it lacks it). When a
-run's summary holds a validation-selected accuracy (``selected_global_acc_mean``), that one is used
-instead, and the header says so. Std is the sample std over seeds (n-1). Each (setting, seed) counts
+"Best" is the best round's mean over clients (``summary.json``; the metrics when it lacks it). Each
+run is selected by its own rule: when its summary holds a validation-selected accuracy
+(``selected_global_acc_mean``), that one is used instead, and each row says which (``selected by``),
+so a run's row never depends on the other runs of the folder. Std is the sample std over seeds (n-1). Each (setting, seed) counts
 once: when several run directories hold the same config (a sweep run again, a run copied), the
 finished one with the most rounds is used and the others are listed as left out, with the reason
 (``include_duplicates`` keeps them all); unfinished runs are left out unless ``include_unfinished``.

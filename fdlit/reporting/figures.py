@@ -19,7 +19,7 @@ from fdlit.reporting.paper_figures import (
     new_figure,
     plain_text,
 )
-from fdlit.reporting.runs import Run, _k_sort, _method_sort
+from fdlit.reporting.runs import Run, _k_sort, _method_sort, accuracy_words
 from fdlit.reporting.table import Table
 from fdlit.runs.dashboards import TRUST_KEY, TRUST_MAX_ROWS
 from fdlit.runs.directory import safe_name
@@ -85,9 +85,8 @@ def figure2(table: Table):
 
 
 def accuracy_label(runs: list[Run]) -> str:
-    """What ``Run.best`` is for these runs: the validation-selected round's accuracy when every run has one."""
-    return ("validation-selected test accuracy (%)" if runs and all(r.selected for r in runs)
-            else "best test accuracy (%)")
+    """What ``Run.best`` is for these runs (each run by its own rule), as an axis label."""
+    return f"{accuracy_words(runs)} test accuracy (%)" if runs else "best test accuracy (%)"
 
 
 def accuracy_vs_tau(runs: list[Run]):

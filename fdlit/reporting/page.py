@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from fdlit.reporting.labels import REF_LABEL
 from fdlit.reporting.paper_figures import FORMATS, MIN_FONT_PT, ONE_COLUMN_IN, PNG_DPI, TWO_COLUMN_IN
-from fdlit.reporting.runs import SELECTED, Run, _k_sort, _method_sort, shared_settings
+from fdlit.reporting.runs import SELECTED, Run, _k_sort, _method_sort, selection, shared_settings
 from fdlit.reporting.table import Table, _first_of_block, _row_cells, _show_dataset
 from fdlit.reporting.table_files import measured_networks
 
@@ -37,9 +37,12 @@ def content_security_policy() -> str:
 def settings_html(runs: list[Run], skipped, runs_dir) -> str:
     shared, varying = shared_settings(runs)
     seeds = sorted({r.seed for r in runs}, key=str)
-    selected = sum(r.selected for r in runs)
-    metric = ("the best round's mean global test accuracy over clients" if not selected else
-              f"<b>validation-selected</b> accuracy (<code>{SELECTED}</code>; every run has a validation set)")
+    metric = {"test": "the best round's mean global test accuracy over clients (no run has a validation set)",
+              "validation": f"<b>validation-selected</b> accuracy (<code>{SELECTED}</code>; every run has a "
+                            "validation set)",
+              "mixed": f"each run by its own rule: <b>validation-selected</b> accuracy (<code>{SELECTED}</code>) "
+                       "for the runs with a validation set, the best round's test accuracy for the others; "
+                       "each row says which (<i>selected by</i>)"}[selection(runs)]
     kinds = {kind: sum(r.kind == kind for r in runs) for kind in ("rule", "local", "ref")}
     items = [
         ("runs", f"{len(runs)} from <code>{html.escape(str(runs_dir))}</code> ({kinds['rule']} federated distillation, "
@@ -74,6 +77,8 @@ def table1_html(table: Table) -> str:
     if table.ref:
         head1 += (f'<th rowspan="2" class="ref" title="fully informed reference (federation.mode: reference)">'
                   f"{REF_LABEL}</th>")
+    head1 += ('<th rowspan="2" title="validation: the round of highest validation accuracy; test: the round of highest test '
+              'accuracy">selected by</th>')
     head2 = "".join(f'<th class="phase">{name}</th>' for _ in table.ks for _, name in phases)
     body = []
     for i, (dataset, label, kind) in enumerate(table.rows):
@@ -91,16 +96,19 @@ def table1_html(table: Table) -> str:
                        else '<td class="ref"></td>')
         row_class = ' class="baseline"' if kind != "rule" else ""
         dataset_cell = f"<th>{html.escape(dataset)}</th>" if show_dataset else ""
+        tds.append(f'<td class="selection">{html.escape(table.selection.get((dataset, label)) or "–")}</td>')
         body.append(f"<tr{row_class}>{dataset_cell}<th>{html.escape(label)}</th>{''.join(tds)}</tr>")
     return (f'<table id="table1"><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table>")
 
 
-def table1_heading(selected: bool) -> str:
-    """What Table 1 holds, as its heading says: the accuracy of the validation-selected round when
-    every run has a validation set, else the best round's."""
-    return ("validation-selected test accuracy (%): the round with the best validation accuracy" if selected
-            else "best test accuracy (%): the round with the best test accuracy")
+def table1_heading(rule: str) -> str:
+    """What Table 1 holds, as its heading says, for its rows' selection (``validation``, ``test`` or
+    ``mixed``: each run by its own rule)."""
+    return {"validation": "validation-selected test accuracy (%): the round with the best validation accuracy",
+            "test": "best test accuracy (%): the round with the best test accuracy",
+            "mixed": "test accuracy (%) at the round each run's own rule selects (validation accuracy where the "
+                     "run has a validation set, else test accuracy; column \"selected by\")"}[rule]
 
 
 def runs_html(runs: list[Run]) -> str:
@@ -139,7 +147,7 @@ class SectionPage:
     caption: str
     figures: list  # (file stem, caption, width in inches, PNG bytes)
     trust_stems: set
-    selected: bool
+    selection: str  # "validation", "test" or "mixed" (:func:`fdlit.reporting.table.table_selection`)
     runs: list
     tables_html: str = ""  # the tables beside Table 1 (privacy, bytes, round budgets, adversaries), headed
 
@@ -164,7 +172,7 @@ def section_html(section: SectionPage, formats, several: bool) -> str:
     trust_figs = [f for f in section.figures if f[0] in section.trust_stems]
     trust_html = (f'<h3>Who to trust</h3><div class="trust">{figures_html(trust_figs, formats)}</div>'
                   if trust_figs else "")
-    return f"""<h2>{title}Table 1: {table1_heading(section.selected)}</h2>
+    return f"""<h2>{title}Table 1: {table1_heading(section.selection)}</h2>
 <p>{html.escape(section.caption)}</p>
 {table1_html(section.table)}
 {_networks_html(section.runs)}
@@ -183,13 +191,17 @@ def _networks_html(runs) -> str:
     return f'<p>Network measured:</p><ul class="networks">{items}</ul>'
 
 
-def page_html(runs: list[Run], skipped, runs_dir, sections: list[SectionPage], formats) -> str:
+def page_html(runs: list[Run], skipped, runs_dir, sections: list[SectionPage], formats, damaged=()) -> str:
     """The whole page: settings, the runs left out, per section Table 1, its legend, figures and
-    trust matrices; the runs."""
+    trust matrices; the runs. ``damaged``: (run, metrics lines skipped as unreadable)."""
     flags = "<code>--include_unfinished</code> uses unfinished ones, <code>--include_duplicates</code> keeps copies"
     note = (f"<p>{len(skipped)} run(s) left out ({flags}):</p><ul>"
             + "".join(f"<li><code>{html.escape(str(p))}</code>: {html.escape(why)}</li>" for p, why in skipped)
             + "</ul>" if skipped else "")
+    if damaged:
+        note += (f"<p>{sum(n for _, n in damaged)} unreadable line(s) of <code>metrics.jsonl</code> skipped (damaged, "
+                 "or nested too deep):</p><ul>" + "".join(f"<li><code>{html.escape(str(p))}</code>: {n}</li>"
+                                                         for p, n in damaged) + "</ul>")
     several = len(sections) > 1
     names = ", ".join(html.escape(s.name) for s in sections)
     parts = "".join(section_html(s, formats, several) for s in sections)

@@ -16,7 +16,8 @@ import yaml
 from fdlit.data.federated import DEFAULT_CLASSES_PER_CLIENT
 from fdlit.errors import ConfigError
 from fdlit.reporting.labels import LOCAL_LABEL, _flatten, _number, _section, method_label, run_kind, setting_key
-from fdlit.runs.directory import METRICS, RunFileError, read_config, read_jsonl, read_summary
+from fdlit.runs.directory import METRICS, RunFileError, read_config, read_jsonl_counted, read_summary
+from fdlit.runs.run_files import SWEEP_BOOKKEEPING
 
 ACC = "after_public/global_acc_mean"
 PRIVATE_ACC = "after_private/global_acc_mean"
@@ -42,21 +43,22 @@ class Run:
     group: str = ""  # the settings this run differs in from others of its section, e.g. "[rounds=5] "
     section: str = ""  # its dataset (and model, where the dataset was run with several): fdlit.reporting.groups
     group_settings: dict = field(default_factory=dict)  # every setting its section's groups differ in
-    # validation-selected numbers are used only when every run has them: one table never mixes
-    # them with test-best numbers (set by load_runs)
-    use_selected: bool = False
+    unreadable_lines: int = 0  # metrics.jsonl lines skipped as unreadable (damaged, or nested too deep)
 
     @property
     def finished(self) -> bool:
         return bool(self.summary.get("finished"))
 
     @property
-    def has_selected(self) -> bool:
+    def selected(self) -> bool:
+        """Whether this run's numbers are validation-selected: by its own summary alone, so a run's
+        numbers never depend on the other runs of a report."""
         return _number(self.summary.get(SELECTED)) is not None
 
     @property
-    def selected(self) -> bool:
-        return self.use_selected and self.has_selected
+    def selection(self) -> str:
+        """How this run's round was chosen: ``validation`` or ``test`` (best test accuracy)."""
+        return "validation" if self.selected else "test"
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """(rounds, values) of the rows where both are numbers: a value someone edited into a list,
@@ -120,12 +122,12 @@ def load_runs(roots: str | Path | list, include_unfinished: bool = False,
             skipped.append((path, "config.yaml unreadable"))
             continue
         try:
-            summary, metrics = _summary(path), read_jsonl(path / METRICS)
+            summary, (metrics, unreadable) = _summary(path), read_jsonl_counted(path / METRICS)
         except RunFileError as exc:
             skipped.append((path, exc.reason))
             continue
         run = Run(path, config if isinstance(config, dict) else {}, metrics,
-                  summary if isinstance(summary, dict) else {})
+                  summary if isinstance(summary, dict) else {}, unreadable_lines=unreadable)
         if not run.metrics:
             skipped.append((path, "no metrics"))
             continue
@@ -162,13 +164,32 @@ def load_runs(roots: str | Path | list, include_unfinished: bool = False,
                           + (f"; left out: {'; '.join(refused[:3])}" if refused else ""))
     # runs that differ in anything but the studied knobs (e.g. two sweeps with different rounds in
     # one folder) are never pooled: the settings that tell them apart become part of the row label.
-    # A table never mixes validation-selected with test-best numbers: selected only when every run
-    # of the section (one table) has them.
+    # Each run is selected by its own rule; runs of one label selected by different rules (same
+    # settings, but some summaries without a validation-selected number) are never pooled either.
     for section in sections(runs):
-        every = all(r.has_selected for r in section.runs)
+        rules: dict[str, set[str]] = defaultdict(set)
         for r in section.runs:
-            r.use_selected = every
+            rules[r.method].add(r.selection)
+        for r in section.runs:
+            if len(rules[r.method]) > 1:
+                r.method += f" ({SELECTION_NAMES[r.selection]})"
     return runs, skipped
+
+
+SELECTION_NAMES = {"validation": "validation-selected", "test": "test-best"}
+
+
+def selection(runs: list[Run]) -> str:
+    """How the numbers of these runs were chosen: ``validation``, ``test`` or ``mixed`` (each run by
+    its own rule: validation-selected where it has a validation set, else its best test round)."""
+    rules = {r.selection for r in runs}
+    return rules.pop() if len(rules) == 1 else "mixed"
+
+
+def accuracy_words(runs: list[Run]) -> str:
+    """What ``Run.best`` is for these runs, in words for a caption or an axis."""
+    return {"validation": "validation-selected", "test": "best",
+            "mixed": "validation-selected (runs with a validation set) or best"}[selection(runs)]
 
 
 def run_directories(roots: list[Path]) -> list[Path]:
@@ -182,7 +203,7 @@ def run_directories(roots: list[Path]) -> list[Path]:
                 dirs[:] = []
                 continue
             seen.add(real)
-            dirs.sort()
+            dirs[:] = sorted(d for d in dirs if d != SWEEP_BOOKKEEPING)  # a sweep's own files, never a run
             if METRICS in files:
                 found.append(Path(folder))
                 # a run's own links are never followed: a run folder is read only for its own files

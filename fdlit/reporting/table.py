@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from fdlit.reporting.labels import REF_LABEL
-from fdlit.reporting.runs import PHASES, Run, _k_sort, _method_sort
+from fdlit.reporting.runs import PHASES, Run, _k_sort, _method_sort, selection
 
 ALPHA = 0.05  # significance level of the bold rule
 MIN_SEEDS = 3  # fewer seeds than this: no test, so no bold
@@ -76,6 +76,8 @@ class Table:
     group_of: dict  # (dataset, label) -> group prefix
     bold: set  # (dataset, label, k, phase): the best rule of its block and column, by the test (BOLD_RULE)
     tied: set = frozenset()  # (dataset, label, k, phase): tied for the best of its column (no clear winner)
+    # (dataset, label) -> how its runs' rounds were chosen, "validation" or "test" (each run by its own rule)
+    selection: dict = field(default_factory=dict)
 
     @property
     def phases(self) -> list[tuple[str, str]]:
@@ -100,12 +102,14 @@ def table1(runs: list[Run]) -> Table:
     groups: dict[tuple, list[Run]] = defaultdict(list)
     refs: dict[tuple, list[float]] = defaultdict(list)
     group_of = {}
+    by_row: dict[tuple, list[Run]] = defaultdict(list)
     for r in runs:
         if r.kind == "ref":  # one model on all classes: its k is meaningless, so it is pooled over k
             refs[(r.dataset, r.group)].append(r.best("public"))
             continue
         groups[(r.dataset, r.method, r.kind, r.k)].append(r)
         group_of[(r.dataset, r.method)] = r.group
+        by_row[(r.dataset, r.method)].append(r)
     cells = {}
     for (dataset, label, _, k), group in groups.items():
         for phase, _ in PHASES:
@@ -116,9 +120,13 @@ def table1(runs: list[Run]) -> Table:
             rows.append((dataset, group + REF_LABEL, "ref"))
             group_of[(dataset, group + REF_LABEL)] = group
     ks = sorted({k for *_, k in groups}, key=_k_sort)
+    rule_of = {key: selection(rs) if rs else "" for key, rs in by_row.items()}
     bold, tied = set(), set()
-    for dataset, group in {(d, group_of[(d, m)]) for d, m, _ in rows}:
-        rules = [m for d, m, kind in rows if d == dataset and kind == "rule" and group_of[(d, m)] == group]
+    # marks compare rules of one block whose numbers were selected alike (a test-best number is
+    # optimistic beside a validation-selected one), so a row's marks never depend on the other rule's rows
+    for dataset, group, rule in {(d, group_of[(d, m)], rule_of.get((d, m), "")) for d, m, _ in rows}:
+        rules = [m for d, m, kind in rows if d == dataset and kind == "rule" and group_of[(d, m)] == group
+                 and rule_of.get((d, m), "") == rule]
         if len(rules) < 2:
             continue  # marks compare several rules, never a baseline
         for k in ks:
@@ -133,7 +141,8 @@ def table1(runs: list[Run]) -> Table:
                     bold.add((dataset, best, k, phase))
                 else:
                     tied |= {(dataset, m, k, phase) for stat, m in scored if not beats(top, stat)}
-    return Table(rows, ks, cells, {key: Stat.of(v) for key, v in refs.items()}, group_of, bold, tied)
+    return Table(rows, ks, cells, {key: Stat.of(v) for key, v in refs.items()}, group_of, bold, tied,
+                 {(d, m): rule_of.get((d, m), "") for d, m, _ in rows})
 
 
 def _first_of_block(table: Table, i: int) -> bool:
@@ -157,12 +166,30 @@ def _row_cells(table: Table, dataset: str, label: str):
             yield k, phase, table.cells.get(key), table.mark(key)
 
 
-def table1_caption(table: Table, selected: bool, tied: str = "underlined") -> str:
+# how a table's numbers were selected, each run by its own rule (column "selected by")
+SELECTION_RULES = {
+    "validation": "Selection (column \"selected by\"): each run's round of best validation accuracy (every run of "
+                  "this table has a validation set).",
+    "test": "Selection (column \"selected by\"): each run's round of best test accuracy (no run of this table has "
+            "a validation set).",
+    "mixed": "Selection (column \"selected by\"), each run by its own rule: validation: the round of best "
+             "validation accuracy (the run has a validation set, selected_global_acc_mean); test: the round of "
+             "best test accuracy (the run has none).",
+}
+
+
+def table_selection(table: Table) -> str:
+    """``validation``, ``test`` or ``mixed``: how the rows' numbers of this table were chosen."""
+    rules = {rule for rule in table.selection.values() if rule}
+    return rules.pop() if len(rules) == 1 else "mixed" if rules else "test"
+
+
+def table1_caption(table: Table, tied: str = "underlined") -> str:
     """The caption; ``tied``: how the file shows a cell tied for best (``marked †`` in Markdown)."""
-    what = "Validation-selected (selected_global_acc_mean)" if selected else "Best"
-    rule = ("Selection: each run's round of best validation accuracy (every run of this table has a validation set)."
-            if selected else "Selection: each run's round of best test accuracy (not every run of this table has a "
-            "validation set, so none is used).")
+    rule_name = table_selection(table)
+    what = {"validation": "Validation-selected (selected_global_acc_mean)", "test": "Best",
+            "mixed": "Validation-selected or best (per row)"}[rule_name]
+    rule = SELECTION_RULES[rule_name]
     datasets = sorted({d for d, _, _ in table.rows if d})
     on = f" on {', '.join(datasets)}" if datasets and not _show_dataset(table) else ""
     seeds = f"n = {next(iter(table.seeds))} seeds per cell" if len(table.seeds) == 1 else "n seeds per cell as shown"

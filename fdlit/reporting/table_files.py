@@ -39,7 +39,7 @@ def table1_markdown(table: Table) -> str:
     with_n = len(table.seeds) > 1
     head = ["dataset"] * _show_dataset(table) + ["method"]
     head += [f"k={markdown_text(k)} {name}" for k in table.ks for _, name in table.phases]
-    head += [REF_LABEL] * bool(table.ref)
+    head += [REF_LABEL] * bool(table.ref) + ["selected by"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for i, (dataset, label, kind) in enumerate(table.rows):
         row = [markdown_text(dataset)] * _show_dataset(table)
@@ -53,6 +53,7 @@ def table1_markdown(table: Table) -> str:
         if table.ref:
             ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
             row.append((f"{ref.text()} (n={ref.n})" if with_n else ref.text()) if ref else "")
+        row.append(table.selection.get((dataset, label)) or "–")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -62,16 +63,16 @@ def table1_csv(table: Table) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["dataset", "method", "kind", "k", "phase", "mean_acc_pct", "std_acc_pct", "n_seeds",
-                     "best_in_column", "tied_for_best"])
+                     "best_in_column", "tied_for_best", "selected_by"])
     for dataset, label, kind in table.rows:
         for k, phase, stat, mark in _row_cells(table, dataset, label):
             if stat is not None:
                 writer.writerow([csv_text(dataset), csv_text(label), kind, csv_text(k), phase, f"{stat.mean:.4f}",
                                  "" if stat.n < 2 else f"{stat.std:.4f}", stat.n, int(mark == "best"),
-                                 int(mark == "tied")])
+                                 int(mark == "tied"), table.selection.get((dataset, label), "")])
     for (dataset, group), stat in sorted(table.ref.items()):
         writer.writerow([csv_text(dataset), csv_text(group + REF_LABEL), "ref", "all", "public", f"{stat.mean:.4f}",
-                         "" if stat.n < 2 else f"{stat.std:.4f}", stat.n, 0, 0])
+                         "" if stat.n < 2 else f"{stat.std:.4f}", stat.n, 0, 0, ""])
     return buf.getvalue()
 
 
@@ -104,17 +105,17 @@ def table1_latex(table: Table, caption: str) -> str:
     phases = table.phases
     lead = int(show_dataset) + 1
     with_n = len(table.seeds) > 1
-    cols = "l" * lead + "c" * (len(phases) * len(table.ks)) + "c" * bool(table.ref)
+    cols = "l" * lead + "c" * (len(phases) * len(table.ks)) + "c" * bool(table.ref) + "l"
     k_head = " & ".join(f"\\multicolumn{{{len(phases)}}}{{c}}{{{_k_latex(k)}}}" for k in table.ks)
     rules = " ".join(f"\\cmidrule(lr){{{lead + 1 + j * len(phases)}-{lead + (j + 1) * len(phases)}}}"
                      for j in range(len(table.ks)))
     ref_head = " & Ref." if table.ref else ""
     lines = [r"\begin{table}[t]", r"\centering", r"\small", f"\\caption{{{_latex(caption)}}}",
              f"\\begin{{tabular}}{{{cols}}}", r"\toprule",
-             ("Dataset & " if show_dataset else "") + f"Method & {k_head}{ref_head} \\\\"]
+             ("Dataset & " if show_dataset else "") + f"Method & {k_head}{ref_head} & Selected by \\\\"]
     if len(phases) > 1:
         phase_head = " & ".join(name for _ in table.ks for _, name in phases)
-        lines += [rules, "&" * lead + f" {phase_head}" + (" &" if table.ref else "") + r" \\"]
+        lines += [rules, "&" * lead + f" {phase_head}" + (" &" if table.ref else "") + r" & \\"]
     lines.append(r"\midrule")
     for i, (dataset, label, kind) in enumerate(table.rows):
         row = [_latex(dataset)] * show_dataset + [f"\\textit{{{_latex(label)}}}" if kind != "rule" else _latex(label)]
@@ -123,6 +124,7 @@ def table1_latex(table: Table, caption: str) -> str:
         if table.ref:
             ref = table.ref_for(dataset, label) if _first_of_block(table, i) else None
             row.append(_latex_cell(ref, "", with_n) if ref else "")
+        row.append(table.selection.get((dataset, label)) or "--")
         lines.append(" & ".join(row) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"

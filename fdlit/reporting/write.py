@@ -33,8 +33,8 @@ from fdlit.reporting.page import SectionPage, page_html
 from fdlit.reporting.paper_figures import FORMATS, check_formats, paper_style, save_figure
 from fdlit.reporting.privacy_table import CAPTION as PRIVACY_CAPTION
 from fdlit.reporting.privacy_table import privacy_table
-from fdlit.reporting.runs import ACC, LOCAL, _k_sort, _method_sort, load_runs
-from fdlit.reporting.table import TIED_MARK, table1, table1_caption
+from fdlit.reporting.runs import ACC, LOCAL, _k_sort, _method_sort, accuracy_words, load_runs
+from fdlit.reporting.table import TIED_MARK, table1, table1_caption, table_selection
 from fdlit.reporting.table_files import (
     legend_markdown,
     markdown_text,
@@ -61,6 +61,10 @@ def write_report(runs_dir: str | Path | list, out: str | Path | None = None, inc
     if skipped:
         say(f"fdlit report: {len(runs)} run(s) used, {len(skipped)} left out: "
             + "; ".join(f"{p} ({why})" for p, why in skipped))
+    damaged = [(_relative(r.path, roots), r.unreadable_lines) for r in runs if r.unreadable_lines]
+    if damaged:
+        say(f"fdlit report: {sum(n for _, n in damaged)} unreadable line(s) of metrics.jsonl skipped (damaged, or "
+            "nested too deep): " + "; ".join(f"{p} ({n})" for p, n in damaged))
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for r in runs:
         bytes_total(r)
@@ -70,16 +74,15 @@ def write_report(runs_dir: str | Path | list, out: str | Path | None = None, inc
         for section in parts:
             prefix = f"{section.slug}_" if len(parts) > 1 else ""
             table = table1(section.runs)
-            selected = any(r.selected for r in section.runs)
-            caption = table1_caption(table, selected)
-            md_caption = table1_caption(table, selected, tied=f"marked {TIED_MARK}")
+            caption = table1_caption(table)
+            md_caption = table1_caption(table, tied=f"marked {TIED_MARK}")
             heading = f"## {markdown_text(section.name)}\n\n" if len(parts) > 1 else ""
             tables["table1.md"].append(heading + markdown_text(md_caption) + "\n\n" + table1_markdown(table)
                                        + networks_markdown(section.runs) + legend_markdown(section.legend))
             csv = table1_csv(table)
             tables["table1.csv"].append(csv if not tables["table1.csv"] else csv.split("\n", 1)[1])
             tables["table1.tex"].append(table1_latex(table, caption))
-            drawn, trust = section_figures(section.runs, table, selected)
+            drawn, trust = section_figures(section.runs, table)
             figures = [(prefix + stem, caption_, fig.get_figwidth(), save_figure(fig, out / "figures", prefix + stem,
                                                                                  formats))
                        for stem, caption_, fig in drawn + trust if fig is not None]
@@ -92,9 +95,9 @@ def write_report(runs_dir: str | Path | list, out: str | Path | None = None, inc
                 parts_html.append(f"<h3>{title} (<code>{stem}.md</code>, <code>{stem}.csv</code>)</h3>"
                                   f"<p>{html.escape(about)}</p>{table_html}")
             shown.append(SectionPage(section.name, section.legend, table, caption, figures,
-                                     {prefix + stem for stem, *_ in trust}, selected, section.runs,
+                                     {prefix + stem for stem, *_ in trust}, table_selection(table), section.runs,
                                      "".join(parts_html)))
-    page = page_html(runs, skipped, ", ".join(map(str, roots)), shown, formats)
+    page = page_html(runs, skipped, ", ".join(map(str, roots)), shown, formats, damaged)
     # the page first: the tables are never there without the page that says what they hold
     index = write_file(out / "index.html", page)
     for name, texts in tables.items():
@@ -120,9 +123,9 @@ def other_tables(runs, budgets: list[int]) -> list[tuple[str, str, str, str, str
     return out
 
 
-def section_figures(runs, table, selected: bool):
+def section_figures(runs, table):
     """(file stem, caption, figure or None) of a section's figures, and of its trust matrices."""
-    best = "validation-selected" if selected else "best"  # what every accuracy of a table or figure is
+    best = accuracy_words(runs)  # what every accuracy of a table or figure is
     methods = sorted({r.method for r in runs}, key=_method_sort)
     ks = table.ks or sorted({r.k for r in runs}, key=_k_sort)
     drawn = [

@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - not POSIX: no locking
 
 from fdlit.runs.run_files import (  # noqa: F401 (the bounded reading of a run's files, re-exported)
     COMMUNICATION, CONFIG, DEFAULT_SIZE_LIMIT, MAX_CONFIG_VALUES, MAX_LINE, METRICS, SIZE_LIMITS, SUMMARY, MiB,
-    RunFileError, _expanded_size, check_lines, check_run_file, open_run_file, read_run_file,
+    RunFileError, TooDeep, _expanded_size, check_lines, check_run_file, load_json, open_run_file, read_run_file,
 )
 CHECKPOINT = "checkpoint.pt"
 LOCK = "run.lock"
@@ -132,12 +132,20 @@ def read_jsonl(path: Path) -> list[dict]:
     return _parse_lines(Path(path))[0]
 
 
-def _parse_lines(path: Path) -> tuple[list[dict], list[int]]:
-    """(every readable row, numbers of the unreadable lines other than a torn last one). Read a line at
-    a time, so that what is held is the rows and one line, never a whole file's text."""
+def read_jsonl_counted(path: Path) -> tuple[list[dict], int]:
+    """Rows of a JSON-lines file and how many of its lines were skipped as unreadable (not JSON, not
+    an object, nested deeper than ``MAX_JSON_DEPTH``; a torn last line counts too)."""
+    rows, bad = _parse_lines(Path(path), keep_torn=True)
+    return rows, len(bad)
+
+
+def _parse_lines(path: Path, keep_torn: bool = False) -> tuple[list[dict], list[int]]:
+    """(every readable row, numbers of the unreadable lines other than a torn last one (no newline),
+    unless ``keep_torn``). Read a line at a time, so that what is held is the rows and one line, never a
+    whole file's text; a line is parsed within ``MAX_JSON_DEPTH`` levels (:func:`load_json`)."""
     if not os.path.lexists(path):
         return [], []
-    rows, bad, number = [], [], 0
+    rows, bad, number, ended = [], [], 0, True
     with open_run_file(path) as (f, limit):
         total = 0
         while True:
@@ -150,17 +158,19 @@ def _parse_lines(path: Path) -> tuple[list[dict], list[int]]:
                 raise RunFileError(path, f"is larger than {limit // MiB} MiB, the most fdlit reads of it")
             if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
                 raise RunFileError(path, f"has a line longer than {MAX_LINE // MiB} MiB, the most fdlit reads of one line")
+            ended = raw.endswith(b"\n")
             line = raw.decode(errors="replace")
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = load_json(line)
                 if not isinstance(row, dict):
                     raise ValueError("not an object")
                 rows.append(row)
             except ValueError:
                 bad.append(number)
-    if bad and bad[-1] == number:  # the last line may be torn by a kill mid-write
+    # a kill mid-write tears the last line before its newline; a complete line that does not parse is damage
+    if bad and bad[-1] == number and not ended and not keep_torn:
         bad.pop()
     return rows, bad
 
@@ -169,7 +179,10 @@ def read_config(run_dir: Path) -> dict:
     """A run's saved config as read by sweep and report (bytes that are not UTF-8 do not stop them:
     resuming the run checks the file strictly)."""
     path = Path(run_dir) / CONFIG
-    config = yaml.safe_load(read_run_file(path).decode(errors="replace")) or {}
+    try:
+        config = yaml.safe_load(read_run_file(path).decode(errors="replace")) or {}
+    except RecursionError:  # PyYAML composes nested nodes recursively
+        raise RunFileError(path, "is nested too deeply to read; not a config fdlit writes") from None
     if _expanded_size(config, MAX_CONFIG_VALUES) > MAX_CONFIG_VALUES:  # YAML aliases can nest copies
         raise RunFileError(path, f"expands to more than {MAX_CONFIG_VALUES} values (YAML aliases); not a config "
                            "fdlit writes")
@@ -177,10 +190,15 @@ def read_config(run_dir: Path) -> dict:
 
 
 def read_summary(run_dir: Path) -> dict:
+    """A run's summary.json: OSError when there is none, RunFileError when fdlit refuses to read it
+    (too large, a link out, nested deeper than ``MAX_JSON_DEPTH``), ValueError when it is not JSON."""
     path = Path(run_dir) / SUMMARY
     text = read_run_file(path).decode(errors="replace")
     check_lines(path, text.split("\n"))
-    return json.loads(text)
+    try:
+        return load_json(text)
+    except TooDeep as exc:
+        raise RunFileError(path, f"is {exc}, not a summary fdlit writes") from None
 
 
 def rebuild_logs(run_dir: Path, round: int, metrics: list[dict], messages: list[dict]) -> list[str]:

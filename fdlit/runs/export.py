@@ -43,7 +43,7 @@ from fdlit.code_allowlist import CodeAllowlist, ImportGuard, check_config_files
 from fdlit.errors import ConfigError, check_choice
 from fdlit.runs.atomic_write import check_target, write_file
 from fdlit.runs.checkpoint import CheckpointError, check_config, load_checkpoint, restore_checkpoint
-from fdlit.runs.directory import CHECKPOINT, CONFIG, read_config
+from fdlit.runs.directory import CHECKPOINT, CONFIG, METRICS, read_config, read_jsonl, read_summary
 
 FORMAT = "fdlit-model"
 VERSION = 1
@@ -168,8 +168,7 @@ def model_card(loop, path: Path, spec: dict, input_step: Optional[dict], source:
 def final_metrics(path: Path, client: Optional[int]) -> dict[str, Any]:
     """The model's accuracies in the run's last evaluated round (a client's own entries of the
     per-client lists; the server's ``server/*``), and the run's summary numbers."""
-    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()] \
-        if (path / "metrics.jsonl").exists() else []
+    rows = read_jsonl(path / METRICS)  # within bounds: a damaged or too deeply nested line is skipped
     rows = [r for r in rows if r.get("eval/test_samples", 1)]
     last = rows[-1] if rows else {}
     mine: dict[str, Any] = {"round": last.get("round")}
@@ -178,8 +177,11 @@ def final_metrics(path: Path, client: Optional[int]) -> dict[str, Any]:
             mine[key.removeprefix("clients/")] = value[client]
         elif client is None and key.startswith("server/"):
             mine[key] = value
-    summary_file = path / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    try:
+        summary = read_summary(path)
+    except (OSError, ValueError):  # none yet, or one fdlit cannot read: the card has no summary numbers
+        summary = {}
+    summary = summary if isinstance(summary, dict) else {}
     mine["run"] = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return mine
 

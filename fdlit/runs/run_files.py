@@ -7,6 +7,7 @@ are far above what any run writes (docs/reliability.md lists them).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 from pathlib import Path
@@ -17,6 +18,7 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 COMMUNICATION = "communication.jsonl"
 SUMMARY = "summary.json"
+SWEEP_BOOKKEEPING = ".sweep"  # a sweep folder's own files (results, lock), beside and never among its runs
 
 # Caps far above what any run writes (a 1000-client run's metrics row is ~100 KiB), far below what
 # hangs or exhausts a reader; docs/reliability.md lists them.
@@ -25,6 +27,7 @@ SIZE_LIMITS = {CONFIG: 16 * MiB, SUMMARY: 64 * MiB, METRICS: 1024 * MiB, COMMUNI
 DEFAULT_SIZE_LIMIT = 64 * MiB
 MAX_LINE = 16 * MiB
 MAX_CONFIG_VALUES = 1_000_000
+MAX_JSON_DEPTH = 64  # nesting of a JSON value; fdlit writes at most a few levels (a matrix in a row)
 
 
 class RunFileError(ConfigError):
@@ -72,6 +75,34 @@ def read_run_file(path: Path, limit: int | None = None) -> bytes:
     if len(data) > limit:
         raise RunFileError(path, f"is larger than {limit // MiB} MiB, the most fdlit reads of it")
     return data
+
+
+class TooDeep(ValueError):
+    """A JSON value nested deeper than ``MAX_JSON_DEPTH``: not something fdlit wrote."""
+
+
+def load_json(text: str | bytes):
+    """``json.loads`` within ``MAX_JSON_DEPTH`` levels: a value nested deeper (which would exhaust the
+    parser's recursion, or every reader after it) is a ``ValueError`` like any text that is not JSON."""
+    try:
+        value = json.loads(text)
+    except RecursionError:  # the C parser stops itself at the interpreter's recursion limit
+        raise TooDeep(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    if _depth_over(value, MAX_JSON_DEPTH):
+        raise TooDeep(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def _depth_over(value, limit: int) -> bool:
+    """Whether ``value`` nests lists and dicts deeper than ``limit`` (without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def check_lines(path: Path, lines: list[str]) -> None:
