@@ -105,7 +105,7 @@ LAYERS = [
     {"fdlit.federation"},
     {"fdlit.config"},
     {"fdlit.runs"},
-    {"fdlit.sweep_file", "fdlit.reporting", "fdlit.deployment", "fdlit.sweep_stack"},
+    {"fdlit.sweep_file", "fdlit.sweep_folder", "fdlit.reporting", "fdlit.deployment", "fdlit.sweep_stack"},
     {"fdlit.sweep_workers"},
     {"fdlit.sweep"},
     {"fdlit.cli"},
