@@ -44,16 +44,7 @@ def read_bounded(path: str | Path, field: str = "config", what: str = "a config 
     """The bytes of the regular file ``path``; a special file, a file over :data:`MAX_BYTES` or with a
     line over :data:`MAX_LINE` is a one-line ConfigError for ``field``."""
     path = Path(path)
-    try:
-        # O_NONBLOCK: opening a FIFO never waits for a writer; it is then refused as not regular
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    except OSError as exc:
-        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(field, f"{path} is not a regular file (a device, pipe, socket or folder); {what}")
-        if is_kernel_file(path):
-            raise ConfigError(field, f"{path} is a file of the kernel (/proc, /sys), not one a user wrote; {what}")
+    with open_regular(path, field, what) as f:
         try:
             data = f.read(MAX_BYTES + 1)
         except OSError as exc:
@@ -62,6 +53,24 @@ def read_bounded(path: str | Path, field: str = "config", what: str = "a config 
         raise ConfigError(field, f"{path} is larger than {MAX_BYTES // KiB} KiB, the most fdlit reads of it; {what}")
     check_line_length(data, f"{path}", field)
     return data
+
+
+def open_regular(path: Path, field: str, what: str):
+    """``path`` opened for binary reading when it is a regular file outside /proc and /sys, else a
+    one-line ConfigError for ``field`` (``what``: what the file should have been)."""
+    try:
+        # O_NONBLOCK: opening a FIFO never waits for a writer; it is then refused as not regular
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}") from None
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise ConfigError(field, f"{path} is not a regular file (a device, pipe, socket or folder); {what}")
+    if is_kernel_file(path):
+        f.close()
+        raise ConfigError(field, f"{path} is a file of the kernel (/proc, /sys), not one a user wrote; {what}")
+    return f
 
 
 def is_kernel_file(path: Path) -> bool:

@@ -18,13 +18,12 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import stat
 import zlib
 from pathlib import Path
 
 import numpy as np
 
-from fdlit.bounded_yaml import is_kernel_file
+from fdlit.bounded_yaml import open_regular
 from fdlit.errors import ConfigError
 
 MAX_BYTES = 2**31  # the largest IDX set fdlit knows (EMNIST by class, 547 MB) with room to spare
@@ -37,16 +36,8 @@ IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f
 def read_idx(path: Path, field: str = "data.data_dir") -> np.ndarray:
     """The array of the IDX file ``path`` in its declared shape, read within the bounds above."""
     path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    except OSError as exc:
-        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as raw:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(field, f"{path} is not a regular file (a device, pipe, socket or folder)")
-        if is_kernel_file(path):
-            raise ConfigError(field, f"{path} is a file of the kernel (/proc, /sys), not a data file")
+    with open_regular(path, field, "an IDX data file") as raw:
+        info = os.fstat(raw.fileno())
         zipped = path.suffix == ".gz"
         f = gzip.GzipFile(fileobj=raw, mode="rb") if zipped else raw
         try:
