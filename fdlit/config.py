@@ -43,6 +43,8 @@ def resolve_config_path(value: str) -> str:
     path = Path(value)
     if path.exists():
         return value
+    if path.is_symlink():  # a link to itself, a loop or a target that is gone: not "no such file"
+        raise ConfigError("config", f"{value!r} is a link that leads to no file (a loop of links or a missing target)")
     names = [value] if value.endswith((".yaml", ".yml")) else [value, value + ".yaml"]
     for folder in CONFIG_DIRS:
         for name in names:
@@ -309,6 +311,10 @@ def parse_error(exc: argparse.ArgumentError, parser: ArgumentParser, command: st
     if group:  # a key in a config file that does not exist, and not found in the files given
         return ConfigError(f"{group.group(1)}.{group.group(2)}",
                            f"no such key (`fdlit {command} --help` lists every option)")
+    scalar = re.search(r"Unable to load config '([^']*)'", text)
+    if keys and scalar:  # a whole section given a plain value: `--federation 5`
+        return ConfigError(keys[0], f"a section takes a YAML mapping, a YAML file of one, or its keys as dotted "
+                                    f"options (e.g. --{keys[0]}.<key> value); got {scalar.group(1)!r}")
     if text.startswith("Problems parsing config"):
         return ConfigError("config", " ".join(text.split()))
     choice = re.match(r"argument command: invalid choice: (\S+)", text)
