@@ -128,6 +128,7 @@ def test_a_supernode_refuses_a_hostile_folder_at_its_start(kind, tmp_path):
     err = out["err"].strip().splitlines()
     assert base["rc"] == 2 and out["rc"] == 2 and len(err) == 1 and expected in err[0], out["err"][-2000:]
     assert out["cpu"] < base["cpu"] + 2 and out["rss_mb"] < base["rss_mb"] + 30, (out, base)
+    assert out["rss_mb"] <= 300, out  # checked before the SuperNode and torch are imported
 
 
 def test_an_intact_gzipped_folder_still_reads(tmp_path):

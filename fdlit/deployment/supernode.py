@@ -163,9 +163,9 @@ def check_node_config(argv: list[str]) -> None:
     """The node's own settings that can be checked before it connects: its local data (one line, exit 2)."""
     if "--node-config" not in argv[:-1]:
         return
-    from flwr.common.config import parse_config_args
+    from flwr.common.config import parse_config_args  # Flower's parser, not its SuperNode (~75 MB)
 
-    from fdlit.data.node_local import read_node_data
+    from fdlit.data.node_files import read_node_data  # numpy only: torch and the SuperNode come after
     from fdlit.errors import ConfigError
 
     settings = parse_config_args([argv[argv.index("--node-config") + 1]])
@@ -178,12 +178,12 @@ def check_node_config(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flwr.supernode.cli import flower_supernode
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--isolation" in argv:
         raise SystemExit("fdlit.deployment.supernode: --isolation is set here (process, with fdlit's task runner)")
-    check_node_config(argv)
+    check_node_config(argv)  # before Flower's SuperNode and torch are imported: a refusal costs a bare Python
+    from flwr.supernode.cli import flower_supernode
+
     announced = short_supernode_polls()  # else the runner looks for tasks every POLL_S
     short_object_pulls()
     if not runner_fits():
