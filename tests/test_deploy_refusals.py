@@ -39,17 +39,27 @@ def test_a_second_deploy_on_the_same_folder_is_refused(shared, tmp_path, capsys,
     assert not [p for p in runs.rglob("*") if p.name != "deploy.lock"]  # no run folder
 
 
+def corrupt_gzip_folder(folder):
+    folder.mkdir()
+    for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"):
+        (folder / name).write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4)  # a gzip header, then noise
+    return f"{folder}/train-images-idx3-ubyte.gz: cannot read it (not a gzip file or a damaged one)"
+
+
 @pytest.mark.deploy
-def test_a_supernode_that_ends_before_joining_ends_the_deploy_at_once_with_its_reason(tmp_path, capsys):
+@pytest.mark.parametrize("folder", ["missing", "corrupt gzip"])
+def test_a_supernode_that_ends_before_joining_ends_the_deploy_at_once_with_its_reason(folder, tmp_path, capsys):
+    data = tmp_path / "nowhere"
+    reason = (f"{data} is not a folder (nor a dotted path of a loader)" if folder == "missing"
+              else corrupt_gzip_folder(data))
     started = time.monotonic()
     code = cli_main(["deploy", "--nodes", "2", "--threads", "1", "--node-wait", "300", "--work-dir", str(tmp_path / "w"),
-                     "--node-config", f"local-data='{tmp_path / 'nowhere'}'", *SMALL,
-                     "--logger.run_dir", str(tmp_path / "runs")])
+                     "--node-config", f"local-data='{data}'", *SMALL, "--logger.run_dir", str(tmp_path / "runs")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and time.monotonic() - started < 120, err  # not the 300 s of --node-wait
     assert err[-1].startswith("fdlit deploy: SuperNode "), err
-    assert err[-1].endswith(f" exited before it joined (exit code 2): node-config local-data: {tmp_path / 'nowhere'} is "
-                            "not a folder (nor a dotted path of a loader); every process started here was stopped"), err
+    assert err[-1].endswith(f" exited before it joined (exit code 2): node-config local-data: {reason}; every process "
+                            "started here was stopped"), err
     assert not list((tmp_path / "runs").glob("*/config.yaml"))
 
 
