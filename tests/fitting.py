@@ -139,6 +139,7 @@ class GatedVotes(Aggregator):
         votes = torch.zeros(n, c)
         for u in uploads:
             votes[u["mask"].cpu()] += u["probs"].float().cpu()
+        votes = votes.clamp(min=0)  # DP noise pushes some noised probabilities below 0: no negative vote
         keep = votes.sum(-1) > 0
         teacher = torch.where(keep[:, None], votes, torch.ones(n, c))
         return AggregationResult(teacher=teacher / teacher.sum(-1, keepdim=True), keep=keep)

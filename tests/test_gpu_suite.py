@@ -19,10 +19,14 @@ HALVES = [[c.name for c in cifar10_suite.CASES[:5]], [c.name for c in cifar10_su
 
 
 @pytest.mark.parametrize("cases", HALVES, ids=["m20-cases", "m100-sweep-paper"])
-def test_dry_run_runs_every_case_through_fit(cases, tmp_path, capsys):
+def test_dry_run_runs_every_case_through_fit(cases, tmp_path, capsys, monkeypatch):
     """Every case finishes its rounds through ``fit`` of configs/cifar10.yaml: the grouped network,
     the static step where the case asks for CUDA graphs (and only there), the stacked sweep's 3 runs,
     the paper run's scaled estimate; one JSON line per case; the output says the data is synthetic."""
+    from fdlit.data.datasets import DATASETS
+
+    # the suite registers its synthetic set in this process: taken out again when the test ends
+    monkeypatch.setitem(DATASETS, "cifar10-synthetic", None)
     out = tmp_path / "suite.jsonl"
     cifar10_suite.main(["--dry-run", "--out", str(out), "--run_dir", str(tmp_path / "runs"), "--cases", *cases])
     rows = [json.loads(line) for line in out.read_text().splitlines()]

@@ -98,4 +98,7 @@ def test_a_mixed_federation_trains_each_architecture_stacked_as_one_at_a_time(tm
     assert len({type(split_network(c.model)[1]).__name__ for c in vec.view.clients}) == 4
     for a, b in zip(seq.view.clients, vec.view.clients, strict=True):
         for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True):
-            torch.testing.assert_close(p, q, rtol=1e-2, atol=5e-4)  # grouped convolutions: float order
+            # grouped convolutions sum in another order, and Adam's normalised steps can carry a last-bit
+            # difference to ~1e-3 in a single weight; the weights as a whole stay together
+            torch.testing.assert_close(p, q, rtol=1e-2, atol=2e-3)
+            assert float((p - q).abs().mean()) < 1e-4

@@ -274,7 +274,8 @@ def test_report_renders_in_headless_chromium(runs_dir, tmp_path):
             browser.close()
     assert problems == []
     assert len(images) == 9 and all(done and w > 100 and h > 100 for done, w, h in images)
-    assert rows == 2 and header == ["method", "k=2", "k=5", *["after private", "after public", "personalized"] * 2]
+    assert rows == 2 and header == ["method", "k=2", "k=5", "selected by",
+                                    *["after private", "after public", "personalized"] * 2]
     # the harness sees problems: the policy refuses the injected script and the file image, and says so
     assert sum("Content Security Policy" in p for p in bad_problems) >= 2 and not any("boom" in p for p in bad_problems)
     assert bad_images[-1][1] == 0  # the broken image did not decode

@@ -146,6 +146,8 @@ def without_noop_sections(config: dict[str, Any]) -> dict[str, Any]:
         init = executor.get("init_args") if isinstance(executor, dict) else None
         if isinstance(init, dict) and init.get("graph_optimizer") is True:
             init.pop("graph_optimizer")
+    if isinstance(cfg.get("client"), dict) and cfg["client"].get("optimizer_scope") == "shared":
+        cfg["client"].pop("optimizer_scope")  # one optimizer across phases and rounds: what runs did before the knob
     if isinstance(cfg.get("data"), dict) and cfg["data"].get("input_scaling", "absent") is None:
         cfg["data"].pop("input_scaling")  # null: the dataset's own scaling, what runs did before the knob
     return cfg
