@@ -100,5 +100,7 @@ def test_a_mixed_federation_trains_each_architecture_stacked_as_one_at_a_time(tm
         for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True):
             # grouped convolutions sum in another order, and Adam's normalised steps can carry a last-bit
             # difference to ~1e-3 in a single weight; the weights as a whole stay together
-            torch.testing.assert_close(p, q, rtol=1e-2, atol=2e-3)
-            assert float((p - q).abs().mean()) < 1e-4
+            # (measured in the whole suite: one weight 7e-4 apart, 1.1e-4 apart on average in one layer; a
+            # client trained as another's network would be ~1e-1 apart)
+            torch.testing.assert_close(p, q, rtol=1e-2, atol=3e-3)
+            assert float((p - q).abs().mean()) < 5e-4
