@@ -39,8 +39,8 @@ import torch.nn.functional as F
 
 from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.methods.base import AggregationResult, Aggregator, ClientContext, ClientPart, ServerContext, Uploads
-from fdlit.methods.fd import class_means, model_device
 from fdlit.methods.feature_generator import seeded
+from fdlit.methods.fedproto import class_prototypes
 from fdlit.methods.lg_fedavg import check_widths, feature_width, head_vector, load_head
 
 SHUFFLE = 0xF64  # tag of the server's shuffling stream
@@ -91,10 +91,7 @@ class FedGHClient(ClientPart):
         return out
 
     def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        train = ctx.data.train
-        features = ctx.client.predict_features(train.x.to(model_device(ctx.client)))
-        protos, counts = class_means(features, train.y.to(features.device), ctx.info.num_classes)
-        return {"prototypes": protos, "class_counts": counts.to(torch.int32)}
+        return class_prototypes(ctx)  # class-average representations, as FedProto's
 
     def receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         if "head" in ctx.received:

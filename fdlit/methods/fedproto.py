@@ -45,6 +45,16 @@ from fdlit.methods.fd import class_means, holders_average, model_device, stack_u
 WEIGHTINGS = ("counts", "mean")  # the server's per-class average of the prototypes
 
 
+
+def class_prototypes(ctx: ClientContext) -> dict[str, torch.Tensor]:
+    """A client's class prototypes (C x D mean features of its training samples) and class counts: what
+    FedProto, FedTGP and FedGH upload."""
+    train = ctx.data.train
+    features = ctx.client.predict_features(train.x.to(model_device(ctx.client)))
+    protos, counts = class_means(features, train.y.to(features.device), ctx.info.num_classes)
+    return {"prototypes": protos, "class_counts": counts.to(torch.int32)}
+
+
 class FedProtoClient(ClientPart):
     """FedProto's client part: local prototypes and counts up; the prototype term in its loss."""
 
@@ -56,10 +66,7 @@ class FedProtoClient(ClientPart):
         self.lam = lam
 
     def upload(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        train = ctx.data.train
-        features = ctx.client.predict_features(train.x.to(model_device(ctx.client)))
-        protos, counts = class_means(features, train.y.to(features.device), ctx.info.num_classes)
-        return {"prototypes": protos, "class_counts": counts.to(torch.int32)}
+        return class_prototypes(ctx)
 
     def receive(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         if "global_prototypes" not in ctx.received:
