@@ -98,9 +98,9 @@ def test_a_mixed_federation_trains_each_architecture_stacked_as_one_at_a_time(tm
     assert len({type(split_network(c.model)[1]).__name__ for c in vec.view.clients}) == 4
     for a, b in zip(seq.view.clients, vec.view.clients, strict=True):
         for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True):
-            # grouped convolutions sum in another order, and Adam's normalised steps can carry a last-bit
-            # difference to ~1e-3 in a single weight; the weights as a whole stay together
-            # (measured in the whole suite: one weight 7e-4 apart, 1.1e-4 apart on average in one layer; a
-            # client trained as another's network would be ~1e-1 apart)
-            torch.testing.assert_close(p, q, rtol=1e-2, atol=3e-3)
-            assert float((p - q).abs().mean()) < 5e-4
+            # grouped convolutions sum in another order, and a last-bit difference that moves one activation
+            # across a ReLU kink, or one of Adam's normalised steps, grows to a few 1e-3 in single weights; the
+            # bound leaves 5x over the worst measured (4.2e-3 in one weight, 2.1e-4 on average in one layer,
+            # the size varying with the thread count), a client trained as another's network is ~1e-1 apart
+            torch.testing.assert_close(p, q, rtol=0.0, atol=2e-2)
+            assert float((p - q).detach().abs().mean()) < 1e-3
