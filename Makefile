@@ -14,6 +14,8 @@ TORCH_PIP := $(TORCH)$(if $(TORCH_INDEX), --extra-index-url $(TORCH_INDEX) --ret
 CONFIG  ?= configs/digits.yaml
 FASHION_MNIST_DIR ?= /usr/share/datasets/fashion-mnist
 ARGS    ?=
+# the suite on every core (pytest-xdist): CI has two; TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= auto
 
 .PHONY: install install-test run test bench compat clean torch-choice data-hint
 
@@ -45,7 +47,7 @@ run: install
 
 test: install install-test
 	$(VPY) -m ruff check fdlit tests benchmarks scripts examples
-	$(VPY) -m pytest -q $(ARGS)
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(ARGS)
 
 bench: install install-test
 	$(VPY) benchmarks/round_time.py $(ARGS)

@@ -5,6 +5,11 @@ import pytest
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one worker per core (make test): one BLAS/OpenMP thread each, inherited by the processes a test
+    # starts, instead of every worker's threads competing for every core
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
 
 
@@ -27,3 +32,11 @@ def ray_local():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`--dist loadgroup`), the tests that start a local Ray share one worker: two
+    local Ray clusters started at once on one machine would find each other's session."""
+    for item in items:
+        if "ray_local" in getattr(item, "fixturenames", ()) or "ray" in item.nodeid.lower().replace("array", ""):
+            item.add_marker(pytest.mark.xdist_group("ray"))
