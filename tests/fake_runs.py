@@ -1,5 +1,6 @@
-"""Run directories as RunDirectory writes them, made by hand for tests of reading and reporting runs
-(not a test module: tests import these instead of importing each other)."""
+"""Run directories as RunDirectory writes them, made by hand for tests of reading and reporting runs,
+and a reader of the reports' Markdown tables (not a test module: tests import these instead of importing
+each other)."""
 
 import json
 from pathlib import Path
@@ -38,3 +39,9 @@ def fake_run(root: Path, method: str, k: int, seed: int, best: float, rounds: in
     (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (path / "summary.json").write_text(json.dumps({"finished": finished, "rounds": rounds, **(summary or {})}))
     return path
+
+
+def md_cells(md: str, label: str) -> list[str]:
+    """Every cell of a Table 1 row after its label (one dataset: no dataset column)."""
+    line = next(line for line in md.splitlines() if line.startswith(f"| {label} |"))
+    return [c.strip() for c in line.strip("|").split("|")][1:]

@@ -9,8 +9,8 @@ import yaml
 
 from fdlit.cli import main
 from fdlit.runs import read_jsonl
-from tests.test_report import fake_run, md_cells
-from tests.test_sweep import write_sweep
+from tests.fake_runs import fake_run, md_cells
+from tests.sweeping import write_sweep
 
 DEEP_LINE = "[" * 200_000 + "\n"  # a parser without a depth bound recurses 200,000 times
 DEEP_SUMMARY = "[" * 100_000 + "]" * 100_000

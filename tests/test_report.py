@@ -10,7 +10,7 @@ import yaml
 from fdlit.cli import main
 from fdlit.errors import ConfigError
 from fdlit.reporting import load_runs, write_report
-from tests.fake_runs import fake_run
+from tests.fake_runs import fake_run, md_cells
 
 ACC_KEY, PRIVATE_KEY = "after_public/global_acc_mean", "after_private/global_acc_mean"
 PNG = ("png",)  # figure files for tests that look at the tables: PNG only, fast
@@ -33,12 +33,6 @@ def cell(values, n=None):
     values = [100 * v for v in values]
     text = f"{statistics.mean(values):.2f}" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
     return text, f"(n={len(values)})"
-
-
-def md_cells(md: str, label: str) -> list[str]:
-    """Every cell of a Table 1 row after its label (one dataset: no dataset column)."""
-    line = next(line for line in md.splitlines() if line.startswith(f"| {label} |"))
-    return [c.strip() for c in line.strip("|").split("|")][1:]
 
 
 def md_row(md: str, label: str) -> list[str]:

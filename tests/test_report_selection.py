@@ -6,7 +6,7 @@ import shutil
 import yaml
 
 from fdlit.cli import main
-from tests.test_report import fake_run, md_cells
+from tests.fake_runs import fake_run, md_cells
 
 
 def _with_validation(path, size=100):

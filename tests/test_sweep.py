@@ -13,14 +13,11 @@ from fdlit.errors import ConfigError
 from fdlit.reporting import write_report
 from fdlit.runs import read_jsonl
 from fdlit.sweep import agent_flags, expand_grid, load_sweep, lookup, plan, resolve, run_sweep
+from tests.sweeping import TINY, alive, children, finished_dirs, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
-TINY = [  # a few seconds per run on one CPU core
-    "--logger.mode", "disabled", "--logger.progress", "false",
-    "--federation.rounds", "1", "--federation.private_epochs_first", "1", "--federation.public_epochs_first", "1",
-    "--data.num_clients", "5", "--data.public_size", "100", "--model.hidden", "[16]",
-]
+
 
 
 def test_shipped_sweeps_exist():
@@ -60,20 +57,6 @@ def test_sweep_file_parameters_are_valid_fit_flags(path):
     if "seed" in spec["parameters"]:  # seeds of one setting share a group
         groups = {r.group for r in runs}
         assert len(groups) == len(runs) // len(spec["parameters"]["seed"]["values"])
-
-
-def write_sweep(tmp_path, parameters, command=None, name="tiny"):
-    spec = {"name": name, "method": "grid", "parameters": parameters,
-            "command": command or ["${env}", "${interpreter}", "-m", "fdlit", "fit", "--config", "digits.yaml",
-                                   "${args}"]}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
-def finished_dirs(run_dir):
-    return sorted(p.parent for p in Path(run_dir).glob("*/summary.json")
-                  if json.loads(p.read_text()).get("finished"))
 
 
 def test_tiny_grid_runs_every_combination_once_and_resumes(tmp_path, capsys):
@@ -316,27 +299,6 @@ def test_jobs_run_in_parallel_processes_with_split_threads_and_own_folders(tmp_p
     assert "2 finished, 0 to run" in capsys.readouterr().out
 
 
-def _children(pid: int) -> set[int]:
-    """Process ids whose parent is ``pid`` (from /proc; Linux)."""
-    out = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.add(int(stat.parent.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux")
 def test_a_killed_parallel_sweep_leaves_no_worker_running(tmp_path):
     """SIGKILL gives the sweep no chance to clean up; its workers must still stop, not go on
@@ -350,12 +312,12 @@ def test_a_killed_parallel_sweep_leaves_no_worker_running(tmp_path):
         while len(list((tmp_path / "runs").glob("*/metrics.jsonl"))) < 2:  # both workers are in a run
             assert sweep.poll() is None and time.monotonic() < deadline, "the sweep did not start its runs"
             time.sleep(0.5)
-        workers = _children(sweep.pid)
+        workers = children(sweep.pid)
         assert len(workers) >= 2
     finally:
         sweep.kill()
         sweep.wait()
     deadline = time.monotonic() + 60
-    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+    while any(alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not any(_alive(w) for w in workers), "workers outlived the killed sweep"
+    assert not any(alive(w) for w in workers), "workers outlived the killed sweep"

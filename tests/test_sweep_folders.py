@@ -7,8 +7,8 @@ import json
 import os
 
 from fdlit.cli import main
-from tests.test_report import fake_run
-from tests.test_sweep import TINY, finished_dirs, write_sweep
+from tests.fake_runs import fake_run
+from tests.sweeping import TINY, finished_dirs, write_sweep
 
 
 def _run_folders(folder):

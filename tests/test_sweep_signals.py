@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fdlit.cli import main
-from tests.test_sweep import TINY, _alive, _children, write_sweep
+from tests.sweeping import TINY, alive, children, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path, capsys, jobs):
     while len(list(runs.glob("*/checkpoint.pt"))) < int(jobs):  # every worker has a run with a checkpoint
         assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()[1][-3000:]
         time.sleep(0.3)
-    workers = _children(sweep.pid)
+    workers = children(sweep.pid)
     sweep.send_signal(signal.SIGTERM)
     _, err = sweep.communicate(timeout=240)
     assert sweep.returncode == 130, err[-3000:]
@@ -38,7 +38,7 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path, capsys, jobs):
     assert lines[-1] == ("fdlit: interrupted; run the same sweep command again to continue: finished runs are "
                          "skipped and an unfinished one resumes in its own folder"), err[-3000:]
     assert "leaked semaphore" not in err and "Traceback" not in err, err[-3000:]
-    assert not any(_alive(w) for w in workers)
+    assert not any(alive(w) for w in workers)
     started = [p for p in runs.iterdir() if p.is_dir() and p.name != ".sweep"]
     assert started and all((p / "checkpoint.pt").exists() for p in started if (p / "metrics.jsonl").exists())
     capsys.readouterr()
