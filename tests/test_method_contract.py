@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from fdlit.cli import main
 from fdlit.clients.client import ClientModule
 from fdlit.clients.options import ClientOptimization
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.methods.base import ClientPart, FederationInfo, ServerContext, client_part_of
 from fdlit.runs.experiment import Experiment
 from tests.fitting import EXAMPLES, EXECUTORS

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fdlit.clients import ClientModule, ClientOptimization
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.methods.base import context_for
 from fdlit.methods.fedmd import FedMDDigest
 from fdlit.methods.fedmd_client import FedMDClient

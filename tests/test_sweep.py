@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from fdlit.cli import main
-from fdlit.config import fit_parser
+from fdlit.configuration.schema import fit_parser
 from fdlit.errors import ConfigError
 from fdlit.reporting import write_report
 from fdlit.runs import read_jsonl
-from fdlit.sweep import agent_flags, expand_grid, load_sweep, lookup, plan, resolve, run_sweep
+from fdlit.sweeps.controller import agent_flags, expand_grid, load_sweep, lookup, plan, resolve, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -123,8 +123,8 @@ def test_runs_saved_by_an_older_fdlit_are_found_again():
     """A finished run whose saved config predates a section or knob with a no-op default (here the
     adversaries section and logger.system_metrics) is the same combination: an upgrade re-runs nothing;
     a real difference (another tau, more rounds) is not."""
-    from fdlit.config import parse_fit
-    from fdlit.sweep import same_run
+    from fdlit.configuration.schema import parse_fit
+    from fdlit.sweeps.controller import same_run
 
     parser, cfg = parse_fit(["--config", "digits.yaml"])
     now = yaml.safe_load(parser.dump(cfg, skip_unset=False))
@@ -302,7 +302,7 @@ def test_a_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkey
 
 
 def test_jobs_run_in_parallel_processes_with_split_threads_and_own_folders(tmp_path, capsys):
-    from fdlit.sweep import _threads
+    from fdlit.sweeps.controller import _threads
 
     path = write_sweep(tmp_path, {"seed": {"values": [0, 1]}, "data.classes_per_client": {"value": 4}})
     extra = [*TINY, "--logger.run_dir", str(tmp_path / "runs")]

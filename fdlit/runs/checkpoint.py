@@ -52,7 +52,7 @@ import torch
 from fdlit.callbacks import FederationCallback, RoundView
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.privacy.upload import default_config
-from fdlit.run_settings import CheckpointConfig  # noqa: F401  (the checkpoint section, importable from here)
+from fdlit.configuration.run_settings import CheckpointConfig  # noqa: F401  (the checkpoint section, importable from here)
 from fdlit.runs.atomic_write import storage_error, write_file
 from fdlit.runs.checkpoint_contents import (  # noqa: F401  (the checkpoint's names, importable from here)
     _detached,

@@ -16,8 +16,8 @@ from typing import Any, Optional
 import yaml
 from jsonargparse import ArgumentParser, Namespace
 
-from fdlit.config import fit_parser, parse_fit
-from fdlit.config_ranges import check_knob_ranges
+from fdlit.configuration.schema import fit_parser, parse_fit
+from fdlit.configuration.ranges import check_knob_ranges
 from fdlit.data.hub import check_obtainable
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.federation.server import ServerModel
@@ -31,7 +31,7 @@ from fdlit.runs.directory import (
     CHECKPOINT, CONFIG, LockNotAFile, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir,
     kept_checkpoints, read_config, rebuild_logs, safe_name,
 )
-from fdlit.run_settings import LoggerConfig
+from fdlit.configuration.run_settings import LoggerConfig
 from fdlit.runs.progress import ProgressBar
 from fdlit.runs.wandb_logger import WandbLogger, check_credentials
 

@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 import torch
 
-from fdlit.code_allowlist import CodeAllowlist, ImportGuard, check_config_files
+from fdlit.configuration.code_allowlist import CodeAllowlist, ImportGuard, check_config_files
 from fdlit.errors import ConfigError, check_choice
 from fdlit.runs.atomic_write import check_target, write_file
 from fdlit.runs.checkpoint import CheckpointError, check_config, load_checkpoint, restore_checkpoint
@@ -186,7 +186,7 @@ def final_metrics(path: Path, client: Optional[int]) -> dict[str, Any]:
     return mine
 
 
-# a run's config.yaml may name only the classes of fdlit's listed in fdlit.constructible (any spelling)
+# a run's config.yaml may name only the classes of fdlit's listed in fdlit.configuration.constructible (any spelling)
 EXPORT_ALLOWLIST = CodeAllowlist((), "{name!r} in {file} {what}; export constructs only fdlit's methods, models, "
                                  "executors, attacks, clients and callbacks from a run's config.yaml. If you trust "
                                  "this run folder and its code, add --trust_config")
@@ -195,7 +195,7 @@ EXPORT_ALLOWLIST = CodeAllowlist((), "{name!r} in {file} {what}; export construc
 def _trained_loop(path: Path, state: dict[str, Any], trust_config: bool = False):
     """The run's loop, rebuilt from its config with the checkpoint's state loaded (clients in this
     process: the sequential executor, whatever the run used)."""
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.execution import SequentialExecutor
     from fdlit.runs.experiment import Experiment, legacy_name
 
