@@ -14,7 +14,8 @@ Whoever reads a run's config without having written it applies an allow-list: a 
 (the classes of fdlit's a received config may construct, :mod:`fdlit.configuration.constructible`, and its
 operator's ``allowed-classes`` prefixes) and ``export`` (those classes, unless ``--trust_config``). ``report`` and ``sweep`` import nothing a run folder's config names.
 
-The same walk refuses a section that is not a mapping of options (``federation: 5``, ``client: null``,
+The same walk refuses a class named by a former name (:mod:`fdlit.configuration.former_names`), with
+its current one, and a section that is not a mapping of options (``federation: 5``, ``client: null``,
 ``data: [1, 2]``) naming the key, for every config fdlit parses.
 """
 
@@ -32,13 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from fdlit.configuration.constructible import DOTTED, NOT_ON_A_NODE, constructible, fdlit_class, fdlit_object, full_name
+from fdlit.configuration.former_names import CLASS_FIELDS, refuse_former_name
 from fdlit.errors import ConfigError
 
 # the fit schema's option groups: each is a mapping of its options (a test compares them with the parser)
 GROUPS = ("data", "client", "federation", "privacy", "adversaries", "server", "logger", "checkpoint")
 # fields whose value names a class to import (``x.Y``, ``{class_path: x.Y}``, or a list of them)
-CODE_FIELDS = ("model", "server.model", "aggregator", "federation.executor", "federation.callbacks",
-               "federation.client_class")
+CODE_FIELDS = CLASS_FIELDS
 # the options whose command-line value jsonargparse loads from a file when it names one (a test compares them
 # with the parser)
 FILE_OPTIONS = (*GROUPS, "federation.participation", *CODE_FIELDS, "adversaries.attack")
@@ -111,6 +112,7 @@ class _Walk:
         if at and at[-1] == "class_path" or dotted in CODE_FIELDS:
             if dotted in CODE_FIELDS and self.section_file(value, file, at):
                 return
+            refuse_former_name(key, value)  # a name the methods had before, with the one they have
             if "." in value.strip():  # a bare class name is looked up among classes already imported
                 self.names.append(CodeName(key, value.strip(), str(file)))
         elif "init_args" in at and DOTTED.fullmatch(value.strip()):

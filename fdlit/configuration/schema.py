@@ -23,6 +23,7 @@ from fdlit.clients.lightning_habits import command_hint, flag_hint
 from fdlit.configuration.bounded_yaml import check_arguments, check_text
 from fdlit.configuration.code_allowlist import FILE_OPTIONS, CodeAllowlist, check_config_files
 from fdlit.configuration.files import key_line, listed_file, read_yaml, shipped_configs  # noqa: F401 (re-exported)
+from fdlit.configuration.former_names import refuse_former_names_in_arguments
 from fdlit.configuration.run_settings import CheckpointConfig, LoggerConfig
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, UnknownConfigKey, import_hint
@@ -150,6 +151,7 @@ def rewrite_config_args(argv: list[str]) -> list[str]:
         out += [*flags, "--config", file]
     out = attach_signed_numbers(out)
     check_arguments(out, FILE_OPTIONS)  # a section given as a file or as text: within a config file's bounds
+    refuse_former_names_in_arguments(out)  # a former class name: refused with the current one
     return out
 
 
