@@ -121,7 +121,8 @@ def test_tiny_grid_runs_every_combination_once_and_resumes(tmp_path, capsys):
 
 def test_runs_saved_by_an_older_fdlit_are_found_again():
     """A finished run whose saved config predates a section or knob with a no-op default (here the
-    adversaries section and logger.system_metrics) is the same combination: an upgrade re-runs nothing;
+    adversaries section and logger.system_metrics, or the methods' former names) is the same combination:
+    an upgrade re-runs nothing;
     a real difference (another tau, more rounds) is not."""
     from fdlit.configuration.schema import parse_fit
     from fdlit.sweeps.controller import same_run
@@ -135,6 +136,10 @@ def test_runs_saved_by_an_older_fdlit_are_found_again():
     assert not same_run({**old, "seed": 1}, now)
     assert not same_run({**old, "federation": {**old["federation"], "rounds": 99}}, now)
     assert not same_run({**old, "adversaries": {**now["adversaries"], "attack": "fdlit.adversaries.FreeRider"}}, now)
+    former = {**old, "aggregator": {**now["aggregator"], "class_path": "fdlit.aggregators." + (
+        now["aggregator"]["class_path"].rpartition(".")[2] + "Aggregator")}}  # saved before the methods' renames
+    assert now["aggregator"]["class_path"] == "fdlit.methods.SmoothedUncertaintyWeighted" and same_run(former, now)
+    assert not same_run({**former, "aggregator": {**now["aggregator"], "class_path": "fdlit.methods.FedAvg"}}, now)
 
 
 def test_dry_run_lists_and_runs_nothing(tmp_path, capsys):

@@ -135,7 +135,9 @@ def same_run(saved: dict, resolved: dict) -> bool:
     """Whether a saved config is this combination's: the same checkpoint fingerprint (so a run saved
     by an older fdlit, before a section or knob with a no-op default existed, is still found), the
     same number of rounds, and the same logger settings that name the run (not mode, progress or
-    W&B start-up, so logging differently reuses it)."""
+    W&B start-up, so logging differently reuses it). A run saved with the methods' former names is
+    compared in current names."""
+    from fdlit.configuration.former_names import translated
     from fdlit.runs.checkpoint import config_fingerprint
 
     def key(config: dict) -> tuple:
@@ -143,7 +145,7 @@ def same_run(saved: dict, resolved: dict) -> bool:
         return (config_fingerprint(config), (config.get("federation") or {}).get("rounds"),
                 {k: logger.get(k) for k in ("name", "group", "run_dir")})
 
-    return isinstance(saved, dict) and key(saved) == key(resolved)
+    return isinstance(saved, dict) and key(translated(saved)[0]) == key(resolved)
 
 
 def existing_runs(run_dir: Path, damaged: list[tuple[Path, str]] | None = None) -> list[tuple[Path, dict, bool]]:
