@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from fdlit.cli import main
@@ -78,6 +79,18 @@ def test_a_run_whose_config_was_rewritten_before_its_next_checkpoint_still_resum
     assert changed == {"aggregator.class_path": (SUWA_OLD, SUWA)}
     (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     resumes_to_the_uninterrupted_numbers(run)
+
+
+def test_a_model_of_a_run_written_before_the_rename_exports_as_it_was_saved(tmp_path, capsys):
+    run = tmp_path / "digits"
+    shutil.copytree(LEGACY / "digits", run)
+    before = (run / "config.yaml").read_text()
+    out = tmp_path / "client1.pt"
+    assert main(["export", str(run), "--client", "1", "--out", str(out), "--format", "state_dict"]) == 0
+    assert "client 1 after round 1" in capsys.readouterr().out
+    saved = torch.load(out, weights_only=True)
+    assert saved["source"]["model"] == "client 1" and saved["class_path"] == "fdlit.models.digits.MLP"
+    assert (run / "config.yaml").read_text() == before  # export reads the run, never rewrites it
 
 
 def test_the_real_entry_point_refuses_a_config_file_with_a_former_class_path_in_one_line(tmp_path):

@@ -247,10 +247,11 @@ def resume_experiment(run_dir: str, overrides: list[str]) -> Experiment:
 
 
 @contextlib.contextmanager
-def current_names(path: Path):
+def current_names(path: Path, say: bool = True):
     """The run's config file, or where it names a class by a former name (saved before the methods'
     renames), a copy in current names (the run goes on as the same run; its checkpoint is checked
-    against the config as saved, and the config it writes next names the classes as they are now)."""
+    against the config as saved, and the config it writes next names the classes as they are now).
+    ``say``: one line per renamed class."""
     try:
         config, changed = translated(read_config(path))
     except (OSError, yaml.YAMLError, ConfigError):  # an unreadable config.yaml: parse_fit says what is wrong
@@ -258,7 +259,7 @@ def current_names(path: Path):
     if not changed:
         yield path / CONFIG
         return
-    for key, (old, new) in changed.items():
+    for key, (old, new) in changed.items() if say else ():
         print(f"fdlit: the run's {key} {old} was renamed; it continues as {new}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="fdlit-resume-") as folder:
         copy_path = Path(folder) / CONFIG
