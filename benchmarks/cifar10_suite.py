@@ -123,10 +123,10 @@ def worker(case: Case, opts, emit) -> None:
     from cifar10_measure import UtilisationSampler, round_flop, synthetic_cifar10
 
     from fdlit.callbacks import FederationCallback
-    from fdlit.config import parse_fit, rewrite_config_args
+    from fdlit.configuration.schema import parse_fit, rewrite_config_args
     from fdlit.data.datasets import DATASETS
     from fdlit.runs.experiment import Experiment
-    from fdlit.sweep_stack import stack_runs
+    from fdlit.sweeps.stack import stack_runs
 
     size = 16 if opts.tiny else 32
     train, test = (200, 16) if opts.tiny else (50000, 10000)

@@ -48,7 +48,7 @@ def peak_flops(shapes: list[tuple[int, int]], clients: int, batch: int, repeats:
 
 
 def achieved_flops(config: str, rounds: int) -> tuple[float, list[tuple[int, int]], int, int]:
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.runs.experiment import Experiment
 
     parser, cfg = parse_fit(["--config", config, "--federation.rounds", str(rounds), "--logger.mode", "disabled",

@@ -27,7 +27,7 @@ AVG = "configs/digits_avg.yaml"
 CHILD = """
 import json, sys, tempfile, time
 from fdlit.callbacks import FederationCallback
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.execution.allocator import keep_large_blocks
 from fdlit.runs.experiment import Experiment
 

@@ -92,7 +92,7 @@ def worker(args, fit_flags: list[str]) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.runs.checkpoint import Checkpointer
     from fdlit.runs.experiment import Experiment
 

@@ -21,7 +21,7 @@ import time
 import warnings
 
 from fdlit.callbacks import FederationCallback
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.runs.dashboards import TRUST_MAX_ROWS, png_to_array, trust_heatmap_png, wandb_round_payload
 from fdlit.runs.experiment import Experiment
 

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import ctypes, json, os, resource, sys, tempfile, threading, time
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: W&B's orphans come here
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.runs.experiment import Experiment
 from fdlit.runs.wandb_logger import WandbLogger
 

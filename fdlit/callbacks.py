@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # annotations only: the config's --help imports this module b
     from fdlit.clients.client import ClientModule
     from fdlit.data.federated import ClientData
     from fdlit.execution.executor import ClientExecutor
-    from fdlit.records import JSON, Metrics
+    from fdlit.messages import JSON, Metrics
 
 
 class LedgerView(Protocol):

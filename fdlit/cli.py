@@ -1,6 +1,6 @@
 """Command line: ``python -m fdlit fit --config configs/digits.yaml [--dotted.flag value ...]``.
 
-Parses and dispatches only: the ``fit`` schema is :mod:`fdlit.config`, a run is assembled (and
+Parses and dispatches only: the ``fit`` schema is :mod:`fdlit.configuration.schema`, a run is assembled (and
 resumed) by :mod:`fdlit.runs.experiment`. Every way a command ends is one line on stderr and an
 exit status: 0 done, 1 stopped by the system (disk full, read-only, ...), 2 bad input (nothing was
 started), 3 numerical fault, 130 interrupted (Ctrl-C); a stopped run's line says how to resume it.
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Literal
 
 from jsonargparse import ActionYesNo, ArgumentParser
 
-from fdlit.code_allowlist import check_config_files
-from fdlit.config import PARSER_MODE, config_files, fit_parser, parse_error, rewrite_config_args
+from fdlit.configuration.code_allowlist import check_config_files
+from fdlit.configuration.schema import PARSER_MODE, config_files, fit_parser, parse_error, rewrite_config_args
 from fdlit.errors import ConfigError
 from fdlit.extras import require
 from fdlit.federation import NumericalFault
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             experiment = Experiment(cfg.fit, parser._subcommands_action._name_parser_map["fit"])
             experiment.run()
         elif cfg.command == "sweep":
-            from fdlit.sweep import run_sweep
+            from fdlit.sweeps.controller import run_sweep
 
             result = run_sweep(cfg.sweep.file, extra, dry_run=cfg.sweep.dry_run, jobs=cfg.sweep.jobs,
                                stack=cfg.sweep.stack)

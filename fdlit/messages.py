@@ -16,6 +16,10 @@ A :class:`Message` has three parts, kept apart by type, never by a key's spellin
 A method's hook may return a plain dict of tensors: every entry is an array. :func:`as_message`
 turns either into a Message; :meth:`Message.to_records` / :meth:`Message.from_records` map it to a
 Flower ``RecordDict`` and back without loss (bfloat16 arrays travel as their 16-bit patterns).
+
+What a run records crosses too, from the round to its callbacks and files: a round's metrics and the
+run's summary are :data:`JSON` values (numbers, strings, flags, None, and lists and dicts of them), as
+``metrics.jsonl`` and ``summary.json`` hold them.
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import torch
 
 Scalar = int | float | str | bool
+JSON: TypeAlias = "None | bool | int | float | str | list[JSON] | dict[str, JSON]"
+Metrics: TypeAlias = "dict[str, JSON]"  # a round's metrics, or the run's summary, by name
 
 
 @dataclass
@@ -134,4 +141,4 @@ def array_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-__all__ = ["PUBLIC_LOGITS", "Message", "Scalar", "Upload", "array_bytes", "as_message", "metric_values"]
+__all__ = ["JSON", "PUBLIC_LOGITS", "Message", "Metrics", "Scalar", "Upload", "array_bytes", "as_message", "metric_values"]

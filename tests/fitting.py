@@ -8,7 +8,7 @@ import torch
 
 from fdlit.cli import main
 from fdlit.clients import ClientOptimization
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.data import FederatedData
 from fdlit.execution import SequentialExecutor
 from fdlit.federation import FederationLoop

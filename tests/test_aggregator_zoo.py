@@ -448,7 +448,7 @@ def test_meta_model_labelled_size_is_a_total_split_over_the_clients():
 
 
 def test_meta_model_labelled_size_sets_the_pooled_set_in_a_run(tmp_path):
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.runs.experiment import Experiment
 
     argv = ["--config", "digits_meta_model.yaml", "--logger.mode", "disabled", "--logger.progress", "false",

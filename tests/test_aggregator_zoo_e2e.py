@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.runs.experiment import Experiment
 
 CONFIGS = {

@@ -8,7 +8,7 @@ import paper_fixtures  # noqa: F401  (offline HF env first)
 import torch
 from paper_fixtures import image_dataset_dict
 
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.data.augment import ImageInput, WithInput
 from fdlit.runs.experiment import Experiment
 

@@ -1,5 +1,5 @@
 """A section given on the command line, as a file or as YAML text, is read within a config file's bounds
-(fdlit.bounded_yaml.check_arguments): one line, exit status 2, little CPU and memory, whatever it is."""
+(fdlit.configuration.bounded_yaml.check_arguments): one line, exit status 2, little CPU and memory, whatever it is."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_a_section_on_the_command_line_is_read_within_bounds(option, kind, expec
 
 def test_a_section_file_within_bounds_still_configures_the_run(tmp_path):
     """The check reads the file and lets it through: jsonargparse then loads it as before."""
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
 
     (tmp_path / "fed.yaml").write_text("rounds: 3\n")
     _, cfg = parse_fit(["--config", "digits.yaml", "--federation", str(tmp_path / "fed.yaml")])
@@ -89,8 +89,8 @@ def test_a_section_file_within_bounds_still_configures_the_run(tmp_path):
 
 def test_the_file_options_are_the_parsers():
     """Every option jsonargparse loads from a file (a section, a class) is one the check reads."""
-    from fdlit.code_allowlist import FILE_OPTIONS
-    from fdlit.config import fit_parser
+    from fdlit.configuration.code_allowlist import FILE_OPTIONS
+    from fdlit.configuration.schema import fit_parser
 
     parser = fit_parser()
     sections = {a.dest for a in parser._actions if type(a).__name__ == "_ActionConfigLoad"}

@@ -1,5 +1,5 @@
-"""Every config fdlit parses is read within bounds (fdlit.bounded_yaml) and its sections are mappings
-(fdlit.code_allowlist): one line naming the file or key, exit status 2, quickly, nothing written."""
+"""Every config fdlit parses is read within bounds (fdlit.configuration.bounded_yaml) and its sections are mappings
+(fdlit.configuration.code_allowlist): one line naming the file or key, exit status 2, quickly, nothing written."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ class InProcessGrid:
 
 
 def deployed_in_process(args: list[str], grid: InProcessGrid, resume: str | None = None) -> Path:
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.deployment.executor import FlowerExecutor
     from fdlit.runs.experiment import Experiment, resume_experiment
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from fdlit.cli import main
-from fdlit.config import parse_fit, resolve_config_path
+from fdlit.configuration.schema import parse_fit, resolve_config_path
 from fdlit.runs.experiment import Experiment
 
 REPO = Path(__file__).resolve().parents[1]

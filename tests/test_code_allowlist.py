@@ -1,5 +1,5 @@
 """Code a run's config names is imported only within the reader's allow-list, in every spelling:
-on ``export`` of a run folder and on a deployed node (fdlit.code_allowlist)."""
+on ``export`` of a run folder and on a deployed node (fdlit.configuration.code_allowlist)."""
 
 from __future__ import annotations
 
@@ -121,8 +121,8 @@ def test_report_and_sweep_import_nothing_a_run_folder_names(evil, tmp_path, caps
 
 
 def test_the_groups_are_the_fit_parsers():
-    from fdlit.code_allowlist import CODE_FIELDS, GROUPS
-    from fdlit.config import fit_parser
+    from fdlit.configuration.code_allowlist import CODE_FIELDS, GROUPS
+    from fdlit.configuration.schema import fit_parser
 
     parser = fit_parser()
     groups = {name.split(".")[0] for name in parser.groups if name and "." not in name} - {"model", "aggregator"}
@@ -149,7 +149,7 @@ def test_a_node_worker_answers_a_refused_set_up_with_its_one_line(evil, tmp_path
 def test_the_import_guard_refuses_a_planted_module_and_lets_the_installation_through(evil):
     import importlib
 
-    from fdlit.code_allowlist import CodeAllowlist, ImportGuard
+    from fdlit.configuration.code_allowlist import CodeAllowlist, ImportGuard
 
     sys.modules.pop("colorsys", None)
     with ImportGuard(CodeAllowlist(())):

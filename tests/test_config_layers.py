@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import fdlit.config
-import fdlit.config_files
-from fdlit.config import config_layers, parse_fit, rewrite_config_args
+import fdlit.configuration.files
+import fdlit.configuration.schema
+from fdlit.configuration.schema import config_layers, parse_fit, rewrite_config_args
 from fdlit.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -174,6 +174,6 @@ def test_a_part_found_nowhere_says_where_it_looked_and_an_install_without_config
         parse_fit(["--config", str(top)])
     assert str(tmp_path / "datasets" / "nosuch.yaml") in str(err.value)
     assert str(CONFIGS / "datasets" / "nosuch.yaml") in str(err.value)
-    monkeypatch.setattr(fdlit.config_files, "PACKAGE_ROOT", tmp_path / "site-packages" / "fdlit")  # a wheel install
+    monkeypatch.setattr(fdlit.configuration.files, "PACKAGE_ROOT", tmp_path / "site-packages" / "fdlit")  # a wheel install
     with pytest.raises(ConfigError, match="no configs/ folder.*installed as a package.*pip install -e"):
         parse_fit(["--config", str(top)])

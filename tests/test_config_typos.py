@@ -80,7 +80,7 @@ def test_jsonargparse_is_in_its_tested_range_and_an_unknown_wording_still_gives_
 
     from packaging.requirements import Requirement
 
-    from fdlit.config import fit_parser, parse_error
+    from fdlit.configuration.schema import fit_parser, parse_error
 
     pyproject = (CONFIGS.parent / "pyproject.toml").read_text()
     (spec,) = [Requirement(d).specifier for d in re.findall(r'"(jsonargparse[^"]*)"', pyproject)]

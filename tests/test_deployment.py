@@ -163,7 +163,7 @@ def test_a_node_reads_the_dataset_from_its_own_data_dir(tmp_path):
     """--node-config "data-dir=..." replaces the server's data.data_dir on that node only."""
     from paper_fixtures import idx_folder
 
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.deployment.node import NodeWorker
     from fdlit.runs.experiment import Experiment
 

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.methods import (
     LKD,
     ProbabilityAveraging,

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.runs.experiment import Experiment
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -42,7 +42,7 @@ def trained_run(tmp_path_factory):
 
 
 def test_an_exported_client_predicts_as_the_run_did_with_torch_alone(trained_run, tmp_path, capsys):
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
 
     run_dir, args = trained_run
     out = tmp_path / "client2.pt"
@@ -92,7 +92,7 @@ with torch.no_grad():
 
 
 def test_a_torchscript_export_loads_without_fdlit_and_gives_the_clients_logits(trained_run, tmp_path, capsys):
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.data import FederatedData
     from fdlit.runs.checkpoint import load_checkpoint
     from fdlit.runs.directory import read_config

@@ -8,9 +8,9 @@ import paper_fixtures  # noqa: F401  (offline HF env first)
 import pytest
 from paper_fixtures import idx_folder
 
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.runs.experiment import Experiment
-from fdlit.sweep_file import load_sweep
+from fdlit.sweeps.file import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = load_sweep(ROOT / "sweeps" / "fashion_mnist_families.yaml")

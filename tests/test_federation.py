@@ -191,7 +191,7 @@ def test_float64_precision_runs_with_the_uwa_calibration_hook(fast_args):
     """64-true: the sUWA hook calls predict_logits on float32 calibration data outside Fabric; the
     client casts to its parameters' dtype (it used to stop with a Float/Double matmul error). Both
     executors end at the same metrics."""
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.runs.experiment import Experiment
 
     histories = []

@@ -78,7 +78,7 @@ class OwnNet(torch.nn.Module):  # a plain torch.nn.Module, not derived from fdli
 def test_any_module_taking_input_shape_and_num_classes_is_accepted():
     assert issubclass(OwnNet, ClientNetwork) and issubclass(MLP, ClientNetwork)
     assert not issubclass(torch.nn.Linear, ClientNetwork)
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
 
     _, cfg = parse_fit(["--config", "configs/digits.yaml", "--model", f"{__name__}.OwnNet", "--model.width", "8"])
     assert cfg.model.class_path.endswith("OwnNet") and cfg.model.init_args.width == 8

@@ -14,7 +14,7 @@ import yaml
 
 from fdlit.cli import main
 from fdlit.clients.features import split_network
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.methods.fedavg import FedAvg, FedAvgClient
 from fdlit.models.build import build_model
 from fdlit.runs.experiment import Experiment

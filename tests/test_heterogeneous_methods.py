@@ -17,7 +17,7 @@ import torch
 from fdlit.callbacks import FederationCallback
 from fdlit.cli import main
 from fdlit.clients.features import split_network
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.runs import read_jsonl
 from fdlit.runs.experiment import Experiment
 

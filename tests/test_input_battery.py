@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from fdlit.cli import main
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.federation.settings import FederationSettings
 from fdlit.runs.checkpoint import config_fingerprint, load_checkpoint, save_checkpoint
 from fdlit.runs.directory import CHECKPOINT, CONFIG, LOCK, read_jsonl

@@ -195,7 +195,7 @@ def test_two_identical_sweeps_on_one_folder_run_nothing_twice_and_lose_no_record
 
 def test_a_sweep_held_by_another_process_is_refused_in_one_line_and_keeps_earlier_records(tmp_path, capsys):
     from fdlit.runs.directory import RunLock
-    from fdlit.sweep import SweepInUse
+    from fdlit.sweeps.controller import SweepInUse
 
     runs = tmp_path / "runs"
     sweep = tiny_sweep(tmp_path, seeds=(0,))

@@ -12,7 +12,7 @@ from lightning.pytorch import LightningModule
 from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.clients.schedules import read_optimizers, step_schedules
 from fdlit.clients.step_log import StepLog
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.errors import ConfigError
 from fdlit.execution.vectorizable import unsupported_reason
 from fdlit.runs.experiment import Experiment

@@ -2,7 +2,6 @@
 trains the same under every executor, and its server state cannot silently mix public samples."""
 
 import math
-import warnings
 
 import pytest
 import torch
@@ -11,8 +10,8 @@ import torch.nn.functional as F
 from fdlit.cli import main
 from fdlit.clients.client import ClientModule
 from fdlit.clients.options import ClientOptimization
-from fdlit.config import parse_fit
-from fdlit.methods.base import ClientPart, FederationInfo, ServerContext, client_part_of
+from fdlit.configuration.schema import parse_fit
+from fdlit.methods.base import ClientPart, FederationInfo, ServerContext
 from fdlit.runs.experiment import Experiment
 from tests.fitting import EXAMPLES, EXECUTORS
 
@@ -109,30 +108,6 @@ def test_the_ema_over_public_ids_mixes_only_the_same_samples(examples_on_path):
     torch.testing.assert_close(first, torch.tensor([[0.9, 0.1], [0.2, 0.8]]))
     second = round_with([1, 3], torch.tensor([[0.6, 0.4], [0.5, 0.5]]))  # sample 1 again, sample 3 new
     torch.testing.assert_close(second, torch.tensor([[0.4, 0.6], [0.5, 0.5]]))
-
-
-def test_hooks_with_the_former_positional_signatures_still_run_with_a_warning():
-    class Old(ClientPart):
-        def loss(self, client, phase, logits, target, weight, base):
-            return base * 2
-
-        def distillation_set(self, public_x, targets, private_x, private_y):
-            return private_x, targets
-
-    from fdlit.methods.averaging import ProbabilityAveraging
-
-    class Rule(ProbabilityAveraging):
-        def client_part(self):
-            return Old()
-
-    with pytest.warns(DeprecationWarning, match="positional"):
-        part = client_part_of(Rule())
-    client = ClientModule(torch.nn.Linear(3, 2), 0, [0], ClientOptimization())
-    client.method_part = part
-    logits, labels = torch.randn(4, 2), torch.tensor([0, 1, 0, 1])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        torch.testing.assert_close(client.private_loss(logits, labels), 2 * F.cross_entropy(logits, labels))
 
 
 def test_configure_decides_what_each_client_is_sent_and_the_client_distils_from_its_own(tmp_path):

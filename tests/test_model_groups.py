@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from fdlit.clients.features import split_network
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.errors import ConfigError
 from fdlit.models import LeNet5, PerClient, ResNet18
 from fdlit.models.build import build_model

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("flwr", reason="the flower extra is not installed")
 
-from fdlit.config import parse_fit  # noqa: E402
+from fdlit.configuration.schema import parse_fit  # noqa: E402
 from fdlit.deployment.node import NodeWorker  # noqa: E402
 from fdlit.runs.experiment import Experiment  # noqa: E402
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import paper_fixtures  # noqa: F401  (offline HF env first)
 import pytest
 
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -166,28 +166,22 @@ def test_heterogeneous_models_and_non_sgd_scaffold_are_refused_before_any_work()
     assert err.value.field == "aggregator.mu"
 
 
-def test_a_rule_with_client_hooks_on_the_aggregator_still_runs_with_a_deprecation_warning():
-    """A rule written before client parts (``client_upload`` on the Aggregator, calling its parent's)
-    runs through the adapter part: same run as its parent, plus what its hook adds, which it declares
-    (``released``: a client part that declares nothing sends what its method's ``released`` names)."""
+def test_a_rule_with_client_hooks_on_the_aggregator_is_refused_in_one_line_not_silently_skipped():
+    """The framework calls the client part's hooks only: a rule that defines ``client_upload`` on the
+    Aggregator would upload without it, so it is refused before anything trains, naming the hook."""
     arrived = []
 
     class OldStyle(FedAvg):
-        released = {"parameters": "unbounded", "client_norm": "unbounded"}
-
         def client_upload(self, ctx):
-            return {**super().client_upload(ctx), "client_norm": flatten(list(ctx.client.model.parameters())).norm()}
+            return {"client_norm": flatten(list(ctx.client.model.parameters())).norm()}
 
         def aggregate(self, uploads, ctx):
             arrived.append(sorted(uploads[0]))
             return super().aggregate(uploads, ctx)
 
-    with pytest.warns(DeprecationWarning, match="OldStyle defines client_upload on the Aggregator"):
-        old = loop_for(OldStyle())
-        old.fit()
-    new = loop_for(FedAvg())
-    new.fit()
-    assert arrived == [["client_norm", "parameters"]] * 2
-    assert torch.equal(params(old), params(new))
-    sent = [m.kind for m in old.server_side.ledger.messages if m.round == 1 and m.client == 0]
-    assert sent == ["parameters", "client_norm", "parameters"]
+    with pytest.raises(ConfigError) as err:
+        loop_for(OldStyle()).fit()
+    assert err.value.field == "aggregator"
+    assert "OldStyle defines client_upload on the Aggregator; define them on its ClientPart (client_upload as " \
+           "upload)" in str(err.value)
+    assert arrived == []

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.federation.participation import Participation
 from fdlit.methods import FedGO, Oracle
 from fdlit.methods.base import FederationInfo, ServerContext, context_for

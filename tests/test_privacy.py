@@ -75,7 +75,7 @@ def test_the_server_receives_each_clients_release_of_its_own_logits(tmp_path, ex
     """The release is a client step: what reaches the server's side is, for each client, the
     clipped and noised (and encoded) version of that client's own public logits, with its own noise
     stream; the server only decodes and accounts it."""
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.runs.experiment import Experiment
 
     argv = tiny("digits_avg.yaml", tmp_path, *DP, "--privacy.encoding", "full",

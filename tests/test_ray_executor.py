@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fdlit.callbacks import FederationCallback
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.execution import RayExecutor, SequentialExecutor, VectorizedExecutor

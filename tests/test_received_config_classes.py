@@ -1,5 +1,5 @@
 """A config received from elsewhere (a run folder given to ``export``, a run submitted to a node) constructs
-only the classes of fdlit.constructible: fdlit's classes that write files are refused in one line before
+only the classes of fdlit.configuration.constructible: fdlit's classes that write files are refused in one line before
 anything is constructed, and nothing is written outside the run's folder."""
 
 from __future__ import annotations
@@ -122,10 +122,10 @@ def test_no_callback_of_fdlit_that_writes_is_constructible():
     progress, a sweep's round lines) is refused; the methods, models, executors, attacks and clients the
     shipped configs name are constructible."""
     from fdlit.callbacks import FederationCallback
-    from fdlit.constructible import constructible, full_name
+    from fdlit.configuration.constructible import constructible, full_name
 
     for module in ("fdlit.runs.directory", "fdlit.runs.checkpoint", "fdlit.runs.wandb_logger", "fdlit.runs.progress",
-                   "fdlit.sweep_stack", "fdlit.runs.experiment"):
+                   "fdlit.sweeps.stack", "fdlit.runs.experiment"):
         importlib.import_module(module)
     todo, found = list(FederationCallback.__subclasses__()), []
     while todo:
@@ -137,6 +137,6 @@ def test_no_callback_of_fdlit_that_writes_is_constructible():
     assert [n for n in found if constructible(n)] == []
     shipped = ["fdlit.methods.SmoothedUncertaintyWeighted", "fdlit.methods.F2LParams", "fdlit.models.ResNet18",
                "fdlit.models.mutual.MutualPair", "fdlit.execution.VectorizedExecutor", "fdlit.execution.RayExecutor",
-               "fdlit.adversaries.LabelFlipping", "fdlit.clients.ClientModule",
-               "fdlit.aggregators.SmoothedUncertaintyWeightedAggregator"]
+               "fdlit.adversaries.LabelFlipping", "fdlit.clients.ClientModule"]
     assert all(constructible(n) for n in shipped)
+    assert not constructible("fdlit.aggregators.SmoothedUncertaintyWeightedAggregator")  # no former names

@@ -14,7 +14,7 @@ import torch
 
 from fdlit.callbacks import FederationCallback
 from fdlit.cli import main
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.federation import NumericalFault
 from fdlit.messages import Message
 from fdlit.methods import UncertaintyWeighted

@@ -587,7 +587,7 @@ def test_a_trust_matrix_of_many_classes_keeps_its_labels_readable(tmp_path):
 def test_runs_saved_before_a_no_op_section_existed_pool_with_newer_ones():
     """A run whose config predates the adversaries section (or has the privacy section at its
     defaults) is the same setting as one with the section but no attack: one row, not two."""
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.reporting.labels import setting_key
 
     parser, cfg = parse_fit(["--config", "digits.yaml"])

@@ -55,7 +55,7 @@ def test_a_given_name_wins(tmp_path):
 def test_the_wandb_config_holds_every_setting_and_the_setting_hash(tmp_path):
     import yaml
 
-    from fdlit.run_settings import LoggerConfig
+    from fdlit.configuration.run_settings import LoggerConfig
     from fdlit.runs.wandb_logger import WandbLogger
 
     assert main(tiny(tmp_path, "--aggregator.tau", "0.5")) == 0

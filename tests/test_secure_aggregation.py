@@ -145,7 +145,7 @@ def test_a_score_beyond_its_bound_stops_the_run_in_one_line_not_a_fallback():
 def runs(tmp_path_factory):
     """Tiny digits runs (sUWA, with dropouts) with and without secure aggregation; the secure one with the
     server's rule spied on."""
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.runs.experiment import Experiment
 
     tmp = tmp_path_factory.mktemp("secagg")

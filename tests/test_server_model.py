@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from fdlit.clients import ClientModule, ClientOptimization
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.methods.base import context_for
 from fdlit.methods.fedmd import FedMDDigest
-from fdlit.methods.fedmd_client import FedMDClient
 from fdlit.models import MLP
 from fdlit.runs.experiment import Experiment
 from tests.fitting import fit_loop, tiny
@@ -109,10 +108,6 @@ def test_fedmd_digest_is_l1_to_the_consensus_up_to_a_row_constant():
     assert torch.allclose(client.public_loss(logits, teacher), expected, atol=1e-5)
     weight = torch.tensor([1.0, 0.0])
     assert torch.allclose(client.public_loss(logits, teacher, weight), (c - t).abs().mean(-1)[0], atol=1e-5)
-    # the old client class still imports and digests alike, with a deprecation warning
-    with pytest.warns(DeprecationWarning, match="FedMDClient is deprecated"):
-        old = FedMDClient(MLP((4,), 3, hidden=[8]), 0, [0, 1, 2], ClientOptimization("adam", 1e-3))
-    assert torch.equal(old.public_loss(logits, teacher, weight), client.public_loss(logits, teacher, weight))
     assert torch.equal(ClientModule(MLP((4,), 3, hidden=[8]), 0, [0, 1, 2], ClientOptimization("adam", 1e-3))
                        .public_loss(logits, teacher), torch.nn.functional.cross_entropy(logits, teacher))
 

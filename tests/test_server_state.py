@@ -7,7 +7,7 @@ import io
 import pytest
 import torch
 
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.errors import ConfigError
 from fdlit.methods.base import AggregationResult, Aggregator
 from fdlit.runs.experiment import Experiment

@@ -215,7 +215,7 @@ def test_a_stacked_sweep_killed_out_of_step_resumes_bit_for_bit(tmp_path, capsys
 
 
 def test_stacks_group_runs_that_share_data_network_and_schedule(tmp_path, capsys):
-    from fdlit.sweep_stack import plan_stacks, stack_key
+    from fdlit.sweeps.stack import plan_stacks, stack_key
 
     def run(name, **changes):
         resolved = {"data": {"dataset": "digits"}, "model": {"class_path": "fdlit.models.MLP"}, "client": {"lr": 0.1},

@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from fdlit.cli import main
-from fdlit.config import fit_parser
+from fdlit.configuration.schema import fit_parser
 from fdlit.errors import ConfigError
 from fdlit.reporting import write_report
 from fdlit.runs import read_jsonl
-from fdlit.sweep import agent_flags, expand_grid, load_sweep, lookup, plan, resolve, run_sweep
+from fdlit.sweeps.controller import agent_flags, expand_grid, load_sweep, lookup, plan, resolve, run_sweep
 from tests.sweeping import TINY, alive, children, finished_dirs, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,10 +104,11 @@ def test_tiny_grid_runs_every_combination_once_and_resumes(tmp_path, capsys):
 
 def test_runs_saved_by_an_older_fdlit_are_found_again():
     """A finished run whose saved config predates a section or knob with a no-op default (here the
-    adversaries section and logger.system_metrics) is the same combination: an upgrade re-runs nothing;
+    adversaries section and logger.system_metrics, or the methods' former names) is the same combination:
+    an upgrade re-runs nothing;
     a real difference (another tau, more rounds) is not."""
-    from fdlit.config import parse_fit
-    from fdlit.sweep import same_run
+    from fdlit.configuration.schema import parse_fit
+    from fdlit.sweeps.controller import same_run
 
     parser, cfg = parse_fit(["--config", "digits.yaml"])
     now = yaml.safe_load(parser.dump(cfg, skip_unset=False))
@@ -118,6 +119,10 @@ def test_runs_saved_by_an_older_fdlit_are_found_again():
     assert not same_run({**old, "seed": 1}, now)
     assert not same_run({**old, "federation": {**old["federation"], "rounds": 99}}, now)
     assert not same_run({**old, "adversaries": {**now["adversaries"], "attack": "fdlit.adversaries.FreeRider"}}, now)
+    former = {**old, "aggregator": {**now["aggregator"], "class_path": "fdlit.aggregators." + (
+        now["aggregator"]["class_path"].rpartition(".")[2] + "Aggregator")}}  # saved before the methods' renames
+    assert now["aggregator"]["class_path"] == "fdlit.methods.SmoothedUncertaintyWeighted" and same_run(former, now)
+    assert not same_run({**former, "aggregator": {**now["aggregator"], "class_path": "fdlit.methods.FedAvg"}}, now)
 
 
 def test_dry_run_lists_and_runs_nothing(tmp_path, capsys):
@@ -285,7 +290,7 @@ def test_a_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkey
 
 
 def test_jobs_run_in_parallel_processes_with_split_threads_and_own_folders(tmp_path, capsys):
-    from fdlit.sweep import _threads
+    from fdlit.sweeps.controller import _threads
 
     path = write_sweep(tmp_path, {"seed": {"values": [0, 1]}, "data.classes_per_client": {"value": 4}})
     extra = [*TINY, "--logger.run_dir", str(tmp_path / "runs")]

@@ -7,7 +7,7 @@ import time
 
 from fdlit.callbacks import FederationCallback
 from fdlit.cli import main
-from fdlit.config import parse_fit
+from fdlit.configuration.schema import parse_fit
 from fdlit.execution import SequentialExecutor
 from fdlit.runs.experiment import Experiment
 

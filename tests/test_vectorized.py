@@ -358,7 +358,7 @@ def test_federation_metrics_match_sequential(tmp_path, model, aggregator):
 
 
 def test_cli_knob_chooses_the_executor():
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.runs.experiment import Experiment
 
     base = ["--config", "digits.yaml", "--logger.mode", "disabled"]

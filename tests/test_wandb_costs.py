@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fdlit.run_settings import LoggerConfig
+from fdlit.configuration.run_settings import LoggerConfig
 from fdlit.runs import wandb_costs
 
 wandb = pytest.importorskip("wandb")

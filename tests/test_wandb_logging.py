@@ -266,9 +266,9 @@ def test_every_sweep_file_gives_the_agent_a_command_line_fdlit_parses(name, tmp_
 
     import yaml
 
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.runs.naming import flat
-    from fdlit.sweep import expand_grid
+    from fdlit.sweeps.controller import expand_grid
 
     path = Path(__file__).parents[1] / "sweeps" / f"{name}.yaml"
     spec = yaml.safe_load(path.read_text())

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fdlit.bounded_yaml import open_regular
+from fdlit.configuration.bounded_yaml import open_regular
 from fdlit.errors import ConfigError
 
 MAX_BYTES = 2**31  # the largest IDX set fdlit knows (EMNIST by class, 547 MB) with room to spare

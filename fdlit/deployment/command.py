@@ -43,7 +43,7 @@ def deploy_parser() -> argparse.ArgumentParser:
 def fit_arguments(argv: list[str]):
     """fit's arguments with config files and the run folder made absolute (the ServerApp runs elsewhere),
     and the parsed config."""
-    from fdlit.config import parse_fit, rewrite_config_args
+    from fdlit.configuration.schema import parse_fit, rewrite_config_args
 
     argv = rewrite_config_args(argv)
     argv = [str(Path(a).resolve()) if i > 0 and argv[i - 1] == "--config" else a for i, a in enumerate(argv)]
@@ -54,7 +54,7 @@ def fit_arguments(argv: list[str]):
 
 def main(run_dir: str | None, argv: list[str]) -> int:
     """``deploy``: ``run_dir`` is ``--resume``'s run directory (taken out of the arguments), or None."""
-    from fdlit.config import attach_signed_numbers
+    from fdlit.configuration.schema import attach_signed_numbers
     from fdlit.deployment import import_flwr
     from fdlit.deployment.checks import check_node_count, check_options
 

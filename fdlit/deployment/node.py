@@ -36,7 +36,7 @@ from fdlit.deployment.secure_node import NodeSecureAggregation
 from fdlit.deployment.wire import pack, unpack
 
 if TYPE_CHECKING:
-    from fdlit.code_allowlist import CodeAllowlist
+    from fdlit.configuration.code_allowlist import CodeAllowlist
     from fdlit.federation.client_side import ClientSide
 
 
@@ -54,9 +54,9 @@ def from_bytes(t: torch.Tensor) -> Any:
 
 def node_allowlist(allowed: str) -> CodeAllowlist:
     """The code a node's runs may name: the classes of fdlit's a received config may construct
-    (:mod:`fdlit.constructible`) and its operator's ``allowed-classes`` (``--node-config
+    (:mod:`fdlit.configuration.constructible`) and its operator's ``allowed-classes`` (``--node-config
     "allowed-classes='mylab.,torch.optim.'"``: comma-separated prefixes of dotted names)."""
-    from fdlit.code_allowlist import CodeAllowlist
+    from fdlit.configuration.code_allowlist import CodeAllowlist
 
     prefixes = [p for p in str(allowed).split(",") if p.strip()]
     return CodeAllowlist(prefixes, "the run names {names} ({key} in {file}; {name} {what}); this node constructs "
@@ -69,11 +69,11 @@ def check_class_paths(config_yaml: str, allowed: str, folder: Path | None = None
     """A node builds what the run's config names, so whoever submits a run chooses the code its node
     runs: the config (``config_yaml`` as the node received it, written to ``folder``/config.yaml) is
     refused before anything of it is imported when it names code outside the node's allow-list, in any
-    spelling (:mod:`fdlit.code_allowlist`), or names a file of the node's machine (a ``config:`` list, a
+    spelling (:mod:`fdlit.configuration.code_allowlist`), or names a file of the node's machine (a ``config:`` list, a
     section given as a path: the server sends the config resolved, so a node never reads its own files
     for it). The file written back (``folder`` None: a temporary folder, removed again)."""
-    from fdlit.bounded_yaml import check_text
-    from fdlit.code_allowlist import check_config_files
+    from fdlit.configuration.bounded_yaml import check_text
+    from fdlit.configuration.code_allowlist import check_config_files
     from fdlit.errors import ConfigError
 
     if folder is None:
@@ -154,8 +154,8 @@ class NodeWorker:
                 "local_data": bool(self.node_config.get("local-data"))}, {}
 
     def op_setup(self, meta, tensors):
-        from fdlit.code_allowlist import ImportGuard
-        from fdlit.config import parse_fit
+        from fdlit.configuration.code_allowlist import ImportGuard
+        from fdlit.configuration.schema import parse_fit
         from fdlit.runs.experiment import loop_from_config
 
         allowed = self.node_config.get("allowed-classes", "")

@@ -34,7 +34,7 @@ RUN_CONFIG_DEFAULTS = {"fit-args": "[]", "nodes": 1, "timeout": 600.0, "node-wai
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.deployment.executor import FlowerExecutor
     from fdlit.deployment.pace import short_object_pulls
 

@@ -17,8 +17,8 @@ import torch
 
 from fdlit.errors import ConfigError, check_at_least, check_choice, import_hint
 from fdlit.federation.baselines import reference_client
+from fdlit.methods.base import check_client_hooks
 from fdlit.methods.client_part import declared_uploads
-from fdlit.methods.compat import client_part_of
 from fdlit.models.build import build_model
 
 if TYPE_CHECKING:  # the config's checks import this module for --help, before clients or data load
@@ -188,7 +188,8 @@ def build_clients(data: FederatedData, mode: str, client_class: type[ClientModul
     if draws is not None:
         torch.set_rng_state(draws.after.clone())  # what follows draws as after every network, as in fit
     record = InitialDraws(before, torch.get_rng_state())
-    part = client_part_of(method)
+    check_client_hooks(method)
+    part = method.client_part()
     part.uploads = declared_uploads(part, method)  # what every client may send each round
     method_part = adversaries.wrap(part, method.exchange, len(clients), seed)
     for client in clients:

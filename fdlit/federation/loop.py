@@ -34,10 +34,10 @@ from fdlit.federation.selection import ExactSelection
 from fdlit.federation.server import ServerModel
 from fdlit.federation.server_side import ServerSide
 from fdlit.federation.settings import FederationSettings
+from fdlit.messages import Metrics
 from fdlit.methods.base import Aggregator
 from fdlit.models.build import ModelSpec
 from fdlit.privacy import UploadPrivacy
-from fdlit.records import Metrics
 
 
 class FederationLoop:

@@ -16,11 +16,11 @@ import torch
 from fdlit.errors import NumericalFault, check_finite  # noqa: F401  (re-exported: the round raises them)
 from fdlit.federation.diagnostics import trust_matrix
 from fdlit.federation.evaluation import Accuracies
+from fdlit.messages import JSON, Metrics
 from fdlit.methods.base import AggregationResult, weight_concentration, weight_entropy
 from fdlit.privacy.audit import membership_audit
 from fdlit.privacy.guarantee import privacy_summary
 from fdlit.privacy.upload_audit import prediction_membership
-from fdlit.records import JSON, Metrics
 
 if TYPE_CHECKING:
     from fdlit.federation.round_facts import RoundPlan

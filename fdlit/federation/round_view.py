@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from fdlit.federation.round_parts import RoundParts
     from fdlit.federation.server_side import ServerSide
     from fdlit.federation.settings import FederationSettings
-    from fdlit.records import Metrics
+    from fdlit.messages import Metrics
 
 
 class Run(Protocol):

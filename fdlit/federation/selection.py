@@ -18,7 +18,7 @@ import copy
 import math
 from typing import TYPE_CHECKING, Any
 
-from fdlit.records import Metrics
+from fdlit.messages import Metrics
 
 if TYPE_CHECKING:
     from fdlit.federation.client_side import ClientSide

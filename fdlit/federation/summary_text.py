@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
+from fdlit.messages import JSON, Metrics
 from fdlit.privacy.guarantee import no_teacher_cause, summary_lines
-from fdlit.records import JSON, Metrics
 
 
 def _number(value: JSON) -> float | None:

@@ -66,7 +66,6 @@ __all__ = [
     "FedGOParams",
     "FedKD",
     "FedMD",
-    "FedMDClient",
     "FedMedian",
     "FedTrimmedMean",
     "FedProx",
@@ -90,16 +89,3 @@ __all__ = [
     "weight_entropy",
 ]
 
-
-def __getattr__(name):
-    # FedMDClient is a client module: imported only when it is asked for
-    if name == "FedMDClient":
-        from fdlit.methods.fedmd_client import FedMDClient
-
-        return FedMDClient
-    from fdlit.methods.aliases import renamed_class
-
-    cls = renamed_class(name, globals())  # a former name (fdlit.methods.aliases), with a FutureWarning
-    if cls is None:
-        raise AttributeError(name)
-    return cls

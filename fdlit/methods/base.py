@@ -30,24 +30,23 @@ the client part's ``upload`` sends the client's parameters, ``aggregate`` return
 A method that does something on the server after averaging ("FedAvg, then server distillation")
 overrides ``aggregate``, calls the averaging and replaces or adds to the broadcast.
 
-Rules written before the split (``client_setup``, ``client_upload``, ``client_receive``,
-``distillation_set`` defined on the Aggregator) still run, through :class:`LegacyClientPart`, with
-a DeprecationWarning: their client hooks ship the whole rule, server state included.
+The client hooks live on the client part only: an Aggregator that defines one itself
+(``client_setup``, ``client_upload``, ``client_receive``, ``distillation_set``) is refused in one line
+when its run is built (:func:`check_client_hooks`), so a hook is never silently not called.
 """
 
 from __future__ import annotations
 
 import functools
 import types
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fdlit.errors import ConfigError
 from fdlit.messages import Message
 from fdlit.methods.client_part import ClientPart
-from fdlit.methods.compat import LegacyAggregatorHooks, LegacyClientPart, client_part_of, legacy_hooks
 from fdlit.methods.contexts import (
     ClientContext,
     DistillationContext,
@@ -62,8 +61,8 @@ if TYPE_CHECKING:
     from fdlit.privacy.secure_upload import SecureSums
 
 __all__ = ["AggregationResult", "Aggregator", "ClientContext", "ClientPart", "DistillationContext", "FederationInfo",
-           "LegacyClientPart", "LossContext", "ServerContext", "Uploads", "client_part_of", "context_for",
-           "legacy_hooks", "uniform_weights", "weight_concentration", "weight_entropy"]
+           "LossContext", "ServerContext", "Uploads", "check_client_hooks", "context_for", "uniform_weights",
+           "weight_concentration", "weight_entropy"]
 
 
 @dataclass
@@ -80,7 +79,7 @@ class AggregationResult:
     broadcast: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-class Aggregator(LegacyAggregatorHooks):
+class Aggregator:
     """A method's server part, which also builds its client part (see the module docstring).
 
     ``uploads[i]`` is what client i sent this round: the arrays its client part declares
@@ -174,10 +173,7 @@ class Aggregator(LegacyAggregatorHooks):
     @property
     def has_setup(self) -> bool:
         """Whether the method has a set-up stage (the loop skips it otherwise)."""
-        with warnings.catch_warnings():  # client_part_of warns where the part is built for a run
-            warnings.simplefilter("ignore", DeprecationWarning)
-            part = client_part_of(self)
-        return part.has_setup or type(self).server_setup is not Aggregator.server_setup
+        return self.client_part().has_setup or type(self).server_setup is not Aggregator.server_setup
 
     # ------------------------------------------------------------------ secure aggregation
     def secure_summands(self, upload: dict[str, torch.Tensor], client: int) -> dict[str, tuple[torch.Tensor, float]]:
@@ -220,6 +216,20 @@ class Aggregator(LegacyAggregatorHooks):
 ATTRIBUTES = "attributes"  # where the default state_dict keeps a server part's attributes
 FUNCTIONS = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
 PLAIN = (torch.Tensor, int, float, str, bool, type(None))
+
+
+# the client hooks a method defines on its client part, never on the Aggregator: part hook -> its name there
+CLIENT_HOOKS = {"client_setup": "setup", "client_upload": "upload", "client_receive": "receive",
+                "distillation_set": "distillation_set"}
+
+
+def check_client_hooks(method: Aggregator) -> None:
+    """Refuse an Aggregator that defines a client hook itself: the framework calls the client part's."""
+    found = [name for name in CLIENT_HOOKS if any(name in vars(cls) for cls in type(method).__mro__)]
+    if found:
+        parts = ", ".join(f"{name} as {CLIENT_HOOKS[name]}" for name in found)
+        raise ConfigError("aggregator", f"{type(method).__name__} defines {', '.join(found)} on the Aggregator; "
+                          f"define them on its ClientPart ({parts}), returned by client_part() (docs/extending.md)")
 
 
 def saveable(value: Any) -> bool:

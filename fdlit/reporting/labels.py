@@ -12,7 +12,7 @@ import functools
 import json
 from typing import Any
 
-from fdlit.methods.aliases import PACKAGE, canonical_class_path
+from fdlit.configuration.former_names import PACKAGE, current_spelling
 from fdlit.runs.checkpoint import without_noop_sections
 
 LOCAL_LABEL = "Local only (no communication)"
@@ -43,7 +43,7 @@ def method_class(class_path: Any) -> type | None:
     """The fdlit method a class path names (former names included), or None: looked up, not imported."""
     if not isinstance(class_path, str):
         return None
-    module, _, name = canonical_class_path(class_path).rpartition(".")
+    module, _, name = current_spelling(class_path).rpartition(".")
     if module != PACKAGE and not module.startswith(PACKAGE + "."):
         return None
     return method_classes().get(name)
@@ -74,8 +74,8 @@ def method_label(config: dict) -> str:
     kind = run_kind(config)
     if kind != "rule":  # baselines are labelled as what they are, never as the rule in their config
         return LOCAL_LABEL if kind == "local" else REF_LABEL
-    # runs written before the methods' rename carry former class paths (fdlit.methods.aliases)
-    class_path = canonical_class_path(_class_path(config))
+    # runs written before the methods' rename carry former class paths (fdlit.configuration.former_names)
+    class_path = current_spelling(_class_path(config))
     cls = method_class(class_path)
     label = (cls.label or cls.__name__) if cls is not None else class_path.rsplit(".", 1)[-1]
     if cls is not None and cls.server_label and _section(_section(config, "server"), "model").get("class_path"):

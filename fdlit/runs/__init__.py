@@ -2,7 +2,7 @@
 that assembles them from a config (and resumes it)."""
 
 from fdlit.runs.directory import RunDirectory, read_jsonl
-from fdlit.run_settings import LoggerConfig
+from fdlit.configuration.run_settings import LoggerConfig
 from fdlit.runs.progress import ProgressBar
 from fdlit.runs.wandb_logger import WandbLogger
 

@@ -50,9 +50,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fdlit.callbacks import FederationCallback, RoundView
+from fdlit.configuration.former_names import former_configs
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.privacy.upload import default_config
-from fdlit.run_settings import CheckpointConfig  # noqa: F401  (the checkpoint section, importable from here)
+from fdlit.configuration.run_settings import CheckpointConfig  # noqa: F401  (the checkpoint section, importable from here)
 from fdlit.runs.atomic_write import storage_error, write_file
 from fdlit.runs.checkpoint_contents import (  # noqa: F401  (the checkpoint's names, importable from here)
     _detached,
@@ -270,7 +271,8 @@ def offer_kept(damaged: Path, offer: tuple[str, str] = RESUME_OFFER) -> str:
 def check_config(config: dict[str, Any], rounds: int, state: dict[str, Any]) -> None:
     """Refuse a checkpoint of another config, or one beyond ``rounds``; needs no set-up, so it runs
     before any work and before the run directory is touched."""
-    if state["config_sha256"] != config_fingerprint(config):
+    # a run saved before the methods' renames: its checkpoint fingerprints the config in former names
+    if state["config_sha256"] not in (config_fingerprint(c) for c in (config, *former_configs(config))):
         raise CheckpointError(
             "the checkpoint was written by a different config; only "
             f"{', '.join(RESUMABLE_CHANGES)} may change when resuming"

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import yaml
 
 from fdlit.callbacks import FederationCallback, RoundView
-from fdlit.run_settings import MAX_NAME, NAME_PATTERN, NAME_RULE, check_run_name  # noqa: F401
+from fdlit.configuration.run_settings import MAX_NAME, NAME_PATTERN, NAME_RULE, check_run_name  # noqa: F401
 from fdlit.errors import ConfigError
 from fdlit.runs import strict_json
 from fdlit.runs.atomic_write import write_file

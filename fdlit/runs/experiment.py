@@ -7,17 +7,20 @@ a checkpoint is the loop's ``state_dict()``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 import yaml
 from jsonargparse import ArgumentParser, Namespace
 
-from fdlit.config import fit_parser, parse_fit
-from fdlit.config_ranges import check_knob_ranges
+from fdlit.configuration.former_names import translated
+from fdlit.configuration.schema import fit_parser, parse_fit
+from fdlit.configuration.ranges import check_knob_ranges
 from fdlit.data.hub import check_obtainable
 from fdlit.federation import FederationLoop, NumericalFault, format_summary
 from fdlit.federation.server import ServerModel
@@ -31,7 +34,7 @@ from fdlit.runs.directory import (
     CHECKPOINT, CONFIG, LockNotAFile, RunDirectory, RunLock, check_run_name, check_run_parent, create_run_dir,
     kept_checkpoints, read_config, rebuild_logs, safe_name,
 )
-from fdlit.run_settings import LoggerConfig
+from fdlit.configuration.run_settings import LoggerConfig
 from fdlit.runs.progress import ProgressBar
 from fdlit.runs.wandb_logger import WandbLogger, check_credentials
 
@@ -238,8 +241,30 @@ def resume_experiment(run_dir: str, overrides: list[str]) -> Experiment:
         print(f"fdlit: the run's {field} {value!r} does nothing in its settings (refused for new runs); it "
               f"continues with {NOOP_DEFAULTS[field]!r}, the same run", file=sys.stderr)
     reset = [f"--{field}={str(NOOP_DEFAULTS[field]).lower()}" for field in saved]
-    parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), *reset, *overrides])
-    return Experiment(cfg, parser, resume_from=path, checkpoint_file=checkpoint, saved_values=saved)
+    with current_names(path) as config:
+        parser, cfg = parse_fit(["--config", str(config), *legacy_name(path), *reset, *overrides])
+        return Experiment(cfg, parser, resume_from=path, checkpoint_file=checkpoint, saved_values=saved)
+
+
+@contextlib.contextmanager
+def current_names(path: Path, say: bool = True):
+    """The run's config file, or where it names a class by a former name (saved before the methods'
+    renames), a copy in current names (the run goes on as the same run; its checkpoint is checked
+    against the config as saved, and the config it writes next names the classes as they are now).
+    ``say``: one line per renamed class."""
+    try:
+        config, changed = translated(read_config(path))
+    except (OSError, yaml.YAMLError, ConfigError):  # an unreadable config.yaml: parse_fit says what is wrong
+        changed = {}
+    if not changed:
+        yield path / CONFIG
+        return
+    for key, (old, new) in changed.items() if say else ():
+        print(f"fdlit: the run's {key} {old} was renamed; it continues as {new}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="fdlit-resume-") as folder:
+        copy_path = Path(folder) / CONFIG
+        copy_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        yield copy_path
 
 
 # knobs that do nothing in some settings, refused there since; the value that does the same

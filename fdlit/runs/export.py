@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 import torch
 
-from fdlit.code_allowlist import CodeAllowlist, ImportGuard, check_config_files
+from fdlit.configuration.code_allowlist import CodeAllowlist, ImportGuard, check_config_files
 from fdlit.errors import ConfigError, check_choice
 from fdlit.runs.atomic_write import check_target, write_file
 from fdlit.runs.checkpoint import CheckpointError, check_config, load_checkpoint, restore_checkpoint
@@ -80,7 +80,10 @@ def export_model(run_dir: str | Path, out: str | Path, client: Optional[int] = N
                               f"another suffix, e.g. {out.with_suffix('.pt').name}; got {str(out)!r}")
         check_target(card_path(out), "out")
     if not trust_config:
-        check_config_files([path / CONFIG], EXPORT_ALLOWLIST)  # with its layers and section files, nothing imported
+        from fdlit.runs.experiment import current_names
+
+        with current_names(path, say=False) as config:  # a run saved with the methods' former names: read in current
+            check_config_files([config], EXPORT_ALLOWLIST)  # with its layers and section files, nothing imported
     offer = (f"export it with: python -m fdlit export {{kept}} {'--server' if server else f'--client {client}'} "
              f"--out {out}", f"nothing intact is left to export; train it again with: python -m fdlit fit --config "
              f"{path / CONFIG}")
@@ -186,7 +189,7 @@ def final_metrics(path: Path, client: Optional[int]) -> dict[str, Any]:
     return mine
 
 
-# a run's config.yaml may name only the classes of fdlit's listed in fdlit.constructible (any spelling)
+# a run's config.yaml may name only the classes of fdlit's listed in fdlit.configuration.constructible (any spelling)
 EXPORT_ALLOWLIST = CodeAllowlist((), "{name!r} in {file} {what}; export constructs only fdlit's methods, models, "
                                  "executors, attacks, clients and callbacks from a run's config.yaml. If you trust "
                                  "this run folder and its code, add --trust_config")
@@ -195,12 +198,12 @@ EXPORT_ALLOWLIST = CodeAllowlist((), "{name!r} in {file} {what}; export construc
 def _trained_loop(path: Path, state: dict[str, Any], trust_config: bool = False):
     """The run's loop, rebuilt from its config with the checkpoint's state loaded (clients in this
     process: the sequential executor, whatever the run used)."""
-    from fdlit.config import parse_fit
+    from fdlit.configuration.schema import parse_fit
     from fdlit.execution import SequentialExecutor
-    from fdlit.runs.experiment import Experiment, legacy_name
+    from fdlit.runs.experiment import Experiment, current_names, legacy_name
 
-    with contextlib.nullcontext() if trust_config else ImportGuard(EXPORT_ALLOWLIST):  # imports nothing unforeseen
-        parser, cfg = parse_fit(["--config", str(path / CONFIG), *legacy_name(path), "--logger.mode", "disabled"],
+    with contextlib.nullcontext() if trust_config else ImportGuard(EXPORT_ALLOWLIST), current_names(path, False) as file:
+        parser, cfg = parse_fit(["--config", str(file), *legacy_name(path), "--logger.mode", "disabled"],
                                 None if trust_config else EXPORT_ALLOWLIST)
         config = cfg.clone().as_dict()  # as Experiment keeps it, compared before anything of it is constructed
         config.pop("config", None)

@@ -36,7 +36,7 @@ from fdlit.federation import format_summary
 from fdlit.errors import ConfigError
 from fdlit.runs.dashboards import SUMMARIES, accuracy_table_rows, run_summary, wandb_round_payload
 from fdlit.runs.directory import safe_name
-from fdlit.run_settings import LoggerConfig, Mode
+from fdlit.configuration.run_settings import LoggerConfig, Mode
 from fdlit.runs.naming import flat, setting_digest, setting_hash, short
 from fdlit.runs.wandb_costs import skip_unused_work, wandb_settings, without_field_docstrings
 from fdlit.runs.wandb_offline import merge_sessions, session_folders
@@ -87,7 +87,7 @@ def link_offline_folder(folder: Path) -> Optional[Path]:
     return link
 
 
-# wandb.init's reinit: a process runs one W&B run at a time, except stacked runs (fdlit.sweep_stack), which
+# wandb.init's reinit: a process runs one W&B run at a time, except stacked runs (fdlit.sweeps.stack), which
 # open one each ("create_new") and keep a resumed offline run's sessions as separate folders (merging them
 # restarts wandb's service under the other runs)
 REINIT = "finish_previous"
@@ -118,7 +118,7 @@ def swept_values() -> dict[str, Any]:
     try:
         import yaml
 
-        from fdlit.bounded_yaml import BoundedSafeLoader, read_bounded
+        from fdlit.configuration.bounded_yaml import BoundedSafeLoader, read_bounded
 
         params = yaml.load(read_bounded(path, "WANDB_SWEEP_PARAM_PATH"), Loader=BoundedSafeLoader) or {}
     except Exception:  # an unreadable (or unbounded) file: the default name still works

@@ -6,15 +6,16 @@ any depth, the short form of a class field (``model: x.Y``, ``aggregator: x.Y``,
 x.Y``, ``federation.callbacks: [x.Y]``), ``federation.client_class: x.Y``, dotted keys
 (``model.class_path: x.Y``), a section given as the path of a YAML file that names a class, and the
 files of a top-level ``config:`` list. :func:`config_code` resolves all of them without importing: it
-reads every file involved (through :mod:`fdlit.bounded_yaml`), splits dotted keys and collects each
+reads every file involved (through :mod:`fdlit.configuration.bounded_yaml`), splits dotted keys and collects each
 name with the key that gave it. A :class:`CodeAllowlist` then refuses a name outside it, in one line
 naming the key and the file.
 
 Whoever reads a run's config without having written it applies an allow-list: a deployed node
-(the classes of fdlit's a received config may construct, :mod:`fdlit.constructible`, and its
+(the classes of fdlit's a received config may construct, :mod:`fdlit.configuration.constructible`, and its
 operator's ``allowed-classes`` prefixes) and ``export`` (those classes, unless ``--trust_config``). ``report`` and ``sweep`` import nothing a run folder's config names.
 
-The same walk refuses a section that is not a mapping of options (``federation: 5``, ``client: null``,
+The same walk refuses a class named by a former name (:mod:`fdlit.configuration.former_names`), with
+its current one, and a section that is not a mapping of options (``federation: 5``, ``client: null``,
 ``data: [1, 2]``) naming the key, for every config fdlit parses.
 """
 
@@ -31,14 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fdlit.constructible import DOTTED, NOT_ON_A_NODE, constructible, fdlit_class, fdlit_object, full_name
+from fdlit.configuration.constructible import DOTTED, NOT_ON_A_NODE, constructible, fdlit_class, fdlit_object, full_name
+from fdlit.configuration.former_names import CLASS_FIELDS, refuse_former_name
 from fdlit.errors import ConfigError
 
 # the fit schema's option groups: each is a mapping of its options (a test compares them with the parser)
 GROUPS = ("data", "client", "federation", "privacy", "adversaries", "server", "logger", "checkpoint")
 # fields whose value names a class to import (``x.Y``, ``{class_path: x.Y}``, or a list of them)
-CODE_FIELDS = ("model", "server.model", "aggregator", "federation.executor", "federation.callbacks",
-               "federation.client_class")
+CODE_FIELDS = CLASS_FIELDS
 # the options whose command-line value jsonargparse loads from a file when it names one (a test compares them
 # with the parser)
 FILE_OPTIONS = (*GROUPS, "federation.participation", *CODE_FIELDS, "adversaries.attack")
@@ -74,7 +75,7 @@ class _Walk:
         self.reading: tuple[Path, ...] = ()
 
     def file(self, path: Path, at: tuple[str, ...]) -> None:
-        from fdlit.config_files import read_yaml
+        from fdlit.configuration.files import read_yaml
 
         resolved = path.resolve()
         if resolved in self.reading:
@@ -111,6 +112,7 @@ class _Walk:
         if at and at[-1] == "class_path" or dotted in CODE_FIELDS:
             if dotted in CODE_FIELDS and self.section_file(value, file, at):
                 return
+            refuse_former_name(key, value)  # a name the methods had before, with the one they have
             if "." in value.strip():  # a bare class name is looked up among classes already imported
                 self.names.append(CodeName(key, value.strip(), str(file)))
         elif "init_args" in at and DOTTED.fullmatch(value.strip()):
@@ -138,7 +140,7 @@ class _Walk:
                               "of its own machine")
 
     def layers(self, listed: Any, file: Path) -> None:
-        from fdlit.config_files import listed_file
+        from fdlit.configuration.files import listed_file
 
         self.refuse_file("config", listed)
         entries = [listed] if isinstance(listed, str) else listed
@@ -150,7 +152,7 @@ class _Walk:
 
 
 class CodeAllowlist:
-    """The classes of fdlit's that a received config may construct (:mod:`fdlit.constructible`; on a
+    """The classes of fdlit's that a received config may construct (:mod:`fdlit.configuration.constructible`; on a
     node, ``on_node``, less those it never sets up) and the names under ``prefixes`` (``mylab.`` allows
     ``mylab.models.Net``). ``refusal``: how the one-line error goes on after the key (what to do); its
     ``{what}`` says why the first name is refused."""
@@ -220,7 +222,7 @@ class ImportGuard(importlib.abc.MetaPathFinder):
         self.allowlist = allowlist
         packages = getattr(site, "getsitepackages", lambda: [])()
         roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, *packages, site.getusersitepackages(),
-                 str(Path(__file__).resolve().parent)}
+                 str(Path(__file__).resolve().parents[1])}  # fdlit itself
         self.roots = tuple(str(Path(r).resolve()) + os.sep for r in roots if r)
 
     def find_spec(self, name, path=None, target=None):

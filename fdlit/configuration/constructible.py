@@ -11,11 +11,11 @@ given and write no file, start no process and open no connection when constructe
 ========  ==================================  ==========================================
 kind      base                                packages
 ========  ==================================  ==========================================
-method    ``fdlit.methods.base.Aggregator``   ``fdlit.methods``, ``fdlit.aggregators``
+method    ``fdlit.methods.base.Aggregator``   ``fdlit.methods``
 model     ``fdlit.models.base.ClientNetwork`` ``fdlit.models``
 executor  ``ClientExecutor``                  ``fdlit.execution``
 attack    ``fdlit.adversaries.attacks.Attack`` ``fdlit.adversaries``
-client    ``fdlit.clients.client.ClientModule`` ``fdlit.clients``, ``fdlit.methods``
+client    ``fdlit.clients.client.ClientModule`` ``fdlit.clients``
 callback  ``FederationCallback``              ``fdlit.callbacks``
 ========  ==================================  ==========================================
 
@@ -46,11 +46,11 @@ class Kind:
 
 
 KINDS = (
-    Kind("method", "fdlit.methods.base.Aggregator", ("fdlit.methods", "fdlit.aggregators")),
+    Kind("method", "fdlit.methods.base.Aggregator", ("fdlit.methods",)),
     Kind("model", "fdlit.models.base.ClientNetwork", ("fdlit.models",)),
     Kind("executor", "fdlit.execution.executor.ClientExecutor", ("fdlit.execution",)),
     Kind("attack", "fdlit.adversaries.attacks.Attack", ("fdlit.adversaries",)),
-    Kind("client", "fdlit.clients.client.ClientModule", ("fdlit.clients", "fdlit.methods")),
+    Kind("client", "fdlit.clients.client.ClientModule", ("fdlit.clients",)),
     Kind("callback", "fdlit.callbacks.FederationCallback", ("fdlit.callbacks",)),
 )
 # constructible, but never set up on a node: what setting it up does reaches beyond the node's folder

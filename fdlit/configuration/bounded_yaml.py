@@ -98,7 +98,7 @@ def check_arguments(argv: list[str], file_options: tuple[str, ...]) -> None:
             name, value = arg[2:], argv[at + 1]
         else:
             continue
-        if name == "config":  # read as a config file (fdlit.config_files)
+        if name == "config":  # read as a config file (fdlit.configuration.files)
             continue
         loads_files = name in file_options or name.endswith(".init_args")
         if loads_files and _names_a_file(value):

@@ -13,13 +13,13 @@ from typing import Any
 
 import yaml
 
-from fdlit.bounded_yaml import BoundedComposer, BoundedSafeLoader, BoundExceeded, mark_line, read_bounded
+from fdlit.configuration.bounded_yaml import BoundedComposer, BoundedSafeLoader, BoundExceeded, mark_line, read_bounded
 from fdlit.errors import ConfigError
 
 
 class _UniqueKeyLoader(BoundedComposer, yaml.SafeLoader):
     """SafeLoader that refuses a mapping with the same key twice, at any depth, within fdlit's bounds
-    (:mod:`fdlit.bounded_yaml`)."""
+    (:mod:`fdlit.configuration.bounded_yaml`)."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -98,7 +98,7 @@ def key_line(path: str | Path, dotted: str, value: str | None = None) -> int | N
     return walk(root, [])
 
 
-PACKAGE_ROOT = Path(__file__).resolve().parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the fdlit package
 
 
 def shipped_configs() -> Path | None:

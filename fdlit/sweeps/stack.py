@@ -160,7 +160,7 @@ def run_stack_job(items: list[tuple[list[str], str | None, str]], threads: int |
     name) per run; returns every run's outcome, in order (a worker never raises)."""
     import torch
 
-    from fdlit.config import parse_fit, rewrite_config_args
+    from fdlit.configuration.schema import parse_fit, rewrite_config_args
     from fdlit.runs.experiment import Experiment
 
     if threads is not None:

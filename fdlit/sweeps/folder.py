@@ -1,6 +1,6 @@
 """Where a sweep writes: its runs in ``<logger.run_dir>/<sweep name>/`` (``runs/<sweep name>/`` by
 default) unless its flags name ``--logger.run_dir``, and its bookkeeping (results file, lock) in that
-folder's ``.sweep/``, never among the run folders (:mod:`fdlit.sweep` runs the sweep)."""
+folder's ``.sweep/``, never among the run folders (:mod:`fdlit.sweeps.controller` runs the sweep)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def place_runs(runs: list[Any], name: str, parser_factory: Callable) -> str:
     flags name ``--logger.run_dir`` (then that folder is the sweep's). A sweep started before sweeps
     had their own folder (its results file directly in ``<logger.run_dir>``) continues there. Returns
     a line for the user when that is so (else empty)."""
-    from fdlit.config import rewrite_config_args
+    from fdlit.configuration.schema import rewrite_config_args
 
     if not runs or any(names_run_dir(t) for r in runs for t in r.argv):
         return ""

@@ -18,11 +18,13 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader, set_loader
 
 from fdlit.adversaries import Adversaries
-from fdlit.bounded_yaml import check_arguments, check_text
 from fdlit.clients import ClientOptimization
 from fdlit.clients.lightning_habits import command_hint, flag_hint
-from fdlit.code_allowlist import FILE_OPTIONS, CodeAllowlist, check_config_files
-from fdlit.config_files import key_line, listed_file, read_yaml, shipped_configs  # noqa: F401 (re-exported)
+from fdlit.configuration.bounded_yaml import check_arguments, check_text
+from fdlit.configuration.code_allowlist import FILE_OPTIONS, CodeAllowlist, check_config_files
+from fdlit.configuration.files import key_line, listed_file, read_yaml, shipped_configs  # noqa: F401 (re-exported)
+from fdlit.configuration.former_names import refuse_former_names_in_arguments
+from fdlit.configuration.run_settings import CheckpointConfig, LoggerConfig
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError, UnknownConfigKey, import_hint
 from fdlit.federation.server import ServerModel
@@ -31,9 +33,8 @@ from fdlit.methods import Aggregator
 from fdlit.models import ClientNetwork
 from fdlit.models.text import BertClassifier  # noqa: F401 (lazy in fdlit.models; imported here so help lists it)
 from fdlit.privacy import UploadPrivacy
-from fdlit.run_settings import CheckpointConfig, LoggerConfig
 
-PACKAGE_ROOT = Path(__file__).resolve().parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the fdlit package
 CONFIG_DIRS = (Path.cwd() / "configs", PACKAGE_ROOT.parent / "configs")
 
 
@@ -150,6 +151,7 @@ def rewrite_config_args(argv: list[str]) -> list[str]:
         out += [*flags, "--config", file]
     out = attach_signed_numbers(out)
     check_arguments(out, FILE_OPTIONS)  # a section given as a file or as text: within a config file's bounds
+    refuse_former_names_in_arguments(out)  # a former class name: refused with the current one
     return out
 
 

@@ -1,5 +1,5 @@
 """A W&B sweep file, read locally: checked (every error names its key), and its combinations, a
-grid or ``run_cap`` random draws (:mod:`fdlit.sweep` runs them)."""
+grid or ``run_cap`` random draws (:mod:`fdlit.sweeps.controller` runs them)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from fdlit.config_files import read_yaml
+from fdlit.configuration.files import read_yaml
 from fdlit.errors import ConfigError
 
 METHODS = ("grid", "random", "bayes")

@@ -16,9 +16,9 @@ distributions (W&B's ``uniform``, ``int_uniform``, ``log_uniform_values``, ``q_u
 random stream seeded by the sweep's name, so running the sweep again draws the same combinations
 and resumes them. ``method: bayes`` needs W&B's sweep server and is refused locally (no local engine
 is installed), never run as a grid. ``--jobs N`` runs N combinations at once, each in its own process
-and run directory, with torch's threads split between them (:mod:`fdlit.sweep_workers`). ``--stack``
+and run directory, with torch's threads split between them (:mod:`fdlit.sweeps.workers`). ``--stack``
 runs the combinations that share dataset, network and schedule as one process whose executor steps
-all their clients together (:mod:`fdlit.sweep_stack`).
+all their clients together (:mod:`fdlit.sweeps.stack`).
 
 A sweep's runs go to ``<logger.run_dir>/<sweep name>/`` (``runs/<sweep name>/`` by default), so a
 sweep never mixes its runs with other runs; ``--logger.run_dir`` on the command line (the sweep
@@ -60,7 +60,7 @@ from fdlit.runs.directory import (
     safe_name,
 )
 from fdlit.runs.naming import short
-from fdlit.sweep_file import (  # noqa: F401  (the sweep file's names, importable from here)
+from fdlit.sweeps.file import (  # noqa: F401  (the sweep file's names, importable from here)
     ARGS_MACRO,
     DISTRIBUTIONS,
     LOCAL_METHODS,
@@ -71,8 +71,8 @@ from fdlit.sweep_file import (  # noqa: F401  (the sweep file's names, importabl
     load_sweep,
     sample_random,
 )
-from fdlit.sweep_folder import SweepInUse, adopt_old_bookkeeping, place_runs, results_path  # noqa: F401 (importable from here)
-from fdlit.sweep_workers import _threads, run_in_processes, sigterm_as_interrupt  # noqa: F401  (_threads: importable from here)
+from fdlit.sweeps.folder import SweepInUse, adopt_old_bookkeeping, place_runs, results_path  # noqa: F401 (importable from here)
+from fdlit.sweeps.workers import _threads, run_in_processes, sigterm_as_interrupt  # noqa: F401  (_threads: importable from here)
 
 
 @dataclass
@@ -107,8 +107,8 @@ def plan(spec: dict[str, Any], extra: list[str] = ()) -> list[SweepRun]:
 def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
     """Parse and check every combination before anything runs: a bad flag or value stops the whole
     sweep, naming the field and the combination."""
-    from fdlit.code_allowlist import check_config_files
-    from fdlit.config import config_files, parse_error, rewrite_config_args
+    from fdlit.configuration.code_allowlist import check_config_files
+    from fdlit.configuration.schema import config_files, parse_error, rewrite_config_args
     from fdlit.runs.experiment import Experiment
 
     parser = parser_factory()
@@ -135,7 +135,9 @@ def same_run(saved: dict, resolved: dict) -> bool:
     """Whether a saved config is this combination's: the same checkpoint fingerprint (so a run saved
     by an older fdlit, before a section or knob with a no-op default existed, is still found), the
     same number of rounds, and the same logger settings that name the run (not mode, progress or
-    W&B start-up, so logging differently reuses it)."""
+    W&B start-up, so logging differently reuses it). A run saved with the methods' former names is
+    compared in current names."""
+    from fdlit.configuration.former_names import translated
     from fdlit.runs.checkpoint import config_fingerprint
 
     def key(config: dict) -> tuple:
@@ -143,7 +145,7 @@ def same_run(saved: dict, resolved: dict) -> bool:
         return (config_fingerprint(config), (config.get("federation") or {}).get("rounds"),
                 {k: logger.get(k) for k in ("name", "group", "run_dir")})
 
-    return isinstance(saved, dict) and key(saved) == key(resolved)
+    return isinstance(saved, dict) and key(translated(saved)[0]) == key(resolved)
 
 
 def existing_runs(run_dir: Path, damaged: list[tuple[Path, str]] | None = None) -> list[tuple[Path, dict, bool]]:
@@ -215,7 +217,7 @@ def run_sweep(path: str | Path, extra: list[str] = (), dry_run: bool = False,
               out: Callable[[str], None] = print, jobs: int = 1, stack: bool = False) -> dict[str, Any]:
     """Run (or list) every combination; returns counts, the failed runs and the run directories.
     Every outcome is also written to the sweep's results file (``results`` in the returned dict)."""
-    from fdlit.config import fit_parser
+    from fdlit.configuration.schema import fit_parser
 
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError("jobs", f"must be a positive integer; got {jobs!r}")
@@ -299,7 +301,7 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
 
     stacks, alone = [], todo
     if stack and todo:
-        from fdlit.sweep_stack import plan_stacks, run_stack
+        from fdlit.sweeps.stack import plan_stacks, run_stack
 
         stacks, alone = plan_stacks(todo, jobs)
         out(f"fdlit sweep: {sum(map(len, stacks))} runs stacked in {len(stacks)} process(es)"

@@ -61,7 +61,7 @@ def _run_one(argv: list[str], partial: str | None, threads: int | None) -> dict[
     summary or the error (a worker never raises: the sweep records the failure and goes on)."""
     import torch
 
-    from fdlit.config import parse_fit, rewrite_config_args
+    from fdlit.configuration.schema import parse_fit, rewrite_config_args
     from fdlit.runs.experiment import Experiment
 
     if threads is not None:
@@ -90,7 +90,7 @@ def run_in_processes(stacks: list[list[Any]], alone: list[Any], jobs: int, done:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from fdlit.sweep_stack import run_stack_job
+    from fdlit.sweeps.stack import run_stack_job
 
     # spawn: a fresh interpreter per worker (no forked torch / W&B state); each worker has its own
     # run directory and lock, and torch threads are split between the jobs
