@@ -31,11 +31,21 @@ def unreachable_env(tmp_path) -> dict:
 
 
 def timed(code: str, env: dict) -> dict:
-    """Run ``code`` (which sets ``out``) in a fresh interpreter; its imports are not timed."""
-    script = f"import json, time\nt0 = time.perf_counter()\n{code}\nout['elapsed'] = time.perf_counter() - t0\nprint(json.dumps(out))"
+    """Run ``code`` (which sets ``out``) in a fresh interpreter; its imports are not timed. ``out['slept']``:
+    the seconds it asked ``time.sleep`` for (a retry's back-off), ``out['elapsed']`` its wall time."""
+    script = ("import json, time\nslept = []\n_sleep = time.sleep\n"
+              "def sleep(s):\n    slept.append(s)\n    _sleep(s)\n"
+              f"time.sleep = sleep\nt0 = time.perf_counter()\n{code}\n"
+              "out['elapsed'] = time.perf_counter() - t0\nout['slept'] = sum(slept)\nprint(json.dumps(out))")
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def fast(out: dict) -> bool:
+    """No waiting on the hub: no back-off slept, and well under a retry schedule's wall time even on a loaded
+    machine (about 1 s of work on an idle one; the hub clients' retries wait 1 + 2 + 4 + ... s)."""
+    return out["slept"] < 0.5 and out["elapsed"] < 30
 
 
 def test_the_probe_answers_for_a_listening_port_and_not_for_a_closed_one(monkeypatch):
@@ -48,26 +58,26 @@ def test_the_probe_answers_for_a_listening_port_and_not_for_a_closed_one(monkeyp
     assert not hub_access.hub_reachable()
 
 
-def test_an_unreachable_hub_fails_in_under_5_s_with_the_commands(tmp_path):
+def test_an_unreachable_hub_fails_at_once_with_the_commands(tmp_path):
     code = ("from fdlit.data import load_dataset\nfrom fdlit.data.hub import DatasetUnavailable\n"
             "t0 = time.perf_counter()\ntry:\n    load_dataset('cifar10')\n    out = {'msg': None}\n"
             "except DatasetUnavailable as exc:\n    out = {'msg': str(exc), 'field': exc.field}")
     out = timed(code, unreachable_env(tmp_path))
-    assert out["elapsed"] < 5, out
+    assert fast(out), out
     msg = out["msg"]
     assert out["field"] == "data.dataset" and "did not answer within" in msg
     assert "hf download --repo-type dataset uoft-cs/cifar10 --local-dir DIR" in msg  # on a machine with network
     assert "HF_HUB_OFFLINE=1" in msg  # skips the hub
 
 
-def test_the_cli_stops_in_under_5_s_and_writes_nothing(tmp_path):
+def test_the_cli_stops_at_once_and_writes_nothing(tmp_path):
     runs = tmp_path / "runs"
     code = ("import contextlib, io\nfrom fdlit.cli import main\nerr = io.StringIO()\nt0 = time.perf_counter()\n"
             "with contextlib.redirect_stderr(err):\n"
             f"    rc = main(['fit', '--config', 'cifar10', '--logger.mode', 'disabled', '--logger.run_dir', {str(runs)!r}])\n"
             "out = {'rc': rc, 'err': err.getvalue()}")
     out = timed(code, unreachable_env(tmp_path))
-    assert out["rc"] == 2 and out["elapsed"] < 5, out
+    assert out["rc"] == 2 and fast(out), out
     assert out["err"].startswith("fdlit: error: data.dataset: ") and "HF_HUB_OFFLINE=1" in out["err"]
     assert not runs.exists()
 
@@ -88,7 +98,7 @@ def test_a_cached_dataset_still_loads_when_the_hub_is_unreachable(tmp_path):
     code = (f"from fdlit.data import load_dataset\ntrain, test = load_dataset('cifar10', data_dir={str(tmp_path / 'cache')!r})\n"
             "out = {'train': list(train.x.shape), 'test': len(test)}")
     out = timed(code, unreachable_env(tmp_path))
-    assert out["train"] == [60, 3, 32, 32] and out["test"] == 20 and out["elapsed"] < 5, out
+    assert out["train"] == [60, 3, 32, 32] and out["test"] == 20 and fast(out), out
 
 
 @pytest.mark.parametrize("flag", ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])
@@ -105,4 +115,4 @@ def test_a_tokenizer_from_the_hub_fails_fast_too(tmp_path):
             "    load_tokenizer('prajjwal1/bert-tiny')\n    out = {'field': None}\n"
             "except DatasetUnavailable as exc:\n    out = {'field': exc.field, 'msg': str(exc)}")
     out = timed(code, unreachable_env(tmp_path))
-    assert out["field"] == "data.tokenizer" and "hf download prajjwal1/bert-tiny" in out["msg"] and out["elapsed"] < 5, out
+    assert out["field"] == "data.tokenizer" and "hf download prajjwal1/bert-tiny" in out["msg"] and fast(out), out
