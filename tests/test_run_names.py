@@ -64,3 +64,10 @@ def test_the_wandb_config_holds_every_setting_and_the_setting_hash(tmp_path):
     logger = WandbLogger(LoggerConfig(mode="disabled"), config, Path(summary["run_dir"]), summary["run"])
     assert logger.run_config["setting"] == summary["setting"] and summary["setting"] in summary["run"]
     assert logger.run_config["aggregator.tau"] == 0.5
+
+
+def test_a_federation_of_mixed_networks_is_named_by_its_architectures(tmp_path):
+    assert main(tiny(tmp_path, "--config", "models/digits_mixed.yaml")) == 0
+    (name,) = summaries(tmp_path)
+    assert name.startswith("suwa-k2-digits-MLP+SmallCNN-") and name.endswith("-seed0"), name
+    assert "class_path" not in name and "init_args" not in name

@@ -15,12 +15,18 @@ CLASS_ALIASES = {"ProbabilityAveraging": "avg", "UncertaintyWeighted": "uwa",
 
 def short(key: str, value: Any) -> str:
     """Readable name parts: ``tau0.5``, ``k3``, ``avg`` (a class path is named by its class, a swept
-    ``config`` file by its stem: ``methods/fedavg.yaml`` -> ``fedavg``)."""
+    ``config`` file by its stem: ``methods/fedavg.yaml`` -> ``fedavg``, a list of class specs by their
+    classes: ``MLP+SmallCNN``)."""
     if key == "config" and isinstance(value, str) and value.endswith((".yaml", ".yml")):
         return safe_name(value.rsplit("/", 1)[-1].rsplit(".", 1)[0])
     if isinstance(value, str) and "." in value and "/" not in value and not value.replace(".", "").isdigit():
         cls = value.rsplit(".", 1)[-1]
         return safe_name(CLASS_ALIASES.get(cls, cls))
+    if isinstance(value, dict) and "class_path" in value:
+        value = [value]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) and "class_path" in v for v in value):
+        # PerClient's groups -> MLP+SmallCNN: the architectures, not the specs' punctuation
+        return safe_name("+".join(dict.fromkeys(str(v["class_path"]).rsplit(".", 1)[-1] for v in value)))
     last = key.rsplit(".", 1)[-1]
     if isinstance(value, (list, tuple)):  # model.hidden=[64, 64] -> hidden64x64
         value = "x".join(str(v) for v in value)
