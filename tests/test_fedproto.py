@@ -202,8 +202,23 @@ def test_refuses_clients_whose_feature_widths_differ():
     spec = {"class_path": "fdlit.models.PerClient", "init_args": {"groups": [
         {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}, "fraction": 0.5},
         {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32]}, "fraction": 0.5}]}}
-    with pytest.raises(ConfigError, match="^model: FedProto averages"):
+    with pytest.raises(ConfigError, match=r"^model: FedProto averages .* got widths \[16, 32\]$"):
         loop_for(FedProto(), model=spec, rounds=1).fit()
+
+
+def test_different_widths_are_refused_in_one_line_before_any_training(tmp_path, capsys):
+    from fdlit.cli import main
+
+    groups = ('[{"class_path": "fdlit.models.MLP", "init_args": {"hidden": [16]}, "fraction": 0.5}, '
+              '{"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32]}, "fraction": 0.5}]')
+    argv = ["fit", "--config", "digits_fedproto.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+            "--logger.run_dir", str(tmp_path), "--data.num_clients", "4", "--data.classes_per_client", "3",
+            "--data.public_size", "0", "--model", "fdlit.models.PerClient", "--model.groups", groups]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fdlit: error: model: FedProto averages"), err
+    assert err[0].endswith("got widths [16, 32]")
+    assert not [p for p in tmp_path.rglob("metrics.jsonl") if p.read_text().strip()]  # no round ran
 
 
 class NoSplit(torch.nn.Module):

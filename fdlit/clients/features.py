@@ -46,3 +46,21 @@ def features_and_logits(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.
         x = inputs(x)
     features = net.embed(x)
     return features.flatten(1), net.classify(features)
+
+
+def check_shared_feature_width(models: list[torch.nn.Module], input_shape: tuple[int, ...], method: str) -> None:
+    """Refuse, before any training and naming ``model``, clients whose penultimate widths differ, for a
+    method that averages features across clients (FedProto's prototypes). One forward of a zero input per
+    network, in eval mode and without gradients, so no running statistic or random draw changes."""
+    widths = set()
+    for model in models:
+        training = model.training
+        model.eval()
+        with torch.no_grad():
+            device = next(model.parameters()).device
+            widths.add(features_and_logits(model, torch.zeros(1, *input_shape, device=device))[0].shape[1])
+        model.train(training)
+    if len(widths) > 1:
+        raise ConfigError("model", f"{method} averages the clients' penultimate features per class, so every "
+                          f"client's penultimate width (the input of its output layer) must agree; got widths "
+                          f"{sorted(widths)}")

@@ -195,4 +195,9 @@ def build_clients(data: FederatedData, mode: str, client_class: type[ClientModul
     for client in clients:
         if client is not None:
             client.method_part = method_part
+    if part.shared_feature_width and part.needs_features:
+        from fdlit.clients.features import check_shared_feature_width
+
+        check_shared_feature_width([c.model for c in clients if c is not None], data.input_shape,
+                                   part.label or type(part).__name__)
     return client_data, clients, method_part, record

@@ -35,6 +35,8 @@ class ClientPart:
     ``needs_features``: True makes the client compute each step's forward through its network's
     ``embed`` / ``classify`` halves and hand :meth:`loss` the penultimate features (``ctx.features``);
     a network without them is refused naming ``model`` when the part is attached (FedProto).
+    ``shared_feature_width``: True refuses, when the clients are built, clients whose penultimate widths
+    differ (a method that averages features across clients).
 
     ``uploads``: the arrays :meth:`upload` may send each round (:class:`~fdlit.messages.Upload`: name,
     privacy kind, dtype, shape rule). Exactly those are sent, counted and released: an array it does
@@ -50,6 +52,7 @@ class ClientPart:
     loss_state_keys: tuple[str, ...] = ()
     rowwise_loss: bool = True
     needs_features: bool = False
+    shared_feature_width: bool = False
     uploads: tuple[Upload, ...] | None = None
     label: str | None = None  # how errors name the part (None: its class name)
 

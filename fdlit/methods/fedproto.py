@@ -61,6 +61,7 @@ class FedProtoClient(ClientPart):
     label = "FedProto"
     loss_state_keys = ("proto_global", "proto_known")
     needs_features = True
+    shared_feature_width = True
 
     def __init__(self, lam: float):
         self.lam = lam

@@ -101,6 +101,7 @@ class FedTGPClient(FedProtoClient):
     trained global prototypes of every class; its width D at set-up."""
 
     label = "FedTGP"
+    shared_feature_width = False  # its set-up sends the width D, checked on the server before any training
 
     def setup(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         one = ctx.data.train.x[:1].to(model_device(ctx.client))
