@@ -23,12 +23,13 @@ from fdlit.adversaries import Adversaries
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
+from fdlit.execution import steps
 from fdlit.federation import baselines, measurement
 from fdlit.federation.checks import check_before_data
 from fdlit.federation.construction import InitialDraws, check_seed, use_cuda_graphs
 from fdlit.federation.measurement import check_finite
-from fdlit.federation.protocols import CARRIED, protocol_for
-from fdlit.federation.round_parts import RoundParts, build_parts
+from fdlit.federation.protocols import protocol_for
+from fdlit.federation.round_parts import FederationSections, RoundParts, build_parts
 from fdlit.federation.round_view import LoopView
 from fdlit.federation.selection import ExactSelection
 from fdlit.federation.server import ServerModel
@@ -88,9 +89,6 @@ class FederationLoop:
         self.hosted: list[int] | None = None  # a deployment node's own clients (None: every client is here)
         # the random state each client's network was drawn from: recorded by set-up, given to a node
         self.draws: InitialDraws | None = None
-        # a round whose evaluation after its exchange comes back with the clients' next request
-        # (ClientExecutor.receive_carried): closed, with its metrics and callbacks, once it has
-        self._open: tuple | None = None
         self._reported_at = -math.inf  # when the last round was closed (perf_counter)
         self._audited: dict[int, dict] = {}  # the upload audit of a round, measured after its private phase
         # what the config alone shows to be impossible, before any data loads
@@ -116,11 +114,11 @@ class FederationLoop:
             release = self.privacy.client_release(s.message_dtype, self.seed)  # applied on each client
         self.fabric = make_device(s.accelerator, s.precision, s.fabric_devices)
         # the parts exist before the executor starts: a remote executor names the loop's tensors in set-up
-        self.parts, self.draws = build_parts(s, self.data, self.model_spec, self.optimization, self.server_side,
-                                             self.adversaries, self.seed, self.fabric.device, release, self.hosted,
-                                             self.draws)
+        sections = FederationSections(s, self.data, self.model_spec, self.optimization, self.server_side,
+                                      self.adversaries, self.seed)
+        self.parts, self.draws = build_parts(sections, self.fabric.device, release, self.hosted, self.draws)
         parts, executor = self.parts, s.executor
-        executor.configure(s.compile_backend)
+        steps.configure(executor, s.compile_backend)
         try:
             executor.setup(self.fabric, [c for c in parts.clients.clients if c is not None])
             if s.cuda_graphs:  # the executor that runs the clients (a stacked run's own: its inner one)
@@ -148,12 +146,12 @@ class FederationLoop:
             for r in range(self.round + 1, self.settings.rounds + 1):
                 if reason := self.protocol.stop_reason(self.parts, r):
                     self.stop_reason = reason  # the last round is complete and checkpointed
-                    self._close_open(start)
+                    steps.close_waiting(self.parts.clients.executor)
                     if self.history:
                         self.history[-1].update(self.selection.finish())
                     break
                 self.run_round(r, clock=start)
-            self._close_open(start)  # the last round's carried evaluation: one closing request
+            steps.close_waiting(self.parts.clients.executor)  # a last round that waits for its evaluation
         finally:
             side = self.parts.clients
             side.executor.teardown(side.clients)  # remote executors: final state back into the clients
@@ -169,7 +167,8 @@ class FederationLoop:
 
     def run_round(self, r: int, clock: float | None = None) -> Metrics | None:
         """One round of Kovalchuk et al. 2026, Algorithm 1 (docs/algorithms.md, "The round"); None when
-        its evaluation after the exchange comes with the next round's client step (closed right after it)."""
+        the executor closes it later (its evaluation after the exchange comes with the clients' next
+        request: fdlit.execution.steps.when_evaluated)."""
         parts, clients = self.parts, self.parts.clients
         t0 = time.perf_counter()
         for cb in self.callbacks:
@@ -181,10 +180,10 @@ class FederationLoop:
             private_sets = self.adversaries.private_sets(r, parts.tensors.private, parts.num_classes)
             upload = self.protocol.upload if plan.arrived else None
             private_losses, sent = clients.round_step(
-                r, plan.sampled, clients.subset(private_sets, plan.sampled), self.settings.private_epochs_of(r),
-                parts.batch_size, upload, plan.arrived, self.protocol.upload_info(parts, plan) if upload else None,
+                plan, clients.subset(private_sets, plan.sampled), self.settings.private_epochs_of(r),
+                parts.batch_size, upload, self.protocol.upload_info(parts, plan) if upload else None,
                 parts.server.received)
-        self._close_open(clock)  # the previous round's evaluation came back with this step
+        steps.close_waiting(clients.executor)  # a previous round whose evaluation came back with this step
         lost = clients.unreachable()  # clients whose node stopped answering: dropped this round
         if lost:
             plan = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in lost])
@@ -195,20 +194,12 @@ class FederationLoop:
         if self.privacy.upload_audit and self.protocol.communicates:  # the models that made the uploads
             self._audited[r] = measurement.upload_membership(parts)
         # the rest of the round: the protocol's exchange (fdlit.federation.protocols)
-        result, public_losses, after_public = self.protocol.run(parts, plan, after_private, sent)
+        result, public_losses, evaluate = self.protocol.run(parts, plan, after_private, sent)
         if later := clients.unreachable() - set(lost):  # lost during the exchange: dropouts too
             plan, lost = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in later]), lost | later
         opened = (plan, result, (private_losses, public_losses), after_private, lost, t0)
-        if after_public is CARRIED:
-            self._open = opened
-            return None
-        return self._close_round(*opened, after_public, clock)
-
-    def _close_open(self, clock: float | None) -> None:
-        if self._open is not None:
-            opened, self._open = self._open, None
-            with self.parts.clients.executor.carried_evaluation():  # the clients as they were after the round's receive
-                self._close_round(*opened, self.parts.evaluated(opened[0]), clock)
+        return steps.when_evaluated(clients.executor, evaluate,
+                                    lambda after_public: self._close_round(*opened, after_public, clock))
 
     def _close_round(self, plan, result, losses, after_private, lost, t0, after_public, clock) -> Metrics:
         """The round's end: its metrics (``time/round_s``: since it began, or since the previous round
@@ -252,10 +243,8 @@ class FederationLoop:
 
     def summary(self) -> Metrics:
         """Best and final numbers of the run (fdlit.federation.measurement.summary)."""
-        ledger = self.server_side.ledger
         return measurement.summary(
             self.history, rounds_done=self.round, rounds=self.settings.rounds,
-            test_samples=len(self.parts.tensors.test_y),
-            bytes_up=ledger.total("up"), bytes_down=ledger.total("down"), wall_time=self.wall_time,
+            test_samples=len(self.parts.tensors.test_y), ledger=self.server_side.ledger, wall_time=self.wall_time,
             client_classes=[[int(c) for c in cd.classes] for cd in self.parts.clients.client_data],
             measured_network=baselines.measured_network(self.settings.mode, self.server_side.method))

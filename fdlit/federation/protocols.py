@@ -21,6 +21,8 @@ A method's ``exchange`` (``"predictions"`` or ``"parameters"``) chooses.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -31,11 +33,8 @@ from fdlit.federation.round_facts import RoundPlan
 from fdlit.federation.round_parts import RoundParts
 from fdlit.messages import Message
 from fdlit.methods.base import AggregationResult, Aggregator, FederationInfo
+from fdlit.privacy.receive import UploadRound
 from fdlit.privacy.upload_audit import label_histograms, label_inference
-
-# a round's "after public" evaluation that comes back with the clients' next request (the executor
-# carried the round's receive: ClientExecutor.receive_carried); the loop reads it then
-CARRIED = "carried"
 
 
 def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +67,9 @@ class Protocol:
 
     ``run`` gets what each client sent in the round's client step (by client id; clients whose
     upload did not arrive have none) and returns (the server's AggregationResult or None, public-phase
-    losses, accuracies after the exchange or None when the round is not evaluated)."""
+    losses, the evaluation after the exchange: a function that measures every client, or returns None
+    when the round is not evaluated; the round calls it when the executor has the clients' state after the
+    exchange, fdlit.execution.steps.when_evaluated)."""
 
     communicates = True  # False: the baselines, which send nothing (set-up, DP and budget included)
     upload: str | None = None  # what the round's client step sends after the private phase (ClientStep.upload)
@@ -114,7 +115,7 @@ class Protocol:
 
     # ------------------------------------------------------------------ a round
     def run(self, parts: RoundParts, plan: RoundPlan, after_private: Accuracies | None, sent: dict[int, Message]
-            ) -> tuple[AggregationResult | None, list[float], Accuracies | None]:
+            ) -> tuple[AggregationResult | None, list[float], Callable[[], Accuracies | None]]:
         raise NotImplementedError
 
 
@@ -143,9 +144,9 @@ class PredictionExchange(Protocol):
             uploads, privacy_stats = self.receive_uploads(parts, plan.round, ids, messages, info_of(parts, plan, ids),
                                                           plan.sampled)
         if not ids:  # no upload arrived: no teacher, no public phase
-            return None, [math.nan], parts.evaluated(plan)
+            return None, [math.nan], partial(parts.evaluated, plan)
         if uploads is None:  # too few survived to unmask: no teacher, and the round records why (secagg/*)
-            return AggregationResult(None, stats=privacy_stats), [math.nan], parts.evaluated(plan)
+            return AggregationResult(None, stats=privacy_stats), [math.nan], partial(parts.evaluated, plan)
         if parts.server.privacy.upload_audit and isinstance(uploads, list):  # what the server saw of each client
             histograms = label_histograms([parts.tensors.private[i][1] for i in ids], parts.num_classes)
             privacy_stats.update(label_inference([u["logits"] for u in uploads], histograms))
@@ -153,7 +154,7 @@ class PredictionExchange(Protocol):
         result, teachers = self.server_aggregate(parts, plan, ids, uploads, info)
         result.stats.update(privacy_stats)
         public_losses = self.client_distil(parts, plan, ids, teachers)
-        return result, public_losses, parts.evaluated(plan)
+        return result, public_losses, partial(parts.evaluated, plan)
 
     @staticmethod
     def receive_uploads(parts: RoundParts, r: int, ids: list[int], messages: list[Message], info,
@@ -164,9 +165,9 @@ class PredictionExchange(Protocol):
         under secure aggregation ``sampled`` are the clients of the key exchange."""
         server = parts.server
         messages = parts.adversaries.collude_uploads(r, ids, messages)
-        return server.privacy.receive(r, ids, messages, parts.num_classes, len(info.public_x),
-                                      parts.facts.sample_rate, server.send_up, parts.seed, sampled=sampled,
-                                      send_down=server.send_down, masking=parts.clients.masking)
+        at = UploadRound(r, ids, parts.num_classes, len(info.public_x), parts.facts.sample_rate, server.send_up,
+                         parts.seed, sampled, server.send_down, parts.clients.masking)
+        return server.privacy.receive(at, messages)
 
     @staticmethod
     def server_aggregate(parts: RoundParts, plan: RoundPlan, ids: list[int], uploads, info):
@@ -231,17 +232,16 @@ class ParameterExchange(Protocol):
         server, m = parts.server, len(parts.clients)
         ids, raw = arrived(parts, plan, sent)
         if not ids:  # no upload arrived: every client keeps what it has
-            return None, [math.nan] * m, parts.evaluated(plan)
+            return None, [math.nan] * m, partial(parts.evaluated, plan)
         info = info_of(parts, plan, ids, public=False)  # the clients whose uploads arrived
         raw = parts.adversaries.collude_uploads(plan.round, ids, raw)
         stats: dict[str, float] = {}
         if server.privacy.secure:  # masked (fdlit.privacy.secure_upload): the rule is given only the sums
-            uploads, stats = server.privacy.receive(plan.round, ids, raw, parts.num_classes, 0, parts.facts.sample_rate,
-                                                    server.send_up, parts.seed, sampled=plan.sampled,
-                                                    send_down=server.send_down,
-                                                    masking=parts.clients.masking)
+            at = UploadRound(plan.round, ids, parts.num_classes, 0, parts.facts.sample_rate, server.send_up,
+                             parts.seed, plan.sampled, server.send_down, parts.clients.masking)
+            uploads, stats = server.privacy.receive(at, raw)
             if uploads is None:  # too few survived to unmask: every client keeps what it has; secagg/* says why
-                return AggregationResult(None, stats=stats), [math.nan] * m, parts.evaluated(plan)
+                return AggregationResult(None, stats=stats), [math.nan] * m, partial(parts.evaluated, plan)
         else:
             uploads = [server.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
         ctx = parts.facts.server_context(plan.round, info)
@@ -252,10 +252,8 @@ class ParameterExchange(Protocol):
             server.send_down(plan.round, i, sent[i])
         if all(sent[i] is sent[0] for i in range(m)):  # one message for all: what the server last broadcast
             server.refresh(sent[0])
-        parts.clients.receive_step(parts.facts.info(plan.round), sent)
-        if parts.clients.executor.receive_carried():  # measured with the clients' next request
-            return result, [math.nan] * m, CARRIED
-        return result, [math.nan] * m, parts.evaluated(plan)
+        parts.clients.receive_step(parts.facts.info(plan.round), sent)  # may travel with the next request
+        return result, [math.nan] * m, partial(parts.evaluated, plan)
 
 
 class NoExchange(Protocol):
@@ -270,7 +268,7 @@ class NoExchange(Protocol):
         return None
 
     def run(self, parts, plan, after_private, sent):
-        return None, [math.nan] * len(parts.clients), after_private
+        return None, [math.nan] * len(parts.clients), lambda: after_private
 
 
 PROTOCOLS = {"predictions": PredictionExchange, "parameters": ParameterExchange}

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from fdlit.clients import ClientOptimization
 from fdlit.errors import ConfigError, check_at_least, check_number
-from fdlit.methods.distillation import distil
+from fdlit.methods.distillation import Batches, distil
 from fdlit.models.build import build_model
 
 
@@ -117,7 +117,7 @@ class ServerModel:
 
     def distil(self, x: torch.Tensor, teacher: torch.Tensor, epochs: int) -> float:
         """Train on (x, teacher) for ``epochs``: KL(P || softmax(g(x))), mean over samples; the mean loss."""
-        return distil(self.net, self.optimizer, x, epochs, self.batch_size, self.generator,
+        return distil(self.net, self.optimizer, x, Batches(epochs, self.batch_size, self.generator),
                       lambda log_q, idx: F.kl_div(log_q, teacher[idx].float(), reduction="batchmean"),
                       train_single=True)
 
