@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from fdlit.data import ClientData
-from fdlit.execution.steps import collect_logged, report
 from fdlit.messages import Message, as_message
 from fdlit.methods.base import ClientContext, ClientPart, FederationInfo
 
@@ -45,6 +44,20 @@ class ClientStep:
     info: FederationInfo | None = None
     received: dict[str, torch.Tensor] = field(default_factory=dict)
     release: Callable[[int, int, Message], Message] | None = None
+
+
+def report(executor: ClientExecutor, phase: str, done: float, total: int) -> None:
+    """Tell the loop how far a ``train`` call is (a progress bar advances as clients finish)."""
+    if executor.progress is not None:
+        executor.progress(phase, done, total)
+
+
+def collect_logged(executor: ClientExecutor, clients: Sequence[ClientModule]) -> None:
+    """Keep each client's ``self.log`` means of the phase just trained, for ``steps.logged_metrics``."""
+    logged = executor.__dict__.setdefault("_logged", {})
+    for c in clients:
+        for name, value in c.take_logged().items():
+            logged.setdefault(name, []).append(value)
 
 
 class ClientExecutor:

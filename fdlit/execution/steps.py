@@ -17,6 +17,12 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from fdlit.errors import check_finite
+from fdlit.execution.executor import (  # noqa: F401  (report, collect_logged: the interface's own, here too)
+    ClientExecutor,
+    ClientStep,
+    collect_logged,
+    report,
+)
 from fdlit.messages import Message
 from fdlit.methods.client_part import declared_payload
 from fdlit.methods.contexts import DistillationContext
@@ -24,7 +30,6 @@ from fdlit.methods.contexts import DistillationContext
 if TYPE_CHECKING:
     from fdlit.clients import ClientModule
     from fdlit.data import ClientData
-    from fdlit.execution.executor import ClientExecutor, ClientStep
     from fdlit.methods.base import ClientPart, FederationInfo
 
 # steps an executor may do its own way (a method of that name); the interface's methods aside, no other
@@ -40,12 +45,6 @@ ON_NODES = "node_checkpoint"
 def own_way(executor: ClientExecutor, step: str) -> Callable | None:
     """The executor's own way of doing ``step`` (a method it defines), or None: the function here does it."""
     return getattr(executor, step, None)
-
-
-def report(executor: ClientExecutor, phase: str, done: float, total: int) -> None:
-    """Tell the loop how far a ``train`` call is (a progress bar advances as clients finish)."""
-    if executor.progress is not None:
-        executor.progress(phase, done, total)
 
 
 def configure(executor: ClientExecutor, compile_backend: str | None = None) -> None:
@@ -157,14 +156,6 @@ def timing_metrics(executor: ClientExecutor) -> dict[str, object]:
     other processes); none for an executor that runs in the loop's process."""
     own = own_way(executor, "timing_metrics")
     return own() if own else {}
-
-
-def collect_logged(executor: ClientExecutor, clients: Sequence[ClientModule]) -> None:
-    """Keep each client's ``self.log`` means of the phase just trained, for :func:`logged_metrics`."""
-    logged = executor.__dict__.setdefault("_logged", {})
-    for c in clients:
-        for name, value in c.take_logged().items():
-            logged.setdefault(name, []).append(value)
 
 
 def take_logged(executor: ClientExecutor) -> dict[str, list[float]]:
