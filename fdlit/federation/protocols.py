@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -34,6 +35,7 @@ from fdlit.federation.round_parts import RoundParts
 from fdlit.messages import Message
 from fdlit.methods.base import AggregationResult, Aggregator, FederationInfo
 from fdlit.privacy.receive import UploadRound
+from fdlit.privacy.secure_upload import SecureSums
 from fdlit.privacy.upload_audit import label_histograms, label_inference
 
 
@@ -65,11 +67,11 @@ class Protocol:
     (:class:`~fdlit.federation.round_parts.RoundParts`: the clients' side, the server's side, the
     round's facts) and hand the method only its contexts.
 
-    ``run`` gets what each client sent in the round's client step (by client id; clients whose
-    upload did not arrive have none) and returns (the server's AggregationResult or None, public-phase
-    losses, the evaluation after the exchange: a function that measures every client, or returns None
-    when the round is not evaluated; the round calls it when the executor has the clients' state after the
-    exchange, fdlit.execution.steps.when_evaluated)."""
+    A round's exchange is three steps the round (fdlit.federation.round) calls in Algorithm 1's order:
+    ``receive`` (what each client sent in the round's client step, by client id: counted, decoded,
+    the privacy layer's server step), ``aggregate`` (the method's server part: a teacher or a global
+    model, and what goes down), ``distil`` (each client takes what it was sent: the public phase, or
+    loading the global model); ``evaluate`` is how every client is measured after the exchange."""
 
     communicates = True  # False: the baselines, which send nothing (set-up, DP and budget included)
     upload: str | None = None  # what the round's client step sends after the private phase (ClientStep.upload)
@@ -114,9 +116,38 @@ class Protocol:
         return parts.server.privacy.over_budget(r, parts.facts.sample_rate)
 
     # ------------------------------------------------------------------ a round
-    def run(self, parts: RoundParts, plan: RoundPlan, after_private: Accuracies | None, sent: dict[int, Message]
-            ) -> tuple[AggregationResult | None, list[float], Callable[[], Accuracies | None]]:
+    def receive(self, parts: RoundParts, plan: RoundPlan, sent: dict[int, Message]) -> Received:
+        """Server step (end of Stage 1): the uploads that arrived, as the server's rule receives them."""
         raise NotImplementedError
+
+    def aggregate(self, parts: RoundParts, plan: RoundPlan, received: Received
+                  ) -> tuple[AggregationResult | None, object | None]:
+        """Server step (Stage 2): the method's result and what goes down (None: nothing)."""
+        raise NotImplementedError
+
+    def distil(self, parts: RoundParts, plan: RoundPlan, received: Received, down: object | None) -> list[float]:
+        """Client step (Stage 2): each client takes what it was sent; the public phase's losses."""
+        raise NotImplementedError
+
+    def evaluate(self, parts: RoundParts, plan: RoundPlan, after_private: Accuracies | None
+                 ) -> Callable[[], Accuracies | None]:
+        """How every client is measured after the exchange (None when the round does not evaluate); the
+        round calls it once the executor has the clients' state after the exchange (steps.when_evaluated)."""
+        return partial(parts.evaluated, plan)
+
+
+@dataclass(frozen=True)
+class Received:
+    """What the server received in a round: the clients whose uploads arrived (``ids``), the uploads as
+    the method's rule receives them (None: nothing to aggregate, e.g. too few survived to unmask) and
+    the privacy layer's stats of the round."""
+
+    ids: list[int]
+    uploads: list | SecureSums | None
+    stats: dict[str, float]
+
+
+NOTHING = Received([], None, {})
 
 
 def info_of(parts: RoundParts, plan: RoundPlan, ids: list[int], public: bool = True) -> FederationInfo:
@@ -138,23 +169,31 @@ class PredictionExchange(Protocol):
 
     upload = "predictions"
 
-    def run(self, parts, plan, after_private, sent):
+    def receive(self, parts, plan, sent):
         ids, messages = arrived(parts, plan, sent)
-        if ids:
-            uploads, privacy_stats = self.receive_uploads(parts, plan.round, ids, messages, info_of(parts, plan, ids),
-                                                          plan.sampled)
         if not ids:  # no upload arrived: no teacher, no public phase
-            return None, [math.nan], partial(parts.evaluated, plan)
-        if uploads is None:  # too few survived to unmask: no teacher, and the round records why (secagg/*)
-            return AggregationResult(None, stats=privacy_stats), [math.nan], partial(parts.evaluated, plan)
-        if parts.server.privacy.upload_audit and isinstance(uploads, list):  # what the server saw of each client
+            return NOTHING
+        uploads, privacy_stats = self.receive_uploads(parts, plan.round, ids, messages, info_of(parts, plan, ids),
+                                                      plan.sampled)
+        if uploads is not None and parts.server.privacy.upload_audit and isinstance(uploads, list):
             histograms = label_histograms([parts.tensors.private[i][1] for i in ids], parts.num_classes)
-            privacy_stats.update(label_inference([u["logits"] for u in uploads], histograms))
-        info = info_of(parts, plan, ids)  # the clients whose uploads arrived
-        result, teachers = self.server_aggregate(parts, plan, ids, uploads, info)
-        result.stats.update(privacy_stats)
-        public_losses = self.client_distil(parts, plan, ids, teachers)
-        return result, public_losses, partial(parts.evaluated, plan)
+            privacy_stats.update(label_inference([u["logits"] for u in uploads], histograms))  # what the server saw
+        return Received(ids, uploads, privacy_stats)
+
+    def aggregate(self, parts, plan, received):
+        if not received.ids:
+            return None, None
+        if received.uploads is None:  # too few survived to unmask: no teacher, and the round records why (secagg/*)
+            return AggregationResult(None, stats=received.stats), None
+        info = info_of(parts, plan, received.ids)  # the clients whose uploads arrived
+        result, teachers = self.server_aggregate(parts, plan, received.ids, received.uploads, info)
+        result.stats.update(received.stats)
+        return result, teachers
+
+    def distil(self, parts, plan, received, down):
+        if down is None:
+            return [math.nan]
+        return self.client_distil(parts, plan, received.ids, down)
 
     @staticmethod
     def receive_uploads(parts: RoundParts, r: int, ids: list[int], messages: list[Message], info,
@@ -228,32 +267,38 @@ class ParameterExchange(Protocol):
     def upload_info(self, parts, plan):
         return info_of(parts, plan, list(plan.arrived), public=False)
 
-    def run(self, parts, plan, after_private, sent):
-        server, m = parts.server, len(parts.clients)
+    def receive(self, parts, plan, sent):
+        server = parts.server
         ids, raw = arrived(parts, plan, sent)
         if not ids:  # no upload arrived: every client keeps what it has
-            return None, [math.nan] * m, partial(parts.evaluated, plan)
-        info = info_of(parts, plan, ids, public=False)  # the clients whose uploads arrived
+            return NOTHING
         raw = parts.adversaries.collude_uploads(plan.round, ids, raw)
-        stats: dict[str, float] = {}
         if server.privacy.secure:  # masked (fdlit.privacy.secure_upload): the rule is given only the sums
             at = UploadRound(plan.round, ids, parts.num_classes, 0, parts.facts.sample_rate, server.send_up,
                              parts.seed, plan.sampled, server.send_down, parts.clients.masking)
-            uploads, stats = server.privacy.receive(at, raw)
-            if uploads is None:  # too few survived to unmask: every client keeps what it has; secagg/* says why
-                return AggregationResult(None, stats=stats), [math.nan] * m, partial(parts.evaluated, plan)
-        else:
-            uploads = [server.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
-        ctx = parts.facts.server_context(plan.round, info)
-        result = server.aggregate(uploads, ctx)
-        result.stats.update(stats)
+            return Received(ids, *server.privacy.receive(at, raw))
+        return Received(ids, [server.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)], {})
+
+    def aggregate(self, parts, plan, received):
+        server, m = parts.server, len(parts.clients)
+        if not received.ids:
+            return None, None
+        if received.uploads is None:  # too few survived to unmask: every client keeps what it has; secagg/* says why
+            return AggregationResult(None, stats=received.stats), None
+        ctx = parts.facts.server_context(plan.round, info_of(parts, plan, received.ids, public=False))
+        result = server.aggregate(received.uploads, ctx)
+        result.stats.update(received.stats)
         sent = server.method.configure(Message(result.broadcast), list(range(m)), ctx)
         for i in range(m):
             server.send_down(plan.round, i, sent[i])
         if all(sent[i] is sent[0] for i in range(m)):  # one message for all: what the server last broadcast
             server.refresh(sent[0])
-        parts.clients.receive_step(parts.facts.info(plan.round), sent)  # may travel with the next request
-        return result, [math.nan] * m, partial(parts.evaluated, plan)
+        return result, sent
+
+    def distil(self, parts, plan, received, down):
+        if down is not None:  # every client loads the global model (may travel with the next request)
+            parts.clients.receive_step(parts.facts.info(plan.round), down)
+        return [math.nan] * len(parts.clients)
 
 
 class NoExchange(Protocol):
@@ -267,8 +312,17 @@ class NoExchange(Protocol):
     def stop_reason(self, parts, r: int) -> str | None:
         return None
 
-    def run(self, parts, plan, after_private, sent):
-        return None, [math.nan] * len(parts.clients), lambda: after_private
+    def receive(self, parts, plan, sent):
+        return NOTHING
+
+    def aggregate(self, parts, plan, received):
+        return None, None
+
+    def distil(self, parts, plan, received, down):
+        return [math.nan] * len(parts.clients)
+
+    def evaluate(self, parts, plan, after_private):
+        return lambda: after_private  # nothing changed the clients since the private phase
 
 
 PROTOCOLS = {"predictions": PredictionExchange, "parameters": ParameterExchange}
