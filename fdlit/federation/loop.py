@@ -131,8 +131,8 @@ class FederationLoop:
         executor.may_carry_receive = not self.selection.active and not self.privacy.upload_audit
         # the round's order over the parts, with what the config adds to it (composed here, once)
         audit = self.privacy.upload_audit and self.protocol.communicates
-        self.federated_round = FederatedRound(parts, self.protocol,
-                                              round_extras(parts, self.adversaries, self.selection, audit))
+        extras = round_extras(parts, self.adversaries, self.selection, audit, self.protocol)
+        self.federated_round = FederatedRound(parts, self.protocol, extras)
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> Metrics:

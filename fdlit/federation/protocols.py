@@ -36,7 +36,6 @@ from fdlit.messages import Message
 from fdlit.methods.base import AggregationResult, Aggregator, FederationInfo
 from fdlit.privacy.receive import UploadRound
 from fdlit.privacy.secure_upload import SecureSums
-from fdlit.privacy.upload_audit import label_histograms, label_inference
 
 
 def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,7 +146,9 @@ class Received:
     stats: dict[str, float]
 
 
-NOTHING = Received([], None, {})
+def nothing() -> Received:
+    """No upload to aggregate."""
+    return Received([], None, {})
 
 
 def info_of(parts: RoundParts, plan: RoundPlan, ids: list[int], public: bool = True) -> FederationInfo:
@@ -172,12 +173,9 @@ class PredictionExchange(Protocol):
     def receive(self, parts, plan, sent):
         ids, messages = arrived(parts, plan, sent)
         if not ids:  # no upload arrived: no teacher, no public phase
-            return NOTHING
+            return nothing()
         uploads, privacy_stats = self.receive_uploads(parts, plan.round, ids, messages, info_of(parts, plan, ids),
                                                       plan.sampled)
-        if uploads is not None and parts.server.privacy.upload_audit and isinstance(uploads, list):
-            histograms = label_histograms([parts.tensors.private[i][1] for i in ids], parts.num_classes)
-            privacy_stats.update(label_inference([u["logits"] for u in uploads], histograms))  # what the server saw
         return Received(ids, uploads, privacy_stats)
 
     def aggregate(self, parts, plan, received):
@@ -203,7 +201,6 @@ class PredictionExchange(Protocol):
         where each client lives); the server counts, decodes and accounts it (``UploadPrivacy.receive``);
         under secure aggregation ``sampled`` are the clients of the key exchange."""
         server = parts.server
-        messages = parts.adversaries.collude_uploads(r, ids, messages)
         at = UploadRound(r, ids, parts.num_classes, len(info.public_x), parts.facts.sample_rate, server.send_up,
                          parts.seed, sampled, server.send_down, parts.clients.masking)
         return server.privacy.receive(at, messages)
@@ -213,21 +210,14 @@ class PredictionExchange(Protocol):
         """Server step (Stage 2): the teacher from the uploads, optionally the server model's
         predictions instead, sent down to the clients it heard from (what each is sent: the method's
         ``configure``); returns the result and each client's (public inputs, targets)."""
-        server, t = parts.server, parts.tensors
+        server = parts.server
         ctx = parts.facts.server_context(plan.round, info)
         result = server.aggregate(uploads, ctx)
         keep = result.keep
         teacher = result.teacher if keep is None else result.teacher[keep]
         public_x = info.public_x if keep is None else info.public_x[keep]
-        kind = "teacher"
-        if server.server_model is not None:  # server-side distillation from this teacher (fdlit.federation.server)
-            rows = plan.eval_rows
-            test = None if not plan.evaluated else (t.test_x, t.test_y) if rows is None else (
-                t.test_x[rows], t.test_y[rows])
-            server_teacher, server_metrics = server.server_model.round(plan.first, public_x, teacher, test)
-            result.stats.update(server_metrics)
-            if server_teacher is not None:  # the method broadcasts the server model's predictions
-                teacher, kind = server_teacher, "server_teacher"
+        # the teacher, or the server model's predictions after its step (composed at set-up: ServerSide)
+        teacher, kind = server.teacher_step(plan, public_x, teacher, result.stats, parts.tensors)
         teacher_sent, targets = encode_teacher(teacher, server.message_dtype)
         message = Message({kind: teacher_sent} if keep is None else {kind: teacher_sent, "keep_mask": keep})
         sent = server.method.configure(message, ids, ctx)
@@ -271,13 +261,11 @@ class ParameterExchange(Protocol):
         server = parts.server
         ids, raw = arrived(parts, plan, sent)
         if not ids:  # no upload arrived: every client keeps what it has
-            return NOTHING
-        raw = parts.adversaries.collude_uploads(plan.round, ids, raw)
-        if server.privacy.secure:  # masked (fdlit.privacy.secure_upload): the rule is given only the sums
-            at = UploadRound(plan.round, ids, parts.num_classes, 0, parts.facts.sample_rate, server.send_up,
-                             parts.seed, plan.sampled, server.send_down, parts.clients.masking)
-            return Received(ids, *server.privacy.receive(at, raw))
-        return Received(ids, [server.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)], {})
+            return nothing()
+        # counted; under secure aggregation masked (fdlit.privacy.secure_upload): the rule is given only the sums
+        at = UploadRound(plan.round, ids, parts.num_classes, 0, parts.facts.sample_rate, server.send_up,
+                         parts.seed, plan.sampled, server.send_down, parts.clients.masking)
+        return Received(ids, *server.privacy.receive(at, raw))
 
     def aggregate(self, parts, plan, received):
         server, m = parts.server, len(parts.clients)
@@ -313,7 +301,7 @@ class NoExchange(Protocol):
         return None
 
     def receive(self, parts, plan, sent):
-        return NOTHING
+        return nothing()
 
     def aggregate(self, parts, plan, received):
         return None, None

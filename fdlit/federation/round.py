@@ -29,9 +29,10 @@ from fdlit.execution import steps
 from fdlit.federation import measurement
 from fdlit.federation.evaluation import Accuracies
 from fdlit.federation.measurement import check_finite
-from fdlit.federation.protocols import Protocol
+from fdlit.federation.protocols import Protocol, Received
 from fdlit.federation.round_facts import RoundPlan
 from fdlit.federation.round_parts import RoundParts
+from fdlit.messages import Message
 from fdlit.methods.base import AggregationResult
 from fdlit.records import Metrics
 
@@ -46,6 +47,13 @@ class RoundExtra:
 
     def after_private(self, plan: RoundPlan, accuracies: Accuracies | None) -> None:
         """After the private phase's evaluation."""
+
+    def uploads(self, plan: RoundPlan, sent: dict[int, Message]) -> dict[int, Message]:
+        """What reaches the server of what each client sent (by client id)."""
+        return sent
+
+    def received(self, plan: RoundPlan, received: Received) -> None:
+        """After the server received the uploads (its ``stats`` go with the round's result)."""
 
     def after_exchange(self, plan: RoundPlan, accuracies: Accuracies | None) -> None:
         """After the evaluation that follows the exchange."""
@@ -82,7 +90,11 @@ class FederatedRound:
         for extra in self.extras:
             extra.after_private(plan, after_private)
         # line 8: the server receives; lines 9-11: aggregation; lines 12-14: distillation
+        for extra in self.extras:
+            sent = extra.uploads(plan, sent)
         received = exchange.receive(parts, plan, sent)
+        for extra in self.extras:
+            extra.received(plan, received)
         result, down = exchange.aggregate(parts, plan, received)
         public_losses = exchange.distil(parts, plan, received, down)
         plan, _, lost = self.without_unreachable(plan, [], lost)  # lost during the exchange: dropouts too

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from fdlit.adversaries import Adversaries
 from fdlit.federation import measurement
+from fdlit.federation.protocols import Protocol
 from fdlit.federation.round import RoundExtra
 from fdlit.federation.round_parts import RoundParts
 from fdlit.federation.selection import ExactSelection
+from fdlit.privacy.upload_audit import label_histograms, label_inference
 
 
 class Attacks(RoundExtra):
@@ -21,6 +23,13 @@ class Attacks(RoundExtra):
     def private_sets(self, r, sets):
         return self.adversaries.private_sets(r, sets, self.parts.num_classes)
 
+    def uploads(self, plan, sent):
+        """With ``collude``: the round's attackers whose uploads arrive send the first one's."""
+        lost = self.parts.clients.unreachable()
+        ids = [i for i in plan.arrived if i in sent and i not in lost]
+        colluded = self.adversaries.collude_uploads(plan.round, ids, [sent[i] for i in ids])
+        return {**sent, **dict(zip(ids, colluded, strict=True))}
+
     def metrics(self, plan, result, after_public):
         return self.adversaries.after_round(self.parts, plan, result, after_public)
 
@@ -29,11 +38,19 @@ class UploadAudit(RoundExtra):
     """``privacy.upload_audit``: the membership attack on the models that made the round's uploads,
     right after the private phase (fdlit.privacy.upload_audit), reported with the round."""
 
-    def __init__(self, parts: RoundParts):
-        self.parts, self.audited = parts, {}
+    def __init__(self, parts: RoundParts, labels: bool):
+        self.parts, self.labels, self.audited = parts, labels, {}
 
     def after_private(self, plan, accuracies):
         self.audited[plan.round] = measurement.upload_membership(self.parts)
+
+    def received(self, plan, received):
+        """With predictions uploaded (``labels``): what the server infers of each client's labels from
+        the uploads it saw (not from sums)."""
+        if self.labels and isinstance(received.uploads, list):
+            t = self.parts.tensors
+            histograms = label_histograms([t.private[i][1] for i in received.ids], self.parts.num_classes)
+            received.stats.update(label_inference([u["logits"] for u in received.uploads], histograms))
 
     def metrics(self, plan, result, after_public):
         return self.audited.pop(plan.round, {})
@@ -56,8 +73,8 @@ class Selection(RoundExtra):
         return self.selection.finish() if plan.round == self.rounds else {}
 
 
-def round_extras(parts: RoundParts, adversaries: Adversaries, selection: ExactSelection, upload_audit: bool
-                 ) -> list[RoundExtra]:
+def round_extras(parts: RoundParts, adversaries: Adversaries, selection: ExactSelection, upload_audit: bool,
+                 exchange: Protocol) -> list[RoundExtra]:
     """The extras of a run's rounds, in the order their hooks run (and their metrics are added)."""
-    return [Attacks(adversaries, parts), *([UploadAudit(parts)] if upload_audit else []),
-            Selection(selection, parts.settings.rounds)]
+    audit = [UploadAudit(parts, labels=exchange.upload == "predictions")] if upload_audit else []
+    return [Attacks(adversaries, parts), *audit, Selection(selection, parts.settings.rounds)]
