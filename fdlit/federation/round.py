@@ -1,12 +1,13 @@
 """One round of federated distillation, in the order of Kovalchuk et al. 2026, Algorithm 1.
 
     plan: who is sampled, who arrives, the public rows          RoundFacts.plan (participation)
-    lines 3-7   the private phase on each sampled client (CE),
-                then each arriving client's upload              one client step (ClientSide.round_step)
+    lines 3-7   private training on each sampled client (CE),
+                public inference and upload of each arriving one  one client step (ClientSide.round_step)
                 evaluation after the private phase
-    line 8      the server receives the uploads                 exchange.receive (ledger, privacy layer)
-    lines 9-11  aggregation: the teacher (or a global model)     exchange.aggregate (the method's server part)
-    lines 12-14 distillation on the public set                  exchange.distil (each client, where it lives)
+    line 7      the server receives the uploads                 exchange.receive (ledger, privacy layer)
+    lines 9-12  aggregation into the teacher (or a global
+                model), broadcast                               exchange.aggregate (the method's server part)
+    lines 13-15 public refinement (distillation)                exchange.distil (each client, where it lives)
                 evaluation after the exchange, the round's metrics
 
 What varies is composed once at set-up and never branched on here: the exchange
@@ -81,7 +82,7 @@ class FederatedRound:
         callbacks). Returns its metrics, or None when the executor closes it later (steps.when_evaluated)."""
         parts, clients, exchange = self.parts, self.parts.clients, self.exchange
         plan = parts.facts.plan(r)  # who takes part: clients not sampled do nothing this round
-        # lines 3-7: the sampled clients' private phase, then what the arriving ones send (one client step)
+        # lines 3-7: the sampled clients' private training, then what the arriving ones send (one client step)
         private_losses, sent = self.client_step(plan)
         steps.close_waiting(clients.executor)  # a previous round whose evaluation came back with this step
         plan, private_losses, lost = self.without_unreachable(plan, private_losses, frozenset())
@@ -89,7 +90,7 @@ class FederatedRound:
         after_private = parts.evaluated(plan)
         for extra in self.extras:
             extra.after_private(plan, after_private)
-        # line 8: the server receives; lines 9-11: aggregation; lines 12-14: distillation
+        # line 7: the server receives; lines 9-12: aggregation, broadcast; lines 13-15: public refinement
         for extra in self.extras:
             sent = extra.uploads(plan, sent)
         received = exchange.receive(parts, plan, sent)
