@@ -1,15 +1,16 @@
 """Protocols: what is exchanged after the private phase, as client steps and server steps.
 
-A protocol turns one round's plan into messages: client steps run where the clients live (through
-the executor: training, inference, the method's client part) and return what each client sends; the
-round's first client step (private phase, then the upload the protocol names in ``upload``) is one
-executor call, so clients that live elsewhere do it in one exchange;
-server steps run on the server (the method's server part, the server model, the ledger). Every
+A protocol names what the round's client step uploads (``upload``) and gives the round
+(:mod:`fdlit.federation.round`) three steps in Algorithm 1's order: ``receive`` (server: the uploads
+that arrived, counted by the ledger and through the privacy layer's server step), ``aggregate``
+(server: the method's server part, what goes down to whom) and ``distil`` (where the clients live:
+the public phase, or loading the global model), then ``evaluate``. Client steps run through the
+executor (fdlit.execution.steps), so clients that live elsewhere do each in one exchange; every
 message up or down goes through the communication ledger once. The loop picks the protocol once,
 from the mode and the method, and never branches on it:
 
 * :class:`PredictionExchange` (federated distillation, Kovalchuk et al. 2026, Algorithm 1, lines
-  6-14): public inference and the method's upload -> aggregation into a teacher -> the teacher
+  5-15): public inference and the method's upload -> aggregation into a teacher -> the teacher
   down -> the public (distillation) phase;
 * :class:`ParameterExchange` (FedAvg and its relatives): parameters up -> the global model down to
   every client; no public phase;
