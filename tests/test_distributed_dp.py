@@ -13,7 +13,7 @@ import torch
 from fdlit.cli import main
 from fdlit.messages import Message
 from fdlit.methods import ProbabilityAveraging
-from fdlit.privacy import UploadPrivacy
+from fdlit.privacy import UploadPrivacy, UploadRound
 from fdlit.privacy.client_release import gaussian_noise
 from fdlit.privacy.secure_round import NOISE_STREAM, masked_round, share_std
 from tests.fitting import only_run, tiny
@@ -47,8 +47,8 @@ def test_the_server_decodes_the_sum_plus_the_surviving_clients_noise_shares_neve
 def test_fewer_survivors_leave_less_noise_and_the_accountant_charges_it():
     privacy = central(sigma=1.0)
     messages = [Message({"logits": torch.full((20, 10), 0.1, dtype=torch.float64)}) for _ in range(3)]
-    uploads, stats = privacy.receive(1, [0, 1, 2], messages, 10, 20, 1.0, lambda r, i, m: m, seed=0,
-                                     sampled=[0, 1, 2, 3, 4, 5])
+    uploads, stats = privacy.receive(UploadRound(1, [0, 1, 2], 10, 20, 1.0, lambda r, i, m: m, seed=0,
+                                                 sampled=[0, 1, 2, 3, 4, 5]), messages)
     assert stats["privacy/noise_multiplier_effective"] == pytest.approx(math.sqrt(3 / 6))
     from opacus.accountants import RDPAccountant
 
@@ -56,7 +56,8 @@ def test_fewer_survivors_leave_less_noise_and_the_accountant_charges_it():
     accountant.history = [(math.sqrt(0.5), 1.0, 1)]
     assert stats["privacy/epsilon"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-9)
     full = central(sigma=1.0)
-    _, all_there = full.receive(1, [0, 1, 2], messages, 10, 20, 1.0, lambda r, i, m: m, seed=0, sampled=[0, 1, 2])
+    _, all_there = full.receive(UploadRound(1, [0, 1, 2], 10, 20, 1.0, lambda r, i, m: m, sampled=[0, 1, 2]),
+                                 messages)
     assert all_there["privacy/noise_multiplier_effective"] == 1.0
     assert all_there["privacy/epsilon"] < stats["privacy/epsilon"]  # less surviving noise: larger epsilon
 

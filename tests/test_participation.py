@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fdlit.configuration.schema import parse_fit
+from fdlit.execution import steps
 from fdlit.federation.participation import Participation
 from fdlit.methods import FedGO, Oracle
 from fdlit.methods.base import FederationInfo, ServerContext, context_for
@@ -232,7 +233,7 @@ class LosesClientAtUpload:
         return replies
 
     def client_step(self, step):  # the round's client step ends in the upload (ClientStep)
-        losses, replies = self.inner.client_step(step)
+        losses, replies = steps.client_step(self.inner, step)
         return losses, (self._lose(step.info, step.uploading, replies) if replies else replies)
 
     def unreachable(self):

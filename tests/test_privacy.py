@@ -84,11 +84,12 @@ def test_the_server_receives_each_clients_release_of_its_own_logits(tmp_path, ex
     loop = Experiment(cfg, parser).loop
     seen, receive = [], loop.privacy.receive
 
-    def spy(r, ids, messages, *args, **kwargs):
+    def spy(at, messages):
+        r, ids = at.round, at.clients
         info = loop.parts.facts.info(r, (), None)
         raw = [loop.settings.executor.predict([loop.view.clients[i]], info.public_x)[0] for i in ids]
         seen.append((r, list(ids), list(messages), raw))
-        return receive(r, ids, messages, *args, **kwargs)
+        return receive(at, messages)
 
     loop.privacy.receive = spy
     loop.fit()

@@ -284,7 +284,7 @@ def test_the_dp_release_is_made_on_the_actors_and_equals_the_in_process_one(tmp_
     executor.shipped, executor.predicted = [], []
     loop = tiny_loop(tmp_path / "ray", executor, aggregator=ProbabilityAveraging(), privacy=private())
     received, receive = [], loop.privacy.receive
-    loop.privacy.receive = lambda r, ids, messages, *a, **kw: (received.append(messages), receive(r, ids, messages, *a, **kw))[1]
+    loop.privacy.receive = lambda at, messages: (received.append(messages), receive(at, messages))[1]
     fit_with_one_thread(loop)
     assert executor.predicted and all(x is not loop.parts.tensors.public_x for x in executor.predicted)  # evaluation only
     assert len(received) == 2 and all(set(m) == {"topk_values", "topk_indices"} and "privacy/noise_std" in m.metrics

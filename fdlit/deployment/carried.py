@@ -6,8 +6,10 @@ its own that is a second exchange a round. Instead the FlowerExecutor keeps the 
 next request to the nodes, which is the next round's client step: a node loads the broadcast,
 measures its clients on the evaluation sets (which samples each predicts right), saves or sends their
 states when the round ends in a checkpoint, and only then trains the next round. The loop reads that
-round's evaluation right after the step came back (``carried_evaluation``) and closes the round; the
-last round's receive goes on its own (a closing request). Any other request sends a waiting receive
+round's evaluation right after the step came back and closes the round: the loop hands this executor
+the round's closing (``when_evaluated``) and it runs it, inside ``_carried_evaluation``, when the loop
+asks for the rounds that wait (``close_waiting``: after the next client step, and before the run
+stops, when the last round's receive goes on its own, a closing request). Any other request sends a waiting receive
 on its own first, so nodes always see the requests in the order of ``fit``.
 """
 
@@ -34,9 +36,23 @@ class CarriedReceive:
         self._carried: dict[str, dict] = {}  # the clients after the carried receive: cache, states, logged
         self._in_carried = False
         self._reported: dict | None = None  # the open round's costs, taken before the request that carried it
+        self._waiting: tuple | None = None  # the open round's (evaluate, close), run by close_waiting
 
-    def receive_carried(self) -> bool:
-        return bool(self._pending)
+    def when_evaluated(self, evaluate, close):
+        """Close the round now, or, when its receive waits for the clients' next request, keep its
+        closing for ``close_waiting`` (fdlit.execution.steps.when_evaluated)."""
+        if not self._pending:
+            return close(evaluate())
+        self._waiting = (evaluate, close)
+        return None
+
+    def close_waiting(self) -> None:
+        """The waiting round's evaluation, read as its clients were right after its receive, then its closing."""
+        if self._waiting is None:
+            return
+        (evaluate, close), self._waiting = self._waiting, None
+        with self._carried_evaluation():
+            close(evaluate())
 
     def request(self, op: str, per_node: dict, tolerate: bool = False, timeout_s: float | None = None) -> dict:
         if self._pending and op != "step":  # nodes see the requests in fit's order: the receive first
@@ -79,7 +95,7 @@ class CarriedReceive:
 
     def _took_carried(self, replies: dict, carried: dict[int, list[int]], inputs: list, measured: bool) -> None:
         """The carried receive's part of the replies (before the request's own part is taken): what the
-        loop reads in ``carried_evaluation``; it is also the clients' latest for those not trained since."""
+        loop reads in ``_carried_evaluation``; it is also the clients' latest for those not trained since."""
         from fdlit.deployment.node import from_bytes
 
         cache: dict[tuple[int, int], torch.Tensor] = {}
@@ -118,7 +134,7 @@ class CarriedReceive:
             self._reported = self._round_costs()
 
     @contextmanager
-    def carried_evaluation(self) -> Iterator[None]:
+    def _carried_evaluation(self) -> Iterator[None]:
         if self._pending:  # no request carried it (the last round): the closing request
             self._send_carried_alone()
         kept = (self._cache, self._states, self.__dict__.pop("_logged", {}))

@@ -32,6 +32,7 @@ from fdlit.deployment.node_requests import NodeRequests
 from fdlit.deployment.replies import check_losses, check_step, messages_of
 from fdlit.deployment.secure_rounds import SecureRounds
 from fdlit.execution.executor import ClientExecutor
+from fdlit.execution.steps import predicted_correct, report
 from fdlit.execution.tokens import Tokens
 from fdlit.messages import Message, array_bytes
 
@@ -214,7 +215,7 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
         named, lost = self._names.get(id(x)), self.unreachable()
         if named is None or named[0] is not x or any(
                 c.client_id not in lost and (id(x), c.client_id) not in self._cache for c in clients):
-            return super().correct(clients, x, y, rows)  # not measured ahead: the nodes predict, the server compares
+            return predicted_correct(self, clients, x, y, rows)  # not measured ahead: the nodes predict, the server compares
         nan = torch.full((len(y),), math.nan)  # a client that could not be reached: no accuracy
         out = torch.stack([nan if c.client_id in lost else self._cache[(id(x), c.client_id)].float()
                            for c in clients]).to(x.device)
@@ -341,7 +342,7 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
         losses = self._losses(len(step.trained), replies, trained)
         self._changed(step.trained, range(len(step.trained)), {n: r for n, r in replies.items() if n in trained},
                       trained, inputs)
-        self.report("private", len(step.trained), len(step.trained))
+        report(self, "private", len(step.trained), len(step.trained))
         messages = [Message() for _ in step.uploading]
         for node, (meta, tensors) in replies.items():
             for j, m in zip(uploading.get(node, []), messages_of(meta.get("upload"), tensors, self.device), strict=True):
@@ -375,5 +376,5 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
         losses = self._losses(len(clients), replies, groups)
         self._changed(clients, range(len(clients)), replies, groups, inputs)
         self._keep_states(replies)
-        self.report("public", len(clients), len(clients))
+        report(self, "public", len(clients), len(clients))
         return losses

@@ -34,6 +34,7 @@ import torch
 from fdlit.deployment.processes import alive, peak_rss_bytes
 from fdlit.deployment.secure_node import NodeSecureAggregation
 from fdlit.deployment.wire import pack, unpack
+from fdlit.execution import steps
 
 if TYPE_CHECKING:
     from fdlit.configuration.code_allowlist import CodeAllowlist
@@ -223,7 +224,7 @@ class NodeWorker:
             step = ClientStep(meta["round"], [], [], 0, 0, upload["kind"], self._clients(ids),
                               [self._side.client_data[i] for i in ids], self._side.method_part, info,
                               {k: self._ref(r) for k, r in upload["received"].items()}, self._side.release)
-            _, payloads = executor.client_step(step)
+            _, payloads = steps.client_step(executor, step)
             if secure:  # the terms of the sum stay here; each message goes up without its arrays
                 payloads = self.secagg.keep(ids, payloads, loop.privacy, loop.parts.seed)
             out_meta["upload"] = self._typed(payloads, out)
@@ -240,7 +241,7 @@ class NodeWorker:
             self._hook("receive", entry)
         ids = [i for entry in entries for i in entry["ids"]]
         out = {f"recv/{k}": v for k, v in self._measured(ids, meta["receive_measure"]).items()}
-        out_meta = {"receive_logged": self._side.executor.logged_values()}
+        out_meta = {"receive_logged": steps.logged_values(self._side.executor)}
         keep = meta.get("receive_states") or {}
         if keep.get("then_states"):
             out["receive_states"] = to_bytes(self._side.executor.fetch_states(self._clients(ids)))
@@ -253,7 +254,7 @@ class NodeWorker:
         loop = self.loop
         ids = meta["ids"]
         teachers = [(self._ref(x), self._ref(t)) for x, t in meta["teachers"]]
-        losses = self._side.executor.distil(self._side.method_part, self._clients(ids), teachers,
+        losses = steps.distil(self._side.executor, self._side.method_part, self._clients(ids), teachers,
                                       [loop.parts.tensors.private[i] for i in ids], meta["epochs"], meta["batch_size"])
         return self._after({"losses": [float(v) for v in losses]}, meta, self._then_measure(meta))
 
@@ -263,7 +264,7 @@ class NodeWorker:
         in a checkpoint (saves the server a request)."""
         if "then_measure" in meta and not any(k.startswith("pred/") for k in out):
             out.update(self._then_measure(meta))
-        out_meta["logged"] = self._side.executor.logged_values()
+        out_meta["logged"] = steps.logged_values(self._side.executor)
         if meta.get("then_states"):
             out_meta["state_ids"] = list(self.ids)
             out["states"] = to_bytes(self._side.executor.fetch_states(self._clients(self.ids)))

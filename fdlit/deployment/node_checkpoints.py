@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from fdlit.execution.executor import ON_NODES as STUB  # a checkpoint's client state that names the node's file
+from fdlit.execution.steps import ON_NODES as STUB  # a checkpoint's client state that names the node's file
 
 KEEP = 3  # saved rounds a node keeps
 FIELD = "node-config checkpoint-dir"

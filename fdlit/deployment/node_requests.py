@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from fdlit.deployment.replies import messages_of
+from fdlit.execution.steps import report
 from fdlit.messages import Message
 
 
@@ -37,7 +38,7 @@ class NodeRequests:
         replies = self.request("train", per_node, tolerate=True)
         losses = self._losses(len(clients), replies, groups)
         self._changed(clients, range(len(clients)), replies, groups, inputs)
-        self.report(phase, len(clients), len(clients))
+        report(self, phase, len(clients), len(clients))
         return losses
 
     def predict(self, clients, x):

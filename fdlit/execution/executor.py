@@ -7,29 +7,20 @@ executors with ``client_state`` / ``load_client_state``.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from fdlit.data import ClientData
-from fdlit.errors import check_finite
 from fdlit.messages import Message, as_message
 from fdlit.methods.base import ClientContext, ClientPart, FederationInfo
-from fdlit.methods.client_part import declared_payload
-from fdlit.methods.contexts import DistillationContext
 
 if TYPE_CHECKING:  # Lightning is imported when a client is built, not on import
     from lightning.fabric import Fabric
 
     from fdlit.clients import ClientModule
-
-
-# a client state in a checkpoint that names the node file holding it (fdlit.deployment.node_checkpoints)
-ON_NODES = "node_checkpoint"
 
 
 @dataclass
@@ -55,12 +46,30 @@ class ClientStep:
     release: Callable[[int, int, Message], Message] | None = None
 
 
+def report(executor: ClientExecutor, phase: str, done: float, total: int) -> None:
+    """Tell the loop how far a ``train`` call is (a progress bar advances as clients finish)."""
+    if executor.progress is not None:
+        executor.progress(phase, done, total)
+
+
+def collect_logged(executor: ClientExecutor, clients: Sequence[ClientModule]) -> None:
+    """Keep each client's ``self.log`` means of the phase just trained, for ``steps.logged_metrics``."""
+    logged = executor.__dict__.setdefault("_logged", {})
+    for c in clients:
+        for name, value in c.take_logged().items():
+            logged.setdefault(name, []).append(value)
+
+
 class ClientExecutor:
-    """Interface: set clients up on the device, train them for a phase, predict with them."""
+    """Where clients live: what a back-end must do, in eight methods (as Flower's ``Grid`` is the
+    interface of a federation's transport). Every other step of a round (the client step, the
+    upload, the public phase, evaluation, the checkpoint's states, the logged values) is a function
+    of :mod:`fdlit.execution.steps` that takes an executor and is built on these; an executor may do
+    one of those its own way by defining a method of the step's name (``steps.OWN_WAYS``)."""
 
     compile_backend: str | None = None  # federation.compile: a torch.compile backend, or None
     # set by the loop: whether a round's receive (every client loading the broadcast, the round's last
-    # client work) may wait for the clients' next request (``receive_carried``)
+    # client work) may wait for the clients' next request (``steps.when_evaluated``)
     may_carry_receive = False
     # set by the loop: progress(phase, clients done (may be fractional), clients in the phase)
     progress: Callable[[str, float, int], None] | None = None
@@ -68,17 +77,8 @@ class ClientExecutor:
     # sampled, clients, threshold, count) -> (SecureSums | None, stats)``; None: in the server's process
     secure_sum: Callable | None = None
 
-    def report(self, phase: str, done: float, total: int) -> None:
-        """Tell the loop how far a ``train`` call is (a progress bar advances as clients finish)."""
-        if self.progress is not None:
-            self.progress(phase, done, total)
-
-    def configure(self, compile_backend: str | None = None) -> None:
-        """Options the loop passes before ``setup``: ``compile_backend`` compiles the training
-        computation with ``torch.compile(backend=...)``."""
-        self.compile_backend = compile_backend
-
     def setup(self, fabric: Fabric, clients: Sequence[ClientModule]) -> None:
+        """Put the clients on the device (or where they live) before the first round."""
         raise NotImplementedError
 
     def train(
@@ -96,111 +96,6 @@ class ClientExecutor:
         """Logits of every client on x: M x N x C (float32)."""
         raise NotImplementedError
 
-    def correct(self, clients: Sequence[ClientModule], x: torch.Tensor, y: torch.Tensor,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Evaluation: whether each client's prediction of each sample of ``x`` (or of its ``rows``) is
-        its label ``y``, M x N as 1.0 / 0.0; a client that could not be reached (NaN logits) is a row of
-        NaN. An executor whose clients live elsewhere may measure this there, so only these bits leave."""
-        if rows is not None:
-            x, y = x[rows], y[rows]
-        logits = self.predict(clients, x)
-        out = (logits.argmax(-1) == y).float()
-        if len(y):
-            out[logits.flatten(1).isnan().all(1)] = math.nan
-        return out
-
-    def receive_carried(self) -> bool:
-        """Whether the ``receive`` hook just asked for waits to travel with the clients' next request
-        (an executor whose clients live elsewhere, where it saves an exchange a round); the evaluation
-        after it then comes back with that request, read inside :meth:`carried_evaluation`."""
-        return False
-
-    @contextmanager
-    def carried_evaluation(self) -> Iterator[None]:
-        """Inside: evaluation (``correct``), states and logged values are those of the clients right
-        after the carried receive, even when a later request already trained them on (it is sent on
-        its own first when no request carried it yet)."""
-        yield
-
-    def client_step(self, step: ClientStep) -> tuple[list[float], list[Message]]:
-        """The private phase, then what the arriving clients send (see :class:`ClientStep`); returns
-        the trained clients' mean losses and the uploads. Non-finite losses stop here, before any
-        upload, naming the clients."""
-        losses = []
-        if step.trained:
-            losses = self.train(step.trained, "private", step.datasets, step.epochs, step.batch_size)
-            check_finite(losses, step.round, "private", [c.client_id for c in step.trained])
-        if step.upload is None or not step.uploading:
-            return losses, []
-        if step.upload == "predictions":
-            return losses, self.upload(step.part, step.info, step.uploading, step.upload_data, step.received,
-                                       step.release)
-        sent = self.client_hook("upload", step.part, step.info, step.uploading, step.upload_data, step.received)
-        return losses, [declared_payload(type(step.part).__name__, step.part.uploads, m) for m in sent]
-
-    def distil(self, part: ClientPart, clients: Sequence[ClientModule],
-               teachers: Sequence[tuple[torch.Tensor, torch.Tensor]],
-               private: Sequence[tuple[torch.Tensor, torch.Tensor]], epochs: int, batch_size: int) -> list[float]:
-        """The public phase (Kovalchuk et al. 2026, Algorithm 1, lines 12-14), where each client lives:
-        its training set from the (public inputs, targets) it was sent and its private data (the
-        client part's ``distillation_set``), then training on it; mean losses."""
-        datasets = [part.distillation_set(DistillationContext(c.client_id, x, t, *p))
-                    for c, (x, t), p in zip(clients, teachers, private, strict=True)]
-        return self.train(clients, "public", datasets, epochs, batch_size)
-
-    def fetch_states(self, clients: Sequence[ClientModule]) -> list[dict]:
-        """Bring the executor's client state into ``clients`` (the loop's); returns the states.
-        Executors that train ``clients`` in place (the sequential one) have nothing to bring."""
-        return [c.client_state() for c in clients]
-
-    def push_states(self, clients: Sequence[ClientModule]) -> None:
-        """Make the executor's clients match ``clients`` (e.g. after loading a checkpoint)."""
-
-    def checkpoint_states(self, clients: Sequence[ClientModule]) -> list[dict]:
-        """The clients' states for the run's checkpoint: their states (``fetch_states``); an executor
-        whose clients save their own states where they live may name those instead."""
-        return self.fetch_states(clients)
-
-    def load_states(self, clients: Sequence[ClientModule], states: Sequence[dict]) -> None:
-        """Continue from a checkpoint's client states (``checkpoint_states``)."""
-        if any(isinstance(s, dict) and ON_NODES in s for s in states):
-            from fdlit.errors import ConfigError
-
-            raise ConfigError("resume", "this checkpoint's client states stay on the deployment's nodes, which "
-                              "saved them (node-side checkpoints): continue the run with `fdlit deploy --resume "
-                              "RUN_DIR` on those nodes")
-        for client, state in zip(clients, states, strict=True):
-            client.load_client_state(state)
-        self.push_states(clients)
-
-    def teardown(self, clients: Sequence[ClientModule]) -> None:
-        """End of a run: hand the final client state back into ``clients`` and free workers."""
-
-    def unreachable(self) -> frozenset[int]:
-        """Ids of clients that can no longer be reached (their process or machine is gone); the loop
-        drops them from the round as dropouts. None for an executor in the loop's process."""
-        return frozenset()
-
-    def timing_metrics(self) -> dict[str, object]:
-        """``time/*`` metrics of the round that just ended that the loop cannot see itself (CPU
-        spent in other processes); none for an executor that runs in the loop's process."""
-        return {}
-
-    def collect_logged(self, clients: Sequence[ClientModule]) -> None:
-        """Keep each client's ``self.log`` means of the phase just trained, for :meth:`logged_metrics`."""
-        logged = self.__dict__.setdefault("_logged", {})
-        for c in clients:
-            for name, value in c.take_logged().items():
-                logged.setdefault(name, []).append(value)
-
-    def logged_values(self) -> dict[str, list[float]]:
-        """Per-client means of what clients logged since the last call (cleared)."""
-        return self.__dict__.pop("_logged", {})
-
-    def logged_metrics(self) -> dict[str, float]:
-        """``clients/log/<name>``: the round's mean of each value the clients' steps logged."""
-        return {f"clients/log/{k}": sum(v) / len(v) for k, v in self.logged_values().items() if v}
-
     def client_hook(self, hook: str, part: ClientPart, info: FederationInfo, clients: Sequence[ClientModule],
                     client_data: Sequence[ClientData], received: dict[str, torch.Tensor],
                     public_logits: torch.Tensor | None = None) -> list[Message]:
@@ -214,20 +109,21 @@ class ClientExecutor:
             for i, (client, data) in enumerate(zip(clients, client_data, strict=True))
         ]
 
-    def upload(self, part: ClientPart, info: FederationInfo, clients: Sequence[ClientModule],
-               client_data: Sequence[ClientData], received: dict[str, torch.Tensor],
-               release: Callable[[int, int, Message], Message]) -> list[Message]:
-        """The client step that ends Stage 1 (Kovalchuk et al. 2026, Algorithm 1, lines 6-7), where each
-        client lives: its logits on the public set, its method's ``upload``, and ``release``
-        (fdlit.privacy.client_release: DP clipping and noise, the encoding); returns what each
-        client sends, so raw logits leave no client that the privacy section covers."""
-        public_logits = self.predict(clients, info.public_x)  # M x N x C
-        ids = [c.client_id for c in clients]
-        check_finite(list(public_logits), info.round, "public inference", ids)
-        extra = self.client_hook("upload", part, info, clients, client_data, received, public_logits)
-        owner, n, c = type(part).__name__, len(info.public_x), info.num_classes
-        return [release(info.round, i, declared_payload(owner, part.uploads, payload, public_logits[j], n, c))
-                for j, (i, payload) in enumerate(zip(ids, extra, strict=True))]
+    def fetch_states(self, clients: Sequence[ClientModule]) -> list[dict]:
+        """Bring the executor's client state into ``clients`` (the loop's); returns the states.
+        Executors that train ``clients`` in place (the sequential one) have nothing to bring."""
+        return [c.client_state() for c in clients]
+
+    def push_states(self, clients: Sequence[ClientModule]) -> None:
+        """Make the executor's clients match ``clients`` (e.g. after loading a checkpoint)."""
+
+    def teardown(self, clients: Sequence[ClientModule]) -> None:
+        """End of a run: hand the final client state back into ``clients`` and free workers."""
+
+    def unreachable(self) -> frozenset[int]:
+        """Ids of clients that can no longer be reached (their process or machine is gone); the loop
+        drops them from the round as dropouts. None for an executor in the loop's process."""
+        return frozenset()
 
 
 class SequentialExecutor(ClientExecutor):
@@ -265,8 +161,8 @@ class SequentialExecutor(ClientExecutor):
         losses = []
         for client, (x, t) in zip(clients, datasets, strict=True):
             losses.append(self._train_one(client, phase, x, t, epochs, batch_size))
-            self.report(phase, len(losses), len(clients))
-        self.collect_logged(clients)
+            report(self, phase, len(losses), len(clients))
+        collect_logged(self, clients)
         return losses
 
     def _train_one(self, client: ClientModule, phase: str, x, t, epochs: int, batch_size: int) -> float:

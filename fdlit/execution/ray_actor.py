@@ -15,12 +15,27 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fdlit.execution import steps
 from fdlit.execution.executor import SequentialExecutor
 from fdlit.execution.vectorized import VectorizedExecutor
 from fdlit.methods.base import ClientPart
 
 if TYPE_CHECKING:
     from fdlit.clients import ClientModule
+
+
+@dataclasses.dataclass(frozen=True)
+class HookCall:
+    """A client part's hook for some of an actor's clients; tensors named by the tokens they were shipped under."""
+
+    hook: str
+    ids: list[int]
+    part: ClientPart
+    info: Any  # the round's FederationInfo, without its public inputs (``public_x_token`` names them)
+    public_x_token: int
+    received_tokens: dict[str, int]
+    data_tokens: list[int]
+    release: Any = None  # the privacy release of an upload step (fdlit.privacy.client_release), or None
 
 
 class ClientWorker:
@@ -65,18 +80,17 @@ class ClientWorker:
         self._receive(new, live)
         return self.executor.predict([self.clients[i] for i in ids], self.objects[x_token]).cpu()
 
-    def client_hook(self, hook, ids, part, info, public_x_token, received_tokens, data_tokens, release,
-                    new, live) -> list[dict]:
+    def client_hook(self, call: HookCall, new, live) -> list[dict]:
         """``part.<hook>`` for these clients; ``upload`` (with its ``release``) is the whole upload
         step: public inference, the method's upload and the privacy release, here on the actor."""
         self._receive(new, live)
-        info = dataclasses.replace(info, public_x=self.objects[public_x_token])
-        received = {k: self.objects[t] for k, t in received_tokens.items()}
-        clients, data = [self.clients[i] for i in ids], [self.objects[d] for d in data_tokens]
-        if release is not None:
-            payloads = self.executor.upload(part, info, clients, data, received, release)
+        info = dataclasses.replace(call.info, public_x=self.objects[call.public_x_token])
+        received = {k: self.objects[t] for k, t in call.received_tokens.items()}
+        clients, data = [self.clients[i] for i in call.ids], [self.objects[d] for d in call.data_tokens]
+        if call.release is not None:
+            payloads = steps.upload(self.executor, call.part, info, clients, data, received, call.release)
         else:
-            payloads = self.executor.client_hook(hook, part, info, clients, data, received)
+            payloads = self.executor.client_hook(call.hook, call.part, info, clients, data, received)
         return [p.with_arrays({k: v.cpu() for k, v in p.items()}) for p in payloads]  # metrics and config kept
 
     def get_states(self, ids) -> list[dict]:
@@ -88,7 +102,7 @@ class ClientWorker:
 
     def logged_values(self) -> dict[str, list[float]]:
         """What this actor's clients logged (``self.log``) since the last call."""
-        return self.executor.logged_values()
+        return steps.logged_values(self.executor)
 
     def cpu_seconds(self) -> float:
         """CPU seconds of this actor's process so far (every thread, start-up included)."""

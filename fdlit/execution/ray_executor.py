@@ -38,8 +38,9 @@ import torch
 
 from fdlit.errors import ConfigError
 from fdlit.execution.executor import ClientExecutor
-from fdlit.execution.ray_actor import ClientWorker, ship_code_by_value, shipped_classes, to_cpu
+from fdlit.execution.ray_actor import ClientWorker, HookCall, ship_code_by_value, shipped_classes, to_cpu
 from fdlit.execution.ray_plan import plan_actors
+from fdlit.execution.steps import report
 from fdlit.execution.tokens import Tokens
 
 if TYPE_CHECKING:
@@ -308,7 +309,7 @@ class RayExecutor(ClientExecutor):
                 for j, loss in zip(idx, got, strict=True):
                     losses[j] = loss
                 done += len(idx)
-            self.report(phase, done, len(clients))
+            report(self, phase, done, len(clients))
         return losses
 
     def predict(self, clients, x):
@@ -343,8 +344,8 @@ class RayExecutor(ClientExecutor):
         received_tokens = {k: self._token(v) for k, v in received.items()}
         calls = [
             self.actors[a].client_hook.remote(
-                hook, [clients[j].client_id for j in idx], part, bare, self._token(info.public_x), received_tokens,
-                [self._token(client_data[j]) for j in idx], release, *ship[a],
+                HookCall(hook, [clients[j].client_id for j in idx], part, bare, self._token(info.public_x),
+                         received_tokens, [self._token(client_data[j]) for j in idx], release), *ship[a],
             )
             for a, idx in groups.items()
         ]

@@ -21,6 +21,7 @@ writes parameters and optimizer state back only at its end), so only the faulty 
 from __future__ import annotations
 
 import copy
+import functools
 import random
 import sys
 import threading
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fdlit.execution import steps
 from fdlit.execution.executor import ClientExecutor, SequentialExecutor
 from fdlit.execution.stack_keys import predict_key, train_key, twins
 from fdlit.execution.vectorized import VectorizedExecutor
@@ -288,7 +290,7 @@ class Rendezvous:
                 results.append(results[s].clone())
         if group[0].method == "train":
             for c in group:
-                c.run.report(group[0].args[0], len(c.clients), len(c.clients))
+                steps.report(c.run, group[0].args[0], len(c.clients), len(c.clients))
         return results
 
 
@@ -322,18 +324,15 @@ class StackedRunExecutor(ClientExecutor):
         self.member: _Member | None = None
         self.assigned = False
 
-    def configure(self, compile_backend: str | None = None) -> None:
-        super().configure(compile_backend)
-
     def setup(self, fabric, clients) -> None:
         if self.inner is None:
             from fdlit.execution import select_executor
 
             s = self.loop.settings
             self.inner = select_executor(clients, s.precision, sample=self.loop.parts.tensors.public_x[:1])
-        self.inner.configure(self.compile_backend)
+        steps.configure(self.inner, self.compile_backend)
         self.inner.setup(fabric, clients)
-        self.inner.progress = self.report
+        self.inner.progress = functools.partial(steps.report, self)
 
     def train(self, clients, phase, datasets, epochs, batch_size):
         key = train_key(self.inner, clients, phase, datasets, epochs, batch_size)
@@ -356,10 +355,10 @@ class StackedRunExecutor(ClientExecutor):
         return self.inner.unreachable()
 
     def timing_metrics(self):
-        return self.inner.timing_metrics()
+        return steps.timing_metrics(self.inner)
 
     def logged_values(self):
-        return self.inner.logged_values()
+        return steps.logged_values(self.inner)
 
 
 def fit_stacked(loops: Sequence[Any], names: Sequence[str] | None = None,

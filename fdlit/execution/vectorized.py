@@ -59,6 +59,7 @@ from fdlit.execution.grouped import AUTO_PRECISIONS, GroupedNetwork, grouped_app
 from fdlit.execution.stack_memory import auto_chunk_size, client_memory_bytes, free_device_memory
 from fdlit.execution.stacked_optimizer import StackedOptimizer
 from fdlit.execution.stacking import ParamStack, select_rows
+from fdlit.execution.steps import configure, logged_values, report, take_logged
 from fdlit.execution.vectorizable import architecture_key, split_input, unsupported_reason
 from fdlit.execution.vmap_step import (
     TrainingStep,
@@ -133,8 +134,8 @@ class VectorizedExecutor(ClientExecutor):
         self.trained = {"vectorized": 0, "sequential": 0}  # client-phases each path trained (tests read it)
 
     def configure(self, compile_backend: str | None = None) -> None:
-        super().configure(compile_backend)
-        self.fallback.configure(compile_backend)
+        self.compile_backend = compile_backend
+        configure(self.fallback, compile_backend)
 
     def setup(self, fabric: Fabric, clients: Sequence[ClientModule]) -> None:
         self.fabric = fabric
@@ -190,19 +191,19 @@ class VectorizedExecutor(ClientExecutor):
                     losses[i] = loss
                 self.trained["vectorized"] += len(members)
                 self._done += len(members)
-                self.report(phase, self._done, len(clients))
+                report(self, phase, self._done, len(clients))
         if rest:
             out = self.fallback.train([clients[i] for i in rest], phase, [datasets[i] for i in rest], epochs, batch_size)
             for i, loss in zip(rest, out, strict=True):
                 losses[i] = loss
             self.trained["sequential"] += len(rest)
-            self.report(phase, len(clients), len(clients))
+            report(self, phase, len(clients), len(clients))
         return losses
 
     def logged_values(self) -> dict[str, list[float]]:
         """What clients logged: those run sequentially here (under vmap ``self.log`` records nothing)."""
-        merged = super().logged_values()
-        for name, values in self.fallback.logged_values().items():
+        merged = take_logged(self)
+        for name, values in logged_values(self.fallback).items():
             merged.setdefault(name, []).extend(values)
         return merged
 
@@ -246,7 +247,7 @@ class VectorizedExecutor(ClientExecutor):
         every = max(1, steps // max(epochs, 1))  # (clients, epochs): report about once per epoch
         for s, substeps in enumerate(step_calls(counts, lengths, bool(buffer_names), index.shape[2])):
             if progress is not None and s and s % every == 0:  # the chunk's clients, part-way
-                self.report(phase, self._done + m * s / steps, progress[0])
+                report(self, phase, self._done + m * s / steps, progress[0])
             for rows, width in substeps:
                 members = range(m) if rows is None else rows.tolist()
                 if rows is None:

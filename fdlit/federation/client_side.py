@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fdlit.execution import steps
 from fdlit.execution.executor import ClientExecutor, ClientStep
 from fdlit.messages import Message
 from fdlit.methods.client_part import ClientPart
@@ -18,6 +19,7 @@ from fdlit.methods.contexts import FederationInfo
 if TYPE_CHECKING:
     from fdlit.clients.client import ClientModule
     from fdlit.data.federated import ClientData
+    from fdlit.federation.round_facts import RoundPlan
 
 
 class ClientSide:
@@ -52,17 +54,18 @@ class ClientSide:
         """Clients ``ids`` train one phase on their ``datasets``; their mean losses."""
         return self.executor.train(self.subset(self.clients, ids), phase, datasets, epochs, batch_size)
 
-    def round_step(self, r: int, trained: Sequence[int], datasets: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                   epochs: int, batch_size: int, upload: str | None, uploading: Sequence[int],
-                   info: FederationInfo | None, received: dict) -> tuple[list[float], dict[int, Message]]:
-        """Round r's client step (:class:`~fdlit.execution.executor.ClientStep`): the clients ``trained``
-        train their private phase on ``datasets``; then the clients ``uploading`` send what ``upload``
+    def round_step(self, plan: RoundPlan, datasets: Sequence[tuple[torch.Tensor, torch.Tensor]], epochs: int,
+                   batch_size: int, upload: str | None, info: FederationInfo | None, received: dict
+                   ) -> tuple[list[float], dict[int, Message]]:
+        """The round's client step (:class:`~fdlit.execution.executor.ClientStep`): the sampled clients
+        train their private phase on ``datasets``; then the arriving clients send what ``upload``
         names. Returns the mean losses and each uploading client's message by id (a client whose node
         stopped answering has none)."""
+        r, trained, uploading = plan.round, plan.sampled, plan.arrived
         step = ClientStep(r, self.subset(self.clients, trained), datasets, epochs, batch_size, upload,
                           self.subset(self.clients, uploading), self.subset(self.client_data, uploading),
                           self.method_part, info, received, self.release)
-        losses, messages = self.executor.client_step(step)
+        losses, messages = steps.client_step(self.executor, step)
         if not messages:
             return losses, {}
         lost = self.executor.unreachable()
@@ -75,7 +78,7 @@ class ClientSide:
     def correct(self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Every client's correctness on (x, y), or on its ``rows``: M x N of 1.0 / 0.0, NaN rows for
         clients that could not be reached (evaluation)."""
-        return self.executor.correct(self.clients, x, y, rows)
+        return steps.correct(self.executor, self.clients, x, y, rows)
 
     def _hook(self, hook: str, info: FederationInfo, ids: Sequence[int], received: dict) -> list[dict]:
         return self.executor.client_hook(hook, self.method_part, info, self.subset(self.clients, ids),
@@ -101,7 +104,7 @@ class ClientSide:
                batch_size: int) -> list[float]:
         """The public phase of the clients ``ids``, each from the (public inputs, targets) it was sent
         (its training set: the client part's ``distillation_set``, made where the client lives)."""
-        return self.executor.distil(self.method_part, self.subset(self.clients, ids), teachers,
+        return steps.distil(self.executor, self.method_part, self.subset(self.clients, ids), teachers,
                                     self.subset(self.private, ids), epochs, batch_size)
 
     @property
@@ -120,7 +123,7 @@ class ClientSide:
 
     def checkpoint_states(self) -> list[dict]:
         """Every client's state as the run's checkpoint keeps it (where the executor says)."""
-        return self.executor.checkpoint_states(self.clients)
+        return steps.checkpoint_states(self.executor, self.clients)
 
     def load_state_dict(self, states: list[dict]) -> None:
-        self.executor.load_states(self.clients, states)
+        steps.load_states(self.executor, self.clients, states)

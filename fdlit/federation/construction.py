@@ -59,21 +59,23 @@ def check_accelerator(accelerator: str) -> str:
     return accelerator
 
 
-def check_loop_settings(*, rounds: int, epochs: dict[str, int], precision: str, message_dtype: str, mode: str,
-                        modes: tuple[str, ...], accelerator: str, eval_every_n_rounds: int,
-                        eval_subsample: int | None, compile: bool, compile_backend: str,
-                        cuda_graphs: bool = False) -> None:
-    """The ``federation`` section's own checks, named by field, before anything is built."""
+def check_loop_settings(*, rounds: int, epochs: dict[str, int], choices: dict[str, tuple[str, Sequence[str]]],
+                        accelerator: str, eval_every_n_rounds: int, eval_subsample: int | None) -> None:
+    """The ``federation`` section's own checks, named by field, before anything is built (``choices``:
+    field -> (its value, the allowed values), checked in order)."""
     check_at_least("federation.rounds", rounds, 1)
     for name, value in epochs.items():
         check_at_least(f"federation.{name}", value, 0)
-    check_choice("federation.precision", precision, PRECISIONS)
-    check_choice("federation.message_dtype", message_dtype, sorted(MESSAGE_DTYPES))
-    check_choice("federation.mode", mode, modes)
+    for name, (value, allowed) in choices.items():
+        check_choice(f"federation.{name}", value, allowed)
     check_accelerator(accelerator)
     check_at_least("federation.eval_every_n_rounds", eval_every_n_rounds, 1)
     if eval_subsample is not None:
         check_at_least("federation.eval_subsample", eval_subsample, 1)
+
+
+def check_compilation(accelerator: str, compile: bool, compile_backend: str, cuda_graphs: bool = False) -> None:
+    """``federation.compile``, ``compile_backend`` and ``cuda_graphs`` (after the section's other checks)."""
     if cuda_graphs:
         check_cuda_graphs(accelerator, compile)
     if compile:
@@ -164,9 +166,17 @@ class InitialDraws:
     after: torch.Tensor
 
 
-def build_clients(data: FederatedData, mode: str, client_class: type[ClientModule], model_spec: ModelSpec,
-                  optimization: ClientOptimization, method: Aggregator, adversaries: Adversaries, seed: int,
-                  hosted: Sequence[int] | None = None, draws: InitialDraws | None = None
+@dataclass(frozen=True)
+class ClientRecipe:
+    """What every client is built from: its class, its network's spec and its optimisation."""
+
+    client_class: type[ClientModule]
+    model_spec: ModelSpec
+    optimization: ClientOptimization
+
+
+def build_clients(data: FederatedData, mode: str, recipe: ClientRecipe, method: Aggregator, adversaries: Adversaries,
+                  seed: int, hosted: Sequence[int] | None = None, draws: InitialDraws | None = None
                   ) -> tuple[list[ClientData], list[ClientModule | None], ClientPart, InitialDraws]:
     """The clients' data and modules (one pooled client for the reference baseline), the method's
     client part every client carries (wrapped by the attack for adversarial clients): what of the
@@ -183,8 +193,8 @@ def build_clients(data: FederatedData, mode: str, client_class: type[ClientModul
         if draws is not None:
             torch.set_rng_state(draws.before[cd.client_id].clone())  # its own storage: a row of a stack crashes torch
         before[cd.client_id] = torch.get_rng_state()
-        clients.append(client_class(client_network(model_spec, data, cd.client_id, seed), cd.client_id, cd.classes,
-                                    optimization, seed))
+        network = client_network(recipe.model_spec, data, cd.client_id, seed)
+        clients.append(recipe.client_class(network, cd.client_id, cd.classes, recipe.optimization, seed))
     if draws is not None:
         torch.set_rng_state(draws.after.clone())  # what follows draws as after every network, as in fit
     record = InitialDraws(before, torch.get_rng_state())

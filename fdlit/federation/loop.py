@@ -14,8 +14,6 @@ checkpoint files: callbacks observe a read-only view of it (``view``, a RoundVie
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import time
 from typing import Any
 
@@ -23,12 +21,14 @@ from fdlit.adversaries import Adversaries
 from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
+from fdlit.execution import steps
 from fdlit.federation import baselines, measurement
 from fdlit.federation.checks import check_before_data
 from fdlit.federation.construction import InitialDraws, check_seed, use_cuda_graphs
-from fdlit.federation.measurement import check_finite
-from fdlit.federation.protocols import CARRIED, protocol_for
-from fdlit.federation.round_parts import RoundParts, build_parts
+from fdlit.federation.protocols import protocol_for
+from fdlit.federation.round import FederatedRound
+from fdlit.federation.round_extras import round_extras
+from fdlit.federation.round_parts import FederationSections, RoundParts, build_parts
 from fdlit.federation.round_view import LoopView
 from fdlit.federation.selection import ExactSelection
 from fdlit.federation.server import ServerModel
@@ -88,11 +88,6 @@ class FederationLoop:
         self.hosted: list[int] | None = None  # a deployment node's own clients (None: every client is here)
         # the random state each client's network was drawn from: recorded by set-up, given to a node
         self.draws: InitialDraws | None = None
-        # a round whose evaluation after its exchange comes back with the clients' next request
-        # (ClientExecutor.receive_carried): closed, with its metrics and callbacks, once it has
-        self._open: tuple | None = None
-        self._reported_at = -math.inf  # when the last round was closed (perf_counter)
-        self._audited: dict[int, dict] = {}  # the upload audit of a round, measured after its private phase
         # what the config alone shows to be impossible, before any data loads
         check_before_data(self.settings, self.data, aggregator, self.privacy, self.adversaries)
 
@@ -116,11 +111,11 @@ class FederationLoop:
             release = self.privacy.client_release(s.message_dtype, self.seed)  # applied on each client
         self.fabric = make_device(s.accelerator, s.precision, s.fabric_devices)
         # the parts exist before the executor starts: a remote executor names the loop's tensors in set-up
-        self.parts, self.draws = build_parts(s, self.data, self.model_spec, self.optimization, self.server_side,
-                                             self.adversaries, self.seed, self.fabric.device, release, self.hosted,
-                                             self.draws)
+        sections = FederationSections(s, self.data, self.model_spec, self.optimization, self.server_side,
+                                      self.adversaries, self.seed)
+        self.parts, self.draws = build_parts(sections, self.fabric.device, release, self.hosted, self.draws)
         parts, executor = self.parts, s.executor
-        executor.configure(s.compile_backend)
+        steps.configure(executor, s.compile_backend)
         try:
             executor.setup(self.fabric, [c for c in parts.clients.clients if c is not None])
             if s.cuda_graphs:  # the executor that runs the clients (a stacked run's own: its inner one)
@@ -134,6 +129,10 @@ class FederationLoop:
         # a receive may wait for the next request unless something reads the clients between the
         # rounds: the selection keeps their weights, the upload audit queries them every round
         executor.may_carry_receive = not self.selection.active and not self.privacy.upload_audit
+        # the round's order over the parts, with what the config adds to it (composed here, once)
+        audit = self.privacy.upload_audit and self.protocol.communicates
+        extras = round_extras(parts, self.adversaries, self.selection, audit, self.protocol)
+        self.federated_round = FederatedRound(parts, self.protocol, extras)
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> Metrics:
@@ -148,12 +147,12 @@ class FederationLoop:
             for r in range(self.round + 1, self.settings.rounds + 1):
                 if reason := self.protocol.stop_reason(self.parts, r):
                     self.stop_reason = reason  # the last round is complete and checkpointed
-                    self._close_open(start)
+                    steps.close_waiting(self.parts.clients.executor)
                     if self.history:
                         self.history[-1].update(self.selection.finish())
                     break
                 self.run_round(r, clock=start)
-            self._close_open(start)  # the last round's carried evaluation: one closing request
+            steps.close_waiting(self.parts.clients.executor)  # a last round that waits for its evaluation
         finally:
             side = self.parts.clients
             side.executor.teardown(side.clients)  # remote executors: final state back into the clients
@@ -168,67 +167,22 @@ class FederationLoop:
             cb.on_clients_progress(self.view, phase, done, total)
 
     def run_round(self, r: int, clock: float | None = None) -> Metrics | None:
-        """One round of Kovalchuk et al. 2026, Algorithm 1 (docs/algorithms.md, "The round"); None when
-        its evaluation after the exchange comes with the next round's client step (closed right after it)."""
-        parts, clients = self.parts, self.parts.clients
+        """One round of Kovalchuk et al. 2026, Algorithm 1 (:mod:`fdlit.federation.round`; docs/algorithms.md,
+        "The round"); None when the executor closes it later (its evaluation after the exchange comes with
+        the clients' next request: fdlit.execution.steps.when_evaluated)."""
         t0 = time.perf_counter()
         for cb in self.callbacks:
             cb.on_round_start(self.view, r)
-        plan = parts.facts.plan(r)  # who takes part: clients not sampled do nothing this round
-        # Stage 1: the sampled clients' private phase, then what the arriving ones send (one client step)
-        private_losses, sent = [], {}
-        if plan.sampled:
-            private_sets = self.adversaries.private_sets(r, parts.tensors.private, parts.num_classes)
-            upload = self.protocol.upload if plan.arrived else None
-            private_losses, sent = clients.round_step(
-                r, plan.sampled, clients.subset(private_sets, plan.sampled), self.settings.private_epochs_of(r),
-                parts.batch_size, upload, plan.arrived, self.protocol.upload_info(parts, plan) if upload else None,
-                parts.server.received)
-        self._close_open(clock)  # the previous round's evaluation came back with this step
-        lost = clients.unreachable()  # clients whose node stopped answering: dropped this round
-        if lost:
-            plan = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in lost])
-            private_losses = [v for i, v in zip(plan.sampled, private_losses, strict=True) if i not in lost]
-        check_finite(private_losses, r, "private", [i for i in plan.sampled if i not in lost])
-        after_private = parts.evaluated(plan)
-        self.selection.observe("after_private", r, after_private)
-        if self.privacy.upload_audit and self.protocol.communicates:  # the models that made the uploads
-            self._audited[r] = measurement.upload_membership(parts)
-        # the rest of the round: the protocol's exchange (fdlit.federation.protocols)
-        result, public_losses, after_public = self.protocol.run(parts, plan, after_private, sent)
-        if later := clients.unreachable() - set(lost):  # lost during the exchange: dropouts too
-            plan, lost = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in later]), lost | later
-        opened = (plan, result, (private_losses, public_losses), after_private, lost, t0)
-        if after_public is CARRIED:
-            self._open = opened
-            return None
-        return self._close_round(*opened, after_public, clock)
+        return self.federated_round.run(r, t0, lambda r, metrics: self._round_closed(r, metrics, clock))
 
-    def _close_open(self, clock: float | None) -> None:
-        if self._open is not None:
-            opened, self._open = self._open, None
-            with self.parts.clients.executor.carried_evaluation():  # the clients as they were after the round's receive
-                self._close_round(*opened, self.parts.evaluated(opened[0]), clock)
-
-    def _close_round(self, plan, result, losses, after_private, lost, t0, after_public, clock) -> Metrics:
-        """The round's end: its metrics (``time/round_s``: since it began, or since the previous round
-        closed when that came later), the selection, the callbacks."""
-        r, parts = plan.round, self.parts
-        self.selection.observe("after_public", r, after_public)
-        metrics = measurement.round_metrics(parts, self.protocol.communicates, plan, result, losses,
-                                            (after_private, after_public), lost, max(t0, self._reported_at))
-        metrics.update(self.adversaries.after_round(parts, plan, result, after_public))
-        metrics.update(self._audited.pop(r, {}))
-        if r == self.settings.rounds:  # the selected rounds, measured on the whole test set
-            metrics.update(self.selection.finish())
+    def _round_closed(self, r: int, metrics: Metrics, clock: float | None) -> None:
+        """A round's metrics are in: the run's history and wall time, then the callbacks."""
         self.round = r
         self.history.append(metrics)
         if clock is not None:
             self.wall_time = time.perf_counter() - clock
         for cb in self.callbacks:
             cb.on_round_end(self.view, r, metrics)
-        self._reported_at = time.perf_counter()
-        return metrics
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -252,10 +206,8 @@ class FederationLoop:
 
     def summary(self) -> Metrics:
         """Best and final numbers of the run (fdlit.federation.measurement.summary)."""
-        ledger = self.server_side.ledger
         return measurement.summary(
             self.history, rounds_done=self.round, rounds=self.settings.rounds,
-            test_samples=len(self.parts.tensors.test_y),
-            bytes_up=ledger.total("up"), bytes_down=ledger.total("down"), wall_time=self.wall_time,
+            test_samples=len(self.parts.tensors.test_y), ledger=self.server_side.ledger, wall_time=self.wall_time,
             client_classes=[[int(c) for c in cd.classes] for cd in self.parts.clients.client_data],
             measured_network=baselines.measured_network(self.settings.mode, self.server_side.method))

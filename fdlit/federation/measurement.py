@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fdlit.errors import NumericalFault, check_finite  # noqa: F401  (re-exported: the round raises them)
+from fdlit.execution import steps
 from fdlit.federation.diagnostics import trust_matrix
 from fdlit.federation.evaluation import Accuracies
 from fdlit.messages import JSON, Metrics
@@ -23,6 +24,7 @@ from fdlit.privacy.guarantee import privacy_summary
 from fdlit.privacy.upload_audit import prediction_membership
 
 if TYPE_CHECKING:
+    from fdlit.federation.communication import CommunicationLedger
     from fdlit.federation.round_facts import RoundPlan
     from fdlit.federation.round_parts import RoundParts
 
@@ -122,11 +124,10 @@ def server_summary(evaluated: list[Metrics]) -> Metrics:
             "server_final_acc": rows[-1]["server/acc"], "server_final_nll": rows[-1]["server/nll"]}
 
 
-def summary(history: list[Metrics], *, rounds_done: int, rounds: int, test_samples: int,
-            bytes_up: int, bytes_down: int, wall_time: float, client_classes: list[list[int]],
-            measured_network: str = "") -> Metrics:
+def summary(history: list[Metrics], *, rounds_done: int, rounds: int, test_samples: int, ledger: CommunicationLedger,
+            wall_time: float, client_classes: list[list[int]], measured_network: str = "") -> Metrics:
     """Best and final numbers over the rounds that evaluated the clients (``eval/test_samples`` > 0;
-    a finished run's last round always did, on the whole test set)."""
+    a finished run's last round always did, on the whole test set); the bytes the ``ledger`` counted."""
     if not history:
         return {}
     key = "after_public/global_acc_mean"
@@ -154,8 +155,8 @@ def summary(history: list[Metrics], *, rounds_done: int, rounds: int, test_sampl
         "final_teacher_acc": history[-1]["teacher/acc"],
         **server_summary(evaluated),
         **privacy_summary(history),
-        "bytes_up_total": bytes_up,
-        "bytes_down_total": bytes_down,
+        "bytes_up_total": ledger.total("up"),
+        "bytes_down_total": ledger.total("down"),
         "wall_time_s": wall_time,
         "client_classes": client_classes,  # the report boxes them in trust matrices
         "measured_network": measured_network,  # whose accuracy every number above is
@@ -192,8 +193,8 @@ def round_metrics(parts: RoundParts, communicates: bool, plan: RoundPlan, result
         metrics.update(participation_metrics(plan.sampled, plan.arrived, len(public_y)))
     metrics.update(result.stats if result is not None else {})
     metrics["time/round_s"] = time.perf_counter() - started
-    metrics.update(clients.executor.timing_metrics())  # e.g. Ray actors' CPU seconds
-    metrics.update(clients.executor.logged_metrics())  # clients/log/<name>: the steps' self.log values
+    metrics.update(steps.timing_metrics(clients.executor))  # e.g. Ray actors' CPU seconds
+    metrics.update(steps.logged_metrics(clients.executor))  # clients/log/<name>: the steps' self.log values
     if server.privacy.audit and r == parts.settings.rounds:  # membership inference on the final client models
         metrics.update(membership_audit(clients.predict, t.private, t.test_x, t.test_y, t.local_masks))
     if result is not None and result.weights is not None:  # M x C who-to-trust matrix (diagnostic only)

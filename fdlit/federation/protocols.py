@@ -1,15 +1,16 @@
 """Protocols: what is exchanged after the private phase, as client steps and server steps.
 
-A protocol turns one round's plan into messages: client steps run where the clients live (through
-the executor: training, inference, the method's client part) and return what each client sends; the
-round's first client step (private phase, then the upload the protocol names in ``upload``) is one
-executor call, so clients that live elsewhere do it in one exchange;
-server steps run on the server (the method's server part, the server model, the ledger). Every
+A protocol names what the round's client step uploads (``upload``) and gives the round
+(:mod:`fdlit.federation.round`) three steps in Algorithm 1's order: ``receive`` (server: the uploads
+that arrived, counted by the ledger and through the privacy layer's server step), ``aggregate``
+(server: the method's server part, what goes down to whom) and ``distil`` (where the clients live:
+the public phase, or loading the global model), then ``evaluate``. Client steps run through the
+executor (fdlit.execution.steps), so clients that live elsewhere do each in one exchange; every
 message up or down goes through the communication ledger once. The loop picks the protocol once,
 from the mode and the method, and never branches on it:
 
 * :class:`PredictionExchange` (federated distillation, Kovalchuk et al. 2026, Algorithm 1, lines
-  6-14): public inference and the method's upload -> aggregation into a teacher -> the teacher
+  5-15): public inference and the method's upload -> aggregation into a teacher -> the teacher
   down -> the public (distillation) phase;
 * :class:`ParameterExchange` (FedAvg and its relatives): parameters up -> the global model down to
   every client; no public phase;
@@ -21,6 +22,9 @@ A method's ``exchange`` (``"predictions"`` or ``"parameters"``) chooses.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -31,11 +35,8 @@ from fdlit.federation.round_facts import RoundPlan
 from fdlit.federation.round_parts import RoundParts
 from fdlit.messages import Message
 from fdlit.methods.base import AggregationResult, Aggregator, FederationInfo
-from fdlit.privacy.upload_audit import label_histograms, label_inference
-
-# a round's "after public" evaluation that comes back with the clients' next request (the executor
-# carried the round's receive: ClientExecutor.receive_carried); the loop reads it then
-CARRIED = "carried"
+from fdlit.privacy.receive import UploadRound
+from fdlit.privacy.secure_upload import SecureSums
 
 
 def encode_teacher(teacher: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,9 +67,11 @@ class Protocol:
     (:class:`~fdlit.federation.round_parts.RoundParts`: the clients' side, the server's side, the
     round's facts) and hand the method only its contexts.
 
-    ``run`` gets what each client sent in the round's client step (by client id; clients whose
-    upload did not arrive have none) and returns (the server's AggregationResult or None, public-phase
-    losses, accuracies after the exchange or None when the round is not evaluated)."""
+    A round's exchange is three steps the round (fdlit.federation.round) calls in Algorithm 1's order:
+    ``receive`` (what each client sent in the round's client step, by client id: counted, decoded,
+    the privacy layer's server step), ``aggregate`` (the method's server part: a teacher or a global
+    model, and what goes down), ``distil`` (each client takes what it was sent: the public phase, or
+    loading the global model); ``evaluate`` is how every client is measured after the exchange."""
 
     communicates = True  # False: the baselines, which send nothing (set-up, DP and budget included)
     upload: str | None = None  # what the round's client step sends after the private phase (ClientStep.upload)
@@ -113,9 +116,40 @@ class Protocol:
         return parts.server.privacy.over_budget(r, parts.facts.sample_rate)
 
     # ------------------------------------------------------------------ a round
-    def run(self, parts: RoundParts, plan: RoundPlan, after_private: Accuracies | None, sent: dict[int, Message]
-            ) -> tuple[AggregationResult | None, list[float], Accuracies | None]:
+    def receive(self, parts: RoundParts, plan: RoundPlan, sent: dict[int, Message]) -> Received:
+        """Server step (end of Stage 1): the uploads that arrived, as the server's rule receives them."""
         raise NotImplementedError
+
+    def aggregate(self, parts: RoundParts, plan: RoundPlan, received: Received
+                  ) -> tuple[AggregationResult | None, object | None]:
+        """Server step (Stage 2): the method's result and what goes down (None: nothing)."""
+        raise NotImplementedError
+
+    def distil(self, parts: RoundParts, plan: RoundPlan, received: Received, down: object | None) -> list[float]:
+        """Client step (Stage 2): each client takes what it was sent; the public phase's losses."""
+        raise NotImplementedError
+
+    def evaluate(self, parts: RoundParts, plan: RoundPlan, after_private: Accuracies | None
+                 ) -> Callable[[], Accuracies | None]:
+        """How every client is measured after the exchange (None when the round does not evaluate); the
+        round calls it once the executor has the clients' state after the exchange (steps.when_evaluated)."""
+        return partial(parts.evaluated, plan)
+
+
+@dataclass(frozen=True)
+class Received:
+    """What the server received in a round: the clients whose uploads arrived (``ids``), the uploads as
+    the method's rule receives them (None: nothing to aggregate, e.g. too few survived to unmask) and
+    the privacy layer's stats of the round."""
+
+    ids: list[int]
+    uploads: list | SecureSums | None
+    stats: dict[str, float]
+
+
+def nothing() -> Received:
+    """No upload to aggregate."""
+    return Received([], None, {})
 
 
 def info_of(parts: RoundParts, plan: RoundPlan, ids: list[int], public: bool = True) -> FederationInfo:
@@ -137,23 +171,28 @@ class PredictionExchange(Protocol):
 
     upload = "predictions"
 
-    def run(self, parts, plan, after_private, sent):
+    def receive(self, parts, plan, sent):
         ids, messages = arrived(parts, plan, sent)
-        if ids:
-            uploads, privacy_stats = self.receive_uploads(parts, plan.round, ids, messages, info_of(parts, plan, ids),
-                                                          plan.sampled)
         if not ids:  # no upload arrived: no teacher, no public phase
-            return None, [math.nan], parts.evaluated(plan)
-        if uploads is None:  # too few survived to unmask: no teacher, and the round records why (secagg/*)
-            return AggregationResult(None, stats=privacy_stats), [math.nan], parts.evaluated(plan)
-        if parts.server.privacy.upload_audit and isinstance(uploads, list):  # what the server saw of each client
-            histograms = label_histograms([parts.tensors.private[i][1] for i in ids], parts.num_classes)
-            privacy_stats.update(label_inference([u["logits"] for u in uploads], histograms))
-        info = info_of(parts, plan, ids)  # the clients whose uploads arrived
-        result, teachers = self.server_aggregate(parts, plan, ids, uploads, info)
-        result.stats.update(privacy_stats)
-        public_losses = self.client_distil(parts, plan, ids, teachers)
-        return result, public_losses, parts.evaluated(plan)
+            return nothing()
+        uploads, privacy_stats = self.receive_uploads(parts, plan.round, ids, messages, info_of(parts, plan, ids),
+                                                      plan.sampled)
+        return Received(ids, uploads, privacy_stats)
+
+    def aggregate(self, parts, plan, received):
+        if not received.ids:
+            return None, None
+        if received.uploads is None:  # too few survived to unmask: no teacher, and the round records why (secagg/*)
+            return AggregationResult(None, stats=received.stats), None
+        info = info_of(parts, plan, received.ids)  # the clients whose uploads arrived
+        result, teachers = self.server_aggregate(parts, plan, received.ids, received.uploads, info)
+        result.stats.update(received.stats)
+        return result, teachers
+
+    def distil(self, parts, plan, received, down):
+        if down is None:
+            return [math.nan]
+        return self.client_distil(parts, plan, received.ids, down)
 
     @staticmethod
     def receive_uploads(parts: RoundParts, r: int, ids: list[int], messages: list[Message], info,
@@ -163,31 +202,23 @@ class PredictionExchange(Protocol):
         where each client lives); the server counts, decodes and accounts it (``UploadPrivacy.receive``);
         under secure aggregation ``sampled`` are the clients of the key exchange."""
         server = parts.server
-        messages = parts.adversaries.collude_uploads(r, ids, messages)
-        return server.privacy.receive(r, ids, messages, parts.num_classes, len(info.public_x),
-                                      parts.facts.sample_rate, server.send_up, parts.seed, sampled=sampled,
-                                      send_down=server.send_down, masking=parts.clients.masking)
+        at = UploadRound(r, ids, parts.num_classes, len(info.public_x), parts.facts.sample_rate, server.send_up,
+                         parts.seed, sampled, server.send_down, parts.clients.masking)
+        return server.privacy.receive(at, messages)
 
     @staticmethod
     def server_aggregate(parts: RoundParts, plan: RoundPlan, ids: list[int], uploads, info):
         """Server step (Stage 2): the teacher from the uploads, optionally the server model's
         predictions instead, sent down to the clients it heard from (what each is sent: the method's
         ``configure``); returns the result and each client's (public inputs, targets)."""
-        server, t = parts.server, parts.tensors
+        server = parts.server
         ctx = parts.facts.server_context(plan.round, info)
         result = server.aggregate(uploads, ctx)
         keep = result.keep
         teacher = result.teacher if keep is None else result.teacher[keep]
         public_x = info.public_x if keep is None else info.public_x[keep]
-        kind = "teacher"
-        if server.server_model is not None:  # server-side distillation from this teacher (fdlit.federation.server)
-            rows = plan.eval_rows
-            test = None if not plan.evaluated else (t.test_x, t.test_y) if rows is None else (
-                t.test_x[rows], t.test_y[rows])
-            server_teacher, server_metrics = server.server_model.round(plan.first, public_x, teacher, test)
-            result.stats.update(server_metrics)
-            if server_teacher is not None:  # the method broadcasts the server model's predictions
-                teacher, kind = server_teacher, "server_teacher"
+        # the teacher, or the server model's predictions after its step (composed at set-up: ServerSide)
+        teacher, kind = server.teacher_step(plan, public_x, teacher, result.stats, parts.tensors)
         teacher_sent, targets = encode_teacher(teacher, server.message_dtype)
         message = Message({kind: teacher_sent} if keep is None else {kind: teacher_sent, "keep_mask": keep})
         sent = server.method.configure(message, ids, ctx)
@@ -227,35 +258,36 @@ class ParameterExchange(Protocol):
     def upload_info(self, parts, plan):
         return info_of(parts, plan, list(plan.arrived), public=False)
 
-    def run(self, parts, plan, after_private, sent):
-        server, m = parts.server, len(parts.clients)
+    def receive(self, parts, plan, sent):
+        server = parts.server
         ids, raw = arrived(parts, plan, sent)
         if not ids:  # no upload arrived: every client keeps what it has
-            return None, [math.nan] * m, parts.evaluated(plan)
-        info = info_of(parts, plan, ids, public=False)  # the clients whose uploads arrived
-        raw = parts.adversaries.collude_uploads(plan.round, ids, raw)
-        stats: dict[str, float] = {}
-        if server.privacy.secure:  # masked (fdlit.privacy.secure_upload): the rule is given only the sums
-            uploads, stats = server.privacy.receive(plan.round, ids, raw, parts.num_classes, 0, parts.facts.sample_rate,
-                                                    server.send_up, parts.seed, sampled=plan.sampled,
-                                                    send_down=server.send_down,
-                                                    masking=parts.clients.masking)
-            if uploads is None:  # too few survived to unmask: every client keeps what it has; secagg/* says why
-                return AggregationResult(None, stats=stats), [math.nan] * m, parts.evaluated(plan)
-        else:
-            uploads = [server.send_up(plan.round, ids[j], payload) for j, payload in enumerate(raw)]
-        ctx = parts.facts.server_context(plan.round, info)
-        result = server.aggregate(uploads, ctx)
-        result.stats.update(stats)
+            return nothing()
+        # counted; under secure aggregation masked (fdlit.privacy.secure_upload): the rule is given only the sums
+        at = UploadRound(plan.round, ids, parts.num_classes, 0, parts.facts.sample_rate, server.send_up,
+                         parts.seed, plan.sampled, server.send_down, parts.clients.masking)
+        return Received(ids, *server.privacy.receive(at, raw))
+
+    def aggregate(self, parts, plan, received):
+        server, m = parts.server, len(parts.clients)
+        if not received.ids:
+            return None, None
+        if received.uploads is None:  # too few survived to unmask: every client keeps what it has; secagg/* says why
+            return AggregationResult(None, stats=received.stats), None
+        ctx = parts.facts.server_context(plan.round, info_of(parts, plan, received.ids, public=False))
+        result = server.aggregate(received.uploads, ctx)
+        result.stats.update(received.stats)
         sent = server.method.configure(Message(result.broadcast), list(range(m)), ctx)
         for i in range(m):
             server.send_down(plan.round, i, sent[i])
         if all(sent[i] is sent[0] for i in range(m)):  # one message for all: what the server last broadcast
             server.refresh(sent[0])
-        parts.clients.receive_step(parts.facts.info(plan.round), sent)
-        if parts.clients.executor.receive_carried():  # measured with the clients' next request
-            return result, [math.nan] * m, CARRIED
-        return result, [math.nan] * m, parts.evaluated(plan)
+        return result, sent
+
+    def distil(self, parts, plan, received, down):
+        if down is not None:  # every client loads the global model (may travel with the next request)
+            parts.clients.receive_step(parts.facts.info(plan.round), down)
+        return [math.nan] * len(parts.clients)
 
 
 class NoExchange(Protocol):
@@ -269,8 +301,17 @@ class NoExchange(Protocol):
     def stop_reason(self, parts, r: int) -> str | None:
         return None
 
-    def run(self, parts, plan, after_private, sent):
-        return None, [math.nan] * len(parts.clients), after_private
+    def receive(self, parts, plan, sent):
+        return nothing()
+
+    def aggregate(self, parts, plan, received):
+        return None, None
+
+    def distil(self, parts, plan, received, down):
+        return [math.nan] * len(parts.clients)
+
+    def evaluate(self, parts, plan, after_private):
+        return lambda: after_private  # nothing changed the clients since the private phase
 
 
 PROTOCOLS = {"predictions": PredictionExchange, "parameters": ParameterExchange}

@@ -13,7 +13,7 @@ from fdlit.clients import ClientOptimization
 from fdlit.data import FederatedData
 from fdlit.execution import select_executor
 from fdlit.federation.client_side import ClientSide
-from fdlit.federation.construction import InitialDraws, build_clients, eval_rows
+from fdlit.federation.construction import ClientRecipe, InitialDraws, build_clients, eval_rows
 from fdlit.federation.evaluation import Accuracies, Evaluation
 from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.federation.round_facts import RoundFacts, RoundPlan
@@ -48,20 +48,35 @@ class RoundParts:
         return self.evaluate(plan.eval_rows) if plan.evaluated else None
 
 
-def build_parts(s: FederationSettings, data: FederatedData, model_spec: ModelSpec, optimization: ClientOptimization,
-                server: ServerSide, adversaries: Adversaries, seed: int, device: torch.device,
-                release: Callable[[int, int, dict], dict] | None, hosted: Sequence[int] | None = None,
-                draws: InitialDraws | None = None) -> tuple[RoundParts, InitialDraws]:
+@dataclass(frozen=True)
+class FederationSections:
+    """The config's sections a federation is built from (``server``: the server's side made of the
+    method, privacy and server model sections)."""
+
+    settings: FederationSettings
+    data: FederatedData
+    model_spec: ModelSpec
+    optimization: ClientOptimization
+    server: ServerSide
+    adversaries: Adversaries
+    seed: int
+
+
+def build_parts(sections: FederationSections, device: torch.device, release: Callable[[int, int, dict], dict] | None,
+                hosted: Sequence[int] | None = None, draws: InitialDraws | None = None) -> tuple[RoundParts, InitialDraws]:
     """The federation's parts on ``device`` from the config's sections (``data`` set up), and the
     random state each client's network was drawn from. Everything here can fail on bad input, so
     it runs before any training; the executor is chosen (when the config names none), not started.
 
     ``hosted`` (a deployment node's clients, with the server's ``draws``): the node keeps only
     those clients' data and builds only their modules."""
+    s, data, server, adversaries, seed = sections.settings, sections.data, sections.server, sections.adversaries, sections.seed
+    optimization = sections.optimization
     if hosted is not None and s.mode != "reference":
         data.keep_only(hosted)
     client_data, clients, method_part, draws = build_clients(
-        data, s.mode, s.client_class, model_spec, optimization, server.method, adversaries, seed, hosted, draws)
+        data, s.mode, ClientRecipe(s.client_class, sections.model_spec, optimization), server.method, adversaries, seed,
+        hosted, draws)
     present = [c for c in clients if c is not None]
     tensors = FederationTensors.on_device(data, client_data, device)
     if s.participation is not None:

@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
 
 from fdlit.clients import ClientOptimization
 from fdlit.errors import ConfigError, check_at_least, check_number
-from fdlit.methods.distillation import distil
+from fdlit.methods.distillation import Batches, distil
 from fdlit.models.build import build_model
+
+if TYPE_CHECKING:
+    from fdlit.federation.round_facts import RoundPlan
+    from fdlit.federation.tensors import FederationTensors
 
 
 def check_model_spec(field: str, spec: dict | None) -> None:
@@ -117,7 +121,7 @@ class ServerModel:
 
     def distil(self, x: torch.Tensor, teacher: torch.Tensor, epochs: int) -> float:
         """Train on (x, teacher) for ``epochs``: KL(P || softmax(g(x))), mean over samples; the mean loss."""
-        return distil(self.net, self.optimizer, x, epochs, self.batch_size, self.generator,
+        return distil(self.net, self.optimizer, x, Batches(epochs, self.batch_size, self.generator),
                       lambda log_q, idx: F.kl_div(log_q, teacher[idx].float(), reduction="batchmean"),
                       train_single=True)
 
@@ -141,6 +145,18 @@ class ServerModel:
             metrics["server/nll"] = float(-torch.log(p.gather(1, y[:, None]).clamp_min(1e-12)).mean())
         sent = self.probs(public_x) if self.broadcast else None
         return sent, metrics
+
+    def teacher_step(self, plan: RoundPlan, public_x: torch.Tensor, teacher: torch.Tensor, stats: dict[str, float],
+                     tensors: FederationTensors) -> tuple[torch.Tensor, str]:
+        """The server model's part of a round (composed into the server's side at set-up): distil from
+        the round's teacher, measure on the round's test rows when it evaluates; its metrics go into
+        ``stats``. Returns what the clients are sent: the server model's predictions when it
+        broadcasts (``server_teacher``), else the teacher."""
+        t, rows = tensors, plan.eval_rows
+        test = None if not plan.evaluated else (t.test_x, t.test_y) if rows is None else (t.test_x[rows], t.test_y[rows])
+        server_teacher, metrics = self.round(plan.first, public_x, teacher, test)
+        stats.update(metrics)
+        return (teacher, "teacher") if server_teacher is None else (server_teacher, "server_teacher")
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.net.state_dict(), "optimizer": self.optimizer.state_dict(),

@@ -18,7 +18,9 @@ from fdlit.methods.base import AggregationResult, Aggregator, ServerContext
 from fdlit.privacy.secure_upload import SecureSums
 
 if TYPE_CHECKING:
+    from fdlit.federation.round_facts import RoundPlan
     from fdlit.federation.server import ServerModel
+    from fdlit.federation.tensors import FederationTensors
     from fdlit.privacy import UploadPrivacy
 
 
@@ -35,6 +37,8 @@ class ServerSide:
     def __init__(self, method: Aggregator, privacy: UploadPrivacy, server_model: ServerModel | None,
                  message_dtype: torch.dtype):
         self.method, self.privacy, self.server_model = method, privacy, server_model
+        # what the clients are sent of a round's teacher: the teacher, or the server model's step over it
+        self.teacher_step = server_model.teacher_step if server_model is not None else method_teacher
         self.message_dtype = message_dtype
         self.ledger = CommunicationLedger()
         self.received: dict[str, torch.Tensor] = {}  # what the server broadcast at set-up (kept current)
@@ -101,3 +105,9 @@ class ServerSide:
             if state.get("server") is None:
                 raise ValueError("the checkpoint holds no server model state, but the config has a server model")
             self.server_model.load_state_dict(state["server"])
+
+
+def method_teacher(plan: RoundPlan, public_x: torch.Tensor, teacher: torch.Tensor, stats: dict[str, float],
+                   tensors: FederationTensors) -> tuple[torch.Tensor, str]:
+    """Without a server model the clients are sent the method's teacher."""
+    return teacher, "teacher"

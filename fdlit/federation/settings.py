@@ -14,7 +14,14 @@ from fdlit.callbacks import FederationCallback
 from fdlit.errors import ConfigError
 from fdlit.execution import ClientExecutor
 from fdlit.federation.baselines import MODES
-from fdlit.federation.construction import MESSAGE_DTYPES, check_loop_settings, import_client_class, use_cuda_graphs
+from fdlit.federation.construction import (
+    MESSAGE_DTYPES,
+    PRECISIONS,
+    check_compilation,
+    check_loop_settings,
+    import_client_class,
+    use_cuda_graphs,
+)
 from fdlit.federation.devices import Devices, check_devices
 from fdlit.federation.participation import Participation
 
@@ -95,11 +102,13 @@ class FederationSettings:
         participation: Participation = Participation(),
     ):
         check_loop_settings(
-            rounds=rounds, precision=precision, message_dtype=message_dtype, mode=mode, modes=MODES,
-            accelerator=accelerator, eval_every_n_rounds=eval_every_n_rounds, eval_subsample=eval_subsample,
-            compile=compile, compile_backend=compile_backend, cuda_graphs=cuda_graphs,
+            rounds=rounds, accelerator=accelerator, eval_every_n_rounds=eval_every_n_rounds,
+            eval_subsample=eval_subsample,
+            choices={"precision": (precision, PRECISIONS), "message_dtype": (message_dtype, sorted(MESSAGE_DTYPES)),
+                     "mode": (mode, MODES)},
             epochs={"private_epochs_first": private_epochs_first, "private_epochs": private_epochs,
                     "public_epochs_first": public_epochs_first, "public_epochs": public_epochs})
+        check_compilation(accelerator, compile, compile_backend, cuda_graphs)
         self.rounds, self.mode = rounds, mode
         self.private_epochs_first, self.private_epochs = private_epochs_first, private_epochs
         self.public_epochs_first, self.public_epochs = public_epochs_first, public_epochs

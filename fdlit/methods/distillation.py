@@ -9,19 +9,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 
-def distil(net: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, epochs: int, batch_size: int,
-           generator: torch.Generator, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+@dataclass(frozen=True)
+class Batches:
+    """How a distillation visits its rows: ``epochs`` passes in batches of ``batch_size``, shuffled by ``generator``."""
+
+    epochs: int
+    batch_size: int
+    generator: torch.Generator
+
+
+def distil(net: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, batches: Batches,
+           loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
            before_epoch: Callable[[], None] | None = None, train_single: bool = False) -> float:
-    """Train ``net`` for ``epochs`` over ``x`` in batches shuffled by ``generator``; each step
+    """Train ``net`` for ``batches.epochs`` over ``x`` in batches shuffled by its generator; each step
     minimises ``loss(log_q, idx)`` (log_q: float32 log-softmax of the batch x[idx], idx: its rows).
     ``before_epoch`` runs before each epoch (it may put the network in eval mode: training mode is
     set after it). A final batch of one sample is skipped (BatchNorm cannot train on it), unless
     ``train_single`` and x has a single row. Returns the mean loss over steps (NaN: no step)."""
     n, total, steps = len(x), 0.0, 0
+    epochs, batch_size, generator = batches.epochs, batches.batch_size, batches.generator
     with torch.enable_grad():
         for _ in range(epochs):
             if before_epoch is not None:

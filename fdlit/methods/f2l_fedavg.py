@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.messages import Message
 from fdlit.methods.base import AggregationResult, ClientPart, ServerContext, Uploads
-from fdlit.methods.distillation import distil
+from fdlit.methods.distillation import Batches, distil
 from fdlit.methods.f2l import Regions, region_assignment, upload_bytes
 from fdlit.methods.fedavg import FedAvgClient, exchanged_tensors, flatten, load_flat, weighted_average
 from fdlit.methods.feddf import FedDF
@@ -234,7 +234,7 @@ class F2LParams(FedDF):
                 loss = loss + lam2 * (beta_old[old_class[idx]] * kl_rows(p_old[idx], log_q)).mean()
             return loss + lam3 * F.nll_loss(log_q, y[idx].long())
 
-        loss = distil(net, optimizer, x, self.epochs, self.batch_size, generator, joint_loss, before_epoch)
+        loss = distil(net, optimizer, x, Batches(self.epochs, self.batch_size, generator), joint_loss, before_epoch)
         return flatten(tensors).clone(), loss
 
     def state_dict(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from fdlit.errors import ConfigError, check_at_least, check_number
 from fdlit.methods.base import AggregationResult, ServerContext, Uploads
-from fdlit.methods.distillation import distil
+from fdlit.methods.distillation import Batches, distil
 from fdlit.methods.fedavg import FedAvg, exchanged_tensors, flatten, load_flat
 from fdlit.models.build import build_model
 
@@ -89,7 +89,7 @@ class FedDF(FedAvg):
         load_flat(tensors, average)
         optimizer = torch.optim.Adam(net.parameters(), lr=self.lr)
         generator = torch.Generator().manual_seed(ctx.info.seed * 1_000_003 + 0xFEDDF + ctx.info.round)
-        loss = distil(net, optimizer, x, self.epochs, self.batch_size, generator,
+        loss = distil(net, optimizer, x, Batches(self.epochs, self.batch_size, generator),
                       lambda log_q, idx: F.kl_div(log_q, teacher[idx], reduction="batchmean"))
         stats = {"feddf/distill_loss": loss}
         return AggregationResult(teacher=None, broadcast={"parameters": flatten(tensors).clone()}, stats=stats)

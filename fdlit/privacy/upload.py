@@ -67,6 +67,7 @@ from fdlit.messages import as_message
 from fdlit.privacy.accounting import ClientAccountant, make_accountant
 from fdlit.privacy.client_release import DIAGNOSTICS, ClientRelease, clip_rows
 from fdlit.privacy.encoding import ENCODINGS, MESSAGE_KEYS, decode
+from fdlit.privacy.receive import UploadRound
 from fdlit.privacy.release import NOISED, POSITIVE_ROWS, ROWS, UNBOUNDED, Declaring, Release
 from fdlit.privacy.secure_round import central_mean, masked_round, noisy_rows
 from fdlit.privacy.secure_upload import SecureSums, maskable
@@ -272,26 +273,21 @@ class UploadPrivacy:
                              central=self.central, summed=release.summed, encoding=self.encoding, top_k=self.top_k,
                              bits=self.bits, method=release.name, released=dict(release.released))
 
-    def receive(self, r: int, clients: Sequence[int], messages: list[dict[str, torch.Tensor]], num_classes: int,
-                num_rows: int, sample_rate: float, send: Callable[[int, int, dict], dict], seed: int = 0,
-                sampled: Sequence[int] | None = None, send_down: Callable[[int, int, dict], Any] | None = None,
-                masking: Callable | None = None) -> tuple[list[dict[str, torch.Tensor]] | SecureSums | None, dict[str, float]]:
-        """The server's side: count (``send(r, client, messages)``) and decode what each client released
+    def receive(self, at: UploadRound, messages: list[dict[str, torch.Tensor]]
+                ) -> tuple[list[dict[str, torch.Tensor]] | SecureSums | None, dict[str, float]]:
+        """The server's side: count (``at.send``) and decode what each client released
         (``ClientRelease``), add the secure sum's noise (central), account the round; returns what the
-        server's rule receives and this round's privacy metrics. ``num_rows``: the public rows each
-        upload covers; ``sample_rate``: the round's q (logged, and the before-sampling account's rate);
-        ``seed``: the run's, for the secure sum's noise stream. Under secure aggregation the rule receives
-        ``SecureSums`` (None: too few clients survived to unmask), ``sampled`` are the clients of the key
-        exchange (default: ``clients``) and ``send_down`` counts what the server sends them; ``masking``
-        runs the clients' half where they live and returns the sums (a deployment's nodes: ``messages``
-        then carry no arrays), None: here, from ``messages`` (``masked_sums``)."""
-        ids = list(clients)
+        server's rule receives and this round's privacy metrics (``at``: the round, fdlit.privacy.receive).
+        Under secure aggregation the rule receives ``SecureSums`` (None: too few clients survived to
+        unmask); ``at.masking`` (a deployment's nodes) leaves ``messages`` without arrays."""
+        r, ids, send, seed, sample_rate = at.round, list(at.clients), at.send, at.seed, at.sample_rate
+        num_classes, num_rows, sampled, masking = at.num_classes, at.num_rows, at.sampled, at.masking
         if not self.active:  # fdlit's plain upload, bit for bit
             return [send(r, i, m) for i, m in zip(ids, messages, strict=True)], {}
         messages = [as_message(m) for m in messages]
         diagnostics = [tuple(m.metrics[k] for k in DIAGNOSTICS) if DIAGNOSTICS[0] in m.metrics else None
                        for m in messages]
-        counter = self._counter(send, send_down)
+        counter = self._counter(send, at.send_down)
         u1 = ids if sampled is None else sampled
         secure_stats: dict[str, float] = {}
         sigma = self.noise_multiplier
@@ -335,8 +331,8 @@ class UploadPrivacy:
         ids = list(range(len(payloads))) if clients is None else list(clients)
         release = self.client_release(dtype, seed)
         messages = [release(r, i, p) for i, p in zip(ids, payloads, strict=True)]
-        return self.receive(r, ids, messages, num_classes, len(payloads[0]["logits"]) if payloads else 0,
-                            sample_rate, send, seed)
+        rows = len(payloads[0]["logits"]) if payloads else 0
+        return self.receive(UploadRound(r, ids, num_classes, rows, sample_rate, send, seed), messages)
 
     @staticmethod
     def _counter(send, send_down):
