@@ -25,6 +25,7 @@ from fdlit.data import FederatedData
 from fdlit.errors import ConfigError
 from fdlit.federation import baselines, measurement
 from fdlit.federation.checks import check_before_data
+from fdlit.federation.clock.async_exchange import clocked
 from fdlit.federation.construction import InitialDraws, check_seed, use_cuda_graphs
 from fdlit.federation.measurement import check_finite
 from fdlit.federation.protocols import CARRIED, protocol_for
@@ -72,6 +73,7 @@ class FederationLoop:
             aggregator = SmoothedUncertaintyWeighted()
         aggregator.check_config(self.model_spec, self.optimization)  # before any work
         self.protocol = protocol_for(aggregator, self.settings.mode)
+        self.clock = self.settings.clock  # rounds on a virtual clock (fdlit.federation.clock), or None
         self.privacy = privacy or UploadPrivacy()  # default: plain logits, no mechanism
         # fdlit.federation.server.ServerModel, or None; trained by the prediction exchange (fd mode only)
         server = server if server is not None and server.enabled and self.settings.mode == "fd" else None
@@ -95,6 +97,10 @@ class FederationLoop:
         self._audited: dict[int, dict] = {}  # the upload audit of a round, measured after its private phase
         # what the config alone shows to be impossible, before any data loads
         check_before_data(self.settings, self.data, aggregator, self.privacy, self.adversaries)
+        if self.clock is not None:
+            self.clock.check(self.settings, aggregator, self.privacy, server)
+        self.protocol = clocked(self.clock, self.protocol)
+        self._timed: dict[int, Metrics] = {}  # the clock's metrics of a round, measured after its exchange
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -120,6 +126,8 @@ class FederationLoop:
                                              self.adversaries, self.seed, self.fabric.device, release, self.hosted,
                                              self.draws)
         parts, executor = self.parts, s.executor
+        if self.clock is not None:
+            self.clock.start(len(parts.clients), self.seed)
         executor.configure(s.compile_backend)
         try:
             executor.setup(self.fabric, [c for c in parts.clients.clients if c is not None])
@@ -175,6 +183,8 @@ class FederationLoop:
         for cb in self.callbacks:
             cb.on_round_start(self.view, r)
         plan = parts.facts.plan(r)  # who takes part: clients not sampled do nothing this round
+        if self.clock is not None:  # asynchronous rounds: the next clients to arrive
+            plan = self.clock.schedule(parts, plan)
         # Stage 1: the sampled clients' private phase, then what the arriving ones send (one client step)
         private_losses, sent = [], {}
         if plan.sampled:
@@ -190,6 +200,8 @@ class FederationLoop:
             plan = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in lost])
             private_losses = [v for i, v in zip(plan.sampled, private_losses, strict=True) if i not in lost]
         check_finite(private_losses, r, "private", [i for i in plan.sampled if i not in lost])
+        if self.clock is not None:  # when each upload arrives; a deadline drops the late ones
+            plan = self.clock.arrive(parts, plan, {i: m for i, m in sent.items() if i in plan.arrived})
         after_private = parts.evaluated(plan)
         self.selection.observe("after_private", r, after_private)
         if self.privacy.upload_audit and self.protocol.communicates:  # the models that made the uploads
@@ -198,6 +210,8 @@ class FederationLoop:
         result, public_losses, after_public = self.protocol.run(parts, plan, after_private, sent)
         if later := clients.unreachable() - set(lost):  # lost during the exchange: dropouts too
             plan, lost = dataclasses.replace(plan, arrived=[i for i in plan.arrived if i not in later]), lost | later
+        if self.clock is not None:
+            self._timed[r] = self.clock.close(parts, plan)
         opened = (plan, result, (private_losses, public_losses), after_private, lost, t0)
         if after_public is CARRIED:
             self._open = opened
@@ -219,6 +233,7 @@ class FederationLoop:
                                             (after_private, after_public), lost, max(t0, self._reported_at))
         metrics.update(self.adversaries.after_round(parts, plan, result, after_public))
         metrics.update(self._audited.pop(r, {}))
+        metrics.update(self._timed.pop(r, {}))
         if r == self.settings.rounds:  # the selected rounds, measured on the whole test set
             metrics.update(self.selection.finish())
         self.round = r
@@ -238,7 +253,8 @@ class FederationLoop:
                 "num_clients": len(self.parts.clients),
                 "clients": self.parts.clients.checkpoint_states(), **self.server_side.state_dict(),
                 "history": [dict(m) for m in self.history], "wall_time": float(self.wall_time),
-                "selection": self.selection.state_dict()}
+                "selection": self.selection.state_dict(),
+                **({"clock": self.clock.state_dict()} if self.clock is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (after ``setup``, before ``fit``)."""
@@ -247,6 +263,8 @@ class FederationLoop:
         self.server_side.load_state_dict(state)
         self.history = [dict(m) for m in state["history"]]
         self.selection.load_state_dict(state.get("selection"))
+        if self.clock is not None:
+            self.clock.load_state_dict(state["clock"])
         self.round = state["round"]
         self.wall_time = state["wall_time"]
 
