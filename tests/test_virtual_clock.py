@@ -2,8 +2,11 @@
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,8 @@ from fdlit.federation.clock import Constant, Hinge, LogNormalProfile, Polynomial
 from fdlit.federation.clock.staleness import stale_teacher, staleness_weighted
 from fdlit.methods import ProbabilityAveraging
 from fdlit.methods.era import EntropyReduction
+from fdlit.runs import read_jsonl
+from fdlit.runs.checkpoint import load_checkpoint
 from fdlit.runs.experiment import Experiment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -168,3 +173,59 @@ def test_what_asynchronous_rounds_cannot_run_is_refused_in_one_line():
     assert code == 2 and lines == [lines[0]] and lines[0].startswith("fdlit: error: federation.clock.staleness: ")
     code, lines = refusal(*clock("AsynchronousClock", buffer=9))
     assert code == 2 and lines[-1].startswith("fdlit: error: federation.clock.buffer: ")
+
+
+# ---------------------------------------------------------------- the real entry point, kill and resume
+def entry(*args, timeout=600):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    return subprocess.Popen([sys.executable, "-m", "fdlit", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_the_async_study_runs_through_the_entry_point(tmp_path):
+    run = entry("fit", "--config", "configs/digits.yaml", "--config", "studies/async.yaml", "--logger.mode",
+                "disabled", "--logger.progress", "false", "--logger.run_dir", str(tmp_path), "--federation.rounds", "3",
+                "--federation.private_epochs_first", "1", "--data.num_clients", "6", "--data.public_size", "120")
+    out, err = run.communicate(timeout=600)
+    assert run.returncode == 0, err
+    (folder,) = tmp_path.iterdir()
+    rows = read_jsonl(folder / "metrics.jsonl")
+    assert [r["async/arrivals"] for r in rows] == [6, 5, 5]  # the study's buffer of 5
+    assert rows[-1]["time/virtual_s"] > rows[0]["time/virtual_s"] > 0
+
+
+@pytest.mark.parametrize("executor", [SEQ, VEC])
+def test_sigkill_and_resume_equal_an_uninterrupted_asynchronous_run(tmp_path, executor):
+    """The clock, the clients' timeline and the cached uploads are state: a run killed after a release
+    and resumed releases the same teachers at the same virtual times."""
+    rounds = 5
+    args = ["fit", *tiny("--federation.executor", executor, "--seed", "3", "--federation.private_epochs", "3",
+                         *clock("AsynchronousClock", profile=HETEROGENEOUS, buffer=2,
+                                staleness={"class_path": CLOCK + "Hinge", "init_args": {"a": 1.0, "b": 0}}),
+                         rounds=rounds)]
+    victim = entry(*args, "--logger.run_dir", str(tmp_path / "victim"))
+    reference = entry(*args, "--logger.run_dir", str(tmp_path / "ref"))
+    folder, deadline = None, time.time() + 600
+    while time.time() < deadline and victim.poll() is None:
+        found = list((tmp_path / "victim").glob("*/checkpoint.pt"))
+        if found and load_checkpoint(found[0])["loop"]["round"] >= 2:  # renames are atomic: safe to read
+            folder = found[0].parent
+            break
+        time.sleep(0.005)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=60)
+    assert folder is not None, "the victim never finished release 2"
+    killed_at = load_checkpoint(folder)["loop"]["round"]
+    assert 2 <= killed_at < rounds and len(read_jsonl(folder / "metrics.jsonl")) < rounds
+    resumed = entry("fit", "--resume", str(folder))
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    _, err = reference.communicate(timeout=600)
+    assert reference.returncode == 0, err
+    (ref_folder,) = (tmp_path / "ref").iterdir()
+    got, want = read_jsonl(folder / "metrics.jsonl"), read_jsonl(ref_folder / "metrics.jsonl")
+    assert [r["round"] for r in got] == list(range(1, rounds + 1))
+    assert [r["time/virtual_s"] for r in got] == [r["time/virtual_s"] for r in want]
+    assert max(r["async/staleness_max"] for r in got) >= 1  # stale rows were in play across the kill
+    assert learning(got) == learning(want)
+    assert read_jsonl(folder / "communication.jsonl") == read_jsonl(ref_folder / "communication.jsonl")
