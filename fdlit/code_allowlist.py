@@ -38,7 +38,7 @@ from fdlit.errors import ConfigError
 GROUPS = ("data", "client", "federation", "privacy", "adversaries", "server", "logger", "checkpoint")
 # fields whose value names a class to import (``x.Y``, ``{class_path: x.Y}``, or a list of them)
 CODE_FIELDS = ("model", "server.model", "aggregator", "federation.executor", "federation.callbacks",
-               "federation.client_class")
+               "federation.client_class", "federation.clock")
 # the options whose command-line value jsonargparse loads from a file when it names one (a test compares them
 # with the parser)
 FILE_OPTIONS = (*GROUPS, "federation.participation", *CODE_FIELDS, "adversaries.attack")
