@@ -159,6 +159,23 @@ def test_a_buffer_releases_teachers_from_stale_cached_rows():
     assert all(math.isfinite(m["teacher/acc"]) for m in h)
 
 
+def test_a_period_releases_on_the_clock_and_staleness_changes_the_teacher():
+    period = fitted(*clock("AsynchronousClock", profile=HETEROGENEOUS, period=2.0), rounds=4).history
+    first = period[0]["time/virtual_s"]
+    assert [m["time/virtual_s"] for m in period[1:]] == pytest.approx([first + 2.0 * k for k in (1, 2, 3)])
+    assert period[0]["async/arrivals"] == 4 and all(m["async/arrivals"] <= 4 for m in period[1:])
+
+    def teachers(staleness):
+        loop = fitted(*clock("AsynchronousClock", profile=HETEROGENEOUS, buffer=1,
+                             staleness={"class_path": CLOCK + staleness[0], "init_args": staleness[1]}), rounds=4)
+        return [m["teacher/nll"] for m in loop.history], [m["async/staleness_max"] for m in loop.history]
+
+    constant, stale = teachers(("Constant", {})), teachers(("Polynomial", {"a": 4.0}))
+    assert constant[1] == stale[1] and max(stale[1]) >= 2  # the same arrivals, some rows stale
+    assert constant[0][0] == stale[0][0]  # release 1: nothing is stale
+    assert constant[0][1:] != stale[0][1:]  # later: the stale rows count less
+
+
 def refusal(*extra):
     out = subprocess.run([sys.executable, "-m", "fdlit", "fit", *tiny(*extra)], cwd=REPO, capture_output=True,
                          text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})

@@ -244,7 +244,7 @@ class AsynchronousClock(RoundClock):
 
     def release_time(self, arrivals, any_late):
         if self.period is not None and self.cache:  # after the first release: on the period
-            return max(self.timeline.now + self.period, *arrivals.values())
+            return max([self.timeline.now + self.period, *arrivals.values()])
         return super().release_time(arrivals, any_late)
 
     def round_metrics(self, parts, plan):
