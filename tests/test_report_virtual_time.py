@@ -45,3 +45,21 @@ def test_without_a_clock_there_is_no_time_figure_and_labels_are_unchanged(tmp_pa
     config = {"aggregator": {"class_path": "fdlit.methods.ProbabilityAveraging"}, "federation": {"clock": None}}
     assert method_label(config) == "AVG"
     assert method_label({**config, "federation": {"clock": DEADLINE}}) == "AVG, sync deadline 30 s"
+
+
+def test_each_accuracy_is_drawn_at_its_own_rounds_time_when_rounds_in_between_were_not_evaluated(tmp_path):
+    from fdlit.reporting.figures import curves
+    from fdlit.reporting.runs import ACC
+
+    root = tmp_path / "runs"
+    path = fake_run(root, "AVG", 2, 0, 0.4, rounds=5)
+    on_a_clock(path, ASYNC, 10.0)
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        if row["round"] in (2, 4):  # eval_every_n_rounds: no accuracy logged
+            row["after_public/global_acc_mean"] = None
+    (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    runs = load_runs(root)[0]
+    fig = curves(runs, [runs[0].method], [2], [(ACC, "global accuracy (%)")], xkey="time/virtual_s")
+    (line,) = fig.axes[0].lines
+    assert list(line.get_xdata()) == [10.0, 30.0, 50.0]  # rounds 1, 3, 5 at their own virtual times
