@@ -188,6 +188,8 @@ def test_what_asynchronous_rounds_cannot_run_is_refused_in_one_line():
     code, lines = refusal("--aggregator", "fdlit.methods.CoordinateMedian",
                           *clock("AsynchronousClock", staleness={"class_path": CLOCK + "Hinge"}))
     assert code == 2 and lines == [lines[0]] and lines[0].startswith("fdlit: error: federation.clock.staleness: ")
+    code, lines = refusal("--privacy.upload_audit", "true", *clock("AsynchronousClock"))
+    assert code == 2 and lines == ["fdlit: error: privacy.upload_audit: allowed: false with AsynchronousClock"]
     code, lines = refusal(*clock("AsynchronousClock", buffer=9))
     assert code == 2 and lines[-1].startswith("fdlit: error: federation.clock.buffer: ")
 

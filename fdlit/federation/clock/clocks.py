@@ -205,6 +205,8 @@ class AsynchronousClock(RoundClock):
                               "each client's own upload)")
         if server_model is not None:
             raise ConfigError("server.enabled", "allowed: false with AsynchronousClock")
+        if privacy.upload_audit:  # its attacks read one round's fresh uploads, not a cache of stale ones
+            raise ConfigError("privacy.upload_audit", "allowed: false with AsynchronousClock")
         if method.client_cache:
             raise ConfigError(FIELD, f"{name} keeps a cache on the clients; allowed with AsynchronousClock: rules "
                               "that send every arriving client the same teacher")
