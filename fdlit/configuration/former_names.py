@@ -43,7 +43,7 @@ MOVED = {
 }
 # the config fields whose value names a class (``x.Y`` or ``{class_path: x.Y}``), besides any ``class_path``
 CLASS_FIELDS = ("model", "server.model", "aggregator", "federation.executor", "federation.callbacks",
-                "federation.client_class")
+                "federation.client_class", "federation.clock")
 
 
 def current_name(name: str) -> str | None:

@@ -24,6 +24,7 @@ from fdlit.errors import ConfigError
 from fdlit.execution import steps
 from fdlit.federation import baselines, measurement
 from fdlit.federation.checks import check_before_data
+from fdlit.federation.clock.async_exchange import clocked
 from fdlit.federation.construction import InitialDraws, check_seed, use_cuda_graphs
 from fdlit.federation.protocols import protocol_for
 from fdlit.federation.round import FederatedRound
@@ -72,6 +73,7 @@ class FederationLoop:
             aggregator = SmoothedUncertaintyWeighted()
         aggregator.check_config(self.model_spec, self.optimization)  # before any work
         self.protocol = protocol_for(aggregator, self.settings.mode)
+        self.clock = self.settings.clock  # rounds on a virtual clock (fdlit.federation.clock), or None
         self.privacy = privacy or UploadPrivacy()  # default: plain logits, no mechanism
         # fdlit.federation.server.ServerModel, or None; trained by the prediction exchange (fd mode only)
         server = server if server is not None and server.enabled and self.settings.mode == "fd" else None
@@ -90,6 +92,9 @@ class FederationLoop:
         self.draws: InitialDraws | None = None
         # what the config alone shows to be impossible, before any data loads
         check_before_data(self.settings, self.data, aggregator, self.privacy, self.adversaries)
+        if self.clock is not None:
+            self.clock.check(self.settings, aggregator, self.privacy, server)
+        self.protocol = clocked(self.clock, self.protocol)
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -115,6 +120,8 @@ class FederationLoop:
                                       self.adversaries, self.seed)
         self.parts, self.draws = build_parts(sections, self.fabric.device, release, self.hosted, self.draws)
         parts, executor = self.parts, s.executor
+        if self.clock is not None:
+            self.clock.start(len(parts.clients), self.seed)
         steps.configure(executor, s.compile_backend)
         try:
             executor.setup(self.fabric, [c for c in parts.clients.clients if c is not None])
@@ -131,7 +138,7 @@ class FederationLoop:
         executor.may_carry_receive = not self.selection.active and not self.privacy.upload_audit
         # the round's order over the parts, with what the config adds to it (composed here, once)
         audit = self.privacy.upload_audit and self.protocol.communicates
-        extras = round_extras(parts, self.adversaries, self.selection, audit, self.protocol)
+        extras = round_extras(parts, self.adversaries, self.selection, audit, self.protocol, self.clock)
         self.federated_round = FederatedRound(parts, self.protocol, extras)
 
     # ------------------------------------------------------------------ the run
@@ -192,7 +199,8 @@ class FederationLoop:
                 "num_clients": len(self.parts.clients),
                 "clients": self.parts.clients.checkpoint_states(), **self.server_side.state_dict(),
                 "history": [dict(m) for m in self.history], "wall_time": float(self.wall_time),
-                "selection": self.selection.state_dict()}
+                "selection": self.selection.state_dict(),
+                **({"clock": self.clock.state_dict()} if self.clock is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (after ``setup``, before ``fit``)."""
@@ -201,6 +209,8 @@ class FederationLoop:
         self.server_side.load_state_dict(state)
         self.history = [dict(m) for m in state["history"]]
         self.selection.load_state_dict(state.get("selection"))
+        if self.clock is not None:
+            self.clock.load_state_dict(state["clock"])
         self.round = state["round"]
         self.wall_time = state["wall_time"]
 

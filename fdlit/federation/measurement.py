@@ -17,6 +17,7 @@ from fdlit.errors import NumericalFault, check_finite  # noqa: F401  (re-exporte
 from fdlit.execution import steps
 from fdlit.federation.diagnostics import trust_matrix
 from fdlit.federation.evaluation import Accuracies
+from fdlit.federation.participation import participation_metrics
 from fdlit.messages import JSON, Metrics
 from fdlit.methods.base import AggregationResult, weight_concentration, weight_entropy
 from fdlit.privacy.audit import membership_audit
@@ -70,12 +71,6 @@ def teacher_metrics(result: AggregationResult | None, public_y: torch.Tensor) ->
         out["weights/chi"] = float(weight_concentration(result.weights))
         out["weights/entropy"] = float(weight_entropy(result.weights))
     return out
-
-
-def participation_metrics(sampled: Sequence[int], arrived: Sequence[int], public_size: int) -> Metrics:
-    return {"participation/clients": list(sampled), "participation/arrived": list(arrived),
-            "participation/sampled_count": len(sampled), "participation/arrived_count": len(arrived),
-            "participation/dropped_count": len(sampled) - len(arrived), "participation/public_size": public_size}
 
 
 def trust_rows(weights: torch.Tensor, public_y: torch.Tensor, num_classes: int, arrived: Sequence[int],

@@ -5,7 +5,7 @@ from __future__ import annotations
 # the framework's metric namespaces: a method's stat never takes a name in them
 FRAMEWORK = ("after_private/", "after_public/", "eval/", "teacher/", "weights/", "train/", "comm/",
              "participation/", "privacy/", "server/", "time/", "selection/", "ray/", "clients/after_private/",
-             "clients/after_public/", "clients/trust_matrix", "clients/log/", "adversaries/", "audit/")
+             "clients/after_public/", "clients/trust_matrix", "clients/log/", "adversaries/", "audit/", "async/")
 METHOD = "method/"  # where a method's stat named like a framework metric is kept instead
 
 

@@ -37,6 +37,7 @@ after each phase, whether or not it took part.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -218,3 +219,10 @@ class Participation:
             return None
         rng = np.random.default_rng([seed, r, _PUBLIC])
         return np.sort(rng.choice(public_size, size=size, replace=False))
+
+
+def participation_metrics(sampled: Sequence[int], arrived: Sequence[int], public_size: int) -> dict:
+    """A round's participation as the run logs it: who was sampled, who arrived, how many dropped."""
+    return {"participation/clients": list(sampled), "participation/arrived": list(arrived),
+            "participation/sampled_count": len(sampled), "participation/arrived_count": len(arrived),
+            "participation/dropped_count": len(sampled) - len(arrived), "participation/public_size": public_size}

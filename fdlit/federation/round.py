@@ -41,9 +41,17 @@ class RoundExtra:
     """What the config adds to every round, composed at set-up (:mod:`fdlit.federation.round_extras`);
     the round calls these hooks in order and never asks what an extra is."""
 
+    def plan(self, plan: RoundPlan) -> RoundPlan:
+        """Who takes part in the round (a virtual clock's next arrivals)."""
+        return plan
+
     def private_sets(self, r: int, sets: list) -> list:
         """The (inputs, labels) each client trains on in round r."""
         return sets
+
+    def arrived(self, plan: RoundPlan, sent: dict[int, Message]) -> RoundPlan:
+        """After the client step: whose uploads count (a deadline drops the late ones)."""
+        return plan
 
     def after_private(self, plan: RoundPlan, accuracies: Accuracies | None) -> None:
         """After the private phase's evaluation."""
@@ -54,6 +62,9 @@ class RoundExtra:
 
     def received(self, plan: RoundPlan, received: Received) -> None:
         """After the server received the uploads (its ``stats`` go with the round's result)."""
+
+    def exchanged(self, plan: RoundPlan) -> None:
+        """After the exchange, before its evaluation."""
 
     def after_exchange(self, plan: RoundPlan, accuracies: Accuracies | None) -> None:
         """After the evaluation that follows the exchange."""
@@ -81,11 +92,15 @@ class FederatedRound:
         callbacks). Returns its metrics, or None when the executor closes it later (steps.when_evaluated)."""
         parts, clients, exchange = self.parts, self.parts.clients, self.exchange
         plan = parts.facts.plan(r)  # who takes part: clients not sampled do nothing this round
+        for extra in self.extras:
+            plan = extra.plan(plan)
         # lines 3-7: the sampled clients' private training, then what the arriving ones send (one client step)
         private_losses, sent = self.client_step(plan)
         steps.close_waiting(clients.executor)  # a previous round whose evaluation came back with this step
         plan, private_losses, lost = self.without_unreachable(plan, private_losses, frozenset())
         check_finite(private_losses, r, "private", [i for i in plan.sampled if i not in lost])
+        for extra in self.extras:
+            plan = extra.arrived(plan, {i: m for i, m in sent.items() if i in plan.arrived})
         after_private = parts.evaluated(plan)
         for extra in self.extras:
             extra.after_private(plan, after_private)
@@ -98,6 +113,8 @@ class FederatedRound:
         result, down = exchange.aggregate(parts, plan, received)
         public_losses = exchange.distil(parts, plan, received, down)
         plan, _, lost = self.without_unreachable(plan, [], lost)  # lost during the exchange: dropouts too
+        for extra in self.extras:
+            extra.exchanged(plan)
         done = (plan, result, (private_losses, public_losses), after_private, lost, t0)
         return steps.when_evaluated(clients.executor, exchange.evaluate(parts, plan, after_private),
                                     lambda after_public: self.close(done, after_public, close))

@@ -1,11 +1,12 @@
 """What the config adds to every round (:class:`~fdlit.federation.round.RoundExtra`), composed once at
-set-up by :func:`round_extras`: the attacks' private sets and metrics, the upload audit, the validation
-selection. The round calls their hooks in this order and never asks which are there."""
+set-up by :func:`round_extras`: the attacks' private sets and metrics, the upload audit, the virtual
+clock, the validation selection. The round calls their hooks in this order and never asks which are there."""
 
 from __future__ import annotations
 
 from fdlit.adversaries import Adversaries
 from fdlit.federation import measurement
+from fdlit.federation.clock.base import VirtualClock
 from fdlit.federation.protocols import Protocol
 from fdlit.federation.round import RoundExtra
 from fdlit.federation.round_parts import RoundParts
@@ -56,6 +57,26 @@ class UploadAudit(RoundExtra):
         return self.audited.pop(plan.round, {})
 
 
+class Clocked(RoundExtra):
+    """``federation.clock``: who arrives next, whose uploads are late, and the round's virtual time and
+    staleness (fdlit.federation.clock), measured once the exchange is done."""
+
+    def __init__(self, clock: VirtualClock, parts: RoundParts):
+        self.clock, self.parts, self.timed = clock, parts, {}
+
+    def plan(self, plan):
+        return self.clock.schedule(self.parts, plan)
+
+    def arrived(self, plan, sent):
+        return self.clock.arrive(self.parts, plan, sent)
+
+    def exchanged(self, plan):
+        self.timed[plan.round] = self.clock.close(self.parts, plan)
+
+    def metrics(self, plan, result, after_public):
+        return self.timed.pop(plan.round, {})
+
+
 class Selection(RoundExtra):
     """The validation-selected rounds (fdlit.federation.selection): each phase's evaluation observed,
     the selected rounds measured on the whole test set with the last round."""
@@ -74,7 +95,8 @@ class Selection(RoundExtra):
 
 
 def round_extras(parts: RoundParts, adversaries: Adversaries, selection: ExactSelection, upload_audit: bool,
-                 exchange: Protocol) -> list[RoundExtra]:
+                 exchange: Protocol, clock: VirtualClock | None = None) -> list[RoundExtra]:
     """The extras of a run's rounds, in the order their hooks run (and their metrics are added)."""
     audit = [UploadAudit(parts, labels=exchange.upload == "predictions")] if upload_audit else []
-    return [Attacks(adversaries, parts), *audit, Selection(selection, parts.settings.rounds)]
+    timed = [Clocked(clock, parts)] if clock is not None else []
+    return [Attacks(adversaries, parts), *audit, *timed, Selection(selection, parts.settings.rounds)]

@@ -14,6 +14,7 @@ from fdlit.callbacks import FederationCallback
 from fdlit.errors import ConfigError
 from fdlit.execution import ClientExecutor
 from fdlit.federation.baselines import MODES
+from fdlit.federation.clock.base import VirtualClock
 from fdlit.federation.construction import (
     MESSAGE_DTYPES,
     PRECISIONS,
@@ -76,6 +77,9 @@ class FederationSettings:
         participation: client sampling, dropout, late joiners and a per-round public subset
             (:class:`~fdlit.federation.participation.Participation`, docs/participation.md). Unset:
             every client and the whole public set every round (the default).
+        clock: rounds on a virtual clock (:mod:`fdlit.federation.clock`, docs/async.md):
+            ``SynchronousClock`` (time, an optional deadline) or ``AsynchronousClock`` (a buffer or
+            period of arrivals, staleness-weighted cached predictions). null: no clock (the default).
 """
 
     def __init__(
@@ -100,6 +104,7 @@ class FederationSettings:
         compile_backend: str = "inductor",
         cuda_graphs: bool = False,
         participation: Participation = Participation(),
+        clock: VirtualClock | None = None,
     ):
         check_loop_settings(
             rounds=rounds, accelerator=accelerator, eval_every_n_rounds=eval_every_n_rounds,
@@ -128,6 +133,7 @@ class FederationSettings:
         # reference baseline is one pooled model, so nobody is sampled there
         full = participation is None or participation.is_full or mode == "reference"
         self.participation = None if full else participation
+        self.clock = clock
 
     def check_test_set(self, test_size: int) -> None:
         """The bound that needs the data: a subsample larger than the test set would silently be the

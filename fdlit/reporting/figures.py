@@ -241,9 +241,10 @@ def curves(runs: list[Run], methods, ks, panels: list[tuple[str, str]], xkey: st
                 if not len(xs):
                     continue
                 if xkey is not None:  # e.g. cumulative bytes at each round, averaged over seeds
-                    _, x_mean, _ = _mean_curve(group, xkey)
-                    n = min(len(xs), len(x_mean))
-                    xs, mean, std = x_mean[:n], mean[:n], std[:n]
+                    x_rounds, x_mean, _ = _mean_curve(group, xkey)
+                    at = dict(zip(x_rounds.tolist(), x_mean.tolist(), strict=True))
+                    keep = [i for i, r in enumerate(xs.tolist()) if r in at]  # the rounds that were evaluated
+                    xs, mean, std = np.array([at[xs[i]] for i in keep]), mean[keep], std[keep]
                 scale = 100.0 if "acc" in key else 1.0  # accuracies in %, as in Table 1
                 mean, std = mean * scale, std * scale
                 ax.plot(xs, mean, marker=".", label=m, color=colors[m], **_style(m))

@@ -83,7 +83,24 @@ def method_label(config: dict) -> str:
     tau = suwa_tau(config)
     if tau is not None:  # the τ study's rows are sUWA at different temperatures; τ = 0 is AVG, τ = 1 UWA
         label = {0.0: f"AVG (sUWA τ={tau:g})", 1.0: f"UWA (sUWA τ={tau:g})"}.get(tau, f"sUWA τ={tau:g}")
-    return label
+    return label + clock_label(config)
+
+
+def clock_label(config: dict) -> str:
+    """How a run's rounds were timed (``federation.clock``), as a label's suffix: synchronous, with a
+    deadline, asynchronous with a buffer or a period; "" without a clock."""
+    clock = _section(_section(config, "federation"), "clock")
+    kind = str(clock.get("class_path", "")).rsplit(".", 1)[-1]
+    args = _section(clock, "init_args")
+    if kind == "SynchronousClock":
+        deadline = _number(args.get("deadline"))
+        return f", sync deadline {deadline:g} s" if deadline is not None else ", sync"
+    if kind == "AsynchronousClock":
+        buffer, period = _number(args.get("buffer")), _number(args.get("period"))
+        staleness = str(_section(args, "staleness").get("class_path", "Constant")).rsplit(".", 1)[-1].lower()
+        when = f"period {period:g} s" if period is not None else f"buffer {buffer:g}" if buffer is not None else "buffer M"
+        return f", async {when}, {staleness}"
+    return ""
 
 
 def setting_key(config: dict) -> str:

@@ -45,6 +45,8 @@ from fdlit.reporting.table_files import (
 )
 from fdlit.runs.atomic_write import enclosing_run_directory, is_run_directory, write_file
 
+VIRTUAL_TIME = "time/virtual_s"  # the server's virtual clock at each release (federation.clock)
+
 
 def write_report(runs_dir: str | Path | list, out: str | Path | None = None, include_unfinished: bool = False,
                  say: Callable[[str], None] = print, include_duplicates: bool = False,
@@ -159,6 +161,14 @@ def section_figures(runs, table):
          "panel per k.", curves(runs, methods, ks, [(ACC, "global accuracy (%)")], xkey="comm/bytes_total_mib",
                                 xlabel="cumulative MiB (up + down)")),
     ]
+    timed = sorted({r.method for r in runs if any(m.get(VIRTUAL_TIME) is not None for m in r.metrics)},
+                   key=_method_sort)
+    if timed:  # runs on a virtual clock (federation.clock): time to accuracy
+        drawn.append(("accuracy_vs_virtual_time", "Mean global accuracy after the public phase vs virtual seconds "
+                      "(federation.clock: the server's clock when each round's teacher was released, averaged "
+                      "over seeds), one panel per k; shaded ±1 std over seeds.",
+                      curves([r for r in runs if r.method in timed], timed, ks, [(ACC, "global accuracy (%)")],
+                             xkey=VIRTUAL_TIME, xlabel="virtual seconds")))
     drawn += adversaries_figures(runs)
     trust = [(stem, f"Who to trust ({caption}): mean weight each client gets on public samples of each true "
               "class; a dot marks a client's own classes.", fig) for stem, caption, fig in trust_figures(runs)]

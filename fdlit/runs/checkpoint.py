@@ -143,6 +143,8 @@ def without_noop_sections(config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(federation, dict):  # CUDA-graph knobs added later, at the value that changes nothing
         if federation.get("cuda_graphs") is False:
             federation.pop("cuda_graphs")
+        if federation.get("clock", "absent") is None:
+            federation.pop("clock")  # no virtual clock: what runs did before the section
         executor = federation.get("executor")
         init = executor.get("init_args") if isinstance(executor, dict) else None
         if isinstance(init, dict) and init.get("graph_optimizer") is True:
