@@ -2,12 +2,13 @@
 workload's share of it, fdlit beside plain loops, a stacked sweep beside its runs one after another.
 
     python benchmarks/machine_limit.py [--pairs 2] [--rounds 3] [--digits-rounds 5] [--sweep-rounds 3]
-                                       [--skip-sweep] [--skip-reference]
+                                       [--skip-sweep] [--skip-reference] [--step-only]
 
 Everything runs with one torch thread (``OMP_NUM_THREADS=1``), in fresh interpreters, CPU = user +
 system seconds of the process and everything it started (start-up and data loading included).
 
-1. Peak: the best GFLOP/s of ``torch.mm`` on square fp32 matrices (n = 512, 1024, 2048), one thread.
+1. Peak: the best GFLOP/s of ``torch.mm`` on square fp32 matrices (n = 512, 1024, 2048), one thread;
+   and the stacked training step (grouped network, no vmap) against the vmapped one, in process.
 2. Share of the peak: the Fashion-MNIST MLP run (``benchmarks/whole_run.py``'s FASHION_MLP setting,
    AVG, 784-200-10, 20 clients x 500 images) and the digits run (``configs/digits.yaml``) each run once
    in a child that counts the model FLOPs (``FlopCounterMode`` on one sample's forward: 3x that per
@@ -59,6 +60,36 @@ def gemm_peak() -> float:
             torch.mm(a, b)
         best = max(best, 2 * n**3 * repeats / (time.process_time() - start) / 1e9)
     return best
+
+
+def step_ratio(repeats: int = 5) -> list[float]:
+    """CPU of the vectorized executor's private phase with the stacked step (grouped network, no
+    vmap) over the same phase under vmap, Fashion-MNIST MLP shapes (20 clients x 400 images,
+    784-200-10, Adam, batch 32, 2 epochs), interleaved; one ratio per repeat."""
+    import torch
+    from lightning.fabric import Fabric
+
+    from fdlit.clients import ClientModule, ClientOptimization
+    from fdlit.execution import VectorizedExecutor
+    from fdlit.models import MLP
+
+    torch.set_num_threads(1)
+    fabric = Fabric(accelerator="cpu", devices=1)
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(400, 1, 28, 28, generator=g), torch.randint(0, 10, (400,), generator=g)) for _ in range(20)]
+
+    def phase_cpu(form: str) -> float:
+        torch.manual_seed(0)
+        clients = [ClientModule(MLP((1, 28, 28), 10, hidden=[200]), i, list(range(10)), ClientOptimization(), seed=1)
+                   for i in range(20)]
+        executor = VectorizedExecutor(conv_network=form)
+        executor.setup(fabric, clients)
+        executor.train(clients, "private", data, 1, 32)  # warm-up: the optimizer state, the grouped form
+        start = time.process_time()
+        executor.train(clients, "private", data, 2, 32)
+        return time.process_time() - start
+
+    return [phase_cpu("auto") / phase_cpu("vmap") for _ in range(repeats)]
 
 
 def measure(cmd: list[str], env: dict[str, str]) -> float:
@@ -170,6 +201,7 @@ def main() -> None:
     parser.add_argument("--sweep-rounds", type=int, default=3)
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument("--step-only", action="store_true", help="the peak and the step ratio only")
     parser.add_argument("--child", choices=sorted(WORKLOADS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -181,7 +213,12 @@ def main() -> None:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     peak = gemm_peak()
     print(f"load average before: {load} ({os.cpu_count()} CPUs); one torch thread")
-    print(f"single-core fp32 GEMM peak (torch.mm): {peak:.1f} GFLOP/s\n")
+    print(f"single-core fp32 GEMM peak (torch.mm): {peak:.1f} GFLOP/s")
+    ratios = step_ratio()
+    print(f"stacked step without vmap / vmapped step (Fashion-MNIST MLP private phase, CPU): "
+          f"{statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})\n", flush=True)
+    if args.step_only:
+        return
     print("| workload | whole run CPU-s | share of peak: whole run | training | evaluation |\n|---|---|---|---|---|")
     for workload, rounds in (("fashion_mlp", args.rounds), ("digits", args.digits_rounds)):
         s = share_of_peak(workload, rounds, env, peak)
