@@ -2,7 +2,7 @@
 workload's share of it, fdlit beside plain loops, a stacked sweep beside its runs one after another.
 
     python benchmarks/machine_limit.py [--pairs 2] [--rounds 3] [--digits-rounds 5] [--sweep-rounds 3]
-                                       [--skip-sweep] [--skip-reference] [--step-only]
+                                       [--parts step shares loops sweep] [--skip-reference]
 
 Everything runs with one torch thread (``OMP_NUM_THREADS=1``), in fresh interpreters, CPU = user +
 system seconds of the process and everything it started (start-up and data loading included).
@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from whole_run import FASHION_MLP  # noqa: E402
 
+PARTS = ("step", "shares", "loops", "sweep")
 WORKLOADS = {"fashion_mlp": FASHION_MLP, "digits": ["--config", "configs/digits.yaml"]}
 REFERENCE = Path(os.environ.get("FDLIT_REFERENCE", ROOT.parent / "shared" / "reference" / "ref_fd.py"))
 
@@ -181,9 +182,9 @@ def ratio_pairs(name: str, commands: dict[str, list[str]], pairs: int, env: dict
     """Table rows 'a / b: median (range)' from interleaved pairs (every command once per pair);
     ``compare``: the (a, b) labels, default every command against the first."""
     cpu: dict[str, list[float]] = {k: [] for k in commands}
-    for _ in range(pairs):
+    for pair in range(pairs):
         for label, cmd in commands.items():
-            cpu[label].append(measure(cmd, env))
+            cpu[label].append(measure([c.replace("{pair}", str(pair)) for c in cmd], env))
     base = next(iter(commands))
     lines = []
     for a, b in compare or [(label, base) for label in list(commands)[1:]]:
@@ -199,9 +200,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="Fashion-MNIST MLP rounds")
     parser.add_argument("--digits-rounds", type=int, default=5)
     parser.add_argument("--sweep-rounds", type=int, default=3)
-    parser.add_argument("--skip-sweep", action="store_true")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
     parser.add_argument("--skip-reference", action="store_true")
-    parser.add_argument("--step-only", action="store_true", help="the peak and the step ratio only")
     parser.add_argument("--child", choices=sorted(WORKLOADS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -214,37 +214,39 @@ def main() -> None:
     peak = gemm_peak()
     print(f"load average before: {load} ({os.cpu_count()} CPUs); one torch thread")
     print(f"single-core fp32 GEMM peak (torch.mm): {peak:.1f} GFLOP/s")
-    ratios = step_ratio()
-    print(f"stacked step without vmap / vmapped step (Fashion-MNIST MLP private phase, CPU): "
-          f"{statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})\n", flush=True)
-    if args.step_only:
-        return
-    print("| workload | whole run CPU-s | share of peak: whole run | training | evaluation |\n|---|---|---|---|---|")
-    for workload, rounds in (("fashion_mlp", args.rounds), ("digits", args.digits_rounds)):
-        s = share_of_peak(workload, rounds, env, peak)
-        print(f"| {workload}, {rounds} rounds | {s['whole CPU-s']:.1f} (training {s['train CPU-s']:.1f}, "
-              f"evaluation {s['eval CPU-s']:.1f}) | {s['whole %']:.0f} % | {s['train %']:.0f} % | {s['eval %']:.0f} % |",
-              flush=True)
+    if "step" in args.parts:
+        ratios = step_ratio()
+        print(f"stacked step without vmap / vmapped step (Fashion-MNIST MLP private phase, CPU): "
+              f"{statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+    if "shares" in args.parts:
+        print("\n| workload | whole run CPU-s | share of peak: whole run | training | evaluation |\n|---|---|---|---|---|")
+        for workload, rounds in (("fashion_mlp", args.rounds), ("digits", args.digits_rounds)):
+            s = share_of_peak(workload, rounds, env, peak)
+            print(f"| {workload}, {rounds} rounds | {s['whole CPU-s']:.1f} (training {s['train CPU-s']:.1f}, evaluation "
+                  f"{s['eval CPU-s']:.1f}) | {s['whole %']:.0f} % | {s['train %']:.0f} % | {s['eval %']:.0f} % |", flush=True)
     print(f"\n| pair | ratio of CPU-s | median of {args.pairs} | range | CPU-s (median) |\n|---|---|---|---|---|")
     runs = tempfile.mkdtemp(prefix="fdlit-limit-")
     fit = [sys.executable, "-m", "fdlit", "fit"]
     plain = [sys.executable, "benchmarks/plain_fd.py"]
-    print(ratio_pairs(f"Fashion-MNIST MLP, {args.rounds} rounds", {
-        "plain loop": [*plain, "--setting", "fashion_mlp", "--rounds", str(args.rounds)],
-        "fdlit": [*fit, *fit_flags("fashion_mlp", args.rounds, runs)]}, args.pairs, env), flush=True)
-    digits = {"plain loop": [*plain, "--rounds", str(args.digits_rounds)]}
-    if not args.skip_reference and REFERENCE.is_file():
-        digits["independent loop"] = [sys.executable, str(REFERENCE), "--agg", "avg", "--M", "20", "--k", "2",
-                                      "--rounds", str(args.digits_rounds), "--e1", "20", "--e2", "5"]
-    digits["fdlit"] = [*fit, *fit_flags("digits", args.digits_rounds, runs)]
-    compare = [("fdlit", "plain loop")] + ([("fdlit", "independent loop")] if "independent loop" in digits else [])
-    print(ratio_pairs(f"digits, {args.digits_rounds} rounds", digits, args.pairs, env, compare), flush=True)
-    if not args.skip_sweep:
+    if "loops" in args.parts:
+        print(ratio_pairs(f"Fashion-MNIST MLP, {args.rounds} rounds", {
+            "plain loop": [*plain, "--setting", "fashion_mlp", "--rounds", str(args.rounds)],
+            "fdlit": [*fit, *fit_flags("fashion_mlp", args.rounds, runs)]}, args.pairs, env), flush=True)
+        digits = {"plain loop": [*plain, "--rounds", str(args.digits_rounds)]}
+        if not args.skip_reference and REFERENCE.is_file():
+            digits["independent loop"] = [sys.executable, str(REFERENCE), "--agg", "avg", "--M", "20", "--k", "2",
+                                          "--rounds", str(args.digits_rounds), "--e1", "20", "--e2", "5"]
+        digits["fdlit"] = [*fit, *fit_flags("digits", args.digits_rounds, runs)]
+        compare = [("fdlit", "plain loop")] + ([("fdlit", "independent loop")] if "independent loop" in digits else [])
+        print(ratio_pairs(f"digits, {args.digits_rounds} rounds", digits, args.pairs, env, compare), flush=True)
+    if "sweep" in args.parts:
+        # a folder per command and pair: a sweep skips the runs it finds finished in its folder
         sweep = [sys.executable, "-m", "fdlit", "sweep", "sweeps/tau.yaml"]
         flags = ["--", f"--federation.rounds={args.sweep_rounds}", "--logger.mode=disabled", "--logger.progress=false"]
         print(ratio_pairs(f"sweeps/tau.yaml, {args.sweep_rounds} rounds", {
-            "runs one after another": [*sweep, *flags, f"--logger.run_dir={runs}/separate"],
-            "stacked": [*sweep, "--stack", *flags, f"--logger.run_dir={runs}/stacked"]}, args.pairs, env), flush=True)
+            "runs one after another": [*sweep, *flags, f"--logger.run_dir={runs}/separate{{pair}}"],
+            "stacked": [*sweep, "--stack", *flags, f"--logger.run_dir={runs}/stacked{{pair}}"]}, args.pairs, env),
+            flush=True)
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
