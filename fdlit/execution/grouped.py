@@ -142,8 +142,8 @@ class GroupedNetwork:
                            and self._module(next(iter(n.users)), nn.MaxPool2d)}
         # a Flatten right after the input (an MLP): the stacked input is flattened to rows at once
         self.input_flatten = self._input_flatten()
-        # conv nets: Linear as one baddbmm (as they have run grouped); networks without a convolution
-        # (MLPs, which ran under vmap before): the product, then the bias, vmap's bits
+        # conv nets: Linear as one baddbmm; networks without a convolution (MLPs): the product and
+        # then the bias, the order of vmap's linear, so the grouped and the vmapped MLP agree bit for bit
         self.fused_bias = any(self._module(n, nn.Conv2d) for n in self.nodes)
         self.widest = 1  # elements of the largest activation of one client on one sample
         self.flops = 0.0  # forward FLOPs of one client on one sample
