@@ -262,6 +262,9 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
         run.existing = next((p for p, finished in mine if finished), None)
         run.partial = None if run.existing else _furthest([p for p, _ in mine])
     todo = [r for r in runs if r.existing is None]
+    for run in runs:  # the checked experiments are kept for a stack in this process only
+        if run.existing is not None or not stack or jobs > 1:
+            run.config.pop("experiment", None)
     resumed = sum(r.partial is not None for r in todo)
     method = spec.get("method", "grid")
     drawn = f" ({method}: {len(runs)} drawn of run_cap {spec['run_cap']})" if method == "random" else ""
