@@ -31,7 +31,9 @@ def stacked(nets):
     (lambda: SmallCNN((3, 8, 8), 10, channels=4, hidden=8), (3, 8, 8)),
     (lambda: nn.Sequential(nn.Conv2d(2, 4, 3, stride=2, groups=2), nn.Tanh(), nn.AvgPool2d(2), nn.Flatten(),
                            nn.Linear(4 * 3 * 3, 5, bias=False)), (2, 15, 15)),
-], ids=["lenet5", "smallcnn", "grouped-conv-no-bias"])
+    (lambda: MLP((1, 8, 8), 5, hidden=[12, 7]), (1, 8, 8)),
+    (lambda: nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 5)), (6,)),
+], ids=["lenet5", "smallcnn", "grouped-conv-no-bias", "mlp", "tabular-mlp"])
 def test_logits_and_gradients_are_each_clients_own(model_fn, shape):
     torch.manual_seed(0)
     nets = [model_fn() for _ in range(3)]
@@ -131,12 +133,12 @@ def test_functional_ops_skips_and_batchnorm_are_covered(model):
 
 
 @pytest.mark.parametrize("model", [
-    MLP((1, 8, 8), 3, hidden=[4]), ParameterRead(), Branching(),
+    nn.Sequential(nn.Flatten(), nn.Linear(64, 4), nn.LayerNorm(4), nn.Linear(4, 3)), ParameterRead(), Branching(),
     nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(72, 3), nn.Unflatten(1, (3, 1))),
     nn.Sequential(nn.Conv2d(1, 2, 3)),  # ends on an image, not one row per sample
     nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.BatchNorm1d(72), nn.Linear(72, 3)),
     nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2, momentum=None), nn.Flatten(), nn.Linear(72, 3)),
-], ids=["mlp", "parameter-read", "data-dependent-branch", "unsupported-layer", "no-flatten", "batchnorm1d",
+], ids=["layernorm-mlp", "parameter-read", "data-dependent-branch", "unsupported-layer", "no-flatten", "batchnorm1d",
         "cumulative-batchnorm"])
 def test_other_networks_are_left_to_vmap(model):
     assert GroupedNetwork.build(model, torch.zeros(1, 1, 8, 8)) is None

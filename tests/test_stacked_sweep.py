@@ -285,3 +285,27 @@ def test_an_interrupted_stacked_sweep_stops_and_resumes(tmp_path, capsys, monkey
     assert "2 to run (2 resumed in their own folder)" in capsys.readouterr().out
     assert main(["sweep", str(path), "--stack", "--", *extra, "--logger.run_dir", str(tmp_path / "whole")]) == 0
     assert_same_runs(runs_in(tmp_path / "whole"), runs_in(tmp_path / "stopped"))
+
+
+def test_a_stacked_sweep_builds_each_runs_experiment_once(tmp_path, capsys, monkeypatch):
+    """The experiment the sweep builds to check a combination is the one its stack runs: one
+    ``Experiment`` per run (the runs one after another still build theirs when their turn comes)."""
+    from fdlit.runs.experiment import Experiment
+
+    built = []
+    real = Experiment.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(kwargs.get("resume_from"))
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Experiment, "__init__", counted)
+    path = write_sweep(tmp_path, {"aggregator.tau": {"values": [0.0, 0.5, 1.0]}})
+    extra = [*TINY, "--federation.rounds", "1"]
+    assert main(["sweep", str(path), "--stack", "--", *extra, "--logger.run_dir", str(tmp_path / "stacked")]) == 0
+    assert "3 runs stacked in 1 process(es)" in capsys.readouterr().out
+    assert len(built) == 3
+    assert len(list((tmp_path / "stacked").glob("*/summary.json"))) == 3
+    built.clear()
+    assert main(["sweep", str(path), "--", *extra, "--logger.run_dir", str(tmp_path / "separate")]) == 0
+    assert len(built) == 6  # checked, then built again in its turn

@@ -181,3 +181,30 @@ def test_report_table_ranks_by_validation_when_every_run_has_it(tmp_path):
     assert md.startswith("Validation-selected or best (per row)"), md
     assert "| AVG (validation-selected) | 55.00 ± 7.07 (n=2) | validation |" in md, md
     assert "| AVG (test-best) | 70.00 (n=1) | test |" in md, md
+
+
+def test_a_network_state_kept_for_both_phases_is_measured_once(monkeypatch):
+    """A local_only run's public phase changes nothing: both phases select the same round and
+    weights, which the end of the run measures on the whole test set once, for both."""
+    from fdlit.federation.selection import ExactSelection
+
+    loop = subsampled_loop(eval_subsample=50, mode="local_only")
+    calls = []
+    real = ExactSelection.finish
+
+    def counted(self):
+        evaluate = self.evaluate
+        self.evaluate = lambda rows=None: calls.append(rows) or evaluate(rows)
+        try:
+            return real(self)
+        finally:
+            self.evaluate = evaluate
+
+    monkeypatch.setattr(ExactSelection, "finish", counted)
+    summary = loop.fit()
+    last = loop.history[-1]
+    assert summary["selected_round"] < 6  # a kept (subsampled) round was measured again
+    assert last["selection/after_public/round"] == last["selection/after_private/round"]
+    assert last["selection/after_public/global_acc_mean"] == last["selection/after_private/global_acc_mean"]
+    assert last["selection/after_public/test_samples"] == len(loop.parts.tensors.test_y)
+    assert calls == [None]  # one whole-test evaluation for both phases

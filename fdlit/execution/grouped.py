@@ -1,4 +1,4 @@
-"""Same-architecture convolutional networks of M clients run as one grouped network, without vmap.
+"""Same-architecture networks of M clients (conv nets, MLPs) run as one grouped network, without vmap.
 
 The clients' activations are laid out as one image batch with every client's channels side by
 side, B x (M*C) x H x W, in channels-last memory (:mod:`fdlit.execution.grouped_layers`):
@@ -13,11 +13,12 @@ side, B x (M*C) x H x W, in channels-last memory (:mod:`fdlit.execution.grouped_
   the whole batch (a ReLU right before a max-pool runs after it, on a quarter of the values: max and
   ReLU commute, values and gradients are equal);
 * Flatten: back to one row per client and sample (M x B x C*H*W, each client's own order);
-* Linear: one batched matrix product (M x B x in times M x in x out).
+* Linear: one batched matrix product (M x B x in times M x in x out); an MLP's input, flattened
+  first, comes in as those rows at once.
 
 The network's forward is read with ``torch.fx`` (:meth:`GroupedNetwork.build`): every operation must
 be one of the above (``torch.flatten``, ``F.relu``, ``F.interpolate`` and ``+`` included), the network
-must hold a convolution and end in one row per sample, and the grouped forward on one sample must
+must hold a convolution or a Linear and end in one row per sample, and the grouped forward on one sample must
 reproduce the network's; anything else runs under vmap. That covers ResNet-18 (identity and 1x1-conv
 downsampling shortcuts), LeNet-5 and the digits ``SmallCNN``.
 
@@ -47,6 +48,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fdlit.execution import grouped_layers as layers
 from fdlit.execution.grouped_layers import ROWS, Value
+from fdlit.execution.stacked_loss import stacked_cross_entropy
 
 ELEMENTWISE = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Hardtanh,
                nn.Identity)
@@ -138,6 +140,11 @@ class GroupedNetwork:
         # a ReLU whose only use is a max-pool runs after it (max and ReLU commute)
         self.after_pool = {n for n in self.nodes if self._is_relu(n) and len(n.users) == 1
                            and self._module(next(iter(n.users)), nn.MaxPool2d)}
+        # a Flatten right after the input (an MLP): the stacked input is flattened to rows at once
+        self.input_flatten = self._input_flatten()
+        # conv nets: Linear as one baddbmm; networks without a convolution (MLPs): the product and
+        # then the bias, the order of vmap's linear, so the grouped and the vmapped MLP agree bit for bit
+        self.fused_bias = any(self._module(n, nn.Conv2d) for n in self.nodes)
         self.widest = 1  # elements of the largest activation of one client on one sample
         self.flops = 0.0  # forward FLOPs of one client on one sample
         self._compiled: tuple[str, object] | None = None
@@ -152,8 +159,8 @@ class GroupedNetwork:
         modules = dict(net.named_modules())
         if not all(_node_supported(n, modules) for n in graph.nodes):
             return None
-        if not any(isinstance(modules[n.target], nn.Conv2d) for n in graph.nodes if n.op == "call_module"):
-            return None  # no convolution: vmap (MLPs are measured faster there)
+        if not any(isinstance(modules[n.target], (nn.Conv2d, nn.Linear)) for n in graph.nodes if n.op == "call_module"):
+            return None  # no layer with per-client weights
         network = cls(graph, modules)
         return network if network._reproduces(net, sample[:1]) else None
 
@@ -177,6 +184,15 @@ class GroupedNetwork:
         tol = 1e-6 * max(1.0, float(expected.abs().max()))
         return all(out.shape == (2, *expected.shape) and torch.allclose(out, expected.expand_as(out), rtol=1e-6, atol=tol)
                    for out in (own, shared))
+
+    def _input_flatten(self) -> fx.Node | None:
+        users = [u for n in self.nodes if n.op == "placeholder" for u in n.users]
+        if len(users) != 1:
+            return None
+        node = users[0]
+        flat = (self._module(node, nn.Flatten) or node.target is torch.flatten
+                or (node.op == "call_method" and node.target == "flatten"))
+        return node if flat else None
 
     def pays_on(self, device: str) -> bool:
         """Whether the grouped form is the faster one on ``device`` (a device type): everywhere but
@@ -220,7 +236,7 @@ class GroupedNetwork:
         out = None
         for node in self.nodes:
             if node.op == "placeholder":
-                values[node] = layers.stacked_input(x, shared)
+                values[node] = layers.stacked_input(x, shared, flat=self.input_flatten is not None)
             elif node.op == "output":
                 out = values[node.args[0]]
             else:
@@ -236,6 +252,8 @@ class GroupedNetwork:
     def _run(self, node: fx.Node, values, params, buffers, m: int, training: bool) -> Value:
         args = [values[a] if isinstance(a, fx.Node) else a for a in node.args]
         v = args[0]
+        if node is self.input_flatten:
+            return v  # the input came in as rows
         if node in self.after_pool:
             return v  # applied after the max-pool that follows
         if node.op == "call_module":
@@ -243,7 +261,7 @@ class GroupedNetwork:
             if isinstance(module, nn.Linear):
                 if v.image:
                     raise Unsupported("Linear on an image")
-                return layers.linear(params, name, v, m)
+                return layers.linear(params, name, v, m, self.fused_bias)
             if isinstance(module, nn.Dropout):
                 return layers.dropout(module, v, m, training)
             if isinstance(module, ELEMENTWISE) and not v.image:
@@ -277,9 +295,13 @@ class GroupedNetwork:
         return Value(layers.channels_last(node.target(v.tensor, *args[1:], **kwargs)), v.layout)
 
 
-def grouped_training_step(step, network: GroupedNetwork, names: list[str], prefix: str, forward=None):
+def grouped_training_step(step, network: GroupedNetwork, names: list[str], prefix: str, forward=None,
+                          plain_loss: bool = False):
     """The stacked training step with ``network`` as the forward: every client's logits from the
-    grouped network, each client's loss under vmap on its own logits (``step``: a
+    grouped network; with ``plain_loss`` (:func:`~fdlit.execution.stacked_loss.loss_is_plain`) the
+    clients' cross-entropies on the M x B x K logits at once, without vmap
+    (:func:`~fdlit.execution.stacked_loss.stacked_cross_entropy`), else each client's loss under vmap
+    on its own logits (``step``: a
     :class:`~fdlit.execution.vmap_step.TrainingStep` with ``logits_in``, whose parameters are swapped
     for the client's slice, so loss terms that read them, e.g. FedProx's, see the client's own), and
     one backward pass of the summed losses. Called as the vmapped step is: ``fn(params, buffers, x,
@@ -294,15 +316,16 @@ def grouped_training_step(step, network: GroupedNetwork, names: list[str], prefi
     def client_loss(params, logits, t, w, state):
         return functional_call(step, dict(zip(full, params, strict=True)), (logits, t, w, state))
 
-    losses = vmap(client_loss, randomness="different")
+    losses = None if plain_loss else vmap(client_loss, randomness="different")
 
     def fn(params, buffers, x, t, w, state):
         leaves = [p.detach().requires_grad_() for p in params]
         own_buffers = {n.removeprefix(prefix): b for n, b in buffers.items()}
         with torch.enable_grad():
             logits = forward(dict(zip(local, leaves, strict=True)), own_buffers, x, step.net.training)
-            loss = losses(leaves, logits, t, w, state)
+            loss = stacked_cross_entropy(logits, t, w) if plain_loss else losses(leaves, logits, t, w, state)
         return torch.autograd.grad(loss.sum(), leaves), (loss.detach(), buffers)
 
     fn.grouped_network = network  # what a captured step (fdlit.execution.graph_step) checks for
+    fn.plain_loss = plain_loss
     return fn

@@ -50,8 +50,11 @@ def per_client(v: Value, m: int) -> Value:
     return v
 
 
-def stacked_input(x: torch.Tensor, shared: bool) -> Value:
-    """M x B x C x H x W (each client's own batch) or B x C x H x W (shared) as a grouped value."""
+def stacked_input(x: torch.Tensor, shared: bool, flat: bool = False) -> Value:
+    """M x B x C x H x W (each client's own batch) or B x C x H x W (shared) as a grouped value;
+    ``flat``: the network flattens its input first (an MLP), so it comes in as rows at once."""
+    if flat:
+        return Value(x.flatten(1), SHARED_ROWS) if shared else Value(x.flatten(2), ROWS)
     if shared:
         return Value(x, SHARED_IMAGE if x.dim() == 4 else SHARED_ROWS)
     if x.dim() == 5:  # -> B x (M*C) x H x W, channels-last
@@ -97,12 +100,18 @@ def batch_norm(module: nn.modules.batchnorm._BatchNorm, params, buffers, name: s
     return Value(out, IMAGE)
 
 
-def linear(params, name: str, v: Value, m: int) -> Value:
+def linear(params, name: str, v: Value, m: int, fused_bias: bool = True) -> Value:
+    """One batched product M x B x in times M x in x out plus the bias: fused (``baddbmm``), or, with
+    ``fused_bias`` off, the product and then the bias added, as vmap's linear computes it (the
+    same bits as the vmapped step)."""
     h = per_client(v, m).tensor
     weight = params[f"{name}.weight"]  # M x out x in
     bias = params.get(f"{name}.bias")
-    out = torch.bmm(h, weight.transpose(1, 2)) if bias is None else torch.baddbmm(
-        bias.unsqueeze(1), h, weight.transpose(1, 2))
+    if bias is not None and fused_bias:
+        return Value(torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2)), ROWS)
+    out = torch.bmm(h, weight.transpose(1, 2))
+    if bias is not None:
+        out = out + bias.unsqueeze(1)
     return Value(out, ROWS)
 
 

@@ -1,10 +1,12 @@
 """Vectorized executor: clients that share an architecture train together in one batched step.
 
 Per group of same-architecture clients, each parameter is stacked into one ``M x shape`` tensor for
-the length of a phase. Every step runs the loss vmapped over the stack (``torch.func.vmap``) and one
-backward pass of the summed losses (each client's gradient lands in its own slice); a convolutional
-network's forward (ResNet-18 on CUDA, small ones on a CPU) runs as one grouped network instead of under
-vmap (:mod:`fdlit.execution.grouped`; the loss is still vmapped, on each client's logits), so
+the length of a phase. A covered network (MLPs, small conv nets on a CPU, ResNet-18 on CUDA) runs
+its forward as one grouped network (:mod:`fdlit.execution.grouped`: ``bmm`` on M x in x out
+weights, grouped convolutions), the plain cross-entropy on the M x B x K logits
+(:mod:`fdlit.execution.stacked_loss`; a method's loss hook under vmap on each client's logits), and
+one backward pass of the summed losses (each client's gradient lands in its own slice); other
+networks run the whole loss under ``torch.func.vmap`` (:func:`vmapped_training_step`), so
 each client computes its own forward/backward on its own batch, and the optimizer update runs
 once on the stack (Adam/AdamW: ``torch.optim``'s fused kernel; SGD: its single-tensor arithmetic).
 At the end of the phase parameters and optimizer state are written back into each
@@ -49,7 +51,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 import torch
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import vmap
 
 from fdlit.errors import ConfigError, check_at_least
 from fdlit.execution.batch_plan import batch_plan, client_inputs, shared_input, step_calls
@@ -57,6 +59,7 @@ from fdlit.execution.executor import ClientExecutor, SequentialExecutor
 from fdlit.execution.graph_step import static_step
 from fdlit.execution.grouped import AUTO_PRECISIONS, GroupedNetwork, grouped_applies, grouped_training_step
 from fdlit.execution.stack_memory import auto_chunk_size, client_memory_bytes, free_device_memory
+from fdlit.execution.stacked_loss import loss_is_plain
 from fdlit.execution.stacked_optimizer import StackedOptimizer
 from fdlit.execution.stacking import ParamStack, select_rows
 from fdlit.execution.steps import configure, logged_values, report, take_logged
@@ -66,9 +69,9 @@ from fdlit.execution.vmap_step import (
     at_least_two,
     batch_norm_in_float32,
     forward,
-    grad_and_value_of_sum,
     has_tied_tensors,
     same_module_state,
+    vmapped_training_step,
 )
 
 if TYPE_CHECKING:
@@ -99,13 +102,11 @@ class VectorizedExecutor(ClientExecutor):
             ceil(M / chunk_size) stacks one after another, with the same results: every client's
             computation is its own). null: all clients of a group at once, except on a CUDA device,
             where the chunk is chosen from the device's free memory (:func:`auto_chunk_size`).
-        conv_network: how a stack of convolutional networks computes its forward: ``grouped`` as one
-            grouped network without vmap (:mod:`fdlit.execution.grouped`: convolutions, BatchNorm,
-            residual blocks, pooling, activations, Flatten, Linear; ResNet-18, LeNet-5, SmallCNN),
-            ``vmap`` under ``torch.func.vmap``, ``auto``: grouped on a CPU at 32/64-bit for networks
-            up to ``CPU_MAX_GROUPED_FLOPS`` (LeNet-5: 0.51x the sequential executor's CPU in a
-            2-round run, docs/speed-and-scale.md; ResNet-18 is slower grouped there) and on CUDA (bf16
-            too), vmap elsewhere. Networks the grouped form does not cover run under vmap.
+        conv_network: how a stack of networks computes its forward: ``grouped`` as one grouped
+            network without vmap (:mod:`fdlit.execution.grouped`: MLPs, LeNet-5, SmallCNN, ResNet-18),
+            ``vmap`` under ``torch.func.vmap``, ``auto``: grouped on a CPU at 32/64-bit for networks up
+            to ``CPU_MAX_GROUPED_FLOPS`` (ResNet-18 is slower grouped there; docs/speed-and-scale.md)
+            and on CUDA (bf16 too), vmap elsewhere. Networks the grouped form does not cover run under vmap.
         graph_optimizer: with ``federation.cuda_graphs``, the fused Adam update inside the captured
             step (:mod:`fdlit.execution.graph_step`); false: it runs after each replay.
     """
@@ -317,29 +318,17 @@ class VectorizedExecutor(ClientExecutor):
         grouped = self._grouped_network(client, net, sample)
         if grouped is not None:
             return grouped_training_step(TrainingStep(client, net, logits_in=True), grouped, names, prefix,
-                                         grouped.compiled(self.compile_backend))
+                                         grouped.compiled(self.compile_backend), plain_loss=loss_is_plain(client))
         key = (self._keys[client.client_id], phase)
         if self.compile_backend is not None and key in self._compiled:
             step, fn = self._compiled[key]
             step.client.phase = phase  # the template dispatches on its phase (set_phase does this too)
             return fn
         step = TrainingStep(client, net)
-        names = ["client.model." + n for n in names]
-        tied = has_tied_tensors(net)
-
-        def client_loss(params, buffers, x, t, w, state):
-            # gradients come out per parameter as M x shape, the stack's own layout (no copy into
-            # one flat vector: that concatenation was 13 % of a step);
-            # BatchNorm updates its (per-client, stacked) running statistics in place
-            named = {**dict(zip(names, params, strict=True)), **{"client.model." + n: b for n, b in buffers.items()}}
-            return functional_call(step, named, (x, t, w, state), tie_weights=tied), buffers
-
+        fn = vmapped_training_step(step, names, has_tied_tensors(net), self.compile_backend)
         if self.compile_backend is not None:
-            fn = torch.compile(vmap(grad_and_value(client_loss, has_aux=True), randomness="different"),
-                               backend=self.compile_backend)
             self._compiled[key] = (step, fn)
-            return fn
-        return grad_and_value_of_sum(vmap(client_loss, randomness="different"))
+        return fn
 
     def _concat(self, datasets):
         """One tensor of inputs and one of targets for the whole group, and each client's offset.

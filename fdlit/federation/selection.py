@@ -7,8 +7,9 @@ that improves the validation accuracy on the whole test set instead costs about 
 subsampling at all (on Fashion-MNIST the validation accuracy rises in most of the first 10 rounds).
 So the clients' weights are kept, in memory, when a phase's validation accuracy improves in a
 subsampled round; after the last round the selected round's weights are loaded back, measured on
-the whole test set once, and the final weights restored. One full evaluation per phase and run,
-whatever the number of rounds; the numbers are those a full evaluation in that round would have
+the whole test set once, and the final weights restored. At most one full evaluation per phase and
+run, whatever the number of rounds, and one for both phases where they kept the same weights (a
+``local_only`` or ``reference`` run, whose public phase changes nothing); the numbers are those a full evaluation in that round would have
 given (the same weights through the same evaluation).
 """
 
@@ -18,6 +19,8 @@ import copy
 import math
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from fdlit.messages import Metrics
 
 if TYPE_CHECKING:
@@ -25,6 +28,13 @@ if TYPE_CHECKING:
     from fdlit.federation.evaluation import Accuracies, Evaluation
 
 PHASES = ("after_private", "after_public")
+
+
+def same_weights(a: list[dict], b: list[dict]) -> bool:
+    """Whether two sets of the clients' weights are bit for bit equal (a phase that changed nothing:
+    ``local_only`` and ``reference`` runs, whose after-public state is the after-private one)."""
+    return a is b or (len(a) == len(b) and all(
+        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b, strict=True)))
 
 
 class ExactSelection:
@@ -70,10 +80,14 @@ class ExactSelection:
         if not pending:
             return out
         final = self._weights()
+        measured: list[tuple[list[dict], Accuracies]] = []  # no network state is measured twice
         try:
             for phase, weights in pending.items():
-                self._load(weights)
-                accs = self.evaluate(None)
+                accs = next((a for w, a in measured if same_weights(w, weights)), None)
+                if accs is None:
+                    self._load(weights)
+                    accs = self.evaluate(None)
+                    measured.append((weights, accs))
                 known = ~accs["global_acc"].isnan()
                 out[f"selection/{phase}/round"] = self.best[phase][1]
                 out[f"selection/{phase}/global_acc_mean"] = float(accs["global_acc"][known].mean())

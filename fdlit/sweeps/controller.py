@@ -124,11 +124,12 @@ def resolve(runs: list[SweepRun], parser_factory: Callable) -> None:
         except (ValueError, TypeError) as exc:
             raise ConfigError("parameters", f"combination {run.values} is not a valid fit config: {exc}") from None
         try:  # constructors check value ranges (k in [1, C], tau >= 0, seed, ...): cheap, nothing is trained
-            Experiment(cfg, parser)
+            experiment = Experiment(cfg, parser)
         except ConfigError as exc:
             raise ConfigError(exc.field, f"{str(exc).split(': ', 1)[-1]} (sweep combination {run.values})") from None
-        run.config = {"cfg": cfg, "parser": parser,
-                      "resolved": yaml.safe_load(parser.dump(cfg, skip_unset=False))}
+        # the checked experiment is kept for a stack to run (built once); its dump is the resolved config
+        run.config = {"cfg": cfg, "parser": parser, "experiment": experiment,
+                      "resolved": yaml.safe_load(experiment.config_yaml)}
 
 
 def same_run(saved: dict, resolved: dict) -> bool:
@@ -263,6 +264,9 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
         run.existing = next((p for p, finished in mine if finished), None)
         run.partial = None if run.existing else _furthest([p for p, _ in mine])
     todo = [r for r in runs if r.existing is None]
+    for run in runs:  # the checked experiments are kept for a stack in this process only
+        if run.existing is not None or not stack or jobs > 1:
+            run.config.pop("experiment", None)
     resumed = sum(r.partial is not None for r in todo)
     method = spec.get("method", "grid")
     drawn = f" ({method}: {len(runs)} drawn of run_cap {spec['run_cap']})" if method == "random" else ""
@@ -312,6 +316,7 @@ def _run_sweep(spec: dict[str, Any], runs: list[SweepRun], results: Path, dry_ru
             run_stack(members, done, out)
         for i, run in enumerate(alone, 1):
             out(f"fdlit sweep: [{i}/{len(alone)}] {run.name}" + (f" (resuming {run.partial})" if run.partial else ""))
+            run.config.pop("experiment", None)  # a run alone is built when its turn comes, after the runs before it
             experiment = None
             try:
                 experiment = Experiment(run.config["cfg"], run.config["parser"], resume_from=run.partial)

@@ -147,7 +147,10 @@ def run_stack(runs: Sequence[Any], done: Callable[[Any, dict[str, Any]], None], 
     ready, experiments = [], []
     for run in runs:
         try:
-            experiments.append(Experiment(run.config["cfg"], run.config["parser"], resume_from=run.partial))
+            # the experiment the sweep built to check the run, unless it resumes a saved one
+            built = run.config.pop("experiment", None)
+            experiments.append(built if built is not None and run.partial is None
+                               else Experiment(run.config["cfg"], run.config["parser"], resume_from=run.partial))
             ready.append(run)
         except Exception as exc:  # refused before any work: this run alone
             done(run, _failed(None, exc))
