@@ -2,7 +2,7 @@
 digits setting, round by round.
 
     OMP_NUM_THREADS=1 python scripts/side_by_side_scarlet.py --authors PATH/SCARLET \
-        [--durations 0 3] [--clients 10] [--rounds 8] [--epochs 2] [--seed 0]
+        [--durations 0 3] [--dsfl] [--clients 10] [--rounds 8] [--epochs 2] [--seed 0]
 
 ``--authors``: a checkout of the authors' repository (its ``src/scarlet`` package is imported from there
 at run time; none of it is part of fdlit). Their dataset modules import ``torchvision`` at module level;
@@ -18,7 +18,7 @@ trainer, cache, Enhanced ERA, training loops) runs unmodified; an adapter hands 
 
 Both sides then use their own training: theirs plain SGD (``--lr``) with one optimizer per phase kept
 across rounds, fdlit the same (``client.optimizer: sgd``, ``optimizer_scope: per_phase``). What must agree
-by construction is the cache: per round, which public rows are served from the cache, uploaded, newly
+by construction is the cache (``--dsfl`` adds DS-FL, with no cache: the rows up and down and the bytes): per round, which public rows are served from the cache, uploaded, newly
 cached, expired and sent down, and the bytes up. The accuracies are printed side by side, not compared.
 """
 
@@ -70,18 +70,22 @@ def write_stand_in(folder: Path) -> None:
         path.write_text(text)
 
 
-def fit_argv(args, duration: int, run_dir: str) -> list[str]:
-    return ["--config", "digits_scarlet.yaml", "--seed", str(args.seed), "--logger.mode", "disabled",
+def fit_argv(args, duration: int | None, run_dir: str) -> list[str]:
+    """fdlit's run of SCARLET (``duration``: its cache_duration) or, with None, DS-FL, on the shared setting."""
+    method = (["--config", "digits_dsfl.yaml", "--aggregator.init_args.temperature", str(args.era_temperature),
+               "--server.optimizer", "sgd", "--server.lr", str(args.lr), "--server.batch_size", str(args.batch_size),
+               "--server.epochs_first", str(args.epochs), "--server.epochs", str(args.epochs)]
+              if duration is None else
+              ["--config", "digits_scarlet.yaml", "--aggregator.init_args.cache_duration", str(duration),
+               "--aggregator.init_args.era_exponent", str(args.era_exponent), "--aggregator.init_args.cache_ratio", "1.0"])
+    return [*method, "--seed", str(args.seed), "--logger.mode", "disabled",
             "--logger.progress", "false", "--logger.run_dir", run_dir, "--federation.rounds", str(args.rounds),
             "--data.num_clients", str(args.clients),
             "--federation.private_epochs_first", str(args.epochs), "--federation.private_epochs", str(args.epochs),
             "--federation.public_epochs_first", str(args.epochs), "--federation.public_epochs", str(args.epochs),
             "--federation.executor", "fdlit.execution.SequentialExecutor",
             "--client.optimizer", "sgd", "--client.lr", str(args.lr), "--client.optimizer_scope", "per_phase",
-            "--client.batch_size", str(args.batch_size),
-            "--aggregator.init_args.cache_duration", str(duration),
-            "--aggregator.init_args.era_exponent", str(args.era_exponent),
-            "--aggregator.init_args.cache_ratio", "1.0"]
+            "--client.batch_size", str(args.batch_size)]
 
 
 # ------------------------------------------------------------------------------------------- fdlit
@@ -95,7 +99,7 @@ def run_fdlit(args, duration: int):
         parser, cfg = parse_fit(fit_argv(args, duration, run_dir))
         loop = Experiment(cfg, parser).loop
         method = loop.server_side.method
-        rounds: dict[int, dict] = {}
+        rounds: dict[int, dict] = {r: {} for r in range(1, args.rounds + 1)}
         aggregate, configure = method.aggregate, method.configure
 
         def recording_aggregate(uploads, ctx):
@@ -118,9 +122,15 @@ def run_fdlit(args, duration: int):
             rounds[ctx.info.round]["down"] = {i: set(rows[m["teacher_rows"].cpu()].tolist()) for i, m in out.items()}
             return out
 
-        method.aggregate, method.configure = recording_aggregate, recording_configure
+        if duration is not None:
+            method.aggregate, method.configure = recording_aggregate, recording_configure
         loop.fit()
         for r, rec in rounds.items():
+            rec["uploaded_each"] = [m.shape[0] for m in loop.server_side.ledger.messages
+                                    if m.round == r and m.direction == "up" and m.kind == "logits"]
+            rec["down_each"] = [m.shape[0] for m in loop.server_side.ledger.messages
+                                if m.round == r and m.direction == "down" and m.kind == "teacher"]
+            rec["bytes_down"] = loop.server_side.ledger.total("down", round=r)
             rec["bytes_up"] = loop.server_side.ledger.total("up", round=r)
             hist = loop.history[r - 1]
             rec["acc_private"] = hist["after_private/global_acc_mean"]
@@ -182,6 +192,7 @@ class FdlitNetwork:
 def run_authors(args, duration: int, data, model_spec, public_rows, state_dir: Path, manager):
     """The authors' SCARLET server handler and client trainer on fdlit's split; the same records."""
     from scarlet.algorithm.common import CommonServerHandler
+    from scarlet.algorithm.dsfl import DSFLClientTrainer, DSFLServerHandler
     from scarlet.algorithm.scarlet import CacheSignal, SCARLETClientTrainer, SCARLETServerHandler
 
     class FdlitRows(CommonServerHandler):
@@ -192,7 +203,12 @@ def run_authors(args, duration: int, data, model_spec, public_rows, state_dir: P
 
     rounds: dict[int, dict] = {}
 
-    class Server(SCARLETServerHandler, FdlitRows):
+    Handler, Trainer = (DSFLServerHandler, DSFLClientTrainer) if duration is None else \
+        (SCARLETServerHandler, SCARLETClientTrainer)
+    knobs = ({"era_temperature": args.era_temperature} if duration is None
+             else {"enhanced_era_exponent": args.era_exponent, "cache_duration": duration})
+
+    class Server(Handler, FdlitRows):
         def load(self, payload):
             rec = rounds.setdefault(self.round + 1, {"uploaded": [], "bytes_up": 0})
             rec["uploaded"].append(len(payload.indices))
@@ -204,8 +220,8 @@ def run_authors(args, duration: int, data, model_spec, public_rows, state_dir: P
     server = Server(model=network.select_model(None), dataset=split, global_round=args.rounds,
                     num_clients=args.clients, sample_ratio=1.0, device="cpu", kd_epochs=args.epochs,
                     kd_batch_size=args.batch_size, kd_lr=args.lr, public_size_per_round=len(public_rows[0]),
-                    seed=args.seed, enhanced_era_exponent=args.era_exponent, cache_duration=duration)
-    trainer = SCARLETClientTrainer(model_selector=network, model_name=None, dataset=split, device="cpu",
+                    seed=args.seed, **knobs)
+    trainer = Trainer(model_selector=network, model_name=None, dataset=split, device="cpu",
                                    num_clients=args.clients, epochs=args.epochs, batch_size=args.batch_size,
                                    lr=args.lr, kd_epochs=args.epochs, kd_batch_size=args.batch_size, kd_lr=args.lr,
                                    seed=args.seed, num_parallels=1, public_size_per_round=len(public_rows[0]),
@@ -214,12 +230,13 @@ def run_authors(args, duration: int, data, model_spec, public_rows, state_dir: P
         t = server.get_round()
         clients = server.sample_clients()
         broadcast = server.downlink_package()
-        cached = set(server.cached_indices)
+        cached = set(getattr(server, "cached_indices", []))
         trainer.local_process(broadcast, clients)
         for package in trainer.uplink_package():
             server.load(package)
-        signals = server.cache_signals.tolist()
         indices = server.global_indices.tolist()
+        # DS-FL sends every label down (as SCARLET's "not cached"); -1 matches no cache signal
+        signals = server.cache_signals.tolist() if duration is not None else [-1] * len(indices)
         summary = server.get_summary()
         rec = rounds[t + 1]
         rec.update(rows=set(public_rows[t]), served=cached,
@@ -267,6 +284,19 @@ def show(duration: int, ours: dict, theirs: dict) -> list[str]:
     return lines
 
 
+def show_dsfl(ours: dict, theirs: dict) -> list[str]:
+    lines = ["\nDS-FL   (f: fdlit, a: the authors' code)",
+             "round | drawn | uploaded/client f/a | down f/a | bytes up f / a | acc f after-private, after-public | "
+             "acc a clients (after private), server"]
+    for r in sorted(ours):
+        f, a = ours[r], theirs[r]
+        lines.append(
+            f"{r:5d} | {len(a['rows']):5d} | {max(f['uploaded_each']):3d} / {max(a['uploaded']):3d} | "
+            f"{max(f['down_each'], default=0):3d} / {len(a['down']):3d} | {f['bytes_up']:6d} / {a['bytes_up']:6d} | "
+            f"{f['acc_private']:.3f}, {f['acc_public']:.3f} | {a['acc_private']:.3f}, {a['acc_server']:.3f}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--authors", required=True, type=Path, help="checkout of kitsuyaazuma/SCARLET (main)")
@@ -277,6 +307,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--era_exponent", type=float, default=2.0)
+    parser.add_argument("--era_temperature", type=float, default=0.1, help="DS-FL's ERA temperature")
+    parser.add_argument("--dsfl", action="store_true", help="also DS-FL (both sides' ERA, no cache)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     src = args.authors / "src"
@@ -290,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
         from fdlit.runs.experiment import Experiment
 
         out = []
-        for duration in args.durations:
+        for duration in [*args.durations, *([None] if args.dsfl else [])]:
             # fdlit's split and rows, made as its run makes them, handed to their code first
             parser_, cfg = parse_fit(fit_argv(args, duration, scratch))
             planned = Experiment(cfg, parser_).loop
@@ -303,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
             loop, ours = run_fdlit(args, duration)
             for cd, mine in zip(loop.data.clients, data.clients, strict=True):
                 assert torch.equal(cd.train.x, mine.train.x), "the split handed to their code is not fdlit's"
-            out += show(duration, ours, theirs)
+            out += show(duration, ours, theirs) if duration is not None else show_dsfl(ours, theirs)
         print("\n".join(out))
 
 
