@@ -2,7 +2,7 @@
 digits setting, round by round.
 
     OMP_NUM_THREADS=1 python scripts/side_by_side_scarlet.py --authors PATH/SCARLET \
-        [--durations 0 3] [--dsfl] [--clients 10] [--rounds 8] [--epochs 2] [--seed 0]
+        [--durations 0 3] [--dsfl] [--clients 10] [--rounds 8] [--epochs 2] [--seed 0] [--fixture PATH]
 
 ``--authors``: a checkout of the authors' repository (its ``src/scarlet`` package is imported from there
 at run time; none of it is part of fdlit). Their dataset modules import ``torchvision`` at module level;
@@ -20,6 +20,7 @@ Both sides then use their own training: theirs plain SGD (``--lr``) with one opt
 across rounds, fdlit the same (``client.optimizer: sgd``, ``optimizer_scope: per_phase``). What must agree
 by construction is the cache (``--dsfl`` adds DS-FL, with no cache: the rows up and down and the bytes): per round, which public rows are served from the cache, uploaded, newly
 cached, expired and sent down, and the bytes up. The accuracies are printed side by side, not compared.
+``--fixture`` writes their row sets, with their commit and this command, for tests/test_scarlet_authors.py.
 """
 
 from __future__ import annotations
@@ -297,6 +298,34 @@ def show_dsfl(ours: dict, theirs: dict) -> list[str]:
     return lines
 
 
+FIXTURE_SETS = ("rows", "served", "kept", "newly", "expired", "down")
+
+
+def write_fixture(args, recorded: dict, command: str) -> None:
+    """Their per-round row sets, with where they come from (tests/test_scarlet_authors.py reads them)."""
+    import json
+    import subprocess
+
+    commit = subprocess.run(["git", "-C", str(args.authors), "rev-parse", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip() or "unknown"
+    meaning = {"rows": "the round's public rows (fdlit's draw)", "served": "rows served from the cache, not uploaded",
+               "kept": "rows uploaded in their entry's last round whose stored label was kept (signal CACHED)",
+               "newly": "rows cached this round", "expired": "rows whose entry was cleared this round",
+               "down": "rows whose label was sent down (signal not CACHED)"}
+    fixture = {"source": f"github.com/kitsuyaazuma/SCARLET, branch main, commit {commit}: SCARLETServerHandler "
+                         "run unmodified on fdlit's digits split by scripts/side_by_side_scarlet.py",
+               "command": "scripts/side_by_side_scarlet.py " + command.replace(str(args.authors), "PATH/TO/SCARLET"),
+               "setting": {"clients": args.clients, "rounds": args.rounds, "seed": args.seed, "public_size": 500,
+                           "public_fraction": 0.1, "cache_ratio": 1.0},
+               "sets": meaning, "cache_duration": recorded}
+    rounds = {d: "[\n  " + ",\n  ".join(json.dumps(r) for r in per_round) + "\n ]" for d, per_round in recorded.items()}
+    fixture["cache_duration"] = "@"  # one round a line: readable, and a diff shows the round that changed
+    text = json.dumps(fixture, indent=1).replace('"@"', "{\n " + ",\n ".join(f'"{d}": {v}' for d, v in rounds.items())
+                                                 + "\n}")
+    json.loads(text)
+    args.fixture.write_text(text + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--authors", required=True, type=Path, help="checkout of kitsuyaazuma/SCARLET (main)")
@@ -310,6 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--era_temperature", type=float, default=0.1, help="DS-FL's ERA temperature")
     parser.add_argument("--dsfl", action="store_true", help="also DS-FL (both sides' ERA, no cache)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fixture", type=Path, help="write their per-round row sets here (JSON, with provenance)")
     args = parser.parse_args(argv)
     src = args.authors / "src"
     if not (src / "scarlet" / "algorithm" / "scarlet.py").is_file():
@@ -321,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         from fdlit.configuration.schema import parse_fit
         from fdlit.runs.experiment import Experiment
 
-        out = []
+        out, recorded = [], {}
         for duration in [*args.durations, *([None] if args.dsfl else [])]:
             # fdlit's split and rows, made as its run makes them, handed to their code first
             parser_, cfg = parse_fit(fit_argv(args, duration, scratch))
@@ -336,7 +366,12 @@ def main(argv: list[str] | None = None) -> None:
             for cd, mine in zip(loop.data.clients, data.clients, strict=True):
                 assert torch.equal(cd.train.x, mine.train.x), "the split handed to their code is not fdlit's"
             out += show(duration, ours, theirs) if duration is not None else show_dsfl(ours, theirs)
+            if duration is not None:
+                recorded[str(duration)] = [{key: sorted(theirs[r][key]) for key in FIXTURE_SETS}
+                                           for r in sorted(theirs)]
         print("\n".join(out))
+    if args.fixture is not None:
+        write_fixture(args, recorded, " ".join(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":
