@@ -215,3 +215,13 @@ def test_design_md_names_every_module_of_the_round():
     listed = set(re.findall(r"^ +(\w+\.py) ", text.split("fdlit/federation/", 1)[1].split("```", 1)[0], re.M))
     actual = {p.name for p in (PACKAGE / "federation").glob("*.py")} - {"__init__.py"}
     assert listed == actual
+
+
+def test_no_test_module_imports_another_test_module():
+    """Shared fixtures and helpers live in conftest.py and helper modules (tests/fitting.py, deploying.py,
+    sweeping.py, fake_runs.py, ...): a test module imported by another runs its tests' module set-up twice
+    and ties the two files' fates together."""
+    tests = Path(__file__).resolve().parent
+    pattern = re.compile(r"^\s*(from|import)\s+tests\.test_\w+", re.M)
+    offenders = [p.name for p in sorted(tests.glob("test_*.py")) if pattern.search(p.read_text())]
+    assert offenders == []

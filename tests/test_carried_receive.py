@@ -5,8 +5,6 @@ and what a node keeps on disk are checked in seconds; the real deployment is tes
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,84 +12,16 @@ from fdlit.cli import main as cli_main
 
 pytest.importorskip("flwr")
 
-from fdlit.deployment.wire import unpack  # noqa: E402
-from tests.test_deployment import close, metrics_of  # noqa: E402
+from tests.deploying import (  # noqa: E402
+    InProcessGrid,
+    assert_equal_to_fit,
+    deployed_in_process,
+    flower_task,  # noqa: F401  (autouse: what a ServerApp process has)
+    metrics_of,
+)
 
 ROUNDS = ["--federation.executor", "fdlit.execution.SequentialExecutor", "--logger.mode", "disabled",
           "--logger.progress", "false", "--data.num_clients", "6"]
-
-
-@pytest.fixture(autouse=True)
-def flower_task(monkeypatch):
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # what a ServerApp process has (Messages name their run)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-
-
-class InProcessGrid:
-    """Flower's Grid as the FlowerExecutor uses it, with each node's worker in this process."""
-
-    def __init__(self, nodes: int, node_config: dict | None = None, die_at_step: int | None = None):
-        from fdlit.deployment.node import NodeWorker
-
-        self.workers = {}
-        for i in range(nodes):
-            worker = NodeWorker()
-            worker.stop, worker.node_config = False, {"partition-id": i, **(node_config or {})}
-            self.workers[1000 + i] = worker
-        self.replies: dict[str, object] = {}
-        self.sent: list[tuple[str, int]] = []  # (op, node) of every message, in order
-        self.die_at_step = die_at_step  # the server "dies" sending its n-th step request
-
-    def push_messages(self, messages):
-        if [op for op, _ in self.sent].count("step") // len(self.workers) + 1 == self.die_at_step:
-            self.die_at_step = None
-            raise KeyboardInterrupt  # the ServerApp killed while it sends the request
-        return self._push(messages)
-
-    def get_node_ids(self):
-        return list(self.workers)
-
-    def _push(self, messages):
-        ids = []
-        for m in messages:
-            node = m.metadata.dst_node_id
-            self.sent.append((unpack(m.content)[0]["op"], node))
-            ids.append(mid := f"m{len(self.sent)}")
-            self.replies[mid] = self.workers[node].handle(m.content)
-        return ids
-
-    def pull_messages(self, ids):
-        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i), has_error=lambda: False,
-                                content=self.replies.pop(i)) for i in ids if i in self.replies]
-
-
-def deployed_in_process(args: list[str], grid: InProcessGrid, resume: str | None = None) -> Path:
-    from fdlit.configuration.schema import parse_fit
-    from fdlit.deployment.executor import FlowerExecutor
-    from fdlit.runs.experiment import Experiment, resume_experiment
-
-    if resume:
-        experiment = resume_experiment(resume, args)
-    else:
-        parser, cfg = parse_fit(args)
-        experiment = Experiment(cfg, parser)
-    executor = FlowerExecutor(grid, nodes=len(grid.workers), threads=1)
-    experiment.loop.settings.executor = executor
-    executor.states_every = experiment.checkpoint.every_n_rounds
-    executor.bind(experiment.loop, experiment.config_yaml)
-    experiment.run()
-    return experiment.run_path
-
-
-def assert_equal_to_fit(deployed: list[dict], fitted: list[dict]) -> None:
-    assert [d["round"] for d in deployed] == [f["round"] for f in fitted]
-    for d, f in zip(deployed, fitted, strict=True):
-        for key, value in f.items():
-            if not key.startswith("time/"):
-                assert close(d[key], value), (d["round"], key, d[key], value)
 
 
 def test_parameter_exchange_takes_one_exchange_a_round_and_equals_fit(tmp_path):

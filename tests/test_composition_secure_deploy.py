@@ -17,14 +17,15 @@ from fdlit.cli import main as cli_main
 
 pytest.importorskip("flwr")
 
-from tests.fitting import RULES, only_run, tiny  # noqa: E402
-from tests.test_carried_receive import (  # noqa: E402
+from tests.deploying import (  # noqa: E402
     InProcessGrid,
     assert_equal_to_fit,
     deployed_in_process,
+    fit_with_one_thread,
     flower_task,  # noqa: F401  (autouse: what a ServerApp process has)
+    metrics_of,
 )
-from tests.test_deployment import fit_with_one_thread, metrics_of  # noqa: E402
+from tests.fitting import RULES, only_run, tiny  # noqa: E402
 
 # clients sampled with dropout after the key exchange: the survivors' shares remove the masks
 SECURE = ("--data.num_clients", "6", "--federation.participation.fraction", "0.5",

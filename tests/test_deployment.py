@@ -33,6 +33,7 @@ flwr = pytest.importorskip("flwr", reason="the flower extra is not installed")
 from fdlit.deployment.executor import NodeFailure  # noqa: E402
 from fdlit.deployment.membership import assign_order  # noqa: E402
 from fdlit.deployment.wire import pack, unpack, wire_bytes  # noqa: E402
+from tests.deploying import close, deploy_run, fit_with_one_thread, metrics_of  # noqa: E402,F401
 
 ROUNDS = ["--federation.rounds", "2", "--federation.executor", "fdlit.execution.SequentialExecutor"]
 
@@ -209,19 +210,6 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def close(a, b) -> bool:
-    """Equal within 1e-5, NaN equal to NaN, through nested lists (per-client values, trust matrices)."""
-    if isinstance(b, list):
-        return isinstance(a, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(b, float) and isinstance(a, (int, float)):
-        return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-5
-    return a == b
-
-
-def metrics_of(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     from fdlit.deployment.launcher import LocalDeployment, flower_env
@@ -239,24 +227,6 @@ def deployment(tmp_path_factory):
         time.sleep(0.2)
     assert processes_mentioning(str(work)) == []
     assert not any(listening(p) for p in ports)
-
-
-def deploy_run(deployment, args: list[str], timeout: float = 300.0, resume: str | None = None) -> dict:
-    from fdlit.deployment.command import fit_arguments, run_on
-
-    options = Namespace(nodes=3, timeout=timeout, node_wait=120.0, run_timeout=900.0, threads=1,
-                        root_certificates=None)
-    fit_args = ["--resume", resume, *args] if resume else fit_arguments(args)[0]
-    return run_on(deployment.dep.address, deployment.work, deployment.env, options, fit_args)
-
-
-def fit_with_one_thread(args: list[str]) -> None:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the nodes (threads=1): other thread counts round sums differently
-    try:
-        assert cli_main(["fit", *args]) == 0
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.deploy
