@@ -225,3 +225,11 @@ def test_no_test_module_imports_another_test_module():
     pattern = re.compile(r"^\s*(from|import)\s+tests\.test_\w+", re.M)
     offenders = [p.name for p in sorted(tests.glob("test_*.py")) if pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_no_module_is_over_400_lines():
+    """One concept per module: a module past 400 lines holds two."""
+    package = Path(__file__).resolve().parents[1] / "fdlit"
+    long = {str(p.relative_to(package)): n for p in package.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}

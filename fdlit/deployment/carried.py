@@ -96,7 +96,7 @@ class CarriedReceive:
     def _took_carried(self, replies: dict, carried: dict[int, list[int]], inputs: list, measured: bool) -> None:
         """The carried receive's part of the replies (before the request's own part is taken): what the
         loop reads in ``_carried_evaluation``; it is also the clients' latest for those not trained since."""
-        from fdlit.deployment.node import from_bytes
+        from fdlit.deployment.wire import from_bytes
 
         cache: dict[tuple[int, int], torch.Tensor] = {}
         states: dict[int, Any] = {}

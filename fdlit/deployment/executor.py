@@ -290,7 +290,7 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
         return {"save_states": {"key": self.node_key, "round": self._round}}
 
     def _keep_states(self, replies: dict, saved: str = "saved") -> None:
-        from fdlit.deployment.node import from_bytes
+        from fdlit.deployment.wire import from_bytes
 
         for _, (meta, tensors) in replies.items():
             if saved in meta:  # [round, client ids]: saved on the node

@@ -20,7 +20,6 @@ ClientApp) is gone, or after ``idle_timeout_s`` without a message.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import tempfile
 import threading
@@ -33,24 +32,12 @@ import torch
 
 from fdlit.deployment.processes import alive, peak_rss_bytes
 from fdlit.deployment.secure_node import NodeSecureAggregation
-from fdlit.deployment.wire import pack, unpack
+from fdlit.deployment.wire import from_bytes, pack, to_bytes, unpack
 from fdlit.execution import steps
 
 if TYPE_CHECKING:
     from fdlit.configuration.code_allowlist import CodeAllowlist
     from fdlit.federation.client_side import ClientSide
-
-
-def to_bytes(obj: Any) -> torch.Tensor:
-    """Nested client states as one uint8 tensor (``torch.save``), to travel in an ArrayRecord."""
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-
-
-def from_bytes(t: torch.Tensor) -> Any:
-    # weights_only: a node's reply is data from another machine, never code to run (as for checkpoints)
-    return torch.load(io.BytesIO(t.numpy().tobytes()), weights_only=True)
 
 
 def node_allowlist(allowed: str) -> CodeAllowlist:

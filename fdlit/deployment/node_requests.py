@@ -89,7 +89,7 @@ class NodeRequests:
         return payloads
 
     def fetch_states(self, clients):
-        from fdlit.deployment.node import from_bytes
+        from fdlit.deployment.wire import from_bytes
 
         if not self.node_ids:
             return [c.client_state() for c in clients]
@@ -114,7 +114,7 @@ class NodeRequests:
         return [c.client_state() if s is None else s for c, s in zip(clients, states, strict=True)]
 
     def push_states(self, clients) -> None:
-        from fdlit.deployment.node import to_bytes
+        from fdlit.deployment.wire import to_bytes
 
         groups = self._groups(clients)
         pushed = {c.client_id for c in clients}

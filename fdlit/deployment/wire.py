@@ -12,6 +12,7 @@ shape and place in the bytes; bfloat16 and every other dtype travel as their raw
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
@@ -67,3 +68,15 @@ def wire_bytes(content) -> int:
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
     return sum(len(obj.deflate()) for obj in get_all_nested_objects(content).values())
+
+
+def to_bytes(obj: Any) -> torch.Tensor:
+    """Nested client states as one uint8 tensor (``torch.save``), to travel in an ArrayRecord."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def from_bytes(t: torch.Tensor) -> Any:
+    # weights_only: a node's reply is data from another machine, never code to run (as for checkpoints)
+    return torch.load(io.BytesIO(t.numpy().tobytes()), weights_only=True)
