@@ -222,7 +222,7 @@ def test_no_test_module_imports_another_test_module():
     sweeping.py, fake_runs.py, ...): a test module imported by another runs its tests' module set-up twice
     and ties the two files' fates together."""
     tests = Path(__file__).resolve().parent
-    pattern = re.compile(r"^\s*(from|import)\s+tests\.test_\w+", re.M)
+    pattern = re.compile(r"^\s*(from|import)\s+(tests\.)?test_\w+", re.M)
     offenders = [p.name for p in sorted(tests.glob("test_*.py")) if pattern.search(p.read_text())]
     assert offenders == []
 

@@ -6,34 +6,12 @@ hands every client its own state, and the path is chosen by device and precision
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.fabric import Fabric
 from torch import nn
 
-from fdlit.clients import ClientModule, ClientOptimization
 from fdlit.execution import SequentialExecutor, VectorizedExecutor
 from fdlit.execution.grouped import GroupedNetwork, grouped_applies
 from fdlit.models import LeNet5, ResNet18, SmallCNN
-
-TOL = 1e-6
-
-
-class TinyResNet(nn.Module):
-    """Two residual blocks (identity and 1x1-conv downsampling shortcut), functional ReLU and
-    flatten, BatchNorm after every convolution: the ResNet-18 structure at toy size."""
-
-    def __init__(self, input_shape=(3, 8, 8), num_classes=10):
-        super().__init__()
-        from fdlit.models.resnet import BasicBlock
-
-        self.conv1 = nn.Conv2d(input_shape[0], 4, 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(4)
-        self.layer1 = nn.Sequential(BasicBlock(4, 4), BasicBlock(4, 8, stride=2))
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(8, num_classes)
-
-    def forward(self, x):
-        x = self.layer1(F.relu(self.bn1(self.conv1(x))))
-        return self.fc(torch.flatten(self.pool(x), 1))
+from tests.stacking import TOL, TinyResNet, assert_same_states, train_phases
 
 
 def randomised_batchnorm(net):
@@ -101,33 +79,6 @@ def test_grouped_network_equals_per_client_networks_in_float64(name, training):
                                    torch.stack([net(shared) for net in nets]), atol=TOL, rtol=TOL)
 
 
-def train_phases(executor, precision="64-true", sizes=(20, 33, 16), model=TinyResNet, compile_backend=None):
-    """Three phases (private with unequal sets, public, private) and a prediction, on fresh clients."""
-    torch.manual_seed(0)
-    clients = [ClientModule(model(), i, [0, 1], ClientOptimization(optimizer="adam"), seed=3) for i in range(len(sizes))]
-    executor.configure(compile_backend)
-    executor.setup(Fabric(accelerator="cpu", devices=1, precision=precision), clients)
-    g = torch.Generator().manual_seed(1)
-    private = [(torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)) for n in sizes]
-    public = (torch.randn(24, 3, 8, 8, generator=g), torch.softmax(torch.randn(24, 10, generator=g), -1))
-    losses = [executor.train(clients, phase, private if phase == "private" else [public] * len(clients), 2, 8)
-              for phase in ("private", "public", "private")]
-    return clients, losses, executor.predict(clients, public[0])
-
-
-def assert_same_clients(a, b, atol):
-    """Parameters, BatchNorm buffers and Adam state of every client: each its own, as the sequential
-    executor leaves them (what checkpoints, evaluation and uploads read)."""
-    for ca, cb in zip(a, b, strict=True):
-        for (name, ta), tb in zip(ca.model.state_dict().items(), cb.model.state_dict().values(), strict=True):
-            torch.testing.assert_close(ta, tb, atol=atol, rtol=atol, msg=f"client {ca.client_id} {name}")
-        sa, sb = ca.configure_optimizers().state_dict()["state"], cb.configure_optimizers().state_dict()["state"]
-        assert sa.keys() == sb.keys() and len(sa) == len(list(ca.model.parameters()))
-        for k in sa:
-            for key, va in sa[k].items():
-                torch.testing.assert_close(va, sb[k][key], atol=atol, rtol=atol, msg=f"{k} {key}")
-
-
 @pytest.mark.parametrize("chunk_size", [None, 2])
 def test_vectorized_executor_takes_the_grouped_path_for_residual_networks(chunk_size):
     """The automatic form on a CPU at 64-true is the grouped network (asserted: a silent fall-back to
@@ -142,7 +93,7 @@ def test_vectorized_executor_takes_the_grouped_path_for_residual_networks(chunk_
     for a, b in zip(seq_losses, vec_losses, strict=True):
         assert a == pytest.approx(b, rel=TOL, abs=TOL)
     torch.testing.assert_close(vec_pred, seq_pred, atol=TOL, rtol=TOL)
-    assert_same_clients(seq, vec, atol=TOL)
+    assert_same_states(seq, vec, atol=TOL)
     assert all(c.model.training for c in vec)  # predict restored the mode
 
 
@@ -152,7 +103,7 @@ def test_vmap_form_is_kept_on_request_and_computes_the_same():
     grouped, _, grouped_pred = train_phases(VectorizedExecutor(strict=True), sizes=(12, 12))
     assert executor.forms == {"vmap"}
     torch.testing.assert_close(pred, grouped_pred, atol=TOL, rtol=TOL)
-    assert_same_clients(vec, grouped, atol=TOL)
+    assert_same_states(vec, grouped, atol=TOL)
 
 
 def test_bf16_autocast_runs_grouped_where_asked():
@@ -199,7 +150,7 @@ def test_compiled_grouped_forward_computes_the_same():
     for a, b in zip(plain_losses, comp_losses, strict=True):
         assert b == pytest.approx(a, rel=1e-5)
     torch.testing.assert_close(comp_pred, plain_pred, atol=1e-5, rtol=1e-5)
-    assert_same_clients(plain, comp, atol=1e-5)
+    assert_same_states(plain, comp, atol=1e-5)
 
 
 def test_the_grouped_form_pays_on_a_cpu_for_small_networks_only():
@@ -229,4 +180,4 @@ def test_the_papers_resnet18_through_the_executor_equals_sequential():
     for a, b in zip(seq_losses, vec_losses, strict=True):
         assert a == pytest.approx(b, rel=TOL, abs=TOL)
     torch.testing.assert_close(vec_pred, seq_pred, atol=TOL, rtol=TOL)
-    assert_same_clients(seq, vec, atol=TOL)
+    assert_same_states(seq, vec, atol=TOL)

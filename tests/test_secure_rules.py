@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
-from test_local_files import idx_folder
 
 from fdlit.cli import main
 from tests.fitting import only_run, tiny
+from tests.paper_fixtures import idx_folder
 
 MASKED = ("--privacy.secure_aggregation", "true")
 RULES = {

@@ -5,7 +5,6 @@ batches); networks or losses the grouped form does not cover fall back to vmap."
 
 import pytest
 import torch
-from test_vectorized import assert_same_clients, make_clients, run_phases
 from torch import nn
 
 import fdlit.execution.grouped as grouped_module
@@ -15,6 +14,7 @@ from fdlit.execution import SequentialExecutor, VectorizedExecutor
 from fdlit.execution.stacked_loss import loss_is_plain, stacked_cross_entropy
 from fdlit.methods import FedProx
 from fdlit.models import MLP, SmallCNN
+from tests.stacking import assert_same_clients, make_clients, run_phases
 
 MODELS = {
     "mlp": lambda i: MLP((1, 8, 8), 10, hidden=[24]),

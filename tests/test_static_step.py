@@ -6,11 +6,11 @@ with padded batches (zero weights), BatchNorm's short last batches (eager), clie
 
 import pytest
 import torch
-from test_grouped_residual import TOL, TinyResNet, assert_same_clients, train_phases
 
 from fdlit.execution import SequentialExecutor, VectorizedExecutor
 from fdlit.execution import graph_step as graph_step_module
 from fdlit.models import SmallCNN
+from tests.stacking import TOL, TinyResNet, assert_same_states, train_phases
 
 
 def small_cnn():
@@ -54,12 +54,12 @@ def test_static_step_equals_the_eager_grouped_step_and_per_client_networks(model
         assert all(static_calls)  # one step count for the stack: the update ran inside
     assert losses == eager_losses
     assert torch.equal(pred, eager_pred)
-    assert_same_clients(static, eager, atol=0)
+    assert_same_states(static, eager, atol=0)
     seq, seq_losses, seq_pred = train_phases(SequentialExecutor(), sizes=sizes, model=model)
     for a, b in zip(seq_losses, losses, strict=True):
         assert a == pytest.approx(b, rel=TOL, abs=TOL)
     torch.testing.assert_close(pred, seq_pred, atol=TOL, rtol=TOL)
-    assert_same_clients(static, seq, atol=TOL)
+    assert_same_states(static, seq, atol=TOL)
 
 
 def test_the_static_step_is_off_unless_asked_and_for_the_vmapped_form(static_calls):
@@ -80,11 +80,11 @@ def test_bf16_weights_train_grouped_and_static_as_per_client_networks_do():
                                           sizes=(16, 16))
     assert {p.dtype for c in static for p in c.model.parameters()} == {torch.bfloat16}
     assert losses == eager_losses
-    assert_same_clients(static, eager, atol=0)
+    assert_same_states(static, eager, atol=0)
     for a, b in zip(seq_losses, losses, strict=True):
         assert a == pytest.approx(b, rel=0.05, abs=0.05)
     torch.testing.assert_close(pred.float(), seq_pred.float(), atol=0.1, rtol=0.05)
-    assert_same_clients(static, seq, atol=0.05)
+    assert_same_states(static, seq, atol=0.05)
 
 
 def test_cuda_graphs_are_refused_in_one_line_where_they_cannot_run(capsys):

@@ -14,10 +14,7 @@ from fdlit.execution import SequentialExecutor, VectorizedExecutor, select_execu
 from fdlit.federation import FederationLoop
 from fdlit.methods import ProbabilityAveraging, SmoothedUncertaintyWeighted
 from fdlit.models import MLP, SmallCNN
-
-# sizes chosen so clients have different numbers of batches and one ends an epoch with a single
-# sample (33 % 16 == 1: that batch is skipped), exercising masking and the skip rule
-SIZES = [33, 50, 7, 20]
+from tests.stacking import SIZES, assert_same_clients, make_clients, run_phases
 
 
 class TinyBN(nn.Module):
@@ -30,45 +27,6 @@ class TinyBN(nn.Module):
 
     def forward(self, x):
         return self.net(x)
-
-
-def make_clients(model_fn, opt, sizes=SIZES):
-    torch.manual_seed(0)  # identical initial weights for every executor under test
-    return [ClientModule(model_fn(i), i, [0, 1], opt, seed=3) for i in range(len(sizes))]
-
-
-def make_data(sizes=SIZES):
-    g = torch.Generator().manual_seed(1)
-    private = [(torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)) for n in sizes]
-    pub_x = torch.randn(40, 1, 8, 8, generator=g)
-    pub_p = torch.softmax(torch.randn(40, 10, generator=g), -1)
-    return private, (pub_x, pub_p)
-
-
-def run_phases(executor, clients, phases=("private", "public", "private")):
-    executor.setup(Fabric(accelerator="cpu", devices=1, precision="32-true"), clients)
-    private, public = make_data()
-    losses = []
-    for phase in phases:
-        data = private if phase == "private" else [public] * len(clients)
-        losses.append(executor.train(clients, phase, data, epochs=2, batch_size=16))
-    return losses, executor.predict(clients, public[0])
-
-
-def assert_same_clients(a, b, atol=1e-5):
-    for ca, cb in zip(a, b, strict=True):
-        for (name, pa), pb in zip(ca.model.named_parameters(), cb.model.parameters(), strict=True):
-            torch.testing.assert_close(pa, pb, atol=atol, rtol=1e-4, msg=f"client {ca.client_id} {name}")
-        for (name, ba), bb in zip(ca.model.named_buffers(), cb.model.buffers(), strict=True):  # BatchNorm statistics
-            torch.testing.assert_close(ba, bb, atol=atol, rtol=1e-4, msg=f"client {ca.client_id} {name}")
-        sa, sb = ca.configure_optimizers().state_dict(), cb.configure_optimizers().state_dict()
-        assert sa["state"].keys() == sb["state"].keys()
-        for k in sa["state"]:
-            assert sa["state"][k].keys() == sb["state"][k].keys()
-            for key, va in sa["state"][k].items():
-                torch.testing.assert_close(va, sb["state"][k][key], atol=atol, rtol=1e-4)
-                assert va.dtype == sb["state"][k][key].dtype and va.device == sb["state"][k][key].device
-        assert torch.equal(ca.generator.get_state(), cb.generator.get_state())  # same randperm calls
 
 
 def assert_executors_agree(seq_clients, vec_clients):
