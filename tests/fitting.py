@@ -2,6 +2,8 @@
 importing each other). Fixtures live in conftest.py."""
 
 import json
+import signal
+import time
 from pathlib import Path
 
 import torch
@@ -176,3 +178,21 @@ NETWORKS = [
     {"class_path": "fdlit.models.MLP", "init_args": {"hidden": [32, 16]}, "clients": [1]},
     {"class_path": "fdlit.models.SmallCNN", "init_args": {"channels": 4, "hidden": 16}, "clients": [2, 3]},
 ]
+
+
+def kill_once_checkpointed(victim, run_dir: Path, at_round: int, timeout: float) -> Path | None:
+    """SIGKILL the ``victim`` process as soon as a run below ``run_dir`` has checkpointed round ``at_round``
+    (checkpoints are renamed into place, so reading one is safe); returns that run's folder, or None when
+    the victim ended or ``timeout`` passed first."""
+    from fdlit.runs.checkpoint import load_checkpoint
+
+    folder, deadline = None, time.time() + timeout
+    while time.time() < deadline and victim.poll() is None:
+        found = list(Path(run_dir).glob("*/checkpoint.pt"))
+        if found and load_checkpoint(found[0])["loop"]["round"] >= at_round:
+            folder = found[0].parent
+            break
+        time.sleep(0.005)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=60)
+    return folder

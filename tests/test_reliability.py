@@ -31,6 +31,7 @@ from fdlit.runs.checkpoint import (
 )
 from fdlit.runs.directory import CHECKPOINT as CHECKPOINT_NAME
 from fdlit.runs.experiment import Experiment
+from tests.fitting import kill_once_checkpointed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,17 +59,7 @@ def test_sigkill_mid_round_then_resume_matches_uninterrupted(tmp_path):
     cmd = [sys.executable, "-m", "fdlit"]
     victim = subprocess.Popen([*cmd, *args, "--logger.run_dir", str(tmp_path / "victim")], cwd=REPO, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    run = None
-    while time.time() < deadline and victim.poll() is None:
-        found = list((tmp_path / "victim").glob("*/checkpoint.pt"))
-        # round 2 is checkpointed (renames are atomic, so reading is safe): the victim is in round 3
-        if found and load_checkpoint(found[0])["loop"]["round"] >= 2:
-            run = found[0].parent
-            break
-        time.sleep(0.005)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(timeout=30)
+    run = kill_once_checkpointed(victim, tmp_path / "victim", 2, timeout=240)
     assert run is not None, "victim never finished round 2"
     killed_at = load_checkpoint(run)["loop"]["round"]
     rows_at_kill = len(read_jsonl(run / "metrics.jsonl"))

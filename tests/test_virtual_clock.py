@@ -3,10 +3,8 @@
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ from fdlit.methods.era import EntropyReduction
 from fdlit.runs import read_jsonl
 from fdlit.runs.checkpoint import load_checkpoint
 from fdlit.runs.experiment import Experiment
+from tests.fitting import kill_once_checkpointed
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ, VEC = "fdlit.execution.SequentialExecutor", "fdlit.execution.VectorizedExecutor"
@@ -224,15 +223,7 @@ def test_sigkill_and_resume_equal_an_uninterrupted_asynchronous_run(tmp_path, ex
                          rounds=rounds)]
     victim = entry(*args, "--logger.run_dir", str(tmp_path / "victim"))
     reference = entry(*args, "--logger.run_dir", str(tmp_path / "ref"))
-    folder, deadline = None, time.time() + 600
-    while time.time() < deadline and victim.poll() is None:
-        found = list((tmp_path / "victim").glob("*/checkpoint.pt"))
-        if found and load_checkpoint(found[0])["loop"]["round"] >= 2:  # renames are atomic: safe to read
-            folder = found[0].parent
-            break
-        time.sleep(0.005)
-    victim.send_signal(signal.SIGKILL)
-    victim.communicate(timeout=60)
+    folder = kill_once_checkpointed(victim, tmp_path / "victim", 2, timeout=600)
     assert folder is not None, "the victim never finished release 2"
     killed_at = load_checkpoint(folder)["loop"]["round"]
     assert 2 <= killed_at < rounds and len(read_jsonl(folder / "metrics.jsonl")) < rounds
