@@ -34,18 +34,9 @@ def ray_local():
     ray.shutdown()
 
 
-# the modules whose tests start a Flower deployment: run first, so that on several workers the short tests
-# fill the end of the run instead of one worker finishing a minute-long deployment alone
-SLOW_FIRST = ("test_deployment", "test_deploy_operations", "test_secure_deployment", "test_node_data",
-              "test_deploy_refusals", "test_lightning_client")
-
-
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`--dist loadgroup`), the tests that start a local Ray share one worker: two
-    local Ray clusters started at once on one machine would find each other's session. The deployment
-    modules go first (each module's tests stay together, in their order)."""
+    local Ray clusters started at once on one machine would find each other's session."""
     for item in items:
         if "ray_local" in getattr(item, "fixturenames", ()) or "ray" in item.nodeid.lower().replace("array", ""):
             item.add_marker(pytest.mark.xdist_group("ray"))
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: item.module.__name__.rsplit(".", 1)[-1] not in SLOW_FIRST)
