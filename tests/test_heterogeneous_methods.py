@@ -20,6 +20,7 @@ from fdlit.clients.features import split_network
 from fdlit.configuration.schema import parse_fit
 from fdlit.runs import read_jsonl
 from fdlit.runs.experiment import Experiment
+from tests.fitting import fit_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ["digits_fedtgp.yaml", "digits_fedgh.yaml", "digits_lg_fedavg.yaml"]
@@ -38,13 +39,6 @@ def small(config, run_dir, *extra, rounds=3):
             "--federation.private_epochs_first", "1", "--federation.private_epochs", "1",
             "--data.num_clients", "4", "--data.classes_per_client", "3", "--data.public_size", "0",
             "--model.groups", MIXED, *SERVER[config], *extra]
-
-
-def fit_loop(argv):
-    parser, cfg = parse_fit(argv)
-    loop = Experiment(cfg, parser).loop
-    loop.fit()
-    return loop
 
 
 def only_run(parent: Path) -> Path:

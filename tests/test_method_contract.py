@@ -13,7 +13,7 @@ from fdlit.clients.options import ClientOptimization
 from fdlit.configuration.schema import parse_fit
 from fdlit.methods.base import ClientPart, FederationInfo, ServerContext
 from fdlit.runs.experiment import Experiment
-from tests.fitting import EXAMPLES, EXECUTORS
+from tests.fitting import EXAMPLES, EXECUTORS, fit_loop
 
 
 @pytest.fixture
@@ -27,13 +27,6 @@ def ema_args(tmp_path, *extra):
             "--federation.private_epochs_first", "2", "--federation.private_epochs", "1",
             "--federation.public_epochs_first", "1", "--federation.public_epochs", "1", "--data.num_clients", "5",
             "--data.classes_per_client", "6", "--data.public_size", "120", "--model.hidden", "[16]", *extra]
-
-
-def fit(argv):
-    parser, cfg = parse_fit(argv)
-    loop = Experiment(cfg, parser).loop
-    loop.fit()
-    return loop
 
 
 def numbers(history):
@@ -69,8 +62,8 @@ def test_the_ema_teacher_trains_as_it_does_one_client_at_a_time(executor, tmp_pa
     if executor == "ray":
         request.getfixturevalue("ray_local")
         extra += ["--federation.executor.actor_executor", "sequential"]
-    sequential = fit(ema_args(tmp_path / "seq", "--federation.executor", EXECUTORS["sequential"]))
-    other = fit(ema_args(tmp_path / executor, *extra))
+    sequential = fit_loop(ema_args(tmp_path / "seq", "--federation.executor", EXECUTORS["sequential"]))
+    other = fit_loop(ema_args(tmp_path / executor, *extra))
     assert sequential.history[-1]["train/public_loss_mean"] > 0
     if executor == "vectorized":  # every client trained in the vmapped step: a silent fallback fails here
         # 5 clients, 2 phases, 2 rounds
@@ -90,7 +83,7 @@ def test_state_over_one_rounds_public_rows_is_refused_under_a_public_subset(tmp_
 
 
 def test_state_indexed_by_public_ids_runs_under_a_public_subset(tmp_path, examples_on_path):
-    loop = fit(ema_args(tmp_path, "--config", "studies/participation.yaml", "--federation.rounds", "3",
+    loop = fit_loop(ema_args(tmp_path, "--config", "studies/participation.yaml", "--federation.rounds", "3",
                         "--aggregator.init_args.full_public_set", "true"))
     assert loop.round == 3 and loop.server_side.method.ema.shape[0] == 120
 
