@@ -70,6 +70,7 @@ def main(run_dir: str | None, argv: list[str]) -> int:
         fit_args, parser, cfg = fit_arguments(rest)
         experiment = Experiment(cfg, parser)  # the whole config checked before any process starts
     check_secure_deployment(experiment.loop)
+    check_no_virtual_clock(experiment.loop)
     import_flwr()
     # the client count as fit reads it from the config (no data is built)
     check_node_count(options, getattr(experiment.loop.data, "num_clients", None))
@@ -91,6 +92,14 @@ def check_secure_deployment(loop) -> None:
         raise ConfigError("adversaries.collude", "colluding attackers send the first attacker's upload, which the "
                           "server copies; under secure aggregation a deployment's server holds no upload to copy; "
                           "set adversaries.collude: false, or use fit")
+
+
+def check_no_virtual_clock(loop) -> None:
+    """A deployment's time is its nodes' own; a virtual clock's devices, deadlines and releases are fit's,
+    refused here rather than silently run as synchronous rounds without time."""
+    if getattr(loop, "clock", None) is not None:
+        raise ConfigError("federation.clock", "runs under fit only (a virtual clock; a deployment's nodes take "
+                          "their own real time); remove federation.clock (null) to deploy, or use fit")
 
 
 class DeploymentInUse(ConfigError):
