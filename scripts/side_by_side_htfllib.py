@@ -197,16 +197,22 @@ def run_authors(args, method: str, seed: int, data, initial, masks, scratch: Pat
             models = [load_item(c.role, "model", c.save_folder_name) for c in self.clients]
             local, whole = mean_accuracies(lambda m, x: m(x), models, data, masks)
             records.append((local, whole, float(self.rs_test_acc[-1])))
+            if method == "fd":  # the targets of their next round's distillation term
+                logits = load_item("Server", "global_logits", self.save_folder_name)
+                targets.append(min(float(v.min()) for v in logits.values()) if logits else None)
 
     width = int(initial[0].embed(data.test.x[:2]).shape[1])
     torch.manual_seed(seed)
     np.random.seed(seed)
     os.chdir(scratch / "system")  # their paths: ../dataset, ../results, temp/
+    targets: list[float | None] = []
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             Recording(their_args(args, method, name, width), 0).train()
     except ValueError as e:  # their AUC (scikit-learn) refuses NaN outputs: their networks diverged
-        print(f"{method}, seed {seed}: their run stopped after {len(records) - 1} rounds: {e}", file=sys.stderr)
+        lowest = f"; the lowest entry of the global logits it last trained on: {targets[-1]:.2f}" \
+            if targets and targets[-1] is not None else ""
+        print(f"{method}, seed {seed}: their run stopped after {len(records) - 1} rounds: {e}{lowest}", file=sys.stderr)
     records += [(math.nan,) * 3] * (args.rounds + 1 - len(records))
     return records[1:]  # records[r]: after r rounds (records[0]: before any)
 

@@ -27,13 +27,18 @@ def seed_means(runs):
     return np.array([[[math.nan if v is None else v for v in r] for r in s] for s in runs], dtype=float).mean(0)
 
 
+REPRODUCED_ROUNDS = 2  # a run's first rounds do not depend on how many follow; two cover an exchange
+
+
 @pytest.mark.parametrize("method", sorted(FIXTURE["methods"]))
 def test_fdlit_reproduces_its_side_of_the_fixture(method):
-    args = types.SimpleNamespace(**{k: v for k, v in SETTING.items() if k != "seeds"})
+    setting = {k: v for k, v in SETTING.items() if k != "seeds"}
+    args = types.SimpleNamespace(**{**setting, "rounds": REPRODUCED_ROUNDS})
     seed = SETTING["seeds"][0]
     _, initial, masks, rounds = side_by_side.run_fdlit(args, method, seed)
     assert len(initial) == SETTING["clients"] and masks.shape[0] == SETTING["clients"]
-    np.testing.assert_allclose(rounds, FIXTURE["methods"][method]["fdlit"][0], rtol=0, atol=1e-6)
+    recorded = FIXTURE["methods"][method]["fdlit"][0][:REPRODUCED_ROUNDS]
+    np.testing.assert_allclose(rounds, recorded, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("method", ["fedtgp", "fedgh", "lg_fedavg", "fedproto"])
