@@ -119,13 +119,13 @@ def fit_argv(args, method: str, seed: int, run_dir: str) -> list[str]:
             "--client.optimizer", "sgd", "--client.lr", str(args.lr), "--client.batch_size", str(args.batch_size)]
 
 
-def mean_accuracies(predict, models, data, local_masks) -> tuple[float, float]:
+def mean_accuracies(models, data, local_masks) -> tuple[float, float]:
     """Mean over clients of the accuracy on their own classes' test rows and on the whole test set."""
     local, whole = [], []
     with torch.no_grad():
         for i, model in enumerate(models):
             model.eval()
-            right = (predict(model, data.test.x).argmax(1) == data.test.y).float()
+            right = (model(data.test.x).argmax(1) == data.test.y).float()
             local.append(float(right[local_masks[i]].mean()))
             whole.append(float(right.mean()))
     return float(np.mean(local)), float(np.mean(whole))
@@ -160,12 +160,12 @@ def write_split(folder: Path, name: str, data, masks) -> None:
                 np.savez(f, data={"x": x.numpy(), "y": y.numpy()})
 
 
-def their_args(args, method: str, name: str, feature_dim: int) -> types.SimpleNamespace:
+def their_args(args, method: str, name: str, num_classes: int, feature_dim: int) -> types.SimpleNamespace:
     """Their ``main.py``'s arguments (its defaults) with the shared setting."""
     _, _, algorithm = METHODS[method]
     return types.SimpleNamespace(
         algorithm=algorithm, dataset=name, device="cpu", save_folder_name="temp", models_folder_name="",
-        num_classes=10, batch_size=args.batch_size, local_learning_rate=args.lr, local_epochs=args.epochs,
+        num_classes=num_classes, batch_size=args.batch_size, local_learning_rate=args.lr, local_epochs=args.epochs,
         global_rounds=args.rounds, num_clients=args.clients, join_ratio=1.0, random_join_ratio=False,
         few_shot=0, time_select=False, goal="test", time_threthold=10000, top_cnt=100, auto_break=False,
         eval_gap=1, client_drop_rate=0.0, train_slow_rate=0.0, send_slow_rate=0.0, feature_dim=feature_dim,
@@ -195,7 +195,7 @@ def run_authors(args, method: str, seed: int, data, initial, masks, scratch: Pat
         def evaluate(self, acc=None, loss=None):
             super().evaluate(acc, loss)  # theirs, unchanged; then the same networks measured as fdlit's
             models = [load_item(c.role, "model", c.save_folder_name) for c in self.clients]
-            local, whole = mean_accuracies(lambda m, x: m(x), models, data, masks)
+            local, whole = mean_accuracies(models, data, masks)
             records.append((local, whole, float(self.rs_test_acc[-1])))
             if method == "fd":  # the targets of their next round's distillation term
                 logits = load_item("Server", "global_logits", self.save_folder_name)
@@ -208,7 +208,7 @@ def run_authors(args, method: str, seed: int, data, initial, masks, scratch: Pat
     targets: list[float | None] = []
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            Recording(their_args(args, method, name, width), 0).train()
+            Recording(their_args(args, method, name, data.num_classes, width), 0).train()
     except ValueError as e:  # their AUC (scikit-learn) refuses NaN outputs: their networks diverged
         lowest = f"; the lowest entry of the global logits it last trained on: {targets[-1]:.2f}" \
             if targets and targets[-1] is not None else ""
