@@ -182,7 +182,7 @@ def refusal(*extra):
 
 
 def test_what_asynchronous_rounds_cannot_run_is_refused_in_one_line():
-    code, lines = refusal("--config", "methods/fedavg.yaml", *clock("AsynchronousClock"))
+    code, lines = refusal("--federation.mode", "local_only", *clock("AsynchronousClock"))
     assert code == 2 and len(lines) == 1 and lines[0].startswith("fdlit: error: federation.clock: ")
     code, lines = refusal("--aggregator", "fdlit.methods.CoordinateMedian",
                           *clock("AsynchronousClock", staleness={"class_path": CLOCK + "Hinge"}))
