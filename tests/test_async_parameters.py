@@ -160,3 +160,30 @@ def test_sigkill_and_resume_equal_an_uninterrupted_fedbuff_and_fedasync_run(tmp_
     assert max(r["async/staleness_max"] for r in got[killed_at:]) >= 1  # stale bases in play after the kill
     assert same_learning(got, want)
     assert read_jsonl(folder / "communication.jsonl") == read_jsonl(ref_folder / "communication.jsonl")
+
+
+# ---------------------------------------------------------------- the study and its label
+def test_the_fedbuff_study_runs_through_the_entry_point(tmp_path):
+    run = entry("fit", "--config", "configs/digits.yaml", "--config", "methods/fedavg.yaml", "--config",
+                "studies/async_fedbuff.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+                "--logger.run_dir", str(tmp_path), "--federation.rounds", "3", "--federation.eval_every_n_rounds", "1",
+                "--federation.private_epochs_first", "1", "--data.num_clients", "12", "--data.public_size", "120")
+    _, err = run.communicate(timeout=600)
+    assert run.returncode == 0, err
+    (folder,) = tmp_path.iterdir()
+    rows = read_jsonl(folder / "metrics.jsonl")
+    assert [r["async/arrivals"] for r in rows] == [10, 10, 10]  # the study's buffer of 10
+    assert rows[-1]["time/virtual_s"] > rows[0]["time/virtual_s"] > 0
+    assert rows[-1]["after_public/global_acc_mean"] > 0.1
+
+
+def test_a_runs_label_names_its_server_update():
+    from fdlit.reporting.labels import method_label
+
+    def label(update):
+        clock_ = {"class_path": CLOCK + "AsynchronousClock", "init_args": {"buffer": 1, "server_update": update}}
+        return method_label({"aggregator": {"class_path": "fdlit.methods.FedAvg"}, "federation": {"clock": clock_}})
+
+    assert label(FEDASYNC) == "FedAvg, async buffer 1, constant, FedAsync α=0.6"
+    assert label({"class_path": CLOCK + "FedBuff"}) == "FedAvg, async buffer 1, constant, FedBuff η=1"
+    assert label(None) == "FedAvg, async buffer 1, constant"
