@@ -111,6 +111,16 @@ def test_fedasync_mixes_one_arrival_a_release():
     assert all(b >= a for a, b in zip(times, times[1:], strict=False))
 
 
+def test_fedbuff_on_a_period_updates_the_model_only_when_something_arrived():
+    loop = fitted(*FEDAVG, *clock("AsynchronousClock", profile=HETEROGENEOUS, period=0.5), rounds=6)
+    h = loop.history
+    assert [m["time/virtual_s"] for m in h] == pytest.approx([0.5 * k for k in range(1, 7)])
+    arrivals = [m["async/arrivals"] for m in h]
+    assert 0 in arrivals and sum(arrivals) > 0  # some periods heard nobody
+    assert loop.clock.versions.current == sum(1 for a in arrivals if a)  # an empty period leaves the model
+    assert all(loop.server_side.ledger.total("down", round=r + 1) == 0 for r, a in enumerate(arrivals) if not a)
+
+
 # ---------------------------------------------------------------- refusals in one line
 @pytest.mark.parametrize("args, line", [
     (("--config", "methods/scaffold.yaml", *clock("AsynchronousClock")), "fdlit: error: federation.clock: "),
