@@ -45,7 +45,7 @@ class ServerUpdate:
 class FedBuff(ServerUpdate):
     """FedBuff (Nguyen et al. 2022, *Federated Learning with Buffered Asynchronous Aggregation*,
     Algorithm 1): the server buffers the deltas Delta_i = x_i - x_{tau_i} of K arrivals (K: the
-    clock's ``buffer``, FedBuff's experiments use K = 10), each scaled by its staleness factor
+    clock's ``buffer``; K = 10 as FedBuff's setting is commonly given), each scaled by its staleness factor
     (FedBuff's is 1 / sqrt(1 + s), ``Polynomial(a=0.5)``), and then steps
 
         x_{t+1} = x_t + eta_g * A({f(s_i) Delta_i})
@@ -57,7 +57,8 @@ class FedBuff(ServerUpdate):
     equal devices and a buffer of every client each update is a synchronous FedAvg round to the bit.
 
     Args:
-        server_lr: eta_g, the server learning rate (FedBuff's default 1.0: the plain mean of the deltas).
+        server_lr: eta_g, the server learning rate (1.0, as commonly given for FedBuff: the plain step of
+            the deltas' mean).
     """
 
     def __init__(self, server_lr: float = 1.0):
@@ -83,7 +84,8 @@ class FedAsync(ServerUpdate):
     paper's clients minimise f_i(x) + (rho / 2) ||x - x_t||^2: FedProx's proximal term (``mu`` = rho).
 
     Args:
-        alpha: the mixing hyperparameter in (0, 1] (default 0.6, a mixing value of Xie et al.'s experiments).
+        alpha: the mixing hyperparameter in (0, 1] (0.6, as the value of Xie et al.'s experiments is
+            commonly given).
     """
 
     def __init__(self, alpha: float = 0.6):
