@@ -12,8 +12,8 @@ from fdlit.methods.contexts import context_for
 from fdlit.methods.parameters import exchanged_tensors, flatten
 from fdlit.runs import read_jsonl
 from fdlit.runs.checkpoint import load_checkpoint
+from tests.clocked import CLOCK, HETEROGENEOUS, SEQ, VEC, clock, entry, fitted, learning, refusal, tiny
 from tests.fitting import kill_once_checkpointed
-from tests.test_virtual_clock import CLOCK, HETEROGENEOUS, SEQ, VEC, clock, entry, fitted, learning, refusal, tiny
 
 FEDAVG = ("--config", "methods/fedavg.yaml")
 FEDASYNC = {"class_path": CLOCK + "FedAsync", "init_args": {"alpha": 0.6}}

@@ -21,8 +21,8 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from fdlit.errors import ConfigError
-from fdlit.federation.clock.async_parameters import ModelVersions
 from fdlit.federation.clock.base import FIELD, VirtualClock
+from fdlit.federation.clock.model_versions import ModelVersions
 from fdlit.federation.clock.profiles import DeviceProfile
 from fdlit.federation.clock.server_updates import FedBuff, ServerUpdate
 from fdlit.federation.clock.staleness import Constant, Staleness, mixture_of
