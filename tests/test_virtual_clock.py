@@ -2,16 +2,11 @@
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from fdlit.configuration.schema import parse_fit
 from fdlit.errors import ConfigError
 from fdlit.federation.clock import Constant, Hinge, LogNormalProfile, Polynomial, TraceProfile, UniformProfile
 from fdlit.federation.clock.staleness import stale_teacher, staleness_weighted
@@ -19,39 +14,8 @@ from fdlit.methods import ProbabilityAveraging
 from fdlit.methods.era import EntropyReduction
 from fdlit.runs import read_jsonl
 from fdlit.runs.checkpoint import load_checkpoint
-from fdlit.runs.experiment import Experiment
+from tests.clocked import CLOCK, HETEROGENEOUS, SEQ, VEC, clock, entry, fitted, learning, refusal, tiny
 from tests.fitting import kill_once_checkpointed
-
-REPO = Path(__file__).resolve().parents[1]
-SEQ, VEC = "fdlit.execution.SequentialExecutor", "fdlit.execution.VectorizedExecutor"
-CLOCK = "fdlit.federation.clock."
-
-
-def tiny(*extra, rounds=3):
-    return ["--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
-            "--federation.rounds", str(rounds), "--federation.private_epochs_first", "1",
-            "--federation.private_epochs", "1", "--federation.public_epochs_first", "1",
-            "--federation.public_epochs", "1", "--data.num_clients", "4", "--data.classes_per_client", "3",
-            "--data.public_size", "120", "--model", "fdlit.models.MLP", "--model.hidden", "[16]", *extra]
-
-
-def clock(kind, **init_args):
-    return ["--federation.clock", json.dumps({"class_path": CLOCK + kind, "init_args": init_args})]
-
-
-def fitted(*extra, rounds=3):
-    parser, cfg = parse_fit(tiny(*extra, rounds=rounds))
-    loop = Experiment(cfg, parser).loop
-    loop.fit()
-    return loop
-
-
-def learning(history):
-    """What the clients learned and sent: everything but time and the clock's own metrics."""
-    return [{k: v for k, v in m.items() if not k.startswith(("time/", "async/", "participation/"))} for m in history]
-
-
-HETEROGENEOUS = {"class_path": CLOCK + "LogNormalProfile", "init_args": {"speed_sigma": 1.5, "bandwidth_sigma": 1.5}}
 
 
 # ---------------------------------------------------------------- profiles
@@ -175,14 +139,8 @@ def test_a_period_releases_on_the_clock_and_staleness_changes_the_teacher():
     assert constant[0][1:] != stale[0][1:]  # later: the stale rows count less
 
 
-def refusal(*extra):
-    out = subprocess.run([sys.executable, "-m", "fdlit", "fit", *tiny(*extra)], cwd=REPO, capture_output=True,
-                         text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    return out.returncode, out.stderr.strip().splitlines()
-
-
 def test_what_asynchronous_rounds_cannot_run_is_refused_in_one_line():
-    code, lines = refusal("--config", "methods/fedavg.yaml", *clock("AsynchronousClock"))
+    code, lines = refusal("--federation.mode", "local_only", *clock("AsynchronousClock"))
     assert code == 2 and len(lines) == 1 and lines[0].startswith("fdlit: error: federation.clock: ")
     code, lines = refusal("--aggregator", "fdlit.methods.CoordinateMedian",
                           *clock("AsynchronousClock", staleness={"class_path": CLOCK + "Hinge"}))
@@ -194,12 +152,6 @@ def test_what_asynchronous_rounds_cannot_run_is_refused_in_one_line():
 
 
 # ---------------------------------------------------------------- the real entry point, kill and resume
-def entry(*args, timeout=600):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
-    return subprocess.Popen([sys.executable, "-m", "fdlit", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
 def test_the_async_study_runs_through_the_entry_point(tmp_path):
     run = entry("fit", "--config", "configs/digits.yaml", "--config", "studies/async.yaml", "--logger.mode",
                 "disabled", "--logger.progress", "false", "--logger.run_dir", str(tmp_path), "--federation.rounds", "3",

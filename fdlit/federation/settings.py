@@ -79,7 +79,8 @@ class FederationSettings:
             every client and the whole public set every round (the default).
         clock: rounds on a virtual clock (:mod:`fdlit.federation.clock`, docs/async.md):
             ``SynchronousClock`` (time, an optional deadline) or ``AsynchronousClock`` (a buffer or
-            period of arrivals, staleness-weighted cached predictions). null: no clock (the default).
+            period of arrivals, staleness-weighted cached predictions; FedBuff or FedAsync for a
+            parameter exchange). null: no clock (the default).
 """
 
     def __init__(

@@ -99,8 +99,19 @@ def clock_label(config: dict) -> str:
         buffer, period = _number(args.get("buffer")), _number(args.get("period"))
         staleness = str(_section(args, "staleness").get("class_path", "Constant")).rsplit(".", 1)[-1].lower()
         when = f"period {period:g} s" if period is not None else f"buffer {buffer:g}" if buffer is not None else "buffer M"
-        return f", async {when}, {staleness}"
+        return f", async {when}, {staleness}" + server_update_label(_section(args, "server_update"))
     return ""
+
+
+def server_update_label(update: dict) -> str:
+    """A parameter exchange's asynchronous server update, as a label's suffix (FedBuff's default: "")."""
+    kind = str(update.get("class_path", "")).rsplit(".", 1)[-1]
+    args = _section(update, "init_args")
+    if kind not in ("FedAsync", "FedBuff"):
+        return ""
+    name, default = ("alpha", 0.6) if kind == "FedAsync" else ("server_lr", 1.0)
+    value = _number(args.get(name))
+    return f", {kind} {'α' if kind == 'FedAsync' else 'η'}={value if value is not None else default:g}"
 
 
 def setting_key(config: dict) -> str:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fdlit.errors import ConfigError
+from fdlit.federation.clock.async_parameters import AsyncParameterExchange
 from fdlit.federation.clock.staleness import stale_teacher, staleness_weighted
 from fdlit.federation.protocols import PredictionExchange, encode_teacher, info_of
 from fdlit.messages import Message, as_message
@@ -38,11 +39,14 @@ FIELD = "federation.clock"
 
 
 def clocked(clock: VirtualClock | None, protocol):
-    """The round's exchange under ``clock``: asynchronous rounds cache and age the predictions."""
+    """The round's exchange under ``clock``: asynchronous rounds cache and age the predictions, or update
+    the server's model from the arriving parameters (:mod:`fdlit.federation.clock.async_parameters`)."""
     if clock is None:
         return protocol
     clock.predictions = getattr(protocol, "upload", None) == "predictions"  # inference and distillation take time
-    return AsyncPredictionExchange(clock) if clock.asynchronous else protocol
+    if not clock.asynchronous:
+        return protocol
+    return AsyncPredictionExchange(clock) if clock.predictions else AsyncParameterExchange(clock)
 
 
 class AsyncPredictionExchange(PredictionExchange):

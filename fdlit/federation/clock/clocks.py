@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING
 
 from fdlit.errors import ConfigError
 from fdlit.federation.clock.base import FIELD, VirtualClock
+from fdlit.federation.clock.model_versions import ModelVersions
 from fdlit.federation.clock.profiles import DeviceProfile
+from fdlit.federation.clock.server_updates import FedBuff, ServerUpdate
 from fdlit.federation.clock.staleness import Constant, Staleness, mixture_of
 from fdlit.federation.participation import participation_metrics
 from fdlit.messages import Message, Metrics, array_bytes
@@ -157,12 +159,16 @@ class SynchronousClock(RoundClock):
 
 
 class AsynchronousClock(RoundClock):
-    """Asynchronous federated distillation: the server keeps the freshest upload of every client
-    and releases a teacher from all of them (each weighted by its staleness) every ``buffer``
-    arrivals (FedBuff's buffer, Nguyen et al. 2022) or every ``period`` virtual seconds; the
-    teacher goes to the clients whose uploads it has just received, which distil from it and start
-    their next job. The first release waits for every client (the cache starts full); the rows and
-    weights are in :mod:`fdlit.federation.clock.async_exchange`.
+    """Asynchronous rounds: a release every ``buffer`` arrivals (FedBuff's buffer, Nguyen et al. 2022)
+    or every ``period`` virtual seconds, sent to the clients whose uploads it has just received, which
+    start their next job from it.
+
+    * Federated distillation: the server keeps the freshest upload of every client and releases a
+      teacher from all of them, each weighted by its staleness; the first release waits for every
+      client (the cache starts full). Rows and weights: :mod:`fdlit.federation.clock.async_exchange`.
+    * Parameter exchange (FedAvg's family): each release updates the server's model from the uploads
+      that arrived with ``server_update``, FedBuff (the default) or FedAsync
+      (:mod:`fdlit.federation.clock.async_parameters`).
 
     With equal devices and ``buffer`` = every client, every release is a synchronous round.
 
@@ -172,10 +178,13 @@ class AsynchronousClock(RoundClock):
         period: virtual seconds between releases (set buffer or period; neither: buffer = every client).
         staleness: how an upload's weight decays with its staleness
             (:mod:`fdlit.federation.clock.staleness`: Constant, Polynomial, Hinge).
+        server_update: parameter exchange only: how the server's model takes the arrived uploads
+            (:mod:`fdlit.federation.clock.server_updates`: FedBuff(server_lr), FedAsync(alpha));
+            null: FedBuff with server_lr 1.
     """
 
     def __init__(self, profile: DeviceProfile | None = None, buffer: int | None = None, period: float | None = None,
-                 staleness: Staleness | None = None):
+                 staleness: Staleness | None = None, server_update: ServerUpdate | None = None):
         super().__init__(profile)
         self.asynchronous = True
         if buffer is not None and period is not None:
@@ -186,6 +195,8 @@ class AsynchronousClock(RoundClock):
             raise ConfigError(f"{FIELD}.period", f"allowed: seconds > 0; got {period}")
         self.buffer, self.period = buffer, period
         self.staleness = staleness if staleness is not None else Constant()
+        self.server_update = server_update  # parameter exchange: set to FedBuff() by check when null
+        self.versions = ModelVersions()  # parameter exchange: the server's model versions the clients hold
         self.cache: dict[int, Message] = {}  # client -> its freshest upload, filled by the exchange
         self.cached_version: dict[int, int] = {}  # client -> the release its cached upload's model distilled
         self.last_staleness: list[int] = []  # the staleness of the rows behind the last teacher
@@ -193,9 +204,9 @@ class AsynchronousClock(RoundClock):
     def check(self, settings, method, privacy, server_model):
         """What asynchronous rounds cannot run, refused from the config alone."""
         name = type(method).__name__
-        if settings.mode != "fd" or method.exchange != "predictions":
-            raise ConfigError(FIELD, f"AsynchronousClock runs federated distillation (a prediction exchange); "
-                              f"{name} in mode {settings.mode!r} does not; allowed: SynchronousClock")
+        if settings.mode != "fd" or method.exchange not in ("predictions", "parameters"):
+            raise ConfigError(FIELD, f"AsynchronousClock runs a prediction or parameter exchange; {name} in mode "
+                              f"{settings.mode!r} does not; allowed: SynchronousClock")
         if settings.participation is not None:
             raise ConfigError("federation.participation", "allowed: unset with AsynchronousClock (its buffer or "
                               "period decides who arrives)")
@@ -206,6 +217,13 @@ class AsynchronousClock(RoundClock):
             raise ConfigError("server.enabled", "allowed: false with AsynchronousClock")
         if privacy.upload_audit:  # its attacks read one round's fresh uploads, not a cache of stale ones
             raise ConfigError("privacy.upload_audit", "allowed: false with AsynchronousClock")
+        if method.exchange == "parameters":
+            self.server_update = self.server_update if self.server_update is not None else FedBuff()
+            self.server_update.check(method, self.buffer, self.period)
+            return
+        if self.server_update is not None:
+            raise ConfigError(f"{FIELD}.server_update", f"allowed: null with federated distillation ({name}); "
+                              "FedBuff and FedAsync update a parameter exchange's model")
         if method.client_cache:
             raise ConfigError(FIELD, f"{name} keeps a cache on the clients; allowed with AsynchronousClock: rules "
                               "that send every arriving client the same teacher")
@@ -219,14 +237,16 @@ class AsynchronousClock(RoundClock):
                               f"got {self.buffer}")
         super().start(num_clients, seed)
         self.cache, self.cached_version, self.last_staleness = {}, {}, []
+        self.versions = ModelVersions()
 
     def job_floor(self):
         return 0.0  # a client starts its next job as soon as it has distilled
 
     def schedule(self, parts, plan):
-        """Release 1: every client; later: the ``buffer`` next arrivals, or those within ``period``."""
+        """The ``buffer`` next arrivals, or those within ``period``; federated distillation's release 1:
+        every client (the cache starts full)."""
         tl = self.timeline
-        if plan.round == 1:
+        if plan.round == 1 and self.predictions:
             return plan
         expected = self.expected_arrivals(parts, plan)
         if self.period is not None:
@@ -237,14 +257,17 @@ class AsynchronousClock(RoundClock):
         return dataclasses.replace(plan, sampled=ids, arrived=list(ids))
 
     def expected_arrivals(self, parts, plan) -> dict[int, float]:
-        """When each client's current job would arrive, its upload as large as its last."""
-        tl, rows = self.timeline, _public_rows(parts, plan)
+        """When each client's current job would arrive, its upload as large as its last (before its first:
+        a parameter exchange's upload is as large as the model the server sent at set-up)."""
+        tl = self.timeline
+        rows = _public_rows(parts, plan) if self.predictions else 0
+        first = 0 if self.predictions else array_bytes(parts.server.received["parameters"])
         epochs = parts.settings.private_epochs_of(plan.round)
-        return {i: tl.arrival(i, tl.trained(i, 0.0, len(parts.tensors.private[i][1]) * epochs, rows), tl.up_bytes[i])
-                for i in range(len(tl.free))}
+        return {i: tl.arrival(i, tl.trained(i, 0.0, len(parts.tensors.private[i][1]) * epochs, rows),
+                              tl.up_bytes[i] or first) for i in range(len(tl.free))}
 
     def release_time(self, arrivals, any_late):
-        if self.period is not None and self.cache:  # after the first release: on the period
+        if self.period is not None and (self.cache or not self.predictions):  # FD: after the first release
             return max([self.timeline.now + self.period, *arrivals.values()])
         return super().release_time(arrivals, any_late)
 
@@ -258,10 +281,12 @@ class AsynchronousClock(RoundClock):
                           "sensitivity": dict(u.sensitivity)} for i, u in self.cache.items()}
         return {**super().state_dict(), "cache": cache,
                 "cached_version": {str(i): v for i, v in self.cached_version.items()},
-                "last_staleness": list(self.last_staleness)}
+                "last_staleness": list(self.last_staleness), "versions": self.versions.state_dict()}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.cache = {int(i): Message(**u) for i, u in state["cache"].items()}
         self.cached_version = {int(i): int(v) for i, v in state["cached_version"].items()}
         self.last_staleness = [int(v) for v in state["last_staleness"]]
+        if "versions" in state:  # saved before parameter exchange ran asynchronously: FD only, none kept
+            self.versions.load_state_dict(state["versions"])

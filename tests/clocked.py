@@ -1,0 +1,54 @@
+"""Runs on a virtual clock for the clock's tests: a tiny digits federation, a clock flag, a fit in
+process or through the entry point, and the metrics that say what the clients learned."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fdlit.configuration.schema import parse_fit
+from fdlit.runs.experiment import Experiment
+
+REPO = Path(__file__).resolve().parents[1]
+SEQ, VEC = "fdlit.execution.SequentialExecutor", "fdlit.execution.VectorizedExecutor"
+CLOCK = "fdlit.federation.clock."
+
+
+def tiny(*extra, rounds=3):
+    return ["--config", "digits.yaml", "--logger.mode", "disabled", "--logger.progress", "false",
+            "--federation.rounds", str(rounds), "--federation.private_epochs_first", "1",
+            "--federation.private_epochs", "1", "--federation.public_epochs_first", "1",
+            "--federation.public_epochs", "1", "--data.num_clients", "4", "--data.classes_per_client", "3",
+            "--data.public_size", "120", "--model", "fdlit.models.MLP", "--model.hidden", "[16]", *extra]
+
+
+def clock(kind, **init_args):
+    return ["--federation.clock", json.dumps({"class_path": CLOCK + kind, "init_args": init_args})]
+
+
+def fitted(*extra, rounds=3):
+    parser, cfg = parse_fit(tiny(*extra, rounds=rounds))
+    loop = Experiment(cfg, parser).loop
+    loop.fit()
+    return loop
+
+
+def learning(history):
+    """What the clients learned and sent: everything but time and the clock's own metrics."""
+    return [{k: v for k, v in m.items() if not k.startswith(("time/", "async/", "participation/"))} for m in history]
+
+
+HETEROGENEOUS = {"class_path": CLOCK + "LogNormalProfile", "init_args": {"speed_sigma": 1.5, "bandwidth_sigma": 1.5}}
+
+
+def refusal(*extra):
+    out = subprocess.run([sys.executable, "-m", "fdlit", "fit", *tiny(*extra)], cwd=REPO, capture_output=True,
+                         text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    return out.returncode, out.stderr.strip().splitlines()
+
+
+def entry(*args, timeout=600):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    return subprocess.Popen([sys.executable, "-m", "fdlit", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
