@@ -5,9 +5,11 @@
         [--methods cfd comet selective] [--clients 10] [--rounds 8] [--epochs 2] [--seed 0] [--fixture PATH]
 
 ``--authors``: an export of that branch (its ``src`` is imported at run time; none of it is part of
-fdlit). Their code needs fedlab (PyPI, installed without its dependencies: it pins torchvision) and
-nvidia-ml-py (fedlab imports ``pynvml``); run this script with a Python that has them and fdlit's
-dependencies (docs/authors-code.md). scripts/authors_repro_support.py writes, into a temporary folder
+fdlit). Their code needs fedlab (PyPI, installed without its dependencies: it pins torchvision),
+nvidia-ml-py (fedlab imports ``pynvml``), fast-pytorch-kmeans and psutil (their COMET imports it at
+load); run this script with a Python that has them and fdlit's dependencies (docs/authors-code.md). What
+their code expects of a GPU machine with Python 3.12 and torch 2.3 is set in this process only (in
+``main``: ``typing.override``, ``torch.cuda.initial_seed``, the handler's ``device``, ``torch.load``). scripts/authors_repro_support.py writes, into a temporary folder
 before their ``src``: a stand-in ``torchvision`` and a ``model`` package whose ``get_model`` returns
 fdlit's client network (the MLP of ``configs/datasets/digits.yaml``) in place of ResNet-20. An adapter
 hands them fdlit's split behind their ``PartitionedDataset`` interface, and their server handlers draw
@@ -20,8 +22,8 @@ fdlit runs ``configs/digits_cfd.yaml``, ``digits_comet.yaml`` and ``digits_selec
 shared setting (clients, rounds, SGD per phase, epochs, batch; Selective-FD with their thresholds).
 Printed per round: bytes up and down, the rows each client uploads, the mean client accuracy on the
 test set (fdlit after private and after public training, theirs after private training) and their
-server model's. ``--fixture`` writes both sides' per-round numbers and, for the first and last round,
-their uploads and what their server made of them, for tests/test_authors_reproducibility.py.
+server model's. ``--fixture`` writes both sides' per-round numbers and, for the last round, their
+uploads and what their server made of them, for tests/test_authors_reproducibility.py.
 """
 
 from __future__ import annotations
@@ -248,7 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--commit", default="unknown", help="their commit, for the fixture's provenance")
+    parser.add_argument("--commit", help="their commit, for the fixture's provenance (default: git rev-parse "
+                                          "HEAD in --authors, when it is a checkout)")
     parser.add_argument("--fixture", type=Path, help="write both sides' numbers here (JSON, with provenance)")
     args = parser.parse_args(argv)
     src = args.authors / "src"
@@ -292,7 +295,11 @@ def main(argv: list[str] | None = None) -> None:
                               "recorded_rounds": {str(r): d for r, d in sorted(detail.items())}}
         print("\n".join(out))
     if args.fixture is not None:
-        write_fixture(args, result, " ".join(sys.argv[1:] if argv is None else argv), args.commit)
+        import subprocess
+
+        commit = args.commit or subprocess.run(["git", "-C", str(args.authors), "rev-parse", "HEAD"], text=True,
+                                               capture_output=True, check=False).stdout.strip() or "unknown"
+        write_fixture(args, result, " ".join(sys.argv[1:] if argv is None else argv), commit)
 
 
 if __name__ == "__main__":
