@@ -48,7 +48,8 @@ CONFIGS = {"cfd": ["--config", "digits_cfd.yaml"], "comet": ["--config", "digits
                          "--aggregator.init_args.server_threshold", "2.0", "--aggregator.init_args.per_class", "false",
                          "--federation.participation.public_fraction", "0.1"]}
 # their config/algorithm/*.yaml, with kmeans on the CPU (their "cuda" runs fast_pytorch_kmeans on a GPU)
-STATS = ("selective/client_kept_fraction", "comet/largest_cluster_share", "cfd/up_bytes_per_client")
+STATS = ("selective/client_kept_fraction", "comet/largest_cluster_share", "cfd/up_bytes_per_client",
+         "teacher/acc", "teacher/kept_fraction")
 THEIR_KNOBS = {"cfd": {}, "comet": {"num_clusters": 2, "regularization_weight": 1.0, "kmeans_device": "cpu"},
                "selective": {"gaussian_kernel_width": 5.0, "lambda_exponent": 0.5, "kulsif_test_batch_size": 1000,
                              "l1_distance_threshold": 2.0, "dre_threshold": 0.125}}
@@ -129,6 +130,9 @@ def run_authors(args, method: str, split, public_rows: list[list[int]], work: Pa
                     {"indices": payload[1].tolist(), "values": values.tolist()})
             return super().load(payload)
 
+    from utils import seed_everything
+
+    seed_everything(args.seed)  # as their main.py, before the data and the handler (the server model's initialisation)
     server_knobs = {k: v for k, v in knobs.items() if k in ("num_clusters", "kmeans_device", "l1_distance_threshold")}
     server = Server(model_name="fdlit", global_round=args.rounds, sample_ratio=1.0, cuda=False,
                     public_size_per_round=len(public_rows[0]), dataset=split, **server_knobs)
@@ -167,8 +171,14 @@ def run_authors(args, method: str, split, public_rows: list[list[int]], work: Pa
             with open(analysis_dir / f"{cid}.csv") as f:
                 accs.append(float(list(csv.reader(f))[-1][1]))
         rounds[r].update(bytes_down=int(down), acc_private=sum(accs) / len(accs), acc_server=top1)
+        # their teacher (what their server model distils on: CFD's votes, COMET's mean, Selective-FD's kept
+        # rows' mean, which their Selective-FD clients also get) against the public set's labels
+        batches = -(-len(server.public_indices) // args.batch_size)
+        if batches:
+            truth = torch.tensor(split.public.targets)[server.public_indices]
+            rounds[r]["teacher_acc"] = float((torch.cat(kd_targets[:batches]).argmax(-1) == truth).float().mean())
+            rounds[r]["teacher_kept_fraction"] = len(server.public_indices) / len(public_rows[r - 1])
         if r in recorded_rounds:
-            batches = -(-len(server.public_indices) // args.batch_size)
             targets = torch.cat(kd_targets[:batches]) if batches else torch.empty(0)
             rec = detail[r]
             rec.update(rows=public_rows[r - 1], server_indices=server.public_indices.tolist(),
@@ -218,6 +228,10 @@ def show(method: str, ours: dict, theirs: dict) -> list[str]:
     for side, rec in (("fdlit", ours), ("theirs", theirs)):
         lines.append(f"total over {len(rec)} rounds, {side}: up {sum(x['bytes_up'] for x in rec.values()):,}, "
                      f"down {sum(x['bytes_down'] for x in rec.values()):,}")
+    lines.append("teacher accuracy on its kept rows (share of the round's rows kept), per round, fdlit / theirs: "
+                 + ", ".join(f"{ours[r]['teacher/acc']:.2f} ({ours[r]['teacher/kept_fraction']:.2f}) / "
+                             f"{theirs[r]['teacher_acc']:.2f} ({theirs[r]['teacher_kept_fraction']:.2f})"
+                             for r in sorted(ours)))
     if "selective/client_kept_fraction" in ours[1]:
         lines.append("fdlit's clients' kept share of the round's rows, per round: "
                      + ", ".join(f"{ours[r]['selective/client_kept_fraction']:.2f}" for r in sorted(ours)))
