@@ -44,9 +44,9 @@ def mean_std(values: list[float], digits: int) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def table(root: Path, threshold: float) -> str:
+def table(root: Path, threshold: float, include_unfinished: bool = False) -> str:
     groups: dict[str, list[dict]] = {}
-    runs, _ = load_runs([root])
+    runs, _ = load_runs([root], include_unfinished)
     for run in sorted(runs, key=lambda r: (r.method, r.seed)):
         groups.setdefault(run.method, []).append(run_numbers(run.metrics, threshold))
     lines = [f"| method | seeds | final accuracy (%) | at (virtual s) | first ≥ {100 * threshold:g} % (virtual s) "
@@ -67,10 +67,12 @@ def main() -> None:
     parser.add_argument("runs", type=Path, help="folder of run directories (a sweep's runs/<name>)")
     parser.add_argument("--threshold", type=float, default=0.3, help="accuracy (0 to 1) for the time-to-accuracy "
                         "column")
+    parser.add_argument("--include-unfinished", action="store_true", help="also runs that have not finished "
+                        "(their last logged round is their 'final' one)")
     args = parser.parse_args()
     if not math.isfinite(args.threshold) or not 0 < args.threshold <= 1:
         parser.error("--threshold: a number in (0, 1]")
-    print(table(args.runs, args.threshold))
+    print(table(args.runs, args.threshold, args.include_unfinished))
 
 
 if __name__ == "__main__":
