@@ -264,3 +264,15 @@ def test_runs_saved_before_the_threat_model_knob_keep_their_fingerprint():
     now = {"seed": 0, "privacy": {**before["privacy"], "accounting": "local"}}
     assert config_fingerprint(now) == config_fingerprint(before)
     assert config_fingerprint({**now, "privacy": {**now["privacy"], "accounting": "central"}}) != config_fingerprint(before)
+
+
+@pytest.mark.parametrize("config", ["digits_fedavg.yaml", "digits_fedproto.yaml"])
+def test_an_encoding_for_a_method_that_uploads_no_logits_is_refused_before_any_work(config, tmp_path, capsys):
+    # parameters or prototypes: an encoding of the public logits would be accepted and do nothing
+    runs = tmp_path / "runs"
+    assert main(["fit", "--config", config, "--privacy.encoding", "top_k", "--logger.mode", "disabled",
+                 "--logger.run_dir", str(runs)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fdlit: error: privacy.encoding: 'top_k' encodes the public logits, "
+                                               "which ") and err[0].endswith("does not upload; allowed: full"), err
+    assert not any(runs.rglob("metrics.jsonl"))  # no round ran

@@ -230,7 +230,7 @@ class UploadPrivacy:
                 raise ConfigError(field, release.refusal(
                     f"{name} declares no upload the mechanism can privatise (no {ROWS!r} or {POSITIVE_ROWS!r} "
                     f"kind among {', '.join(map(repr, release.released)) or 'none'})"))
-        if self.encoding != "full" and "logits" not in release.released and method.exchange == "predictions":
+        if self.encoding != "full" and "logits" not in release.released:  # parameters, prototypes: nothing to encode
             raise ConfigError("privacy.encoding", f"{self.encoding!r} encodes the public logits, which {name} "
                               "does not upload; allowed: full")
         if self.encoding != "full" and release.evaluates_logits:
