@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
 # Above this many forward FLOPs per sample, one client's step already keeps a CPU busy and stacking
 # does not pay: ResNet-18 on 32x32 (1.1 GFLOP) ran vectorized at 0.58x the sequential speed (5
-# clients, batch 32, benchmarks/cifar10_gpu.py --device cpu). Below it, stacks are faster: MLPs under
-# vmap (digits MLP, 3.4x at 20 clients, benchmarks/executors.py) and convolutional chains as one
-# grouped network (LeNet-5 on Fashion-MNIST, 20 clients, docs/speed-and-scale.md). Not finely tuned.
+# clients, batch 32, benchmarks/cifar10_gpu.py --device cpu). Below it, stacks are faster: MLPs
+# (digits MLP, 3.4x at 20 clients under vmap, benchmarks/executors.py; now a grouped network, no vmap)
+# and convolutional chains as one grouped network (LeNet-5 on Fashion-MNIST, 20 clients,
+# docs/speed-and-scale.md). Not finely tuned.
 CPU_MAX_FLOPS_PER_SAMPLE = 30e6
 # Convolutions under vmap (networks the grouped form does not cover) on a CPU, measured as whole runs
 # against the sequential executor (docs/speed-and-scale.md): digits SmallCNN, largest activation 2,048
