@@ -27,15 +27,21 @@ def test_shipped_sweeps_exist():
 
 @pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.name)
 def test_sweep_file_parameters_are_valid_fit_flags(path):
-    """Parse (never run) every combination exactly as wandb agent would pass it."""
+    """Parse (never run) every setting exactly as wandb agent would pass it: every combination of the
+    swept values but the seed, and each seed once (a seed changes no other setting; `fdlit sweep` itself
+    resolves every combination before it runs any)."""
     from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
 
     spec = load_sweep(path)
     assert spec["method"] == "grid" and spec["metric"]["goal"] == "maximize"
     tail = spec["_fit_tail"]
     assert tail.index("${args}") > tail.index("--config")  # sweep values override the config
-    runs = plan(spec)
-    assert len(runs) == len(expand_grid(spec)) > 1
+    planned = plan(spec)
+    assert len(planned) == len(expand_grid(spec)) > 1
+    seeds = list(dict.fromkeys(r.values.get("seed") for r in planned))
+    runs = [r for r in planned if r.values.get("seed") == seeds[0]]  # every setting, at the first seed
+    runs += [next(r for r in planned if r.values.get("seed") == s) for s in seeds[1:]]  # every other seed once
+    assert len({r.group for r in runs}) == len({r.group for r in planned})
     resolve(runs, fit_parser)
     for run in runs:
         # our ${args} is the agent's own expansion, so local and W&B runs get identical flags
@@ -55,8 +61,8 @@ def test_sweep_file_parameters_are_valid_fit_flags(path):
             assert got == value, (path.name, key)
         assert resolved["logger"]["group"] == run.group
     if "seed" in spec["parameters"]:  # seeds of one setting share a group
-        groups = {r.group for r in runs}
-        assert len(groups) == len(runs) // len(spec["parameters"]["seed"]["values"])
+        groups = {r.group for r in planned}
+        assert len(groups) == len(planned) // len(spec["parameters"]["seed"]["values"])
 
 
 def test_tiny_grid_runs_every_combination_once_and_resumes(tmp_path, capsys):
