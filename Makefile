@@ -14,10 +14,8 @@ TORCH_PIP := $(TORCH)$(if $(TORCH_INDEX), --extra-index-url $(TORCH_INDEX) --ret
 CONFIG  ?= configs/digits.yaml
 FASHION_MNIST_DIR ?= /usr/share/datasets/fashion-mnist
 ARGS    ?=
-# the suite on pytest-xdist workers, one more than the cores: about a quarter of its time a test waits on
-# the processes it started (Flower, Ray, sweeps), and a third worker fills it. TEST_WORKERS=0: one process
-NPROC   := $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1)
-TEST_WORKERS ?= $(shell echo $$(( $(NPROC) + 1 )))
+# the suite on every core (pytest-xdist): CI has two; TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= auto
 
 .PHONY: install install-test run test bench compat clean torch-choice data-hint
 
