@@ -34,13 +34,17 @@ def labels(n: int) -> bytes:
 
 
 def gzip_bomb(path: Path, n: int) -> None:
-    """A gzip stream of n 28 x 28 zero images: ~1000 times smaller than what it unpacks to."""
-    with gzip.open(path, "wb", compresslevel=9) as f:
-        f.write(header(n))
-        chunk, left = bytes(2**22), n * 784
-        while left > 0:
-            f.write(chunk[:min(left, len(chunk))])
-            left -= len(chunk)
+    """A gzip file of n 28 x 28 zero images: ~1000 times smaller than what it unpacks to. Written as
+    gzip's concatenated members (one stream to every reader, gzip's own included), so the gigabytes
+    are compressed once per 4 MiB, not each time."""
+    chunk = 2**22
+    full, rest = divmod(n * 784, chunk)
+    member = gzip.compress(bytes(chunk), compresslevel=9)
+    with open(path, "wb") as f:
+        f.write(gzip.compress(header(n), compresslevel=9))
+        for _ in range(full):
+            f.write(member)
+        f.write(gzip.compress(bytes(rest), compresslevel=9))
 
 
 def make(kind: str, folder: Path) -> str:
