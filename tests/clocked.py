@@ -1,6 +1,8 @@
 """Runs on a virtual clock for the clock's tests: a tiny digits federation, a clock flag, a fit in
 process or through the entry point, and the metrics that say what the clients learned."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -43,9 +45,13 @@ HETEROGENEOUS = {"class_path": CLOCK + "LogNormalProfile", "init_args": {"speed_
 
 
 def refusal(*extra):
-    out = subprocess.run([sys.executable, "-m", "fdlit", "fit", *tiny(*extra)], cwd=REPO, capture_output=True,
-                         text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    return out.returncode, out.stderr.strip().splitlines()
+    """fit's exit status and what it wrote to stderr, through its entry point in this process."""
+    from fdlit.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["fit", *tiny(*extra)])
+    return code, err.getvalue().strip().splitlines()
 
 
 def entry(*args, timeout=600):
