@@ -58,3 +58,25 @@ def entry(*args, timeout=600):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
     return subprocess.Popen([sys.executable, "-m", "fdlit", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+def killed_and_resumed(args: list[str], folder: Path, after: int, rounds: int):
+    """Run ``fit args`` twice at once, SIGKILL one once it has checkpointed release ``after``, resume it,
+    and return both runs' metrics and communication rows (resumed, uninterrupted) and the release it
+    was killed at."""
+    from fdlit.runs import read_jsonl
+    from fdlit.runs.checkpoint import load_checkpoint
+    from tests.fitting import kill_once_checkpointed
+
+    victim = entry(*args, "--logger.run_dir", str(folder / "victim"))
+    reference = entry(*args, "--logger.run_dir", str(folder / "ref"))
+    killed = kill_once_checkpointed(victim, folder / "victim", after, timeout=600)
+    assert killed is not None, f"the victim never finished release {after}"
+    killed_at = load_checkpoint(killed)["loop"]["round"]
+    assert after <= killed_at < rounds and len(read_jsonl(killed / "metrics.jsonl")) < rounds
+    for process in (entry("fit", "--resume", str(killed)), reference):
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err
+    (uninterrupted,) = (folder / "ref").iterdir()
+    runs = [(read_jsonl(f / "metrics.jsonl"), read_jsonl(f / "communication.jsonl")) for f in (killed, uninterrupted)]
+    return runs[0], runs[1], killed_at

@@ -11,9 +11,19 @@ from fdlit.methods import FedAvg
 from fdlit.methods.contexts import context_for
 from fdlit.methods.parameters import exchanged_tensors, flatten
 from fdlit.runs import read_jsonl
-from fdlit.runs.checkpoint import load_checkpoint
-from tests.clocked import CLOCK, HETEROGENEOUS, SEQ, VEC, clock, entry, fitted, learning, refusal, tiny
-from tests.fitting import kill_once_checkpointed
+from tests.clocked import (
+    CLOCK,
+    HETEROGENEOUS,
+    SEQ,
+    VEC,
+    clock,
+    entry,
+    fitted,
+    killed_and_resumed,
+    learning,
+    refusal,
+    tiny,
+)
 
 FEDAVG = ("--config", "methods/fedavg.yaml")
 FEDASYNC = {"class_path": CLOCK + "FedAsync", "init_args": {"alpha": 0.6}}
@@ -152,24 +162,12 @@ def test_sigkill_and_resume_equal_an_uninterrupted_fedbuff_and_fedasync_run(tmp_
                          *clock("AsynchronousClock", profile=HETEROGENEOUS, buffer=buffer, server_update=server_update,
                                 staleness={"class_path": CLOCK + "Hinge", "init_args": {"a": 1.0, "b": 0}}),
                          rounds=rounds)]
-    victim = entry(*args, "--logger.run_dir", str(tmp_path / "victim"))
-    reference = entry(*args, "--logger.run_dir", str(tmp_path / "ref"))
-    folder = kill_once_checkpointed(victim, tmp_path / "victim", 3, timeout=600)
-    assert folder is not None, "the victim never finished release 3"
-    killed_at = load_checkpoint(folder)["loop"]["round"]
-    assert 3 <= killed_at < rounds and len(read_jsonl(folder / "metrics.jsonl")) < rounds
-    resumed = entry("fit", "--resume", str(folder))
-    _, err = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, err
-    _, err = reference.communicate(timeout=600)
-    assert reference.returncode == 0, err
-    (ref_folder,) = (tmp_path / "ref").iterdir()
-    got, want = read_jsonl(folder / "metrics.jsonl"), read_jsonl(ref_folder / "metrics.jsonl")
+    (got, got_sent), (want, want_sent), killed_at = killed_and_resumed(args, tmp_path, 3, rounds)
     assert [r["round"] for r in got] == list(range(1, rounds + 1))
     assert [r["time/virtual_s"] for r in got] == [r["time/virtual_s"] for r in want]
     assert max(r["async/staleness_max"] for r in got[killed_at:]) >= 1  # stale bases in play after the kill
     assert same_learning(got, want)
-    assert read_jsonl(folder / "communication.jsonl") == read_jsonl(ref_folder / "communication.jsonl")
+    assert got_sent == want_sent
 
 
 # ---------------------------------------------------------------- the study and its label

@@ -13,9 +13,19 @@ from fdlit.federation.clock.staleness import stale_teacher, staleness_weighted
 from fdlit.methods import ProbabilityAveraging
 from fdlit.methods.era import EntropyReduction
 from fdlit.runs import read_jsonl
-from fdlit.runs.checkpoint import load_checkpoint
-from tests.clocked import CLOCK, HETEROGENEOUS, SEQ, VEC, clock, entry, fitted, learning, refusal, tiny
-from tests.fitting import kill_once_checkpointed
+from tests.clocked import (
+    CLOCK,
+    HETEROGENEOUS,
+    SEQ,
+    VEC,
+    clock,
+    entry,
+    fitted,
+    killed_and_resumed,
+    learning,
+    refusal,
+    tiny,
+)
 
 
 # ---------------------------------------------------------------- profiles
@@ -173,21 +183,9 @@ def test_sigkill_and_resume_equal_an_uninterrupted_asynchronous_run(tmp_path, ex
                          *clock("AsynchronousClock", profile=HETEROGENEOUS, buffer=2,
                                 staleness={"class_path": CLOCK + "Hinge", "init_args": {"a": 1.0, "b": 0}}),
                          rounds=rounds)]
-    victim = entry(*args, "--logger.run_dir", str(tmp_path / "victim"))
-    reference = entry(*args, "--logger.run_dir", str(tmp_path / "ref"))
-    folder = kill_once_checkpointed(victim, tmp_path / "victim", 2, timeout=600)
-    assert folder is not None, "the victim never finished release 2"
-    killed_at = load_checkpoint(folder)["loop"]["round"]
-    assert 2 <= killed_at < rounds and len(read_jsonl(folder / "metrics.jsonl")) < rounds
-    resumed = entry("fit", "--resume", str(folder))
-    _, err = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, err
-    _, err = reference.communicate(timeout=600)
-    assert reference.returncode == 0, err
-    (ref_folder,) = (tmp_path / "ref").iterdir()
-    got, want = read_jsonl(folder / "metrics.jsonl"), read_jsonl(ref_folder / "metrics.jsonl")
+    (got, got_sent), (want, want_sent), _ = killed_and_resumed(args, tmp_path, 2, rounds)
     assert [r["round"] for r in got] == list(range(1, rounds + 1))
     assert [r["time/virtual_s"] for r in got] == [r["time/virtual_s"] for r in want]
     assert max(r["async/staleness_max"] for r in got) >= 1  # stale rows were in play across the kill
     assert learning(got) == learning(want)
-    assert read_jsonl(folder / "communication.jsonl") == read_jsonl(ref_folder / "communication.jsonl")
+    assert got_sent == want_sent
