@@ -29,7 +29,7 @@ from fdlit.deployment.carried import CarriedReceive
 from fdlit.deployment.membership import apply_local_classes, assign_order, client_blocks
 from fdlit.deployment.messages import NodeFailure, NodeLink
 from fdlit.deployment.node_requests import NodeRequests
-from fdlit.deployment.replies import check_losses, check_step, messages_of
+from fdlit.deployment.replies import check_losses, check_step, messages_of, row_masks
 from fdlit.deployment.secure_rounds import SecureRounds
 from fdlit.execution.executor import ClientExecutor
 from fdlit.execution.steps import predicted_correct, report
@@ -334,8 +334,9 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
             per_node[node] = (meta, out)
         carried = self._carry_into(per_node)  # the previous round's receive, loaded before training
         replies = self.request("step", per_node, tolerate=True)
+        masks = row_masks(self.loop.parts.clients.method_part.uploads)
         replies = self._valid(replies, lambda node, meta, tensors: check_step(
-            meta, tensors, len(trained.get(node, [])), len(uploading[node]) if node in uploading else 0, expect))
+            meta, tensors, len(trained.get(node, [])), len(uploading[node]) if node in uploading else 0, expect, masks))
         self._took_carried(replies, *carried)
         if secure:
             self.secure.keep_keys(replies)

@@ -29,11 +29,18 @@ def check_losses(meta: dict, clients: int) -> str | None:
     return None
 
 
+def row_masks(uploads) -> tuple[str, ...]:
+    """The names of a method's declared uploads that say which public rows its other arrays carry: a
+    boolean array with one entry per public row (Selective-FD's ``mask``, SCARLET's ``requested``)."""
+    return tuple(u.name for u in uploads if u.dtype == torch.bool and u.shape == ("N",))
+
+
 def check_step(meta: dict, tensors: dict[str, torch.Tensor], trained: int, uploading: int,
-               expect: tuple[int, int] | None) -> str | None:
+               expect: tuple[int, int] | None, masks: tuple[str, ...] = ("mask",)) -> str | None:
     """The client step's reply: losses of the ``trained`` clients, finite predictions and uploads, one
     message per ``uploading`` client whose arrays are all there, and, for predictions (``expect``:
-    public rows, classes), one row per public row, or per row its ``mask`` keeps."""
+    public rows, classes), one row per public row, or per row its row mask (``masks``: the first of
+    these names an upload carries) keeps."""
     if why := check_losses(meta, trained):
         return why
     for k, x in tensors.items():
@@ -54,10 +61,11 @@ def check_step(meta: dict, tensors: dict[str, torch.Tensor], trained: int, uploa
             pos, _, key = k.partition("/")
             if not k.startswith("u"):
                 continue
-            # an upload with a mask over the public rows (Selective-FD, EdgeFD) sends only the kept ones
-            mask = tensors.get(f"{pos}/mask")
+            # an upload with a mask over the public rows (Selective-FD, EdgeFD, SCARLET) sends only the kept ones
+            name = next((m for m in (*masks, "mask") if f"{pos}/{m}" in tensors), "mask")
+            mask = tensors.get(f"{pos}/{name}")
             if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (public_rows,)):
-                return f"'mask' of shape {tuple(mask.shape)} ({mask.dtype}) for {public_rows} public rows"
+                return f"'{name}' of shape {tuple(mask.shape)} ({mask.dtype}) for {public_rows} public rows"
             rows = int(mask.sum()) if mask is not None else public_rows
             labels = tensors.get(f"{pos}/labels")  # hard labels instead of logits (then 0 x C logits)
             if labels is not None and (labels.dim() != 1 or len(labels) != rows):
