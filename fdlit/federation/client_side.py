@@ -40,6 +40,28 @@ class ClientSide:
                  release: Callable[[int, int, dict], dict] | None = None):
         self.executor, self.clients, self.client_data = executor, clients, client_data
         self.method_part, self.private, self.release = method_part, private, release
+        # clients a step may have changed since the last evaluation (None: any): an evaluation measures
+        # only these and keeps the others' accuracies (no network state measured twice)
+        self._changed: set[int] | None = None
+
+    def _touched(self, ids: Sequence[int] | range) -> None:
+        if self._changed is not None:
+            self._changed.update(ids)
+
+    def evaluated(self) -> None:
+        """Every client was just measured: from here on, only the clients a step reaches have changed."""
+        self._changed = set()
+
+    def forget_evaluation(self) -> None:
+        """The clients' states were replaced outside a step: the next evaluation measures every client."""
+        self._changed = None
+
+    def changed(self) -> frozenset[int] | None:
+        """The clients a step may have changed since the last evaluation, with those that could not be
+        reached (None: any client may have)."""
+        if self._changed is None:
+            return None
+        return frozenset(self._changed) | self.executor.unreachable()
 
     def __len__(self) -> int:
         return len(self.clients)
@@ -52,6 +74,7 @@ class ClientSide:
     def train(self, ids: Sequence[int], phase: str, datasets: Sequence[tuple[torch.Tensor, torch.Tensor]],
               epochs: int, batch_size: int) -> list[float]:
         """Clients ``ids`` train one phase on their ``datasets``; their mean losses."""
+        self._touched(ids)
         return self.executor.train(self.subset(self.clients, ids), phase, datasets, epochs, batch_size)
 
     def round_step(self, plan: RoundPlan, datasets: Sequence[tuple[torch.Tensor, torch.Tensor]], epochs: int,
@@ -62,6 +85,7 @@ class ClientSide:
         names. Returns the mean losses and each uploading client's message by id (a client whose node
         stopped answering has none)."""
         r, trained, uploading = plan.round, plan.sampled, plan.arrived
+        self._touched([*trained, *uploading])  # an upload runs the network (batch norm's statistics)
         step = ClientStep(r, self.subset(self.clients, trained), datasets, epochs, batch_size, upload,
                           self.subset(self.clients, uploading), self.subset(self.client_data, uploading),
                           self.method_part, info, received, self.release)
@@ -75,12 +99,14 @@ class ClientSide:
         """Logits of the clients ``ids`` (None: all) on ``x``: M x N x C."""
         return self.executor.predict(self.clients if ids is None else self.subset(self.clients, ids), x)
 
-    def correct(self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Every client's correctness on (x, y), or on its ``rows``: M x N of 1.0 / 0.0, NaN rows for
-        clients that could not be reached (evaluation)."""
-        return steps.correct(self.executor, self.clients, x, y, rows)
+    def correct(self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None = None,
+                ids: Sequence[int] | None = None) -> torch.Tensor:
+        """The correctness of every client (or of the clients ``ids``) on (x, y), or on its ``rows``:
+        M x N of 1.0 / 0.0, NaN rows for clients that could not be reached (evaluation)."""
+        return steps.correct(self.executor, self.clients if ids is None else self.subset(self.clients, ids), x, y, rows)
 
     def _hook(self, hook: str, info: FederationInfo, ids: Sequence[int], received: dict) -> list[dict]:
+        self._touched(ids)
         return self.executor.client_hook(hook, self.method_part, info, self.subset(self.clients, ids),
                                          self.subset(self.client_data, ids), received)
 
@@ -104,6 +130,7 @@ class ClientSide:
                batch_size: int) -> list[float]:
         """The public phase of the clients ``ids``, each from the (public inputs, targets) it was sent
         (its training set: the client part's ``distillation_set``, made where the client lives)."""
+        self._touched(ids)
         return steps.distil(self.executor, self.method_part, self.subset(self.clients, ids), teachers,
                                     self.subset(self.private, ids), epochs, batch_size)
 
@@ -126,4 +153,5 @@ class ClientSide:
         return steps.checkpoint_states(self.executor, self.clients)
 
     def load_state_dict(self, states: list[dict]) -> None:
+        self._changed = None
         steps.load_states(self.executor, self.clients, states)

@@ -132,8 +132,9 @@ class Protocol:
     def evaluate(self, parts: RoundParts, plan: RoundPlan, after_private: Accuracies | None
                  ) -> Callable[[], Accuracies | None]:
         """How every client is measured after the exchange (None when the round does not evaluate); the
-        round calls it once the executor has the clients' state after the exchange (steps.when_evaluated)."""
-        return partial(parts.evaluated, plan)
+        round calls it once the executor has the clients' state after the exchange (steps.when_evaluated);
+        the clients the exchange did not reach keep their accuracies from after the private phase."""
+        return partial(parts.evaluated_again, plan, after_private, parts.clients.changed())
 
 
 @dataclass(frozen=True)

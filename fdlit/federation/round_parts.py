@@ -14,7 +14,7 @@ from fdlit.data import FederatedData
 from fdlit.execution import select_executor
 from fdlit.federation.client_side import ClientSide
 from fdlit.federation.construction import ClientRecipe, InitialDraws, build_clients, eval_rows
-from fdlit.federation.evaluation import Accuracies, Evaluation
+from fdlit.federation.evaluation import Accuracies, Evaluation, updated
 from fdlit.federation.public_rows import PublicRowsGuard
 from fdlit.federation.round_facts import RoundFacts, RoundPlan
 from fdlit.federation.server_side import ServerSide
@@ -45,7 +45,24 @@ class RoundParts:
 
     def evaluated(self, plan: RoundPlan) -> Accuracies | None:
         """Every client's accuracies when the round evaluates, else None."""
-        return self.evaluate(plan.eval_rows) if plan.evaluated else None
+        if not plan.evaluated:
+            return None
+        out = self.evaluate(plan.eval_rows)
+        self.clients.evaluated()
+        return out
+
+    def evaluated_again(self, plan: RoundPlan, before: Accuracies | None, changed: frozenset[int] | None
+                        ) -> Accuracies | None:
+        """Every client's accuracies after a step of the round that evaluated them as ``before``: only
+        the clients it may have ``changed`` are measured again (None or every client: all)."""
+        if before is None or changed is None or len(changed) == len(self.clients):
+            return self.evaluated(plan)
+        if not plan.evaluated:
+            return None
+        ids = sorted(changed)
+        out = updated(before, ids, self.evaluate(plan.eval_rows, ids)) if ids else dict(before)
+        self.clients.evaluated()
+        return out
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ class ExactSelection:
         for client, w in zip(self.clients.clients, weights, strict=True):
             client.model.load_state_dict(w)
         self.clients.executor.push_states(self.clients.clients)
+        self.clients.forget_evaluation()
 
     def finish(self) -> Metrics:
         """After the last round's evaluations: the selected rounds measured on the whole test set
