@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from argparse import Namespace
 from pathlib import Path
 from types import SimpleNamespace
@@ -95,6 +96,55 @@ class InProcessGrid:
     def pull_messages(self, ids):
         return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i), has_error=lambda: False,
                                 content=self.replies.pop(i)) for i in ids if i in self.replies]
+
+
+class ThreadedGrid(InProcessGrid):
+    """``InProcessGrid`` whose nodes work on their own: each node's worker handles its messages in order
+    in a thread of its own, and a reply can be pulled once it is made (real time, as on Flower)."""
+
+    def __init__(self, nodes: int, node_config: dict | None = None):
+        import queue
+        import threading
+
+        super().__init__(nodes, node_config)
+        self.lock, self.replied = threading.Lock(), []  # (message id, node) in the order replies were made
+        self.working = threading.Lock()  # one worker computes at a time (torch's global random state), each holds alone
+        self.queues = {node: queue.Queue() for node in self.workers}
+        for node in self.workers:
+            threading.Thread(target=self._work, args=(node,), daemon=True).start()
+
+    def _work(self, node):
+        torch.set_num_threads(1)
+        while True:
+            mid, content = self.queues[node].get()
+            if content is None:
+                return
+            with self.working:
+                reply, due = self.workers[node].answer(content)
+            time.sleep(max(0.0, due - time.monotonic()))
+            with self.lock:
+                self.replies[mid] = reply
+                self.replied.append((mid, node, time.monotonic()))
+
+    def _push(self, messages):
+        from fdlit.deployment.wire import unpack
+
+        ids = []
+        for m in messages:
+            node = m.metadata.dst_node_id
+            with self.lock:
+                self.sent.append((unpack(m.content)[0]["op"], node))
+                ids.append(mid := f"m{len(self.sent)}")
+            self.queues[node].put((mid, m.content))
+        return ids
+
+    def pull_messages(self, ids):
+        with self.lock:
+            return super().pull_messages(ids)
+
+    def close(self):
+        for q in self.queues.values():
+            q.put((None, None))
 
 
 def deployed_in_process(args: list[str], grid: InProcessGrid, resume: str | None = None) -> Path:

@@ -39,16 +39,22 @@ def test_a_second_deploy_on_the_same_folder_is_refused(shared, tmp_path, capsys,
     assert not [p for p in runs.rglob("*") if p.name != "deploy.lock"]  # no run folder
 
 
-@pytest.mark.parametrize("study", ["studies/async.yaml", "studies/async_sync.yaml"])
-def test_a_virtual_clock_is_refused_before_any_process_starts(study, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(("extra", "field", "says"), [
+    (("--config", "studies/async_sync.yaml"), "federation.clock", "SynchronousClock runs under fit only"),
+    (("--config", "methods/fedavg.yaml", "--config", "studies/async_fedbuff.yaml"), "federation.clock",
+     "asynchronous parameter exchange (FedBuff, FedAsync) runs under fit only"),
+    (("--config", "studies/async.yaml", "--federation.clock.init_args.buffer", "null",
+      "--federation.clock.init_args.period", "5"), "federation.clock.period", "a release period is virtual time"),
+])
+def test_what_needs_the_virtual_clock_is_refused_before_any_process_starts(extra, field, says, tmp_path, capsys,
+                                                                           monkeypatch):
     import fdlit.deployment.launcher as launcher
 
     monkeypatch.setattr(launcher.LocalDeployment, "start", lambda self: pytest.fail("a process was started"))
     runs = tmp_path / "runs"
-    assert cli_main(["deploy", *SMALL, "--config", study, "--logger.run_dir", str(runs)]) == 2
+    assert cli_main(["deploy", *SMALL, *extra, "--logger.run_dir", str(runs)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("fdlit: error: federation.clock: runs under fit only"), err
-    assert not runs.exists()  # no run folder
+    assert len(err) == 1 and err[0].startswith(f"fdlit: error: {field}: {says}"), err
 
 
 def corrupt_gzip_folder(folder):

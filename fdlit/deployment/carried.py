@@ -54,10 +54,11 @@ class CarriedReceive:
         with self._carried_evaluation():
             close(evaluate())
 
-    def request(self, op: str, per_node: dict, tolerate: bool = False, timeout_s: float | None = None) -> dict:
+    def request(self, op: str, per_node: dict, tolerate: bool = False, timeout_s: float | None = None,
+                on_reply=None) -> dict:
         if self._pending and op != "step":  # nodes see the requests in fit's order: the receive first
             self._send_carried_alone()
-        return self.link.request(op, per_node, self._token.live(), tolerate, timeout_s)
+        return self.link.request(op, per_node, self._token.live(), tolerate, timeout_s, on_reply)
 
     def _queue_receive(self, info, clients, received) -> list[Message]:
         """Keep the receive (every client loads ``received``) for the nodes' next request."""

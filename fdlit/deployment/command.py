@@ -95,11 +95,23 @@ def check_secure_deployment(loop) -> None:
 
 
 def check_no_virtual_clock(loop) -> None:
-    """A deployment's time is its nodes' own; a virtual clock's devices, deadlines and releases are fit's,
-    refused here rather than silently run as synchronous rounds without time."""
-    if getattr(loop, "clock", None) is not None:
-        raise ConfigError("federation.clock", "runs under fit only (a virtual clock; a deployment's nodes take "
-                          "their own real time); remove federation.clock (null) to deploy, or use fit")
+    """A deployment's time is real: an ``AsynchronousClock`` of federated distillation runs on it (its
+    releases take the uploads that have arrived, fdlit.deployment.realtime); what needs the virtual
+    clock's own time (a synchronous deadline, a release period) or updates a model asynchronously is
+    refused here rather than silently run otherwise."""
+    clock = getattr(loop, "clock", None)
+    if clock is None:
+        return
+    if not getattr(clock, "asynchronous", False):
+        raise ConfigError("federation.clock", "SynchronousClock runs under fit only (a virtual clock: its deadline "
+                          "is virtual time); allowed with deploy: AsynchronousClock with a buffer (federated "
+                          "distillation on real time), or null")
+    if not clock.predictions:
+        raise ConfigError("federation.clock", "asynchronous parameter exchange (FedBuff, FedAsync) runs under fit "
+                          "only; allowed with deploy: AsynchronousClock with a rule that exchanges predictions, or null")
+    if clock.period is not None:
+        raise ConfigError("federation.clock.period", "a release period is virtual time and runs under fit only; "
+                          "allowed with deploy: buffer (releases take the uploads as they arrive)")
 
 
 class DeploymentInUse(ConfigError):

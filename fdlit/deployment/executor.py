@@ -29,6 +29,7 @@ from fdlit.deployment.carried import CarriedReceive
 from fdlit.deployment.membership import apply_local_classes, assign_order, client_blocks
 from fdlit.deployment.messages import NodeFailure, NodeLink
 from fdlit.deployment.node_requests import NodeRequests
+from fdlit.deployment.realtime import RealTimeJobs, without_clock
 from fdlit.deployment.replies import check_losses, check_step, messages_of, row_masks
 from fdlit.deployment.secure_rounds import SecureRounds
 from fdlit.execution.executor import ClientExecutor
@@ -37,7 +38,7 @@ from fdlit.execution.tokens import Tokens
 from fdlit.messages import Message, array_bytes
 
 
-class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
+class FlowerExecutor(CarriedReceive, NodeRequests, RealTimeJobs, ClientExecutor):
     """Clients hosted by Flower SuperNodes, driven from a ServerApp.
 
     Args:
@@ -73,10 +74,11 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
         self._upload_bytes = 0  # bytes of the arrays the clients' uploads carried this round
         self.secure = SecureRounds(self.request, lambda: self.node_of)  # secure aggregation's server half
         self._carry_reset()
+        self._realtime_reset()
 
     def bind(self, loop: Any, config_yaml: str) -> None:
         """The loop whose tensors nodes build themselves, and the config they build them from."""
-        self.loop, self.config_yaml = loop, config_yaml
+        self.loop, self.config_yaml = loop, without_clock(config_yaml) if loop.clock is not None else config_yaml
 
     @property
     def lost_nodes(self) -> set[int]:
@@ -161,12 +163,13 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
         run_failed = sys.exc_info()[0] is not None
         if run_failed:
             self._pending = {}  # a receive that waited for a round that never came
+        busy = self._abandon_jobs()  # real time: nodes still working on jobs no release will take
         try:
             if clients and not run_failed:
-                self.fetch_states(clients)
+                self.fetch_states([c for c in clients if self.node_of[c.client_id] not in busy])
         finally:
             try:
-                self.request("teardown", {n: ({}, {}) for n in self.node_ids if n not in self.lost_nodes})
+                self.request("teardown", {n: ({}, {}) for n in self.node_ids if n not in self.lost_nodes | busy})
             except NodeFailure as exc:
                 warnings.warn(f"FlowerExecutor: a node did not confirm the end of the run: {exc}")
             self.node_ids = []
@@ -277,7 +280,8 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
     def _wants_states(self) -> bool:
         """Whether the round ends in a checkpoint, whose client states the round's last reply then carries."""
         every = self.states_every
-        return bool(every) and (self._round % every == 0 or self._round >= self.loop.settings.rounds)
+        # real time: every release, as the clients it reached start jobs the checkpoint must not see
+        return bool(every) and (self._round % every == 0 or self._round >= self.loop.settings.rounds or self.realtime)
 
     def _states_ask(self) -> dict:
         """What a round's last request asks of the nodes for its checkpoint: nothing (no checkpoint);
@@ -308,6 +312,8 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
         self._rejoin()  # a round begins: nodes that replace lost ones join here
         self._dropped.clear()  # a node that sent an invalid reply last round takes part again
         self._prune()
+        if self.realtime and step.round > 1:  # each client's job ran on its own: its reply has landed
+            return self._landed_step(step)
         trained, uploading = self._groups(step.trained), self._groups(step.uploading)
         inputs = self._evaluated_sets()
         info = step.info
@@ -341,6 +347,7 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
         if secure:
             self.secure.keep_keys(replies)
         losses = self._losses(len(step.trained), replies, trained)
+        self._released_at = time.monotonic()  # real time: the first release waits for every upload
         self._changed(step.trained, range(len(step.trained)), {n: r for n, r in replies.items() if n in trained},
                       trained, inputs)
         report(self, "private", len(step.trained), len(step.trained))
@@ -372,7 +379,8 @@ class FlowerExecutor(CarriedReceive, NodeRequests, ClientExecutor):
                                             for j in idx],
                                "then_measure": self._measure(inputs, node, out),
                                **self._states_ask()}, out)
-        replies = self.request("distil", per_node, tolerate=True)
+        started = self._distil_holds(clients, per_node, groups) if self.realtime else None
+        replies = self.request("distil", per_node, tolerate=True, on_reply=started)
         replies = self._valid(replies, lambda node, meta, tensors: check_losses(meta, len(groups[node])))
         losses = self._losses(len(clients), replies, groups)
         self._changed(clients, range(len(clients)), replies, groups, inputs)

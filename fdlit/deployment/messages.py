@@ -51,23 +51,16 @@ class NodeLink:
         self._cpu_reported: dict[int, float] = {}
 
     def request(self, op: str, per_node: dict[int, tuple[dict, dict[str, torch.Tensor]]], live: list[int],
-                tolerate: bool = False, timeout_s: float | None = None) -> dict[int, tuple]:
+                tolerate: bool = False, timeout_s: float | None = None,
+                on_reply: Callable[[int, dict, dict], None] | None = None) -> dict[int, tuple]:
         """Send ``op`` to each node with its (meta, tensors); wait for every reply; (meta, tensors) back.
         ``tolerate``: a node that does not answer within ``timeout_s`` (or that Flower reports
         unavailable) is lost from then on, and its clients are unreachable: dropouts for the loop.
-        ``live``: the tokens the server still holds (nodes may drop the others)."""
-        from flwr.app import Message
-
+        ``live``: the tokens the server still holds (nodes may drop the others). ``on_reply(node, meta,
+        tensors)``: called as each reply comes, before the others are waited for."""
         started = time.monotonic()
-        messages, sent_to = [], {}
-        for node, (meta, tensors) in per_node.items():
-            content = pack({"op": op, "live": live, **meta}, tensors)
-            self.wire[f"{op}_down"] += (n := wire_bytes(content))
-            self.wire_total["down"] += n
-            messages.append(Message(content, dst_node_id=node, message_type=MESSAGE_TYPE))
-        self.messages += len(messages)
-        for mid, msg in zip(self.grid.push_messages(messages), messages, strict=True):
-            sent_to[mid] = msg.metadata.dst_node_id
+        items = [(node, meta, tensors) for node, (meta, tensors) in per_node.items()]
+        sent_to = dict(zip(self.send(op, items, live), per_node, strict=True))
         replies: dict[int, tuple] = {}
         timeout_s = timeout_s or self.timeout_s
         deadline = time.monotonic() + timeout_s
@@ -77,31 +70,11 @@ class NodeLink:
                 mid = reply.metadata.reply_to_message_id
                 node = sent_to[mid]
                 pending.discard(mid)
-                if reply.has_error():
-                    if tolerate:
-                        self._lose([node], f"'{op}' failed: {reply.error.reason}")
-                        continue
-                    raise NodeFailure(f"node {node} failed '{op}': {reply.error.reason}")
-                self.wire[f"{op}_up"] += (n := wire_bytes(reply.content))
-                self.wire_total["up"] += n
-                try:
-                    meta, tensors = unpack(reply.content)
-                    if not isinstance(meta, dict):
-                        raise TypeError("its JSON part is not an object")
-                except (ValueError, RuntimeError, KeyError, TypeError) as exc:  # not a reply fdlit's node makes
-                    if not tolerate:
-                        raise NodeFailure(f"node {node} sent a malformed reply to '{op}': {exc}") from None
-                    meta, tensors = {"invalid": f"a malformed reply: {exc}", "cpu_s": 0.0, "peak_rss": 0}, {}
-                if "error" in meta and tolerate and meta.get("error_kind") == "NumericalFault":
-                    # the node's own clients diverged: an invalid reply, so a dropout of the round (the caller's)
-                    meta = {**meta, "invalid": meta["error"].strip().splitlines()[-1]}
-                elif "error" in meta and meta.get("error_kind") == "ConfigError":
-                    raise NodeRefused(f"node {node} refused '{op}': {meta['error']}")
-                elif "error" in meta:
-                    raise NodeFailure(f"node {node} failed '{op}':\n{meta['error']}")
-                self.node_cpu[node] = float(meta.get("cpu_s", self.node_cpu.get(node, 0.0)))
-                self.node_peak_rss[node] = int(meta.get("peak_rss", 0))
-                replies[node] = (meta, tensors)
+                taken = self.take(op, node, reply, tolerate)
+                if taken is not None:
+                    replies[node] = taken
+                    if on_reply is not None:
+                        on_reply(node, *taken)
             if pending:
                 if time.monotonic() > deadline:
                     late = sorted(sent_to[m] for m in pending)
@@ -113,6 +86,49 @@ class NodeLink:
                 time.sleep(min(max((time.monotonic() - started) / 2, POLL_S[0]), POLL_S[1]))
         self.exchanges.append(time.monotonic() - started)
         return replies
+
+    def send(self, op: str, messages: list[tuple[int, dict, dict[str, torch.Tensor]]], live: list[int]
+             ) -> list[str]:
+        """Push one Message per (node, meta, tensors), without waiting: their message ids, in order."""
+        from flwr.app import Message
+
+        out = []
+        for node, meta, tensors in messages:
+            content = pack({"op": op, "live": live, **meta}, tensors)
+            self.wire[f"{op}_down"] += (n := wire_bytes(content))
+            self.wire_total["down"] += n
+            out.append(Message(content, dst_node_id=node, message_type=MESSAGE_TYPE))
+        self.messages += len(out)
+        return list(self.grid.push_messages(out))
+
+    def take(self, op: str, node: int, reply: Any, tolerate: bool) -> tuple | None:
+        """One reply to ``op`` from ``node``: its (meta, tensors), counted on the wire; None when the node
+        failed it and ``tolerate`` (the node is lost), else the failure raised."""
+        if reply.has_error():
+            if tolerate:
+                self._lose([node], f"'{op}' failed: {reply.error.reason}")
+                return None
+            raise NodeFailure(f"node {node} failed '{op}': {reply.error.reason}")
+        self.wire[f"{op}_up"] += (n := wire_bytes(reply.content))
+        self.wire_total["up"] += n
+        try:
+            meta, tensors = unpack(reply.content)
+            if not isinstance(meta, dict):
+                raise TypeError("its JSON part is not an object")
+        except (ValueError, RuntimeError, KeyError, TypeError) as exc:  # not a reply fdlit's node makes
+            if not tolerate:
+                raise NodeFailure(f"node {node} sent a malformed reply to '{op}': {exc}") from None
+            meta, tensors = {"invalid": f"a malformed reply: {exc}", "cpu_s": 0.0, "peak_rss": 0}, {}
+        if "error" in meta and tolerate and meta.get("error_kind") == "NumericalFault":
+            # the node's own clients diverged: an invalid reply, so a dropout of the round (the caller's)
+            meta = {**meta, "invalid": meta["error"].strip().splitlines()[-1]}
+        elif "error" in meta and meta.get("error_kind") == "ConfigError":
+            raise NodeRefused(f"node {node} refused '{op}': {meta['error']}")
+        elif "error" in meta:
+            raise NodeFailure(f"node {node} failed '{op}':\n{meta['error']}")
+        self.node_cpu[node] = float(meta.get("cpu_s", self.node_cpu.get(node, 0.0)))
+        self.node_peak_rss[node] = int(meta.get("peak_rss", 0))
+        return meta, tensors
 
     def round_metrics(self, node_ids: list[int]) -> dict[str, object]:
         """Since the last round ended: each node worker's CPU seconds and peak memory, the bytes of every

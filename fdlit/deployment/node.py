@@ -90,8 +90,18 @@ class NodeWorker:
 
     # ------------------------------------------------------------------ requests
     def handle(self, content):
+        reply, due = self.answer(content)
+        time.sleep(max(0.0, due - time.monotonic()))  # the reply leaves no earlier than the device would send it
+        return reply
+
+    def answer(self, content) -> tuple[Any, float]:
+        """The reply to one message, and when it may leave (``time.monotonic``): at once, or when the
+        injected delay the server asked for (``hold_s``: this device's virtual time, scaled) has passed."""
+        started = time.monotonic()
         meta, tensors = unpack(content)
         op = meta.pop("op")
+        held = "hold_s" in meta  # real time: the reply says when it left (fdlit.deployment.realtime)
+        hold_s = float(meta.pop("hold_s", 0.0))  # an injected delay: this device's virtual time, scaled
         try:
             if self.loop is not None:
                 self._receive(meta.pop("live", None), tensors)
@@ -104,7 +114,10 @@ class NodeWorker:
             else:
                 out_meta, out = {"error": traceback.format_exc(), "error_kind": type(exc).__name__}, {}
         out_meta.update(cpu_s=time.process_time(), peak_rss=peak_rss_bytes(), pid=os.getpid())
-        return pack(out_meta, out)
+        due = max(started + hold_s, time.monotonic())
+        if held:
+            out_meta["sent_at"] = time.time() + due - time.monotonic()  # wall clock: comparable across nodes
+        return pack(out_meta, out), due
 
     def _receive(self, live: list[int] | None, tensors: dict[str, torch.Tensor]) -> None:
         device = self.loop.fabric.device

@@ -11,8 +11,9 @@ and the node loads them from its disk.
 Layout: ``<checkpoint-dir>/<run key>/round-<r>-clients-<first>-<last>.pt`` (``checkpoint-dir``: the
 node setting; default ``<state-dir>/fdlit-checkpoints``), written atomically (a temporary file,
 fsync, rename, fsync of the folder): after a kill at any moment the last complete file is readable.
-A node keeps its newest ``KEEP`` saved rounds, so the server's last complete checkpoint (written in
-the background while the next round runs) always finds its round on the nodes.
+A node keeps each client's newest ``KEEP`` saved rounds, so the server's last complete checkpoint
+(written in the background while the next round runs) always finds its round on the nodes, also for a
+client saved long ago (asynchronous rounds save a client only when it has distilled).
 """
 
 from __future__ import annotations
@@ -54,18 +55,24 @@ def run_folder(node_config: dict, key: str) -> Path:
 
 
 def save(node_config: dict, key: str, round: int, states: dict[int, Any]) -> Path:
-    """Write ``states`` (client id -> state) of ``round`` atomically; keep the newest KEEP rounds."""
+    """Write ``states`` (client id -> state) of ``round`` atomically, a file per run of consecutive client
+    ids (its name says exactly whose states it holds); keep each client's newest KEEP rounds."""
     from fdlit.runs.atomic_write import write_file
 
     folder = run_folder(node_config, key)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     ids = sorted(states)
-    path = folder / f"round-{int(round)}-clients-{ids[0]}-{ids[-1]}.pt"
-    content = {"round": int(round), "states": {int(i): states[i] for i in ids}}
-    write_file(path, lambda f: torch.save(content, f), field=FIELD, sync_folder=True)
-    saved = sorted({int(p.name.split("-")[1]) for p in folder.glob("round-*-clients-*.pt")})
-    for old in saved[:-KEEP]:
-        for p in folder.glob(f"round-{old}-clients-*.pt"):
+    runs = [[ids[0]]]
+    for i in ids[1:]:
+        runs[-1].append(i) if i == runs[-1][-1] + 1 else runs.append([i])
+    for run in runs:
+        path = folder / f"round-{int(round)}-clients-{run[0]}-{run[-1]}.pt"
+        content = {"round": int(round), "states": {int(i): states[i] for i in run}}
+        write_file(path, lambda f, c=content: torch.save(c, f), field=FIELD, sync_folder=True)
+    files = [(int(r), int(a), int(b), p) for p in folder.glob("round-*-clients-*.pt")
+             for _, r, _, a, b in [p.stem.split("-")]]
+    for r, a, b, p in files:  # gone once each of its clients has KEEP newer rounds
+        if all(len({r2 for r2, a2, b2, _ in files if r2 > r and a2 <= c <= b2}) >= KEEP for c in range(a, b + 1)):
             p.unlink(missing_ok=True)
     return path
 

@@ -181,11 +181,18 @@ class AsynchronousClock(RoundClock):
         server_update: parameter exchange only: how the server's model takes the arrived uploads
             (:mod:`fdlit.federation.clock.server_updates`: FedBuff(server_lr), FedAsync(alpha));
             null: FedBuff with server_lr 1.
+        real_time_scale: under ``fdlit deploy`` (real time, docs/async.md): each node holds a reply
+            until this many real seconds per virtual second of the job its device would take (injected
+            delays, so the deployment's arrivals follow the profile); null: the nodes' own speed.
     """
 
     def __init__(self, profile: DeviceProfile | None = None, buffer: int | None = None, period: float | None = None,
-                 staleness: Staleness | None = None, server_update: ServerUpdate | None = None):
+                 staleness: Staleness | None = None, server_update: ServerUpdate | None = None,
+                 real_time_scale: float | None = None):
         super().__init__(profile)
+        if real_time_scale is not None and not real_time_scale >= 0:
+            raise ConfigError(f"{FIELD}.real_time_scale", f"allowed: seconds >= 0 or null; got {real_time_scale}")
+        self.real_time_scale = real_time_scale
         self.asynchronous = True
         if buffer is not None and period is not None:
             raise ConfigError(f"{FIELD}.period", "set buffer or period, not both")
@@ -248,6 +255,9 @@ class AsynchronousClock(RoundClock):
         tl = self.timeline
         if plan.round == 1 and self.predictions:
             return plan
+        landed = parts.clients.arrivals(self.buffer or len(tl.free))  # real time (a deployment), or None
+        if landed is not None:
+            return dataclasses.replace(plan, sampled=landed, arrived=list(landed))
         expected = self.expected_arrivals(parts, plan)
         if self.period is not None:
             ids = sorted(i for i, t in expected.items() if t <= tl.now + self.period)
@@ -265,6 +275,22 @@ class AsynchronousClock(RoundClock):
         epochs = parts.settings.private_epochs_of(plan.round)
         return {i: tl.arrival(i, tl.trained(i, 0.0, len(parts.tensors.private[i][1]) * epochs, rows),
                               tl.up_bytes[i] or first) for i in range(len(tl.free))}
+
+    def holds(self, parts: RoundParts, plan: RoundPlan, ids: list[int]) -> dict[int, tuple[float, float]]:
+        """Real time (a deployment): for each client ``ids`` that receives this release's teacher, the
+        virtual seconds from the release until it has distilled, and until its next upload arrives (its
+        next job started at once), as ``close`` and ``expected_arrivals`` count them."""
+        tl, r = self.timeline, plan.round
+        rows = _public_rows(parts, plan)
+        public = rows * parts.settings.public_epochs_of(r)
+        down, epochs = _down_bytes(parts, r), parts.settings.private_epochs_of(r + 1)
+        out = {}
+        for i in ids:
+            free = max(tl.free[i], tl.received(i, self._release, down.get(i, 0), public))
+            start = tl.devices.start(i, free)
+            trained = start + tl.devices.compute_s(i, len(parts.tensors.private[i][1]) * epochs + rows / 3.0)
+            out[i] = (free - self._release, tl.arrival(i, trained, tl.up_bytes[i]) - self._release)
+        return out
 
     def release_time(self, arrivals, any_late):
         if self.period is not None and (self.cache or not self.predictions):  # FD: after the first release
