@@ -70,7 +70,7 @@ def main(run_dir: str | None, argv: list[str]) -> int:
         fit_args, parser, cfg = fit_arguments(rest)
         experiment = Experiment(cfg, parser)  # the whole config checked before any process starts
     check_secure_deployment(experiment.loop)
-    check_no_virtual_clock(experiment.loop)
+    check_clock_deployable(experiment.loop)
     import_flwr()
     # the client count as fit reads it from the config (no data is built)
     check_node_count(options, getattr(experiment.loop.data, "num_clients", None))
@@ -94,7 +94,7 @@ def check_secure_deployment(loop) -> None:
                           "set adversaries.collude: false, or use fit")
 
 
-def check_no_virtual_clock(loop) -> None:
+def check_clock_deployable(loop) -> None:
     """A deployment's time is real: an ``AsynchronousClock`` of federated distillation runs on it (its
     releases take the uploads that have arrived, fdlit.deployment.realtime); what needs the virtual
     clock's own time (a synchronous deadline, a release period) or updates a model asynchronously is

@@ -95,13 +95,12 @@ class NodeWorker:
         return reply
 
     def answer(self, content) -> tuple[Any, float]:
-        """The reply to one message, and when it may leave (``time.monotonic``): at once, or when the
-        injected delay the server asked for (``hold_s``: this device's virtual time, scaled) has passed."""
+        """The reply to one message, and when it may leave (``time.monotonic``): once the injected delay
+        the server asked for has passed (``hold_s``: this device's virtual time, scaled; real time)."""
         started = time.monotonic()
         meta, tensors = unpack(content)
         op = meta.pop("op")
-        held = "hold_s" in meta  # real time: the reply says when it left (fdlit.deployment.realtime)
-        hold_s = float(meta.pop("hold_s", 0.0))  # an injected delay: this device's virtual time, scaled
+        held, hold_s = "hold_s" in meta, float(meta.pop("hold_s", 0.0))  # fdlit.deployment.realtime
         try:
             if self.loop is not None:
                 self._receive(meta.pop("live", None), tensors)
@@ -114,10 +113,9 @@ class NodeWorker:
             else:
                 out_meta, out = {"error": traceback.format_exc(), "error_kind": type(exc).__name__}, {}
         out_meta.update(cpu_s=time.process_time(), peak_rss=peak_rss_bytes(), pid=os.getpid())
-        due = max(started + hold_s, time.monotonic())
-        if held:
-            out_meta["sent_at"] = time.time() + due - time.monotonic()  # wall clock: comparable across nodes
-        return pack(out_meta, out), due
+        if held:  # when the reply leaves, on the wall clock: comparable across nodes
+            out_meta["sent_at"] = time.time() + max(started + hold_s - time.monotonic(), 0.0)
+        return pack(out_meta, out), started + hold_s
 
     def _receive(self, live: list[int] | None, tensors: dict[str, torch.Tensor]) -> None:
         device = self.loop.fabric.device
