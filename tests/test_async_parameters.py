@@ -194,4 +194,4 @@ def test_a_runs_label_names_its_server_update():
 
     assert label(FEDASYNC) == "FedAvg, async buffer 1, constant, FedAsync α=0.6"
     assert label({"class_path": CLOCK + "FedBuff"}) == "FedAvg, async buffer 1, constant, FedBuff η=1"
-    assert label(None) == "FedAvg, async buffer 1, constant"
+    assert label(None) == "FedAvg, async buffer 1, constant, FedBuff η=1"  # null: FedBuff, as the run ran

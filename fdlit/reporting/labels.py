@@ -83,12 +83,13 @@ def method_label(config: dict) -> str:
     tau = suwa_tau(config)
     if tau is not None:  # the τ study's rows are sUWA at different temperatures; τ = 0 is AVG, τ = 1 UWA
         label = {0.0: f"AVG (sUWA τ={tau:g})", 1.0: f"UWA (sUWA τ={tau:g})"}.get(tau, f"sUWA τ={tau:g}")
-    return label + clock_label(config)
+    return label + clock_label(config, getattr(cls, "exchange", None))
 
 
-def clock_label(config: dict) -> str:
+def clock_label(config: dict, exchange: str | None = None) -> str:
     """How a run's rounds were timed (``federation.clock``), as a label's suffix: synchronous, with a
-    deadline, asynchronous with a buffer or a period; "" without a clock."""
+    deadline, asynchronous with a buffer or a period (a parameter ``exchange``'s server update: FedBuff
+    when the config leaves it null); "" without a clock."""
     clock = _section(_section(config, "federation"), "clock")
     kind = str(clock.get("class_path", "")).rsplit(".", 1)[-1]
     args = _section(clock, "init_args")
@@ -99,12 +100,13 @@ def clock_label(config: dict) -> str:
         buffer, period = _number(args.get("buffer")), _number(args.get("period"))
         staleness = str(_section(args, "staleness").get("class_path", "Constant")).rsplit(".", 1)[-1].lower()
         when = f"period {period:g} s" if period is not None else f"buffer {buffer:g}" if buffer is not None else "buffer M"
-        return f", async {when}, {staleness}" + server_update_label(_section(args, "server_update"))
+        update = _section(args, "server_update") or ({"class_path": "FedBuff"} if exchange == "parameters" else {})
+        return f", async {when}, {staleness}" + server_update_label(update)
     return ""
 
 
 def server_update_label(update: dict) -> str:
-    """A parameter exchange's asynchronous server update, as a label's suffix (FedBuff's default: "")."""
+    """A parameter exchange's asynchronous server update, as a label's suffix ("" for none)."""
     kind = str(update.get("class_path", "")).rsplit(".", 1)[-1]
     args = _section(update, "init_args")
     if kind not in ("FedAsync", "FedBuff"):
