@@ -132,7 +132,7 @@ def test_an_unreachable_client_has_no_accuracy_and_the_means_leave_it_out():
         def predict(self, clients, x):
             return logits
 
-    evaluate = Evaluation(lambda x, y, rows=None: steps.correct(Unreachable(), [None] * 3, x, y, rows),
+    evaluate = Evaluation(lambda x, y, rows=None, ids=None: steps.correct(Unreachable(), [None] * 3, x, y, rows),
                           (torch.zeros(4, 1), y), torch.ones(3, 4), (None, None))
     accs = evaluate()
     assert accs["global_acc"][0] == 1 and math.isnan(accs["global_acc"][1]) and accs["global_acc"][2] == 0

@@ -30,18 +30,21 @@ class Evaluation:
         that order); ``test_samples``: how many test samples that was."""
         out = {}
         if self.val_y is not None:  # the (small) validation set
-            out["val_acc"] = self.correct(self.val_x, self.val_y, None, ids).mean(1)
+            out["val_acc"] = self._correct(self.val_x, self.val_y, None, ids).mean(1)
         masks = self.local_mask_matrix if ids is None else self.local_mask_matrix[ids]
         masks = masks if rows is None else masks[:, rows]
         # micro accuracy (correct / total; torchmetrics' MulticlassAccuracy defaults to macro), for
         # all clients in one op: 80 per-client metric calls a round cost more than the predictions
-        correct = self.correct(self.test_x, self.test_y, rows, ids)
+        correct = self._correct(self.test_x, self.test_y, rows, ids)
         out.update(global_acc=correct.mean(1), local_acc=(correct * masks).sum(1) / masks.sum(1).clamp_min(1))
         # a client that could not be reached (a deployment's node is gone): no accuracy
         unreachable = correct.isnan().all(1) if correct.shape[1] else torch.zeros(len(correct), dtype=torch.bool)
         out = {k: v.masked_fill(unreachable.to(v.device), math.nan).cpu() if bool(unreachable.any()) else v.cpu()
                for k, v in out.items()}
         return {**out, "test_samples": correct.shape[1]}
+
+    def _correct(self, x, y, rows, ids):
+        return self.correct(x, y, rows) if ids is None else self.correct(x, y, rows, ids)
 
 
 def updated(before: Accuracies, ids: list[int], measured: Accuracies) -> Accuracies:
