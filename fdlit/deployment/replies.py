@@ -83,5 +83,7 @@ def messages_of(upload: dict | None, tensors: dict[str, torch.Tensor], device) -
     """The typed messages of a reply: arrays ``u<pos>/<key>``; metrics, config and sensitivity in its JSON part."""
     if not upload:
         return []
-    return [Message({k: tensors[f"u{pos}/{k}"].to(device) for k in keys}, **typed)
+    # copies: a reply's arrays are views of its one buffer, and a message may be kept (an asynchronous
+    # cache, saved with the run: torch.save refuses views of one storage as different types)
+    return [Message({k: tensors[f"u{pos}/{k}"].to(device, copy=True) for k in keys}, **typed)
             for pos, (keys, typed) in enumerate(zip(upload["keys"], upload["typed"], strict=True))]
