@@ -312,6 +312,8 @@ class NoExchange(Protocol):
         return [math.nan] * len(parts.clients)
 
     def evaluate(self, parts, plan, after_private):
+        if after_private is None:  # not measured after the private phase (federation.eval_after_private)
+            return partial(parts.evaluated, plan)
         return lambda: after_private  # nothing changed the clients since the private phase
 
 

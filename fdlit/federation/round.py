@@ -101,7 +101,7 @@ class FederatedRound:
         check_finite(private_losses, r, "private", [i for i in plan.sampled if i not in lost])
         for extra in self.extras:
             plan = extra.arrived(plan, {i: m for i, m in sent.items() if i in plan.arrived})
-        after_private = parts.evaluated(plan)
+        after_private = parts.evaluated(plan) if parts.settings.eval_after_private else None
         for extra in self.extras:
             extra.after_private(plan, after_private)
         # line 7: the server receives; lines 9-12: aggregation, broadcast; lines 13-15: public refinement

@@ -61,6 +61,9 @@ class FederationSettings:
             round's weights are kept and measured in full after the last round:
             fdlit.federation.selection). null: the whole test set every time. At most the test
             set's size (checked once the data is set up).
+        eval_after_private: evaluate the clients after the private phase too (``after_private/*``, the
+            after-private selection and report columns); false: only after the exchange, about half the
+            evaluation's cost (its metrics are then NaN, as in a round not evaluated).
         channels_last: store every client network's 4-D weights channels-last
             (``torch.channels_last``; convolutions then run in NHWC, usually faster on GPUs with
             tensor cores). Same results up to float rounding.
@@ -100,6 +103,7 @@ class FederationSettings:
         client_class: str = "fdlit.clients.ClientModule",
         eval_every_n_rounds: int = 1,
         eval_subsample: int | None = None,
+        eval_after_private: bool = True,
         channels_last: bool = False,
         compile: bool = False,
         compile_backend: str = "inductor",
@@ -125,6 +129,7 @@ class FederationSettings:
         self.callbacks = list(callbacks)
         self.client_class = import_client_class(client_class)
         self.eval_every_n_rounds, self.eval_subsample = eval_every_n_rounds, eval_subsample
+        self.eval_after_private = bool(eval_after_private)
         self.channels_last = channels_last
         self.compile_backend = compile_backend if compile else None
         self.cuda_graphs = cuda_graphs
