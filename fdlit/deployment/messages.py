@@ -79,7 +79,7 @@ class NodeLink:
                 if time.monotonic() > deadline:
                     late = sorted(sent_to[m] for m in pending)
                     if tolerate:
-                        self._lose(late, f"no reply to '{op}' within {timeout_s:g} s")
+                        self.lose(late, f"no reply to '{op}' within {timeout_s:g} s")
                         break
                     raise NodeFailure(f"no reply to '{op}' from node(s) {late} within {timeout_s:g} s "
                                       f"(deploy --timeout)")
@@ -106,7 +106,7 @@ class NodeLink:
         failed it and ``tolerate`` (the node is lost), else the failure raised."""
         if reply.has_error():
             if tolerate:
-                self._lose([node], f"'{op}' failed: {reply.error.reason}")
+                self.lose([node], f"'{op}' failed: {reply.error.reason}")
                 return None
             raise NodeFailure(f"node {node} failed '{op}': {reply.error.reason}")
         self.wire[f"{op}_up"] += (n := wire_bytes(reply.content))
@@ -148,7 +148,7 @@ class NodeLink:
         self.exchanges.clear()
         return out
 
-    def _lose(self, nodes: list[int], why: str) -> None:
+    def lose(self, nodes: list[int], why: str) -> None:
         for node in nodes:
             self.lost.add(node)
             warnings.warn(f"FlowerExecutor: node {node} is lost ({why}); its clients {self.clients_of(node)} are "

@@ -41,7 +41,7 @@ class RealTimeJobs:
         self._jobs: dict[str, tuple[int, int]] = {}  # message id -> (client id, node) of a job in flight
         self._landed: dict[int, tuple[int, tuple | None, float]] = {}  # client id -> (node, reply, sent at)
         self._holds: dict[int, float] = {}  # client id -> virtual seconds from the release to its next upload
-        self._released_at = 0.0  # time.monotonic() of the last release (its last upload pulled)
+        self._released_at = 0.0  # time.monotonic() of the last release (when its last upload arrived)
 
     @property
     def realtime(self) -> bool:
@@ -71,7 +71,7 @@ class RealTimeJobs:
                 break
             if time.monotonic() > deadline:
                 late = sorted({node for _, node in self._jobs.values()})
-                self.link._lose(late, f"no upload within {self.timeout_s:g} s")
+                self.link.lose(late, f"no upload within {self.timeout_s:g} s")
                 for client, node in self._jobs.values():
                     self._landed[client] = (node, None, time.time())
                 self._jobs = {}
