@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from fdlit.deployment.wire import unpack
 from tests.clocked import CLOCK, clock
 from tests.clocked import tiny as clocked_tiny
 from tests.deploying import (
@@ -63,14 +64,19 @@ def test_releases_take_the_uploads_that_arrived_first_as_the_virtual_clock_does(
 
 
 def test_without_a_scale_the_nodes_own_speed_decides(tmp_path):
-    """Equal devices on the profile, but node 3 really is slower: it is never among the first arrivals
+    """Equal devices on the profile, but node 3 really is slower (3 s a job): it is never among the first arrivals
     (sUWA, whose uploads carry more than logits: the cached uploads checkpoint with the run)."""
     args = clocked_tiny("--federation.executor", "fdlit.execution.SequentialExecutor",
                         *clock("AsynchronousClock", buffer=2), rounds=4)
     grid = ThreadedGrid(4)
     slow = grid.workers[1003]
     answer = slow.answer
-    slow.answer = lambda content: (lambda reply, due: (reply, due + 0.4))(*answer(content))  # a slow device
+
+    def slower(content):  # a slow device: each job's upload leaves 3 s late
+        reply, due = answer(content)
+        return reply, due + 3.0 * ("hold_s" in unpack(content)[0])
+
+    slow.answer = slower
     try:
         deployed = deployed_in_process([*args, "--logger.run_dir", str(tmp_path)], grid)
     finally:
