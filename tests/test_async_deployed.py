@@ -35,7 +35,7 @@ def uploads_by_release(run_dir):
 
 @pytest.fixture(scope="module")
 def scaled(tmp_path_factory):
-    """The run's arguments (four devices on a trace, buffer 1, half a real second per virtual second)
+    """The run's arguments (four devices on a trace, buffer 1, 0.7 real seconds per virtual second)
     and its virtual-clock ``fit``."""
     folder = tmp_path_factory.mktemp("scaled")
     trace = folder / "devices.json"
@@ -43,7 +43,7 @@ def scaled(tmp_path_factory):
                                  for k, c in enumerate(COMPUTATION_MS)}))
     profile = {"class_path": CLOCK + "TraceProfile", "init_args": {"path": str(trace)}}
     args = clocked_tiny("--config", "methods/avg.yaml", "--federation.executor", "fdlit.execution.SequentialExecutor",
-                        *clock("AsynchronousClock", buffer=1, profile=profile, real_time_scale=0.5), rounds=6)
+                        *clock("AsynchronousClock", buffer=1, profile=profile, real_time_scale=0.7), rounds=6)
     fit_with_one_thread([*args, "--logger.run_dir", str(folder / "fit")])
     return args, only_run(folder / "fit")
 
