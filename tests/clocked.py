@@ -61,22 +61,23 @@ def entry(*args, timeout=600):
 
 
 def killed_and_resumed(args: list[str], folder: Path, after: int, rounds: int):
-    """Run ``fit args`` twice at once, SIGKILL one once it has checkpointed release ``after``, resume it,
-    and return both runs' metrics and communication rows (resumed, uninterrupted) and the release it
-    was killed at."""
+    """Run ``fit args`` through the entry point, SIGKILL it once it has checkpointed release ``after``,
+    resume it, run it uninterrupted (in this process, one thread, as the entry point's runs), and return
+    both runs' metrics and communication rows (resumed, uninterrupted) and the release it was killed at."""
     from fdlit.runs import read_jsonl
     from fdlit.runs.checkpoint import load_checkpoint
+    from tests.deploying import fit_with_one_thread
     from tests.fitting import kill_once_checkpointed
 
     victim = entry(*args, "--logger.run_dir", str(folder / "victim"))
-    reference = entry(*args, "--logger.run_dir", str(folder / "ref"))
     killed = kill_once_checkpointed(victim, folder / "victim", after, timeout=600)
     assert killed is not None, f"the victim never finished release {after}"
     killed_at = load_checkpoint(killed)["loop"]["round"]
     assert after <= killed_at < rounds and len(read_jsonl(killed / "metrics.jsonl")) < rounds
-    for process in (entry("fit", "--resume", str(killed)), reference):
-        _, err = process.communicate(timeout=600)
-        assert process.returncode == 0, err
+    resumed = entry("fit", "--resume", str(killed))
+    fit_with_one_thread([*args[1:], "--logger.run_dir", str(folder / "ref")])  # meanwhile, the uninterrupted run
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
     (uninterrupted,) = (folder / "ref").iterdir()
     runs = [(read_jsonl(f / "metrics.jsonl"), read_jsonl(f / "communication.jsonl")) for f in (killed, uninterrupted)]
     return runs[0], runs[1], killed_at
