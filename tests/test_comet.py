@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fdlit.cli import main
+from fdlit.clients.loss_context import LossContext
 from fdlit.messages import Message
 from fdlit.methods import COMET
 from fdlit.methods.base import ServerContext, context_for
@@ -54,8 +55,29 @@ def test_vectorized_equals_sequential_under_participation(tmp_path):
     assert [m["comet/largest_cluster_share"] for m in seq.history] == [m["comet/largest_cluster_share"] for m in vec.history]
 
 
-@pytest.mark.parametrize("value", ["0", "true"])
-def test_bad_cluster_counts_are_refused_in_one_line(value, tmp_path, capsys):
-    assert main(["fit", *tiny("digits_comet.yaml", tmp_path, "--aggregator.init_args.num_clusters", value)]) == 2
+def test_regularization_weight_scales_the_distillation_loss_only():
+    assert not COMET().client_part().has_loss  # the authors' 1.0: the plain loss, every executor's default path
+    part = COMET(regularization_weight=0.25).client_part()
+    base = torch.tensor(2.0)
+    public = LossContext(client=torch.nn.Identity(), phase="public", logits=torch.zeros(1, 3),
+                         target=torch.zeros(1, 3), base=base, state={})
+    private = LossContext(client=torch.nn.Identity(), phase="private", logits=torch.zeros(1, 3),
+                          target=torch.zeros(1, dtype=torch.long), base=base, state={})
+    assert float(part.loss(public)) == 0.5 and float(part.loss(private)) == 2.0
+
+
+def test_zero_regularization_weight_leaves_sgd_clients_where_the_private_phase_left_them(tmp_path):
+    loop = fit_loop(tiny("digits_comet.yaml", tmp_path, "--aggregator.init_args.regularization_weight", "0",
+                         "--client.optimizer", "sgd", "--client.lr", "0.5"))
+    evaluated = [m for m in loop.history if "after_public/global_acc_mean" in m]
+    assert len(evaluated) == 2
+    assert all(m["after_public/global_acc_mean"] == m["after_private/global_acc_mean"] for m in evaluated)
+    assert any(m.kind == "teacher" for m in loop.server_side.ledger.messages)  # the targets still go down
+
+
+@pytest.mark.parametrize(("flag", "value"), [("num_clusters", "0"), ("num_clusters", "true"),
+                                             ("regularization_weight", "-1")])
+def test_bad_settings_are_refused_in_one_line(flag, value, tmp_path, capsys):
+    assert main(["fit", *tiny("digits_comet.yaml", tmp_path, f"--aggregator.init_args.{flag}", value)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fdlit: error: aggregator")

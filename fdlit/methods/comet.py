@@ -6,7 +6,7 @@ import torch
 
 from fdlit.errors import ConfigError
 from fdlit.messages import Message
-from fdlit.methods.base import AggregationResult, Aggregator
+from fdlit.methods.base import AggregationResult, Aggregator, ClientPart
 
 
 def row_centroids(probs: torch.Tensor, clusters: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,6 +31,17 @@ def row_centroids(probs: torch.Tensor, clusters: int, seed: int) -> tuple[torch.
     return torch.where(sums > 0, centroids / sums.clamp_min(1e-30), centroids).float(), member
 
 
+class COMETDistillation(ClientPart):
+    """COMET's client part: the public phase's loss scaled by the regularisation weight lambda,
+    lambda * KL(mu_{k_i(x)}(x) || softmax(z_i(x))); the private phase's loss is unchanged."""
+
+    def __init__(self, regularization_weight: float):
+        self.regularization_weight = regularization_weight
+
+    def loss(self, ctx):
+        return ctx.base * self.regularization_weight if ctx.phase == "public" else ctx.base
+
+
 class COMET(Aggregator):
     """COMET: each client distils from the average of the clients whose predictions cluster with its own.
 
@@ -45,10 +56,14 @@ class COMET(Aggregator):
     the same network the client then distils, so the targets are the same). Down to client i: its N x C
     targets (the authors send every client all N x K x C centroids). The round's ``teacher`` (logged,
     checked) is the mean over clients, what the authors' server model distils from. Each client is
-    charged only for its own targets.
+    charged only for its own targets. The client's distillation loss is lambda * KL(mu_{k_i(x)}(x) ||
+    softmax(z_i(x))), lambda = ``regularization_weight`` (the authors' knob, 1.0 in their config: the
+    plain loss); it scales the distillation step under SGD, and under Adam, which normalises the
+    gradient's scale, it changes almost nothing.
 
     Args:
         num_clusters: K >= 1 (the authors' 2).
+        regularization_weight: lambda >= 0, the weight of the distillation loss (the authors' 1.0).
     """
 
     short_name = "comet"
@@ -57,10 +72,19 @@ class COMET(Aggregator):
     # this round's per-client targets, handed from aggregate to configure in the same round (never kept)
     row_state = {"round_targets": None}
 
-    def __init__(self, num_clusters: int = 2):
+    def __init__(self, num_clusters: int = 2, regularization_weight: float = 1.0):
         if isinstance(num_clusters, bool) or not (isinstance(num_clusters, int) and num_clusters >= 1):
             raise ConfigError("aggregator.num_clusters", f"allowed: an integer >= 1; got {num_clusters!r}")
-        self.num_clusters = num_clusters
+        weight = regularization_weight
+        if isinstance(weight, bool) or not (isinstance(weight, int | float) and 0 <= weight < float("inf")):
+            raise ConfigError("aggregator.regularization_weight", f"allowed: a finite number >= 0; got {weight!r}")
+        self.num_clusters, self.regularization_weight = num_clusters, float(weight)
+
+    def client_part(self) -> ClientPart:
+        # weight 1 is the plain distillation loss: no loss hook, so every executor runs its default path
+        if self.regularization_weight == 1.0:
+            return super().client_part()
+        return COMETDistillation(self.regularization_weight)
 
     def aggregate(self, uploads, ctx):
         probs = self.stack_logits(uploads).softmax(-1).cpu()
