@@ -1,0 +1,82 @@
+"""The study table of docs/heterogeneous.md from a folder of runs (sweeps/fashion_mnist_heterogeneous*.yaml):
+one row per method as ``fdlit report`` labels it (without the settings that tell
+the partitions and model groups apart) and one column block per partition (k classes per client, or
+``dir<alpha>`` for a Dirichlet split), over its finished runs (an unfinished run has no final numbers), mean ± std over seeds of
+
+* the final round's mean global test accuracy (``final_global_acc_mean``: after the public phase, which for
+  the methods without one is after the round),
+* the final round's mean local (personalized) accuracy, each client on the test rows of its own classes
+  (``final_local_acc_mean_after_public``),
+* the bytes one client sent and received over the run (``bytes_up_total`` and ``bytes_down_total`` over
+  ``data.num_clients``), in MB (10^6 bytes).
+
+    python scripts/heterogeneous_study_table.py runs/fashion_mnist_heterogeneous_small
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from pathlib import Path
+
+from fdlit.reporting.labels import method_label
+from fdlit.reporting.runs import load_runs
+
+
+def run_numbers(summary: dict, num_clients: int) -> dict:
+    """Global and local accuracy (%) and MB up / down per client of one finished run's summary."""
+    return {"global": 100 * summary["final_global_acc_mean"],
+            "local": 100 * summary["final_local_acc_mean_after_public"],
+            "up": summary["bytes_up_total"] / num_clients / 1e6,
+            "down": summary["bytes_down_total"] / num_clients / 1e6}
+
+
+def mean_std(values: list[float], digits: int) -> str:
+    """``mean ± std`` (sample std over seeds), or the mean alone for one value."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def partition_name(k) -> str:
+    return f"Dirichlet α = {k[3:]}" if isinstance(k, str) and k.startswith("dir") else f"k = {k}"
+
+
+def table(root: Path) -> str:
+    """One markdown table per partition (k ascending, then the Dirichlet splits); the rows in the order
+    the runs were started (a sweep's order of its methods)."""
+    cells: dict[tuple, dict[str, list[dict]]] = {}
+    runs, _ = load_runs([root])
+    for run in sorted(runs, key=lambda r: r.path.name):  # run folders begin with their start time
+        clients = int((run.config.get("data") or {}).get("num_clients") or 1)
+        key = (1, 0, run.k) if isinstance(run.k, str) else (0, run.k, "")
+        cells.setdefault(key, {}).setdefault(method_label(run.config), []).append(run_numbers(run.summary, clients))
+    out = []
+    for key in sorted(cells):
+        out += [f"{partition_name(key[2] if key[0] else key[1])}:", "",
+                "| method | seeds | final global accuracy (%) | final local accuracy (%) | MB per client up / down |",
+                "|---|---|---|---|---|"]
+        for method, numbers in cells[key].items():
+            out.append(f"| {method} | {len(numbers)} | {mean_std([n['global'] for n in numbers], 1)} "
+                       f"| {mean_std([n['local'] for n in numbers], 1)} "
+                       f"| {_mb(numbers, 'up')} / {_mb(numbers, 'down')} |")
+        out.append("")
+    return "\n".join(out).rstrip("\n")
+
+
+def _mb(numbers: list[dict], which: str) -> str:
+    values = [n[which] for n in numbers]
+    digits = 3 if max(values) < 10 else 1
+    return f"{statistics.mean(values):.{digits}f}" if math.isclose(min(values), max(values)) else mean_std(values, digits)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", type=Path, help="folder of run directories (a sweep's runs/<name>)")
+    args = parser.parse_args()
+    print(table(args.runs))
+
+
+if __name__ == "__main__":
+    main()
