@@ -10,7 +10,10 @@ the partitions and model groups apart) and one column block per partition (k cla
 * the bytes one client sent and received over the run (``bytes_up_total`` and ``bytes_down_total`` over
   ``data.num_clients``), in MB (10^6 bytes).
 
-    python scripts/heterogeneous_study_table.py runs/fashion_mnist_heterogeneous_small
+With ``--by-network``: instead, per partition, each method's final global accuracy (%) of the clients on each
+network of the ``PerClient`` group (a pair's private network for FML and FedKD), mean over seeds and clients.
+
+    python scripts/heterogeneous_study_table.py runs/fashion_mnist_heterogeneous_small [--by-network]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import math
 import statistics
 from pathlib import Path
 
+from fdlit.models.hetero import PerClient
 from fdlit.reporting.labels import method_label
 from fdlit.reporting.runs import load_runs
 
@@ -65,6 +69,44 @@ def table(root: Path) -> str:
     return "\n".join(out).rstrip("\n")
 
 
+def client_networks(config: dict) -> list[str]:
+    """Each client's network, in client order, by its class name (a ``MutualPair``: its private network's)."""
+    model, clients = config.get("model") or {}, int((config.get("data") or {}).get("num_clients") or 1)
+    groups = (model.get("init_args") or {}).get("groups")
+    specs = PerClient.assign(groups, clients) if str(model.get("class_path", "")).endswith("PerClient") else [model] * clients
+    names = []
+    for spec in specs:
+        private = (spec.get("init_args") or {}).get("private") if spec.get("class_path", "").endswith("MutualPair") else None
+        names.append(str((private or spec).get("class_path", "?")).rsplit(".", 1)[-1])
+    return names
+
+
+def network_table(root: Path) -> str:
+    """Per partition, a method's clients' final global accuracy (%) on each network, mean over seeds and clients."""
+    cells: dict[tuple, dict[str, dict[str, list[float]]]] = {}
+    networks: list[str] = []
+    runs, _ = load_runs([root])
+    for run in sorted(runs, key=lambda r: r.path.name):
+        accs = next((m["clients/after_public/global_acc"] for m in reversed(run.metrics)
+                     if isinstance(m.get("clients/after_public/global_acc"), list)), None)
+        if accs is None:
+            continue
+        key = (1, 0, run.k) if isinstance(run.k, str) else (0, run.k, "")
+        row = cells.setdefault(key, {}).setdefault(method_label(run.config), {})
+        for name, acc in zip(client_networks(run.config), accs, strict=True):
+            networks += [name] if name not in networks else []
+            row.setdefault(name, []).append(100 * acc)
+    out = []
+    for key in sorted(cells):
+        out += [f"{partition_name(key[2] if key[0] else key[1])}:", "", "| method | " + " | ".join(networks) + " |",
+                "|---|" + "---|" * len(networks)]
+        for method, row in cells[key].items():
+            out.append(f"| {method} | " + " | ".join(f"{statistics.mean(row[n]):.1f}" if n in row else "–"
+                                                      for n in networks) + " |")
+        out.append("")
+    return "\n".join(out).rstrip("\n")
+
+
 def _mb(numbers: list[dict], which: str) -> str:
     values = [n[which] for n in numbers]
     digits = 3 if max(values) < 10 else 1
@@ -74,8 +116,10 @@ def _mb(numbers: list[dict], which: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, help="folder of run directories (a sweep's runs/<name>)")
+    parser.add_argument("--by-network", action="store_true", help="the final global accuracy of each network's "
+                        "clients instead")
     args = parser.parse_args()
-    print(table(args.runs))
+    print(network_table(args.runs) if args.by_network else table(args.runs))
 
 
 if __name__ == "__main__":
