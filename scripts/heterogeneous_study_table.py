@@ -19,7 +19,6 @@ network of the ``PerClient`` group (a pair's private network for FML and FedKD),
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from pathlib import Path
 
@@ -110,7 +109,8 @@ def network_table(root: Path) -> str:
 def _mb(numbers: list[dict], which: str) -> str:
     values = [n[which] for n in numbers]
     digits = 3 if max(values) < 10 else 1
-    return f"{statistics.mean(values):.{digits}f}" if math.isclose(min(values), max(values)) else mean_std(values, digits)
+    spread = mean_std(values, digits)
+    return spread.split(" ± ")[0] if spread.endswith(f" ± {0:.{digits}f}") else spread  # no spread at this precision
 
 
 def main() -> None:
