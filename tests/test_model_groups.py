@@ -1,6 +1,6 @@
 """The model groups of configs/models/: each stacks on its dataset, every group builds on the dataset's
 input shape with one penultimate width (what the prototype and head methods need) and different
-architectures; the HtFE8-like group assigns client i to architecture i mod 8, as HtFLlib does; the
+architectures; a paired group (FML, FedKD) one shared network beside each of its group's; the HtFE8-like group assigns client i to architecture i mod 8, as HtFLlib does; the
 narrow ResNet's and LeNet-5's width knobs, and a mixed federation running stacked by architecture."""
 
 from pathlib import Path
@@ -23,9 +23,35 @@ GROUPS = {  # group file: (the dataset it is for, its input shape, the shared wi
     "htfe8.yaml": ("cifar10.yaml", (3, 32, 32), 512, 8),
 }
 
+PAIRED = {"fashion_mnist_mixed_mutual.yaml": "fashion_mnist_mixed.yaml"}  # FML/FedKD group: the group it pairs
+
 
 def test_every_group_file_is_listed_here():
-    assert sorted(p.name for p in MODELS.glob("*.yaml")) == sorted(GROUPS)
+    assert sorted(p.name for p in MODELS.glob("*.yaml")) == sorted([*GROUPS, *PAIRED])
+
+
+@pytest.mark.parametrize("name", sorted(PAIRED))
+def test_a_paired_group_puts_one_shared_network_beside_each_network_of_its_group(name):
+    """FML and FedKD average the shared network, so it must be one for all; the private networks are the
+    paired group's, in its order and fractions, and each pair builds on the dataset's shape."""
+    from fdlit.models.mutual import check_one_shared_network
+
+    _, cfg = parse_fit(["--config", GROUPS[PAIRED[name]][0], "--config", "methods/fml.yaml", "--config", f"models/{name}"])
+    assert cfg.model.class_path == "fdlit.models.PerClient"
+    model = yaml.safe_load((MODELS / name).read_text())["model"]
+    groups = model["init_args"]["groups"]
+    paired = yaml.safe_load((MODELS / PAIRED[name]).read_text())["model"]["init_args"]["groups"]
+    assert [g["class_path"] for g in groups] == ["fdlit.models.mutual.MutualPair"] * len(paired)
+    assert [g["init_args"]["private"] for g in groups] == [{k: v for k, v in g.items() if k != "fraction"} for g in paired]
+    assert [g["fraction"] for g in groups] == [g["fraction"] for g in paired]
+    check_one_shared_network(model, "FML")
+    other = {**groups[0], "init_args": {**groups[0]["init_args"], "shared": {"class_path": "fdlit.models.LeNet5"}}}
+    with pytest.raises(ConfigError, match=r"^model.init_args.groups: FML averages the shared network"):
+        check_one_shared_network({**model, "init_args": {"groups": [other, *groups[1:]]}}, "FML")
+    shape = GROUPS[PAIRED[name]][1]
+    for spec in groups:
+        pair = build_model({k: v for k, v in spec.items() if k != "fraction"}, shape, 10)
+        assert pair(torch.randn(2, *shape)).shape == (2, 10)
 
 
 @pytest.mark.parametrize("name", sorted(GROUPS))
