@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 # steps an executor may do its own way (a method of that name); the interface's methods aside, no other
 OWN_WAYS = ("configure", "client_step", "upload", "distil", "correct", "checkpoint_states", "load_states",
-            "timing_metrics", "logged_values", "when_evaluated", "close_waiting", "secure_sum")
+            "timing_metrics", "logged_values", "when_evaluated", "close_waiting", "arrivals", "secure_sum")
 
 T, R = TypeVar("T"), TypeVar("R")
 
@@ -181,6 +181,14 @@ def when_evaluated(executor: ClientExecutor, evaluate: Callable[[], T], close: C
     that request came back (:func:`close_waiting`); returns what ``close`` returns, None while it waits."""
     own = own_way(executor, "when_evaluated")
     return own(evaluate, close) if own else close(evaluate())
+
+
+def arrivals(executor: ClientExecutor, count: int) -> list[int] | None:
+    """The ``count`` clients whose uploads arrived first, where clients run their jobs on their own time
+    (a deployment on real time: fdlit.deployment.realtime); None where jobs run when a round asks."""
+    if own := own_way(executor, "arrivals"):
+        return own(count)
+    return None
 
 
 def close_waiting(executor: ClientExecutor) -> None:

@@ -143,8 +143,7 @@ class ClientSide:
     def arrivals(self, count: int) -> list[int] | None:
         """Real time (an executor whose clients run their jobs on their own, a deployment): the ``count``
         clients whose uploads arrived first, waited for; None where jobs run when the round asks."""
-        own = steps.own_way(self.executor, "arrivals")
-        return own(count) if own is not None else None
+        return steps.arrivals(self.executor, count)
 
     def unreachable(self) -> frozenset[int]:
         """Clients whose node stopped answering (a deployment): dropouts of the round."""

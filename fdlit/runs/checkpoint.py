@@ -119,9 +119,10 @@ class CheckpointWriteError(OSError):
 
 
 # ---------------------------------------------------------------------------------- fingerprints
-# privacy knobs added after runs were saved, each at the value that changes nothing
+# privacy and method (by class name) knobs added after runs were saved, each at the value that changes nothing
 LATER_PRIVACY_KNOBS = {"accounting": "local", "secure_aggregation": None, "secure_threshold": 0.5,
                        "upload_audit": False}
+LATER_METHOD_KNOBS = {"COMET": {"regularization_weight": 1.0}}
 
 
 def without_noop_sections(config: dict[str, Any]) -> dict[str, Any]:
@@ -141,14 +142,20 @@ def without_noop_sections(config: dict[str, Any]) -> dict[str, Any]:
         cfg.pop("privacy")
     federation = cfg.get("federation")
     if isinstance(federation, dict):  # CUDA-graph knobs added later, at the value that changes nothing
-        if federation.get("cuda_graphs") is False:
-            federation.pop("cuda_graphs")
-        if federation.get("clock", "absent") is None:
-            federation.pop("clock")  # no virtual clock: what runs did before the section
+        # no CUDA graphs, no virtual clock, both evaluations: what runs did before these knobs
+        for knob, value in (("cuda_graphs", False), ("clock", None), ("eval_after_private", True)):
+            if knob in federation and federation[knob] == value:
+                federation.pop(knob)
         executor = federation.get("executor")
         init = executor.get("init_args") if isinstance(executor, dict) else None
         if isinstance(init, dict) and init.get("graph_optimizer") is True:
             init.pop("graph_optimizer")
+    aggregator = cfg.get("aggregator")
+    init = aggregator.get("init_args") if isinstance(aggregator, dict) else None
+    if isinstance(init, dict):  # a method's knobs added later, at the value that changes nothing
+        for knob, value in LATER_METHOD_KNOBS.get(str(aggregator.get("class_path")).rsplit(".", 1)[-1], {}).items():
+            if init.get(knob, value) == value:
+                init.pop(knob, None)
     if isinstance(cfg.get("client"), dict) and cfg["client"].get("optimizer_scope") == "shared":
         cfg["client"].pop("optimizer_scope")  # one optimizer across phases and rounds: what runs did before the knob
     if isinstance(cfg.get("data"), dict) and cfg["data"].get("input_scaling", "absent") is None:

@@ -20,12 +20,15 @@ def _threads(jobs: int) -> int:
 
 
 def _stop_with_the_sweep(sweep_pid: int) -> None:
-    """Pool initializer: a worker is sent SIGTERM when the sweep process dies (Linux), so a killed sweep
+    """Pool initializer: SIGINT stops the worker's run (a KeyboardInterrupt, whatever the sweep inherited);
+    a worker is sent SIGTERM when the sweep process dies (Linux), so a killed sweep
     leaves no worker behind it that goes on through the queued combinations; the worker's run then
     stops as a terminated ``fit`` does, with its last checkpoint, and the next sweep resumes it."""
+    # the sweep stops its workers with SIGINT; a sweep started with SIGINT ignored (in the background of a
+    # non-interactive shell, under a test runner's worker) hands that on to its children: take it back
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if sys.platform.startswith("linux"):
         import ctypes
-        import signal
 
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
     if os.getppid() != sweep_pid:  # the sweep died before the request above was in place
