@@ -24,14 +24,14 @@ tensors instead of ~25 M small ones (``torch.save`` pays per tensor: at 500 digi
 the per-client list against 0.2 s packed). :func:`load_checkpoint` unpacks them, so a loaded state
 is the loop's ``state_dict()`` again, bit for bit.
 
-The state is assembled at the end of the round (a snapshot: packed tensors are copies, on the CPU),
-then written by a background thread while the next round runs (``checkpoint.background``); the
-next checkpoint, the end of the run and a numerical fault wait for it.
+The state is assembled at the end of the round (a snapshot: packed tensors are copies, on the CPU), then written
+by a background thread while the next round runs (``checkpoint.background``); the next checkpoint, the end of
+the run and a numerical fault wait for it.
 
-Resuming (``fdlit fit --resume <run_dir>``, :mod:`fdlit.runs.experiment`) rebuilds the loop from
-``<run_dir>/config.yaml``, loads this file into it after set-up, rewrites ``metrics.jsonl`` /
-``communication.jsonl`` from the checkpoint's history and ledger (rows written after the checkpoint
-go, a damaged file is kept beside it), and continues with round ``round + 1``.
+Resuming (``fdlit fit --resume <run_dir>``, :mod:`fdlit.runs.experiment`) rebuilds the loop from ``<run_dir>/config.yaml``,
+loads this file into it after set-up, rewrites ``metrics.jsonl`` / ``communication.jsonl`` from the checkpoint's
+history and ledger (rows written after the checkpoint go, a damaged file is kept beside it), and continues with
+round ``round + 1``.
 """
 
 from __future__ import annotations
@@ -119,9 +119,8 @@ class CheckpointWriteError(OSError):
 
 
 # ---------------------------------------------------------------------------------- fingerprints
-# privacy and method (by class name) knobs added after runs were saved, each at the value that changes nothing
-LATER_PRIVACY_KNOBS = {"accounting": "local", "secure_aggregation": None, "secure_threshold": 0.5,
-                       "upload_audit": False}
+# knobs added after runs were saved (a method's by class name), each at the value that changes nothing
+LATER_PRIVACY_KNOBS = {"accounting": "local", "secure_aggregation": None, "secure_threshold": 0.5, "upload_audit": False}
 LATER_METHOD_KNOBS = {"COMET": {"regularization_weight": 1.0}}
 
 
@@ -150,12 +149,10 @@ def without_noop_sections(config: dict[str, Any]) -> dict[str, Any]:
         init = executor.get("init_args") if isinstance(executor, dict) else None
         if isinstance(init, dict) and init.get("graph_optimizer") is True:
             init.pop("graph_optimizer")
-    aggregator = cfg.get("aggregator")
-    init = aggregator.get("init_args") if isinstance(aggregator, dict) else None
-    if isinstance(init, dict):  # a method's knobs added later, at the value that changes nothing
-        for knob, value in LATER_METHOD_KNOBS.get(str(aggregator.get("class_path")).rsplit(".", 1)[-1], {}).items():
-            if init.get(knob, value) == value:
-                init.pop(knob, None)
+    method = cfg.get("aggregator") if isinstance(cfg.get("aggregator"), dict) else {}
+    for knob, value in LATER_METHOD_KNOBS.get(str(method.get("class_path")).rsplit(".", 1)[-1], {}).items():
+        if isinstance(method.get("init_args"), dict) and method["init_args"].get(knob, value) == value:
+            method["init_args"].pop(knob, None)  # a method's knob added later, at its no-op value
     if isinstance(cfg.get("client"), dict) and cfg["client"].get("optimizer_scope") == "shared":
         cfg["client"].pop("optimizer_scope")  # one optimizer across phases and rounds: what runs did before the knob
     if isinstance(cfg.get("data"), dict) and cfg["data"].get("input_scaling", "absent") is None:
