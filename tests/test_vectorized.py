@@ -469,3 +469,50 @@ def test_a_transposed_stack_takes_the_same_update_as_a_contiguous_one(optimizer)
         opt.write_back()
         results.append(clients)
     assert_identical_clients(*results)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_each_runs_rows_of_a_shared_stack_take_the_update_of_a_stack_of_their_own(optimizer):
+    """A stacked sweep's call holds several runs' clients (``runs``): each run's rows, updated in
+    place as views of the shared stack (or gathered, for a subset of rows), end bit for bit as in a
+    stack of the run's clients alone, through whole-stack steps, a subset and steps at which the
+    run's clients are at different step counts."""
+    from fdlit.execution.stacked_optimizer import StackedOptimizer
+    from fdlit.execution.stacking import ParamStack, select_rows
+
+    kw = {"momentum": 0.9} if optimizer == "sgd" else {}
+    lrs, runs = (1e-2, 1e-2, 1e-2, 3e-2, 3e-2), [0, 0, 0, 1, 1]
+
+    def clients():
+        torch.manual_seed(0)
+        return [ClientModule(MLP((1, 8, 8), 10, hidden=[12]), i, [0, 1], ClientOptimization(optimizer=optimizer, lr=lr, **kw),
+                             seed=3) for i, lr in enumerate(lrs)]
+
+    schedule = [None, torch.tensor([0, 3]), None, None]
+    g = torch.Generator().manual_seed(5)
+    shapes = [p.shape for p in ParamStack(clients()[:1]).params]
+    grads = [[torch.randn(len(lrs), *s[1:], generator=g) for s in shapes] for _ in schedule]
+
+    def train(members, runs):
+        stack = ParamStack(members, gradient_layout=True)
+        opt = StackedOptimizer(members, stack, runs)
+        ids = torch.tensor([c.client_id for c in members])
+        for rows, step_grads in zip(schedule, grads, strict=True):
+            if rows is not None:
+                rows = (ids[:, None] == rows[None, :]).any(1).nonzero().squeeze(1)
+            mine = [gk.index_select(0, ids) for gk in step_grads]
+            params = stack.params if rows is None else [select_rows(p, rows) for p in stack.params]
+            opt.step(params, [torch.empty_like(p).copy_(gk if rows is None else gk.index_select(0, rows))
+                              for p, gk in zip(params, mine, strict=True)], rows)
+            if rows is not None:
+                for target, p in zip(stack.params, params, strict=True):
+                    target.index_copy_(0, rows, p)
+        stack.write_back()
+        opt.write_back()
+        return members
+
+    shared = train(clients(), runs)
+    alone = clients()
+    train(alone[:3], None)
+    train(alone[3:], None)
+    assert_identical_clients(shared, alone)

@@ -79,21 +79,27 @@ class StackedOptimizer:
             runs = self.runs if rows is None else self.runs[rows]
             cuts = ((runs[1:] != runs[:-1]).nonzero().squeeze(1) + 1).tolist()
             if cuts:
-                every = torch.arange(len(self.runs)) if rows is None else rows
                 bounds = [0, *cuts, len(runs)]
                 for a, b in zip(bounds[:-1], bounds[1:], strict=True):  # slices: updated in place
-                    self._step([t[a:b] for t in p], [t[a:b] for t in g], every[a:b])
+                    # all rows: the run's moments as views of the stack (the same elements in the
+                    # same layout as a gathered copy, without the gather and scatter per step)
+                    self._step([t[a:b] for t in p], [t[a:b] for t in g], slice(a, b) if rows is None else rows[a:b])
                 return
         self._step(p, g, rows)
 
-    def _step(self, p: Stacked, g: Stacked, rows: torch.Tensor | None) -> None:
-        """Update p (the rows ``rows`` (CPU indices) of the stack, or all of it) in place with
-        gradients g. Adam runs torch.optim's fused kernel where the device has one, else
+    def _step(self, p: Stacked, g: Stacked, rows: torch.Tensor | slice | None) -> None:
+        """Update p (the rows ``rows`` of the stack: CPU indices or a slice; or all of it) in place
+        with gradients g. Adam runs torch.optim's fused kernel where the device has one, else
         torch.optim's single-tensor arithmetic (with per-client scalars broadcast when the updated
         clients differ in learning rate or step count)."""
         device, dt = p[0].device, p[0].dtype
-        dev_rows = None if rows is None else rows.to(device)
-        pick = (lambda ts: ts) if rows is None else (lambda ts: [select_rows(t, dev_rows) for t in ts])
+        dev_rows = rows.to(device) if isinstance(rows, torch.Tensor) else rows
+        if rows is None:
+            pick = lambda ts: ts  # noqa: E731
+        elif isinstance(rows, slice):
+            pick = lambda ts: [t[rows] for t in ts]  # noqa: E731  (views: updated in place)
+        else:
+            pick = lambda ts: [select_rows(t, dev_rows) for t in ts]  # noqa: E731
         lr = self.lr if rows is None else self.lr[rows]
         uniform_lr = bool((lr == lr[0]).all())
 
@@ -210,7 +216,9 @@ class StackedOptimizer:
         self._fused_step(p, g, self.exp_avg, self.exp_avg_sq, self.lr, None, True, [self._device_step] * len(p))
 
     @staticmethod
-    def _put(target: Stacked, value: Stacked, rows: torch.Tensor | None) -> None:
+    def _put(target: Stacked, value: Stacked, rows: torch.Tensor | slice | None) -> None:
+        if isinstance(rows, slice):  # views of the target: already in place
+            return
         for t, v in zip(target, value, strict=True):
             if rows is None:
                 if v is not t:
@@ -218,7 +226,7 @@ class StackedOptimizer:
             else:
                 t.index_copy_(0, rows, v)
 
-    def _mark(self, rows: torch.Tensor | None) -> None:
+    def _mark(self, rows: torch.Tensor | slice | None) -> None:
         if rows is None:
             self.has_state.fill_(True)
         else:
