@@ -1,7 +1,8 @@
 """Requests to the SuperNodes as Flower Messages, their replies, and what they cost on the wire.
 
 One request is one Message per node (``query.fdlit``; what to do is in its meta record), pushed
-through the ServerApp's Grid; replies are pulled with short, backing-off polling. Every Message's
+through the ServerApp's Grid; replies are pulled with short, backing-off polling that starts when
+replies are due (:class:`ReplyClock`). Every Message's
 serialised size is counted by operation and direction; each reply carries its node worker's CPU
 seconds and peak memory. A node that does not answer in time is *lost* when the caller tolerates
 it (training, prediction, state): its clients become dropouts; otherwise the run stops naming it.
@@ -20,10 +21,37 @@ import torch
 from fdlit.deployment.wire import pack, unpack, wire_bytes
 
 MESSAGE_TYPE = "query.fdlit"
-# how often the ServerApp asks the SuperLink for replies: after half the time waited so far, between
-# 20 and 50 ms (Flower's own send_and_receive waits 3 s between asks; a round's exchange takes a few
-# tenths of a second on loopback, and each ask is a request the SuperLink serves)
+# how often the ServerApp asks the SuperLink for replies once they are due: after half the time waited
+# so far, between 20 and 50 ms (Flower's own send_and_receive waits 3 s between asks; a round's
+# exchange takes a few tenths of a second on loopback, and each ask is a request the SuperLink serves)
 POLL_S = (0.02, 0.05)
+# the share of the last like request's time to its first reply that passes before the first ask
+DUE_SHARE = 0.8
+
+
+class ReplyClock:
+    """When to ask for replies. Flower's Grid offers no wait for them (``send_and_receive`` asks every
+    3 s), so the ServerApp asks; a request like the last one of its kind (the same operation, epochs
+    and clients: a round's client step or public phase) takes about as long, so the first ask comes
+    once ``DUE_SHARE`` of the last one's time to its first reply has passed, and the asks a round's
+    training would meet with empty answers, each a request the SuperLink serves, are not made."""
+
+    def __init__(self):
+        self.first_reply_s: dict[tuple, float] = {}  # kind of request -> seconds to its first reply, last time
+
+    @staticmethod
+    def kind(op: str, per_node: dict) -> tuple:
+        metas = [meta for meta, _ in per_node.values()]
+        return (op, sum(len(m.get("ids", ())) for m in metas), max((m.get("epochs", 0) for m in metas), default=0),
+                sum(len(m.get("receive", ())) for m in metas))
+
+    def due(self, kind: tuple) -> float:
+        """Seconds after the request was sent at which its replies are first asked for."""
+        return DUE_SHARE * self.first_reply_s.get(kind, 0.0)
+
+    @staticmethod
+    def pause(waited_s: float) -> float:
+        return min(max(waited_s / 2, POLL_S[0]), POLL_S[1])
 
 
 class NodeFailure(RuntimeError):
@@ -48,6 +76,8 @@ class NodeLink:
         self.lost: set[int] = set()
         self.exchanges: list[float] = []  # seconds each request took since the last round ended
         self.messages = 0  # Messages sent to the nodes since the last round ended
+        self.pulls = 0  # asks for replies since the last round ended
+        self.clock = ReplyClock()
         self._cpu_reported: dict[int, float] = {}
 
     def request(self, op: str, per_node: dict[int, tuple[dict, dict[str, torch.Tensor]]], live: list[int],
@@ -59,14 +89,19 @@ class NodeLink:
         ``live``: the tokens the server still holds (nodes may drop the others). ``on_reply(node, meta,
         tensors)``: called as each reply comes, before the others are waited for."""
         started = time.monotonic()
+        kind = self.clock.kind(op, per_node)
         items = [(node, meta, tensors) for node, (meta, tensors) in per_node.items()]
         sent_to = dict(zip(self.send(op, items, live), per_node, strict=True))
         replies: dict[int, tuple] = {}
         timeout_s = timeout_s or self.timeout_s
         deadline = time.monotonic() + timeout_s
         pending = set(sent_to)
+        time.sleep(max(0.0, min(started + self.clock.due(kind), deadline) - time.monotonic()))
+        first = None
         while pending:
+            self.pulls += 1
             for reply in self.grid.pull_messages(list(pending)):
+                first = first or time.monotonic() - started
                 mid = reply.metadata.reply_to_message_id
                 node = sent_to[mid]
                 pending.discard(mid)
@@ -83,7 +118,9 @@ class NodeLink:
                         break
                     raise NodeFailure(f"no reply to '{op}' from node(s) {late} within {timeout_s:g} s "
                                       f"(deploy --timeout)")
-                time.sleep(min(max((time.monotonic() - started) / 2, POLL_S[0]), POLL_S[1]))
+                time.sleep(self.clock.pause(time.monotonic() - started))
+        if first is not None:
+            self.clock.first_reply_s[kind] = first
         self.exchanges.append(time.monotonic() - started)
         return replies
 
@@ -144,6 +181,7 @@ class NodeLink:
         out["comm/exchanges"] = len(self.exchanges)  # requests to the nodes (each: one Message per node)
         out["time/exchange_s"] = list(self.exchanges)  # each request's wall time, replies included
         out["comm/messages"], self.messages = self.messages, 0  # one per node and request
+        out["comm/pulls"], self.pulls = self.pulls, 0  # the ServerApp's asks for replies
         self.wire.clear()
         self.exchanges.clear()
         return out
