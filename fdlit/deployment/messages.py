@@ -25,19 +25,20 @@ MESSAGE_TYPE = "query.fdlit"
 # so far, between 20 and 50 ms (Flower's own send_and_receive waits 3 s between asks; a round's
 # exchange takes a few tenths of a second on loopback, and each ask is a request the SuperLink serves)
 POLL_S = (0.02, 0.05)
-# the share of the last like request's time to its first reply that passes before the first ask
+# the share of a node's time to reply to the last like request that passes before it is asked
 DUE_SHARE = 0.8
 
 
 class ReplyClock:
     """When to ask for replies. Flower's Grid offers no wait for them (``send_and_receive`` asks every
-    3 s), so the ServerApp asks; a request like the last one of its kind (the same operation, epochs
-    and clients: a round's client step or public phase) takes about as long, so the first ask comes
-    once ``DUE_SHARE`` of the last one's time to its first reply has passed, and the asks a round's
-    training would meet with empty answers, each a request the SuperLink serves, are not made."""
+    3 s), so the ServerApp asks; a node answers a request like the last one of its kind (the same
+    operation, epochs and clients: a round's client step or public phase) in about the time it took
+    then, so the next ask waits until ``DUE_SHARE`` of that time has passed for some node still
+    awaited: the asks a round's training would meet with empty answers, each a request the SuperLink
+    serves, are not made."""
 
     def __init__(self):
-        self.first_reply_s: dict[tuple, float] = {}  # kind of request -> seconds to its first reply, last time
+        self.reply_s: dict[tuple, dict[int, float]] = {}  # kind of request -> node -> seconds to its reply
 
     @staticmethod
     def kind(op: str, per_node: dict) -> tuple:
@@ -45,13 +46,18 @@ class ReplyClock:
         return (op, sum(len(m.get("ids", ())) for m in metas), max((m.get("epochs", 0) for m in metas), default=0),
                 sum(len(m.get("receive", ())) for m in metas))
 
-    def due(self, kind: tuple) -> float:
-        """Seconds after the request was sent at which its replies are first asked for."""
-        return DUE_SHARE * self.first_reply_s.get(kind, 0.0)
+    def due(self, kind: tuple, nodes) -> float:
+        """Seconds after the request was sent at which the first of ``nodes`` is due to have replied."""
+        last = self.reply_s.get(kind, {})
+        return DUE_SHARE * min((last.get(n, 0.0) for n in nodes), default=0.0)
+
+    def replied(self, kind: tuple, node: int, seconds: float) -> None:
+        self.reply_s.setdefault(kind, {})[node] = seconds
 
     @staticmethod
-    def pause(waited_s: float) -> float:
-        return min(max(waited_s / 2, POLL_S[0]), POLL_S[1])
+    def pause(overdue_s: float) -> float:
+        """The wait between asks once a reply is due: half the time since, 20 to 50 ms."""
+        return min(max(overdue_s / 2, POLL_S[0]), POLL_S[1])
 
 
 class NodeFailure(RuntimeError):
@@ -96,15 +102,17 @@ class NodeLink:
         timeout_s = timeout_s or self.timeout_s
         deadline = time.monotonic() + timeout_s
         pending = set(sent_to)
-        time.sleep(max(0.0, min(started + self.clock.due(kind), deadline) - time.monotonic()))
-        first = None
         while pending:
+            due = started + self.clock.due(kind, [sent_to[m] for m in pending])
+            now = time.monotonic()
+            if now < due:  # none of them due yet: asking would bring nothing
+                time.sleep(max(0.0, min(due, deadline) - now))
             self.pulls += 1
             for reply in self.grid.pull_messages(list(pending)):
-                first = first or time.monotonic() - started
                 mid = reply.metadata.reply_to_message_id
                 node = sent_to[mid]
                 pending.discard(mid)
+                self.clock.replied(kind, node, time.monotonic() - started)
                 taken = self.take(op, node, reply, tolerate)
                 if taken is not None:
                     replies[node] = taken
@@ -118,9 +126,9 @@ class NodeLink:
                         break
                     raise NodeFailure(f"no reply to '{op}' from node(s) {late} within {timeout_s:g} s "
                                       f"(deploy --timeout)")
-                time.sleep(self.clock.pause(time.monotonic() - started))
-        if first is not None:
-            self.clock.first_reply_s[kind] = first
+                due = started + self.clock.due(kind, [sent_to[m] for m in pending])
+                if time.monotonic() >= due:  # overdue: asked again soon
+                    time.sleep(self.clock.pause(time.monotonic() - due))
         self.exchanges.append(time.monotonic() - started)
         return replies
 
