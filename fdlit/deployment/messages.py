@@ -21,10 +21,12 @@ import torch
 from fdlit.deployment.wire import pack, unpack, wire_bytes
 
 MESSAGE_TYPE = "query.fdlit"
-# how often the ServerApp asks the SuperLink for replies once they are due: after half the time waited
-# so far, between 20 and 50 ms (Flower's own send_and_receive waits 3 s between asks; a round's
-# exchange takes a few tenths of a second on loopback, and each ask is a request the SuperLink serves)
+# how often the ServerApp asks the SuperLink for replies once they are due: after half the time they
+# are overdue, between 20 and 50 ms, or up to POLL_SHARE of the request's time so far on a long one
+# (Flower's own send_and_receive waits 3 s between asks; a round's exchange takes a few tenths of a
+# second on loopback, and each ask is a request the SuperLink serves)
 POLL_S = (0.02, 0.05)
+POLL_SHARE = 0.05
 # the share of a node's time to reply to the last like request that passes before it is asked
 DUE_SHARE = 0.8
 
@@ -55,9 +57,10 @@ class ReplyClock:
         self.reply_s.setdefault(kind, {})[node] = seconds
 
     @staticmethod
-    def pause(overdue_s: float) -> float:
-        """The wait between asks once a reply is due: half the time since, 20 to 50 ms."""
-        return min(max(overdue_s / 2, POLL_S[0]), POLL_S[1])
+    def pause(overdue_s: float, waited_s: float) -> float:
+        """The wait between asks once a reply is due: half the time since, 20 to 50 ms, or up to
+        ``POLL_SHARE`` of the time waited: a late reply is at most that much later noticed."""
+        return min(max(overdue_s / 2, POLL_S[0]), max(POLL_S[1], POLL_SHARE * waited_s))
 
 
 class NodeFailure(RuntimeError):
@@ -128,7 +131,7 @@ class NodeLink:
                                       f"(deploy --timeout)")
                 due = started + self.clock.due(kind, [sent_to[m] for m in pending])
                 if time.monotonic() >= due:  # overdue: asked again soon
-                    time.sleep(self.clock.pause(time.monotonic() - due))
+                    time.sleep(self.clock.pause(time.monotonic() - due, time.monotonic() - started))
         self.exchanges.append(time.monotonic() - started)
         return replies
 
