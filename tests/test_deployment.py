@@ -88,25 +88,6 @@ def test_the_supernode_sends_a_stored_reply_at_once_and_polls_soon_after_work(mo
     assert slept == [pace.FIRST_POLL_S, pace.POLL_S] and pace.POLL_S < 3.0
 
 
-def test_a_supernode_first_asks_for_its_next_message_when_it_is_due(monkeypatch):
-    from fdlit.deployment import pace
-
-    slept, now = [], [100.0]
-    monkeypatch.setattr(pace.time, "sleep", slept.append)
-    monkeypatch.setattr(pace.time, "monotonic", lambda: now[0])
-    clock = pace.SuperNodeClock()
-    clock.replied()
-    clock.sleep(3.0)  # no wait seen yet: it asks soon
-    clock.waits = [1.0, 0.5]  # a round's two waits for the next message
-    clock.replied()
-    clock.sleep(3.0)  # none before the next message is due: the shorter wait, less a margin
-    now[0] += pace.DUE_SHARE * 0.5
-    clock.sleep(3.0)  # once it is due: soon again
-    assert slept == [pace.FIRST_POLL_S, pytest.approx(pace.DUE_SHARE * 0.5), pace.FIRST_POLL_S]
-    clock.received()  # the message came 0.4 s after the reply: the waits move on
-    assert clock.waits == [0.5, pytest.approx(pace.DUE_SHARE * 0.5)] and clock.replied_at is None
-
-
 def test_the_server_first_asks_for_replies_when_they_are_due(monkeypatch):
     from types import SimpleNamespace
 

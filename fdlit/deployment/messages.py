@@ -48,8 +48,9 @@ class ReplyClock:
         return (op, sum(len(m.get("ids", ())) for m in metas), max((m.get("epochs", 0) for m in metas), default=0),
                 sum(len(m.get("receive", ())) for m in metas))
 
-    def due(self, kind: tuple, nodes) -> float:
-        """Seconds after the request was sent at which the first of ``nodes`` is due to have replied."""
+    def due(self, kind: tuple | None, nodes) -> float:
+        """Seconds after the request was sent at which the first of ``nodes`` is due to have replied
+        (``kind`` None: at once)."""
         last = self.reply_s.get(kind, {})
         return DUE_SHARE * min((last.get(n, 0.0) for n in nodes), default=0.0)
 
@@ -57,10 +58,11 @@ class ReplyClock:
         self.reply_s.setdefault(kind, {})[node] = seconds
 
     @staticmethod
-    def pause(overdue_s: float, waited_s: float) -> float:
+    def pause(overdue_s: float, waited_s: float, kind: tuple | None) -> float:
         """The wait between asks once a reply is due: half the time since, 20 to 50 ms, or up to
-        ``POLL_SHARE`` of the time waited: a late reply is at most that much later noticed."""
-        return min(max(overdue_s / 2, POLL_S[0]), max(POLL_S[1], POLL_SHARE * waited_s))
+        ``POLL_SHARE`` of the time waited (``kind`` None: 50 ms): a late reply is at most that much
+        later noticed."""
+        return min(max(overdue_s / 2, POLL_S[0]), max(POLL_S[1], POLL_SHARE * waited_s if kind else 0.0))
 
 
 class NodeFailure(RuntimeError):
@@ -96,9 +98,10 @@ class NodeLink:
         ``tolerate``: a node that does not answer within ``timeout_s`` (or that Flower reports
         unavailable) is lost from then on, and its clients are unreachable: dropouts for the loop.
         ``live``: the tokens the server still holds (nodes may drop the others). ``on_reply(node, meta,
-        tensors)``: called as each reply comes, before the others are waited for."""
+        tensors)``: called as each reply comes, before the others are waited for; such a request is asked
+        about from the start, every 20-50 ms (when a reply comes, not when it is due, decides what follows)."""
         started = time.monotonic()
-        kind = self.clock.kind(op, per_node)
+        kind = None if on_reply is not None else self.clock.kind(op, per_node)
         items = [(node, meta, tensors) for node, (meta, tensors) in per_node.items()]
         sent_to = dict(zip(self.send(op, items, live), per_node, strict=True))
         replies: dict[int, tuple] = {}
@@ -115,7 +118,8 @@ class NodeLink:
                 mid = reply.metadata.reply_to_message_id
                 node = sent_to[mid]
                 pending.discard(mid)
-                self.clock.replied(kind, node, time.monotonic() - started)
+                if kind is not None:
+                    self.clock.replied(kind, node, time.monotonic() - started)
                 taken = self.take(op, node, reply, tolerate)
                 if taken is not None:
                     replies[node] = taken
@@ -131,7 +135,7 @@ class NodeLink:
                                       f"(deploy --timeout)")
                 due = started + self.clock.due(kind, [sent_to[m] for m in pending])
                 if time.monotonic() >= due:  # overdue: asked again soon
-                    time.sleep(self.clock.pause(time.monotonic() - due, time.monotonic() - started))
+                    time.sleep(self.clock.pause(time.monotonic() - due, time.monotonic() - started, kind))
         self.exchanges.append(time.monotonic() - started)
         return replies
 

@@ -5,12 +5,9 @@ fixed waits, not the training, set a deployed round's pace (measured on digits, 
 loopback: ~5 s an exchange against 0.2 s of node CPU with Flower's waits):
 
 * a SuperNode that finds no message sleeps 3 s before asking the SuperLink again; here it asks again
-  after as long as it has been idle (30 ms at first, ``POLL_S`` at most), from when the next message
-  is due: a round's next message follows the node's last reply after about as long as one of the
-  last two did (a round's two exchanges alternate), so the node first asks once ``DUE_SHARE`` of the
-  shorter of those two waits (at most ``MAX_QUIET_S``) has passed. Every ask is a request the
-  SuperLink serves; the asks a node's wait for the others and the server would meet with empty
-  answers are not made, and an idle node slows down;
+  after as long as it has been idle (30 ms at first, ``POLL_S`` at most): the next message of a round
+  follows the last reply within a fraction of a second, an idle node slows down, and every ask is a
+  request the SuperLink serves (on a 2-core machine shorter first polls were no faster);
 * it waits for each reply in 0.5 s steps; here fdlit's task runner wakes it the moment it stored the
   reply (:data:`REPLY_STORED`), ``POLL_S`` being the fallback;
 * the task runner takes a task once the SuperNode has stored the whole message
@@ -36,8 +33,6 @@ from fdlit.internals import MovedInternal, check_keyword_defaults, expect_functi
 
 POLL_S = float(os.environ.get("FDLIT_FLOWER_POLL_S", "0.1"))
 FIRST_POLL_S = 0.03
-DUE_SHARE = 0.8  # the share of a node's expected wait for its next message that passes before it asks
-MAX_QUIET_S = 2.0
 
 MESSAGE_STORED = threading.Event()  # the SuperNode stored a message with all its objects: a task is ready
 REPLY_STORED = threading.Event()  # the task runner stored a reply in the SuperNode: it can go up
@@ -47,32 +42,14 @@ class SuperNodeClock:
     """The ``time`` module as Flower's SuperNode loop sees it: its idle sleep (3 s) becomes a short,
     adaptive poll, its other waits (for a reply, for an object's content) end when a reply is stored."""
 
-    def __init__(self):
-        self.last_work = time.monotonic()
-        self.replied_at: float | None = None  # when the node's last reply went up (None: a message came since)
-        self.waits: list[float] = []  # the last two waits from a reply to the next message
+    last_work = time.monotonic()
 
     def __getattr__(self, name: str):
         return getattr(time, name)
 
-    def quiet_s(self) -> float:
-        """How long after its last reply the node first asks for the next message."""
-        return min(DUE_SHARE * min(self.waits), MAX_QUIET_S) if len(self.waits) == 2 else 0.0
-
-    def replied(self) -> None:
-        self.last_work = self.replied_at = time.monotonic()
-
-    def received(self) -> None:
-        self.last_work = now = time.monotonic()
-        if self.replied_at is not None:
-            self.waits = [*self.waits[-1:], now - self.replied_at]
-            self.replied_at = None
-
     def sleep(self, seconds: float) -> None:
-        if seconds >= 3.0:  # the idle poll: none before the next message is due, then soon, slower as it idles
-            due = self.last_work + (self.quiet_s() if self.replied_at is not None else 0.0)
-            now = time.monotonic()
-            time.sleep(due - now if now < due else min(POLL_S, max(FIRST_POLL_S, now - due)))
+        if seconds >= 3.0:  # the idle poll: soon after work, slower as the node idles
+            time.sleep(min(POLL_S, max(FIRST_POLL_S, time.monotonic() - self.last_work)))
         elif REPLY_STORED.wait(min(seconds, POLL_S)):
             REPLY_STORED.clear()
 
@@ -115,13 +92,13 @@ def short_supernode_polls() -> bool:
     def pull_and_store_message(*args, **kwargs):
         run_id = pull_and_store(*args, **kwargs)
         if run_id is not None:
-            clock.received()
+            clock.last_work = time.monotonic()
             MESSAGE_STORED.set()
         return run_id
 
     def push_messages(*args, **kwargs):
         push(*args, **kwargs)
-        clock.replied()
+        clock.last_work = time.monotonic()
 
     loop.time = clock  # that module's own sleeps only; the rest of Flower is untouched
     loop._pull_and_store_message, loop._push_messages = pull_and_store_message, push_messages
