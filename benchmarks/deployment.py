@@ -148,7 +148,9 @@ def run(mode: str, clients: int, rounds: int, nodes: int, out: Path) -> dict:
 def per_round(result: dict, r1: int, r2: int) -> dict:
     """CPU seconds a round between the end of round ``r1`` and of ``r2`` (their metrics lines), in all and
     by kind of process; for a deployment, the ServerApp's asks for replies and the Messages a round."""
-    a, b = result["cpu_at_line"][r1], result["cpu_at_line"][r2]
+    at = result["cpu_at_line"]  # a line that came within 50 ms of the one before: the later one's reading
+    r1, r2 = (min(n for n in at if n >= r) for r in (r1, r2))
+    a, b = at[r1], at[r2]
     by_kind = {k: round((b.get(k, 0.0) - a.get(k, 0.0)) / (r2 - r1), 3) for k in sorted(set(a) | set(b))}
     rounds = result["metrics"][r1:r2]
     return {"cpu_per_round_s": round(sum(b.values()) / (r2 - r1) - sum(a.values()) / (r2 - r1), 3),
