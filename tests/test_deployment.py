@@ -88,6 +88,40 @@ def test_the_supernode_sends_a_stored_reply_at_once_and_polls_soon_after_work(mo
     assert slept == [pace.FIRST_POLL_S, pace.POLL_S] and pace.POLL_S < 3.0
 
 
+def test_the_server_first_asks_for_replies_when_they_are_due(monkeypatch):
+    from types import SimpleNamespace
+
+    from fdlit.deployment import messages
+
+    now = [0.0]
+    clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    monkeypatch.setattr(messages, "time", clock)
+
+    class LateGrid:  # node 1 answers 1 s after the request, node 2 after 3 s
+        def pull_messages(self, ids):
+            self.asked.append(now[0] - self.sent)
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in ids
+                    if now[0] - self.sent >= {"m1": 1.0, "m2": 3.0}[i]]
+
+    grid = LateGrid()
+    link = messages.NodeLink(grid, 60.0, lambda node: [node])
+    monkeypatch.setattr(link, "send", lambda op, items, live: (setattr(grid, "sent", now[0]),
+                                                               [f"m{node}" for node, _, _ in items])[1])
+    monkeypatch.setattr(link, "take", lambda op, node, reply, tolerate: ({}, {}))
+    step = {1: ({"ids": [0, 1], "epochs": 5}, {}), 2: ({"ids": [2], "epochs": 5}, {})}
+    asked = []
+    for per_node in (step, step, {1: ({"ids": [0, 1], "epochs": 20}, {}), 2: ({"ids": [2], "epochs": 20}, {})}):
+        grid.asked = []
+        link.request("step", per_node, live=[])
+        asked.append(grid.asked)
+    first, like, other = asked
+    assert first[0] < 0.05 and other[0] < 0.05  # nothing known of such a request: asked at once
+    assert 20 < len(first) < 3.0 / messages.POLL_S[1]  # overdue: asked every 20 ms, up to 5 % of the time waited
+    assert len(like) < len(first) / 2  # a like request: asked when each node is due
+    assert like[0] >= messages.DUE_SHARE * 1.0 and not any(1.1 < t < messages.DUE_SHARE * 3.0 for t in like)
+    assert all(a[-1] >= 3.0 for a in asked) and link.round_metrics([1, 2])["comm/pulls"] == sum(map(len, asked))
+
+
 def test_nodes_take_clients_by_partition_id_else_by_node_id():
     hello = {30: ({"partition_id": 1}, {}), 10: ({"partition_id": 0}, {}), 20: ({"partition_id": 2}, {})}
     assert assign_order(hello) == [10, 30, 20]

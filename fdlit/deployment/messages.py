@@ -1,7 +1,8 @@
 """Requests to the SuperNodes as Flower Messages, their replies, and what they cost on the wire.
 
 One request is one Message per node (``query.fdlit``; what to do is in its meta record), pushed
-through the ServerApp's Grid; replies are pulled with short, backing-off polling. Every Message's
+through the ServerApp's Grid; replies are pulled with short, backing-off polling that starts when
+replies are due (:class:`ReplyClock`). Every Message's
 serialised size is counted by operation and direction; each reply carries its node worker's CPU
 seconds and peak memory. A node that does not answer in time is *lost* when the caller tolerates
 it (training, prediction, state): its clients become dropouts; otherwise the run stops naming it.
@@ -20,10 +21,48 @@ import torch
 from fdlit.deployment.wire import pack, unpack, wire_bytes
 
 MESSAGE_TYPE = "query.fdlit"
-# how often the ServerApp asks the SuperLink for replies: after half the time waited so far, between
-# 20 and 50 ms (Flower's own send_and_receive waits 3 s between asks; a round's exchange takes a few
-# tenths of a second on loopback, and each ask is a request the SuperLink serves)
+# how often the ServerApp asks the SuperLink for replies once they are due: after half the time they
+# are overdue, between 20 and 50 ms, or up to POLL_SHARE of the request's time so far on a long one
+# (Flower's own send_and_receive waits 3 s between asks; a round's exchange takes a few tenths of a
+# second on loopback, and each ask is a request the SuperLink serves)
 POLL_S = (0.02, 0.05)
+POLL_SHARE = 0.05
+# the share of a node's time to reply to the last like request that passes before it is asked
+DUE_SHARE = 0.8
+
+
+class ReplyClock:
+    """When to ask for replies. Flower's Grid offers no wait for them (``send_and_receive`` asks every
+    3 s), so the ServerApp asks; a node answers a request like the last one of its kind (the same
+    operation, epochs and clients: a round's client step or public phase) in about the time it took
+    then, so the next ask waits until ``DUE_SHARE`` of that time has passed for some node still
+    awaited: the asks a round's training would meet with empty answers, each a request the SuperLink
+    serves, are not made."""
+
+    def __init__(self):
+        self.reply_s: dict[tuple, dict[int, float]] = {}  # kind of request -> node -> seconds to its reply
+
+    @staticmethod
+    def kind(op: str, per_node: dict) -> tuple:
+        metas = [meta for meta, _ in per_node.values()]
+        return (op, sum(len(m.get("ids", ())) for m in metas), max((m.get("epochs", 0) for m in metas), default=0),
+                sum(len(m.get("receive", ())) for m in metas))
+
+    def due(self, kind: tuple | None, nodes) -> float:
+        """Seconds after the request was sent at which the first of ``nodes`` is due to have replied
+        (``kind`` None: at once)."""
+        last = self.reply_s.get(kind, {})
+        return DUE_SHARE * min((last.get(n, 0.0) for n in nodes), default=0.0)
+
+    def replied(self, kind: tuple, node: int, seconds: float) -> None:
+        self.reply_s.setdefault(kind, {})[node] = seconds
+
+    @staticmethod
+    def pause(overdue_s: float, waited_s: float, kind: tuple | None) -> float:
+        """The wait between asks once a reply is due: half the time since, 20 to 50 ms, or up to
+        ``POLL_SHARE`` of the time waited (``kind`` None: 50 ms): a late reply is at most that much
+        later noticed."""
+        return min(max(overdue_s / 2, POLL_S[0]), max(POLL_S[1], POLL_SHARE * waited_s if kind else 0.0))
 
 
 class NodeFailure(RuntimeError):
@@ -48,6 +87,8 @@ class NodeLink:
         self.lost: set[int] = set()
         self.exchanges: list[float] = []  # seconds each request took since the last round ended
         self.messages = 0  # Messages sent to the nodes since the last round ended
+        self.pulls = 0  # asks for replies since the last round ended
+        self.clock = ReplyClock()
         self._cpu_reported: dict[int, float] = {}
 
     def request(self, op: str, per_node: dict[int, tuple[dict, dict[str, torch.Tensor]]], live: list[int],
@@ -57,8 +98,10 @@ class NodeLink:
         ``tolerate``: a node that does not answer within ``timeout_s`` (or that Flower reports
         unavailable) is lost from then on, and its clients are unreachable: dropouts for the loop.
         ``live``: the tokens the server still holds (nodes may drop the others). ``on_reply(node, meta,
-        tensors)``: called as each reply comes, before the others are waited for."""
+        tensors)``: called as each reply comes, before the others are waited for; such a request is asked
+        about from the start, every 20-50 ms (when a reply comes, not when it is due, decides what follows)."""
         started = time.monotonic()
+        kind = None if on_reply is not None else self.clock.kind(op, per_node)
         items = [(node, meta, tensors) for node, (meta, tensors) in per_node.items()]
         sent_to = dict(zip(self.send(op, items, live), per_node, strict=True))
         replies: dict[int, tuple] = {}
@@ -66,10 +109,17 @@ class NodeLink:
         deadline = time.monotonic() + timeout_s
         pending = set(sent_to)
         while pending:
+            due = started + self.clock.due(kind, [sent_to[m] for m in pending])
+            now = time.monotonic()
+            if now < due:  # none of them due yet: asking would bring nothing
+                time.sleep(max(0.0, min(due, deadline) - now))
+            self.pulls += 1
             for reply in self.grid.pull_messages(list(pending)):
                 mid = reply.metadata.reply_to_message_id
                 node = sent_to[mid]
                 pending.discard(mid)
+                if kind is not None:
+                    self.clock.replied(kind, node, time.monotonic() - started)
                 taken = self.take(op, node, reply, tolerate)
                 if taken is not None:
                     replies[node] = taken
@@ -83,7 +133,9 @@ class NodeLink:
                         break
                     raise NodeFailure(f"no reply to '{op}' from node(s) {late} within {timeout_s:g} s "
                                       f"(deploy --timeout)")
-                time.sleep(min(max((time.monotonic() - started) / 2, POLL_S[0]), POLL_S[1]))
+                due = started + self.clock.due(kind, [sent_to[m] for m in pending])
+                if time.monotonic() >= due:  # overdue: asked again soon
+                    time.sleep(self.clock.pause(time.monotonic() - due, time.monotonic() - started, kind))
         self.exchanges.append(time.monotonic() - started)
         return replies
 
@@ -144,6 +196,7 @@ class NodeLink:
         out["comm/exchanges"] = len(self.exchanges)  # requests to the nodes (each: one Message per node)
         out["time/exchange_s"] = list(self.exchanges)  # each request's wall time, replies included
         out["comm/messages"], self.messages = self.messages, 0  # one per node and request
+        out["comm/pulls"], self.pulls = self.pulls, 0  # the ServerApp's asks for replies
         self.wire.clear()
         self.exchanges.clear()
         return out
