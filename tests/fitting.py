@@ -95,12 +95,12 @@ def exchange_loop(method, rounds=2, clients=4, optimizer="sgd", lr=0.05, batch_s
     )
 
 
-def data_free_loop(method, rounds=2, clients=4, model=MLP16, executor=None, **kw):
+def data_free_loop(method, rounds=2, clients=4, model=MLP16, executor=None, optimizer="adam", **kw):
     """A data-free federation (no public set) of ``clients`` digits clients, one private epoch a round."""
     return FederationLoop(
         rounds=rounds, private_epochs_first=1, private_epochs=1, public_epochs_first=0, public_epochs=0,
         data=FederatedData(num_clients=clients, classes_per_client={1: 10}.get(clients, 3), public_size=0),
-        model=model, client=ClientOptimization(optimizer="adam", lr=0.01, batch_size=32),
+        model=model, client=ClientOptimization(optimizer=optimizer, lr=0.01, batch_size=32),
         aggregator=method, executor=executor or SequentialExecutor(), **kw,
     )
 
