@@ -128,7 +128,12 @@ def child(workload: str, rounds: int) -> None:
     per_sample = float(counter.get_total_flops())
     spent = {"train": 0.0, "evaluation": 0.0, "inference": 0.0}
     flops = dict.fromkeys(spent, 0.0)
-    train, correct, predict = executor.train, executor.correct, executor.predict
+    from fdlit.execution import steps
+
+    # evaluation is fdlit.execution.steps.correct: the executor's own ``correct`` where it has one
+    correct = getattr(executor, "correct", None) or (
+        lambda clients, x, y, rows=None: steps.predicted_correct(executor, clients, x, y, rows))
+    train, predict = executor.train, executor.predict
     depth = [0]
 
     def timed_train(clients, phase, datasets, epochs, batch_size):

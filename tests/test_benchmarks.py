@@ -69,3 +69,13 @@ def test_density_benchmark_reports_speed_up_and_tolerance():
     direct, matmul = [r for r in table_rows(out) if r[0] != "form"]
     assert direct[0] == "direct" and matmul[0] == "matmul" and matmul[2].endswith("x")
     assert float(matmul[3]) <= 1e-9 and matmul[4] == "True"
+
+
+def test_machine_limit_measures_each_part_of_a_run():
+    """The per-run measurement of ``machine_limit.py`` (the child it starts per workload): training,
+    evaluation and inference each timed and counted in FLOPs through the executor of a real run."""
+    import json
+
+    out = json.loads(run("machine_limit.py", "--child", "digits", "--rounds", "1").strip().splitlines()[-1])
+    assert set(out["cpu"]) == set(out["flops"]) == {"train", "evaluation", "inference"}
+    assert all(out["cpu"][k] > 0 and out["flops"][k] > 0 for k in out["cpu"])

@@ -26,11 +26,12 @@ import torch
 
 import fdlit
 from fdlit.cli import main as cli_main
+from tests.deploying import FEW_EPOCHS
 
 pytest.importorskip("flwr", reason="the flower extra is not installed")
 
 SMALL = ["--config", "digits.yaml", "--data.num_clients", "6", "--federation.executor",
-         "fdlit.execution.SequentialExecutor", "--logger.progress", "false"]
+         "fdlit.execution.SequentialExecutor", "--logger.progress", "false", *FEW_EPOCHS]
 
 
 def closed_port() -> int:

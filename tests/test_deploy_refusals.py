@@ -12,11 +12,13 @@ import pytest
 
 from fdlit.cli import main as cli_main
 from fdlit.runs.directory import RunLock
+from tests.deploying import FEW_EPOCHS
 
 pytest.importorskip("flwr", reason="the flower extra is not installed")
 
 SMALL = ["--config", "digits.yaml", "--data.num_clients", "6", "--federation.rounds", "1", "--logger.mode",
-         "disabled", "--logger.progress", "false", "--federation.executor", "fdlit.execution.SequentialExecutor"]
+         "disabled", "--logger.progress", "false", "--federation.executor", "fdlit.execution.SequentialExecutor",
+         *FEW_EPOCHS]
 
 
 @pytest.mark.parametrize("shared", ["work", "runs"])

@@ -33,9 +33,9 @@ flwr = pytest.importorskip("flwr", reason="the flower extra is not installed")
 from fdlit.deployment.executor import NodeFailure  # noqa: E402
 from fdlit.deployment.membership import assign_order  # noqa: E402
 from fdlit.deployment.wire import pack, unpack, wire_bytes  # noqa: E402
-from tests.deploying import close, deploy_run, fit_with_one_thread, metrics_of  # noqa: E402,F401
+from tests.deploying import FEW_EPOCHS, close, deploy_run, fit_with_one_thread, metrics_of  # noqa: E402,F401
 
-ROUNDS = ["--federation.rounds", "2", "--federation.executor", "fdlit.execution.SequentialExecutor"]
+ROUNDS = ["--federation.rounds", "2", "--federation.executor", "fdlit.execution.SequentialExecutor", *FEW_EPOCHS]
 
 
 # ---------------------------------------------------------------------- no processes
@@ -360,7 +360,7 @@ def test_an_offline_deployed_run_is_linked_for_wandb_sync_and_the_hint_names_it(
     command's W&B folder, and the outcome carries the sync command the deploy command prints."""
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    args = ["--config", "digits.yaml", "--federation.rounds", "1", "--logger.mode", "offline",
+    args = ["--config", "digits.yaml", *FEW_EPOCHS, "--federation.rounds", "1", "--logger.mode", "offline",
             "--logger.run_dir", str(tmp_path / "runs")]
     outcome = deploy_run(deployment, args)
     assert outcome["status"] == "done", outcome

@@ -21,6 +21,7 @@ from fdlit.data.datasets import load_digits
 from fdlit.data.fetch import write_idx
 from fdlit.data.node_local import node_client_data, read_node_data
 from fdlit.errors import ConfigError
+from tests.deploying import FEW_EPOCHS
 
 flwr = pytest.importorskip("flwr", reason="the flower extra is not installed")
 
@@ -150,7 +151,7 @@ def deploy_with_node_settings(tmp_path: Path, settings_of, args: list[str]) -> d
 @pytest.mark.deploy
 def test_a_node_with_its_own_data_trains_on_it_and_the_server_measures_its_classes(tmp_path):
     folder = digits_folder(tmp_path / "hospital", label=9)
-    args = ["--config", "digits.yaml", "--data.num_clients", "6", "--federation.rounds", "2",
+    args = ["--config", "digits.yaml", "--data.num_clients", "6", "--federation.rounds", "2", *FEW_EPOCHS,
             "--federation.executor", "fdlit.execution.SequentialExecutor", "--logger.run_dir", str(tmp_path / "runs")]
     outcome = deploy_with_node_settings(tmp_path, lambda i: {"local-data": str(folder)} if i == 2 else {}, args)
     assert outcome["status"] == "done", outcome
@@ -198,7 +199,7 @@ def test_three_nodes_with_only_their_own_folders_run_a_fashion_mnist_shaped_fede
 
     args = ["--config", "fashion_mnist.yaml", "--data.data_dir", str(tmp_path / "server-data"),
             "--data.num_clients", "6", "--data.classes_per_client", "5", "--data.samples_per_client", "30",
-            "--data.public_size", "60", "--data.validation_size", "30", "--federation.rounds", "2",
+            "--data.public_size", "60", "--data.validation_size", "30", "--federation.rounds", "2", *FEW_EPOCHS,
             "--federation.eval_subsample", "null", "--federation.executor", "fdlit.execution.SequentialExecutor",
             "--logger.run_dir", str(tmp_path / "runs")]
     outcome = deploy_with_node_settings(tmp_path, lambda i: {"local-data": str(folders[i]), "data-dir": str(empty)}, args)

@@ -156,11 +156,11 @@ def deployment(tmp_path_factory):
 @pytest.mark.parametrize("config", ["digits.yaml", "digits_fedavg.yaml"])
 def test_a_deployed_secure_run_equals_fits_and_no_upload_reaches_the_server(deployment, config, tmp_path):
     """Every accuracy, teacher and ledger byte equals fit's; the only arrays that came up are the protocol's."""
-    from tests.deploying import close, deploy_run, fit_with_one_thread, metrics_of
+    from tests.deploying import FEW_EPOCHS, close, deploy_run, fit_with_one_thread, metrics_of
 
     args = ["--config", config, "--federation.rounds", "2", "--federation.executor",
             "fdlit.execution.SequentialExecutor", "--federation.participation.dropout", "0.3",
-            "--privacy.secure_aggregation", "true"]
+            "--privacy.secure_aggregation", "true", *FEW_EPOCHS]
     outcome = deploy_run(deployment, [*args, "--logger.run_dir", str(tmp_path / "deployed")])
     assert outcome["status"] == "done", outcome
     fit_with_one_thread([*args, "--logger.run_dir", str(tmp_path / "fit")])
