@@ -19,6 +19,23 @@ def _threads(jobs: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, jobs))
 
 
+_stopped = [False]  # in a worker: a SIGINT stopped it (a job queued to it after that does not start)
+
+
+def _interrupt(signum, frame) -> None:
+    _stopped[0] = True
+    raise KeyboardInterrupt
+
+
+def _unless_stopped(job: Callable[..., Any], *args: Any) -> Any:
+    """``job(*args)``, unless this worker was stopped: the pool hands each worker a job ahead of time,
+    which ``cancel_futures`` cannot take back, so a stopped sweep's worker would otherwise start it and
+    run it to its end."""
+    if _stopped[0]:
+        return {"status": "failed", "run_dir": None, "error": "not started: the sweep was stopped"}
+    return job(*args)
+
+
 def _stop_with_the_sweep(sweep_pid: int) -> None:
     """Pool initializer: SIGINT stops the worker's run (a KeyboardInterrupt, whatever the sweep inherited);
     a worker is sent SIGTERM when the sweep process dies (Linux), so a killed sweep
@@ -26,7 +43,7 @@ def _stop_with_the_sweep(sweep_pid: int) -> None:
     stops as a terminated ``fit`` does, with its last checkpoint, and the next sweep resumes it."""
     # the sweep stops its workers with SIGINT; a sweep started with SIGINT ignored (in the background of a
     # non-interactive shell, under a test runner's worker) hands that on to its children: take it back
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _interrupt)  # a KeyboardInterrupt, as Python's default handler raises
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -103,10 +120,11 @@ def run_in_processes(stacks: list[list[Any]], alone: list[Any], jobs: int, done:
         for members in stacks:
             out(f"fdlit sweep: a stack of {len(members)} queued: {', '.join(r.name for r in members)}")
             items = [(r.argv, str(r.partial) if r.partial else None, r.name) for r in members]
-            futures[pool.submit(run_stack_job, items, _threads(jobs))] = members
+            futures[pool.submit(_unless_stopped, run_stack_job, items, _threads(jobs))] = members
         for i, run in enumerate(alone, 1):
             out(f"fdlit sweep: [{i}/{len(alone)}] {run.name} queued" + (f" (resuming {run.partial})" if run.partial else ""))
-            futures[pool.submit(_run_one, run.argv, str(run.partial) if run.partial else None, _threads(jobs))] = run
+            futures[pool.submit(_unless_stopped, _run_one, run.argv, str(run.partial) if run.partial else None,
+                                _threads(jobs))] = run
         try:
             _collect(futures, done)
         except KeyboardInterrupt:  # queued runs never start; running ones stop (SIGINT) with their checkpoint
