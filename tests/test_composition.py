@@ -136,6 +136,7 @@ def test_cell(cell, tmp_path, request, capsys):
     runs the secure-sum protocol under secure aggregation, and resumed after round 1 equals itself."""
     if cell["executor"] == "ray":
         request.getfixturevalue("ray_local")
+        capsys.readouterr()  # what Ray prints as it starts (in the module's first Ray cell) is not the run's
     rule, flags = cell["rule"], flags_of(cell)
     code = main(["fit", *tiny(rule, tmp_path / "straight", *flags)])
     err = capsys.readouterr().err
