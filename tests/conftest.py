@@ -35,8 +35,9 @@ def ray_local():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`--dist loadgroup`), the tests that start a local Ray share one worker: two
-    local Ray clusters started at once on one machine would find each other's session."""
+    """Marks the tests that start a local Ray as one xdist group. It does not take effect: xdist's worker
+    reads the marker in its own hook, which runs before this one, so they run on both workers, two local
+    Rays at once, which works (docs/testing.md)."""
     for item in items:
         if "ray_local" in getattr(item, "fixturenames", ()) or "ray" in item.nodeid.lower().replace("array", ""):
             item.add_marker(pytest.mark.xdist_group("ray"))
