@@ -245,9 +245,7 @@ def test_refuses_a_network_without_the_feature_split_before_training():
 @pytest.mark.parametrize("model", [MLP16, {"class_path": "fdlit.models.SmallCNN", "init_args": {"hidden": D}}],
                          ids=["mlp", "cnn"])
 def test_vectorized_executor_trains_as_the_sequential_one(model):
-    # SGD for the CNN: the grouped convolution sums in another order than one client's convolution
-    # (which order depends on the CPU's kernels), and Adam turns such rounding on near-zero gradients
-    # into steps of the learning rate's size; under SGD it stays rounding
+    # SGD for the CNN: Adam widens the grouped convolution's rounding (docs/vectorized-executor.md)
     optimizer = "adam" if model is MLP16 else "sgd"
     seq = loop_for(FedProto(), rounds=3, model=model, optimizer=optimizer)
     seq.fit()

@@ -70,9 +70,7 @@ def test_the_shipped_config_is_two_architectures_and_runs_through_the_command_li
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_the_vectorized_executor_trains_each_architecture_stacked_as_the_sequential_one(config, tmp_path):
-    # SGD: the CNNs' grouped convolution sums in another order than one client's (which order depends on
-    # the CPU's kernels), and Adam turns such rounding on near-zero gradients into steps of the learning
-    # rate's size; under SGD it stays rounding
+    # SGD: Adam widens the CNNs' grouped convolution rounding (docs/vectorized-executor.md)
     sgd = ("--client.optimizer", "sgd")
     seq = fit_loop(small(config, tmp_path / "seq", "--federation.executor", "fdlit.execution.SequentialExecutor", *sgd))
     vec = fit_loop(small(config, tmp_path / "vec", "--federation.executor", "fdlit.execution.VectorizedExecutor", *sgd))
